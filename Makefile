@@ -1,0 +1,163 @@
+# The lab's build. `make help` lists the targets.
+#
+#   make <chapter>      build one chapter, e.g. `make 03_ddp` -> 03_ddp/run
+#   make all            every chapter, the tests and the tools
+#   make tour           build and run every chapter briefly on 4 ranks (the lab's main job)
+#   make test           build and run the whole test suite
+#   make grade          the exercise table (id, title, tests passed, points)
+#   make student        the student version in ./student (exercise solutions replaced by stubs)
+#   make bench          single-rank training speed vs this core's SGEMM peak
+#
+# Options: CC=clang (default gcc, through mpicc), CUDA=0|1 (default: 1 when nvcc is found),
+#          SAN=1 (AddressSanitizer + UndefinedBehaviorSanitizer build), NP=4 (ranks for tour).
+
+SHELL := /bin/bash
+.DEFAULT_GOAL := all
+CC ?= gcc
+ifeq ($(origin CC),default)
+CC := gcc
+endif
+NP ?= 4
+
+# Debian packages the lab needs; `make deps` installs them when it can.
+DEB_PKGS := build-essential openmpi-bin libopenmpi-dev libopenblas-dev libcriterion-dev pkg-config
+
+CHAPTERS := $(sort $(patsubst %/main.c,%,$(wildcard [0-9][0-9]_*/main.c)))
+
+BUILD ?= build
+ifeq ($(SAN),1)
+BUILD := build-san
+endif
+
+# --- dependencies --------------------------------------------------------------------------
+DEPS_STAMP := $(BUILD)/.deps-ok
+$(DEPS_STAMP):
+	@bash tools/deps.sh $(DEB_PKGS)
+	@mkdir -p $(BUILD) && touch $@
+deps:
+	@bash tools/deps.sh $(DEB_PKGS)
+
+# --- flags -----------------------------------------------------------------------------------
+MPI_CFLAGS := $(shell mpicc -showme:compile 2>/dev/null)
+MPI_LIBS := $(shell mpicc -showme:link 2>/dev/null)
+BLAS_CFLAGS := $(shell pkg-config --cflags openblas 2>/dev/null || echo -I/usr/include/x86_64-linux-gnu/openblas-pthread)
+BLAS_LIBS := $(shell pkg-config --libs openblas 2>/dev/null || echo -lopenblas)
+CRIT_LIBS := $(shell pkg-config --libs criterion 2>/dev/null || echo -lcriterion)
+
+OPT ?= -O3 -march=native
+WARN := -Wall -Wextra -Werror
+CFLAGS_ALL := -std=c11 -D_DEFAULT_SOURCE -D_POSIX_C_SOURCE=200809L $(OPT) -g $(WARN) \
+              -Icommon $(MPI_CFLAGS) $(BLAS_CFLAGS) $(EXTRA_CFLAGS)
+LDLIBS_ALL := $(BLAS_LIBS) $(MPI_LIBS) -lm -lpthread
+ifeq ($(SAN),1)
+CFLAGS_ALL += -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined
+LDLIBS_ALL += -fsanitize=address,undefined
+endif
+ifeq ($(STUDENT),1)
+# The student version: stubs leave parameters unused until the exercise is done.
+CFLAGS_ALL += -Wno-unused-parameter -Wno-unused-variable -Wno-unused-but-set-variable \
+              -Wno-unused-function -Wno-unused-label
+endif
+
+# --- CUDA (compiled when nvcc is present; runs only on a GPU) --------------------------------
+NVCC ?= nvcc
+ifeq ($(origin CUDA),undefined)
+CUDA := $(shell command -v $(NVCC) >/dev/null 2>&1 && echo 1 || echo 0)
+endif
+CUDA_SRCS := $(wildcard common/*.cu)
+ifeq ($(SAN),1)
+CUDA := 0
+endif
+ifeq ($(CUDA),1)
+CUDA_HOME ?= $(patsubst %/bin/nvcc,%,$(shell command -v $(NVCC)))
+CFLAGS_ALL += -DLAB_CUDA=1 -I$(CUDA_HOME)/include
+NVCCFLAGS := -O3 -std=c++17 -Icommon $(MPI_CFLAGS) -DLAB_CUDA=1 \
+             -gencode arch=compute_80,code=sm_80 -gencode arch=compute_90,code=sm_90 \
+             -Xcompiler -Wall,-Wextra,-Werror --expt-relaxed-constexpr
+LDLIBS_ALL += -L$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib64 -lcublas -lcudart -lnccl -lstdc++
+CUDA_OBJS := $(patsubst common/%.cu,$(BUILD)/common/%.cu.o,$(CUDA_SRCS))
+else
+CUDA_OBJS :=
+endif
+
+# --- the common runtime ------------------------------------------------------------------------
+COMMON_SRCS := $(wildcard common/*.c)
+COMMON_OBJS := $(patsubst common/%.c,$(BUILD)/common/%.o,$(COMMON_SRCS)) $(CUDA_OBJS)
+COMMON_HDRS := $(wildcard common/*.h)
+LIBCOMMON := $(BUILD)/libcommon.a
+# Build flags are part of the inputs: switching CUDA/SAN/STUDENT/CC rebuilds everything.
+FLAGS_STAMP := $(BUILD)/.flags-$(shell echo '$(CC) $(CFLAGS_ALL) $(LDLIBS_ALL)' | md5sum | cut -c1-12)
+$(FLAGS_STAMP): | $(DEPS_STAMP)
+	@mkdir -p $(BUILD) && rm -f $(BUILD)/.flags-* && touch $@
+
+$(BUILD)/common/%.o: common/%.c $(COMMON_HDRS) $(FLAGS_STAMP)
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS_ALL) -c $< -o $@
+$(BUILD)/common/%.cu.o: common/%.cu $(COMMON_HDRS) $(FLAGS_STAMP)
+	@mkdir -p $(dir $@)
+	$(NVCC) $(NVCCFLAGS) -c $< -o $@
+$(LIBCOMMON): $(COMMON_OBJS)
+	@rm -f $@
+	ar rcs $@ $^
+
+# --- chapters ------------------------------------------------------------------------------------
+# Each chapter: <chapter>/*.c (main.c + its own files) -> <chapter>/run
+define chapter_rule
+$(1)/run: $(wildcard $(1)/*.c) $(wildcard $(1)/*.h) $(LIBCOMMON) $(COMMON_HDRS)
+	$$(CC) $$(CFLAGS_ALL) -I$(1) $(wildcard $(1)/*.c) $(LIBCOMMON) $$(LDLIBS_ALL) -o $$@
+$(1): $(1)/run
+.PHONY: $(1)
+endef
+$(foreach c,$(CHAPTERS),$(eval $(call chapter_rule,$(c))))
+
+# --- tests ---------------------------------------------------------------------------------------
+# tests/test_*.c   Criterion unit tests (one binary each)
+# tests/mpi_*.c    MPI programs that the Criterion tests launch with mpirun (see tests/harness.h)
+TEST_SRCS := $(wildcard tests/test_*.c)
+TEST_BINS := $(patsubst tests/%.c,$(BUILD)/tests/%,$(TEST_SRCS))
+MPI_TEST_SRCS := $(wildcard tests/mpi_*.c)
+MPI_TEST_BINS := $(patsubst tests/%.c,$(BUILD)/tests/%,$(MPI_TEST_SRCS))
+HARNESS_SRCS := $(wildcard tests/harness*.c)
+# Chapter sources a test links directly (everything but main.c), e.g. 00_memory_budget/calc.c
+CHAPTER_LIB_SRCS := $(filter-out %/main.c,$(foreach c,$(CHAPTERS),$(wildcard $(c)/*.c)))
+
+$(BUILD)/tests/test_%: tests/test_%.c $(HARNESS_SRCS) $(wildcard tests/*.h) $(CHAPTER_LIB_SRCS) $(LIBCOMMON)
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS_ALL) -Itests $(addprefix -I,$(CHAPTERS)) $< $(HARNESS_SRCS) $(CHAPTER_LIB_SRCS) $(LIBCOMMON) $(CRIT_LIBS) $(LDLIBS_ALL) -o $@
+$(BUILD)/tests/mpi_%: tests/mpi_%.c $(wildcard tests/*.h) $(CHAPTER_LIB_SRCS) $(LIBCOMMON)
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS_ALL) -Itests $(addprefix -I,$(CHAPTERS)) $< $(CHAPTER_LIB_SRCS) $(LIBCOMMON) $(LDLIBS_ALL) -o $@
+
+# tools/*.c  small programs of the lab (the benchmark, ...), linked with the runtime
+TOOL_BINS := $(patsubst tools/%.c,$(BUILD)/tools/%,$(wildcard tools/*.c))
+$(BUILD)/tools/%: tools/%.c $(LIBCOMMON)
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS_ALL) $< $(LIBCOMMON) $(LDLIBS_ALL) -o $@
+
+tests: $(TEST_BINS) $(MPI_TEST_BINS) $(TOOL_BINS) $(addsuffix /run,$(CHAPTERS))
+
+all: $(addsuffix /run,$(CHAPTERS)) tests
+
+# Runs every test binary; prints one closing line "N passed, N failed".
+test: tests
+	@bash tools/run_tests.sh $(BUILD) $(TEST_BINS)
+
+grade: tests
+	@bash tools/grade.sh $(BUILD)
+
+tour: $(addsuffix /run,$(CHAPTERS))
+	@NP=$(NP) bash tools/tour.sh $(CHAPTERS)
+
+bench: $(TOOL_BINS) $(addsuffix /run,$(CHAPTERS))
+	@BUILD=$(BUILD) bash tools/bench.sh
+
+student:
+	@bash tools/make_student.sh $(or $(CHAPTER),all) student
+
+clean:
+	rm -rf build build-san $(addsuffix /run,$(CHAPTERS))
+
+help:
+	@sed -n '1,16p' Makefile | sed 's/^# \{0,1\}//'
+
+.PHONY: all test tests grade tour bench student clean help deps

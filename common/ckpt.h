@@ -1,0 +1,44 @@
+// ckpt.h: weights in llm.c's format, training state in ours; every write is atomic.
+//
+// Weights: header of 256 int32 (magic 20240326, version 3 = fp32 / 5 = bf16, maxT, V, L, NH,
+// C, padded V), then the 16 tensors in llm.c's order. We also store a CRC32 of the tensor bytes
+// in header[10] (with header[9] = 0x4C414221 "LAB!" to say it is there); llm.c ignores both, and
+// files written by llm.c (no marker) load without the check.
+//
+// Training state (our format, little-endian): magic "LABSTATE", version, the config, step,
+// seeds, AdamW hyperparameters, params, Adam m, v, and a CRC32 of everything before it.
+// Every file is written to "<path>.tmp", fsync'ed, then renamed over <path>: a crash never
+// leaves a torn file, and the previous checkpoint survives until the new one is complete.
+// Loads validate magic, version, sizes, config and CRC, and refuse with a clear message.
+#pragma once
+#include <stddef.h>
+#include <stdint.h>
+#include "gpt2.h"
+
+uint32_t crc32_update(uint32_t crc, const void *data, size_t n);   // start with crc = 0
+uint32_t crc32_of(const void *data, size_t n);
+
+// Write all of buf to path atomically (tmp + fsync + rename). Fails the job on error.
+void file_write_atomic(const char *path, const void *buf, size_t n);
+
+// Weights (host params, num_params floats, the model's flat layout).
+void ckpt_save_weights(const char *path, const GPT2Config *cfg, const float *params);
+// Reads header and checks it; if expect != NULL the config must match it exactly.
+// Returns the config and fills params (allocated by the caller with gpt2_param_count floats).
+GPT2Config ckpt_load_weights_config(const char *path);
+void ckpt_load_weights(const char *path, const GPT2Config *expect, float *params);
+
+typedef struct TrainState {
+    GPT2Config cfg;
+    int step;              // steps completed
+    uint64_t seed, data_seed;
+    float lr, beta1, beta2, eps, weight_decay, grad_clip;
+    int warmup_steps, total_steps;
+    size_t n;              // elements of params, m, v
+    float *params, *m, *v; // host arrays of n floats (caller-owned)
+} TrainState;
+
+void ckpt_save_state(const char *path, const TrainState *s);
+// Fills s (params/m/v must be allocated for expect's parameter count); checks the config
+// against *expect and refuses a mismatch naming the field.
+void ckpt_load_state(const char *path, const GPT2Config *expect, TrainState *s);

@@ -1,0 +1,49 @@
+// data.h: where tokens come from.
+//
+// The global batch of step s is a pure function of (seed, s): B sequences of T+1 tokens,
+// whatever the number of ranks. A data-parallel rank takes its slice of it (DistributedSampler
+// semantics), so a run on N ranks sees exactly the tokens of the single-device run.
+//
+// Sources:
+//   synthetic  an order-1 Markov chain over V tokens: every token has 4 successors, drawn with
+//              probabilities 1/2, 1/4, 1/8, 1/8 (which successors: a pure function of the seed).
+//              Entropy rate = 1.75 bits = 1.2130 nats per token, so a model that has learned
+//              the chain reaches a mean loss of (ln V + (T-1) * 1.2130) / T (the first token
+//              of each sequence has no context: uniform, ln V).
+//   text file  bytes of a file (V must be 256); sequence b of step s starts at an offset drawn
+//              from (seed, s, b).
+#pragma once
+#include <stddef.h>
+#include <stdint.h>
+
+typedef struct DataSource {
+    int V;                   // vocabulary size
+    uint64_t seed;
+    int is_file;
+    const char *path;        // for a file source
+    uint8_t *bytes;          // file contents (host)
+    size_t nbytes;
+    int succ_count;          // synthetic: successors per token (4)
+    int *succ;               // synthetic: (V, succ_count) successor table
+    float succ_prob[8];      // synthetic: probability of each successor slot
+} DataSource;
+
+// Synthetic Markov source over V tokens (V >= 8).
+void data_init_synthetic(DataSource *d, int V, uint64_t seed);
+// Byte-level text file; fails with a clear message if missing, unreadable or shorter than T+1.
+void data_init_file(DataSource *d, const char *path, int T, uint64_t seed);
+void data_free(DataSource *d);
+
+// Entropy rate in nats per token (synthetic only; -1 for files) and the loss floor for
+// sequences of length T (see above).
+double data_entropy_rate(const DataSource *d);
+double data_loss_floor(const DataSource *d, int T);
+
+// Global batch of `step`: inputs and targets, each (B, T), targets = inputs shifted by one.
+// Only rows [row0, row0 + nrows) are produced (a rank's slice), written at inputs[0..].
+void data_batch(const DataSource *d, uint64_t step, int B, int T, int row0, int nrows,
+                int *inputs, int *targets);
+
+// DistributedSampler slice: rank r of n gets rows [*row0, *row0 + *nrows) of a batch of B.
+// Fails with a clear message unless B % n == 0 (every rank must process the same count).
+void data_slice(int B, int rank, int n, int *row0, int *nrows);

@@ -1,0 +1,83 @@
+// kernels.h: the layers of GPT-2, forward and backward, as plain functions on flat buffers.
+//
+// One table of function pointers per device: kernels_get(DEV_CPU) (CBLAS matmuls, the rest in
+// plain C) and kernels_get(DEV_CUDA) (cuBLAS + hand-written kernels, only in a CUDA build).
+// Same signatures for both, so the model code is written once.
+//
+// Conventions (llm.c's): row-major; N = B*T rows; weights stored (out, in), so a linear layer
+// is out = inp · wᵀ + bias. Every backward ACCUMULATES (+=) into its gradient outputs
+// (dinp, dw, db), so gradient accumulation needs no extra buffers; zero them before a step.
+#pragma once
+#include <stddef.h>
+#include <stdint.h>
+#include "mem.h"
+
+typedef struct Kernels {
+    const char *name;  // "cpu" or "cuda"
+
+    // out (B,T,C) = wte[inp] + wpe[t]
+    void (*encoder_forward)(float *out, const int *inp, const float *wte, const float *wpe,
+                            int B, int T, int C);
+    // dwte, dwpe += from dout (B,T,C)
+    void (*encoder_backward)(float *dwte, float *dwpe, const float *dout, const int *inp,
+                             int B, int T, int C);
+
+    // out (N,C) = (inp - mean) * rstd * w + b ; mean, rstd (N) saved for backward. eps 1e-5.
+    void (*layernorm_forward)(float *out, float *mean, float *rstd, const float *inp,
+                              const float *w, const float *b, int N, int C);
+    void (*layernorm_backward)(float *dinp, float *dw, float *db, const float *dout,
+                               const float *inp, const float *w, const float *mean,
+                               const float *rstd, int N, int C);
+
+    // out (N,OC) = inp (N,C) · w (OC,C)ᵀ + bias (OC); bias may be NULL.
+    void (*matmul_forward)(float *out, const float *inp, const float *w, const float *bias,
+                           int N, int C, int OC);
+    // dinp (N,C) += dout · w ; dw (OC,C) += doutᵀ · inp ; dbias (OC) += Σ_rows dout.
+    // Any of dinp, dw, dbias may be NULL (not needed).
+    void (*matmul_backward)(float *dinp, float *dw, float *dbias, const float *dout,
+                            const float *inp, const float *w, int N, int C, int OC);
+
+    // qkv (B,T,3C) rows [Q;K;V] -> out (B,T,C); preatt, att (B,NH,T,T) saved (causal).
+    void (*attention_forward)(float *out, float *preatt, float *att, const float *qkv,
+                              int B, int T, int C, int NH);
+    // dqkv (B,T,3C) += ; dpreatt, datt (B,NH,T,T) are scratch (overwritten).
+    void (*attention_backward)(float *dqkv, float *dpreatt, float *datt, const float *dout,
+                               const float *qkv, const float *att, int B, int T, int C, int NH);
+
+    // GELU, tanh approximation. n elements.
+    void (*gelu_forward)(float *out, const float *inp, size_t n);
+    void (*gelu_backward)(float *dinp, const float *inp, const float *dout, size_t n); // dinp +=
+
+    // out = a + b (n); backward: da += dout, db += dout.
+    void (*residual_forward)(float *out, const float *a, const float *b, size_t n);
+    void (*residual_backward)(float *da, float *db, const float *dout, size_t n);
+
+    // probs (N,V) = softmax(logits); losses (N) = -log probs[target].
+    void (*softmax_forward)(float *probs, const float *logits, int N, int V);
+    void (*crossentropy_forward)(float *losses, const float *probs, const int *targets, int N, int V);
+    // dlogits (N,V) += (probs - onehot(target)) * dloss   (dloss = 1/(B*T) for a mean loss)
+    void (*crossentropy_softmax_backward)(float *dlogits, const float *probs, const int *targets,
+                                          float dloss, int N, int V);
+
+    // AdamW on n contiguous elements; see optim.h for the meaning of each argument.
+    // decay: the weight decay to apply to these elements (0 for biases and LayerNorm).
+    void (*adamw_update)(float *param, const float *grad, float *m, float *v, size_t n,
+                         float lr, float beta1, float beta2, float eps, float decay,
+                         float bc1, float bc2, float grad_scale);
+    // Σ g² over n elements, accumulated in double (for the global gradient norm).
+    double (*sum_squares)(const float *g, size_t n);
+    // x *= s over n elements.
+    void (*scale)(float *x, float s, size_t n);
+
+    // bf16 storage: round to nearest even; NaN stays NaN.
+    void (*f32_to_bf16)(uint16_t *out, const float *in, size_t n);
+    void (*bf16_to_f32)(float *out, const uint16_t *in, size_t n);
+} Kernels;
+
+// The table for a device. DEV_CUDA in a build without CUDA fails with a clear message.
+const Kernels *kernels_get(Device dev);
+extern const Kernels kernels_cpu;
+
+// Host helpers, usable everywhere (bit-exact reference for tests).
+uint16_t bf16_from_f32(float f);
+float bf16_to_f32(uint16_t h);

@@ -1,0 +1,43 @@
+// mem.h: every tensor allocation is tagged by what it holds, so each rank can report where
+// its memory goes (the 16-bytes-per-parameter story of chapter 00, measured, not assumed).
+#pragma once
+#include <stddef.h>
+#include <stdio.h>
+
+typedef enum { DEV_CPU = 0, DEV_CUDA = 1 } Device;
+
+typedef enum {
+    MEM_PARAMS = 0,  // the weights the forward pass reads (fp32, or bf16 in mixed precision)
+    MEM_GRADS,       // their gradients
+    MEM_MASTER,      // fp32 master weights (mixed precision only)
+    MEM_OPT_M,       // Adam first moment
+    MEM_OPT_V,       // Adam second moment
+    MEM_ACTS,        // activations saved for backward, and their gradients
+    MEM_COMM,        // communication buffers (buckets, staging, gathered shards)
+    MEM_OTHER,       // everything else (inputs, targets, scratch)
+    MEM_NCATS
+} MemCategory;
+
+// Zero-initialized allocation of `bytes` on `dev`, counted under `cat`. Never returns NULL
+// (fails the job with a message that names the category and size). bytes == 0 is allowed.
+void *mem_alloc(size_t bytes, MemCategory cat, Device dev);
+void mem_free(void *p);                 // NULL is fine
+size_t mem_size_of(const void *p);      // bytes of a live allocation
+
+size_t mem_current(MemCategory cat);    // bytes live now
+size_t mem_peak(MemCategory cat);       // high-water mark since start or last reset
+size_t mem_total_current(void);
+size_t mem_total_peak(void);            // peak of the total (not the sum of per-category peaks)
+void mem_reset_peaks(void);             // peaks := current
+const char *mem_category_name(MemCategory cat);   // "params", "grads", "master", "adam m", ...
+
+// Aligned table: category, current, peak (KiB/MiB/GiB), share of total.
+void mem_report(FILE *out, const char *title);
+// Human-readable bytes with unit into buf ("12.50 MiB"). Returns buf.
+char *mem_format(char *buf, size_t n, double bytes);
+
+// Device of a pointer: allocations made here know theirs; any other pointer is host memory.
+Device mem_device_of(const void *p);
+// Copy between any two buffers (host or device, found from the allocation table).
+void mem_copy(void *dst, const void *src, size_t bytes);
+void mem_zero(void *p, size_t bytes);

@@ -1,0 +1,29 @@
+// results.h: what a chapter run writes with --dump FILE, for the test harness to compare runs:
+// per-step losses, the final parameters (full, gathered on rank 0), and named figures
+// (bytes sent per step, memory per category, ...). Written atomically with a CRC32.
+//
+// File layout (little-endian): "LABDUMP1", int32 nsteps, float losses[nsteps], uint64 nparams,
+// float params[nparams], int32 nkv, nkv x (char key[48], double value), uint32 crc of all before.
+#pragma once
+#include <stddef.h>
+
+#define RESULTS_MAX_KV 64
+
+typedef struct RunResults {
+    int nsteps;
+    float *losses;          // nsteps (malloc'd)
+    size_t nparams;
+    float *params;          // nparams (malloc'd), may be NULL when nparams == 0
+    int nkv;
+    char keys[RESULTS_MAX_KV][48];
+    double vals[RESULTS_MAX_KV];
+} RunResults;
+
+void results_init(RunResults *r, int nsteps, size_t nparams);   // allocates, zeroes
+void results_set(RunResults *r, const char *key, double val);   // add or overwrite
+double results_get(const RunResults *r, const char *key, double missing);
+int results_has(const RunResults *r, const char *key);
+void results_write(const char *path, const RunResults *r);      // atomic; fails the job on error
+// 0 on success; on failure returns -1 and writes a reason into err (never aborts: tests use it).
+int results_read(const char *path, RunResults *r, char *err, size_t errlen);
+void results_free(RunResults *r);
