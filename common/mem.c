@@ -1,0 +1,170 @@
+// mem.c: tagged allocations and per-category current/peak bytes (see mem.h).
+//
+// A small table of live allocations {ptr, bytes, category, device}: enough to free by pointer,
+// to know which device a pointer lives on, and to count bytes per category.
+#include "mem.h"
+
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "check.h"
+#ifdef LAB_CUDA
+#include "cuda_util.h"
+#endif
+
+typedef struct Allocation {
+    void *ptr;
+    size_t bytes;      // as requested (what the report counts)
+    MemCategory cat;
+    Device dev;
+} Allocation;
+
+static Allocation *allocs = NULL;
+static size_t nallocs = 0, cap_allocs = 0;
+static size_t cur[MEM_NCATS], peak[MEM_NCATS];
+static size_t total_cur = 0, total_peak = 0;
+
+static const char *cat_names[MEM_NCATS] = {
+    "params", "grads", "master", "adam m", "adam v", "activations", "comm", "other",
+};
+
+const char *mem_category_name(MemCategory cat) {
+    if ((int)cat < 0 || cat >= MEM_NCATS) return "?";
+    return cat_names[cat];
+}
+
+// Index of p in the table, or -1. Linear: a model has a few dozen live buffers.
+static long find_alloc(const void *p) {
+    for (size_t i = nallocs; i-- > 0;)
+        if (allocs[i].ptr == p) return (long)i;
+    return -1;
+}
+
+void *mem_alloc(size_t bytes, MemCategory cat, Device dev) {
+    LAB_CHECK((int)cat >= 0 && cat < MEM_NCATS, "mem_alloc: bad category %d", (int)cat);
+    // Every allocation gets its own non-NULL pointer, even for 0 bytes, so it can be tracked.
+    size_t want = bytes ? bytes : 1;
+    void *p = NULL;
+    if (dev == DEV_CUDA) {
+#ifdef LAB_CUDA
+        p = lab_cuda_malloc(want);  // zeroed by lab_cuda_malloc
+#else
+        lab_fail("--device cuda needs a CUDA build: rebuild with `make CUDA=1` on a machine with nvcc");
+#endif
+    } else {
+        // 64-byte aligned (one cache line, AVX-512 loads); aligned_alloc wants a multiple.
+        size_t rounded = (want + 63) / 64 * 64;
+        if (rounded < want) p = NULL;  // overflow
+        else p = aligned_alloc(64, rounded);
+        if (p) memset(p, 0, rounded);
+    }
+    if (!p) {
+        char buf[32];
+        lab_fail("out of %s memory: allocating %s for %s failed", dev == DEV_CUDA ? "GPU" : "host",
+                 mem_format(buf, sizeof buf, (double)bytes), mem_category_name(cat));
+    }
+    if (nallocs == cap_allocs) {
+        cap_allocs = cap_allocs ? 2 * cap_allocs : 64;
+        Allocation *grown = realloc(allocs, cap_allocs * sizeof(Allocation));
+        if (!grown) lab_fail("out of host memory: growing the allocation table");
+        allocs = grown;
+    }
+    allocs[nallocs++] = (Allocation){p, bytes, cat, dev};
+    cur[cat] += bytes;
+    if (cur[cat] > peak[cat]) peak[cat] = cur[cat];
+    total_cur += bytes;
+    if (total_cur > total_peak) total_peak = total_cur;
+    return p;
+}
+
+void mem_free(void *p) {
+    if (!p) return;
+    long i = find_alloc(p);
+    LAB_CHECK(i >= 0, "mem_free: %p was not allocated by mem_alloc (or freed twice)", p);
+    Allocation a = allocs[i];
+    cur[a.cat] -= a.bytes;
+    total_cur -= a.bytes;
+    allocs[i] = allocs[--nallocs];
+    if (a.dev == DEV_CUDA) {
+#ifdef LAB_CUDA
+        lab_cuda_free(p);
+#endif
+    } else {
+        free(p);
+    }
+}
+
+size_t mem_size_of(const void *p) {
+    long i = find_alloc(p);
+    LAB_CHECK(i >= 0, "mem_size_of: %p is not a live mem_alloc allocation", p);
+    return allocs[i].bytes;
+}
+
+size_t mem_current(MemCategory cat) { return cur[cat]; }
+size_t mem_peak(MemCategory cat) { return peak[cat]; }
+size_t mem_total_current(void) { return total_cur; }
+size_t mem_total_peak(void) { return total_peak; }
+
+void mem_reset_peaks(void) {
+    for (int c = 0; c < MEM_NCATS; c++) peak[c] = cur[c];
+    total_peak = total_cur;
+}
+
+char *mem_format(char *buf, size_t n, double bytes) {
+    static const char *units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
+    int u = 0;
+    while (bytes >= 1024.0 && u < 4) {
+        bytes /= 1024.0;
+        u++;
+    }
+    if (u == 0) snprintf(buf, n, "%.0f %s", bytes, units[u]);
+    else snprintf(buf, n, "%.2f %s", bytes, units[u]);
+    return buf;
+}
+
+void mem_report(FILE *out, const char *title) {
+    char c1[32], c2[32];
+    fprintf(out, "%s\n", title ? title : "memory");
+    fprintf(out, "  %-12s %12s %12s %7s\n", "category", "current", "peak", "share");
+    for (int c = 0; c < MEM_NCATS; c++) {
+        double share = total_cur ? 100.0 * (double)cur[c] / (double)total_cur : 0.0;
+        fprintf(out, "  %-12s %12s %12s %6.1f%%\n", cat_names[c],
+                mem_format(c1, sizeof c1, (double)cur[c]), mem_format(c2, sizeof c2, (double)peak[c]),
+                share);
+    }
+    fprintf(out, "  %-12s %12s %12s %6.1f%%\n", "total", mem_format(c1, sizeof c1, (double)total_cur),
+            mem_format(c2, sizeof c2, (double)total_peak), total_cur ? 100.0 : 0.0);
+}
+
+Device mem_device_of(const void *p) {
+    // Pointers inside an allocation (views) count too: search by range.
+    const char *q = p;
+    for (size_t i = 0; i < nallocs; i++) {
+        const char *base = allocs[i].ptr;
+        if (q >= base && q < base + (allocs[i].bytes ? allocs[i].bytes : 1)) return allocs[i].dev;
+    }
+    return DEV_CPU;
+}
+
+void mem_copy(void *dst, const void *src, size_t bytes) {
+    if (bytes == 0 || dst == src) return;
+#ifdef LAB_CUDA
+    if (mem_device_of(dst) == DEV_CUDA || mem_device_of(src) == DEV_CUDA) {
+        lab_cuda_memcpy(dst, src, bytes);
+        return;
+    }
+#endif
+    memmove(dst, src, bytes);
+}
+
+void mem_zero(void *p, size_t bytes) {
+    if (bytes == 0) return;
+#ifdef LAB_CUDA
+    if (mem_device_of(p) == DEV_CUDA) {
+        lab_cuda_memset0(p, bytes);
+        return;
+    }
+#endif
+    memset(p, 0, bytes);
+}
