@@ -88,7 +88,7 @@ int main(int argc, char **argv) {
 
 // The memory the runtime really allocated, next to the calculator's prediction.
 static void print_measured_vs_predicted(const GPT2Config *cfg, int B, int T) {
-    CalcModel cm = calc_model_from_config(cfg);
+    CalcModel cm = calc_model_from_gpt2(cfg);
     CalcSetup cs = calc_setup_default();
     cs.micro_batch = B;
     cs.seq_len = T;
@@ -96,8 +96,8 @@ static void print_measured_vs_predicted(const GPT2Config *cfg, int B, int T) {
     double acts_lab = calc_activation_bytes_lab(cfg, B, T);
     struct { const char *name; MemCategory cat; double predicted; } rows[] = {
         {"params", MEM_PARAMS, pred.params},  {"grads", MEM_GRADS, pred.grads},
-        {"master", MEM_MASTER, pred.master},  {"adam m", MEM_OPT_M, pred.opt_m},
-        {"adam v", MEM_OPT_V, pred.opt_v},    {"activations", MEM_ACTS, acts_lab},
+        {"master", MEM_MASTER, pred.master},  {"adam m", MEM_OPT_M, pred.m},
+        {"adam v", MEM_OPT_V, pred.v},    {"activations", MEM_ACTS, acts_lab},
     };
     char a[32], b[32];
     printf("\nMemory of this run: measured (peak per category) vs predicted\n");
@@ -112,14 +112,14 @@ static void print_measured_vs_predicted(const GPT2Config *cfg, int B, int T) {
                exact ? "exact" : (rows[i].cat == MEM_ACTS ? "see below" : "MISMATCH"));
     }
     printf("  model state (params+grads+master+m+v) = %.0f bytes = %.1f bytes/param (%s)\n",
-           pred.params + pred.grads + pred.master + pred.opt_m + pred.opt_v,
-           (pred.params + pred.grads + pred.master + pred.opt_m + pred.opt_v) /
+           pred.params + pred.grads + pred.master + pred.m + pred.v,
+           (pred.params + pred.grads + pred.master + pred.m + pred.v) /
                (double)gpt2_param_count(cfg),
            exact_ok ? "matches the runtime exactly" : "DOES NOT match the runtime");
     printf("  activations: the lab keeps every tensor llm.c keeps (incl. the (B,NH,T,T) attention\n"
            "  matrices, logits and probs) and their gradients = %s; the Korthikanti et al. formula\n"
            "  for the same shapes (fp32, 2 bytes -> 4) gives %s. See README: the real run.\n",
-           mem_format(a, sizeof a, acts_lab), mem_format(b, sizeof b, pred.activations));
+           mem_format(a, sizeof a, acts_lab), mem_format(b, sizeof b, pred.acts));
 }
 
 static void train(const LabArgs *args, const TrainFlags *tf) {

@@ -10,6 +10,10 @@
 #include <stddef.h>
 #include <stdio.h>
 
+#ifdef __cplusplus  // callable from the CUDA .cu files
+extern "C" {
+#endif
+
 #if defined(__GNUC__)
 #define LAB_NORETURN __attribute__((noreturn))
 #define LAB_PRINTF(a, b) __attribute__((format(printf, a, b)))
@@ -46,3 +50,7 @@ double lab_now(void);
 // The stub that replaces an exercise's solution in the student version: it says which
 // exercise to implement and where to read, then ends the job.
 LAB_NORETURN void lab_exercise_todo(const char *id, const char *title, const char *readme);
+
+#ifdef __cplusplus
+}
+#endif

@@ -12,6 +12,10 @@
 #include <stdint.h>
 #include "mem.h"
 
+#ifdef __cplusplus  // callable from the CUDA .cu files
+extern "C" {
+#endif
+
 typedef struct Kernels {
     const char *name;  // "cpu" or "cuda"
 
@@ -81,3 +85,7 @@ extern const Kernels kernels_cpu;
 // Host helpers, usable everywhere (bit-exact reference for tests).
 uint16_t bf16_from_f32(float f);
 float bf16_to_f32(uint16_t h);
+
+#ifdef __cplusplus
+}
+#endif

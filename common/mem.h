@@ -4,6 +4,10 @@
 #include <stddef.h>
 #include <stdio.h>
 
+#ifdef __cplusplus  // callable from the CUDA .cu files
+extern "C" {
+#endif
+
 typedef enum { DEV_CPU = 0, DEV_CUDA = 1 } Device;
 
 typedef enum {
@@ -41,3 +45,7 @@ Device mem_device_of(const void *p);
 // Copy between any two buffers (host or device, found from the allocation table).
 void mem_copy(void *dst, const void *src, size_t bytes);
 void mem_zero(void *p, size_t bytes);
+
+#ifdef __cplusplus
+}
+#endif

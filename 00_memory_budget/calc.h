@@ -1,0 +1,289 @@
+// calc.h: chapter 00's memory calculator, cost estimator and layout planner.
+//
+// Three questions the notes ask before any GPU is switched on:
+//   1. memory: how many bytes does one rank hold for params, grads, master weights, Adam m and v,
+//      and activations, for a given model, precision, optimizer, ZeRO stage and DP/TP/PP layout?
+//   2. cost:   GPU-hours = 6 * N * tokens / (peak FLOPS * MFU), wall-clock days, dollars.
+//   3. plan:   on G GPUs of one type, which DP x TP x PP layouts (ZeRO stage, micro-batch,
+//              recomputation) fit, ranked by an estimated step time that includes communication.
+//
+// Units: bytes are exact integers carried in doubles (exact below 2^53, i.e. 9 PB); printed
+// as GB = 1e9 bytes (the notes' unit: "7B model = 112 GB") and GiB = 2^30 bytes side by side.
+// Every function that takes user input has a *_check twin returning an error message (NULL when
+// fine) instead of ending the program, so tests read messages and the CLI decides how to fail.
+#pragma once
+#include <stdint.h>
+#include <stdio.h>
+#include "gpt2.h"
+
+// ------------------------------------------------------------------------------------------
+// Models
+
+typedef enum {
+    CALC_ARCH_GPT2,   // LayerNorm (weight+bias), biases everywhere, learned positions (wpe)
+    CALC_ARCH_LLAMA,  // RMSNorm (weight only), no biases, RoPE (no position parameters)
+    CALC_ARCH_RAW,    // only a parameter count is known (--params): no per-layer view
+} CalcArch;
+
+typedef struct CalcModel {
+    char name[32];      // "llama3-70b", "tiny", "custom", ...
+    CalcArch arch;
+    int V, T, L, C, NH; // vocab, context length, layers, channels, heads
+    int KV;             // key/value heads (grouped-query attention); NH = plain multi-head
+    int FFN;            // MLP hidden width (4C for GPT-2)
+    int gated;          // 1: SwiGLU MLP, three C x FFN matrices (gate, up, down); 0: two
+    int tied;           // 1: the output layer reuses the token embedding wte
+    int64_t nparams;    // total parameters: computed from the dims, or given (CALC_ARCH_RAW)
+    double published;   // the published count the preset is checked against (0: none)
+    const char *about;  // one line: where the dims come from
+} CalcModel;
+
+// Presets: "tiny" (the lab's default model), "gpt2-124m", "gpt2-350m", "gpt2-774m",
+// "gpt2-1.5b" (V = 50257, not llm.c's padded 50304), "llama2-7b", "llama2-13b", "llama3-70b",
+// "llama3-405b" (Llama 3.1 405B). Returns NULL for an unknown name.
+const CalcModel *calc_model_preset(const char *name);
+int calc_model_preset_count(void);
+const CalcModel *calc_model_preset_at(int i);
+// "unknown --model 'x': valid presets are tiny, gpt2-124m, ..." (static buffer).
+const char *calc_model_preset_error(const char *name);
+
+// A model from explicit dimensions (nparams computed). FFN == 0 picks the architecture's
+// default: 4C for GPT-2, Llama's rule 256 * ceil((8C/3) / 256) for Llama. KV == 0 means NH.
+CalcModel calc_model_dims(const char *name, CalcArch arch, int V, int T, int L, int C, int NH,
+                          int KV, int FFN);
+// The lab's own GPT-2 (what common/gpt2.c trains).
+CalcModel calc_model_from_gpt2(const GPT2Config *cfg);
+// Only a parameter count: model states can be computed, activations and TP/PP splits cannot.
+CalcModel calc_model_raw(int64_t nparams);
+// Parameter count from the dims (GPT-2: V*C + T*C + L*(12C^2 + 13C) + 2C for FFN = 4C).
+int64_t calc_param_count(const CalcModel *m);
+// NULL when the model is consistent, else what is wrong (static buffer).
+const char *calc_model_check(const CalcModel *m);
+
+// Parse a count with an optional suffix K, M, B (or G), T: "7e9", "7B", "124M", "15T".
+// Returns NULL and sets *out, or an error message naming `flag` (static buffer).
+const char *calc_parse_count(const char *s, const char *flag, double *out);
+// Parse --dims "L=80,C=8192,NH=64,KV=8,FFN=28672,V=128256,T=8192,arch=llama,tied=0".
+// Missing keys default to the tiny config (V=256 T=64 L=4 C=128 NH=4), arch=gpt2.
+const char *calc_parse_dims(const char *s, CalcModel *out);
+
+// ------------------------------------------------------------------------------------------
+// GPUs
+
+typedef struct CalcGpu {
+    const char *name;     // "h100"
+    const char *label;    // "H100 80GB SXM"
+    double mem_bytes;     // HBM capacity (vendors' figure, read as GiB: HBM is sized in 2^30)
+    double peak_flops;    // dense bf16 tensor-core peak, FLOP/s
+    double bw_intra;      // NVLink bandwidth per GPU per direction, bytes/s (nominal)
+    double bw_inter;      // InfiniBand bandwidth per GPU per direction, bytes/s (one NIC per GPU)
+} CalcGpu;
+
+// "a100-40", "a100-80", "h100", "h200"; NULL when unknown.
+const CalcGpu *calc_gpu_preset(const char *name);
+int calc_gpu_preset_count(void);
+const CalcGpu *calc_gpu_preset_at(int i);
+const char *calc_gpu_preset_error(const char *name);
+
+// ------------------------------------------------------------------------------------------
+// Memory per rank
+
+typedef enum { CALC_FP32, CALC_BF16 } CalcDtype;      // bf16 = mixed precision (fp32 master)
+typedef enum { CALC_ADAM, CALC_SGD } CalcOptim;       // SGD with momentum: one state buffer
+typedef enum { CALC_RECOMPUTE_NONE, CALC_RECOMPUTE_SELECTIVE, CALC_RECOMPUTE_FULL } CalcRecompute;
+
+typedef struct CalcSetup {
+    CalcDtype dtype;
+    CalcOptim optim;
+    int zero;           // ZeRO stage 0..3 over the DP group
+    int dp, tp, pp;     // data, tensor, pipeline parallel degrees
+    int sp;             // 1: sequence parallelism with TP (Megatron): activations split by tp
+    int micro_batch;    // b, sequences per micro-batch
+    int micro_batches;  // micro-batches per step (gradient accumulation); 1F1B keeps
+                        // min(pp - stage, micro_batches) in flight. 0: assume a full pipeline.
+    int seq;            // s, tokens per sequence; 0: the model's T
+    CalcRecompute recompute;
+} CalcSetup;
+
+// fp32, Adam, ZeRO-0, DP=TP=PP=1, no SP, micro-batch 1, seq = T, no recomputation.
+CalcSetup calc_setup_default(void);
+const char *calc_dtype_name(CalcDtype d);          // "fp32", "bf16"
+const char *calc_recompute_name(CalcRecompute r);  // "none", "selective", "full"
+int calc_parse_dtype(const char *s, CalcDtype *out);          // 0 ok, -1 unknown
+int calc_parse_optim(const char *s, CalcOptim *out);
+int calc_parse_recompute(const char *s, CalcRecompute *out);
+
+// Bytes per parameter of each model-state category before ZeRO sharding.
+typedef struct CalcBytesPerParam {
+    double params, grads, master, m, v;
+} CalcBytesPerParam;
+CalcBytesPerParam calc_bytes_per_param(CalcDtype dtype, CalcOptim optim);
+
+typedef struct CalcBreakdown {
+    // bytes held by one rank of the heaviest pipeline stage
+    double params, grads, master, m, v, acts, total;
+    int64_t rank_params;     // parameters that rank owns after the TP/PP split, before ZeRO (Ψ)
+    int stage, nstages;      // which stage is the heaviest, of how many
+    int layers;              // layers on that stage
+    int inflight;            // micro-batches whose activations that stage keeps (1F1B)
+    char act_formula[200];   // which activation formula was used, in words
+} CalcBreakdown;
+
+// NULL when (model, setup) is valid, else a message naming the flag and valid values.
+const char *calc_setup_check(const CalcModel *m, const CalcSetup *s);
+// Memory per rank. Call calc_setup_check first: invalid input ends the job (LAB_CHECK).
+CalcBreakdown calc_memory(const CalcModel *m, const CalcSetup *s);
+// Parameters one rank of pipeline stage `stage` holds after the TP/PP split (before ZeRO).
+int64_t calc_stage_params(const CalcModel *m, int tp, int pp, int stage);
+// Layers on pipeline stage `stage`: L/pp, or Llama 3's balanced split when (L+2) % pp == 0
+// (first and last stage one layer fewer, to make room for the embedding and the head).
+int calc_stage_layers(int L, int pp, int stage);
+
+// Activation bytes of ONE layer for ONE micro-batch (Korthikanti et al. 2022, "Reducing
+// Activation Recomputation in Large Transformer Models"), value width w bytes (2 bf16, 4 fp32),
+// 1-byte dropout masks: s*b*h*(16w + 2) + a*s^2*b*(2w + 1); for w = 2 that is the paper's
+// s*b*h*(34 + 5*a*s/h). With TP t: s*b*h*(4w + 2 + 12w/t) + a*s^2*b*(2w+1)/t (w=2: 10 + 24/t +
+// 5as/(ht)); with TP + SP everything / t. Selective recomputation drops the a*s^2 term, full
+// recomputation keeps only the layer input, w*s*b*h (/t with SP).
+double calc_layer_activation_bytes(const CalcModel *m, const CalcSetup *s);
+// The exact bytes the lab's runtime allocates for activations AND their gradients (gpt2.h
+// ActTensors, fp32, acts + dacts of equal size): 2 * 4 * (B*T*C*(18L + 2) + B*T*(4L + 3)
+// + 2*L*B*NH*T*T + 2*B*T*V).
+double calc_activation_bytes_lab(const GPT2Config *cfg, int B, int T);
+
+// 1 when total fits in mem_bytes.
+int calc_fits(const CalcBreakdown *b, double mem_bytes);
+
+// The table (bytes/param, GB, GiB, share) and the ASCII bars ("Training Memory per GPU").
+// gpu may be NULL; mem_bytes > 0 overrides the GPU's capacity (e.g. --gpu-mem).
+void calc_print_memory(FILE *out, const CalcModel *m, const CalcSetup *s, const CalcBreakdown *b);
+void calc_print_bars(FILE *out, const CalcBreakdown *b, const char *gpu_label, double mem_bytes);
+
+// ------------------------------------------------------------------------------------------
+// Cost: GPU-hours = 6 * N * tokens / (peak FLOPS * MFU)
+
+typedef struct CalcCostSpec {
+    double nparams;      // N
+    double tokens;
+    double peak_flops;   // per GPU, FLOP/s
+    double mfu;          // model FLOPs utilization, (0, 1]
+    int gpus;            // for the wall clock
+    double price;        // dollars per GPU-hour (>= 0)
+} CalcCostSpec;
+
+typedef struct CalcCost {
+    double flops;        // 6 * N * tokens
+    double gpu_seconds, gpu_hours, gpu_years;
+    double wall_days;    // on `gpus` GPUs
+    double dollars;
+} CalcCost;
+
+const char *calc_cost_check(const CalcCostSpec *c);
+CalcCost calc_cost(const CalcCostSpec *c);
+void calc_print_cost(FILE *out, const CalcCostSpec *c, const CalcCost *r, const char *gpu_label);
+
+// ------------------------------------------------------------------------------------------
+// Planner (planner.c)
+
+typedef struct CalcPlanSpec {
+    int gpus;             // G
+    int gpus_per_node;    // TP stays inside a node
+    int global_batch;     // sequences per optimizer step, all ranks together
+    int seq;              // 0: the model's T
+    CalcDtype dtype;
+    CalcOptim optim;
+    double mem_bytes;     // capacity of one GPU
+    double peak_flops;
+    double mfu;           // fraction of peak the compute runs at (communication is added on top)
+    double bw_intra;      // bytes/s per GPU per direction inside a node
+    double bw_inter;      // bytes/s per GPU per direction between nodes
+    double latency;       // alpha, seconds per message hop
+} CalcPlanSpec;
+
+typedef struct CalcPlan {
+    CalcSetup setup;      // dp, tp, pp, zero, sp, micro_batch, micro_batches, seq, recompute
+    CalcBreakdown mem;
+    int fits;
+    // estimated time of one optimizer step, seconds (alpha-beta model, no overlap)
+    double t_compute;     // pipeline-filled compute incl. bubble and recomputation
+    double t_tp;          // tensor-parallel all-reduces
+    double t_pp;          // pipeline send/recv
+    double t_dp;          // data-parallel gradient sync / ZeRO gathers
+    double t_step;
+    double mfu;           // 6 N tokens / (G * peak * t_step)
+} CalcPlan;
+
+typedef struct CalcPlanResult {
+    CalcPlan *plans;      // every valid candidate: fitting ones first, each part by t_step
+    int nplans, nfit;
+    int min_gpus;         // nfit == 0: fewest GPUs (whole nodes) with a fitting layout; 0: none
+    CalcPlan best_at_min; // the best layout at min_gpus
+    double state_bytes;   // 16-bytes-per-param style total of model states (all ranks)
+} CalcPlanResult;
+
+const char *calc_plan_check(const CalcModel *m, const CalcPlanSpec *p);
+// Enumerates tp (dividing gpus_per_node and the heads), pp (valid for L), dp = G/(tp*pp)
+// (dividing the global batch), ZeRO 0-3, micro-batch 1..64 (powers of 2), recomputation;
+// sequence parallelism on whenever tp > 1. Caller frees with calc_plan_free.
+CalcPlanResult calc_plan(const CalcModel *m, const CalcPlanSpec *p);
+void calc_plan_free(CalcPlanResult *r);
+// The best fitting plan with this DP x TP x PP layout, or NULL.
+const CalcPlan *calc_plan_find(const CalcPlanResult *r, int dp, int tp, int pp);
+// Estimated step time of one candidate (fills the t_* fields and mfu of *c).
+void calc_plan_time(const CalcModel *m, const CalcPlanSpec *p, CalcPlan *c);
+// The ranked table, one row per DP x TP x PP layout (its best ZeRO/micro-batch/recompute).
+void calc_print_plan(FILE *out, const CalcModel *m, const CalcPlanSpec *p,
+                     const CalcPlanResult *r, int top, const char *gpu_label);
+
+// ------------------------------------------------------------------------------------------
+// Small formatting helpers shared by the printers.
+char *calc_fmt_count(char *buf, size_t n, double count);   // "70.55 B", "834.3 K"
+char *calc_fmt_commas(char *buf, size_t n, int64_t x);     // "834,304"
+
+// ------------------------------------------------------------------------------------------
+// Command line (calc_cli.c): the chapter's own flags and the calculator/cost/planner modes.
+#include "flags.h"
+
+typedef struct CalcCliArgs {
+    // Filled by main.c from the shared flags (calc_cli_defaults puts the tiny config there).
+    GPT2Config lab_cfg;     // the model "--model lab" means (--vocab --seq --layers ...)
+    int lab_batch;          // --batch: the default micro-batch for "--model lab"
+    const char *dtype;      // --dtype fp32|bf16 (shared flag)
+    // The chapter's flags (calc_cli_flags points a FlagSpec table at these).
+    int calc;               // --calc: print the memory budget instead of training
+    int list;               // --list-presets
+    const char *model;      // --model PRESET ("lab": the shared model flags)
+    const char *params;     // --params N ("" = not given)
+    const char *dims;       // --dims "L=..,C=..,NH=..,..." ("" = not given)
+    const char *optimizer;  // --optimizer adam|sgd
+    int zero;               // --zero 0..3
+    int dp, tp, pp;         // --dp --tp --pp
+    int seq_parallel;       // --seq-parallel
+    int micro_batch;        // --micro-batch (0: --batch for the lab model, else 1)
+    int seq_len;            // --seq-len (0: the model's T)
+    const char *recompute;  // --recompute none|selective|full
+    const char *gpu;        // --gpu a100-40|a100-80|h100|h200
+    float gpu_mem;          // --gpu-mem GB (0: the preset's)
+    float peak_tflops;      // --peak-tflops (0: the preset's)
+    int cost;               // --cost
+    const char *tokens;     // --tokens N
+    float mfu;              // --mfu
+    int gpus;               // --gpus
+    float price;            // --price $/GPU-hour
+    int plan;               // --plan
+    int gpus_per_node;      // --gpus-per-node
+    int global_batch;       // --global-batch (sequences)
+    float bw_intra, bw_inter;  // --bw-intra --bw-inter GB/s (0: the preset's)
+    float latency_us;       // --latency-us
+    int top;                // --top rows of the plan table
+} CalcCliArgs;
+
+#define CALC_CLI_MAX_FLAGS 40
+CalcCliArgs calc_cli_defaults(void);
+// Fills out[] (room for CALC_CLI_MAX_FLAGS) with FlagSpecs pointing into *a; returns the count.
+// Pass them to lab_parse_args as the chapter's extra flags.
+int calc_cli_flags(CalcCliArgs *a, FlagSpec *out);
+// 1 when the command line asks for the calculator, cost or planner rather than training.
+int calc_cli_requested(const CalcCliArgs *a);
+// Runs the modes asked for and prints; bad input ends the job with lab_fail_collective.
+int calc_cli_run(const CalcCliArgs *a);

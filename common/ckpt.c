@@ -1,0 +1,378 @@
+// ckpt.c: checkpoints (see ckpt.h for the two formats) and the atomic file writer.
+//
+// Writing: everything goes to "<path>.tmp", which is flushed, fsync'ed and then renamed over
+// <path>. rename() is atomic on POSIX file systems, so <path> is always either the complete
+// old file or the complete new one, even if the job dies in the middle of a write.
+//
+// Reading: a file is checked before anything in it is trusted: magic, version, size, CRC32,
+// then the config against the run's.
+#include "ckpt.h"
+
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "check.h"
+
+// ---- CRC32 (IEEE 802.3, reflected polynomial 0xEDB88320, as zlib and PNG) ------------------
+
+static uint32_t crc_table[256];
+static int crc_table_ready;
+
+static void crc_make_table(void) {
+    for (uint32_t i = 0; i < 256; i++) {
+        uint32_t c = i;
+        for (int k = 0; k < 8; k++) c = (c & 1) ? 0xEDB88320u ^ (c >> 1) : c >> 1;
+        crc_table[i] = c;
+    }
+    crc_table_ready = 1;
+}
+
+uint32_t crc32_update(uint32_t crc, const void *data, size_t n) {
+    if (!crc_table_ready) crc_make_table();
+    const uint8_t *p = data;
+    crc = ~crc;
+    for (size_t i = 0; i < n; i++) crc = crc_table[(crc ^ p[i]) & 0xFF] ^ (crc >> 8);
+    return ~crc;
+}
+
+uint32_t crc32_of(const void *data, size_t n) { return crc32_update(0, data, n); }
+
+// ---- atomic writes --------------------------------------------------------------------------
+
+typedef struct AtomicFile {
+    const char *path;
+    char *tmp;   // "<path>.tmp"
+    FILE *f;
+    uint32_t crc; // CRC32 of everything written so far
+} AtomicFile;
+
+LAB_NORETURN static void atomic_fail(AtomicFile *af, const char *what, int err) {
+    if (af->f) {
+        fclose(af->f);
+        remove(af->tmp);  // never leave a half-written tmp behind; <path> is untouched
+    }
+    lab_fail("cannot write %s: %s %s failed: %s (the previous %s, if any, is intact)", af->path,
+             what, af->tmp, strerror(err), af->path);
+}
+
+static void atomic_open(AtomicFile *af, const char *path) {
+    af->path = path;
+    af->tmp = lab_xmalloc(strlen(path) + 5);
+    sprintf(af->tmp, "%s.tmp", path);
+    af->crc = 0;
+    af->f = fopen(af->tmp, "wb");
+    if (!af->f) atomic_fail(af, "creating", errno);
+}
+
+static void atomic_write(AtomicFile *af, const void *buf, size_t n) {
+    if (n == 0) return;
+    if (fwrite(buf, 1, n, af->f) != n) atomic_fail(af, "writing", errno ? errno : EIO);
+    af->crc = crc32_update(af->crc, buf, n);
+}
+
+static void atomic_commit(AtomicFile *af) {
+    if (fflush(af->f) != 0) atomic_fail(af, "flushing", errno);
+    if (fsync(fileno(af->f)) != 0) atomic_fail(af, "fsync of", errno);
+    FILE *f = af->f;
+    af->f = NULL;
+    if (fclose(f) != 0) {
+        int err = errno;
+        remove(af->tmp);
+        lab_fail("cannot write %s: closing %s failed: %s", af->path, af->tmp, strerror(err));
+    }
+    if (rename(af->tmp, af->path) != 0) {
+        int err = errno;
+        remove(af->tmp);
+        lab_fail("cannot write %s: renaming %s over it failed: %s (the previous %s, if any, is "
+                 "intact)", af->path, af->tmp, strerror(err), af->path);
+    }
+    free(af->tmp);
+    af->tmp = NULL;
+}
+
+void file_write_atomic(const char *path, const void *buf, size_t n) {
+    AtomicFile af;
+    atomic_open(&af, path);
+    atomic_write(&af, buf, n);
+    atomic_commit(&af);
+}
+
+// ---- reading helpers ------------------------------------------------------------------------
+
+static FILE *open_for_load(const char *path, const char *what, size_t *size) {
+    FILE *f = fopen(path, "rb");
+    if (!f) lab_fail("cannot load the %s %s: %s", what, path, strerror(errno));
+    struct stat st;
+    if (fstat(fileno(f), &st) != 0 || !S_ISREG(st.st_mode))
+        lab_fail("cannot load the %s %s: not a regular file", what, path);
+    *size = (size_t)st.st_size;
+    return f;
+}
+
+static void read_exact(FILE *f, void *buf, size_t n, const char *path) {
+    if (n && fread(buf, 1, n, f) != n)
+        lab_fail("cannot read %s: %s", path, ferror(f) ? strerror(errno) : "unexpected end of file");
+}
+
+// CRC32 of n bytes from the current position (the position moves past them).
+static uint32_t crc_of_stream(FILE *f, size_t n, const char *path) {
+    size_t chunk = (size_t)1 << 20;
+    uint8_t *buf = lab_xmalloc(chunk);
+    uint32_t crc = 0;
+    while (n > 0) {
+        size_t k = n < chunk ? n : chunk;
+        read_exact(f, buf, k, path);
+        crc = crc32_update(crc, buf, k);
+        n -= k;
+    }
+    free(buf);
+    return crc;
+}
+
+// The flag that sets each config field, to make a mismatch message actionable.
+static void check_config(const char *path, const GPT2Config *have, const GPT2Config *want) {
+    const char *names[5] = {"V (--vocab)", "T (--seq)", "L (--layers)", "NH (--heads)", "C (--channels)"};
+    int h[5] = {have->V, have->T, have->L, have->NH, have->C};
+    int w[5] = {want->V, want->T, want->L, want->NH, want->C};
+    for (int i = 0; i < 5; i++)
+        if (h[i] != w[i])
+            lab_fail("config mismatch in %s: the file has %s = %d, this run has %d; run with the "
+                     "file's config or use another file", path, names[i], h[i], w[i]);
+}
+
+// ---- weights: llm.c's gpt2_*.bin ------------------------------------------------------------
+
+#define WEIGHTS_MAGIC 20240326
+#define WEIGHTS_FP32 3
+#define WEIGHTS_BF16 5
+#define WEIGHTS_HEADER_INTS 256
+#define CRC_MARKER 0x4C414221  // "LAB!": header[10] holds a CRC32 of the tensor bytes
+
+void ckpt_save_weights(const char *path, const GPT2Config *cfg, const float *params) {
+    size_t n = gpt2_param_count(cfg);
+    int32_t header[WEIGHTS_HEADER_INTS] = {0};
+    header[0] = WEIGHTS_MAGIC;
+    header[1] = WEIGHTS_FP32;
+    header[2] = cfg->T;
+    header[3] = cfg->V;
+    header[4] = cfg->L;
+    header[5] = cfg->NH;
+    header[6] = cfg->C;
+    header[7] = cfg->V;  // padded V: no padding here
+    header[9] = CRC_MARKER;
+    uint32_t crc = crc32_of(params, n * sizeof(float));
+    memcpy(&header[10], &crc, sizeof(crc));
+    AtomicFile af;
+    atomic_open(&af, path);
+    atomic_write(&af, header, sizeof(header));
+    atomic_write(&af, params, n * sizeof(float));
+    atomic_commit(&af);
+}
+
+// Header read and validated; returns the open file positioned at the first tensor.
+static FILE *weights_open(const char *path, GPT2Config *cfg, int *version, int *Vp) {
+    size_t size;
+    FILE *f = open_for_load(path, "weights file", &size);
+    int32_t header[WEIGHTS_HEADER_INTS];
+    if (size < sizeof(header))
+        lab_fail("cannot load %s: truncated: %zu bytes, shorter than the %zu-byte header", path,
+                 size, sizeof(header));
+    read_exact(f, header, sizeof(header), path);
+    if (header[0] != WEIGHTS_MAGIC)
+        lab_fail("cannot load %s: wrong magic number %d (expected %d): not a GPT-2 weights file "
+                 "in llm.c's format", path, header[0], WEIGHTS_MAGIC);
+    if (header[1] != WEIGHTS_FP32 && header[1] != WEIGHTS_BF16)
+        lab_fail("cannot load %s: unsupported version %d (this lab reads 3 = fp32 and 5 = bf16)",
+                 path, header[1]);
+    cfg->T = header[2];
+    cfg->V = header[3];
+    cfg->L = header[4];
+    cfg->NH = header[5];
+    cfg->C = header[6];
+    *version = header[1];
+    *Vp = header[7];
+    if (cfg->T < 1 || cfg->V < 1 || cfg->L < 1 || cfg->NH < 1 || cfg->C < 1 || *Vp < cfg->V)
+        lab_fail("cannot load %s: the header holds an impossible config (V=%d padded V=%d T=%d "
+                 "L=%d NH=%d C=%d)", path, cfg->V, *Vp, cfg->T, cfg->L, cfg->NH, cfg->C);
+    // Expected size: the tensors with wte padded to Vp rows. First a rough count in double, so
+    // that a damaged header with huge fields cannot overflow the exact count below.
+    size_t elem = *version == WEIGHTS_FP32 ? 4 : 2;
+    double C = cfg->C;
+    double rough = ((double)*Vp * C + cfg->T * C + cfg->L * (12.0 * C * C + 13.0 * C) + 2.0 * C) * (double)elem;
+    if (rough + (double)sizeof(header) > (double)size)
+        lab_fail("cannot load %s: truncated: %zu bytes, the header says %.0f (V=%d T=%d L=%d "
+                 "NH=%d C=%d)", path, size, rough + (double)sizeof(header), cfg->V, cfg->T,
+                 cfg->L, cfg->NH, cfg->C);
+    size_t count = gpt2_param_count(cfg) + (size_t)(*Vp - cfg->V) * (size_t)cfg->C;
+    size_t want = sizeof(header) + count * elem;
+    if (size < want)
+        lab_fail("cannot load %s: truncated: %zu bytes, the header says %zu (V=%d T=%d L=%d "
+                 "NH=%d C=%d)", path, size, want, cfg->V, cfg->T, cfg->L, cfg->NH, cfg->C);
+    if (header[9] == CRC_MARKER) {
+        uint32_t stored;
+        memcpy(&stored, &header[10], sizeof(stored));
+        uint32_t crc = crc_of_stream(f, count * elem, path);
+        if (crc != stored)
+            lab_fail("cannot load %s: corrupted: CRC32 mismatch (stored %08x, computed %08x); the "
+                     "file was damaged after it was written", path, stored, crc);
+        if (fseek(f, (long)sizeof(header), SEEK_SET) != 0)
+            lab_fail("cannot read %s: %s", path, strerror(errno));
+    }
+    return f;
+}
+
+GPT2Config ckpt_load_weights_config(const char *path) {
+    GPT2Config cfg;
+    int version, Vp;
+    FILE *f = weights_open(path, &cfg, &version, &Vp);
+    fclose(f);
+    return cfg;
+}
+
+// Reads n elements of the file's dtype into out as fp32.
+static void read_tensor(FILE *f, int version, float *out, size_t n, const char *path) {
+    if (version == WEIGHTS_FP32) {
+        read_exact(f, out, n * sizeof(float), path);
+        return;
+    }
+    // bf16: the upper 16 bits of an fp32, so widening is exact.
+    uint16_t *tmp = lab_xmalloc(n * sizeof(uint16_t) + 1);
+    read_exact(f, tmp, n * sizeof(uint16_t), path);
+    for (size_t i = 0; i < n; i++) {
+        uint32_t bits = (uint32_t)tmp[i] << 16;
+        memcpy(&out[i], &bits, sizeof(bits));
+    }
+    free(tmp);
+}
+
+void ckpt_load_weights(const char *path, const GPT2Config *expect, float *params) {
+    GPT2Config cfg;
+    int version, Vp;
+    FILE *f = weights_open(path, &cfg, &version, &Vp);
+    if (expect) check_config(path, &cfg, expect);
+    size_t sizes[GPT2_NUM_TENSORS];
+    gpt2_param_sizes(&cfg, sizes);
+    // wte: the first V of Vp rows (llm.c pads the vocabulary to a multiple of 128).
+    size_t C = (size_t)cfg.C;
+    read_tensor(f, version, params, sizes[0], path);
+    size_t skip = (size_t)(Vp - cfg.V) * C * (version == WEIGHTS_FP32 ? 4 : 2);
+    if (skip && fseek(f, (long)skip, SEEK_CUR) != 0) lab_fail("cannot read %s: %s", path, strerror(errno));
+    size_t rest = gpt2_param_count(&cfg) - sizes[0];
+    read_tensor(f, version, params + sizes[0], rest, path);
+    fclose(f);
+}
+
+// ---- training state: our format -------------------------------------------------------------
+//
+//   offset  field
+//        0  char magic[8] = "LABSTATE"
+//        8  int32 version = 1
+//       12  int32 V, T, L, NH, C
+//       32  int32 step                     (steps completed)
+//       36  uint64 seed, data_seed
+//       52  float lr, beta1, beta2, eps, weight_decay, grad_clip
+//       76  int32 warmup_steps, total_steps
+//       84  uint64 n                       (elements of each array)
+//       92  float params[n], m[n], v[n]
+//  92+12n  uint32 CRC32 of bytes [0, 92+12n)
+// All little-endian (the byte order of every machine this lab targets).
+
+#define STATE_MAGIC "LABSTATE"
+#define STATE_VERSION 1
+#define STATE_HEADER_BYTES 92
+
+typedef struct Packer { uint8_t *p; size_t off; } Packer;
+static void put(Packer *k, const void *v, size_t n) { memcpy(k->p + k->off, v, n); k->off += n; }
+static void get(Packer *k, void *v, size_t n) { memcpy(v, k->p + k->off, n); k->off += n; }
+
+void ckpt_save_state(const char *path, const TrainState *s) {
+    uint8_t hdr[STATE_HEADER_BYTES];
+    Packer k = {hdr, 0};
+    int32_t version = STATE_VERSION;
+    int32_t cfg[5] = {s->cfg.V, s->cfg.T, s->cfg.L, s->cfg.NH, s->cfg.C};
+    int32_t step = s->step, sched[2] = {s->warmup_steps, s->total_steps};
+    float hyper[6] = {s->lr, s->beta1, s->beta2, s->eps, s->weight_decay, s->grad_clip};
+    uint64_t n = s->n;
+    put(&k, STATE_MAGIC, 8);
+    put(&k, &version, 4);
+    put(&k, cfg, sizeof(cfg));
+    put(&k, &step, 4);
+    put(&k, &s->seed, 8);
+    put(&k, &s->data_seed, 8);
+    put(&k, hyper, sizeof(hyper));
+    put(&k, sched, sizeof(sched));
+    put(&k, &n, 8);
+    LAB_CHECK(k.off == STATE_HEADER_BYTES, "state header is %zu bytes", k.off);
+    AtomicFile af;
+    atomic_open(&af, path);
+    atomic_write(&af, hdr, sizeof(hdr));
+    atomic_write(&af, s->params, s->n * sizeof(float));
+    atomic_write(&af, s->m, s->n * sizeof(float));
+    atomic_write(&af, s->v, s->n * sizeof(float));
+    uint32_t crc = af.crc;
+    atomic_write(&af, &crc, 4);
+    atomic_commit(&af);
+}
+
+void ckpt_load_state(const char *path, const GPT2Config *expect, TrainState *s) {
+    size_t size;
+    FILE *f = open_for_load(path, "training state", &size);
+    uint8_t hdr[STATE_HEADER_BYTES];
+    if (size < sizeof(hdr) + 4)
+        lab_fail("cannot load %s: truncated: %zu bytes, shorter than the %zu-byte header", path,
+                 size, sizeof(hdr) + 4);
+    read_exact(f, hdr, sizeof(hdr), path);
+    Packer k = {hdr, 0};
+    char magic[8];
+    int32_t version, cfg[5], step, sched[2];
+    float hyper[6];
+    uint64_t n;
+    get(&k, magic, 8);
+    if (memcmp(magic, STATE_MAGIC, 8) != 0)
+        lab_fail("cannot load %s: wrong magic (expected \"%s\"): not a training-state checkpoint "
+                 "(weights files go to --load-weights)", path, STATE_MAGIC);
+    get(&k, &version, 4);
+    if (version != STATE_VERSION)
+        lab_fail("cannot load %s: unsupported version %d (this lab reads version %d)", path,
+                 version, STATE_VERSION);
+    get(&k, cfg, sizeof(cfg));
+    get(&k, &step, 4);
+    get(&k, &s->seed, 8);
+    get(&k, &s->data_seed, 8);
+    get(&k, hyper, sizeof(hyper));
+    get(&k, sched, sizeof(sched));
+    get(&k, &n, 8);
+    size_t want = sizeof(hdr) + 12 * (size_t)n + 4;
+    if (n > ((size_t)1 << 40) || size < want)
+        lab_fail("cannot load %s: truncated: %zu bytes, the header says %zu (%llu parameters)",
+                 path, size, want, (unsigned long long)n);
+    // CRC over the whole file before any field is trusted further.
+    rewind(f);
+    uint32_t crc = crc_of_stream(f, want - 4, path), stored;
+    read_exact(f, &stored, 4, path);
+    if (crc != stored)
+        lab_fail("cannot load %s: corrupted: CRC32 mismatch (stored %08x, computed %08x); the file "
+                 "was damaged after it was written", path, stored, crc);
+    GPT2Config have = {cfg[0], cfg[1], cfg[2], cfg[3], cfg[4]};
+    check_config(path, &have, expect);
+    size_t expect_n = gpt2_param_count(expect);
+    if ((size_t)n != expect_n)
+        lab_fail("cannot load %s: it holds %llu parameters, this run expects %zu", path,
+                 (unsigned long long)n, expect_n);
+    s->cfg = have;
+    s->step = step;
+    s->lr = hyper[0]; s->beta1 = hyper[1]; s->beta2 = hyper[2];
+    s->eps = hyper[3]; s->weight_decay = hyper[4]; s->grad_clip = hyper[5];
+    s->warmup_steps = sched[0];
+    s->total_steps = sched[1];
+    s->n = (size_t)n;
+    if (fseek(f, (long)sizeof(hdr), SEEK_SET) != 0) lab_fail("cannot read %s: %s", path, strerror(errno));
+    read_exact(f, s->params, s->n * sizeof(float), path);
+    read_exact(f, s->m, s->n * sizeof(float), path);
+    read_exact(f, s->v, s->n * sizeof(float), path);
+    fclose(f);
+}

@@ -1,0 +1,77 @@
+// cuda_util.cu: the few CUDA runtime calls the C side needs (see cuda_util.h). Every call is
+// checked: a failure ends the job with file:line and CUDA's own description of the error.
+#include <cuda_runtime.h>
+
+#include "check.h"
+#include "cuda_util.h"
+
+static void cuda_check(cudaError_t err, const char *file, int line) {
+    if (err != cudaSuccess)
+        lab_fail_at(file, line, "CUDA error %d: %s (is a GPU visible? try nvidia-smi)",
+                    (int)err, cudaGetErrorString(err));
+}
+#define cudaCheck(call) cuda_check((call), __FILE__, __LINE__)
+
+void *lab_cuda_malloc(size_t bytes) {
+    void *p = NULL;
+    if (bytes == 0) bytes = 1;  // a valid, unique pointer even for an empty tensor
+    cudaError_t err = cudaMalloc(&p, bytes);
+    if (err != cudaSuccess) {
+        size_t free_b = 0, total_b = 0;
+        cudaMemGetInfo(&free_b, &total_b);
+        lab_fail_at(__FILE__, __LINE__,
+                    "cudaMalloc of %zu bytes failed: %s (GPU has %zu MiB free of %zu MiB; "
+                    "try a smaller --batch or model)",
+                    bytes, cudaGetErrorString(err), free_b >> 20, total_b >> 20);
+    }
+    cudaCheck(cudaMemset(p, 0, bytes));
+    return p;
+}
+
+void lab_cuda_free(void *p) {
+    if (p) cudaCheck(cudaFree(p));
+}
+
+void lab_cuda_memcpy(void *dst, const void *src, size_t bytes) {
+    if (bytes == 0) return;
+    // cudaMemcpyDefault: the direction is found from the pointers (unified addressing).
+    cudaCheck(cudaMemcpy(dst, src, bytes, cudaMemcpyDefault));
+}
+
+void lab_cuda_memset0(void *p, size_t bytes) {
+    if (bytes == 0) return;
+    cudaCheck(cudaMemset(p, 0, bytes));
+}
+
+void lab_cuda_synchronize(void) {
+    cudaCheck(cudaDeviceSynchronize());
+}
+
+int lab_cuda_device_count(void) {
+    int n = 0;
+    cudaError_t err = cudaGetDeviceCount(&n);
+    // No driver or no device is an answer (0 GPUs), not an internal error.
+    if (err == cudaErrorNoDevice || err == cudaErrorInsufficientDriver) {
+        (void)cudaGetLastError();  // clear the sticky error state
+        return 0;
+    }
+    cudaCheck(err);
+    return n;
+}
+
+void lab_cuda_set_device(int dev) {
+    int n = lab_cuda_device_count();
+    if (dev < 0 || dev >= n)
+        lab_fail("GPU %d requested but this node has %d GPU(s) (valid: 0..%d)", dev, n, n - 1);
+    cudaCheck(cudaSetDevice(dev));
+}
+
+const char *lab_cuda_device_name(void) {
+    static char name[256];
+    int dev = 0;
+    cudaCheck(cudaGetDevice(&dev));
+    cudaDeviceProp prop;
+    cudaCheck(cudaGetDeviceProperties(&prop, dev));
+    snprintf(name, sizeof name, "%s", prop.name);
+    return name;
+}

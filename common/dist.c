@@ -1,0 +1,795 @@
+// dist.c: the communication API of dist.h over MPI, with byte counters.
+//
+// Each collective does three things, in this order: count the bytes the op moves (the model in
+// dist.h), call MPI, then finish what MPI cannot do for us (DIST_AVG divides the sum by N).
+//
+// In place. `send == recv` or `send == NULL` means the data is already in `recv`:
+//   all_reduce, reduce    the input is in recv and the result replaces it.
+//   reduce_scatter        recv holds the whole input (N * recvcount); block r of the result
+//                         lands at the start of recv. NCCL's form is accepted too:
+//                         recv == send + r * recvcount puts the result where block r was.
+//   all_gather            send == NULL or send == recv + r * sendcount (NCCL's form): this
+//                         rank's block is already in place. send == recv: it is at the start.
+//   scatter (root)        recv == NULL or recv == send + root * count: root keeps its block
+//                         in place; recv == send: root's block is moved to the start.
+//   gather (root)         send == NULL or send == recv + root * count: already in place;
+//                         send == recv: root's block is at the start of recv.
+// Any other overlap of send and recv is a bug in the caller and fails with file:line.
+//
+// Device buffers (a CUDA build, pointers from mem_alloc(..., DEV_CUDA)):
+//   backend MPI   staged through host memory (so several ranks can share one GPU, like gloo);
+//                 the non-blocking variants then complete at once (correct, but no overlap).
+//   backend NCCL  hook points for common/dist_nccl.c, which is not part of this build yet:
+//                 each op below has a line `if (use_nccl(...)) ...` where a call such as
+//                   dist_nccl_all_reduce(send, recv, count, dt, op, g)      (ncclAllReduce)
+//                   dist_nccl_broadcast, dist_nccl_reduce_scatter, dist_nccl_all_gather,
+//                   dist_nccl_send / dist_nccl_recv (inside ncclGroupStart/End for sendrecv)
+//                 goes, with g->nccl the ncclComm_t made in dist_split / dist_init from an
+//                 ncclUniqueId broadcast over the group's MPI communicator. Counting stays here.
+#include "dist.h"
+
+#include <limits.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "check.h"
+#include "mem.h"
+#ifdef LAB_CUDA
+#include "cuda_util.h"
+#endif
+
+static DistGroup world;
+static int world_ready = 0;
+static DistBackend backend = DIST_BACKEND_MPI;
+static DistCounters counters;
+static MPI_Datatype bf16_type = MPI_DATATYPE_NULL;
+static MPI_Op bf16_sum_op = MPI_OP_NULL, bf16_max_op = MPI_OP_NULL;
+static MPI_Errhandler errhandler = MPI_ERRHANDLER_NULL;
+
+// ---------------------------------------------------------------------------------------------
+// bf16 <-> fp32 (the same rounding as kernels.h's bf16_from_f32: nearest, ties to even)
+
+static float bf16_widen(uint16_t h) {
+    uint32_t u = (uint32_t)h << 16;
+    float f;
+    memcpy(&f, &u, sizeof f);
+    return f;
+}
+
+static uint16_t bf16_round(float f) {
+    uint32_t u;
+    memcpy(&u, &f, sizeof u);
+    if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x0040u);  // NaN stays NaN
+    u += 0x7fffu + ((u >> 16) & 1u);
+    return (uint16_t)(u >> 16);
+}
+
+// MPI user ops on bf16: widen to fp32, combine, round back (once per pairwise combine).
+static void bf16_sum_fn(void *in, void *inout, int *len, MPI_Datatype *dt) {
+    (void)dt;
+    const uint16_t *a = in;
+    uint16_t *b = inout;
+    for (int i = 0; i < *len; i++) b[i] = bf16_round(bf16_widen(a[i]) + bf16_widen(b[i]));
+}
+
+static void bf16_max_fn(void *in, void *inout, int *len, MPI_Datatype *dt) {
+    (void)dt;
+    const uint16_t *a = in;
+    uint16_t *b = inout;
+    for (int i = 0; i < *len; i++)
+        if (bf16_widen(a[i]) > bf16_widen(b[i])) b[i] = a[i];
+}
+
+// ---------------------------------------------------------------------------------------------
+// lifecycle
+
+// Any MPI error: one message naming the MPI error, then the whole job ends.
+static void mpi_error_handler(MPI_Comm *comm, int *code, ...) {
+    (void)comm;
+    char msg[MPI_MAX_ERROR_STRING];
+    int len = 0;
+    MPI_Error_string(*code, msg, &len);
+    lab_fail("MPI call failed: %s", msg);
+}
+
+static void abort_job(int code) {
+    MPI_Abort(MPI_COMM_WORLD, code);
+}
+
+void dist_init(int *argc, char ***argv) {
+    int inited = 0;
+    MPI_Initialized(&inited);
+    if (!inited) {
+        int provided = 0;
+        MPI_Init_thread(argc, argv, MPI_THREAD_FUNNELED, &provided);
+    }
+    MPI_Comm_create_errhandler(mpi_error_handler, &errhandler);
+    MPI_Comm_set_errhandler(MPI_COMM_WORLD, errhandler);
+    lab_abort_hook = abort_job;
+
+    world.comm = MPI_COMM_WORLD;
+    MPI_Comm_rank(MPI_COMM_WORLD, &world.rank);
+    MPI_Comm_size(MPI_COMM_WORLD, &world.size);
+    world.name = "world";
+    world.nccl = NULL;
+    world_ready = 1;
+    lab_log_rank = world.rank;
+    lab_log_world = world.size;
+
+    MPI_Type_contiguous(2, MPI_BYTE, &bf16_type);
+    MPI_Type_commit(&bf16_type);
+    MPI_Op_create(bf16_sum_fn, 1, &bf16_sum_op);
+    MPI_Op_create(bf16_max_fn, 1, &bf16_max_op);
+    dist_counters_reset();
+}
+
+void dist_finalize(void) {
+    if (!world_ready) return;
+    MPI_Op_free(&bf16_sum_op);
+    MPI_Op_free(&bf16_max_op);
+    MPI_Type_free(&bf16_type);
+    MPI_Errhandler_free(&errhandler);
+    world_ready = 0;
+    lab_abort_hook = NULL;  // after MPI_Finalize, MPI_Abort may no longer be called
+    MPI_Finalize();
+}
+
+static void need_init(void) {
+    if (!world_ready) lab_fail_at(__FILE__, __LINE__, "dist_init() must be called before any dist_* call");
+}
+
+int dist_rank(void) { need_init(); return world.rank; }
+int dist_size(void) { need_init(); return world.size; }
+DistGroup *dist_world(void) { need_init(); return &world; }
+
+DistGroup *dist_split(DistGroup *parent, int color, int key, const char *name) {
+    need_init();
+    LAB_CHECK(color >= 0, "dist_split(%s): color must be >= 0, got %d", name, color);
+    DistGroup *g = lab_xcalloc(1, sizeof(DistGroup));
+    MPI_Comm_split(parent->comm, color, key, &g->comm);
+    MPI_Comm_set_errhandler(g->comm, errhandler);
+    MPI_Comm_rank(g->comm, &g->rank);
+    MPI_Comm_size(g->comm, &g->size);
+    size_t n = strlen(name ? name : "group") + 1;
+    char *copy = lab_xmalloc(n);
+    memcpy(copy, name ? name : "group", n);
+    g->name = copy;
+    g->nccl = NULL;  // dist_nccl.c: ncclCommInitRank over g->comm goes here
+    return g;
+}
+
+void dist_group_free(DistGroup *g) {
+    if (!g || g == &world) return;
+    MPI_Comm_free(&g->comm);
+    free((void *)g->name);
+    free(g);
+}
+
+void dist_set_backend(DistBackend b) {
+    if (b == DIST_BACKEND_NCCL) {
+#ifndef LAB_CUDA
+        lab_fail_collective("--backend nccl needs a CUDA build: rebuild with `make CUDA=1` on a machine "
+                            "with nvcc and NCCL, or use --backend mpi");
+#else
+        lab_fail_collective("NCCL backend not built (common/dist_nccl.c is missing): use --backend mpi");
+#endif
+    }
+    backend = b;
+}
+
+DistBackend dist_backend(void) { return backend; }
+
+size_t dist_dtype_size(DistDtype dt) {
+    switch (dt) {
+    case DIST_F32: return 4;
+    case DIST_BF16: return 2;
+    case DIST_F64: return 8;
+    case DIST_I32: return 4;
+    case DIST_U8: return 1;
+    default: lab_fail_at(__FILE__, __LINE__, "bad DistDtype %d", (int)dt);
+    }
+}
+
+const char *dist_op_kind_name(DistOpKind k) {
+    static const char *names[OP_NKINDS] = {
+        "broadcast", "all_reduce", "reduce", "reduce_scatter", "all_gather",
+        "scatter",   "gather",     "send",   "recv",   "barrier",
+    };
+    if ((int)k < 0 || k >= OP_NKINDS) return "?";
+    return names[k];
+}
+
+// ---------------------------------------------------------------------------------------------
+// helpers
+
+static MPI_Datatype mpi_type(DistDtype dt) {
+    switch (dt) {
+    case DIST_F32: return MPI_FLOAT;
+    case DIST_BF16: return bf16_type;
+    case DIST_F64: return MPI_DOUBLE;
+    case DIST_I32: return MPI_INT;
+    case DIST_U8: return MPI_UINT8_T;
+    default: lab_fail_at(__FILE__, __LINE__, "bad DistDtype %d", (int)dt);
+    }
+}
+
+// AVG is reduced as SUM, then divided by N in finish_avg.
+static MPI_Op mpi_op(DistOp op, DistDtype dt) {
+    LAB_CHECK(op == DIST_SUM || op == DIST_AVG || op == DIST_MAX, "bad DistOp %d", (int)op);
+    if (dt == DIST_BF16) return op == DIST_MAX ? bf16_max_op : bf16_sum_op;
+    return op == DIST_MAX ? MPI_MAX : MPI_SUM;
+}
+
+// MPI counts are int.
+static int mpi_count(size_t count, const char *what) {
+    LAB_CHECK(count <= (size_t)INT_MAX, "%s: count %zu is over MPI's limit of %d elements", what, count,
+              INT_MAX);
+    return (int)count;
+}
+
+// Divide a sum by n: float types in their own precision (bf16: in fp32, rounded once), integers
+// with C's truncating division.
+static void finish_avg(void *buf, size_t count, DistDtype dt, int n) {
+    if (n == 1 || count == 0) return;
+    switch (dt) {
+    case DIST_F32: {
+        float *x = buf;
+        for (size_t i = 0; i < count; i++) x[i] = x[i] / (float)n;
+    } break;
+    case DIST_BF16: {
+        uint16_t *x = buf;
+        for (size_t i = 0; i < count; i++) x[i] = bf16_round(bf16_widen(x[i]) / (float)n);
+    } break;
+    case DIST_F64: {
+        double *x = buf;
+        for (size_t i = 0; i < count; i++) x[i] = x[i] / (double)n;
+    } break;
+    case DIST_I32: {
+        int32_t *x = buf;
+        for (size_t i = 0; i < count; i++) x[i] = x[i] / n;
+    } break;
+    case DIST_U8: {
+        uint8_t *x = buf;
+        for (size_t i = 0; i < count; i++) x[i] = (uint8_t)(x[i] / n);
+    } break;
+    default: break;
+    }
+}
+
+static void count_op(DistOpKind k, uint64_t sent, uint64_t recv) {
+    counters.calls[k] += 1;
+    counters.sent[k] += sent;
+    counters.recv[k] += recv;
+}
+
+// Do [a, a+na) and [b, b+nb) share a byte?
+static int overlaps(const void *a, size_t na, const void *b, size_t nb) {
+    if (!a || !b || na == 0 || nb == 0) return 0;
+    const char *x = a, *y = b;
+    return x < y + nb && y < x + na;
+}
+
+static char *at_block(const void *base, int block, size_t count, DistDtype dt) {
+    return (char *)base + (size_t)block * count * dist_dtype_size(dt);
+}
+
+// --- device buffers ---------------------------------------------------------------------------
+
+static int on_device(const void *p) { return p != NULL && mem_device_of(p) == DEV_CUDA; }
+
+static int use_nccl(const void *a, const void *b) {
+    if (backend != DIST_BACKEND_NCCL || !(on_device(a) || on_device(b))) return 0;
+    lab_fail("NCCL backend not built (common/dist_nccl.c is missing): use --backend mpi");
+}
+
+#ifdef LAB_CUDA
+// MPI backend with device buffers: a host twin of the region [p, p+bytes), copied in if asked.
+static void *stage_in(const void *p, size_t bytes, int copy) {
+    void *h = lab_xmalloc(bytes ? bytes : 1);
+    if (copy && bytes) mem_copy(h, p, bytes);
+    return h;
+}
+#endif
+
+// ---------------------------------------------------------------------------------------------
+// the MPI calls on host buffers (counted by the public functions below)
+
+static void host_all_reduce(const void *send, void *recv, size_t count, DistDtype dt, DistOp op, DistGroup *g,
+                            MPI_Request *req) {
+    int n = mpi_count(count, "dist_all_reduce");
+    const void *s = (send == NULL || send == recv) ? MPI_IN_PLACE : send;
+    LAB_CHECK(s == MPI_IN_PLACE || !overlaps(send, count * dist_dtype_size(dt), recv, count * dist_dtype_size(dt)),
+              "dist_all_reduce: send and recv overlap without being the same buffer");
+    if (req) MPI_Iallreduce(s, recv, n, mpi_type(dt), mpi_op(op, dt), g->comm, req);
+    else MPI_Allreduce(s, recv, n, mpi_type(dt), mpi_op(op, dt), g->comm);
+}
+
+static void host_broadcast(void *buf, size_t count, DistDtype dt, int root, DistGroup *g, MPI_Request *req) {
+    int n = mpi_count(count, "dist_broadcast");
+    if (req) MPI_Ibcast(buf, n, mpi_type(dt), root, g->comm, req);
+    else MPI_Bcast(buf, n, mpi_type(dt), root, g->comm);
+}
+
+// Returns where the result block ended up (start of recv for MPI's in place, else recv), so
+// the caller can move it to recv when NCCL's in-place form was used.
+static void *host_reduce_scatter(const void *send, void *recv, size_t recvcount, DistDtype dt, DistOp op,
+                                 DistGroup *g, MPI_Request *req) {
+    int n = mpi_count(recvcount, "dist_reduce_scatter");
+    mpi_count(recvcount * (size_t)g->size, "dist_reduce_scatter (whole input)");
+    size_t es = dist_dtype_size(dt);
+    void *out = recv;
+    const void *s = send;
+    if (send == NULL || send == recv) {
+        s = MPI_IN_PLACE;  // input in recv, result at its start
+    } else if (recv == at_block(send, g->rank, recvcount, dt)) {
+        s = MPI_IN_PLACE;  // NCCL's form: input is send, result belongs at block r of it
+        out = (void *)send;
+    } else {
+        LAB_CHECK(!overlaps(send, recvcount * (size_t)g->size * es, recv, recvcount * es),
+                  "dist_reduce_scatter: recv overlaps send but is neither send nor send + rank * recvcount");
+    }
+    if (req) MPI_Ireduce_scatter_block(s, out, n, mpi_type(dt), mpi_op(op, dt), g->comm, req);
+    else MPI_Reduce_scatter_block(s, out, n, mpi_type(dt), mpi_op(op, dt), g->comm);
+    return out;
+}
+
+static void host_all_gather(const void *send, void *recv, size_t sendcount, DistDtype dt, DistGroup *g,
+                            MPI_Request *req) {
+    int n = mpi_count(sendcount, "dist_all_gather");
+    mpi_count(sendcount * (size_t)g->size, "dist_all_gather (whole output)");
+    size_t es = dist_dtype_size(dt);
+    char *mine = at_block(recv, g->rank, sendcount, dt);
+    const void *s = send;
+    if (send == NULL || send == mine) {
+        s = MPI_IN_PLACE;
+    } else if (send == recv) {
+        memmove(mine, recv, sendcount * es);  // this rank's block sits at the start: put it in place
+        s = MPI_IN_PLACE;
+    } else {
+        LAB_CHECK(!overlaps(send, sendcount * es, recv, sendcount * (size_t)g->size * es),
+                  "dist_all_gather: send overlaps recv but is neither recv nor recv + rank * sendcount");
+    }
+    if (req) MPI_Iallgather(s, n, mpi_type(dt), recv, n, mpi_type(dt), g->comm, req);
+    else MPI_Allgather(s, n, mpi_type(dt), recv, n, mpi_type(dt), g->comm);
+}
+
+// ---------------------------------------------------------------------------------------------
+// collectives
+
+void dist_broadcast(void *buf, size_t count, DistDtype dt, int root, DistGroup *g) {
+    uint64_t S = (uint64_t)count * dist_dtype_size(dt);
+    // A group of one moves nothing.
+    if (g->rank == root) count_op(OP_BROADCAST, g->size > 1 ? S : 0, 0);
+    else count_op(OP_BROADCAST, 0, S);
+    if (use_nccl(buf, NULL)) return;
+#ifdef LAB_CUDA
+    if (on_device(buf)) {
+        void *h = stage_in(buf, S, g->rank == root);
+        host_broadcast(h, count, dt, root, g, NULL);
+        if (g->rank != root) mem_copy(buf, h, S);
+        free(h);
+        return;
+    }
+#endif
+    host_broadcast(buf, count, dt, root, g, NULL);
+}
+
+void dist_all_reduce(const void *send, void *recv, size_t count, DistDtype dt, DistOp op, DistGroup *g) {
+    uint64_t S = (uint64_t)count * dist_dtype_size(dt), N = (uint64_t)g->size;
+    count_op(OP_ALL_REDUCE, 2 * (N - 1) * S / N, 2 * (N - 1) * S / N);
+    if (use_nccl(send, recv)) return;
+#ifdef LAB_CUDA
+    if (on_device(send) || on_device(recv)) {
+        int in_place = (send == NULL || send == recv);
+        void *hr = stage_in(in_place ? recv : NULL, S, in_place);
+        void *hs = in_place ? NULL : stage_in(send, S, 1);
+        host_all_reduce(hs, hr, count, dt, op, g, NULL);
+        if (op == DIST_AVG) finish_avg(hr, count, dt, g->size);
+        mem_copy(recv, hr, S);
+        free(hr);
+        free(hs);
+        return;
+    }
+#endif
+    host_all_reduce(send, recv, count, dt, op, g, NULL);
+    if (op == DIST_AVG) finish_avg(recv, count, dt, g->size);
+}
+
+void dist_reduce(const void *send, void *recv, size_t count, DistDtype dt, DistOp op, int root, DistGroup *g) {
+    uint64_t S = (uint64_t)count * dist_dtype_size(dt);
+    int is_root = g->rank == root;
+    if (is_root) count_op(OP_REDUCE, 0, (uint64_t)(g->size - 1) * S);
+    else count_op(OP_REDUCE, S, 0);
+    if (use_nccl(send, recv)) return;
+    int n = mpi_count(count, "dist_reduce");
+    int in_place = (send == NULL || send == recv);
+#ifdef LAB_CUDA
+    if (on_device(send) || on_device(recv)) {
+        const void *src = in_place ? recv : send;
+        void *hs = stage_in(src, S, 1);
+        void *hr = is_root ? stage_in(NULL, S, 0) : NULL;
+        MPI_Reduce(hs, hr, n, mpi_type(dt), mpi_op(op, dt), root, g->comm);
+        if (is_root) {
+            if (op == DIST_AVG) finish_avg(hr, count, dt, g->size);
+            mem_copy(recv, hr, S);
+        }
+        free(hs);
+        free(hr);
+        return;
+    }
+#endif
+    if (is_root) {
+        const void *s = in_place ? MPI_IN_PLACE : send;
+        LAB_CHECK(in_place || !overlaps(send, S, recv, S), "dist_reduce: send and recv overlap");
+        MPI_Reduce(s, recv, n, mpi_type(dt), mpi_op(op, dt), root, g->comm);
+        if (op == DIST_AVG) finish_avg(recv, count, dt, g->size);
+    } else {
+        // Non-roots only send; their recv is not written (it may be NULL).
+        MPI_Reduce(in_place ? recv : send, NULL, n, mpi_type(dt), mpi_op(op, dt), root, g->comm);
+    }
+}
+
+void dist_reduce_scatter(const void *send, void *recv, size_t recvcount, DistDtype dt, DistOp op, DistGroup *g) {
+    size_t es = dist_dtype_size(dt);
+    uint64_t N = (uint64_t)g->size, S = N * recvcount * es;
+    count_op(OP_REDUCE_SCATTER, (N - 1) * S / N, (N - 1) * S / N);
+    if (use_nccl(send, recv)) return;
+#ifdef LAB_CUDA
+    if (on_device(send) || on_device(recv)) {
+        // Stage the whole input; the result block comes back to recv.
+        const void *src = (send == NULL || send == recv) ? recv : send;
+        void *h = stage_in(src, S, 1);
+        host_reduce_scatter(h, h, recvcount, dt, op, g, NULL);
+        if (op == DIST_AVG) finish_avg(h, recvcount, dt, g->size);
+        mem_copy(recv, h, recvcount * es);
+        free(h);
+        return;
+    }
+#endif
+    void *out = host_reduce_scatter(send, recv, recvcount, dt, op, g, NULL);
+    if (op == DIST_AVG) finish_avg(out, recvcount, dt, g->size);
+    if (out != recv) memmove(recv, out, recvcount * es);
+}
+
+void dist_all_gather(const void *send, void *recv, size_t sendcount, DistDtype dt, DistGroup *g) {
+    size_t es = dist_dtype_size(dt);
+    uint64_t N = (uint64_t)g->size, S = N * sendcount * es;
+    count_op(OP_ALL_GATHER, (N - 1) * S / N, (N - 1) * S / N);
+    if (use_nccl(send, recv)) return;
+#ifdef LAB_CUDA
+    if (on_device(send) || on_device(recv)) {
+        void *h = stage_in(NULL, S, 0);
+        const void *mine = send ? send : at_block(recv, g->rank, sendcount, dt);
+        mem_copy(at_block(h, g->rank, sendcount, dt), mine, sendcount * es);
+        host_all_gather(NULL, h, sendcount, dt, g, NULL);
+        mem_copy(recv, h, S);
+        free(h);
+        return;
+    }
+#endif
+    host_all_gather(send, recv, sendcount, dt, g, NULL);
+}
+
+void dist_scatter(const void *send, void *recv, size_t count, DistDtype dt, int root, DistGroup *g) {
+    size_t es = dist_dtype_size(dt);
+    uint64_t block = (uint64_t)count * es;
+    int is_root = g->rank == root;
+    if (is_root) count_op(OP_SCATTER, (uint64_t)(g->size - 1) * block, 0);
+    else count_op(OP_SCATTER, 0, block);
+    if (use_nccl(send, recv)) return;
+    int n = mpi_count(count, "dist_scatter");
+    mpi_count(count * (size_t)g->size, "dist_scatter (whole input)");
+#ifdef LAB_CUDA
+    if (on_device(send) || on_device(recv)) {
+        void *hs = is_root ? stage_in(send, block * (size_t)g->size, 1) : NULL;
+        void *hr = stage_in(NULL, block, 0);
+        MPI_Scatter(hs, n, mpi_type(dt), hr, n, mpi_type(dt), root, g->comm);
+        if (recv) mem_copy(recv, hr, block);
+        free(hs);
+        free(hr);
+        return;
+    }
+#endif
+    if (!is_root) {
+        MPI_Scatter(NULL, n, mpi_type(dt), recv, n, mpi_type(dt), root, g->comm);
+        return;
+    }
+    char *mine = at_block(send, root, count, dt);
+    if (recv == NULL || recv == mine || recv == send) {
+        MPI_Scatter(send, n, mpi_type(dt), MPI_IN_PLACE, n, mpi_type(dt), root, g->comm);
+        if (recv == send) memmove(recv, mine, block);  // root's block to the start, as asked
+    } else {
+        LAB_CHECK(!overlaps(send, block * (size_t)g->size, recv, block),
+                  "dist_scatter: recv overlaps send but is neither send nor send + root * count");
+        MPI_Scatter(send, n, mpi_type(dt), recv, n, mpi_type(dt), root, g->comm);
+    }
+}
+
+void dist_gather(const void *send, void *recv, size_t count, DistDtype dt, int root, DistGroup *g) {
+    size_t es = dist_dtype_size(dt);
+    uint64_t block = (uint64_t)count * es;
+    int is_root = g->rank == root;
+    if (is_root) count_op(OP_GATHER, 0, (uint64_t)(g->size - 1) * block);
+    else count_op(OP_GATHER, block, 0);
+    if (use_nccl(send, recv)) return;
+    int n = mpi_count(count, "dist_gather");
+    mpi_count(count * (size_t)g->size, "dist_gather (whole output)");
+#ifdef LAB_CUDA
+    if (on_device(send) || on_device(recv)) {
+        const void *src = (is_root && send == NULL) ? at_block(recv, root, count, dt) : send;
+        void *hs = stage_in(src, block, 1);
+        void *hr = is_root ? stage_in(NULL, block * (size_t)g->size, 0) : NULL;
+        MPI_Gather(hs, n, mpi_type(dt), hr, n, mpi_type(dt), root, g->comm);
+        if (is_root) mem_copy(recv, hr, block * (size_t)g->size);
+        free(hs);
+        free(hr);
+        return;
+    }
+#endif
+    if (!is_root) {
+        MPI_Gather(send, n, mpi_type(dt), NULL, n, mpi_type(dt), root, g->comm);
+        return;
+    }
+    char *mine = at_block(recv, root, count, dt);
+    if (send == NULL || send == mine || send == recv) {
+        if (send == recv) memmove(mine, recv, block);  // root's block from the start into place
+        MPI_Gather(MPI_IN_PLACE, n, mpi_type(dt), recv, n, mpi_type(dt), root, g->comm);
+    } else {
+        LAB_CHECK(!overlaps(send, block, recv, block * (size_t)g->size),
+                  "dist_gather: send overlaps recv but is neither recv nor recv + root * count");
+        MPI_Gather(send, n, mpi_type(dt), recv, n, mpi_type(dt), root, g->comm);
+    }
+}
+
+void dist_send(const void *buf, size_t count, DistDtype dt, int peer, int tag, DistGroup *g) {
+    uint64_t S = (uint64_t)count * dist_dtype_size(dt);
+    count_op(OP_SEND, S, 0);
+    if (use_nccl(buf, NULL)) return;
+    int n = mpi_count(count, "dist_send");
+#ifdef LAB_CUDA
+    if (on_device(buf)) {
+        void *h = stage_in(buf, S, 1);
+        MPI_Send(h, n, mpi_type(dt), peer, tag, g->comm);
+        free(h);
+        return;
+    }
+#endif
+    MPI_Send(buf, n, mpi_type(dt), peer, tag, g->comm);
+}
+
+void dist_recv(void *buf, size_t count, DistDtype dt, int peer, int tag, DistGroup *g) {
+    uint64_t S = (uint64_t)count * dist_dtype_size(dt);
+    count_op(OP_RECV, 0, S);
+    if (use_nccl(buf, NULL)) return;
+    int n = mpi_count(count, "dist_recv");
+#ifdef LAB_CUDA
+    if (on_device(buf)) {
+        void *h = stage_in(NULL, S, 0);
+        MPI_Recv(h, n, mpi_type(dt), peer, tag, g->comm, MPI_STATUS_IGNORE);
+        mem_copy(buf, h, S);
+        free(h);
+        return;
+    }
+#endif
+    MPI_Recv(buf, n, mpi_type(dt), peer, tag, g->comm, MPI_STATUS_IGNORE);
+}
+
+void dist_sendrecv(const void *sendbuf, size_t sendcount, int dst, void *recvbuf, size_t recvcount, int src,
+                   DistDtype dt, int tag, DistGroup *g) {
+    size_t es = dist_dtype_size(dt);
+    count_op(OP_SEND, (uint64_t)sendcount * es, 0);
+    count_op(OP_RECV, 0, (uint64_t)recvcount * es);
+    if (use_nccl(sendbuf, recvbuf)) return;
+    int ns = mpi_count(sendcount, "dist_sendrecv (send)");
+    int nr = mpi_count(recvcount, "dist_sendrecv (recv)");
+    LAB_CHECK(!overlaps(sendbuf, sendcount * es, recvbuf, recvcount * es), "dist_sendrecv: buffers overlap");
+#ifdef LAB_CUDA
+    if (on_device(sendbuf) || on_device(recvbuf)) {
+        void *hs = stage_in(sendbuf, sendcount * es, 1);
+        void *hr = stage_in(NULL, recvcount * es, 0);
+        MPI_Sendrecv(hs, ns, mpi_type(dt), dst, tag, hr, nr, mpi_type(dt), src, tag, g->comm, MPI_STATUS_IGNORE);
+        mem_copy(recvbuf, hr, recvcount * es);
+        free(hs);
+        free(hr);
+        return;
+    }
+#endif
+    MPI_Sendrecv(sendbuf, ns, mpi_type(dt), dst, tag, recvbuf, nr, mpi_type(dt), src, tag, g->comm,
+                 MPI_STATUS_IGNORE);
+}
+
+void dist_barrier(DistGroup *g) {
+    count_op(OP_BARRIER, 0, 0);
+    MPI_Barrier(g->comm);
+}
+
+// ---------------------------------------------------------------------------------------------
+// non-blocking
+
+static DistWork work_new(void *buf, size_t count, DistDtype dt, DistOp op, DistGroup *g) {
+    DistWork w;
+    memset(&w, 0, sizeof w);
+    w.req = MPI_REQUEST_NULL;
+    w.buf = buf;
+    w.count = count;
+    w.dtype = dt;
+    w.op = op;
+    w.group_size = g->size;
+    w.active = 1;
+    return w;
+}
+
+#ifdef LAB_CUDA
+// A finished op for the cases that ran at once (device buffers on the MPI backend).
+static DistWork work_done(void) {
+    DistWork w;
+    memset(&w, 0, sizeof w);
+    w.req = MPI_REQUEST_NULL;
+    return w;
+}
+#endif
+
+// NCCL's in-place reduce-scatter puts the result at block r of the input, but MPI leaves it
+// at the start; the move must wait for completion. DistWork has no field for it, so pending
+// moves are kept here, found by their destination.
+#define MAX_PENDING_MOVES 256
+static struct { void *dst; const void *src; } pending_moves[MAX_PENDING_MOVES];
+
+static void pending_move_add(void *dst, const void *src) {
+    for (int i = 0; i < MAX_PENDING_MOVES; i++) {
+        if (pending_moves[i].dst == NULL) {
+            pending_moves[i].dst = dst;
+            pending_moves[i].src = src;
+            return;
+        }
+    }
+    lab_fail_at(__FILE__, __LINE__, "more than %d in-place dist_ireduce_scatter pending at once", MAX_PENDING_MOVES);
+}
+
+static void finish_work(DistWork *w) {
+    w->active = 0;
+    if (w->op == DIST_AVG) {
+        // the result may still sit at the start of the input (see pending_moves)
+        void *res = w->buf;
+        for (int i = 0; i < MAX_PENDING_MOVES; i++)
+            if (pending_moves[i].dst == w->buf) res = (void *)pending_moves[i].src;
+        finish_avg(res, w->count, w->dtype, w->group_size);
+    }
+    for (int i = 0; i < MAX_PENDING_MOVES; i++) {
+        if (pending_moves[i].dst && pending_moves[i].dst == w->buf) {
+            memmove(pending_moves[i].dst, pending_moves[i].src, w->count * dist_dtype_size(w->dtype));
+            pending_moves[i].dst = NULL;
+            break;
+        }
+    }
+}
+
+DistWork dist_iall_reduce(const void *send, void *recv, size_t count, DistDtype dt, DistOp op, DistGroup *g) {
+#ifdef LAB_CUDA
+    if (!use_nccl(send, recv) && (on_device(send) || on_device(recv))) {
+        dist_all_reduce(send, recv, count, dt, op, g);
+        return work_done();
+    }
+#endif
+    uint64_t S = (uint64_t)count * dist_dtype_size(dt), N = (uint64_t)g->size;
+    count_op(OP_ALL_REDUCE, 2 * (N - 1) * S / N, 2 * (N - 1) * S / N);
+    DistWork w = work_new(recv, count, dt, op, g);
+    if (use_nccl(send, recv)) return w;
+    host_all_reduce(send, recv, count, dt, op, g, &w.req);
+    return w;
+}
+
+DistWork dist_ibroadcast(void *buf, size_t count, DistDtype dt, int root, DistGroup *g) {
+#ifdef LAB_CUDA
+    if (!use_nccl(buf, NULL) && on_device(buf)) {
+        dist_broadcast(buf, count, dt, root, g);
+        return work_done();
+    }
+#endif
+    uint64_t S = (uint64_t)count * dist_dtype_size(dt);
+    if (g->rank == root) count_op(OP_BROADCAST, g->size > 1 ? S : 0, 0);
+    else count_op(OP_BROADCAST, 0, S);
+    DistWork w = work_new(buf, count, dt, DIST_SUM, g);
+    if (use_nccl(buf, NULL)) return w;
+    host_broadcast(buf, count, dt, root, g, &w.req);
+    return w;
+}
+
+DistWork dist_ireduce_scatter(const void *send, void *recv, size_t recvcount, DistDtype dt, DistOp op,
+                              DistGroup *g) {
+#ifdef LAB_CUDA
+    if (!use_nccl(send, recv) && (on_device(send) || on_device(recv))) {
+        dist_reduce_scatter(send, recv, recvcount, dt, op, g);
+        return work_done();
+    }
+#endif
+    size_t es = dist_dtype_size(dt);
+    uint64_t N = (uint64_t)g->size, S = N * recvcount * es;
+    count_op(OP_REDUCE_SCATTER, (N - 1) * S / N, (N - 1) * S / N);
+    DistWork w = work_new(recv, recvcount, dt, op, g);
+    if (use_nccl(send, recv)) return w;
+    void *out = host_reduce_scatter(send, recv, recvcount, dt, op, g, &w.req);
+    if (out != recv) pending_move_add(recv, out);
+    return w;
+}
+
+DistWork dist_iall_gather(const void *send, void *recv, size_t sendcount, DistDtype dt, DistGroup *g) {
+#ifdef LAB_CUDA
+    if (!use_nccl(send, recv) && (on_device(send) || on_device(recv))) {
+        dist_all_gather(send, recv, sendcount, dt, g);
+        return work_done();
+    }
+#endif
+    size_t es = dist_dtype_size(dt);
+    uint64_t N = (uint64_t)g->size, S = N * sendcount * es;
+    count_op(OP_ALL_GATHER, (N - 1) * S / N, (N - 1) * S / N);
+    DistWork w = work_new(recv, sendcount * (size_t)g->size, dt, DIST_SUM, g);
+    if (use_nccl(send, recv)) return w;
+    host_all_gather(send, recv, sendcount, dt, g, &w.req);
+    return w;
+}
+
+DistWork dist_isend(const void *buf, size_t count, DistDtype dt, int peer, int tag, DistGroup *g) {
+#ifdef LAB_CUDA
+    if (!use_nccl(buf, NULL) && on_device(buf)) {
+        dist_send(buf, count, dt, peer, tag, g);
+        return work_done();
+    }
+#endif
+    count_op(OP_SEND, (uint64_t)count * dist_dtype_size(dt), 0);
+    DistWork w = work_new((void *)buf, count, dt, DIST_SUM, g);
+    if (use_nccl(buf, NULL)) return w;
+    MPI_Isend(buf, mpi_count(count, "dist_isend"), mpi_type(dt), peer, tag, g->comm, &w.req);
+    return w;
+}
+
+DistWork dist_irecv(void *buf, size_t count, DistDtype dt, int peer, int tag, DistGroup *g) {
+#ifdef LAB_CUDA
+    if (!use_nccl(buf, NULL) && on_device(buf)) {
+        dist_recv(buf, count, dt, peer, tag, g);
+        return work_done();
+    }
+#endif
+    count_op(OP_RECV, 0, (uint64_t)count * dist_dtype_size(dt));
+    DistWork w = work_new(buf, count, dt, DIST_SUM, g);
+    if (use_nccl(buf, NULL)) return w;
+    MPI_Irecv(buf, mpi_count(count, "dist_irecv"), mpi_type(dt), peer, tag, g->comm, &w.req);
+    return w;
+}
+
+void dist_wait(DistWork *w) {
+    if (!w->active) return;
+    MPI_Wait(&w->req, MPI_STATUS_IGNORE);
+    finish_work(w);
+}
+
+int dist_test(DistWork *w) {
+    if (!w->active) return 1;
+    int done = 0;
+    MPI_Test(&w->req, &done, MPI_STATUS_IGNORE);
+    if (done) finish_work(w);
+    return done;
+}
+
+void dist_wait_all(DistWork *w, int n) {
+    for (int i = 0; i < n; i++) dist_wait(&w[i]);
+}
+
+// ---------------------------------------------------------------------------------------------
+// counters
+
+const DistCounters *dist_counters(void) { return &counters; }
+
+void dist_counters_reset(void) { memset(&counters, 0, sizeof counters); }
+
+uint64_t dist_bytes_sent(void) {
+    uint64_t s = 0;
+    for (int k = 0; k < OP_NKINDS; k++) s += counters.sent[k];
+    return s;
+}
+
+uint64_t dist_bytes_recv(void) {
+    uint64_t s = 0;
+    for (int k = 0; k < OP_NKINDS; k++) s += counters.recv[k];
+    return s;
+}

@@ -1,0 +1,414 @@
+// flags.c: the strict, table-driven command line of flags.h.
+//
+// Every flag is a row of a table (name, kind, where the value goes, valid range, help). The
+// parser, the error messages and the --help table are all generated from the same rows, so a
+// flag cannot be documented in one place and parsed differently in another.
+#include "flags.h"
+
+#include <ctype.h>
+#include <errno.h>
+#include <float.h>
+#include <math.h>
+#include <mpi.h>
+#include <stdarg.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+#include "check.h"
+
+#define MAX_INT_FLAG 1000000000.0
+
+// A row of the table: the public FlagSpec plus what --help and the file check need.
+typedef struct Flag {
+    const char *group;    // "model", "training", "hardware", "output", "reliability", "chapter"
+    const char *metavar;  // "N", "X", "FILE", ... (NULL for a switch)
+    int must_exist;       // a file that must be readable when the run starts
+    FlagSpec s;
+} Flag;
+
+static const char *GROUPS[] = {"model", "training", "hardware", "output", "reliability", "chapter"};
+#define NGROUPS ((int)(sizeof(GROUPS) / sizeof(GROUPS[0])))
+
+LabArgs lab_args_defaults(void) {
+    LabArgs a;
+    memset(&a, 0, sizeof(a));
+    a.V = 256; a.T = 64; a.L = 4; a.C = 128; a.NH = 4;  // DESIGN.md's tiny config
+    a.batch = 16;
+    a.steps = 20;
+    a.lr = 1e-3f;
+    a.weight_decay = 0.1f;
+    a.grad_clip = 1.0f;
+    a.warmup = 0;
+    a.seed = 1337;
+    a.data_seed = 42;
+    a.data = NULL;
+    a.device = "cpu";
+    a.backend = "mpi";
+    a.dtype = "fp32";
+    a.threads = 1;
+    a.log_every = 10;
+    a.quiet = 0;
+    a.save_every = 0;
+    a.inject_nan_step = -1;
+    a.kill_rank = -1;
+    a.kill_step = -1;
+    return a;
+}
+
+GPT2Config lab_args_config(const LabArgs *a) {
+    GPT2Config c = {a->V, a->T, a->L, a->C, a->NH};
+    return c;
+}
+
+// ---- the table ----------------------------------------------------------------------------
+
+static Flag row(const char *group, const char *name, const char *metavar, FlagKind kind, void *ptr,
+                double min, double max, const char *choices, const char *help) {
+    Flag f = {group, metavar, 0, {name, kind, ptr, min, max, choices, help}};
+    return f;
+}
+
+// The shared flags pointing into *a, then the chapter's, into out (room for 40 + nextra).
+static int build_table(LabArgs *a, const FlagSpec *extra, int nextra, Flag *out) {
+    int n = 0;
+    out[n++] = row("model", "--vocab", "N", FLAG_INT, &a->V, 8, 262144, NULL, "vocabulary size V (256 = bytes)");
+    out[n++] = row("model", "--seq", "N", FLAG_INT, &a->T, 1, 8192, NULL, "sequence length T (tokens per row)");
+    out[n++] = row("model", "--layers", "N", FLAG_INT, &a->L, 1, 256, NULL, "transformer blocks L");
+    out[n++] = row("model", "--channels", "N", FLAG_INT, &a->C, 1, 65536, NULL, "channels C (a multiple of --heads)");
+    out[n++] = row("model", "--heads", "N", FLAG_INT, &a->NH, 1, 1024, NULL, "attention heads NH");
+    out[n++] = row("training", "--batch", "N", FLAG_INT, &a->batch, 1, 1048576, NULL, "global batch B: sequences per step, all ranks together");
+    out[n++] = row("training", "--steps", "N", FLAG_INT, &a->steps, 0, MAX_INT_FLAG, NULL, "optimizer steps");
+    out[n++] = row("training", "--lr", "X", FLAG_FLOAT, &a->lr, 0, 10, NULL, "peak learning rate (AdamW)");
+    out[n++] = row("training", "--weight-decay", "X", FLAG_FLOAT, &a->weight_decay, 0, 10, NULL, "AdamW weight decay (2-D weights only)");
+    out[n++] = row("training", "--grad-clip", "X", FLAG_FLOAT, &a->grad_clip, 0, 1e6, NULL, "max global gradient L2 norm (0 = no clipping)");
+    out[n++] = row("training", "--warmup", "N", FLAG_INT, &a->warmup, 0, MAX_INT_FLAG, NULL, "linear learning-rate warmup steps");
+    out[n++] = row("training", "--seed", "N", FLAG_INT, &a->seed, 0, 2147483647.0, NULL, "model initialization seed");
+    out[n++] = row("training", "--data-seed", "N", FLAG_INT, &a->data_seed, 0, 2147483647.0, NULL, "data seed (which sequences each step sees)");
+    out[n++] = row("training", "--data", "FILE", FLAG_STRING, &a->data, 0, 0, NULL, "byte-level text file (default: the synthetic Markov source)");
+    out[n - 1].must_exist = 1;
+    out[n++] = row("hardware", "--device", "D", FLAG_CHOICE, &a->device, 0, 0, "cpu|cuda", "where the math runs");
+    out[n++] = row("hardware", "--backend", "B", FLAG_CHOICE, &a->backend, 0, 0, "mpi|nccl", "communication backend (nccl needs --device cuda)");
+    out[n++] = row("hardware", "--dtype", "T", FLAG_CHOICE, &a->dtype, 0, 0, "fp32|bf16", "parameter/activation precision (bf16: mixed precision)");
+    out[n++] = row("hardware", "--threads", "N", FLAG_INT, &a->threads, 1, 256, NULL, "BLAS threads per rank");
+    out[n++] = row("output", "--log-every", "N", FLAG_INT, &a->log_every, 0, MAX_INT_FLAG, NULL, "progress line every N steps (0 = summary only)");
+    out[n++] = row("output", "--quiet", NULL, FLAG_BOOL, &a->quiet, 0, 1, NULL, "print only the summary");
+    out[n++] = row("output", "--trace", "FILE", FLAG_STRING, &a->trace, 0, 0, NULL, "write a Chrome/Perfetto timeline (JSON)");
+    out[n++] = row("output", "--dump", "FILE", FLAG_STRING, &a->dump, 0, 0, NULL, "write losses, final weights and counters (for tests)");
+    out[n++] = row("output", "--help", NULL, FLAG_BOOL, NULL, 0, 1, NULL, "print this help and exit");
+    out[n++] = row("reliability", "--save", "FILE", FLAG_STRING, &a->save, 0, 0, NULL, "training-state checkpoint (every --save-every steps and at the end)");
+    out[n++] = row("reliability", "--save-every", "N", FLAG_INT, &a->save_every, 0, MAX_INT_FLAG, NULL, "checkpoint period in steps (0 = only at the end)");
+    out[n++] = row("reliability", "--resume", "FILE", FLAG_STRING, &a->resume, 0, 0, NULL, "resume from a training-state checkpoint");
+    out[n - 1].must_exist = 1;
+    out[n++] = row("reliability", "--load-weights", "FILE", FLAG_STRING, &a->load_weights, 0, 0, NULL, "start from llm.c gpt2_*.bin weights");
+    out[n - 1].must_exist = 1;
+    out[n++] = row("reliability", "--save-weights", "FILE", FLAG_STRING, &a->save_weights, 0, 0, NULL, "write llm.c gpt2_*.bin weights at the end");
+    out[n++] = row("reliability", "--inject-nan-step", "N", FLAG_INT, &a->inject_nan_step, -1, MAX_INT_FLAG, NULL, "fault: put a NaN into a gradient at step N (-1 = off)");
+    out[n++] = row("reliability", "--kill-rank", "R", FLAG_INT, &a->kill_rank, -1, 1048576, NULL, "fault: rank R exits abruptly at --kill-step (-1 = off)");
+    out[n++] = row("reliability", "--kill-step", "N", FLAG_INT, &a->kill_step, -1, MAX_INT_FLAG, NULL, "fault: the step at which --kill-rank dies (-1 = off)");
+    for (int i = 0; i < nextra; i++) {
+        const FlagSpec *e = &extra[i];
+        LAB_CHECK(e->name && strncmp(e->name, "--", 2) == 0, "chapter flag %d: name '%s' must start with --",
+                  i, e->name ? e->name : "(null)");
+        LAB_CHECK(e->ptr != NULL, "chapter flag %s has no ptr", e->name);
+        LAB_CHECK(e->kind != FLAG_CHOICE || e->choices, "chapter flag %s: a choice needs choices", e->name);
+        for (int j = 0; j < n; j++)
+            LAB_CHECK(strcmp(out[j].s.name, e->name) != 0, "chapter flag %s is defined twice", e->name);
+        const char *mv = e->kind == FLAG_INT ? "N" : e->kind == FLAG_FLOAT ? "X"
+                       : e->kind == FLAG_BOOL ? NULL : e->kind == FLAG_CHOICE ? "C" : "S";
+        Flag f = {"chapter", mv, 0, *e};
+        out[n++] = f;
+    }
+    return n;
+}
+
+// ---- messages -------------------------------------------------------------------------------
+
+// This process's rank: from MPI once it is up, else from the launcher's environment, so that
+// an error or --help before dist_init still prints once under mpirun.
+static int env_int(const char *name, int fallback) {
+    const char *s = getenv(name);
+    return s && *s ? atoi(s) : fallback;
+}
+static int flags_rank(int *world) {
+    int up = 0, down = 0;
+    MPI_Initialized(&up);
+    MPI_Finalized(&down);
+    if (up && !down) {
+        int r;
+        MPI_Comm_rank(MPI_COMM_WORLD, &r);
+        MPI_Comm_size(MPI_COMM_WORLD, world);
+        return r;
+    }
+    *world = env_int("OMPI_COMM_WORLD_SIZE", env_int("PMI_SIZE", 1));
+    return env_int("OMPI_COMM_WORLD_RANK", env_int("PMI_RANK", 0));
+}
+
+// Every rank parses the same argv and finds the same error: rank 0 prints it, all end.
+LAB_NORETURN LAB_PRINTF(1, 2) static void flag_fail(const char *fmt, ...) {
+    char msg[1024];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof(msg), fmt, ap);
+    va_end(ap);
+    int up = 0;
+    MPI_Initialized(&up);
+    if (!up) {  // before dist_init: take the rank from the launcher so only rank 0 prints
+        lab_log_rank = flags_rank(&lab_log_world);
+    }
+    lab_fail_collective("%s", msg);
+}
+
+// "an integer in [0, 100]", "one of cpu|cuda", ...
+static void describe_valid(const Flag *f, char *buf, size_t n) {
+    switch (f->s.kind) {
+    case FLAG_INT: snprintf(buf, n, "[%.0f, %.0f]", f->s.min, f->s.max); break;
+    case FLAG_FLOAT: snprintf(buf, n, "[%g, %g]", f->s.min, f->s.max); break;
+    case FLAG_CHOICE: snprintf(buf, n, "%s", f->s.choices); break;
+    case FLAG_BOOL: snprintf(buf, n, "switch"); break;
+    case FLAG_STRING: snprintf(buf, n, f->must_exist ? "existing file" : "path"); break;
+    }
+}
+
+static void describe_default(const Flag *f, char *buf, size_t n) {
+    if (!f->s.ptr) { snprintf(buf, n, "-"); return; }
+    switch (f->s.kind) {
+    case FLAG_INT: snprintf(buf, n, "%d", *(const int *)f->s.ptr); break;
+    case FLAG_FLOAT: snprintf(buf, n, "%g", (double)*(const float *)f->s.ptr); break;
+    case FLAG_BOOL: snprintf(buf, n, "%s", *(const int *)f->s.ptr ? "on" : "off"); break;
+    case FLAG_STRING:
+    case FLAG_CHOICE: {
+        const char *s = *(const char *const *)f->s.ptr;
+        snprintf(buf, n, "%s", s ? s : "-");
+        break;
+    }
+    }
+}
+
+// Edit distance between two short strings, for "did you mean".
+static int edit_distance(const char *a, const char *b) {
+    size_t la = strlen(a), lb = strlen(b);
+    if (la > 63 || lb > 63) return 1000;
+    int d[64][64];
+    for (size_t i = 0; i <= la; i++) d[i][0] = (int)i;
+    for (size_t j = 0; j <= lb; j++) d[0][j] = (int)j;
+    for (size_t i = 1; i <= la; i++)
+        for (size_t j = 1; j <= lb; j++) {
+            int sub = d[i - 1][j - 1] + (a[i - 1] != b[j - 1]);
+            int del = d[i - 1][j] + 1, ins = d[i][j - 1] + 1;
+            d[i][j] = sub < del ? (sub < ins ? sub : ins) : (del < ins ? del : ins);
+        }
+    return d[la][lb];
+}
+
+LAB_NORETURN static void fail_unknown(const char *name, const Flag *flags, int nflags) {
+    const char *best = NULL;
+    int best_d = 1000;
+    for (int i = 0; i < nflags; i++) {
+        int dist = edit_distance(name, flags[i].s.name);
+        if (dist < best_d) { best_d = dist; best = flags[i].s.name; }
+    }
+    int len = (int)strlen(name) - 2;
+    if (best && best_d <= (len > 6 ? len / 2 : 3))
+        flag_fail("unknown flag %s (did you mean %s?); run with --help to list every flag", name, best);
+    flag_fail("unknown flag %s; run with --help to list every flag", name);
+}
+
+// ---- values ---------------------------------------------------------------------------------
+
+static void set_value(const Flag *f, const char *value) {
+    const char *name = f->s.name;
+    char valid[160];
+    describe_valid(f, valid, sizeof(valid));
+    switch (f->s.kind) {
+    case FLAG_INT: {
+        char *end = NULL;
+        errno = 0;
+        long x = (*value && !isspace((unsigned char)*value)) ? strtol(value, &end, 10) : 0;
+        if (!end || end == value || *end != '\0')
+            flag_fail("%s '%s' is not an integer; valid: an integer in %s", name, value, valid);
+        if (errno == ERANGE || (double)x < f->s.min || (double)x > f->s.max)
+            flag_fail("%s %s is out of range; valid range: %s", name, value, valid);
+        *(int *)f->s.ptr = (int)x;
+        break;
+    }
+    case FLAG_FLOAT: {
+        char *end = NULL;
+        errno = 0;
+        double x = (*value && !isspace((unsigned char)*value)) ? strtod(value, &end) : 0.0;
+        if (!end || end == value || *end != '\0')
+            flag_fail("%s '%s' is not a number; valid: a number in %s", name, value, valid);
+        if (errno == ERANGE || !isfinite(x) || fabs(x) > FLT_MAX)
+            flag_fail("%s '%s' is not a finite number (overflow, underflow or inf/nan); "
+                      "valid: a number in %s", name, value, valid);
+        if (x < f->s.min || x > f->s.max)
+            flag_fail("%s %s is out of range; valid range: %s", name, value, valid);
+        *(float *)f->s.ptr = (float)x;
+        break;
+    }
+    case FLAG_CHOICE: {
+        const char *c = f->s.choices;
+        size_t len = strlen(value);
+        while (*c) {
+            const char *bar = strchr(c, '|');
+            size_t clen = bar ? (size_t)(bar - c) : strlen(c);
+            if (clen == len && strncmp(c, value, len) == 0) {
+                *(const char **)f->s.ptr = value;
+                return;
+            }
+            c += clen + (bar ? 1 : 0);
+        }
+        flag_fail("%s '%s' is not a valid choice; valid choices: %s", name, value, f->s.choices);
+    }
+    case FLAG_STRING: {
+        if (!*value) flag_fail("%s needs a non-empty value (a %s)", name, f->metavar ? f->metavar : "string");
+        if (f->must_exist) {
+            struct stat st;
+            if (stat(value, &st) != 0)
+                flag_fail("%s %s: cannot use this file: %s", name, value, strerror(errno));
+            if (S_ISDIR(st.st_mode))
+                flag_fail("%s %s: is a directory, expected a file", name, value);
+            FILE *fp = fopen(value, "rb");
+            if (!fp) flag_fail("%s %s: cannot read this file: %s", name, value, strerror(errno));
+            fclose(fp);
+        }
+        *(const char **)f->s.ptr = value;
+        break;
+    }
+    case FLAG_BOOL:
+        *(int *)f->s.ptr = 1;
+        break;
+    }
+}
+
+// ---- help -----------------------------------------------------------------------------------
+
+void lab_print_flags(FILE *out, const LabArgs *a, const FlagSpec *extra, int nextra) {
+    LabArgs copy = *a;  // the table points into it; values are only read here
+    Flag *flags = lab_xmalloc((size_t)(40 + nextra) * sizeof(Flag));
+    int n = build_table(&copy, extra, nextra, flags);
+    // Column widths: flag (with metavar), default, valid.
+    char def[128], valid[160], left[96];
+    int wl = 4, wd = 7, wv = 5;
+    for (int i = 0; i < n; i++) {
+        snprintf(left, sizeof(left), "%s%s%s", flags[i].s.name, flags[i].metavar ? " " : "",
+                 flags[i].metavar ? flags[i].metavar : "");
+        describe_default(&flags[i], def, sizeof(def));
+        describe_valid(&flags[i], valid, sizeof(valid));
+        if ((int)strlen(left) > wl) wl = (int)strlen(left);
+        if ((int)strlen(def) > wd) wd = (int)strlen(def);
+        if ((int)strlen(valid) > wv) wv = (int)strlen(valid);
+    }
+    fprintf(out, "  %-*s  %-*s  %-*s  %s\n", wl, "flag", wd, "default", wv, "valid", "meaning");
+    for (int g = 0; g < NGROUPS; g++) {
+        int printed = 0;
+        for (int i = 0; i < n; i++) {
+            if (strcmp(flags[i].group, GROUPS[g]) != 0) continue;
+            if (!printed) fprintf(out, "%s\n", GROUPS[g]);
+            printed = 1;
+            snprintf(left, sizeof(left), "%s%s%s", flags[i].s.name, flags[i].metavar ? " " : "",
+                     flags[i].metavar ? flags[i].metavar : "");
+            describe_default(&flags[i], def, sizeof(def));
+            describe_valid(&flags[i], valid, sizeof(valid));
+            fprintf(out, "  %-*s  %-*s  %-*s  %s\n", wl, left, wd, def, wv, valid,
+                    flags[i].s.help ? flags[i].s.help : "");
+        }
+    }
+    free(flags);
+}
+
+LAB_NORETURN static void print_help_and_exit(const LabArgs *a, const FlagSpec *extra, int nextra,
+                                             const char *program, const char *usage) {
+    int world = 1;
+    if (flags_rank(&world) == 0) {
+        printf("%s\n", program ? program : "");
+        if (usage && *usage) printf("%s%s", usage, usage[strlen(usage) - 1] == '\n' ? "" : "\n");
+        printf("\nflags (--flag VALUE or --flag=VALUE):\n");
+        lab_print_flags(stdout, a, extra, nextra);
+    }
+    fflush(stdout);
+    int up = 0, down = 0;
+    MPI_Initialized(&up);
+    MPI_Finalized(&down);
+    if (up && !down) MPI_Finalize();
+    exit(0);
+}
+
+// ---- parsing --------------------------------------------------------------------------------
+
+// Checks that involve more than one flag.
+static void check_combinations(const LabArgs *a) {
+    if (a->C % a->NH != 0)
+        flag_fail("--channels %d is not divisible by --heads %d: each head gets C/NH channels; "
+                  "e.g. --heads %d", a->C, a->NH, a->C % 4 == 0 ? 4 : 1);
+    if (a->data && a->V != 256)
+        flag_fail("--data %s is read as bytes, so --vocab must be 256 (got %d)", a->data, a->V);
+    if (strcmp(a->backend, "nccl") == 0 && strcmp(a->device, "cuda") != 0)
+        flag_fail("--backend nccl needs --device cuda (NCCL moves GPU buffers); use --backend mpi "
+                  "with --device %s", a->device);
+    if (a->resume && a->load_weights)
+        flag_fail("--resume %s and --load-weights %s both set the weights; give only one",
+                  a->resume, a->load_weights);
+    if (a->save_every > 0 && !a->save)
+        flag_fail("--save-every %d needs --save FILE (where to write the checkpoint)", a->save_every);
+    if ((a->kill_rank >= 0) != (a->kill_step >= 0))
+        flag_fail("--kill-rank and --kill-step go together (which rank dies, and when); got "
+                  "--kill-rank %d --kill-step %d", a->kill_rank, a->kill_step);
+    int world = 1;
+    flags_rank(&world);
+    if (a->kill_rank >= world)
+        flag_fail("--kill-rank %d: this job has %d ranks; valid: 0 .. %d", a->kill_rank, world,
+                  world - 1);
+}
+
+void lab_parse_args(int argc, char **argv, LabArgs *a, const FlagSpec *extra, int nextra,
+                    const char *program, const char *usage) {
+    // --help anywhere wins, so that it works even next to a mistake.
+    for (int i = 1; i < argc; i++)
+        if (strcmp(argv[i], "--help") == 0 || strcmp(argv[i], "-h") == 0)
+            print_help_and_exit(a, extra, nextra, program, usage);
+
+    Flag *flags = lab_xmalloc((size_t)(40 + nextra) * sizeof(Flag));
+    int n = build_table(a, extra, nextra, flags);
+    for (int i = 1; i < argc; i++) {
+        const char *arg = argv[i];
+        if (strncmp(arg, "--", 2) != 0 || arg[2] == '\0')
+            flag_fail("unexpected argument '%s': every option is a --flag (run with --help to "
+                      "list them)", arg);
+        // --name=value or --name value
+        char name[64];
+        const char *eq = strchr(arg, '=');
+        size_t len = eq ? (size_t)(eq - arg) : strlen(arg);
+        if (len >= sizeof(name)) len = sizeof(name) - 1;
+        memcpy(name, arg, len);
+        name[len] = '\0';
+        const Flag *f = NULL;
+        for (int j = 0; j < n && !f; j++)
+            if (strcmp(flags[j].s.name, name) == 0) f = &flags[j];
+        if (!f) fail_unknown(name, flags, n);
+        if (f->s.kind == FLAG_BOOL) {
+            if (eq) flag_fail("%s is a switch and takes no value (got '%s'); write just %s", name,
+                              eq + 1, name);
+            set_value(f, "");
+            continue;
+        }
+        const char *value;
+        if (eq) {
+            value = eq + 1;
+        } else {
+            // A following "--flag" is not a value: the value was forgotten.
+            if (i + 1 >= argc || strncmp(argv[i + 1], "--", 2) == 0) {
+                char valid[160];
+                describe_valid(f, valid, sizeof(valid));
+                flag_fail("%s needs a value (%s %s); valid: %s", name, name,
+                          f->metavar ? f->metavar : "VALUE", valid);
+            }
+            value = argv[++i];
+        }
+        set_value(f, value);
+    }
+    free(flags);
+    check_combinations(a);
+    GPT2Config cfg = lab_args_config(a);
+    gpt2_config_check(&cfg);
+}

@@ -1,0 +1,512 @@
+// gpt2.c: GPT-2 as DESIGN.md specifies it: one flat parameter buffer with named views, the
+// activations of a (B,T) batch, and forward/backward in pieces (embedding, block l, head).
+//
+// All tensor work goes through the kernel table m->k, so the same code runs on CPU and GPU;
+// the buffers live on m->dev and are only touched here through mem_copy/mem_zero.
+#include "gpt2.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "check.h"
+
+// ----------------------------------------------------------------------------------------------
+// Config and parameter layout
+
+static const char *tensor_names[GPT2_NUM_TENSORS] = {
+    "wte", "wpe", "ln1w", "ln1b", "qkvw", "qkvb", "attprojw", "attprojb",
+    "ln2w", "ln2b", "fcw", "fcb", "fcprojw", "fcprojb", "lnfw", "lnfb",
+};
+
+// Tensor indices, in llm.c's order.
+enum {
+    T_WTE, T_WPE, T_LN1W, T_LN1B, T_QKVW, T_QKVB, T_ATTPROJW, T_ATTPROJB,
+    T_LN2W, T_LN2B, T_FCW, T_FCB, T_FCPROJW, T_FCPROJB, T_LNFW, T_LNFB
+};
+
+const char *gpt2_tensor_name(int tensor) {
+    if (tensor < 0 || tensor >= GPT2_NUM_TENSORS) return "?";
+    return tensor_names[tensor];
+}
+
+void gpt2_config_check(const GPT2Config *cfg) {
+    const struct { const char *name; int value; } fields[] = {
+        {"V (vocabulary size)", cfg->V}, {"T (max sequence length)", cfg->T},
+        {"L (layers)", cfg->L},          {"C (channels)", cfg->C},
+        {"NH (heads)", cfg->NH},
+    };
+    for (size_t i = 0; i < sizeof fields / sizeof fields[0]; i++)
+        if (fields[i].value < 1)
+            lab_fail_collective("model config: %s = %d, but it must be at least 1", fields[i].name,
+                                fields[i].value);
+    if (cfg->C % cfg->NH != 0)
+        lab_fail_collective("model config: C = %d is not divisible by NH = %d (every head gets "
+                            "C/NH channels); pick NH among the divisors of C",
+                            cfg->C, cfg->NH);
+}
+
+GPT2Config gpt2_config_tiny(void) {
+    GPT2Config cfg = {.V = 256, .T = 64, .L = 4, .C = 128, .NH = 4};
+    return cfg;
+}
+
+void gpt2_param_sizes(const GPT2Config *cfg, size_t sizes[GPT2_NUM_TENSORS]) {
+    size_t V = (size_t)cfg->V, T = (size_t)cfg->T, L = (size_t)cfg->L, C = (size_t)cfg->C;
+    sizes[T_WTE] = V * C;
+    sizes[T_WPE] = T * C;
+    sizes[T_LN1W] = L * C;
+    sizes[T_LN1B] = L * C;
+    sizes[T_QKVW] = L * (3 * C) * C;
+    sizes[T_QKVB] = L * (3 * C);
+    sizes[T_ATTPROJW] = L * C * C;
+    sizes[T_ATTPROJB] = L * C;
+    sizes[T_LN2W] = L * C;
+    sizes[T_LN2B] = L * C;
+    sizes[T_FCW] = L * (4 * C) * C;
+    sizes[T_FCB] = L * (4 * C);
+    sizes[T_FCPROJW] = L * C * (4 * C);
+    sizes[T_FCPROJB] = L * C;
+    sizes[T_LNFW] = C;
+    sizes[T_LNFB] = C;
+}
+
+size_t gpt2_param_count(const GPT2Config *cfg) {
+    size_t sizes[GPT2_NUM_TENSORS], n = 0;
+    gpt2_param_sizes(cfg, sizes);
+    for (int i = 0; i < GPT2_NUM_TENSORS; i++) n += sizes[i];
+    return n;
+}
+
+// 2-D weight matrices: the ones AdamW decays.
+static int is_matrix(int tensor) {
+    return tensor == T_WTE || tensor == T_WPE || tensor == T_QKVW || tensor == T_ATTPROJW ||
+           tensor == T_FCW || tensor == T_FCPROJW;
+}
+
+int gpt2_params(const GPT2Config *cfg, GPT2Param *out) {
+    size_t sizes[GPT2_NUM_TENSORS];
+    gpt2_param_sizes(cfg, sizes);
+    int count = 0;
+    size_t offset = 0;
+    for (int t = 0; t < GPT2_NUM_TENSORS; t++) {
+        int per_layer = !(t == T_WTE || t == T_WPE || t == T_LNFW || t == T_LNFB);
+        int nlayers = per_layer ? cfg->L : 1;
+        size_t size = sizes[t] / (size_t)nlayers;
+        for (int l = 0; l < nlayers; l++) {
+            if (out) {
+                GPT2Param *p = &out[count];
+                if (per_layer) snprintf(p->name, sizeof p->name, "h.%d.%s", l, tensor_names[t]);
+                else snprintf(p->name, sizeof p->name, "%s", tensor_names[t]);
+                p->tensor = t;
+                p->layer = per_layer ? l : -1;
+                p->offset = offset;
+                p->size = size;
+                p->decay = is_matrix(t);
+            }
+            offset += size;
+            count++;
+        }
+    }
+    return count;
+}
+
+void gpt2_act_sizes(const GPT2Config *cfg, int B, int T, size_t sizes[GPT2_NUM_ACTS]) {
+    size_t L = (size_t)cfg->L, C = (size_t)cfg->C, NH = (size_t)cfg->NH, V = (size_t)cfg->V;
+    size_t BT = (size_t)B * (size_t)T;
+    size_t i = 0;
+    sizes[i++] = BT * C;                          // encoded
+    sizes[i++] = L * BT * C;                      // ln1
+    sizes[i++] = L * BT;                          // ln1_mean
+    sizes[i++] = L * BT;                          // ln1_rstd
+    sizes[i++] = L * BT * 3 * C;                  // qkv
+    sizes[i++] = L * BT * C;                      // atty
+    sizes[i++] = L * (size_t)B * NH * T * T;      // preatt
+    sizes[i++] = L * (size_t)B * NH * T * T;      // att
+    sizes[i++] = L * BT * C;                      // attproj
+    sizes[i++] = L * BT * C;                      // residual2
+    sizes[i++] = L * BT * C;                      // ln2
+    sizes[i++] = L * BT;                          // ln2_mean
+    sizes[i++] = L * BT;                          // ln2_rstd
+    sizes[i++] = L * BT * 4 * C;                  // fch
+    sizes[i++] = L * BT * 4 * C;                  // fch_gelu
+    sizes[i++] = L * BT * C;                      // fcproj
+    sizes[i++] = L * BT * C;                      // residual3
+    sizes[i++] = BT * C;                          // lnf
+    sizes[i++] = BT;                              // lnf_mean
+    sizes[i++] = BT;                              // lnf_rstd
+    sizes[i++] = BT * V;                          // logits
+    sizes[i++] = BT * V;                          // probs
+    sizes[i++] = BT;                              // losses
+    LAB_CHECK(i == GPT2_NUM_ACTS, "gpt2_act_sizes: %zu sizes for %d tensors", i, GPT2_NUM_ACTS);
+}
+
+// Point the named views into a flat buffer, in struct order (the same order as the sizes).
+static void point_params(ParamTensors *p, float *base, const size_t sizes[GPT2_NUM_TENSORS]) {
+    float **views[GPT2_NUM_TENSORS] = {
+        &p->wte, &p->wpe, &p->ln1w, &p->ln1b, &p->qkvw, &p->qkvb, &p->attprojw, &p->attprojb,
+        &p->ln2w, &p->ln2b, &p->fcw, &p->fcb, &p->fcprojw, &p->fcprojb, &p->lnfw, &p->lnfb,
+    };
+    for (int i = 0; i < GPT2_NUM_TENSORS; i++) {
+        *views[i] = base;
+        base += sizes[i];
+    }
+}
+
+static void point_acts(ActTensors *a, float *base, const size_t sizes[GPT2_NUM_ACTS]) {
+    float **views[GPT2_NUM_ACTS] = {
+        &a->encoded, &a->ln1, &a->ln1_mean, &a->ln1_rstd, &a->qkv, &a->atty, &a->preatt,
+        &a->att, &a->attproj, &a->residual2, &a->ln2, &a->ln2_mean, &a->ln2_rstd, &a->fch,
+        &a->fch_gelu, &a->fcproj, &a->residual3, &a->lnf, &a->lnf_mean, &a->lnf_rstd,
+        &a->logits, &a->probs, &a->losses,
+    };
+    for (int i = 0; i < GPT2_NUM_ACTS; i++) {
+        *views[i] = base;
+        base += sizes[i];
+    }
+}
+
+// ----------------------------------------------------------------------------------------------
+// Initialization: a counter-based random generator, so that element i of the flat buffer is a
+// pure function of (seed, i) and any slice can be drawn without drawing what comes before it.
+
+// splitmix64's finalizer: a bijective 64-bit mix with good avalanche.
+static uint64_t mix64(uint64_t z) {
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+}
+
+// A standard normal for element i (Box-Muller on two uniforms hashed from (seed, i)).
+static double normal_at(uint64_t seed, size_t i) {
+    const uint64_t golden = 0x9e3779b97f4a7c15ull;
+    uint64_t stream = mix64(seed + golden);  // nearby seeds give unrelated streams
+    uint64_t h1 = mix64(stream + (2 * (uint64_t)i + 1) * golden);
+    uint64_t h2 = mix64(stream + (2 * (uint64_t)i + 2) * golden);
+    double u1 = ((double)(h1 >> 11) + 0.5) * 0x1p-53;  // (0, 1): log(u1) is finite
+    double u2 = (double)(h2 >> 11) * 0x1p-53;          // [0, 1)
+    return sqrt(-2.0 * log(u1)) * cos(2.0 * M_PI * u2);
+}
+
+void gpt2_init_slice(const GPT2Config *cfg, uint64_t seed, size_t begin, size_t end, float *out_host) {
+    size_t sizes[GPT2_NUM_TENSORS];
+    gpt2_param_sizes(cfg, sizes);
+    size_t total = gpt2_param_count(cfg);
+    LAB_CHECK(begin <= end && end <= total, "gpt2_init_slice: range [%zu, %zu) outside the %zu parameters",
+              begin, end, total);
+    // residual projections add into the residual stream once per layer: scale their init so the
+    // stream's variance does not grow with depth (GPT-2 paper)
+    double residual_scale = 1.0 / sqrt(2.0 * cfg->L);
+    size_t offset = 0;
+    for (int t = 0; t < GPT2_NUM_TENSORS; t++) {
+        size_t lo = offset > begin ? offset : begin;
+        size_t hi = offset + sizes[t] < end ? offset + sizes[t] : end;
+        offset += sizes[t];
+        if (lo >= hi) continue;
+        float *out = out_host + (lo - begin);
+        size_t n = hi - lo;
+        if (is_matrix(t)) {
+            double std = 0.02 * (t == T_ATTPROJW || t == T_FCPROJW ? residual_scale : 1.0);
+            for (size_t i = 0; i < n; i++) out[i] = (float)(std * normal_at(seed, lo + i));
+        } else {
+            float value = (t == T_LN1W || t == T_LN2W || t == T_LNFW) ? 1.0f : 0.0f;  // LN weight 1, biases 0
+            for (size_t i = 0; i < n; i++) out[i] = value;
+        }
+    }
+}
+
+// ----------------------------------------------------------------------------------------------
+// Lifecycle
+
+void gpt2_build(GPT2 *m, GPT2Config cfg, Device dev) {
+    gpt2_config_check(&cfg);
+    memset(m, 0, sizeof *m);
+    m->cfg = cfg;
+    m->dev = dev;
+    m->k = kernels_get(dev);
+    gpt2_param_sizes(&cfg, m->param_sizes);
+    m->num_params = gpt2_param_count(&cfg);
+    m->params = mem_alloc(m->num_params * sizeof(float), MEM_PARAMS, dev);
+    point_params(&m->p, m->params, m->param_sizes);
+}
+
+void gpt2_init_params(GPT2 *m, uint64_t seed) {
+    if (m->dev == DEV_CPU) {
+        gpt2_init_slice(&m->cfg, seed, 0, m->num_params, m->params);
+        return;
+    }
+    float *host = mem_alloc(m->num_params * sizeof(float), MEM_OTHER, DEV_CPU);
+    gpt2_init_slice(&m->cfg, seed, 0, m->num_params, host);
+    mem_copy(m->params, host, m->num_params * sizeof(float));
+    mem_free(host);
+}
+
+void gpt2_alloc_grads(GPT2 *m) {
+    if (m->grads) return;
+    m->grads = mem_alloc(m->num_params * sizeof(float), MEM_GRADS, m->dev);
+    point_params(&m->g, m->grads, m->param_sizes);
+}
+
+static void free_acts(GPT2 *m) {
+    mem_free(m->acts);
+    mem_free(m->dacts);
+    mem_free(m->inputs);
+    mem_free(m->targets);
+    mem_free(m->host_losses);
+    m->acts = m->dacts = m->host_losses = NULL;
+    m->inputs = m->targets = NULL;
+    memset(&m->a, 0, sizeof m->a);
+    memset(&m->da, 0, sizeof m->da);
+}
+
+// The activation gradients (dacts) mirror the activations: da.X is the gradient of a.X.
+void gpt2_alloc_acts(GPT2 *m, int B, int T) {
+    if (B < 1) lab_fail("batch size B = %d: it must be at least 1", B);
+    if (T < 1 || T > m->cfg.T)
+        lab_fail("sequence length T = %d: it must be between 1 and the model's maximum T = %d", T,
+                 m->cfg.T);
+    if (m->acts) free_acts(m);
+    m->B = B;
+    m->T = T;
+    gpt2_act_sizes(&m->cfg, B, T, m->act_sizes);
+    m->num_acts = 0;
+    for (int i = 0; i < GPT2_NUM_ACTS; i++) m->num_acts += m->act_sizes[i];
+    m->acts = mem_alloc(m->num_acts * sizeof(float), MEM_ACTS, m->dev);
+    m->dacts = mem_alloc(m->num_acts * sizeof(float), MEM_ACTS, m->dev);
+    point_acts(&m->a, m->acts, m->act_sizes);
+    point_acts(&m->da, m->dacts, m->act_sizes);
+    size_t BT = (size_t)B * T;
+    m->inputs = mem_alloc(BT * sizeof(int), MEM_OTHER, m->dev);
+    m->targets = mem_alloc(BT * sizeof(int), MEM_OTHER, m->dev);
+    m->host_losses = mem_alloc(BT * sizeof(float), MEM_OTHER, DEV_CPU);
+    m->has_targets = 0;
+}
+
+void gpt2_free(GPT2 *m) {
+    free_acts(m);
+    mem_free(m->params);
+    mem_free(m->grads);
+    memset(m, 0, sizeof *m);
+}
+
+static void check_tokens(const int *tokens, size_t n, int V, const char *what) {
+    for (size_t i = 0; i < n; i++)
+        if (tokens[i] < 0 || tokens[i] >= V)
+            lab_fail("%s token %d at position %zu is outside the vocabulary [0, %d)", what,
+                     tokens[i], i, V);
+}
+
+void gpt2_set_batch(GPT2 *m, const int *inputs, const int *targets) {
+    LAB_CHECK(m->acts, "gpt2_set_batch before gpt2_alloc_acts");
+    size_t BT = (size_t)m->B * m->T;
+    check_tokens(inputs, BT, m->cfg.V, "input");
+    mem_copy(m->inputs, inputs, BT * sizeof(int));
+    m->has_targets = targets != NULL;
+    if (targets) {
+        check_tokens(targets, BT, m->cfg.V, "target");
+        mem_copy(m->targets, targets, BT * sizeof(int));
+    }
+}
+
+// ----------------------------------------------------------------------------------------------
+// Views of one block: layer l's slice of every stacked tensor.
+
+typedef struct LayerParams {
+    float *ln1w, *ln1b;          // (C)
+    float *qkvw, *qkvb;          // (3C, C), (3C)
+    float *attprojw, *attprojb;  // (C, C), (C)
+    float *ln2w, *ln2b;          // (C)
+    float *fcw, *fcb;            // (4C, C), (4C)
+    float *fcprojw, *fcprojb;    // (C, 4C), (C)
+} LayerParams;
+
+static LayerParams layer_params(const ParamTensors *p, int C, int l) {
+    size_t c = (size_t)C, L = (size_t)l;
+    LayerParams w = {
+        p->ln1w + L * c,         p->ln1b + L * c,
+        p->qkvw + L * 3 * c * c, p->qkvb + L * 3 * c,
+        p->attprojw + L * c * c, p->attprojb + L * c,
+        p->ln2w + L * c,         p->ln2b + L * c,
+        p->fcw + L * 4 * c * c,  p->fcb + L * 4 * c,
+        p->fcprojw + L * 4 * c * c, p->fcprojb + L * c,
+    };
+    return w;
+}
+
+typedef struct LayerActs {
+    float *ln1, *ln1_mean, *ln1_rstd;  // (B,T,C), (B,T), (B,T)
+    float *qkv;                        // (B,T,3C)
+    float *atty;                       // (B,T,C)
+    float *preatt, *att;               // (B,NH,T,T)
+    float *attproj, *residual2;        // (B,T,C)
+    float *ln2, *ln2_mean, *ln2_rstd;  // (B,T,C), (B,T), (B,T)
+    float *fch, *fch_gelu;             // (B,T,4C)
+    float *fcproj, *residual3;         // (B,T,C)
+} LayerActs;
+
+static LayerActs layer_acts(const ActTensors *a, int B, int T, int C, int NH, int l) {
+    size_t BT = (size_t)B * T, c = (size_t)C, L = (size_t)l;
+    size_t att = (size_t)B * NH * T * T;
+    LayerActs x = {
+        a->ln1 + L * BT * c, a->ln1_mean + L * BT, a->ln1_rstd + L * BT,
+        a->qkv + L * BT * 3 * c,
+        a->atty + L * BT * c,
+        a->preatt + L * att, a->att + L * att,
+        a->attproj + L * BT * c, a->residual2 + L * BT * c,
+        a->ln2 + L * BT * c, a->ln2_mean + L * BT, a->ln2_rstd + L * BT,
+        a->fch + L * BT * 4 * c, a->fch_gelu + L * BT * 4 * c,
+        a->fcproj + L * BT * c, a->residual3 + L * BT * c,
+    };
+    return x;
+}
+
+// The residual stream entering block l: the embedding for block 0, else block l-1's output.
+static float *block_input(const ActTensors *a, size_t BTC, int l) {
+    return l == 0 ? a->encoded : a->residual3 + (size_t)(l - 1) * BTC;
+}
+
+// ----------------------------------------------------------------------------------------------
+// Forward
+
+void gpt2_embed_forward(GPT2 *m) {
+    m->k->encoder_forward(m->a.encoded, m->inputs, m->p.wte, m->p.wpe, m->B, m->T, m->cfg.C);
+}
+
+void gpt2_block_forward(GPT2 *m, int l) {
+    const Kernels *k = m->k;
+    int B = m->B, T = m->T, C = m->cfg.C, NH = m->cfg.NH;
+    int BT = B * T;
+    LAB_CHECK(l >= 0 && l < m->cfg.L, "gpt2_block_forward: block %d of %d", l, m->cfg.L);
+    LayerParams w = layer_params(&m->p, C, l);
+    LayerActs a = layer_acts(&m->a, B, T, C, NH, l);
+    float *residual = block_input(&m->a, (size_t)BT * C, l);  // (B,T,C)
+
+    // x = x + attn(ln1(x))
+    k->layernorm_forward(a.ln1, a.ln1_mean, a.ln1_rstd, residual, w.ln1w, w.ln1b, BT, C);
+    k->matmul_forward(a.qkv, a.ln1, w.qkvw, w.qkvb, BT, C, 3 * C);
+    k->attention_forward(a.atty, a.preatt, a.att, a.qkv, B, T, C, NH);
+    k->matmul_forward(a.attproj, a.atty, w.attprojw, w.attprojb, BT, C, C);
+    k->residual_forward(a.residual2, residual, a.attproj, (size_t)BT * C);
+    // x = x + mlp(ln2(x))
+    k->layernorm_forward(a.ln2, a.ln2_mean, a.ln2_rstd, a.residual2, w.ln2w, w.ln2b, BT, C);
+    k->matmul_forward(a.fch, a.ln2, w.fcw, w.fcb, BT, C, 4 * C);
+    k->gelu_forward(a.fch_gelu, a.fch, (size_t)BT * 4 * C);
+    k->matmul_forward(a.fcproj, a.fch_gelu, w.fcprojw, w.fcprojb, BT, 4 * C, C);
+    k->residual_forward(a.residual3, a.residual2, a.fcproj, (size_t)BT * C);
+}
+
+float gpt2_head_forward(GPT2 *m) {
+    const Kernels *k = m->k;
+    int BT = m->B * m->T, C = m->cfg.C, V = m->cfg.V;
+    float *residual = block_input(&m->a, (size_t)BT * C, m->cfg.L);  // last block's output
+    k->layernorm_forward(m->a.lnf, m->a.lnf_mean, m->a.lnf_rstd, residual, m->p.lnfw, m->p.lnfb, BT, C);
+    // logits (B,T,V) = lnf (B,T,C) · wte (V,C)ᵀ: the output layer is the embedding, transposed
+    k->matmul_forward(m->a.logits, m->a.lnf, m->p.wte, NULL, BT, C, V);
+    k->softmax_forward(m->a.probs, m->a.logits, BT, V);
+    if (!m->has_targets) return -1.0f;
+    k->crossentropy_forward(m->a.losses, m->a.probs, m->targets, BT, V);
+    mem_copy(m->host_losses, m->a.losses, (size_t)BT * sizeof(float));
+    double sum = 0.0;  // in position order: the same bits on every run
+    for (int i = 0; i < BT; i++) sum += m->host_losses[i];
+    return (float)(sum / BT);
+}
+
+float gpt2_forward(GPT2 *m, const int *inputs, const int *targets) {
+    if (inputs) gpt2_set_batch(m, inputs, targets);  // NULL: use the batch already set
+    gpt2_embed_forward(m);
+    for (int l = 0; l < m->cfg.L; l++) gpt2_block_forward(m, l);
+    return gpt2_head_forward(m);
+}
+
+// ----------------------------------------------------------------------------------------------
+// Backward. Parameter gradients accumulate (+=). Activation gradients need no zeroing by the
+// caller: each piece clears (or overwrites) the ones it accumulates into, and the gradient of
+// its output (da.residual3 of its last block) is read, never cleared, so a pipeline stage can
+// write the gradient it receives there before calling gpt2_block_backward.
+
+void gpt2_zero_grad(GPT2 *m) {
+    LAB_CHECK(m->grads, "gpt2_zero_grad before gpt2_alloc_grads");
+    mem_zero(m->grads, m->num_params * sizeof(float));
+}
+
+void gpt2_head_backward(GPT2 *m, float dloss) {
+    const Kernels *k = m->k;
+    int BT = m->B * m->T, C = m->cfg.C, V = m->cfg.V, L = m->cfg.L;
+    LAB_CHECK(m->grads, "gpt2_head_backward before gpt2_alloc_grads");
+    LAB_CHECK(m->has_targets, "gpt2_head_backward: the batch has no targets (no loss to differentiate)");
+    float *residual = block_input(&m->a, (size_t)BT * C, L);
+    float *dresidual = block_input(&m->da, (size_t)BT * C, L);
+    mem_zero(m->da.logits, (size_t)BT * V * sizeof(float));
+    mem_zero(m->da.lnf, (size_t)BT * C * sizeof(float));
+    mem_zero(dresidual, (size_t)BT * C * sizeof(float));
+    k->crossentropy_softmax_backward(m->da.logits, m->a.probs, m->targets, dloss, BT, V);
+    k->matmul_backward(m->da.lnf, m->g.wte, NULL, m->da.logits, m->a.lnf, m->p.wte, BT, C, V);
+    k->layernorm_backward(dresidual, m->g.lnfw, m->g.lnfb, m->da.lnf, residual, m->p.lnfw,
+                          m->a.lnf_mean, m->a.lnf_rstd, BT, C);
+}
+
+// Reads da.residual3 of block l (the gradient of its output); writes the gradient of its
+// input (da.residual3 of block l-1, or da.encoded for block 0).
+void gpt2_block_backward(GPT2 *m, int l) {
+    const Kernels *k = m->k;
+    int B = m->B, T = m->T, C = m->cfg.C, NH = m->cfg.NH;
+    int BT = B * T;
+    size_t BTC = (size_t)BT * C;
+    LAB_CHECK(l >= 0 && l < m->cfg.L, "gpt2_block_backward: block %d of %d", l, m->cfg.L);
+    LAB_CHECK(m->grads, "gpt2_block_backward before gpt2_alloc_grads");
+    LayerParams w = layer_params(&m->p, C, l);
+    LayerParams dw = layer_params(&m->g, C, l);
+    LayerActs a = layer_acts(&m->a, B, T, C, NH, l);
+    LayerActs d = layer_acts(&m->da, B, T, C, NH, l);
+    float *residual = block_input(&m->a, BTC, l);
+    float *dresidual = block_input(&m->da, BTC, l);
+
+    // The gradients this block accumulates into start from zero.
+    mem_zero(d.fch_gelu, BTC * 4 * sizeof(float));
+    mem_zero(d.fch, BTC * 4 * sizeof(float));
+    mem_zero(d.ln2, BTC * sizeof(float));
+    mem_zero(d.atty, BTC * sizeof(float));
+    mem_zero(d.qkv, BTC * 3 * sizeof(float));
+    mem_zero(d.ln1, BTC * sizeof(float));
+
+    // MLP: residual3 = residual2 + fcproj(gelu(fc(ln2(residual2)))). A sum passes its gradient
+    // unchanged to both terms, so the fcproj backward reads d.residual3 directly (d.fcproj is
+    // not materialized) and d.residual2 starts as a copy of it.
+    k->matmul_backward(d.fch_gelu, dw.fcprojw, dw.fcprojb, d.residual3, a.fch_gelu, w.fcprojw, BT, 4 * C, C);
+    k->gelu_backward(d.fch, a.fch, d.fch_gelu, BTC * 4);
+    k->matmul_backward(d.ln2, dw.fcw, dw.fcb, d.fch, a.ln2, w.fcw, BT, C, 4 * C);
+    mem_copy(d.residual2, d.residual3, BTC * sizeof(float));
+    k->layernorm_backward(d.residual2, dw.ln2w, dw.ln2b, d.ln2, a.residual2, w.ln2w, a.ln2_mean,
+                          a.ln2_rstd, BT, C);
+
+    // Attention: residual2 = residual + attproj(attention(qkv(ln1(residual)))); same trick.
+    k->matmul_backward(d.atty, dw.attprojw, dw.attprojb, d.residual2, a.atty, w.attprojw, BT, C, C);
+    k->attention_backward(d.qkv, d.preatt, d.att, d.atty, a.qkv, a.att, B, T, C, NH);
+    k->matmul_backward(d.ln1, dw.qkvw, dw.qkvb, d.qkv, a.ln1, w.qkvw, BT, C, 3 * C);
+    mem_copy(dresidual, d.residual2, BTC * sizeof(float));
+    k->layernorm_backward(dresidual, dw.ln1w, dw.ln1b, d.ln1, residual, w.ln1w, a.ln1_mean,
+                          a.ln1_rstd, BT, C);
+}
+
+void gpt2_embed_backward(GPT2 *m) {
+    LAB_CHECK(m->grads, "gpt2_embed_backward before gpt2_alloc_grads");
+    m->k->encoder_backward(m->g.wte, m->g.wpe, m->da.encoded, m->inputs, m->B, m->T, m->cfg.C);
+}
+
+void gpt2_backward(GPT2 *m, float dloss) {
+    gpt2_head_backward(m, dloss);
+    for (int l = m->cfg.L - 1; l >= 0; l--) gpt2_block_backward(m, l);
+    gpt2_embed_backward(m);
+}
+
+// ----------------------------------------------------------------------------------------------
+// Model FLOPs of one training step, the convention of MFU (PaLM paper, appendix B):
+//   6 FLOPs per parameter per token for the matmuls (2 forward, 4 backward), counting every
+//   parameter but wpe (a table lookup, no matmul); wte counts once, as the output layer.
+//   12·L·C·T per token for attention: QKᵀ and att·V, 2·T·C FLOPs each per token and layer
+//   forward, ×3 with the backward; the full T×T square, not halved for causality.
+double gpt2_flops_per_step(const GPT2Config *cfg, int B, int T) {
+    double N = (double)gpt2_param_count(cfg) - (double)cfg->T * cfg->C;
+    double per_token = 6.0 * N + 12.0 * cfg->L * (double)cfg->C * T;
+    return per_token * B * T;
+}

@@ -1,0 +1,478 @@
+// kernels_cpu.c: the layers of GPT-2 on the CPU, in fp32 (see kernels.h for the contract).
+//
+// Matmuls go through cblas_sgemm (OpenBLAS): they are ~95% of the FLOPs. Everything else is
+// plain C loops written so that `gcc -O3 -march=native` turns them into SIMD code:
+//   - no reductions over a loop of floats (the compiler may not reorder float additions, so a
+//     plain `s += x[i]` stays scalar); sums use 16 partial sums in a fixed order instead, which
+//     vectorizes and is still deterministic (same inputs -> same bits, on every rank);
+//   - exp() is our own (exp_approx), since libm's expf is a call the compiler cannot vectorize.
+// Every backward ACCUMULATES into its gradient outputs (+=), as kernels.h says.
+
+// gcc: this file never reads floating-point exception flags, so let the vectorizer treat
+// compares and rounding in exp_approx as side-effect free (it changes no result).
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC optimize("no-trapping-math")
+#endif
+
+#include "kernels.h"
+
+#include <cblas.h>
+#include <math.h>
+#include <string.h>
+
+#include "check.h"
+
+// ----------------------------------------------------------------------------------------------
+// Small helpers
+
+// Partial sums for reductions: 16 floats = one AVX-512 register (two AVX2 ones).
+#define NACC 16
+
+static inline float sum_partials(const float acc[NACC]) {
+    float s = 0.0f;
+    for (int j = 0; j < NACC; j++) s += acc[j];
+    return s;
+}
+
+// Σ x[i], i < n, as 16 interleaved partial sums (see the top of the file).
+static inline float sum_f32(const float *x, int n) {
+    float acc[NACC] = {0};
+    int i = 0;
+    for (; i + NACC <= n; i += NACC)
+        for (int j = 0; j < NACC; j++) acc[j] += x[i + j];
+    for (; i < n; i++) acc[i % NACC] += x[i];
+    return sum_partials(acc);
+}
+
+// max x[i], i < n (n >= 1)
+static inline float max_f32(const float *x, int n) {
+    float acc[NACC];
+    for (int j = 0; j < NACC; j++) acc[j] = x[0];
+    int i = 0;
+    for (; i + NACC <= n; i += NACC)
+        for (int j = 0; j < NACC; j++) acc[j] = x[i + j] > acc[j] ? x[i + j] : acc[j];
+    for (; i < n; i++) acc[i % NACC] = x[i] > acc[i % NACC] ? x[i] : acc[i % NACC];
+    float m = acc[0];
+    for (int j = 1; j < NACC; j++) m = acc[j] > m ? acc[j] : m;
+    return m;
+}
+
+// e^x with a relative error of about 1e-7 (1 ulp), in a form the compiler vectorizes:
+// e^x = 2^k · e^r with k = round(x / ln2), |r| <= ln2/2, and e^r by its Taylor series to r^7
+// (the first omitted term, r^8/8! < 6e-9, is below fp32 resolution).
+// x is clamped to [-87, 88] so that 2^k stays a normal float: e^-87 ≈ 1.6e-38 stands in for
+// anything smaller (harmless next to the 1 that softmax and GELU add to it). NaN stays NaN.
+static inline float exp_approx(float x) {
+    x = x < -87.0f ? -87.0f : x;
+    x = x > 88.0f ? 88.0f : x;
+    float k = floorf(x * 1.44269504088896341f + 0.5f);  // x / ln2, rounded
+    // r = x - k·ln2, with ln2 split in two so that k·ln2_hi is exact (Cody-Waite).
+    float r = x - k * 0.693145751953125f;
+    r = r - k * 1.428606765330187e-06f;
+    float p = 1.0f / 5040.0f;
+    p = p * r + 1.0f / 720.0f;
+    p = p * r + 1.0f / 120.0f;
+    p = p * r + 1.0f / 24.0f;
+    p = p * r + 1.0f / 6.0f;
+    p = p * r + 0.5f;
+    p = p * r + 1.0f;
+    p = p * r + 1.0f;
+    // 2^k built directly in the exponent field (k + 127 is in [1, 254]).
+    union { int32_t i; float f; } two_k = {.i = ((int32_t)k + 127) << 23};
+    return p * two_k.f;
+}
+
+// ----------------------------------------------------------------------------------------------
+// Embedding
+
+static void encoder_forward(float *out, const int *inp, const float *wte, const float *wpe,
+                            int B, int T, int C) {
+    for (int b = 0; b < B; b++) {
+        for (int t = 0; t < T; t++) {
+            int tok = inp[b * T + t];
+            float *o = out + ((size_t)b * T + t) * C;
+            const float *e = wte + (size_t)tok * C;
+            const float *p = wpe + (size_t)t * C;
+            for (int i = 0; i < C; i++) o[i] = e[i] + p[i];
+        }
+    }
+}
+
+static void encoder_backward(float *dwte, float *dwpe, const float *dout, const int *inp,
+                             int B, int T, int C) {
+    for (int b = 0; b < B; b++) {
+        for (int t = 0; t < T; t++) {
+            int tok = inp[b * T + t];
+            const float *d = dout + ((size_t)b * T + t) * C;
+            float *de = dwte + (size_t)tok * C;
+            float *dp = dwpe + (size_t)t * C;
+            for (int i = 0; i < C; i++) {
+                de[i] += d[i];
+                dp[i] += d[i];
+            }
+        }
+    }
+}
+
+// ----------------------------------------------------------------------------------------------
+// LayerNorm: out = (x - mean) / sqrt(var + eps) * w + b, over the C channels of each row.
+
+static void layernorm_forward(float *out, float *mean, float *rstd, const float *inp,
+                              const float *w, const float *b, int N, int C) {
+    const float eps = 1e-5f;
+    for (int n = 0; n < N; n++) {
+        const float *x = inp + (size_t)n * C;
+        float *o = out + (size_t)n * C;
+        float m = sum_f32(x, C) / (float)C;
+        // variance around the mean (two passes: no cancellation as with E[x²] - m²)
+        float acc[NACC] = {0};
+        int i = 0;
+        for (; i + NACC <= C; i += NACC)
+            for (int j = 0; j < NACC; j++) {
+                float d = x[i + j] - m;
+                acc[j] += d * d;
+            }
+        for (; i < C; i++) acc[i % NACC] += (x[i] - m) * (x[i] - m);
+        float var = sum_partials(acc) / (float)C;
+        float s = 1.0f / sqrtf(var + eps);
+        for (i = 0; i < C; i++) o[i] = (x[i] - m) * s * w[i] + b[i];
+        mean[n] = m;
+        rstd[n] = s;
+    }
+}
+
+// With xhat = (x - mean)·rstd and g = dout·w (the gradient wrt xhat):
+//   dx = rstd · (g - mean(g) - xhat · mean(g · xhat)),   dw += dout · xhat,   db += dout.
+static void layernorm_backward(float *dinp, float *dw, float *db, const float *dout,
+                               const float *inp, const float *w, const float *mean,
+                               const float *rstd, int N, int C) {
+    for (int n = 0; n < N; n++) {
+        const float *x = inp + (size_t)n * C;
+        const float *d = dout + (size_t)n * C;
+        float *dx = dinp + (size_t)n * C;
+        float m = mean[n], s = rstd[n];
+        float acc_g[NACC] = {0}, acc_gx[NACC] = {0};
+        int i = 0;
+        for (; i + NACC <= C; i += NACC)
+            for (int j = 0; j < NACC; j++) {
+                float g = d[i + j] * w[i + j];
+                acc_g[j] += g;
+                acc_gx[j] += g * ((x[i + j] - m) * s);
+            }
+        for (; i < C; i++) {
+            float g = d[i] * w[i];
+            acc_g[i % NACC] += g;
+            acc_gx[i % NACC] += g * ((x[i] - m) * s);
+        }
+        float g_mean = sum_partials(acc_g) / (float)C;
+        float gx_mean = sum_partials(acc_gx) / (float)C;
+        for (i = 0; i < C; i++) {
+            float xhat = (x[i] - m) * s;
+            float g = d[i] * w[i];
+            dx[i] += s * (g - g_mean - xhat * gx_mean);
+            dw[i] += d[i] * xhat;
+            db[i] += d[i];
+        }
+    }
+}
+
+// ----------------------------------------------------------------------------------------------
+// Linear layer: out (N,OC) = inp (N,C) · w (OC,C)ᵀ + bias
+
+static void matmul_forward(float *out, const float *inp, const float *w, const float *bias,
+                           int N, int C, int OC) {
+    float beta = 0.0f;
+    if (bias) {
+        // Start every row from the bias and let the GEMM add to it (beta = 1).
+        for (int n = 0; n < N; n++) memcpy(out + (size_t)n * OC, bias, (size_t)OC * sizeof(float));
+        beta = 1.0f;
+    }
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, N, OC, C, 1.0f, inp, C, w, C, beta, out, OC);
+}
+
+static void matmul_backward(float *dinp, float *dw, float *dbias, const float *dout,
+                            const float *inp, const float *w, int N, int C, int OC) {
+    // dinp (N,C) += dout (N,OC) · w (OC,C)
+    if (dinp)
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, N, C, OC, 1.0f, dout, OC, w, C,
+                    1.0f, dinp, C);
+    // dw (OC,C) += dout (N,OC)ᵀ · inp (N,C)
+    if (dw)
+        cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, OC, C, N, 1.0f, dout, OC, inp, C,
+                    1.0f, dw, C);
+    // dbias (OC) += column sums of dout, row by row (the inner loop runs along a row: SIMD)
+    if (dbias)
+        for (int n = 0; n < N; n++) {
+            const float *d = dout + (size_t)n * OC;
+            for (int o = 0; o < OC; o++) dbias[o] += d[o];
+        }
+}
+
+// ----------------------------------------------------------------------------------------------
+// Causal self-attention, per (batch, head), with hs = C/NH channels per head:
+//   preatt = q·kᵀ / sqrt(hs)   (T,T), then -inf above the diagonal (a position sees only the past)
+//   att    = softmax(preatt) row by row
+//   out    = att · v           (T,hs), written into the head's columns of out (B,T,C)
+// q, k, v of head h are columns [h·hs, (h+1)·hs) of the Q, K, V thirds of a qkv row (3C):
+// strided views, which cblas_sgemm reads directly through its leading dimension (3C).
+// The T×T products are full GEMMs (the masked half is computed, then overwritten): for short
+// sequences one GEMM beats skipping half the work in scalar loops.
+
+static void attention_forward(float *out, float *preatt, float *att, const float *qkv,
+                              int B, int T, int C, int NH) {
+    int hs = C / NH;
+    int C3 = 3 * C;
+    float scale = 1.0f / sqrtf((float)hs);
+    for (int b = 0; b < B; b++) {
+        for (int h = 0; h < NH; h++) {
+            const float *q = qkv + (size_t)b * T * C3 + (size_t)h * hs;
+            const float *k = q + C;
+            const float *v = q + 2 * C;
+            float *pre = preatt + ((size_t)b * NH + h) * T * T;
+            float *a = att + ((size_t)b * NH + h) * T * T;
+            // pre (T,T) = scale · q (T,hs) · k (T,hs)ᵀ
+            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, T, T, hs, scale, q, C3, k, C3,
+                        0.0f, pre, T);
+            for (int t = 0; t < T; t++) {
+                float *pr = pre + (size_t)t * T;
+                float *ar = a + (size_t)t * T;
+                int n = t + 1;  // visible positions 0..t
+                float mx = max_f32(pr, n);
+                for (int t2 = 0; t2 < n; t2++) ar[t2] = exp_approx(pr[t2] - mx);
+                float inv = 1.0f / sum_f32(ar, n);
+                for (int t2 = 0; t2 < n; t2++) ar[t2] *= inv;
+                for (int t2 = n; t2 < T; t2++) {
+                    pr[t2] = -INFINITY;
+                    ar[t2] = 0.0f;
+                }
+            }
+            // out (T,hs) = att (T,T) · v (T,hs)
+            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, T, hs, T, 1.0f, a, T, v, C3,
+                        0.0f, out + (size_t)b * T * C + (size_t)h * hs, C);
+        }
+    }
+}
+
+// Backward of the above, per (batch, head):
+//   datt   = dout · vᵀ                   dv += attᵀ · dout
+//   dpreatt = att ⊙ (datt - rowsum(att ⊙ datt))      (softmax backward; 0 above the diagonal)
+//   dq += scale · dpreatt · k            dk += scale · dpreattᵀ · q
+static void attention_backward(float *dqkv, float *dpreatt, float *datt, const float *dout,
+                               const float *qkv, const float *att, int B, int T, int C, int NH) {
+    int hs = C / NH;
+    int C3 = 3 * C;
+    float scale = 1.0f / sqrtf((float)hs);
+    for (int b = 0; b < B; b++) {
+        for (int h = 0; h < NH; h++) {
+            size_t hoff = (size_t)b * T * C3 + (size_t)h * hs;
+            const float *q = qkv + hoff, *k = q + C, *v = q + 2 * C;
+            float *dq = dqkv + hoff, *dk = dq + C, *dv = dq + 2 * C;
+            const float *a = att + ((size_t)b * NH + h) * T * T;
+            float *da = datt + ((size_t)b * NH + h) * T * T;
+            float *dpre = dpreatt + ((size_t)b * NH + h) * T * T;
+            const float *dout_h = dout + (size_t)b * T * C + (size_t)h * hs;
+            // datt (T,T) = dout (T,hs) · v (T,hs)ᵀ
+            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, T, T, hs, 1.0f, dout_h, C, v, C3,
+                        0.0f, da, T);
+            // dv (T,hs) += att (T,T)ᵀ · dout (T,hs)
+            cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, T, hs, T, 1.0f, a, T, dout_h, C,
+                        1.0f, dv, C3);
+            for (int t = 0; t < T; t++) {
+                const float *ar = a + (size_t)t * T;
+                const float *dar = da + (size_t)t * T;
+                float *dpr = dpre + (size_t)t * T;
+                int n = t + 1;
+                float acc[NACC] = {0};
+                int t2 = 0;
+                for (; t2 + NACC <= n; t2 += NACC)
+                    for (int j = 0; j < NACC; j++) acc[j] += ar[t2 + j] * dar[t2 + j];
+                for (; t2 < n; t2++) acc[t2 % NACC] += ar[t2] * dar[t2];
+                float dot = sum_partials(acc);
+                for (t2 = 0; t2 < n; t2++) dpr[t2] = ar[t2] * (dar[t2] - dot);
+                for (t2 = n; t2 < T; t2++) dpr[t2] = 0.0f;
+            }
+            // dq (T,hs) += scale · dpreatt (T,T) · k (T,hs)
+            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, T, hs, T, scale, dpre, T, k, C3,
+                        1.0f, dq, C3);
+            // dk (T,hs) += scale · dpreatt (T,T)ᵀ · q (T,hs)
+            cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, T, hs, T, scale, dpre, T, q, C3,
+                        1.0f, dk, C3);
+        }
+    }
+}
+
+// ----------------------------------------------------------------------------------------------
+// GELU, tanh approximation: gelu(x) = 0.5·x·(1 + tanh(u)), u = sqrt(2/π)·(x + 0.044715·x³).
+// Computed through the identity 0.5·(1 + tanh(u)) = sigmoid(2u) = 1 / (1 + e^(-2u)): one exp,
+// no tanh call, and no cancellation where tanh(u) is near -1.
+
+#define GELU_SCALE 0.7978845608028654f  // sqrt(2/π)
+#define GELU_CUBIC 0.044715f
+
+static void gelu_forward(float *out, const float *inp, size_t n) {
+    for (size_t i = 0; i < n; i++) {
+        float x = inp[i];
+        float u = GELU_SCALE * (x + GELU_CUBIC * x * x * x);
+        out[i] = x / (1.0f + exp_approx(-2.0f * u));
+    }
+}
+
+// d gelu / dx = s + x · s·(1-s) · 2u',  s = sigmoid(2u),  u' = sqrt(2/π)·(1 + 3·0.044715·x²)
+static void gelu_backward(float *dinp, const float *inp, const float *dout, size_t n) {
+    for (size_t i = 0; i < n; i++) {
+        float x = inp[i];
+        float u = GELU_SCALE * (x + GELU_CUBIC * x * x * x);
+        float du = GELU_SCALE * (1.0f + 3.0f * GELU_CUBIC * x * x);
+        float s = 1.0f / (1.0f + exp_approx(-2.0f * u));
+        float grad = s + x * s * (1.0f - s) * 2.0f * du;
+        dinp[i] += grad * dout[i];
+    }
+}
+
+// ----------------------------------------------------------------------------------------------
+// Residual connection
+
+static void residual_forward(float *out, const float *a, const float *b, size_t n) {
+    for (size_t i = 0; i < n; i++) out[i] = a[i] + b[i];
+}
+
+static void residual_backward(float *da, float *db, const float *dout, size_t n) {
+    for (size_t i = 0; i < n; i++) {
+        da[i] += dout[i];
+        db[i] += dout[i];
+    }
+}
+
+// ----------------------------------------------------------------------------------------------
+// Output: softmax over the vocabulary and cross-entropy
+
+static void softmax_forward(float *probs, const float *logits, int N, int V) {
+    for (int n = 0; n < N; n++) {
+        const float *x = logits + (size_t)n * V;
+        float *p = probs + (size_t)n * V;
+        float mx = max_f32(x, V);  // subtracting the max keeps e^x finite
+        for (int v = 0; v < V; v++) p[v] = exp_approx(x[v] - mx);
+        float inv = 1.0f / sum_f32(p, V);
+        for (int v = 0; v < V; v++) p[v] *= inv;
+    }
+}
+
+static void crossentropy_forward(float *losses, const float *probs, const int *targets, int N, int V) {
+    for (int n = 0; n < N; n++) {
+        int t = targets[n];
+        LAB_CHECK(t >= 0 && t < V, "target %d at position %d is outside the vocabulary [0, %d)", t, n, V);
+        losses[n] = -logf(probs[(size_t)n * V + t]);
+    }
+}
+
+static void crossentropy_softmax_backward(float *dlogits, const float *probs, const int *targets,
+                                          float dloss, int N, int V) {
+    for (int n = 0; n < N; n++) {
+        const float *p = probs + (size_t)n * V;
+        float *dl = dlogits + (size_t)n * V;
+        for (int v = 0; v < V; v++) dl[v] += p[v] * dloss;
+        dl[targets[n]] -= dloss;
+    }
+}
+
+// ----------------------------------------------------------------------------------------------
+// Optimizer pieces
+
+// bc1 = 1 - beta1^t and bc2 = 1 - beta2^t are the bias corrections of step t (see optim.c).
+static void adamw_update(float *param, const float *grad, float *m, float *v, size_t n,
+                         float lr, float beta1, float beta2, float eps, float decay,
+                         float bc1, float bc2, float grad_scale) {
+    for (size_t i = 0; i < n; i++) {
+        float g = grad[i] * grad_scale;
+        m[i] = beta1 * m[i] + (1.0f - beta1) * g;
+        v[i] = beta2 * v[i] + (1.0f - beta2) * g * g;
+        float mhat = m[i] / bc1;
+        float vhat = v[i] / bc2;
+        param[i] -= lr * (mhat / (sqrtf(vhat) + eps) + decay * param[i]);
+    }
+}
+
+static double sum_squares(const float *g, size_t n) {
+    // 8 partial sums in double: a fixed order (deterministic), and SIMD-friendly.
+    double acc[8] = {0};
+    size_t i = 0;
+    for (; i + 8 <= n; i += 8)
+        for (int j = 0; j < 8; j++) acc[j] += (double)g[i + j] * (double)g[i + j];
+    for (; i < n; i++) acc[i % 8] += (double)g[i] * (double)g[i];
+    double s = 0.0;
+    for (int j = 0; j < 8; j++) s += acc[j];
+    return s;
+}
+
+static void scale(float *x, float s, size_t n) {
+    for (size_t i = 0; i < n; i++) x[i] *= s;
+}
+
+// ----------------------------------------------------------------------------------------------
+// bf16: the top 16 bits of an fp32 (same exponent range, 8 bits of mantissa).
+
+uint16_t bf16_from_f32(float f) {
+    uint32_t u;
+    memcpy(&u, &f, sizeof u);
+    if ((u & 0x7fffffffu) > 0x7f800000u)    // NaN: keep sign and payload top, force quiet bit
+        return (uint16_t)((u >> 16) | 0x0040u);
+    // Round to nearest, ties to even: add 0x7fff plus the lowest kept bit, then truncate.
+    // Works unchanged for subnormals, and rounds the largest finite values up to Inf.
+    u += 0x7fffu + ((u >> 16) & 1u);
+    return (uint16_t)(u >> 16);
+}
+
+float bf16_to_f32(uint16_t h) {
+    uint32_t u = (uint32_t)h << 16;
+    float f;
+    memcpy(&f, &u, sizeof f);
+    return f;
+}
+
+static void f32_to_bf16(uint16_t *out, const float *in, size_t n) {
+    for (size_t i = 0; i < n; i++) out[i] = bf16_from_f32(in[i]);
+}
+
+static void bf16_to_f32_array(float *out, const uint16_t *in, size_t n) {
+    for (size_t i = 0; i < n; i++) out[i] = bf16_to_f32(in[i]);
+}
+
+// ----------------------------------------------------------------------------------------------
+
+const Kernels kernels_cpu = {
+    .name = "cpu",
+    .encoder_forward = encoder_forward,
+    .encoder_backward = encoder_backward,
+    .layernorm_forward = layernorm_forward,
+    .layernorm_backward = layernorm_backward,
+    .matmul_forward = matmul_forward,
+    .matmul_backward = matmul_backward,
+    .attention_forward = attention_forward,
+    .attention_backward = attention_backward,
+    .gelu_forward = gelu_forward,
+    .gelu_backward = gelu_backward,
+    .residual_forward = residual_forward,
+    .residual_backward = residual_backward,
+    .softmax_forward = softmax_forward,
+    .crossentropy_forward = crossentropy_forward,
+    .crossentropy_softmax_backward = crossentropy_softmax_backward,
+    .adamw_update = adamw_update,
+    .sum_squares = sum_squares,
+    .scale = scale,
+    .f32_to_bf16 = f32_to_bf16,
+    .bf16_to_f32 = bf16_to_f32_array,
+};
+
+#ifdef LAB_CUDA
+extern const Kernels kernels_cuda;  // common/kernels_cuda.cu
+#endif
+
+const Kernels *kernels_get(Device dev) {
+    if (dev == DEV_CPU) return &kernels_cpu;
+#ifdef LAB_CUDA
+    if (dev == DEV_CUDA) return &kernels_cuda;
+#endif
+    if (dev == DEV_CUDA)
+        lab_fail("this build has no CUDA: rebuild with make CUDA=1 on a machine with nvcc");
+    lab_fail("unknown device %d: valid devices are cpu (0) and cuda (1)", (int)dev);
+}

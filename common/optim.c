@@ -1,0 +1,77 @@
+// optim.c: AdamW (Loshchilov & Hutter) as llm.c and PyTorch run it.
+//
+//   m = β1·m + (1-β1)·g          v = β2·v + (1-β2)·g²          (g already multiplied by the clip scale)
+//   m̂ = m / (1-β1^t)             v̂ = v / (1-β2^t)              (bias correction, t = step + 1)
+//   p -= lr · (m̂ / (√v̂ + ε) + wd·p)                            (decoupled decay, 2-D weights only)
+//
+// The element-wise update runs in the device kernel (k->adamw_update); this file decides the
+// learning rate, the clip scale and, per parameter, whether weight decay applies.
+#include "optim.h"
+
+#include <math.h>
+
+#include "check.h"
+
+AdamW adamw_defaults(void) {
+    AdamW h;
+    h.lr = 1e-3f;
+    h.beta1 = 0.9f;
+    h.beta2 = 0.95f;
+    h.eps = 1e-8f;
+    h.weight_decay = 0.1f;
+    h.grad_clip = 1.0f;
+    h.warmup_steps = 0;
+    h.total_steps = 0;  // 0: no decay. A chapter sets it to --steps (the run's length).
+    h.min_lr_frac = 0.1f;
+    return h;
+}
+
+float adamw_lr(const AdamW *h, int step) {
+    // Linear warmup: lr/W, 2lr/W, ..., lr over steps 0 .. W-1.
+    if (step < h->warmup_steps) return h->lr * (float)(step + 1) / (float)h->warmup_steps;
+    if (h->total_steps <= h->warmup_steps) return h->lr;  // no decay phase
+    // Cosine from lr (at the end of warmup) to min_lr_frac * lr (at total_steps), then flat.
+    double ratio = (double)(step - h->warmup_steps) / (double)(h->total_steps - h->warmup_steps);
+    if (ratio > 1.0) ratio = 1.0;
+    double min_lr = (double)h->min_lr_frac * (double)h->lr;
+    double coeff = 0.5 * (1.0 + cos(M_PI * ratio));  // 1 -> 0
+    return (float)(min_lr + coeff * ((double)h->lr - min_lr));
+}
+
+float adamw_clip_scale(const AdamW *h, double global_norm_sq, int step) {
+    if (!isfinite(global_norm_sq))
+        lab_fail("NaN/Inf in the gradients at step %d (global norm^2 = %g): the update would "
+                 "destroy the weights, so training stops here; the last checkpoint is intact. "
+                 "Usual causes: a learning rate too high (try a lower --lr or a --warmup), "
+                 "or a fault injected with --inject-nan-step",
+                 step, global_norm_sq);
+    if (h->grad_clip <= 0.0f) return 1.0f;
+    double norm = sqrt(global_norm_sq);
+    return norm > (double)h->grad_clip ? (float)((double)h->grad_clip / norm) : 1.0f;
+}
+
+void adamw_step(const AdamW *h, const Kernels *k, int step, float *param, const float *grad,
+                float *m, float *v, size_t lo, size_t hi, const GPT2Param *params, int nparams,
+                float grad_scale) {
+    LAB_CHECK(lo <= hi, "adamw_step: empty range [%zu, %zu)", lo, hi);
+    int t = step + 1;
+    float lr = adamw_lr(h, step);
+    float bc1 = (float)(1.0 - pow((double)h->beta1, (double)t));
+    float bc2 = (float)(1.0 - pow((double)h->beta2, (double)t));
+    size_t covered = 0;
+    // A shard [lo, hi) may start or end inside a parameter: update the overlap of each one.
+    for (int i = 0; i < nparams; i++) {
+        size_t a = params[i].offset, b = params[i].offset + params[i].size;
+        if (a < lo) a = lo;
+        if (b > hi) b = hi;
+        if (a >= b) continue;
+        size_t off = a - lo;  // position in the shard-local buffers
+        float decay = params[i].decay ? h->weight_decay : 0.0f;
+        k->adamw_update(param + off, grad + off, m + off, v + off, b - a, lr, h->beta1, h->beta2,
+                        h->eps, decay, bc1, bc2, grad_scale);
+        covered += b - a;
+    }
+    LAB_CHECK(covered == hi - lo,
+              "adamw_step: the parameter list covers %zu of the %zu elements in [%zu, %zu)",
+              covered, hi - lo, lo, hi);
+}

@@ -1,0 +1,45 @@
+// harness.h: helpers for Criterion tests that launch programs (MPI jobs, chapter runs) and
+// compare what they dumped.
+//
+// Criterion runs each test in a forked process, where a raw fork() confuses it; popen() of a
+// shell command works, so every launch here goes through popen (see DESIGN.md).
+// Tests run from the repository root; binaries are found under harness_build_dir().
+#pragma once
+#include <stddef.h>
+#include "results.h"
+
+// The build directory of the test binaries: $LAB_BUILD, default "build".
+const char *harness_build_dir(void);
+
+// Runs `sh -c cmd` with stdout and stderr captured together into *output (malloc'd, NUL-ended;
+// pass NULL to discard). Kills it after timeout_s seconds. Returns the exit status, or 124 on
+// timeout.
+int harness_run(const char *cmd, char **output, int timeout_s);
+
+// mpirun -np <np> <prog_and_args> with the lab's launch flags (root allowed, oversubscribed,
+// shared memory, one BLAS thread per rank, no binding). Same return value as harness_run.
+int harness_mpirun(int np, const char *prog_and_args, char **output, int timeout_s);
+
+// Runs `mpirun -np <np> <prog> <flags> --dump <tmpfile>`, reads the results file into *out and
+// deletes it. Returns the exit status; when the run succeeded but the file cannot be read,
+// returns -1 and puts the reason into *output (appended). `output` may be NULL.
+int harness_run_dump(const char *prog, int np, const char *flags, RunResults *out, char **output, int timeout_s);
+
+// max_i |a_i - b_i| / max(|b_i|, 1e-30); NaN anywhere gives +inf.
+float harness_max_rel_diff(const float *a, const float *b, size_t n);
+// max_i |a_i - b_i|; NaN anywhere gives +inf.
+float harness_max_abs_diff(const float *a, const float *b, size_t n);
+
+// 1 when a and b have the same number of steps and parameters, every loss within relative
+// loss_rtol and every parameter within absolute param_atol. Otherwise prints (stderr, prefixed
+// by `what`) the worst step and the worst parameter index with both values, and returns 0.
+int harness_results_match(const char *what, const RunResults *a, const RunResults *b, float loss_rtol,
+                          float param_atol);
+
+// Criterion assertion on top of harness_results_match.
+#define harness_assert_results_match(what, a, b, loss_rtol, param_atol)                          \
+    cr_assert(harness_results_match((what), (a), (b), (loss_rtol), (param_atol)),                \
+              "%s: runs differ (details above on stderr)", (what))
+
+// Does `haystack` contain `needle`? (NULL haystack: no.)
+int harness_contains(const char *haystack, const char *needle);

@@ -1,0 +1,41 @@
+#!/usr/bin/env bash
+# deps.sh <debian packages...>: make sure the lab's build tools are installed.
+#
+# Checks for an MPI compiler and launcher, Criterion, CBLAS from OpenBLAS and pkg-config.
+# Quiet when all are present. Otherwise installs the given packages with apt-get (as root, or
+# through passwordless sudo), or says what to run and fails.
+set -uo pipefail
+
+missing=()
+command -v mpicc >/dev/null 2>&1 || missing+=("mpicc")
+command -v mpirun >/dev/null 2>&1 || missing+=("mpirun")
+command -v pkg-config >/dev/null 2>&1 || missing+=("pkg-config")
+[ -f /usr/include/criterion/criterion.h ] || missing+=("criterion/criterion.h")
+# cblas.h from OpenBLAS: found through pkg-config, or where Debian puts it
+cblas_found=0
+if command -v pkg-config >/dev/null 2>&1 && pkg-config --exists openblas 2>/dev/null; then
+  for d in $(pkg-config --cflags-only-I openblas | sed 's/-I//g') /usr/include; do
+    [ -f "$d/cblas.h" ] && cblas_found=1
+  done
+fi
+[ -f /usr/include/x86_64-linux-gnu/openblas-pthread/cblas.h ] && cblas_found=1
+[ $cblas_found = 1 ] || missing+=("cblas.h (OpenBLAS)")
+
+[ ${#missing[@]} -eq 0 ] && exit 0
+
+echo "deps: missing: ${missing[*]}" >&2
+if [ $# -eq 0 ]; then
+  echo "deps: no package list given (usage: tools/deps.sh <debian packages...>)" >&2
+  exit 1
+fi
+install=(apt-get install -y "$@")
+if [ "$(id -u)" = 0 ]; then
+  echo "deps: installing: $*" >&2
+  apt-get update && DEBIAN_FRONTEND=noninteractive "${install[@]}" || exit 1
+elif command -v sudo >/dev/null 2>&1 && sudo -n true 2>/dev/null; then
+  echo "deps: installing with sudo: $*" >&2
+  sudo apt-get update && sudo DEBIAN_FRONTEND=noninteractive "${install[@]}" || exit 1
+else
+  echo "missing: ${missing[*]}; run: sudo apt-get install -y $*" >&2
+  exit 1
+fi
