@@ -14,6 +14,7 @@
 #pragma once
 #include <stdint.h>
 #include <stdio.h>
+#include "flags.h"
 #include "gpt2.h"
 
 // ------------------------------------------------------------------------------------------
@@ -36,11 +37,13 @@ typedef struct CalcModel {
     int64_t nparams;    // total parameters: computed from the dims, or given (CALC_ARCH_RAW)
     double published;   // the published count the preset is checked against (0: none)
     const char *about;  // one line: where the dims come from
+    const char *alias;  // presets: the short name (--model 70b); else ""
 } CalcModel;
 
 // Presets: "tiny" (the lab's default model), "gpt2-124m", "gpt2-350m", "gpt2-774m",
 // "gpt2-1.5b" (V = 50257, not llm.c's padded 50304), "llama2-7b", "llama2-13b", "llama3-70b",
-// "llama3-405b" (Llama 3.1 405B). Returns NULL for an unknown name.
+// "llama3-405b" (Llama 3.1 405B); aliases "124m", "350m", "774m", "1.5b", "7b", "13b", "70b",
+// "405b". Returns NULL for an unknown name.
 const CalcModel *calc_model_preset(const char *name);
 int calc_model_preset_count(void);
 const CalcModel *calc_model_preset_at(int i);
@@ -101,11 +104,11 @@ typedef struct CalcSetup {
     int micro_batch;    // b, sequences per micro-batch
     int micro_batches;  // micro-batches per step (gradient accumulation); 1F1B keeps
                         // min(pp - stage, micro_batches) in flight. 0: assume a full pipeline.
-    int seq;            // s, tokens per sequence; 0: the model's T
+    int seq_len;        // s, tokens per sequence; 0: the model's T
     CalcRecompute recompute;
 } CalcSetup;
 
-// fp32, Adam, ZeRO-0, DP=TP=PP=1, no SP, micro-batch 1, seq = T, no recomputation.
+// fp32, Adam, ZeRO-0, DP=TP=PP=1, no SP, micro-batch 1, seq_len = T, no recomputation.
 CalcSetup calc_setup_default(void);
 const char *calc_dtype_name(CalcDtype d);          // "fp32", "bf16"
 const char *calc_recompute_name(CalcRecompute r);  // "none", "selective", "full"
@@ -118,6 +121,14 @@ typedef struct CalcBytesPerParam {
     double params, grads, master, m, v;
 } CalcBytesPerParam;
 CalcBytesPerParam calc_bytes_per_param(CalcDtype dtype, CalcOptim optim);
+
+// Elements of each model state that one rank keeps under ZeRO stage `zero` over dp ranks,
+// out of psi: stage 1 shards the optimizer state (master, m, v), stage 2 also the gradients,
+// stage 3 also the parameters. Shards are padded: ceil(psi / dp).
+typedef struct CalcShard {
+    int64_t params, grads, opt;
+} CalcShard;
+CalcShard calc_zero_shard(int64_t psi, int zero, int dp);
 
 typedef struct CalcBreakdown {
     // bytes held by one rank of the heaviest pipeline stage
@@ -154,8 +165,9 @@ double calc_activation_bytes_lab(const GPT2Config *cfg, int B, int T);
 // 1 when total fits in mem_bytes.
 int calc_fits(const CalcBreakdown *b, double mem_bytes);
 
-// The table (bytes/param, GB, GiB, share) and the ASCII bars ("Training Memory per GPU").
-// gpu may be NULL; mem_bytes > 0 overrides the GPU's capacity (e.g. --gpu-mem).
+// The table (bytes/param, bytes, GB and GiB (or MB and MiB for small models), share), and the
+// ASCII bars of the notes' "Training Memory per GPU" figure; mem_bytes > 0 draws the GPU's
+// capacity as '|' (gpu_label names it) and says whether the total fits.
 void calc_print_memory(FILE *out, const CalcModel *m, const CalcSetup *s, const CalcBreakdown *b);
 void calc_print_bars(FILE *out, const CalcBreakdown *b, const char *gpu_label, double mem_bytes);
 
@@ -189,7 +201,7 @@ typedef struct CalcPlanSpec {
     int gpus;             // G
     int gpus_per_node;    // TP stays inside a node
     int global_batch;     // sequences per optimizer step, all ranks together
-    int seq;              // 0: the model's T
+    int seq_len;          // 0: the model's T
     CalcDtype dtype;
     CalcOptim optim;
     double mem_bytes;     // capacity of one GPU
@@ -201,7 +213,7 @@ typedef struct CalcPlanSpec {
 } CalcPlanSpec;
 
 typedef struct CalcPlan {
-    CalcSetup setup;      // dp, tp, pp, zero, sp, micro_batch, micro_batches, seq, recompute
+    CalcSetup setup;      // dp, tp, pp, zero, sp, micro_batch, micro_batches, seq_len, recompute
     CalcBreakdown mem;
     int fits;
     // estimated time of one optimizer step, seconds (alpha-beta model, no overlap)
@@ -231,7 +243,8 @@ void calc_plan_free(CalcPlanResult *r);
 const CalcPlan *calc_plan_find(const CalcPlanResult *r, int dp, int tp, int pp);
 // Estimated step time of one candidate (fills the t_* fields and mfu of *c).
 void calc_plan_time(const CalcModel *m, const CalcPlanSpec *p, CalcPlan *c);
-// The ranked table, one row per DP x TP x PP layout (its best ZeRO/micro-batch/recompute).
+// The ranked table, one row per DP x TP x PP layout (its best ZeRO/micro-batch/recompute);
+// when nothing fits, why, and the fewest GPUs that would do.
 void calc_print_plan(FILE *out, const CalcModel *m, const CalcPlanSpec *p,
                      const CalcPlanResult *r, int top, const char *gpu_label);
 
@@ -242,19 +255,14 @@ char *calc_fmt_commas(char *buf, size_t n, int64_t x);     // "834,304"
 
 // ------------------------------------------------------------------------------------------
 // Command line (calc_cli.c): the chapter's own flags and the calculator/cost/planner modes.
-#include "flags.h"
 
 typedef struct CalcCliArgs {
-    // Filled by main.c from the shared flags (calc_cli_defaults puts the tiny config there).
-    GPT2Config lab_cfg;     // the model "--model lab" means (--vocab --seq --layers ...)
-    int lab_batch;          // --batch: the default micro-batch for "--model lab"
-    const char *dtype;      // --dtype fp32|bf16 (shared flag)
-    // The chapter's flags (calc_cli_flags points a FlagSpec table at these).
-    int calc;               // --calc: print the memory budget instead of training
+    // The chapter's flags (calc_cli_flags points a FlagSpec table at these). The model
+    // "--model lab" (the default), --dtype and --batch come from the shared flags (LabArgs).
     int list;               // --list-presets
-    const char *model;      // --model PRESET ("lab": the shared model flags)
-    const char *params;     // --params N ("" = not given)
-    const char *dims;       // --dims "L=..,C=..,NH=..,..." ("" = not given)
+    const char *model;      // --model PRESET or alias (7b, 70b, ...); "lab": --vocab --seq ...
+    const char *params;     // --params N (NULL = not given)
+    const char *dims;       // --dims "L=..,C=..,NH=..,..." (NULL = not given)
     const char *optimizer;  // --optimizer adam|sgd
     int zero;               // --zero 0..3
     int dp, tp, pp;         // --dp --tp --pp
@@ -262,7 +270,8 @@ typedef struct CalcCliArgs {
     int micro_batch;        // --micro-batch (0: --batch for the lab model, else 1)
     int seq_len;            // --seq-len (0: the model's T)
     const char *recompute;  // --recompute none|selective|full
-    const char *gpu;        // --gpu a100-40|a100-80|h100|h200
+    const char *gpu;        // --gpu a100-40|a100-80|h100|h200 (NULL: none for the memory
+                            // table, h100 for --cost and --plan)
     float gpu_mem;          // --gpu-mem GB (0: the preset's)
     float peak_tflops;      // --peak-tflops (0: the preset's)
     int cost;               // --cost
@@ -280,10 +289,9 @@ typedef struct CalcCliArgs {
 
 #define CALC_CLI_MAX_FLAGS 40
 CalcCliArgs calc_cli_defaults(void);
-// Fills out[] (room for CALC_CLI_MAX_FLAGS) with FlagSpecs pointing into *a; returns the count.
-// Pass them to lab_parse_args as the chapter's extra flags.
-int calc_cli_flags(CalcCliArgs *a, FlagSpec *out);
-// 1 when the command line asks for the calculator, cost or planner rather than training.
-int calc_cli_requested(const CalcCliArgs *a);
-// Runs the modes asked for and prints; bad input ends the job with lab_fail_collective.
-int calc_cli_run(const CalcCliArgs *a);
+// The chapter's flags as a FlagSpec table pointing into *a (static storage; *n = its length).
+// Pass them to lab_parse_args as (part of) the chapter's extra flags.
+const FlagSpec *calc_cli_flags(CalcCliArgs *a, int *n);
+// Runs the memory calculator, then --cost and --plan when asked, and prints (call on one
+// rank). Bad input ends the job with lab_fail_collective. Returns 0.
+int calc_cli_run(const CalcCliArgs *a, const LabArgs *lab);

@@ -38,7 +38,7 @@ static const char *USAGE =
     "                                                does a 7B model fit on an A100 80GB?\n"
     "  ./00_memory_budget/run --model 70b --cost --tokens 15e12 --gpu h100 --mfu 0.45\n"
     "                                                GPU-hours, days and dollars\n"
-    "  ./00_memory_budget/run --model 70b --plan --gpus 8 --gpu h100\n"
+    "  ./00_memory_budget/run --model 70b --dtype bf16 --plan --gpus 8 --gpu h100\n"
     "                                                which DP x TP x PP layout fits?\n"
     "  ./00_memory_budget/run --train --steps 200    train the tiny GPT on one device and\n"
     "                                                compare measured memory with the formula\n"

@@ -1,0 +1,234 @@
+// calc_cli.c: the chapter's command line for the calculator, the cost estimate and the planner.
+//
+//   ./00_memory_budget/run                                   the lab's tiny model, fp32 + Adam
+//   ./00_memory_budget/run --params 7B --dtype bf16 --gpu a100-80     the notes' 112 GB
+//   ./00_memory_budget/run --model 70b --cost --tokens 15T --gpu h100 --mfu 0.45
+//   ./00_memory_budget/run --model 70b --dtype bf16 --plan --gpus 8 --gpu h100
+#include <stdlib.h>
+#include <string.h>
+#include "calc.h"
+#include "check.h"
+
+CalcCliArgs calc_cli_defaults(void) {
+    CalcCliArgs a;
+    memset(&a, 0, sizeof a);
+    a.model = "lab";
+    a.params = NULL;
+    a.dims = NULL;
+    a.optimizer = "adam";
+    a.zero = 0;
+    a.dp = a.tp = a.pp = 1;
+    a.micro_batch = 0;
+    a.seq_len = 0;
+    a.recompute = "none";
+    a.gpu = NULL;
+    a.mfu = 0.45f;        // the notes' example; 40-55 % is excellent
+    a.gpus = 8;
+    a.price = 3.0f;       // the notes' $/GPU-hour
+    a.gpus_per_node = 8;
+    a.global_batch = 512;
+    a.latency_us = 5.0f;
+    a.top = 10;
+    return a;
+}
+
+const FlagSpec *calc_cli_flags(CalcCliArgs *a, int *n) {
+    static FlagSpec f[CALC_CLI_MAX_FLAGS];
+    int k = 0;
+    f[k++] = (FlagSpec){"--model", FLAG_STRING, &a->model, 0, 0, NULL,
+        "lab (the --vocab/--seq/... model), tiny, gpt2-124m/350m/774m/1.5b, llama2-7b/13b, "
+        "llama3-70b/405b (aliases 124m ... 7b 13b 70b 405b)"};
+    f[k++] = (FlagSpec){"--params", FLAG_STRING, &a->params, 0, 0, NULL,
+        "a raw parameter count instead of a model: 7B, 124M, 7e9 (model states only)"};
+    f[k++] = (FlagSpec){"--dims", FLAG_STRING, &a->dims, 0, 0, NULL,
+        "explicit model: L=80,C=8192,NH=64,KV=8,FFN=28672,V=128256,T=8192,arch=llama"};
+    f[k++] = (FlagSpec){"--list-presets", FLAG_BOOL, &a->list, 0, 1, NULL,
+        "list the model and GPU presets and exit"};
+    f[k++] = (FlagSpec){"--optimizer", FLAG_CHOICE, &a->optimizer, 0, 0, "adam|sgd",
+        "adam (m and v) or sgd with momentum (one buffer)"};
+    f[k++] = (FlagSpec){"--zero", FLAG_INT, &a->zero, 0, 3, NULL,
+        "ZeRO stage over the DP group: 1 optimizer, 2 + grads, 3 + params"};
+    f[k++] = (FlagSpec){"--dp", FLAG_INT, &a->dp, 1, 1 << 24, NULL, "data-parallel degree"};
+    f[k++] = (FlagSpec){"--tp", FLAG_INT, &a->tp, 1, 1 << 16, NULL,
+        "tensor-parallel degree (divides the heads)"};
+    f[k++] = (FlagSpec){"--pp", FLAG_INT, &a->pp, 1, 1 << 16, NULL,
+        "pipeline-parallel degree (splits the layers)"};
+    f[k++] = (FlagSpec){"--seq-parallel", FLAG_BOOL, &a->seq_parallel, 0, 1, NULL,
+        "sequence parallelism with TP: activations split by tp too"};
+    f[k++] = (FlagSpec){"--micro-batch", FLAG_INT, &a->micro_batch, 0, 1 << 20, NULL,
+        "sequences per micro-batch b (0: --batch for the lab model, else 1)"};
+    f[k++] = (FlagSpec){"--seq-len", FLAG_INT, &a->seq_len, 0, 1 << 24, NULL,
+        "tokens per sequence s (0: the model's T)"};
+    f[k++] = (FlagSpec){"--recompute", FLAG_CHOICE, &a->recompute, 0, 0, "none|selective|full",
+        "activation recomputation (Korthikanti et al. 2022)"};
+    f[k++] = (FlagSpec){"--gpu", FLAG_CHOICE, &a->gpu, 0, 0, "a100-40|a100-80|h100|h200",
+        "GPU to fit in (default: none for the table, h100 for --cost/--plan)"};
+    f[k++] = (FlagSpec){"--gpu-mem", FLAG_FLOAT, &a->gpu_mem, 0, 1e6, NULL,
+        "GPU memory in GB = 1e9 bytes (0: the --gpu preset's)"};
+    f[k++] = (FlagSpec){"--peak-tflops", FLAG_FLOAT, &a->peak_tflops, 0, 1e6, NULL,
+        "peak bf16 TFLOP/s per GPU (0: the --gpu preset's)"};
+    f[k++] = (FlagSpec){"--cost", FLAG_BOOL, &a->cost, 0, 1, NULL,
+        "training cost: GPU-hours = 6 N tokens / (peak x MFU), days, dollars"};
+    f[k++] = (FlagSpec){"--tokens", FLAG_STRING, &a->tokens, 0, 0, NULL,
+        "training tokens for --cost: 15T, 1e12, 300B"};
+    f[k++] = (FlagSpec){"--mfu", FLAG_FLOAT, &a->mfu, 0, 1, NULL,
+        "model FLOPs utilization in (0, 1]"};
+    f[k++] = (FlagSpec){"--gpus", FLAG_INT, &a->gpus, 1, 1 << 24, NULL,
+        "GPUs for --cost's wall clock and for --plan"};
+    f[k++] = (FlagSpec){"--price", FLAG_FLOAT, &a->price, 0, 1e6, NULL, "dollars per GPU-hour"};
+    f[k++] = (FlagSpec){"--plan", FLAG_BOOL, &a->plan, 0, 1, NULL,
+        "rank the DP x TP x PP layouts that fit on --gpus GPUs"};
+    f[k++] = (FlagSpec){"--gpus-per-node", FLAG_INT, &a->gpus_per_node, 1, 1024, NULL,
+        "GPUs per node (TP stays inside a node)"};
+    f[k++] = (FlagSpec){"--global-batch", FLAG_INT, &a->global_batch, 1, 1 << 24, NULL,
+        "sequences per optimizer step for --plan"};
+    f[k++] = (FlagSpec){"--bw-intra", FLAG_FLOAT, &a->bw_intra, 0, 1e5, NULL,
+        "GB/s per GPU inside a node (0: the preset's NVLink)"};
+    f[k++] = (FlagSpec){"--bw-inter", FLAG_FLOAT, &a->bw_inter, 0, 1e5, NULL,
+        "GB/s per GPU between nodes (0: the preset's InfiniBand)"};
+    f[k++] = (FlagSpec){"--latency-us", FLAG_FLOAT, &a->latency_us, 0, 1e6, NULL,
+        "alpha: microseconds per message hop"};
+    f[k++] = (FlagSpec){"--top", FLAG_INT, &a->top, 1, 1000, NULL, "rows of the plan table"};
+    LAB_CHECK(k <= CALC_CLI_MAX_FLAGS, "calc_cli_flags: %d flags, room for %d", k,
+              CALC_CLI_MAX_FLAGS);
+    *n = k;
+    return f;
+}
+
+static void print_presets(FILE *out) {
+    char ours[32], pub[32];
+    fprintf(out, "Model presets (parameter counts: ours from the dims, and the published size)\n");
+    fprintf(out, "  %-12s %-5s %10s %10s %7s %6s %4s %6s %4s %3s %6s  %s\n", "name", "alias",
+            "params", "published", "V", "T", "L", "C", "NH", "KV", "FFN", "about");
+    for (int i = 0; i < calc_model_preset_count(); i++) {
+        const CalcModel *m = calc_model_preset_at(i);
+        fprintf(out, "  %-12s %-5s %10s %10s %7d %6d %4d %6d %4d %3d %6d  %s\n", m->name, m->alias,
+                calc_fmt_count(ours, sizeof ours, (double)m->nparams),
+                calc_fmt_count(pub, sizeof pub, m->published), m->V, m->T, m->L, m->C, m->NH,
+                m->KV, m->FFN, m->about);
+    }
+    fprintf(out, "\nGPU presets (memory as GB = 1e9 and GiB = 2^30; peak = dense bf16)\n");
+    fprintf(out, "  %-8s %-11s %9s %9s %12s %11s %14s\n", "name", "label", "GB", "GiB",
+            "peak TFLOP/s", "NVLink GB/s", "InfiniBand GB/s");
+    for (int i = 0; i < calc_gpu_preset_count(); i++) {
+        const CalcGpu *g = calc_gpu_preset_at(i);
+        fprintf(out, "  %-8s %-11s %9.2f %9.2f %12.0f %11.0f %14.0f\n", g->name, g->label,
+                g->mem_bytes / 1e9, g->mem_bytes / (1024.0 * 1024 * 1024), g->peak_flops / 1e12,
+                g->bw_intra / 1e9, g->bw_inter / 1e9);
+    }
+}
+
+// The model from --model / --params / --dims (only one of them).
+static CalcModel resolve_model(const CalcCliArgs *a, const LabArgs *lab) {
+    int by_model = a->model && strcmp(a->model, "lab") != 0;
+    int given = by_model + (a->params != NULL) + (a->dims != NULL);
+    if (given > 1)
+        lab_fail_collective("give only one of --model, --params and --dims (got%s%s%s)",
+                            by_model ? " --model" : "", a->params ? " --params" : "",
+                            a->dims ? " --dims" : "");
+    if (a->params) {
+        double n = 0;
+        const char *err = calc_parse_count(a->params, "--params", &n);
+        if (err) lab_fail_collective("%s", err);
+        return calc_model_raw((int64_t)(n + 0.5));
+    }
+    if (a->dims) {
+        CalcModel m;
+        const char *err = calc_parse_dims(a->dims, &m);
+        if (err) lab_fail_collective("%s", err);
+        return m;
+    }
+    if (!by_model) {
+        GPT2Config cfg = lab_args_config(lab);
+        return calc_model_from_gpt2(&cfg);
+    }
+    const CalcModel *m = calc_model_preset(a->model);
+    if (!m) lab_fail_collective("%s", calc_model_preset_error(a->model));
+    return *m;
+}
+
+int calc_cli_run(const CalcCliArgs *a, const LabArgs *lab) {
+    if (a->list) {
+        print_presets(stdout);
+        return 0;
+    }
+    CalcModel model = resolve_model(a, lab);
+    int is_lab = strcmp(model.name, "lab") == 0;
+    CalcSetup s = calc_setup_default();
+    if (calc_parse_dtype(lab->dtype, &s.dtype) != 0)
+        lab_fail_collective("--dtype %s: valid: fp32, bf16 (bf16 = mixed precision)", lab->dtype);
+    if (calc_parse_optim(a->optimizer, &s.optim) != 0)
+        lab_fail_collective("--optimizer %s: valid: adam, sgd", a->optimizer);
+    if (calc_parse_recompute(a->recompute, &s.recompute) != 0)
+        lab_fail_collective("--recompute %s: valid: none, selective, full", a->recompute);
+    s.zero = a->zero;
+    s.dp = a->dp;
+    s.tp = a->tp;
+    s.pp = a->pp;
+    s.sp = a->seq_parallel;
+    s.micro_batch = a->micro_batch > 0 ? a->micro_batch : is_lab ? lab->batch : 1;
+    s.seq_len = a->seq_len;
+    const char *err = calc_setup_check(&model, &s);
+    if (err) lab_fail_collective("%s", err);
+
+    const CalcGpu *gpu = NULL;
+    if (a->gpu) {
+        gpu = calc_gpu_preset(a->gpu);
+        if (!gpu) lab_fail_collective("%s", calc_gpu_preset_error(a->gpu));
+    }
+    double capacity = a->gpu_mem > 0 ? a->gpu_mem * 1e9 : gpu ? gpu->mem_bytes : 0;
+    const char *label = a->gpu_mem > 0 ? "--gpu-mem" : gpu ? gpu->label : NULL;
+
+    CalcBreakdown b = calc_memory(&model, &s);
+    calc_print_memory(stdout, &model, &s, &b);
+    if (is_lab || strcmp(model.name, "tiny") == 0) {
+        GPT2Config cfg = {model.V, model.T, model.L, model.C, model.NH};
+        int T = s.seq_len > 0 ? s.seq_len : model.T;
+        printf("  this lab's runtime keeps every activation llm.c keeps, and their gradients, in "
+               "fp32: %.3f MB for B=%d T=%d (README: the real run)\n",
+               calc_activation_bytes_lab(&cfg, s.micro_batch, T) / 1e6, s.micro_batch, T);
+    }
+    calc_print_bars(stdout, &b, label, capacity);
+
+    // --cost and --plan need a GPU: the preset given, else an H100.
+    const CalcGpu *hw = gpu ? gpu : calc_gpu_preset("h100");
+    const char *hw_label = a->gpu_mem > 0 || a->peak_tflops > 0 ? "custom" : hw->label;
+    double peak = a->peak_tflops > 0 ? a->peak_tflops * 1e12 : hw->peak_flops;
+    if (a->cost) {
+        if (!a->tokens) lab_fail_collective("--cost needs --tokens N (e.g. --tokens 15T)");
+        CalcCostSpec c = {(double)model.nparams, 0, peak, a->mfu, a->gpus, a->price};
+        err = calc_parse_count(a->tokens, "--tokens", &c.tokens);
+        if (!err) err = calc_cost_check(&c);
+        if (err) lab_fail_collective("%s", err);
+        CalcCost r = calc_cost(&c);
+        calc_print_cost(stdout, &c, &r, hw_label);
+    }
+    if (a->plan) {
+        CalcPlanSpec p;
+        memset(&p, 0, sizeof p);
+        p.gpus = a->gpus;
+        p.gpus_per_node = a->gpus_per_node;
+        p.global_batch = a->global_batch;
+        p.seq_len = a->seq_len;
+        p.dtype = s.dtype;
+        p.optim = s.optim;
+        p.mem_bytes = a->gpu_mem > 0 ? a->gpu_mem * 1e9 : hw->mem_bytes;
+        p.peak_flops = peak;
+        p.mfu = a->mfu;
+        p.bw_intra = a->bw_intra > 0 ? a->bw_intra * 1e9 : hw->bw_intra;
+        p.bw_inter = a->bw_inter > 0 ? a->bw_inter * 1e9 : hw->bw_inter;
+        p.latency = a->latency_us * 1e-6;
+        err = calc_plan_check(&model, &p);
+        if (err) lab_fail_collective("%s", err);
+        CalcPlanResult r = calc_plan(&model, &p);
+        calc_print_plan(stdout, &model, &p, &r, a->top, hw_label);
+        if (r.nfit == 0 && r.min_gpus > 0) {   // show what the smallest fitting count offers
+            p.gpus = r.min_gpus;
+            CalcPlanResult more = calc_plan(&model, &p);
+            calc_print_plan(stdout, &model, &p, &more, a->top, hw_label);
+            calc_plan_free(&more);
+        }
+        calc_plan_free(&r);
+    }
+    return 0;
+}

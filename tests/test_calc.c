@@ -1,0 +1,575 @@
+// test_calc.c: chapter 00's calculator, cost estimate and planner against the notes' figures.
+//
+// Suites: ex00_1 bytes per parameter, ex00_2 activation memory, ex00_3 cost estimate,
+// ex00_4 ZeRO sharding (the graded exercises); calc (presets, the lab's activations, planner,
+// bad input). Expected values are the notes' numbers, published parameter counts, or written
+// out by hand in the comments; never computed by the code under test.
+#include <criterion/criterion.h>
+#include <math.h>
+#include <string.h>
+
+#include "calc.h"
+#include "gpt2.h"
+
+#define GB 1e9
+#define GIB (1024.0 * 1024.0 * 1024.0)
+
+static void assert_rel(double got, double want, double tol, const char *what) {
+    cr_assert(fabs(got - want) <= tol * fabs(want), "%s: got %.6g, want %.6g (within %g %%)",
+              what, got, want, 100 * tol);
+}
+
+static void assert_msg(const char *msg, const char *needle) {
+    cr_assert(msg != NULL, "expected an error mentioning '%s', got none", needle);
+    cr_assert(strstr(msg, needle) != NULL, "error message lacks '%s': %s", needle, msg);
+}
+
+static CalcSetup setup(CalcDtype dtype, int zero, int dp) {
+    CalcSetup s = calc_setup_default();
+    s.dtype = dtype;
+    s.zero = zero;
+    s.dp = dp;
+    return s;
+}
+
+// ---- ex00_1: bytes per parameter ----------------------------------------------------------
+
+// The notes: a 7B model (Φ = 7e9) with mixed-precision Adam needs params 14 GB, grads 14 GB,
+// optimizer 84 GB (master 28 + m 28 + v 28): 112 GB, more than an 80 GB A100.
+Test(ex00_1, notes_7b_is_112_GB) {
+    CalcModel m = calc_model_raw(7000000000LL);
+    CalcSetup s = setup(CALC_BF16, 0, 1);
+    CalcBreakdown b = calc_memory(&m, &s);
+    cr_assert_eq(b.params, 14 * GB);
+    cr_assert_eq(b.grads, 14 * GB);
+    cr_assert_eq(b.master, 28 * GB);
+    cr_assert_eq(b.m, 28 * GB);
+    cr_assert_eq(b.v, 28 * GB);
+    cr_assert_eq(b.master + b.m + b.v, 84 * GB);
+    cr_assert_eq(b.acts, 0, "a raw count has no dimensions: no activations");
+    cr_assert_eq(b.total, 112 * GB);
+    cr_assert(!calc_fits(&b, calc_gpu_preset("a100-80")->mem_bytes), "112 GB fits in 80 GB?");
+    cr_assert(calc_fits(&b, calc_gpu_preset("h200")->mem_bytes), "112 GB should fit an H200");
+}
+
+// What the lab's runtime allocates for fp32 Adam: 4 bytes each for params, grads, m, v; no
+// master copy. (A raw count: these tests need no other exercise's solution.)
+Test(ex00_1, fp32_adam_is_4_4_0_4_4) {
+    CalcModel m = calc_model_raw(834304);
+    CalcSetup s = setup(CALC_FP32, 0, 1);
+    CalcBreakdown b = calc_memory(&m, &s);
+    const double n = 834304;
+    cr_assert_eq(b.params, 4 * n);
+    cr_assert_eq(b.grads, 4 * n);
+    cr_assert_eq(b.master, 0);
+    cr_assert_eq(b.m, 4 * n);
+    cr_assert_eq(b.v, 4 * n);
+}
+
+Test(ex00_1, bf16_mixed_is_2_2_4_4_4) {
+    CalcModel m = calc_model_raw(834304);
+    CalcSetup s = setup(CALC_BF16, 0, 1);
+    CalcBreakdown b = calc_memory(&m, &s);
+    const double n = 834304;
+    cr_assert_eq(b.params, 2 * n);
+    cr_assert_eq(b.grads, 2 * n);
+    cr_assert_eq(b.master, 4 * n);
+    cr_assert_eq(b.m, 4 * n);
+    cr_assert_eq(b.v, 4 * n);
+    cr_assert_eq(b.params + b.grads + b.master + b.m + b.v, 16 * n);
+}
+
+// SGD with momentum keeps one fp32 buffer instead of Adam's two.
+Test(ex00_1, sgd_momentum_has_no_second_moment) {
+    CalcModel m = calc_model_raw(1000);
+    CalcSetup s = setup(CALC_BF16, 0, 1);
+    s.optim = CALC_SGD;
+    CalcBreakdown b = calc_memory(&m, &s);
+    cr_assert_eq(b.m, 4000);
+    cr_assert_eq(b.v, 0);
+    cr_assert_eq(b.total, (2 + 2 + 4 + 4) * 1000.0);
+}
+
+// ---- ex00_4: ZeRO sharding -------------------------------------------------------------------
+
+// Bytes per rank in the ZeRO paper's accounting: 2 (bf16 params) + 2 (bf16 grads) + K = 12
+// (fp32 master, m, v) bytes per element each rank keeps.
+static double zero_bytes(int64_t psi, int zero, int dp) {
+    CalcShard sh = calc_zero_shard(psi, zero, dp);
+    return 2.0 * (double)sh.params + 2.0 * (double)sh.grads + 12.0 * (double)sh.opt;
+}
+
+// Per rank: stage 0 (2+2+K)Ψ, stage 1 (2+2+K/Nd)Ψ, stage 2 (2+(2+K)/Nd)Ψ, stage 3 (2+2+K)Ψ/Nd.
+Test(ex00_4, zero_stage_formulas) {
+    const double psi = 7e9;
+    const int nd = 64;   // divides 7e9: no padding
+    double want[4] = {16 * psi, (4 + 12.0 / nd) * psi, (2 + 14.0 / nd) * psi, 16 * psi / nd};
+    for (int z = 0; z <= 3; z++)
+        cr_assert_eq(zero_bytes(7000000000LL, z, nd), want[z], "ZeRO-%d: got %.0f, want %.0f", z,
+                     zero_bytes(7000000000LL, z, nd), want[z]);
+    CalcShard sh = calc_zero_shard(7000000000LL, 2, 64);
+    cr_assert_eq(sh.params, 7000000000LL, "ZeRO-2 keeps all parameters");
+    cr_assert_eq(sh.grads, 109375000LL);
+    cr_assert_eq(sh.opt, 109375000LL);
+}
+
+// The notes' table: ZeRO-1 saves 4x, ZeRO-2 8x, ZeRO-3 linearly in Nd (as Nd grows).
+Test(ex00_4, zero_savings_4x_8x_linear) {
+    const int64_t psi = 7000000000LL;
+    double base = zero_bytes(psi, 0, 4096);
+    double r1 = base / zero_bytes(psi, 1, 4096), r2 = base / zero_bytes(psi, 2, 4096);
+    cr_assert(r1 > 3.98 && r1 <= 4.0, "ZeRO-1 saving at Nd=4096: %.4f, want -> 4", r1);
+    cr_assert(r2 > 7.9 && r2 <= 8.0, "ZeRO-2 saving at Nd=4096: %.4f, want -> 8", r2);
+    for (int nd = 2; nd <= 1024; nd *= 2)
+        assert_rel(base / zero_bytes(psi, 3, nd), nd, 1e-6, "ZeRO-3 saving equals Nd");
+}
+
+// Shards are padded: 10 parameters over 3 ranks -> 4 per rank.
+Test(ex00_4, uneven_shards_are_padded) {
+    CalcShard sh = calc_zero_shard(10, 3, 3);
+    cr_assert_eq(sh.params, 4);
+    cr_assert_eq(sh.grads, 4);
+    cr_assert_eq(sh.opt, 4);
+    sh = calc_zero_shard(10, 1, 3);
+    cr_assert_eq(sh.params, 10);
+    cr_assert_eq(sh.grads, 10);
+    cr_assert_eq(sh.opt, 4);
+}
+
+// ---- ex00_2: activation memory -------------------------------------------------------------
+
+// Korthikanti et al. 2022 for GPT-2 small's shapes, s = 1024, b = 1, h = 768, a = 12, bf16.
+// s*b*h = 786,432 and 5*a*s/h = 80, so one layer holds 786,432 * (34 + 80) = 89,653,248 bytes.
+static CalcModel gpt2_small(void) { return *calc_model_preset("gpt2-124m"); }
+
+Test(ex00_2, korthikanti_per_layer) {
+    CalcModel m = gpt2_small();
+    CalcSetup s = setup(CALC_BF16, 0, 1);
+    s.seq_len = 1024;
+    cr_assert_eq(calc_layer_activation_bytes(&m, &s), 89653248.0);
+    s.recompute = CALC_RECOMPUTE_SELECTIVE;   // 786,432 * 34
+    cr_assert_eq(calc_layer_activation_bytes(&m, &s), 26738688.0);
+    s.recompute = CALC_RECOMPUTE_FULL;        // 786,432 * 2 (the layer input)
+    cr_assert_eq(calc_layer_activation_bytes(&m, &s), 1572864.0);
+}
+
+// With TP t = 4: s*b*h*(10 + 24/t + 5*a*s/(h*t)) = 786,432 * (10 + 6 + 20) = 28,311,552;
+// with sequence parallelism everything is split: 89,653,248 / 4 = 22,413,312.
+Test(ex00_2, korthikanti_tensor_parallel) {
+    CalcModel m = gpt2_small();
+    CalcSetup s = setup(CALC_BF16, 0, 1);
+    s.seq_len = 1024;
+    s.tp = 4;
+    cr_assert_eq(calc_layer_activation_bytes(&m, &s), 28311552.0);
+    s.sp = 1;
+    cr_assert_eq(calc_layer_activation_bytes(&m, &s), 22413312.0);
+}
+
+// fp32 values (w = 4): s*b*h*(16*4 + 2) + a*s^2*b*(2*4 + 1) = 786,432 * (66 + 9*16) ... with
+// a*s/h = 16: 786,432 * (66 + 144) = 165,150,720.
+Test(ex00_2, fp32_values_double_the_value_bytes) {
+    CalcModel m = gpt2_small();
+    CalcSetup s = setup(CALC_FP32, 0, 1);
+    s.seq_len = 1024;
+    cr_assert_eq(calc_layer_activation_bytes(&m, &s), 165150720.0);
+}
+
+// ---- ex00_3: cost estimate -----------------------------------------------------------------
+
+// The notes' example: Llama-3 70B on 15T tokens, H100 at 990 TFLOPS, MFU 0.45.
+// 6 * 70e9 * 15e12 = 6.3e24 FLOP; / (990e12 * 0.45) = 1.414e10 GPU-seconds = 3.928e6 GPU-hours.
+// (The notes print "1.4 x 10^7 GPU-hours": the 1.4 is the GPU-seconds' mantissa; the hours are
+// 3.9e6, the order of Meta's reported 6.4M H100-hours for Llama 3 70B.)
+Test(ex00_3, notes_llama3_70b_15T_tokens) {
+    CalcCostSpec c = {70e9, 15e12, 990e12, 0.45, 16384, 3.0};
+    CalcCost r = calc_cost(&c);
+    assert_rel(r.flops, 6.3e24, 1e-12, "FLOP");
+    assert_rel(r.gpu_seconds, 1.4141414e10, 1e-6, "GPU-seconds");
+    assert_rel(r.gpu_hours, 3.9281706e6, 1e-6, "GPU-hours");
+    assert_rel(r.gpu_years, 448.42, 1e-4, "GPU-years");
+    assert_rel(r.wall_days, 9.98985, 1e-5, "days on 16384 GPUs");
+    assert_rel(r.dollars, 11.784512e6, 1e-6, "dollars at $3/GPU-hour");
+}
+
+// The notes' exercise: 7B on 1T tokens on H100s (989 TFLOPS) at MFU 0.45: 26,214 GPU-hours.
+Test(ex00_3, notes_exercise_7b_1T_tokens) {
+    CalcCostSpec c = {7e9, 1e12, 989e12, 0.45, 8, 2.0};
+    CalcCost r = calc_cost(&c);
+    assert_rel(r.gpu_hours, 26214.283, 1e-6, "GPU-hours");
+    assert_rel(r.wall_days, 26214.283 / 8 / 24, 1e-6, "days on 8 GPUs");
+}
+
+// ---- calc: presets ---------------------------------------------------------------------------
+
+Test(calc, tiny_and_gpt2_small_exact) {
+    cr_assert_eq(calc_model_preset("tiny")->nparams, 834304);
+    cr_assert_eq(calc_model_preset("gpt2-124m")->nparams, 124439808);   // V = 50257
+    // llm.c pads the vocabulary to 50304 (a multiple of 128): 124,475,904.
+    CalcModel padded = calc_model_dims("gpt2-padded", CALC_ARCH_GPT2, 50304, 1024, 12, 768, 12,
+                                       0, 0);
+    cr_assert_eq(padded.nparams, 124475904);
+    // The lab's own model: the calculator agrees with the runtime's count.
+    GPT2Config cfg = {256, 64, 4, 128, 4};
+    cr_assert_eq(calc_model_from_gpt2(&cfg).nparams, (int64_t)gpt2_param_count(&cfg));
+}
+
+// Published sizes (GPT-2: 355M, 774M, 1558M; Llama 2: 6.74B, 13.0B; Llama 3: 70.6B, 405B).
+Test(calc, presets_within_1_percent_of_published) {
+    struct { const char *name; double published; } p[] = {
+        {"gpt2-350m", 355e6}, {"gpt2-774m", 774e6},   {"gpt2-1.5b", 1558e6},
+        {"llama2-7b", 6.74e9}, {"llama2-13b", 13.0e9}, {"llama3-70b", 70.6e9},
+        {"llama3-405b", 405e9},
+    };
+    for (size_t i = 0; i < sizeof p / sizeof p[0]; i++) {
+        const CalcModel *m = calc_model_preset(p[i].name);
+        cr_assert(m != NULL, "preset %s missing", p[i].name);
+        assert_rel((double)m->nparams, p[i].published, 0.01, p[i].name);
+    }
+    // Exact counts as the Hugging Face checkpoints report them.
+    cr_assert_eq(calc_model_preset("llama2-7b")->nparams, 6738415616LL);
+    cr_assert_eq(calc_model_preset("llama3-70b")->nparams, 70553706496LL);
+    cr_assert(calc_model_preset("70b") == calc_model_preset("llama3-70b"), "alias 70b");
+}
+
+// The lab's model through calc_memory: exactly the bytes the runtime allocates (fp32 Adam),
+// and ZeRO applied to every model state as calc_zero_shard says.
+Test(calc, lab_model_states_exact) {
+    GPT2Config cfg = gpt2_config_tiny();
+    CalcModel m = calc_model_from_gpt2(&cfg);
+    CalcSetup s = setup(CALC_FP32, 0, 1);
+    CalcBreakdown b = calc_memory(&m, &s);
+    cr_assert_eq(b.params + b.grads + b.master + b.m + b.v, 16.0 * 834304);
+    cr_assert_eq(b.rank_params, 834304);
+    CalcModel raw = calc_model_raw(7000000000LL);
+    s = setup(CALC_BF16, 2, 64);
+    b = calc_memory(&raw, &s);
+    cr_assert_eq(b.total, (2 + 14.0 / 64) * 7e9);
+}
+
+// ---- calc: the lab's own activations -------------------------------------------------------
+
+// The tiny config at B=4, T=64 keeps (ActTensors of gpt2.h, in floats):
+//   B*T*C*(18L + 2) = 32768 * 74       = 2,424,832
+//   B*T*(4L + 3)    = 256 * 19         =     4,864
+//   2*L*B*NH*T*T    = 2*4*4*4*4096     =   524,288
+//   2*B*T*V         = 2*256*256        =   131,072     -> 3,085,056 floats,
+// and as many activation gradients: 2 * 4 * 3,085,056 = 24,680,448 bytes.
+Test(calc, lab_activation_bytes) {
+    GPT2Config cfg = {256, 64, 4, 128, 4};
+    cr_assert_eq(calc_activation_bytes_lab(&cfg, 4, 64), 24680448.0);
+    // ...and it is what the runtime sizes: twice its activation element count, in fp32.
+    size_t sizes[GPT2_NUM_ACTS];
+    gpt2_act_sizes(&cfg, 16, 64, sizes);
+    double n = 0;
+    for (int i = 0; i < GPT2_NUM_ACTS; i++) n += (double)sizes[i];
+    cr_assert_eq(calc_activation_bytes_lab(&cfg, 16, 64), 2 * 4 * n);
+}
+
+// The whole model: L layers plus the output layer on the last stage: the final norm's input
+// and output (2 * w * s*b*h = 3,145,728) and fp32 logits (4 * s*b*V = 205,852,672).
+Test(calc, whole_model_activations) {
+    CalcModel m = gpt2_small();
+    CalcSetup s = setup(CALC_BF16, 0, 1);
+    s.seq_len = 1024;
+    CalcBreakdown b = calc_memory(&m, &s);
+    cr_assert_eq(b.acts, 12 * 89653248.0 + 3145728.0 + 205852672.0);
+    cr_assert(strstr(b.act_formula, "Korthikanti") != NULL, "formula named: %s", b.act_formula);
+}
+
+// 1F1B: the first of 4 stages keeps 4 micro-batches of its 3 layers = all 12 layers' worth;
+// with only 2 micro-batches per step it keeps 2.
+Test(calc, pipeline_first_stage_keeps_pp_microbatches) {
+    CalcModel m = gpt2_small();
+    CalcSetup s = setup(CALC_BF16, 0, 1);
+    s.seq_len = 1024;
+    s.pp = 4;
+    CalcBreakdown b = calc_memory(&m, &s);
+    cr_assert_eq(b.stage, 0);
+    cr_assert_eq(b.inflight, 4);
+    cr_assert_eq(b.acts, 12 * 89653248.0);
+    s.micro_batches = 2;
+    b = calc_memory(&m, &s);
+    cr_assert_eq(b.acts, 6 * 89653248.0);
+}
+
+// Llama 3.1 405B has 126 layers: PP 8 works with Llama 3's split (15, 16 x 6, 15).
+Test(calc, llama3_405b_pipeline_split) {
+    int want[8] = {15, 16, 16, 16, 16, 16, 16, 15}, sum = 0;
+    for (int r = 0; r < 8; r++) {
+        cr_assert_eq(calc_stage_layers(126, 8, r), want[r], "stage %d", r);
+        sum += calc_stage_layers(126, 8, r);
+    }
+    cr_assert_eq(sum, 126);
+    cr_assert_eq(calc_stage_layers(126, 5, 0), -1, "126 layers do not split 5 ways");
+}
+
+// TP/PP split of the parameters adds up to the model (TP=2, PP=2 of GPT-2 small, tied wte:
+// the last stage keeps a copy of wte, V*C = 38,597,376).
+Test(calc, stage_params_add_up) {
+    CalcModel m = gpt2_small();
+    int64_t total = 0;
+    for (int r = 0; r < 2; r++) total += calc_stage_params(&m, 1, 2, r);
+    cr_assert_eq(total, 124439808LL + 38597376LL);
+    // Llama 3 70B over TP 8: each rank holds about 1/8 (norms replicated).
+    const CalcModel *l = calc_model_preset("llama3-70b");
+    assert_rel((double)calc_stage_params(l, 8, 1, 0), 70553706496.0 / 8, 0.001, "70B / 8");
+}
+
+// ---- calc: planner -------------------------------------------------------------------------
+
+static CalcPlanSpec h100_spec(int gpus, int global_batch) {
+    const CalcGpu *g = calc_gpu_preset("h100");
+    CalcPlanSpec p;
+    memset(&p, 0, sizeof p);
+    p.gpus = gpus;
+    p.gpus_per_node = 8;
+    p.global_batch = global_batch;
+    p.dtype = CALC_BF16;
+    p.optim = CALC_ADAM;
+    p.mem_bytes = g->mem_bytes;
+    p.peak_flops = g->peak_flops;
+    p.mfu = 0.45;
+    p.bw_intra = g->bw_intra;
+    p.bw_inter = g->bw_inter;
+    p.latency = 5e-6;
+    return p;
+}
+
+// The notes' question "a 70B model on 8 H100s: which layout?". Mixed-precision Adam needs
+// 16 bytes x 70.55e9 = 1129 GB of model states; 8 x 80 GiB = 687 GB. No layout fits; the
+// fewest whole nodes that do are 2 (16 GPUs), with TP inside the nodes.
+Test(calc, llama3_70b_on_8_h100) {
+    const CalcModel *m = calc_model_preset("llama3-70b");
+    CalcPlanSpec p = h100_spec(8, 512);
+    cr_assert_null(calc_plan_check(m, &p));
+    CalcPlanResult r = calc_plan(m, &p);
+    cr_assert_gt(r.nplans, 0);
+    cr_assert_eq(r.nfit, 0, "%d layouts fit 70B on 8 H100s?", r.nfit);
+    cr_assert_eq(r.min_gpus, 16);
+    const CalcSetup *best = &r.best_at_min.setup;
+    cr_assert(r.best_at_min.fits);
+    cr_assert_eq(best->dp * best->tp * best->pp, 16);
+    cr_assert(best->tp > 1 && 8 % best->tp == 0, "TP inside a node, got TP %d", best->tp);
+    calc_plan_free(&r);
+    // On those 16 GPUs, TP 8 inside each node and PP 2 across the two nodes is one answer.
+    p.gpus = 16;
+    r = calc_plan(m, &p);
+    cr_assert_gt(r.nfit, 0);
+    cr_assert_not_null(calc_plan_find(&r, 1, 8, 2), "TP8 x PP2 should fit 70B on 16 H100s");
+    calc_plan_free(&r);
+}
+
+// 405B on one node: the smallest fitting count is found past counts that cannot even hold the
+// sharded model states (6494 GB / 85.9 GB per GPU: at least 76 GPUs).
+Test(calc, llama3_405b_needs_many_nodes) {
+    const CalcModel *m = calc_model_preset("llama3-405b");
+    CalcPlanSpec p = h100_spec(8, 1024);
+    CalcPlanResult r = calc_plan(m, &p);
+    cr_assert_eq(r.nfit, 0);
+    cr_assert_geq(r.min_gpus, 76);
+    cr_assert_eq(r.min_gpus % 8, 0, "whole nodes: %d", r.min_gpus);
+    cr_assert(r.best_at_min.fits);
+    calc_plan_free(&r);
+}
+
+// TP groups never straddle nodes: with 6 GPUs per node, GPT-2's 12 heads allow TP 4, but 4
+// does not divide 6.
+Test(calc, tp_stays_inside_a_node) {
+    const CalcModel *m = calc_model_preset("gpt2-124m");
+    CalcPlanSpec p = h100_spec(12, 48);
+    p.gpus_per_node = 6;
+    CalcPlanResult r = calc_plan(m, &p);
+    int tp6 = 0;
+    for (int i = 0; i < r.nplans; i++) {
+        cr_assert_neq(r.plans[i].setup.tp, 4, "TP 4 straddles nodes of 6 GPUs");
+        tp6 += r.plans[i].setup.tp == 6;
+    }
+    cr_assert_gt(tp6, 0, "TP 6 fills a node");
+    calc_plan_free(&r);
+}
+
+// The notes' production layouts fit: 7B DP8; 70B DP64 x TP8; 405B DP256 x TP8 x PP8.
+Test(calc, production_layouts_fit) {
+    struct { const char *model; int gpus, dp, tp, pp; } prod[] = {
+        {"llama2-7b", 8, 8, 1, 1},
+        {"llama3-70b", 512, 64, 8, 1},
+        {"llama3-405b", 16384, 256, 8, 8},
+    };
+    for (size_t i = 0; i < sizeof prod / sizeof prod[0]; i++) {
+        const CalcModel *m = calc_model_preset(prod[i].model);
+        CalcPlanSpec p = h100_spec(prod[i].gpus, 1024);
+        CalcPlanResult r = calc_plan(m, &p);
+        const CalcPlan *c = calc_plan_find(&r, prod[i].dp, prod[i].tp, prod[i].pp);
+        cr_assert(c != NULL, "%s: DP%d x TP%d x PP%d does not fit on %d H100s", prod[i].model,
+                  prod[i].dp, prod[i].tp, prod[i].pp, prod[i].gpus);
+        cr_assert_leq(c->mem.total, p.mem_bytes);
+        // TP never leaves a node.
+        for (int k = 0; k < r.nplans; k++) cr_assert_leq(r.plans[k].setup.tp, 8);
+        calc_plan_free(&r);
+    }
+}
+
+// Ranking: fitting plans first, then by estimated step time.
+Test(calc, plans_are_ranked) {
+    const CalcModel *m = calc_model_preset("gpt2-1.5b");
+    CalcPlanSpec p = h100_spec(16, 256);
+    CalcPlanResult r = calc_plan(m, &p);
+    cr_assert_gt(r.nfit, 0);
+    for (int i = 1; i < r.nplans; i++) {
+        cr_assert(r.plans[i - 1].fits >= r.plans[i].fits, "fitting plans first");
+        if (r.plans[i - 1].fits == r.plans[i].fits)
+            cr_assert_leq(r.plans[i - 1].t_step, r.plans[i].t_step);
+    }
+    calc_plan_free(&r);
+}
+
+// ZeRO-3 re-gathers parameters every micro-batch: more DP time than ZeRO-1 for m > 1.
+Test(calc, zero3_costs_more_communication) {
+    const CalcModel *m = calc_model_preset("llama2-7b");
+    CalcPlanSpec p = h100_spec(8, 64);
+    CalcPlan c1, c3;
+    memset(&c1, 0, sizeof c1);
+    c1.setup = calc_setup_default();
+    c1.setup.dtype = CALC_BF16;
+    c1.setup.dp = 8;
+    c1.setup.zero = 1;
+    c1.setup.micro_batches = 8;
+    c1.mem = calc_memory(m, &c1.setup);
+    c3 = c1;
+    c3.setup.zero = 3;
+    calc_plan_time(m, &p, &c1);
+    calc_plan_time(m, &p, &c3);
+    // ZeRO-1: one all-reduce of 2-byte grads over 8 ranks on NVLink: 2*7/8*2*6.74e9/450e9 s.
+    assert_rel(c1.t_dp, 2 * 7.0 / 8 * 2 * 6738415616.0 / 450e9 + 14 * 5e-6, 1e-9, "ZeRO-1 DP time");
+    cr_assert_gt(c3.t_dp, 8 * c1.t_dp, "ZeRO-3 over 8 micro-batches: 3 x 8 half-rings vs 2");
+}
+
+// ---- calc: bad input is refused with a clear message ---------------------------------------
+
+Test(calc, bad_setups_refused) {
+    const CalcModel *m = calc_model_preset("llama2-7b");
+    CalcSetup s = calc_setup_default();
+    cr_assert_null(calc_setup_check(m, &s));
+    s.dp = 0;
+    assert_msg(calc_setup_check(m, &s), "--dp 0");
+    s = calc_setup_default();
+    s.tp = -2;
+    assert_msg(calc_setup_check(m, &s), "--tp -2");
+    s = calc_setup_default();
+    s.zero = 4;
+    assert_msg(calc_setup_check(m, &s), "--zero 4");
+    s = calc_setup_default();
+    s.micro_batch = 0;
+    assert_msg(calc_setup_check(m, &s), "--micro-batch 0");
+    s = calc_setup_default();
+    s.tp = 3;   // 32 heads
+    const char *e = calc_setup_check(m, &s);
+    assert_msg(e, "--tp 3");
+    assert_msg(e, "NH=32");
+    assert_msg(e, "valid --tp: 1, 2, 4, 8, 16, 32");
+    s = calc_setup_default();
+    s.pp = 5;   // 32 layers
+    e = calc_setup_check(m, &s);
+    assert_msg(e, "--pp 5");
+    assert_msg(e, "32 layers");
+    s.pp = 64;
+    assert_msg(calc_setup_check(m, &s), "--pp 64");
+    const CalcModel *big = calc_model_preset("llama3-405b");
+    s = calc_setup_default();
+    s.pp = 8;
+    cr_assert_null(calc_setup_check(big, &s), "126 layers on 8 stages (Llama 3 split)");
+    s.pp = 5;
+    assert_msg(calc_setup_check(big, &s), "--pp 5");
+    // GPT-2's position table has T rows.
+    s = calc_setup_default();
+    s.seq_len = 2048;
+    assert_msg(calc_setup_check(calc_model_preset("gpt2-124m"), &s), "--seq-len 2048");
+    // A raw count cannot be split by TP.
+    CalcModel raw = calc_model_raw(7000000000LL);
+    s = calc_setup_default();
+    s.tp = 2;
+    assert_msg(calc_setup_check(&raw, &s), "--dims");
+    raw = calc_model_raw(-5);
+    s = calc_setup_default();
+    assert_msg(calc_setup_check(&raw, &s), "--params -5");
+}
+
+Test(calc, unknown_presets_refused) {
+    cr_assert_null(calc_model_preset("gpt5"));
+    const char *e = calc_model_preset_error("gpt5");
+    assert_msg(e, "'gpt5'");
+    assert_msg(e, "llama3-70b");
+    cr_assert_null(calc_gpu_preset("b200"));
+    assert_msg(calc_gpu_preset_error("b200"), "h100");
+}
+
+Test(calc, bad_cost_refused) {
+    CalcCostSpec ok = {7e9, 1e12, 989e12, 0.45, 8, 2.0};
+    cr_assert_null(calc_cost_check(&ok));
+    CalcCostSpec c = ok;
+    c.mfu = 1.0;
+    cr_assert_null(calc_cost_check(&c), "MFU 1 is allowed");
+    double bad_mfu[] = {0, -0.1, 1.5, NAN};
+    for (size_t i = 0; i < sizeof bad_mfu / sizeof bad_mfu[0]; i++) {
+        c = ok;
+        c.mfu = bad_mfu[i];
+        assert_msg(calc_cost_check(&c), "--mfu");
+        assert_msg(calc_cost_check(&c), "(0, 1]");
+    }
+    c = ok;
+    c.tokens = 0;
+    assert_msg(calc_cost_check(&c), "--tokens");
+    c = ok;
+    c.gpus = 0;
+    assert_msg(calc_cost_check(&c), "--gpus 0");
+    c = ok;
+    c.nparams = -1;
+    assert_msg(calc_cost_check(&c), "--params");
+    c = ok;
+    c.price = -3;
+    assert_msg(calc_cost_check(&c), "--price");
+}
+
+Test(calc, counts_and_dims_parsed_strictly) {
+    double x = 0;
+    cr_assert_null(calc_parse_count("7B", "--params", &x));
+    cr_assert_eq(x, 7e9);
+    cr_assert_null(calc_parse_count("124M", "--params", &x));
+    cr_assert_eq(x, 124e6);
+    cr_assert_null(calc_parse_count("15T", "--tokens", &x));
+    cr_assert_eq(x, 15e12);
+    cr_assert_null(calc_parse_count("7e9", "--params", &x));
+    cr_assert_eq(x, 7e9);
+    assert_msg(calc_parse_count("7X", "--params", &x), "--params '7X'");
+    assert_msg(calc_parse_count("abc", "--tokens", &x), "--tokens 'abc'");
+    assert_msg(calc_parse_count("-5", "--params", &x), "positive");
+    assert_msg(calc_parse_count("0", "--params", &x), "positive");
+    assert_msg(calc_parse_count("", "--params", &x), "--params");
+
+    CalcModel m;
+    cr_assert_null(calc_parse_dims("L=80,C=8192,NH=64,KV=8,FFN=28672,V=128256,T=8192,arch=llama",
+                                   &m));
+    cr_assert_eq(m.nparams, 70553706496LL, "Llama 3 70B from --dims");
+    cr_assert_null(calc_parse_dims("L=12,C=768,NH=12,V=50257,T=1024", &m));
+    cr_assert_eq(m.nparams, 124439808);
+    assert_msg(calc_parse_dims("L=0", &m), "L=0");
+    assert_msg(calc_parse_dims("C=100,NH=3", &m), "C=100 is not divisible by NH=3");
+    assert_msg(calc_parse_dims("foo=1", &m), "unknown key 'foo'");
+    assert_msg(calc_parse_dims("arch=bert", &m), "arch=bert");
+    assert_msg(calc_parse_dims("L=x", &m), "L=x");
+    assert_msg(calc_parse_dims("L12", &m), "key=value");
+}
+
+Test(calc, bad_plans_refused) {
+    const CalcModel *m = calc_model_preset("llama3-70b");
+    CalcPlanSpec p = h100_spec(12, 512);
+    assert_msg(calc_plan_check(m, &p), "--gpus 12");
+    p = h100_spec(8, 512);
+    p.mfu = 0;
+    assert_msg(calc_plan_check(m, &p), "--mfu 0");
+    p = h100_spec(8, 0);
+    assert_msg(calc_plan_check(m, &p), "--global-batch 0");
+    p = h100_spec(8, 512);
+    CalcModel raw = calc_model_raw(7000000000LL);
+    assert_msg(calc_plan_check(&raw, &p), "--dims");
+}
