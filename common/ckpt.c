@@ -55,8 +55,11 @@ LAB_NORETURN static void atomic_fail(AtomicFile *af, const char *what, int err) 
         fclose(af->f);
         remove(af->tmp);  // never leave a half-written tmp behind; <path> is untouched
     }
-    lab_fail("cannot write %s: %s %s failed: %s (the previous %s, if any, is intact)", af->path,
-             what, af->tmp, strerror(err), af->path);
+    char msg[1024];
+    snprintf(msg, sizeof(msg), "cannot write %s: %s %s failed: %s (the previous %s, if any, is "
+             "intact)", af->path, what, af->tmp, strerror(err), af->path);
+    free(af->tmp);
+    lab_fail("%s", msg);
 }
 
 static void atomic_open(AtomicFile *af, const char *path) {
@@ -198,20 +201,16 @@ static FILE *weights_open(const char *path, GPT2Config *cfg, int *version, int *
     if (cfg->T < 1 || cfg->V < 1 || cfg->L < 1 || cfg->NH < 1 || cfg->C < 1 || *Vp < cfg->V)
         lab_fail("cannot load %s: the header holds an impossible config (V=%d padded V=%d T=%d "
                  "L=%d NH=%d C=%d)", path, cfg->V, *Vp, cfg->T, cfg->L, cfg->NH, cfg->C);
-    // Expected size: the tensors with wte padded to Vp rows. First a rough count in double, so
-    // that a damaged header with huge fields cannot overflow the exact count below.
+    // Expected size: the tensors, with wte padded to Vp rows. Counted in double first, so that a
+    // damaged header with huge fields cannot overflow the count; then it fits in the file.
     size_t elem = *version == WEIGHTS_FP32 ? 4 : 2;
     double C = cfg->C;
-    double rough = ((double)*Vp * C + cfg->T * C + cfg->L * (12.0 * C * C + 13.0 * C) + 2.0 * C) * (double)elem;
-    if (rough + (double)sizeof(header) > (double)size)
+    double want = (double)sizeof(header) + (double)elem * ((double)*Vp * C + cfg->T * C +
+                                                           cfg->L * (12.0 * C * C + 13.0 * C) + 2.0 * C);
+    if ((double)size < want)
         lab_fail("cannot load %s: truncated: %zu bytes, the header says %.0f (V=%d T=%d L=%d "
-                 "NH=%d C=%d)", path, size, rough + (double)sizeof(header), cfg->V, cfg->T,
-                 cfg->L, cfg->NH, cfg->C);
-    size_t count = gpt2_param_count(cfg) + (size_t)(*Vp - cfg->V) * (size_t)cfg->C;
-    size_t want = sizeof(header) + count * elem;
-    if (size < want)
-        lab_fail("cannot load %s: truncated: %zu bytes, the header says %zu (V=%d T=%d L=%d "
                  "NH=%d C=%d)", path, size, want, cfg->V, cfg->T, cfg->L, cfg->NH, cfg->C);
+    size_t count = gpt2_param_count(cfg) + (size_t)(*Vp - cfg->V) * (size_t)cfg->C;
     if (header[9] == CRC_MARKER) {
         uint32_t stored;
         memcpy(&stored, &header[10], sizeof(stored));
@@ -357,7 +356,7 @@ void ckpt_load_state(const char *path, const GPT2Config *expect, TrainState *s) 
     if (crc != stored)
         lab_fail("cannot load %s: corrupted: CRC32 mismatch (stored %08x, computed %08x); the file "
                  "was damaged after it was written", path, stored, crc);
-    GPT2Config have = {cfg[0], cfg[1], cfg[2], cfg[3], cfg[4]};
+    GPT2Config have = {.V = cfg[0], .T = cfg[1], .L = cfg[2], .NH = cfg[3], .C = cfg[4]};
     check_config(path, &have, expect);
     size_t expect_n = gpt2_param_count(expect);
     if ((size_t)n != expect_n)

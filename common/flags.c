@@ -159,14 +159,29 @@ LAB_NORETURN LAB_PRINTF(1, 2) static void flag_fail(const char *fmt, ...) {
     lab_fail_collective("%s", msg);
 }
 
-// "an integer in [0, 100]", "one of cpu|cuda", ...
+// 1000000 rather than 1e+06; 0.001 stays 0.001.
+static void format_number(char *buf, size_t n, double x) {
+    if (x == floor(x) && fabs(x) < 1e15) snprintf(buf, n, "%.0f", x);
+    else snprintf(buf, n, "%g", x);
+}
+
+// "[0, 100]", "cpu|cuda", ... (what --help prints in its "valid" column)
 static void describe_valid(const Flag *f, char *buf, size_t n) {
     switch (f->s.kind) {
     case FLAG_INT: snprintf(buf, n, "[%.0f, %.0f]", f->s.min, f->s.max); break;
-    case FLAG_FLOAT: snprintf(buf, n, "[%g, %g]", f->s.min, f->s.max); break;
+    case FLAG_FLOAT: {
+        char lo[32], hi[32];
+        format_number(lo, sizeof(lo), f->s.min);
+        format_number(hi, sizeof(hi), f->s.max);
+        snprintf(buf, n, "[%s, %s]", lo, hi);
+        break;
+    }
     case FLAG_CHOICE: snprintf(buf, n, "%s", f->s.choices); break;
     case FLAG_BOOL: snprintf(buf, n, "switch"); break;
-    case FLAG_STRING: snprintf(buf, n, f->must_exist ? "existing file" : "path"); break;
+    case FLAG_STRING:
+        snprintf(buf, n, "%s", f->must_exist ? "existing file"
+                               : f->metavar && strcmp(f->metavar, "FILE") == 0 ? "path" : "text");
+        break;
     }
 }
 
@@ -208,8 +223,9 @@ LAB_NORETURN static void fail_unknown(const char *name, const Flag *flags, int n
         int dist = edit_distance(name, flags[i].s.name);
         if (dist < best_d) { best_d = dist; best = flags[i].s.name; }
     }
+    // Close enough to be a typo: a couple of edits, and not a rewrite of the whole name.
     int len = (int)strlen(name) - 2;
-    if (best && best_d <= (len > 6 ? len / 2 : 3))
+    if (best && best_d < len && best_d <= (len > 6 ? len / 3 : 2))
         flag_fail("unknown flag %s (did you mean %s?); run with --help to list every flag", name, best);
     flag_fail("unknown flag %s; run with --help to list every flag", name);
 }
@@ -261,7 +277,7 @@ static void set_value(const Flag *f, const char *value) {
         flag_fail("%s '%s' is not a valid choice; valid choices: %s", name, value, f->s.choices);
     }
     case FLAG_STRING: {
-        if (!*value) flag_fail("%s needs a non-empty value (a %s)", name, f->metavar ? f->metavar : "string");
+        if (!*value) flag_fail("%s needs a non-empty value", name);
         if (f->must_exist) {
             struct stat st;
             if (stat(value, &st) != 0)
@@ -321,8 +337,8 @@ LAB_NORETURN static void print_help_and_exit(const LabArgs *a, const FlagSpec *e
                                              const char *program, const char *usage) {
     int world = 1;
     if (flags_rank(&world) == 0) {
-        printf("%s\n", program ? program : "");
         if (usage && *usage) printf("%s%s", usage, usage[strlen(usage) - 1] == '\n' ? "" : "\n");
+        else printf("%s\n", program ? program : "");
         printf("\nflags (--flag VALUE or --flag=VALUE):\n");
         lab_print_flags(stdout, a, extra, nextra);
     }
@@ -338,9 +354,16 @@ LAB_NORETURN static void print_help_and_exit(const LabArgs *a, const FlagSpec *e
 
 // Checks that involve more than one flag.
 static void check_combinations(const LabArgs *a) {
-    if (a->C % a->NH != 0)
+    if (a->C % a->NH != 0) {
+        int below = a->NH < a->C ? a->NH : a->C, above = a->NH;  // the nearest divisors of C
+        while (a->C % below != 0) below--;
+        while (above < a->C && a->C % above != 0) above++;
+        if (above > a->C) above = below;
+        char alt[32] = "";
+        if (above != below) snprintf(alt, sizeof(alt), " or --heads %d", above);
         flag_fail("--channels %d is not divisible by --heads %d: each head gets C/NH channels; "
-                  "e.g. --heads %d", a->C, a->NH, a->C % 4 == 0 ? 4 : 1);
+                  "e.g. --heads %d%s", a->C, a->NH, below, alt);
+    }
     if (a->data && a->V != 256)
         flag_fail("--data %s is read as bytes, so --vocab must be 256 (got %d)", a->data, a->V);
     if (strcmp(a->backend, "nccl") == 0 && strcmp(a->device, "cuda") != 0)
@@ -376,10 +399,10 @@ void lab_parse_args(int argc, char **argv, LabArgs *a, const FlagSpec *extra, in
             flag_fail("unexpected argument '%s': every option is a --flag (run with --help to "
                       "list them)", arg);
         // --name=value or --name value
-        char name[64];
+        char name[256];
         const char *eq = strchr(arg, '=');
         size_t len = eq ? (size_t)(eq - arg) : strlen(arg);
-        if (len >= sizeof(name)) len = sizeof(name) - 1;
+        if (len >= sizeof(name)) flag_fail("unknown flag %.*s; run with --help to list every flag", (int)len, arg);
         memcpy(name, arg, len);
         name[len] = '\0';
         const Flag *f = NULL;

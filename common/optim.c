@@ -41,9 +41,9 @@ float adamw_lr(const AdamW *h, int step) {
 float adamw_clip_scale(const AdamW *h, double global_norm_sq, int step) {
     if (!isfinite(global_norm_sq))
         lab_fail("NaN/Inf in the gradients at step %d (global norm^2 = %g): the update would "
-                 "destroy the weights, so training stops here; the last checkpoint is intact. "
-                 "Usual causes: a learning rate too high (try a lower --lr or a --warmup), "
-                 "or a fault injected with --inject-nan-step",
+                 "destroy the weights, so training stops before it. Usual causes: a learning "
+                 "rate too high (try a lower --lr or a --warmup), or a fault injected with "
+                 "--inject-nan-step",
                  step, global_norm_sq);
     if (h->grad_clip <= 0.0f) return 1.0f;
     double norm = sqrt(global_norm_sq);

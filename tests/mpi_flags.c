@@ -1,0 +1,63 @@
+// mpi_flags.c: the shared command line (common/flags.c) inside a real MPI job.
+//
+// Launched by tests/test_flags.c as `mpirun -np N build/tests/mpi_flags [flags]`. It parses
+// like a chapter does (dist_init first, then lab_parse_args with a few chapter flags) and rank
+// 0 prints every parsed value as "name=value", one per line, for the test to compare.
+//
+//   mpi_flags parse-before-init [flags]   parses before dist_init instead (the order a program
+//                                         may use when it needs a flag to set up MPI)
+#include <stdio.h>
+#include <string.h>
+
+#include "check.h"
+#include "dist.h"
+#include "flags.h"
+
+static const char *USAGE =
+    "mpi_flags: a test program for the lab's command line.\n"
+    "  mpirun -np 4 build/tests/mpi_flags --steps 5 --micro 8\n";
+
+int main(int argc, char **argv) {
+    int before = argc > 1 && strcmp(argv[1], "parse-before-init") == 0;
+    if (before) {  // drop the mode word: the rest is the command line under test
+        argv[1] = argv[0];
+        argv++;
+        argc--;
+    } else {
+        dist_init(&argc, &argv);
+    }
+
+    // A chapter's own flags, one of each kind.
+    float bucket_mb = 25.0f;
+    int micro = 4, verbose = 0;
+    const char *schedule = "1f1b", *tag = NULL;
+    FlagSpec extra[] = {
+        {"--bucket-mb", FLAG_FLOAT, &bucket_mb, 0.0, 1024.0, NULL, "gradient bucket size (MiB)"},
+        {"--micro", FLAG_INT, &micro, 1, 64, NULL, "micro-batches per step"},
+        {"--schedule", FLAG_CHOICE, &schedule, 0, 0, "gpipe|1f1b", "pipeline schedule"},
+        {"--verbose", FLAG_BOOL, &verbose, 0, 1, NULL, "print more"},
+        {"--tag", FLAG_STRING, &tag, 0, 0, NULL, "a free-form label"},
+    };
+    LabArgs a = lab_args_defaults();
+    lab_parse_args(argc, argv, &a, extra, (int)(sizeof(extra) / sizeof(extra[0])), "mpi_flags", USAGE);
+    if (before) dist_init(&argc, &argv);
+
+    if (dist_rank() == 0) {
+#define S(x) ((x) ? (x) : "(null)")
+        printf("world=%d\n", dist_size());
+        printf("vocab=%d\nseq=%d\nlayers=%d\nchannels=%d\nheads=%d\n", a.V, a.T, a.L, a.C, a.NH);
+        printf("batch=%d\nsteps=%d\nlr=%g\nweight-decay=%g\ngrad-clip=%g\nwarmup=%d\n", a.batch,
+               a.steps, (double)a.lr, (double)a.weight_decay, (double)a.grad_clip, a.warmup);
+        printf("seed=%d\ndata-seed=%d\ndata=%s\n", a.seed, a.data_seed, S(a.data));
+        printf("device=%s\nbackend=%s\ndtype=%s\nthreads=%d\n", a.device, a.backend, a.dtype, a.threads);
+        printf("log-every=%d\nquiet=%d\ntrace=%s\ndump=%s\n", a.log_every, a.quiet, S(a.trace), S(a.dump));
+        printf("save=%s\nsave-every=%d\nresume=%s\nload-weights=%s\nsave-weights=%s\n", S(a.save),
+               a.save_every, S(a.resume), S(a.load_weights), S(a.save_weights));
+        printf("inject-nan-step=%d\nkill-rank=%d\nkill-step=%d\n", a.inject_nan_step, a.kill_rank, a.kill_step);
+        printf("bucket-mb=%g\nmicro=%d\nschedule=%s\nverbose=%d\ntag=%s\n", (double)bucket_mb, micro,
+               schedule, verbose, S(tag));
+#undef S
+    }
+    dist_finalize();
+    return 0;
+}

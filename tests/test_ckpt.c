@@ -1,0 +1,467 @@
+// test_ckpt.c: checkpoints and atomic writes (common/ckpt.c).
+//
+// Failing loads end the job through lab_fail. Here lab_abort_hook longjmps back into the test
+// (lab_fail calls it before exit) while stderr goes to a temp file, so each refusal is checked
+// in-process for its words: the file named, the problem named. That is cleaner than Criterion's
+// .exit_code = 1 (which cannot see the message) and than a helper program launched per case.
+#include <criterion/criterion.h>
+#include <errno.h>
+#include <setjmp.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "check.h"
+#include "ckpt.h"
+#include "gpt2.h"
+
+// ---- catching lab_fail in-process (see test_data.c) -------------------------------------------
+static jmp_buf fail_env;
+static void fail_hook(int code) {
+    (void)code;
+    longjmp(fail_env, 1);
+}
+static const char *expect_fail(void (*fn)(void *), void *arg) {
+    static char msg[4096];
+    fflush(stderr);
+    FILE *tmp = tmpfile();
+    int saved = dup(2);
+    dup2(fileno(tmp), 2);
+    volatile int failed = 0;
+    lab_abort_hook = fail_hook;
+    if (setjmp(fail_env) == 0) fn(arg);
+    else failed = 1;
+    lab_abort_hook = NULL;
+    fflush(stderr);
+    dup2(saved, 2);
+    close(saved);
+    rewind(tmp);
+    size_t n = fread(msg, 1, sizeof(msg) - 1, tmp);
+    msg[n] = '\0';
+    fclose(tmp);
+    if (failed) fprintf(stderr, "(expected failure) %s", msg);
+    return failed ? msg : NULL;
+}
+
+// ---- fixtures -----------------------------------------------------------------------------------
+
+static const GPT2Config CFG = {.V = 16, .T = 8, .L = 2, .C = 8, .NH = 2};
+static char dir[64];
+
+static void make_dir(void) {
+    strcpy(dir, "/tmp/lab_ckpt_XXXXXX");
+    cr_assert(mkdtemp(dir), "mkdtemp: %s", strerror(errno));
+}
+static void remove_dir(void) {
+    char cmd[128];
+    snprintf(cmd, sizeof(cmd), "rm -rf %s", dir);
+    cr_assert_eq(system(cmd), 0);
+}
+TestSuite(ckpt, .init = make_dir, .fini = remove_dir);
+
+static char *in_dir(const char *name) {
+    static char bufs[4][128];
+    static int next;
+    char *p = bufs[next++ % 4];
+    snprintf(p, 128, "%s/%s", dir, name);
+    return p;
+}
+
+// Bit patterns that a careless converter would change: -0, subnormals, huge, tiny.
+static float *test_params(size_t n, uint32_t salt) {
+    float *p = calloc(n, sizeof(float));
+    for (size_t i = 0; i < n; i++) {
+        uint32_t bits = (uint32_t)(i * 2654435761u) ^ (salt * 0x9E3779B9u);
+        bits &= 0xBFFFFFFFu;  // clear the top exponent bit: no NaN/Inf, all magnitudes < 2
+        if (i % 97 == 1) bits = 0x80000000u;  // -0.0
+        if (i % 89 == 2) bits = 0x00000001u;  // smallest subnormal
+        memcpy(&p[i], &bits, 4);
+    }
+    return p;
+}
+
+static unsigned char *read_all(const char *path, size_t *n) {
+    FILE *f = fopen(path, "rb");
+    cr_assert(f, "cannot open %s: %s", path, strerror(errno));
+    fseek(f, 0, SEEK_END);
+    *n = (size_t)ftell(f);
+    rewind(f);
+    unsigned char *b = malloc(*n + 1);
+    cr_assert_eq(fread(b, 1, *n, f), *n);
+    fclose(f);
+    return b;
+}
+
+static void write_all(const char *path, const void *b, size_t n) {
+    FILE *f = fopen(path, "wb");
+    cr_assert(f);
+    cr_assert_eq(fwrite(b, 1, n, f), n);
+    fclose(f);
+}
+
+// ---- CRC32 and atomic writes --------------------------------------------------------------------
+
+Test(ckpt, crc32_known_values) {
+    // The standard check value of CRC-32/IEEE (zlib, PNG, Ethernet).
+    cr_assert_eq(crc32_of("123456789", 9), 0xCBF43926u, "crc32(\"123456789\") = %08x", crc32_of("123456789", 9));
+    cr_assert_eq(crc32_of("", 0), 0u);
+    cr_assert_eq(crc32_of("a", 1), 0xE8B7BE43u);
+    // Incremental == whole.
+    uint32_t c = crc32_update(0, "1234", 4);
+    c = crc32_update(c, "56789", 5);
+    cr_assert_eq(c, 0xCBF43926u);
+}
+
+Test(ckpt, file_write_atomic_writes_exactly_and_leaves_no_tmp) {
+    char *path = in_dir("blob.bin");
+    const char msg[] = "hello, checkpoint";
+    file_write_atomic(path, msg, sizeof(msg));
+    size_t n;
+    unsigned char *b = read_all(path, &n);
+    cr_assert_eq(n, sizeof(msg));
+    cr_assert(memcmp(b, msg, n) == 0);
+    free(b);
+    char tmp[160];
+    snprintf(tmp, sizeof(tmp), "%s.tmp", path);
+    cr_assert(access(tmp, F_OK) != 0, "%s was left behind", tmp);
+    // Overwrite with a shorter content: the old bytes must not survive past the new end.
+    file_write_atomic(path, "xy", 2);
+    b = read_all(path, &n);
+    cr_assert(n == 2 && b[0] == 'x' && b[1] == 'y');
+    free(b);
+}
+
+// ---- weights ------------------------------------------------------------------------------------
+
+Test(ckpt, weights_roundtrip_is_bit_exact_in_llmc_layout) {
+    size_t n = gpt2_param_count(&CFG);
+    float *p = test_params(n, 1);
+    char *path = in_dir("w.bin");
+    ckpt_save_weights(path, &CFG, p);
+    // The layout, read back by hand: llm.c's header, then the flat tensors.
+    size_t size;
+    unsigned char *raw = read_all(path, &size);
+    cr_assert_eq(size, 1024 + 4 * n, "file has %zu bytes, want %zu", size, 1024 + 4 * n);
+    int32_t h[256];
+    memcpy(h, raw, sizeof(h));
+    cr_assert_eq(h[0], 20240326);
+    cr_assert_eq(h[1], 3);
+    cr_assert(h[2] == 8 && h[3] == 16 && h[4] == 2 && h[5] == 2 && h[6] == 8 && h[7] == 16,
+              "header config %d %d %d %d %d %d", h[2], h[3], h[4], h[5], h[6], h[7]);
+    cr_assert_eq((uint32_t)h[9], 0x4C414221u, "no CRC marker in header[9]");
+    uint32_t crc;
+    memcpy(&crc, &h[10], 4);
+    cr_assert_eq(crc, crc32_of(raw + 1024, 4 * n));
+    cr_assert(memcmp(raw + 1024, p, 4 * n) == 0, "tensor bytes are not the flat params");
+    free(raw);
+    // Load back.
+    GPT2Config c = ckpt_load_weights_config(path);
+    cr_assert(c.V == 16 && c.T == 8 && c.L == 2 && c.NH == 2 && c.C == 8);
+    float *q = malloc(n * sizeof(float));
+    memset(q, 0xAB, n * sizeof(float));
+    ckpt_load_weights(path, &CFG, q);
+    cr_assert(memcmp(p, q, n * sizeof(float)) == 0, "loaded weights differ from the saved ones");
+    memset(q, 0xAB, n * sizeof(float));
+    ckpt_load_weights(path, NULL, q);  // no expected config
+    cr_assert(memcmp(p, q, n * sizeof(float)) == 0);
+    free(p); free(q);
+}
+
+// A file as llm.c writes it: no CRC marker, vocabulary padded to Vp rows of wte.
+static void write_llmc_file(const char *path, int version, int Vp, const float *p, size_t n) {
+    size_t C = (size_t)CFG.C, wte = (size_t)CFG.V * C, pad = (size_t)(Vp - CFG.V) * C;
+    size_t elem = version == 3 ? 4 : 2;
+    size_t total = 1024 + (n + pad) * elem;
+    unsigned char *b = calloc(1, total);
+    int32_t h[256] = {20240326, version, CFG.T, CFG.V, CFG.L, CFG.NH, CFG.C, Vp};
+    memcpy(b, h, sizeof(h));
+    unsigned char *d = b + 1024;
+    for (size_t i = 0; i < n + pad; i++) {
+        // Padding rows hold junk (llm.c leaves them to the optimizer): they must be skipped.
+        float x = i < wte ? p[i] : i < wte + pad ? 12345.0f : p[i - pad];
+        if (version == 3) memcpy(d + 4 * i, &x, 4);
+        else {
+            uint32_t bits;
+            memcpy(&bits, &x, 4);
+            uint16_t hi = (uint16_t)(bits >> 16);
+            memcpy(d + 2 * i, &hi, 2);
+        }
+    }
+    write_all(path, b, total);
+    free(b);
+}
+
+Test(ckpt, loads_llmc_files_with_padded_vocab_fp32_and_bf16) {
+    size_t n = gpt2_param_count(&CFG);
+    float *p = test_params(n, 2);
+    float *q = malloc(n * sizeof(float));
+    char *path = in_dir("llmc.bin");
+    write_llmc_file(path, 3, 24, p, n);  // Vp = 24 > V = 16
+    ckpt_load_weights(path, &CFG, q);
+    cr_assert(memcmp(p, q, n * sizeof(float)) == 0, "fp32 llm.c file with padded V: wrong values");
+    write_llmc_file(path, 5, 24, p, n);
+    ckpt_load_weights(path, &CFG, q);
+    for (size_t i = 0; i < n; i++) {
+        uint32_t bits;
+        memcpy(&bits, &p[i], 4);
+        bits &= 0xFFFF0000u;  // bf16 keeps the top half
+        float want;
+        memcpy(&want, &bits, 4);
+        cr_assert(memcmp(&q[i], &want, 4) == 0, "bf16 element %zu: %g, want %g", i, q[i], want);
+    }
+    free(p); free(q);
+}
+
+// Each refusal: a function that loads, and the words its message must contain.
+static const char *g_path;
+static float *g_buf;
+static void load_weights_tiny(void *arg) {
+    (void)arg;
+    ckpt_load_weights(g_path, &CFG, g_buf);
+}
+
+static void expect_weights_refused(const char *path, const char *words) {
+    g_path = path;
+    const char *msg = expect_fail(load_weights_tiny, NULL);
+    cr_assert(msg, "%s was loaded; expected a refusal with \"%s\"", path, words);
+    cr_assert(strstr(msg, path), "the message does not name the file: %s", msg);
+    cr_assert(strstr(msg, words), "the message lacks \"%s\": %s", words, msg);
+}
+
+Test(ckpt, damaged_weights_are_refused) {
+    size_t n = gpt2_param_count(&CFG);
+    float *p = test_params(n, 3);
+    g_buf = malloc(n * sizeof(float));
+    char *good = in_dir("good.bin"), *bad = in_dir("bad.bin");
+    ckpt_save_weights(good, &CFG, p);
+    size_t size;
+    unsigned char *raw = read_all(good, &size);
+
+    expect_weights_refused(in_dir("missing.bin"), "No such file");
+
+    raw[1024 + 4 * (n / 2) + 1] ^= 0x10;  // one flipped bit in a tensor
+    write_all(bad, raw, size);
+    expect_weights_refused(bad, "corrupted: CRC32 mismatch");
+    raw[1024 + 4 * (n / 2) + 1] ^= 0x10;
+
+    write_all(bad, raw, size - 4);  // the last float is missing
+    expect_weights_refused(bad, "truncated");
+    write_all(bad, raw, 100);       // not even a header
+    expect_weights_refused(bad, "truncated");
+
+    int32_t magic = 20240327;
+    memcpy(raw, &magic, 4);
+    write_all(bad, raw, size);
+    expect_weights_refused(bad, "wrong magic");
+    magic = 20240326;
+    memcpy(raw, &magic, 4);
+
+    int32_t version = 4;
+    memcpy(raw + 4, &version, 4);
+    write_all(bad, raw, size);
+    expect_weights_refused(bad, "unsupported version 4");
+    version = 3;
+    memcpy(raw + 4, &version, 4);
+
+    write_all(bad, raw, size);  // restored: loads again
+    ckpt_load_weights(bad, &CFG, g_buf);
+    cr_assert(memcmp(p, g_buf, n * sizeof(float)) == 0);
+    free(raw); free(p); free(g_buf);
+}
+
+static GPT2Config g_expect;
+static void load_weights_expect(void *arg) {
+    (void)arg;
+    ckpt_load_weights(g_path, &g_expect, g_buf);
+}
+
+Test(ckpt, weights_config_mismatch_names_the_field) {
+    size_t n = gpt2_param_count(&CFG);
+    float *p = test_params(n, 4);
+    g_buf = malloc(n * sizeof(float) * 4);
+    char *path = in_dir("w.bin");
+    ckpt_save_weights(path, &CFG, p);
+    g_path = path;
+    g_expect = CFG;
+    g_expect.L = 3;
+    const char *msg = expect_fail(load_weights_expect, NULL);
+    cr_assert(msg, "L=2 weights loaded into an L=3 run");
+    cr_assert(strstr(msg, "config mismatch") && strstr(msg, path), "unclear: %s", msg);
+    cr_assert(strstr(msg, "L (--layers) = 2") && strstr(msg, "this run has 3"), "field or values missing: %s", msg);
+    g_expect = CFG;
+    g_expect.C = 16;
+    g_expect.NH = 4;
+    msg = expect_fail(load_weights_expect, NULL);
+    cr_assert(msg && strstr(msg, "NH (--heads) = 2") && strstr(msg, "this run has 4"), "unclear: %s", msg ? msg : "(loaded)");
+    free(p); free(g_buf);
+}
+
+// ---- training state -------------------------------------------------------------------------------
+
+static TrainState make_state(size_t n) {
+    TrainState s;
+    memset(&s, 0, sizeof(s));
+    s.cfg = CFG;
+    s.step = 17;
+    s.seed = 0x123456789ABCDEF0ull;
+    s.data_seed = 42;
+    s.lr = 3e-4f; s.beta1 = 0.9f; s.beta2 = 0.95f; s.eps = 1e-8f;
+    s.weight_decay = 0.1f; s.grad_clip = 1.0f;
+    s.warmup_steps = 5; s.total_steps = 100;
+    s.n = n;
+    s.params = test_params(n, 10);
+    s.m = test_params(n, 11);
+    s.v = test_params(n, 12);
+    return s;
+}
+
+static void free_state(TrainState *s) {
+    free(s->params);
+    free(s->m);
+    free(s->v);
+}
+
+Test(ckpt, state_roundtrip_is_bit_exact) {
+    size_t n = gpt2_param_count(&CFG);
+    TrainState s = make_state(n);
+    char *path = in_dir("state.bin");
+    ckpt_save_state(path, &s);
+    size_t size;
+    unsigned char *raw = read_all(path, &size);
+    cr_assert_eq(size, 92 + 12 * n + 4, "state file has %zu bytes", size);
+    cr_assert(memcmp(raw, "LABSTATE", 8) == 0);
+    uint32_t crc;
+    memcpy(&crc, raw + size - 4, 4);
+    cr_assert_eq(crc, crc32_of(raw, size - 4), "the trailing CRC does not cover the file");
+    free(raw);
+
+    TrainState r;
+    memset(&r, 0, sizeof(r));
+    r.params = malloc(n * 4); r.m = malloc(n * 4); r.v = malloc(n * 4);
+    ckpt_load_state(path, &CFG, &r);
+    cr_assert_eq(r.n, n);
+    cr_assert_eq(r.step, 17);
+    cr_assert_eq(r.seed, s.seed);
+    cr_assert_eq(r.data_seed, 42u);
+    cr_assert(r.cfg.V == 16 && r.cfg.T == 8 && r.cfg.L == 2 && r.cfg.NH == 2 && r.cfg.C == 8);
+    cr_assert(r.lr == s.lr && r.beta1 == s.beta1 && r.beta2 == s.beta2 && r.eps == s.eps &&
+              r.weight_decay == s.weight_decay && r.grad_clip == s.grad_clip);
+    cr_assert(r.warmup_steps == 5 && r.total_steps == 100);
+    cr_assert(memcmp(r.params, s.params, n * 4) == 0, "params differ");
+    cr_assert(memcmp(r.m, s.m, n * 4) == 0, "Adam m differs");
+    cr_assert(memcmp(r.v, s.v, n * 4) == 0, "Adam v differs");
+    free_state(&s);
+    free_state(&r);
+}
+
+static TrainState g_state;
+static void load_state_expect(void *arg) {
+    (void)arg;
+    ckpt_load_state(g_path, &g_expect, &g_state);
+}
+
+static void expect_state_refused(const char *path, GPT2Config expect, const char *words) {
+    g_path = path;
+    g_expect = expect;
+    const char *msg = expect_fail(load_state_expect, NULL);
+    cr_assert(msg, "%s was loaded; expected a refusal with \"%s\"", path, words);
+    cr_assert(strstr(msg, path), "the message does not name the file: %s", msg);
+    cr_assert(strstr(msg, words), "the message lacks \"%s\": %s", words, msg);
+}
+
+Test(ckpt, damaged_state_is_refused) {
+    size_t n = gpt2_param_count(&CFG);
+    TrainState s = make_state(n);
+    memset(&g_state, 0, sizeof(g_state));
+    g_state.params = malloc(n * 4); g_state.m = malloc(n * 4); g_state.v = malloc(n * 4);
+    char *good = in_dir("s.bin"), *bad = in_dir("bad.bin");
+    ckpt_save_state(good, &s);
+    size_t size;
+    unsigned char *raw = read_all(good, &size);
+
+    expect_state_refused(in_dir("nope.bin"), CFG, "No such file");
+    for (size_t at = 40; at < size; at += size / 3) {  // a flipped byte: in the header, params, m, v
+        raw[at] ^= 0x01;
+        write_all(bad, raw, size);
+        expect_state_refused(bad, CFG, "corrupted: CRC32 mismatch");
+        raw[at] ^= 0x01;
+    }
+    write_all(bad, raw, size - 1);
+    expect_state_refused(bad, CFG, "truncated");
+    raw[0] = 'X';
+    write_all(bad, raw, size);
+    expect_state_refused(bad, CFG, "wrong magic");
+    raw[0] = 'L';
+    GPT2Config other = CFG;
+    other.T = 16;
+    expect_state_refused(good, other, "T (--seq) = 8, this run has 16");
+    // A weights file given where a state file is expected.
+    ckpt_save_weights(bad, &CFG, s.params);
+    expect_state_refused(bad, CFG, "not a training-state checkpoint");
+    free(raw);
+    free_state(&s);
+    free_state(&g_state);
+}
+
+// ---- crash safety -------------------------------------------------------------------------------
+
+static const char *g_save_path;
+static TrainState *g_save_state;
+static void save_state_to(void *arg) {
+    (void)arg;
+    ckpt_save_state(g_save_path, g_save_state);
+}
+
+Test(ckpt, failed_write_keeps_the_previous_checkpoint) {
+    size_t n = gpt2_param_count(&CFG);
+    TrainState old = make_state(n), next = make_state(n);
+    next.step = 18;
+    next.params[0] += 1.0f;
+    char *path = in_dir("ckpt.bin");
+    ckpt_save_state(path, &old);
+    size_t size0;
+    unsigned char *before = read_all(path, &size0);
+    char tmp[160];
+    snprintf(tmp, sizeof(tmp), "%s.tmp", path);
+    g_save_path = path;
+    g_save_state = &next;
+
+    // 1. The temp file cannot be created (a directory sits in its place).
+    cr_assert_eq(mkdir(tmp, 0755), 0);
+    const char *msg = expect_fail(save_state_to, NULL);
+    cr_assert(msg, "the save succeeded although %s is a directory", tmp);
+    cr_assert(strstr(msg, path) && strstr(msg, "Is a directory"), "unclear: %s", msg);
+    cr_assert_eq(rmdir(tmp), 0, "the failed save removed or filled the directory in its way");
+
+    // 2. The disk fills up in the middle of the write (the temp file is /dev/full).
+    cr_assert_eq(symlink("/dev/full", tmp), 0);
+    msg = expect_fail(save_state_to, NULL);
+    cr_assert(msg, "the save succeeded on a full disk");
+    cr_assert(strstr(msg, path) && strstr(msg, "No space left"), "unclear: %s", msg);
+    cr_assert(access(tmp, F_OK) != 0 && errno == ENOENT, "the failed temp file was left behind");
+
+    // 3. The directory does not exist.
+    g_save_path = "/tmp/lab_no_such_dir_for_ckpt/ckpt.bin";
+    msg = expect_fail(save_state_to, NULL);
+    cr_assert(msg && strstr(msg, g_save_path) && strstr(msg, "No such file"), "unclear: %s", msg ? msg : "(saved)");
+
+    // After all that, the old checkpoint is byte-for-byte the same and still loads.
+    size_t size1;
+    unsigned char *after = read_all(path, &size1);
+    cr_assert(size0 == size1 && memcmp(before, after, size0) == 0, "the previous checkpoint changed");
+    TrainState r;
+    memset(&r, 0, sizeof(r));
+    r.params = malloc(n * 4); r.m = malloc(n * 4); r.v = malloc(n * 4);
+    ckpt_load_state(path, &CFG, &r);
+    cr_assert_eq(r.step, 17);
+    // And a save that works replaces it.
+    ckpt_save_state(path, &next);
+    ckpt_load_state(path, &CFG, &r);
+    cr_assert_eq(r.step, 18);
+    free(before); free(after);
+    free_state(&old);
+    free_state(&next);
+    free_state(&r);
+}

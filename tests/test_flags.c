@@ -1,0 +1,207 @@
+// test_flags.c: the shared command line (common/flags.c), run as real MPI jobs.
+//
+// Each case launches build/tests/mpi_flags (tests/mpi_flags.c) under mpirun with some flags.
+// A bad command line must be refused on 1 and on 4 ranks alike: exit status != 0, a message
+// that names the flag and what would be valid, printed once (not once per rank), and the job
+// must end within seconds (a rank left waiting would hang until the harness timeout).
+#include <criterion/criterion.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "harness.h"
+
+// Generous: an error ends the job in ~1-2 s (non-root ranks wait 1 s so rank 0's message
+// gets out first); mpirun's start on a loaded 2-core machine can take a few seconds more.
+#define TIMEOUT_S 30
+#define PROMPT_S 10.0
+
+static double now(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+static int count(const char *hay, const char *needle) {
+    int n = 0;
+    for (const char *p = hay; (p = strstr(p, needle)); p += strlen(needle)) n++;
+    return n;
+}
+
+// Runs mpi_flags with args on np ranks; returns the exit status, output in *out.
+static int run_flags(int np, const char *args, char **out, double *seconds) {
+    char cmd[2048];
+    snprintf(cmd, sizeof(cmd), "%s/tests/mpi_flags %s", harness_build_dir(), args);
+    double t0 = now();
+    int rc = harness_mpirun(np, cmd, out, TIMEOUT_S);
+    *seconds = now() - t0;
+    return rc;
+}
+
+typedef struct BadCase {
+    const char *args;
+    const char *words[3];  // all must appear in the output (the flag, what is valid)
+} BadCase;
+
+static void check_refused(const BadCase *c, int n) {
+    int nps[2] = {1, 4};
+    for (int i = 0; i < n; i++)
+        for (int k = 0; k < 2; k++) {
+            char *out = NULL;
+            double secs;
+            int rc = run_flags(nps[k], c[i].args, &out, &secs);
+            cr_assert_neq(rc, 124, "np=%d '%s': the job hung (killed after %d s)", nps[k], c[i].args, TIMEOUT_S);
+            cr_assert_neq(rc, 0, "np=%d '%s' was accepted:\n%s", nps[k], c[i].args, out);
+            for (int w = 0; w < 3 && c[i].words[w]; w++)
+                cr_assert(harness_contains(out, c[i].words[w]), "np=%d '%s': the message lacks \"%s\":\n%s",
+                          nps[k], c[i].args, c[i].words[w], out);
+            cr_assert_eq(count(out, "error:"), 1, "np=%d '%s': the error is printed %d times:\n%s",
+                         nps[k], c[i].args, count(out, "error:"), out);
+            cr_assert(secs < PROMPT_S, "np=%d '%s': took %.1f s to end", nps[k], c[i].args, secs);
+            free(out);
+        }
+}
+
+Test(flags, unknown_flags_and_stray_arguments) {
+    BadCase c[] = {
+        {"--stpes 5", {"unknown flag --stpes", "did you mean --steps?", "--help"}},
+        {"--steps 5 stray", {"unexpected argument 'stray'", "--flag"}},
+    };
+    check_refused(c, (int)(sizeof(c) / sizeof(c[0])));
+}
+
+Test(flags, missing_and_malformed_values) {
+    BadCase c[] = {
+        {"--steps", {"--steps needs a value", "[0, 1000000000]"}},
+        {"--steps --lr 0.1", {"--steps needs a value"}},
+        {"--steps 12x", {"--steps '12x' is not an integer", "[0, 1000000000]"}},
+        {"--lr=", {"--lr '' is not a number", "[0, 10]"}},
+        {"--lr 1e999", {"--lr '1e999' is not a finite number", "[0, 10]"}},
+        {"--quiet=1", {"--quiet is a switch and takes no value"}},
+    };
+    check_refused(c, (int)(sizeof(c) / sizeof(c[0])));
+}
+
+Test(flags, out_of_range_and_bad_choices) {
+    BadCase c[] = {
+        {"--batch 0", {"--batch 0 is out of range", "[1, 1048576]"}},
+        {"--seed 99999999999", {"--seed 99999999999 is out of range", "[0, 2147483647]"}},
+        {"--device tpu", {"--device 'tpu' is not a valid choice", "cpu|cuda"}},
+        {"--micro 0", {"--micro 0 is out of range", "[1, 64]"}},            // a chapter flag
+        {"--schedule zigzag", {"--schedule 'zigzag'", "gpipe|1f1b"}},      // a chapter choice
+    };
+    check_refused(c, (int)(sizeof(c) / sizeof(c[0])));
+}
+
+Test(flags, missing_files_and_bad_combinations) {
+    BadCase c[] = {
+        {"--data /tmp/lab_no_such_corpus.txt", {"--data /tmp/lab_no_such_corpus.txt", "No such file"}},
+        {"--resume /tmp/lab_no_such_state.bin", {"--resume /tmp/lab_no_such_state.bin", "No such file"}},
+        {"--load-weights /tmp", {"--load-weights /tmp", "is a directory"}},
+        {"--heads 3", {"--channels 128 is not divisible by --heads 3"}},
+        {"--backend nccl", {"--backend nccl needs --device cuda"}},
+        {"--kill-rank 9 --kill-step 1", {"--kill-rank 9", "ranks"}},
+    };
+    check_refused(c, (int)(sizeof(c) / sizeof(c[0])));
+}
+
+Test(flags, refused_before_dist_init_too) {
+    // Parsing before MPI is up: the launcher's rank decides who prints.
+    BadCase c[] = {
+        {"parse-before-init --stpes 5", {"unknown flag --stpes", "--steps"}},
+    };
+    check_refused(c, (int)(sizeof(c) / sizeof(c[0])));
+}
+
+// "name=value" line of rank 0's report.
+static void expect_value(const char *out, const char *name, const char *value) {
+    char line[256];
+    snprintf(line, sizeof(line), "%s=%s\n", name, value);
+    size_t n = strlen(line);
+    int found = strncmp(out, line, n) == 0;  // the first line, or after a newline
+    for (const char *p = out; !found && (p = strchr(p, '\n')); p++) found = strncmp(p + 1, line, n) == 0;
+    cr_assert(found, "expected %s=%s in:\n%s", name, value, out);
+}
+
+Test(flags, defaults_are_the_tiny_config) {
+    char *out = NULL;
+    double secs;
+    int rc = run_flags(1, "", &out, &secs);
+    cr_assert_eq(rc, 0, "no flags at all was refused:\n%s", out);
+    const char *want[][2] = {
+        {"vocab", "256"}, {"seq", "64"}, {"layers", "4"}, {"channels", "128"}, {"heads", "4"},
+        {"batch", "16"}, {"steps", "20"}, {"lr", "0.001"}, {"weight-decay", "0.1"},
+        {"grad-clip", "1"}, {"warmup", "0"}, {"data", "(null)"}, {"device", "cpu"},
+        {"backend", "mpi"}, {"dtype", "fp32"}, {"log-every", "10"}, {"quiet", "0"},
+        {"inject-nan-step", "-1"}, {"kill-rank", "-1"}, {"kill-step", "-1"},
+        {"bucket-mb", "25"}, {"micro", "4"}, {"schedule", "1f1b"}, {"verbose", "0"},
+    };
+    for (size_t i = 0; i < sizeof(want) / sizeof(want[0]); i++) expect_value(out, want[i][0], want[i][1]);
+    free(out);
+}
+
+Test(flags, good_values_parse_on_4_ranks) {
+    // Both spellings, negative numbers, every kind; --data/--resume need files that exist.
+    const char *args =
+        "--vocab 256 --seq=32 --layers 2 --channels 64 --heads=8 --batch 8 --steps 7 --lr=3e-3 "
+        "--weight-decay 0 --grad-clip 0.5 --warmup 2 --seed 5 --data-seed=6 --data Makefile "
+        "--device cpu --backend=mpi --dtype bf16 --threads 2 --log-every 0 --quiet "
+        "--trace t.json --dump d.bin --save s.bin --save-every 5 --resume Makefile "
+        "--save-weights w.bin --inject-nan-step -1 --kill-rank 3 --kill-step 4 "
+        "--bucket-mb=2.5 --micro 8 --schedule gpipe --verbose --tag hello";
+    char *out = NULL;
+    double secs;
+    int rc = run_flags(4, args, &out, &secs);
+    cr_assert_eq(rc, 0, "good flags were refused:\n%s", out);
+    const char *want[][2] = {
+        {"world", "4"}, {"vocab", "256"}, {"seq", "32"}, {"layers", "2"}, {"channels", "64"},
+        {"heads", "8"}, {"batch", "8"}, {"steps", "7"}, {"lr", "0.003"}, {"weight-decay", "0"},
+        {"grad-clip", "0.5"}, {"warmup", "2"}, {"seed", "5"}, {"data-seed", "6"},
+        {"data", "Makefile"}, {"device", "cpu"}, {"backend", "mpi"}, {"dtype", "bf16"},
+        {"threads", "2"}, {"log-every", "0"}, {"quiet", "1"}, {"trace", "t.json"},
+        {"dump", "d.bin"}, {"save", "s.bin"}, {"save-every", "5"}, {"resume", "Makefile"},
+        {"save-weights", "w.bin"}, {"inject-nan-step", "-1"}, {"kill-rank", "3"},
+        {"kill-step", "4"}, {"bucket-mb", "2.5"}, {"micro", "8"}, {"schedule", "gpipe"},
+        {"verbose", "1"}, {"tag", "hello"},
+    };
+    for (size_t i = 0; i < sizeof(want) / sizeof(want[0]); i++) expect_value(out, want[i][0], want[i][1]);
+    cr_assert_eq(count(out, "world=4"), 1, "more than one rank printed:\n%s", out);
+    free(out);
+}
+
+static const char *ALL_FLAGS[] = {
+    "--vocab", "--seq", "--layers", "--channels", "--heads", "--batch", "--steps", "--lr",
+    "--weight-decay", "--grad-clip", "--warmup", "--seed", "--data-seed", "--data", "--device",
+    "--backend", "--dtype", "--threads", "--log-every", "--quiet", "--trace", "--dump", "--save",
+    "--save-every", "--resume", "--load-weights", "--save-weights", "--inject-nan-step",
+    "--kill-rank", "--kill-step", "--help", "--bucket-mb", "--micro", "--schedule", "--verbose",
+    "--tag",
+};
+
+static void check_help(const char *args) {
+    char *out = NULL;
+    double secs;
+    int rc = run_flags(4, args, &out, &secs);
+    cr_assert_eq(rc, 0, "'%s' exited %d:\n%s", args, rc, out);
+    cr_assert(secs < PROMPT_S, "'%s' took %.1f s", args, secs);
+    cr_assert_eq(count(out, "a test program for the lab's command line"), 1,
+                 "'%s': the usage text is not printed exactly once:\n%s", args, out);
+    for (size_t i = 0; i < sizeof(ALL_FLAGS) / sizeof(ALL_FLAGS[0]); i++) {
+        char row[64];
+        snprintf(row, sizeof(row), "\n  %s ", ALL_FLAGS[i]);  // a table row starts with the flag
+        cr_assert(harness_contains(out, row), "'%s': --help does not list %s:\n%s", args, ALL_FLAGS[i], out);
+    }
+    // Groups, and a default and range shown for a flag.
+    const char *groups[] = {"\nmodel\n", "\ntraining\n", "\nhardware\n", "\noutput\n", "\nreliability\n", "\nchapter\n"};
+    for (int g = 0; g < 6; g++) cr_assert(harness_contains(out, groups[g]), "group %s missing", groups[g] + 1);
+    cr_assert(harness_contains(out, "--micro N") && harness_contains(out, "[1, 64]"), "no range shown:\n%s", out);
+    cr_assert(!harness_contains(out, "world="), "'%s': the program went on after --help", args);
+    free(out);
+}
+
+Test(flags, help_lists_every_flag_once_and_exits_0) {
+    check_help("--help");
+    check_help("--steps 5 --help --bogus");    // --help wins over a mistake next to it
+    check_help("parse-before-init --help");   // before dist_init as well
+}
