@@ -1,8 +1,9 @@
 // kernels_cuda.cu: the Kernels table (kernels.h) on an NVIDIA GPU.
 //
-// Matmuls go to cuBLAS; everything else is a small hand-written kernel that mirrors the CPU
-// version in kernels_cpu.c line for line, so the two can be read side by side. All pointers
-// are device pointers. Every kernel launch and cuBLAS call is checked (file:line).
+// Matmuls go to cuBLAS; everything else is a small hand-written kernel that computes the
+// same formula, in the same form, as kernels_cpu.c, so the two can be read side by side.
+// All pointers are device pointers. Every kernel launch and cuBLAS call is checked (file:line).
+// tools/gpu_check compares each kernel here with its CPU twin.
 //
 // Two patterns recur:
 //   - elementwise ops use grid-stride loops: any n works with a bounded grid;
@@ -14,8 +15,8 @@
 // cuBLAS is column-major. A row-major (R, K) matrix is, read column-major, its transpose
 // (K, R) with leading dimension K. Each cuBLAS call below states the row-major product it
 // computes; the arguments follow from that rule.
-#include <cublas_v2.h>
 #include <assert.h>
+#include <cublas_v2.h>
 #include <cuda_runtime.h>
 #include <math.h>
 #include <stdint.h>
@@ -57,7 +58,7 @@ static cublasHandle_t cublas(void) {
 #define BLOCK 256        // threads per block for elementwise and row kernels
 #define WARP 32          // threads per warp; one warp per row in the row kernels
 #define MAX_GRID 8192    // cap for grid-stride loops (enough blocks to fill any GPU)
-#define COL_LANES 8      // column sums: rows are split over 8 lanes per column, see colsum
+#define COL_LANES 32     // column sums: rows split over 32 threads per column (bias_backward)
 
 // Blocks for an elementwise kernel over n elements.
 static unsigned grid_for(size_t n) {
@@ -159,8 +160,9 @@ static void encoder_backward(float *dwte, float *dwpe, const float *dout, const 
 
 // ---- column sums (bias and LayerNorm weight gradients) ----------------------------------------
 
-// A block covers 32 columns (threadIdx.x) with COL_LANES threads each (threadIdx.y): lane y
-// sums rows y, y+8, y+16, ...; then lane 0 adds the 8 partial sums in order.
+// A block covers 32 columns (threadIdx.x) with COL_LANES threads each (threadIdx.y): thread y
+// sums rows y, y + COL_LANES, y + 2·COL_LANES, ...; then thread y = 0 adds the COL_LANES
+// partial sums in order. (Threads of a warp read 32 neighboring columns: coalesced.)
 // db (OC) += Σ_n dout[n, :]   over dout (N, OC)
 __global__ static void bias_backward_kernel(float *db, const float *dout, int N, int OC) {
     __shared__ float part[COL_LANES][WARP];

@@ -1,0 +1,45 @@
+#!/usr/bin/env bash
+# Runs tools/gpu_check on the CPU, with common/*.cu executed by the emulator in
+# tests/cuda_emu/include (see cuda_runtime.h there): checks the CUDA kernels' logic against the
+# CPU kernels on a machine without a GPU. Slow (every GPU thread is a coroutine); a few minutes.
+#
+#   bash tests/cuda_emu/run.sh [gpu_check arguments, e.g. --kernels-only]
+#
+# Builds into $EMU_BUILD (default build-cuda-emu). Exit status: gpu_check's.
+# shellcheck disable=SC2086  # the *FLAGS and *LIBS strings are lists of words on purpose
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+OUT=${EMU_BUILD:-build-cuda-emu}
+mkdir -p "$OUT/obj"
+
+CC=${CC:-gcc}
+CXX=${CXX:-g++}
+MPI_CFLAGS=$(mpicc -showme:compile)
+MPI_LIBS=$(mpicc -showme:link)
+BLAS_CFLAGS=$(pkg-config --cflags openblas 2>/dev/null || echo -I/usr/include/x86_64-linux-gnu/openblas-pthread)
+BLAS_LIBS=$(pkg-config --libs openblas 2>/dev/null || echo -lopenblas)
+# UBSan on everything (ASan does not get along with the emulator's coroutine stacks).
+SAN="-fsanitize=undefined -fno-sanitize-recover=undefined"
+CFLAGS="-std=c11 -D_DEFAULT_SOURCE -D_POSIX_C_SOURCE=200809L -O2 -g -Wall -Wextra -Werror $SAN
+        -Icommon $MPI_CFLAGS $BLAS_CFLAGS -DLAB_CUDA=1"
+CXXFLAGS="-std=c++17 -O2 -g -Wall -Wextra -Werror -Wno-unused-function $SAN
+          -Itests/cuda_emu/include -Icommon $MPI_CFLAGS -DLAB_CUDA=1"
+
+objs=()
+for f in common/*.cu; do
+    name=$(basename "$f" .cu)
+    # kernel<<<grid, block>>>(args)  ->  emu_launch(kernel, emu_cfg(grid, block))(args)
+    { echo "#line 1 \"$f\""; perl -0pe 's/(\w+)<<<(.*?)>>>/emu_launch($1, emu_cfg($2))/gs' "$f"; } \
+        > "$OUT/obj/$name.emu.cpp"
+    $CXX $CXXFLAGS -c "$OUT/obj/$name.emu.cpp" -o "$OUT/obj/$name.cu.o"
+    objs+=("$OUT/obj/$name.cu.o")
+done
+for f in common/*.c; do
+    name=$(basename "$f" .c)
+    $CC $CFLAGS -c "$f" -o "$OUT/obj/$name.o"
+    objs+=("$OUT/obj/$name.o")
+done
+$CC $CFLAGS tools/gpu_check.c "${objs[@]}" $BLAS_LIBS $MPI_LIBS -lstdc++ -lm -lpthread $SAN \
+    -o "$OUT/gpu_check"
+echo "built $OUT/gpu_check (CUDA kernels emulated on the CPU)"
+OPENBLAS_NUM_THREADS=1 "$OUT/gpu_check" "$@"
