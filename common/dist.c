@@ -17,8 +17,9 @@
 // Any other overlap of send and recv is a bug in the caller and fails with file:line.
 //
 // Device buffers (a CUDA build, pointers from mem_alloc(..., DEV_CUDA)):
-//   backend MPI   staged through host memory (so several ranks can share one GPU, like gloo);
-//                 the non-blocking variants then complete at once (correct, but no overlap).
+//   backend MPI   staged through host memory (so several ranks can share one GPU, like gloo):
+//                 copied to a host buffer, communicated, copied back at the end (for the
+//                 non-blocking variants, at dist_wait).
 //   backend NCCL  hook points for common/dist_nccl.c, which is not part of this build yet:
 //                 each op below has a line `if (use_nccl(...)) ...` where a call such as
 //                   dist_nccl_all_reduce(send, recv, count, dt, op, g)      (ncclAllReduce)
@@ -33,10 +34,8 @@
 #include <string.h>
 
 #include "check.h"
+#include "kernels.h"
 #include "mem.h"
-#ifdef LAB_CUDA
-#include "cuda_util.h"
-#endif
 
 static DistGroup world;
 static int world_ready = 0;
@@ -47,29 +46,14 @@ static MPI_Op bf16_sum_op = MPI_OP_NULL, bf16_max_op = MPI_OP_NULL;
 static MPI_Errhandler errhandler = MPI_ERRHANDLER_NULL;
 
 // ---------------------------------------------------------------------------------------------
-// bf16 <-> fp32 (the same rounding as kernels.h's bf16_from_f32: nearest, ties to even)
-
-static float bf16_widen(uint16_t h) {
-    uint32_t u = (uint32_t)h << 16;
-    float f;
-    memcpy(&f, &u, sizeof f);
-    return f;
-}
-
-static uint16_t bf16_round(float f) {
-    uint32_t u;
-    memcpy(&u, &f, sizeof u);
-    if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x0040u);  // NaN stays NaN
-    u += 0x7fffu + ((u >> 16) & 1u);
-    return (uint16_t)(u >> 16);
-}
+// bf16 (conversions from kernels.h: round to nearest even, NaN stays NaN)
 
 // MPI user ops on bf16: widen to fp32, combine, round back (once per pairwise combine).
 static void bf16_sum_fn(void *in, void *inout, int *len, MPI_Datatype *dt) {
     (void)dt;
     const uint16_t *a = in;
     uint16_t *b = inout;
-    for (int i = 0; i < *len; i++) b[i] = bf16_round(bf16_widen(a[i]) + bf16_widen(b[i]));
+    for (int i = 0; i < *len; i++) b[i] = bf16_from_f32(bf16_to_f32(a[i]) + bf16_to_f32(b[i]));
 }
 
 static void bf16_max_fn(void *in, void *inout, int *len, MPI_Datatype *dt) {
@@ -77,7 +61,7 @@ static void bf16_max_fn(void *in, void *inout, int *len, MPI_Datatype *dt) {
     const uint16_t *a = in;
     uint16_t *b = inout;
     for (int i = 0; i < *len; i++)
-        if (bf16_widen(a[i]) > bf16_widen(b[i])) b[i] = a[i];
+        if (bf16_to_f32(a[i]) > bf16_to_f32(b[i])) b[i] = a[i];
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -238,7 +222,7 @@ static void finish_avg(void *buf, size_t count, DistDtype dt, int n) {
     } break;
     case DIST_BF16: {
         uint16_t *x = buf;
-        for (size_t i = 0; i < count; i++) x[i] = bf16_round(bf16_widen(x[i]) / (float)n);
+        for (size_t i = 0; i < count; i++) x[i] = bf16_from_f32(bf16_to_f32(x[i]) / (float)n);
     } break;
     case DIST_F64: {
         double *x = buf;
@@ -282,14 +266,6 @@ static int use_nccl(const void *a, const void *b) {
     lab_fail("NCCL backend not built (common/dist_nccl.c is missing): use --backend mpi");
 }
 
-#ifdef LAB_CUDA
-// MPI backend with device buffers: a host twin of the region [p, p+bytes), copied in if asked.
-static void *stage_in(const void *p, size_t bytes, int copy) {
-    void *h = lab_xmalloc(bytes ? bytes : 1);
-    if (copy && bytes) mem_copy(h, p, bytes);
-    return h;
-}
-#endif
 
 // ---------------------------------------------------------------------------------------------
 // the MPI calls on host buffers (counted by the public functions below)
@@ -354,45 +330,262 @@ static void host_all_gather(const void *send, void *recv, size_t sendcount, Dist
 }
 
 // ---------------------------------------------------------------------------------------------
-// collectives
+// finishing non-blocking ops
+//
+// Some ops need work after MPI completes: AVG divides (DistWork has what it needs), and two
+// cases move data: NCCL's in-place reduce-scatter form (MPI leaves the result at the start of
+// the input), and device buffers on the MPI backend (the op runs on a host staging buffer that
+// is copied to the device and freed). DistWork has no field for that, so such ops leave an
+// entry here, found again by the op's MPI request and result buffer.
 
-void dist_broadcast(void *buf, size_t count, DistDtype dt, int root, DistGroup *g) {
+typedef struct Pending {
+    MPI_Request req;   // key, with buf (the DistWork's)
+    void *buf;
+    void *result;      // where MPI leaves the result
+    void *dst;         // where it belongs (NULL: nothing to move)
+    size_t bytes;
+    void *host;        // staging buffer to free, or NULL
+    int used;
+} Pending;
+
+#define MAX_PENDING 1024
+static Pending pending[MAX_PENDING];
+
+static void pending_add(MPI_Request req, void *buf, void *result, void *dst, size_t bytes, void *host) {
+    for (int i = 0; i < MAX_PENDING; i++) {
+        if (!pending[i].used) {
+            pending[i] = (Pending){req, buf, result, dst, bytes, host, 1};
+            return;
+        }
+    }
+    lab_fail_at(__FILE__, __LINE__, "more than %d staged or moved non-blocking ops in flight: wait for some",
+                MAX_PENDING);
+}
+
+static void finish_work(DistWork *w, MPI_Request key) {
+    w->active = 0;
+    Pending *e = NULL;
+    for (int i = 0; i < MAX_PENDING && !e; i++)
+        if (pending[i].used && pending[i].req == key && pending[i].buf == w->buf) e = &pending[i];
+    void *res = e ? e->result : w->buf;
+    if (w->op == DIST_AVG) finish_avg(res, w->count, w->dtype, w->group_size);
+    if (!e) return;
+    if (e->dst && e->bytes && e->dst != e->result) mem_copy(e->dst, e->result, e->bytes);
+    free(e->host);
+    e->used = 0;
+}
+
+// ---------------------------------------------------------------------------------------------
+// non-blocking collectives (and, for device buffers, the blocking ones: start + wait)
+
+static DistWork work_new(void *buf, size_t count, DistDtype dt, DistOp op, DistGroup *g) {
+    DistWork w;
+    memset(&w, 0, sizeof w);
+    w.req = MPI_REQUEST_NULL;
+    w.buf = buf;
+    w.count = count;
+    w.dtype = dt;
+    w.op = op;
+    w.group_size = g->size;
+    w.active = 1;
+    return w;
+}
+
+// Device buffers on the MPI backend? (NCCL with device buffers goes to use_nccl's hook.)
+static int staged(const void *a, const void *b) {
+#ifdef LAB_CUDA
+    return backend == DIST_BACKEND_MPI && (on_device(a) || on_device(b));
+#else
+    (void)a;
+    (void)b;
+    return 0;
+#endif
+}
+
+// A host copy of [p, p+bytes) (copied in when copy), for the MPI backend with device buffers.
+static void *stage_in(const void *p, size_t bytes, int copy) {
+    void *h = lab_xmalloc(bytes ? bytes : 1);
+    if (copy && bytes) mem_copy(h, p, bytes);
+    return h;
+}
+
+DistWork dist_iall_reduce(const void *send, void *recv, size_t count, DistDtype dt, DistOp op, DistGroup *g) {
+    uint64_t S = (uint64_t)count * dist_dtype_size(dt), N = (uint64_t)g->size;
+    count_op(OP_ALL_REDUCE, 2 * (N - 1) * S / N, 2 * (N - 1) * S / N);
+    DistWork w = work_new(recv, count, dt, op, g);
+    if (use_nccl(send, recv)) return w;  // hook: dist_nccl_all_reduce
+    if (staged(send, recv)) {
+        void *h = stage_in((send == NULL || send == recv) ? recv : send, S, 1);
+        host_all_reduce(NULL, h, count, dt, op, g, &w.req);
+        pending_add(w.req, recv, h, recv, S, h);
+        return w;
+    }
+    host_all_reduce(send, recv, count, dt, op, g, &w.req);
+    return w;
+}
+
+DistWork dist_ibroadcast(void *buf, size_t count, DistDtype dt, int root, DistGroup *g) {
     uint64_t S = (uint64_t)count * dist_dtype_size(dt);
     // A group of one moves nothing.
     if (g->rank == root) count_op(OP_BROADCAST, g->size > 1 ? S : 0, 0);
     else count_op(OP_BROADCAST, 0, S);
-    if (use_nccl(buf, NULL)) return;
-#ifdef LAB_CUDA
-    if (on_device(buf)) {
+    DistWork w = work_new(buf, count, dt, DIST_SUM, g);
+    if (use_nccl(buf, NULL)) return w;  // hook: dist_nccl_broadcast
+    if (staged(buf, NULL)) {
         void *h = stage_in(buf, S, g->rank == root);
-        host_broadcast(h, count, dt, root, g, NULL);
-        if (g->rank != root) mem_copy(buf, h, S);
-        free(h);
+        host_broadcast(h, count, dt, root, g, &w.req);
+        pending_add(w.req, buf, h, g->rank == root ? NULL : buf, S, h);
+        return w;
+    }
+    host_broadcast(buf, count, dt, root, g, &w.req);
+    return w;
+}
+
+DistWork dist_ireduce_scatter(const void *send, void *recv, size_t recvcount, DistDtype dt, DistOp op,
+                              DistGroup *g) {
+    size_t es = dist_dtype_size(dt);
+    uint64_t N = (uint64_t)g->size, S = N * recvcount * es;
+    count_op(OP_REDUCE_SCATTER, (N - 1) * S / N, (N - 1) * S / N);
+    DistWork w = work_new(recv, recvcount, dt, op, g);
+    if (use_nccl(send, recv)) return w;  // hook: dist_nccl_reduce_scatter
+    if (staged(send, recv)) {
+        // the whole input to host; block r of the result comes back to recv
+        void *h = stage_in((send == NULL || send == recv) ? recv : send, S, 1);
+        host_reduce_scatter(h, h, recvcount, dt, op, g, &w.req);
+        pending_add(w.req, recv, h, recv, recvcount * es, h);
+        return w;
+    }
+    void *out = host_reduce_scatter(send, recv, recvcount, dt, op, g, &w.req);
+    if (out != recv) pending_add(w.req, recv, out, recv, recvcount * es, NULL);
+    return w;
+}
+
+DistWork dist_iall_gather(const void *send, void *recv, size_t sendcount, DistDtype dt, DistGroup *g) {
+    size_t es = dist_dtype_size(dt);
+    uint64_t N = (uint64_t)g->size, S = N * sendcount * es;
+    count_op(OP_ALL_GATHER, (N - 1) * S / N, (N - 1) * S / N);
+    DistWork w = work_new(recv, sendcount * (size_t)g->size, dt, DIST_SUM, g);
+    if (use_nccl(send, recv)) return w;  // hook: dist_nccl_all_gather
+    if (staged(send, recv)) {
+        // this rank's block goes to its place in a host copy of the whole output
+        void *h = stage_in(NULL, S, 0);
+        const void *mine = send ? send : at_block(recv, g->rank, sendcount, dt);
+        mem_copy(at_block(h, g->rank, sendcount, dt), mine, sendcount * es);
+        host_all_gather(NULL, h, sendcount, dt, g, &w.req);
+        pending_add(w.req, recv, h, recv, S, h);
+        return w;
+    }
+    host_all_gather(send, recv, sendcount, dt, g, &w.req);
+    return w;
+}
+
+DistWork dist_isend(const void *buf, size_t count, DistDtype dt, int peer, int tag, DistGroup *g) {
+    uint64_t S = (uint64_t)count * dist_dtype_size(dt);
+    count_op(OP_SEND, S, 0);
+    DistWork w = work_new((void *)buf, count, dt, DIST_SUM, g);
+    if (use_nccl(buf, NULL)) return w;  // hook: dist_nccl_send
+    int n = mpi_count(count, "dist_isend");
+    if (staged(buf, NULL)) {
+        void *h = stage_in(buf, S, 1);
+        MPI_Isend(h, n, mpi_type(dt), peer, tag, g->comm, &w.req);
+        pending_add(w.req, (void *)buf, h, NULL, 0, h);
+        return w;
+    }
+    MPI_Isend(buf, n, mpi_type(dt), peer, tag, g->comm, &w.req);
+    return w;
+}
+
+DistWork dist_irecv(void *buf, size_t count, DistDtype dt, int peer, int tag, DistGroup *g) {
+    uint64_t S = (uint64_t)count * dist_dtype_size(dt);
+    count_op(OP_RECV, 0, S);
+    DistWork w = work_new(buf, count, dt, DIST_SUM, g);
+    if (use_nccl(buf, NULL)) return w;  // hook: dist_nccl_recv
+    int n = mpi_count(count, "dist_irecv");
+    if (staged(buf, NULL)) {
+        void *h = stage_in(NULL, S, 0);
+        MPI_Irecv(h, n, mpi_type(dt), peer, tag, g->comm, &w.req);
+        pending_add(w.req, buf, h, buf, S, h);
+        return w;
+    }
+    MPI_Irecv(buf, n, mpi_type(dt), peer, tag, g->comm, &w.req);
+    return w;
+}
+
+void dist_wait(DistWork *w) {
+    if (!w->active) return;
+    MPI_Request key = w->req;  // MPI_Wait resets w->req
+    MPI_Wait(&w->req, MPI_STATUS_IGNORE);
+    finish_work(w, key);
+}
+
+int dist_test(DistWork *w) {
+    if (!w->active) return 1;
+    MPI_Request key = w->req;
+    int done = 0;
+    MPI_Test(&w->req, &done, MPI_STATUS_IGNORE);
+    if (done) finish_work(w, key);
+    return done;
+}
+
+void dist_wait_all(DistWork *w, int n) {
+    for (int i = 0; i < n; i++) dist_wait(&w[i]);
+}
+
+// ---------------------------------------------------------------------------------------------
+// blocking collectives
+
+void dist_broadcast(void *buf, size_t count, DistDtype dt, int root, DistGroup *g) {
+    if (staged(buf, NULL)) {
+        DistWork w = dist_ibroadcast(buf, count, dt, root, g);
+        dist_wait(&w);
         return;
     }
-#endif
+    uint64_t S = (uint64_t)count * dist_dtype_size(dt);
+    if (g->rank == root) count_op(OP_BROADCAST, g->size > 1 ? S : 0, 0);
+    else count_op(OP_BROADCAST, 0, S);
+    if (use_nccl(buf, NULL)) return;  // hook: dist_nccl_broadcast
     host_broadcast(buf, count, dt, root, g, NULL);
 }
 
 void dist_all_reduce(const void *send, void *recv, size_t count, DistDtype dt, DistOp op, DistGroup *g) {
-    uint64_t S = (uint64_t)count * dist_dtype_size(dt), N = (uint64_t)g->size;
-    count_op(OP_ALL_REDUCE, 2 * (N - 1) * S / N, 2 * (N - 1) * S / N);
-    if (use_nccl(send, recv)) return;
-#ifdef LAB_CUDA
-    if (on_device(send) || on_device(recv)) {
-        int in_place = (send == NULL || send == recv);
-        void *hr = stage_in(in_place ? recv : NULL, S, in_place);
-        void *hs = in_place ? NULL : stage_in(send, S, 1);
-        host_all_reduce(hs, hr, count, dt, op, g, NULL);
-        if (op == DIST_AVG) finish_avg(hr, count, dt, g->size);
-        mem_copy(recv, hr, S);
-        free(hr);
-        free(hs);
+    if (staged(send, recv)) {
+        DistWork w = dist_iall_reduce(send, recv, count, dt, op, g);
+        dist_wait(&w);
         return;
     }
-#endif
+    uint64_t S = (uint64_t)count * dist_dtype_size(dt), N = (uint64_t)g->size;
+    count_op(OP_ALL_REDUCE, 2 * (N - 1) * S / N, 2 * (N - 1) * S / N);
+    if (use_nccl(send, recv)) return;  // hook: dist_nccl_all_reduce
     host_all_reduce(send, recv, count, dt, op, g, NULL);
     if (op == DIST_AVG) finish_avg(recv, count, dt, g->size);
+}
+
+void dist_reduce_scatter(const void *send, void *recv, size_t recvcount, DistDtype dt, DistOp op, DistGroup *g) {
+    if (staged(send, recv)) {
+        DistWork w = dist_ireduce_scatter(send, recv, recvcount, dt, op, g);
+        dist_wait(&w);
+        return;
+    }
+    size_t es = dist_dtype_size(dt);
+    uint64_t N = (uint64_t)g->size, S = N * recvcount * es;
+    count_op(OP_REDUCE_SCATTER, (N - 1) * S / N, (N - 1) * S / N);
+    if (use_nccl(send, recv)) return;  // hook: dist_nccl_reduce_scatter
+    void *out = host_reduce_scatter(send, recv, recvcount, dt, op, g, NULL);
+    if (op == DIST_AVG) finish_avg(out, recvcount, dt, g->size);
+    if (out != recv) memmove(recv, out, recvcount * es);
+}
+
+void dist_all_gather(const void *send, void *recv, size_t sendcount, DistDtype dt, DistGroup *g) {
+    if (staged(send, recv)) {
+        DistWork w = dist_iall_gather(send, recv, sendcount, dt, g);
+        dist_wait(&w);
+        return;
+    }
+    size_t es = dist_dtype_size(dt);
+    uint64_t N = (uint64_t)g->size, S = N * sendcount * es;
+    count_op(OP_ALL_GATHER, (N - 1) * S / N, (N - 1) * S / N);
+    if (use_nccl(send, recv)) return;  // hook: dist_nccl_all_gather
+    host_all_gather(send, recv, sendcount, dt, g, NULL);
 }
 
 void dist_reduce(const void *send, void *recv, size_t count, DistDtype dt, DistOp op, int root, DistGroup *g) {
@@ -400,13 +593,11 @@ void dist_reduce(const void *send, void *recv, size_t count, DistDtype dt, DistO
     int is_root = g->rank == root;
     if (is_root) count_op(OP_REDUCE, 0, (uint64_t)(g->size - 1) * S);
     else count_op(OP_REDUCE, S, 0);
-    if (use_nccl(send, recv)) return;
+    if (use_nccl(send, recv)) return;  // hook: dist_nccl_reduce
     int n = mpi_count(count, "dist_reduce");
     int in_place = (send == NULL || send == recv);
-#ifdef LAB_CUDA
-    if (on_device(send) || on_device(recv)) {
-        const void *src = in_place ? recv : send;
-        void *hs = stage_in(src, S, 1);
+    if (staged(send, recv)) {
+        void *hs = stage_in(in_place ? recv : send, S, 1);
         void *hr = is_root ? stage_in(NULL, S, 0) : NULL;
         MPI_Reduce(hs, hr, n, mpi_type(dt), mpi_op(op, dt), root, g->comm);
         if (is_root) {
@@ -417,7 +608,6 @@ void dist_reduce(const void *send, void *recv, size_t count, DistDtype dt, DistO
         free(hr);
         return;
     }
-#endif
     if (is_root) {
         const void *s = in_place ? MPI_IN_PLACE : send;
         LAB_CHECK(in_place || !overlaps(send, S, recv, S), "dist_reduce: send and recv overlap");
@@ -429,58 +619,16 @@ void dist_reduce(const void *send, void *recv, size_t count, DistDtype dt, DistO
     }
 }
 
-void dist_reduce_scatter(const void *send, void *recv, size_t recvcount, DistDtype dt, DistOp op, DistGroup *g) {
-    size_t es = dist_dtype_size(dt);
-    uint64_t N = (uint64_t)g->size, S = N * recvcount * es;
-    count_op(OP_REDUCE_SCATTER, (N - 1) * S / N, (N - 1) * S / N);
-    if (use_nccl(send, recv)) return;
-#ifdef LAB_CUDA
-    if (on_device(send) || on_device(recv)) {
-        // Stage the whole input; the result block comes back to recv.
-        const void *src = (send == NULL || send == recv) ? recv : send;
-        void *h = stage_in(src, S, 1);
-        host_reduce_scatter(h, h, recvcount, dt, op, g, NULL);
-        if (op == DIST_AVG) finish_avg(h, recvcount, dt, g->size);
-        mem_copy(recv, h, recvcount * es);
-        free(h);
-        return;
-    }
-#endif
-    void *out = host_reduce_scatter(send, recv, recvcount, dt, op, g, NULL);
-    if (op == DIST_AVG) finish_avg(out, recvcount, dt, g->size);
-    if (out != recv) memmove(recv, out, recvcount * es);
-}
-
-void dist_all_gather(const void *send, void *recv, size_t sendcount, DistDtype dt, DistGroup *g) {
-    size_t es = dist_dtype_size(dt);
-    uint64_t N = (uint64_t)g->size, S = N * sendcount * es;
-    count_op(OP_ALL_GATHER, (N - 1) * S / N, (N - 1) * S / N);
-    if (use_nccl(send, recv)) return;
-#ifdef LAB_CUDA
-    if (on_device(send) || on_device(recv)) {
-        void *h = stage_in(NULL, S, 0);
-        const void *mine = send ? send : at_block(recv, g->rank, sendcount, dt);
-        mem_copy(at_block(h, g->rank, sendcount, dt), mine, sendcount * es);
-        host_all_gather(NULL, h, sendcount, dt, g, NULL);
-        mem_copy(recv, h, S);
-        free(h);
-        return;
-    }
-#endif
-    host_all_gather(send, recv, sendcount, dt, g, NULL);
-}
-
 void dist_scatter(const void *send, void *recv, size_t count, DistDtype dt, int root, DistGroup *g) {
     size_t es = dist_dtype_size(dt);
     uint64_t block = (uint64_t)count * es;
     int is_root = g->rank == root;
     if (is_root) count_op(OP_SCATTER, (uint64_t)(g->size - 1) * block, 0);
     else count_op(OP_SCATTER, 0, block);
-    if (use_nccl(send, recv)) return;
+    if (use_nccl(send, recv)) return;  // hook: dist_nccl_send/recv in a group
     int n = mpi_count(count, "dist_scatter");
     mpi_count(count * (size_t)g->size, "dist_scatter (whole input)");
-#ifdef LAB_CUDA
-    if (on_device(send) || on_device(recv)) {
+    if (staged(send, recv)) {
         void *hs = is_root ? stage_in(send, block * (size_t)g->size, 1) : NULL;
         void *hr = stage_in(NULL, block, 0);
         MPI_Scatter(hs, n, mpi_type(dt), hr, n, mpi_type(dt), root, g->comm);
@@ -489,7 +637,6 @@ void dist_scatter(const void *send, void *recv, size_t count, DistDtype dt, int 
         free(hr);
         return;
     }
-#endif
     if (!is_root) {
         MPI_Scatter(NULL, n, mpi_type(dt), recv, n, mpi_type(dt), root, g->comm);
         return;
@@ -511,11 +658,10 @@ void dist_gather(const void *send, void *recv, size_t count, DistDtype dt, int r
     int is_root = g->rank == root;
     if (is_root) count_op(OP_GATHER, 0, (uint64_t)(g->size - 1) * block);
     else count_op(OP_GATHER, block, 0);
-    if (use_nccl(send, recv)) return;
+    if (use_nccl(send, recv)) return;  // hook: dist_nccl_send/recv in a group
     int n = mpi_count(count, "dist_gather");
     mpi_count(count * (size_t)g->size, "dist_gather (whole output)");
-#ifdef LAB_CUDA
-    if (on_device(send) || on_device(recv)) {
+    if (staged(send, recv)) {
         const void *src = (is_root && send == NULL) ? at_block(recv, root, count, dt) : send;
         void *hs = stage_in(src, block, 1);
         void *hr = is_root ? stage_in(NULL, block * (size_t)g->size, 0) : NULL;
@@ -525,7 +671,6 @@ void dist_gather(const void *send, void *recv, size_t count, DistDtype dt, int r
         free(hr);
         return;
     }
-#endif
     if (!is_root) {
         MPI_Gather(send, n, mpi_type(dt), NULL, n, mpi_type(dt), root, g->comm);
         return;
@@ -544,33 +689,29 @@ void dist_gather(const void *send, void *recv, size_t count, DistDtype dt, int r
 void dist_send(const void *buf, size_t count, DistDtype dt, int peer, int tag, DistGroup *g) {
     uint64_t S = (uint64_t)count * dist_dtype_size(dt);
     count_op(OP_SEND, S, 0);
-    if (use_nccl(buf, NULL)) return;
+    if (use_nccl(buf, NULL)) return;  // hook: dist_nccl_send
     int n = mpi_count(count, "dist_send");
-#ifdef LAB_CUDA
-    if (on_device(buf)) {
+    if (staged(buf, NULL)) {
         void *h = stage_in(buf, S, 1);
         MPI_Send(h, n, mpi_type(dt), peer, tag, g->comm);
         free(h);
         return;
     }
-#endif
     MPI_Send(buf, n, mpi_type(dt), peer, tag, g->comm);
 }
 
 void dist_recv(void *buf, size_t count, DistDtype dt, int peer, int tag, DistGroup *g) {
     uint64_t S = (uint64_t)count * dist_dtype_size(dt);
     count_op(OP_RECV, 0, S);
-    if (use_nccl(buf, NULL)) return;
+    if (use_nccl(buf, NULL)) return;  // hook: dist_nccl_recv
     int n = mpi_count(count, "dist_recv");
-#ifdef LAB_CUDA
-    if (on_device(buf)) {
+    if (staged(buf, NULL)) {
         void *h = stage_in(NULL, S, 0);
         MPI_Recv(h, n, mpi_type(dt), peer, tag, g->comm, MPI_STATUS_IGNORE);
         mem_copy(buf, h, S);
         free(h);
         return;
     }
-#endif
     MPI_Recv(buf, n, mpi_type(dt), peer, tag, g->comm, MPI_STATUS_IGNORE);
 }
 
@@ -579,12 +720,11 @@ void dist_sendrecv(const void *sendbuf, size_t sendcount, int dst, void *recvbuf
     size_t es = dist_dtype_size(dt);
     count_op(OP_SEND, (uint64_t)sendcount * es, 0);
     count_op(OP_RECV, 0, (uint64_t)recvcount * es);
-    if (use_nccl(sendbuf, recvbuf)) return;
+    if (use_nccl(sendbuf, recvbuf)) return;  // hook: dist_nccl_send + recv in one group
     int ns = mpi_count(sendcount, "dist_sendrecv (send)");
     int nr = mpi_count(recvcount, "dist_sendrecv (recv)");
     LAB_CHECK(!overlaps(sendbuf, sendcount * es, recvbuf, recvcount * es), "dist_sendrecv: buffers overlap");
-#ifdef LAB_CUDA
-    if (on_device(sendbuf) || on_device(recvbuf)) {
+    if (staged(sendbuf, recvbuf)) {
         void *hs = stage_in(sendbuf, sendcount * es, 1);
         void *hr = stage_in(NULL, recvcount * es, 0);
         MPI_Sendrecv(hs, ns, mpi_type(dt), dst, tag, hr, nr, mpi_type(dt), src, tag, g->comm, MPI_STATUS_IGNORE);
@@ -593,7 +733,6 @@ void dist_sendrecv(const void *sendbuf, size_t sendcount, int dst, void *recvbuf
         free(hr);
         return;
     }
-#endif
     MPI_Sendrecv(sendbuf, ns, mpi_type(dt), dst, tag, recvbuf, nr, mpi_type(dt), src, tag, g->comm,
                  MPI_STATUS_IGNORE);
 }
@@ -601,178 +740,6 @@ void dist_sendrecv(const void *sendbuf, size_t sendcount, int dst, void *recvbuf
 void dist_barrier(DistGroup *g) {
     count_op(OP_BARRIER, 0, 0);
     MPI_Barrier(g->comm);
-}
-
-// ---------------------------------------------------------------------------------------------
-// non-blocking
-
-static DistWork work_new(void *buf, size_t count, DistDtype dt, DistOp op, DistGroup *g) {
-    DistWork w;
-    memset(&w, 0, sizeof w);
-    w.req = MPI_REQUEST_NULL;
-    w.buf = buf;
-    w.count = count;
-    w.dtype = dt;
-    w.op = op;
-    w.group_size = g->size;
-    w.active = 1;
-    return w;
-}
-
-#ifdef LAB_CUDA
-// A finished op for the cases that ran at once (device buffers on the MPI backend).
-static DistWork work_done(void) {
-    DistWork w;
-    memset(&w, 0, sizeof w);
-    w.req = MPI_REQUEST_NULL;
-    return w;
-}
-#endif
-
-// NCCL's in-place reduce-scatter puts the result at block r of the input, but MPI leaves it
-// at the start; the move must wait for completion. DistWork has no field for it, so pending
-// moves are kept here, found by their destination.
-#define MAX_PENDING_MOVES 256
-static struct { void *dst; const void *src; } pending_moves[MAX_PENDING_MOVES];
-
-static void pending_move_add(void *dst, const void *src) {
-    for (int i = 0; i < MAX_PENDING_MOVES; i++) {
-        if (pending_moves[i].dst == NULL) {
-            pending_moves[i].dst = dst;
-            pending_moves[i].src = src;
-            return;
-        }
-    }
-    lab_fail_at(__FILE__, __LINE__, "more than %d in-place dist_ireduce_scatter pending at once", MAX_PENDING_MOVES);
-}
-
-static void finish_work(DistWork *w) {
-    w->active = 0;
-    if (w->op == DIST_AVG) {
-        // the result may still sit at the start of the input (see pending_moves)
-        void *res = w->buf;
-        for (int i = 0; i < MAX_PENDING_MOVES; i++)
-            if (pending_moves[i].dst == w->buf) res = (void *)pending_moves[i].src;
-        finish_avg(res, w->count, w->dtype, w->group_size);
-    }
-    for (int i = 0; i < MAX_PENDING_MOVES; i++) {
-        if (pending_moves[i].dst && pending_moves[i].dst == w->buf) {
-            memmove(pending_moves[i].dst, pending_moves[i].src, w->count * dist_dtype_size(w->dtype));
-            pending_moves[i].dst = NULL;
-            break;
-        }
-    }
-}
-
-DistWork dist_iall_reduce(const void *send, void *recv, size_t count, DistDtype dt, DistOp op, DistGroup *g) {
-#ifdef LAB_CUDA
-    if (!use_nccl(send, recv) && (on_device(send) || on_device(recv))) {
-        dist_all_reduce(send, recv, count, dt, op, g);
-        return work_done();
-    }
-#endif
-    uint64_t S = (uint64_t)count * dist_dtype_size(dt), N = (uint64_t)g->size;
-    count_op(OP_ALL_REDUCE, 2 * (N - 1) * S / N, 2 * (N - 1) * S / N);
-    DistWork w = work_new(recv, count, dt, op, g);
-    if (use_nccl(send, recv)) return w;
-    host_all_reduce(send, recv, count, dt, op, g, &w.req);
-    return w;
-}
-
-DistWork dist_ibroadcast(void *buf, size_t count, DistDtype dt, int root, DistGroup *g) {
-#ifdef LAB_CUDA
-    if (!use_nccl(buf, NULL) && on_device(buf)) {
-        dist_broadcast(buf, count, dt, root, g);
-        return work_done();
-    }
-#endif
-    uint64_t S = (uint64_t)count * dist_dtype_size(dt);
-    if (g->rank == root) count_op(OP_BROADCAST, g->size > 1 ? S : 0, 0);
-    else count_op(OP_BROADCAST, 0, S);
-    DistWork w = work_new(buf, count, dt, DIST_SUM, g);
-    if (use_nccl(buf, NULL)) return w;
-    host_broadcast(buf, count, dt, root, g, &w.req);
-    return w;
-}
-
-DistWork dist_ireduce_scatter(const void *send, void *recv, size_t recvcount, DistDtype dt, DistOp op,
-                              DistGroup *g) {
-#ifdef LAB_CUDA
-    if (!use_nccl(send, recv) && (on_device(send) || on_device(recv))) {
-        dist_reduce_scatter(send, recv, recvcount, dt, op, g);
-        return work_done();
-    }
-#endif
-    size_t es = dist_dtype_size(dt);
-    uint64_t N = (uint64_t)g->size, S = N * recvcount * es;
-    count_op(OP_REDUCE_SCATTER, (N - 1) * S / N, (N - 1) * S / N);
-    DistWork w = work_new(recv, recvcount, dt, op, g);
-    if (use_nccl(send, recv)) return w;
-    void *out = host_reduce_scatter(send, recv, recvcount, dt, op, g, &w.req);
-    if (out != recv) pending_move_add(recv, out);
-    return w;
-}
-
-DistWork dist_iall_gather(const void *send, void *recv, size_t sendcount, DistDtype dt, DistGroup *g) {
-#ifdef LAB_CUDA
-    if (!use_nccl(send, recv) && (on_device(send) || on_device(recv))) {
-        dist_all_gather(send, recv, sendcount, dt, g);
-        return work_done();
-    }
-#endif
-    size_t es = dist_dtype_size(dt);
-    uint64_t N = (uint64_t)g->size, S = N * sendcount * es;
-    count_op(OP_ALL_GATHER, (N - 1) * S / N, (N - 1) * S / N);
-    DistWork w = work_new(recv, sendcount * (size_t)g->size, dt, DIST_SUM, g);
-    if (use_nccl(send, recv)) return w;
-    host_all_gather(send, recv, sendcount, dt, g, &w.req);
-    return w;
-}
-
-DistWork dist_isend(const void *buf, size_t count, DistDtype dt, int peer, int tag, DistGroup *g) {
-#ifdef LAB_CUDA
-    if (!use_nccl(buf, NULL) && on_device(buf)) {
-        dist_send(buf, count, dt, peer, tag, g);
-        return work_done();
-    }
-#endif
-    count_op(OP_SEND, (uint64_t)count * dist_dtype_size(dt), 0);
-    DistWork w = work_new((void *)buf, count, dt, DIST_SUM, g);
-    if (use_nccl(buf, NULL)) return w;
-    MPI_Isend(buf, mpi_count(count, "dist_isend"), mpi_type(dt), peer, tag, g->comm, &w.req);
-    return w;
-}
-
-DistWork dist_irecv(void *buf, size_t count, DistDtype dt, int peer, int tag, DistGroup *g) {
-#ifdef LAB_CUDA
-    if (!use_nccl(buf, NULL) && on_device(buf)) {
-        dist_recv(buf, count, dt, peer, tag, g);
-        return work_done();
-    }
-#endif
-    count_op(OP_RECV, 0, (uint64_t)count * dist_dtype_size(dt));
-    DistWork w = work_new(buf, count, dt, DIST_SUM, g);
-    if (use_nccl(buf, NULL)) return w;
-    MPI_Irecv(buf, mpi_count(count, "dist_irecv"), mpi_type(dt), peer, tag, g->comm, &w.req);
-    return w;
-}
-
-void dist_wait(DistWork *w) {
-    if (!w->active) return;
-    MPI_Wait(&w->req, MPI_STATUS_IGNORE);
-    finish_work(w);
-}
-
-int dist_test(DistWork *w) {
-    if (!w->active) return 1;
-    int done = 0;
-    MPI_Test(&w->req, &done, MPI_STATUS_IGNORE);
-    if (done) finish_work(w);
-    return done;
-}
-
-void dist_wait_all(DistWork *w, int n) {
-    for (int i = 0; i < n; i++) dist_wait(&w[i]);
 }
 
 // ---------------------------------------------------------------------------------------------

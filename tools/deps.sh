@@ -23,17 +23,16 @@ fi
 
 [ ${#missing[@]} -eq 0 ] && exit 0
 
-echo "deps: missing: ${missing[*]}" >&2
 if [ $# -eq 0 ]; then
-  echo "deps: no package list given (usage: tools/deps.sh <debian packages...>)" >&2
+  echo "missing: ${missing[*]} (usage: tools/deps.sh <debian packages...>)" >&2
   exit 1
 fi
 install=(apt-get install -y "$@")
 if [ "$(id -u)" = 0 ]; then
-  echo "deps: installing: $*" >&2
+  echo "missing: ${missing[*]}; installing: $*" >&2
   apt-get update && DEBIAN_FRONTEND=noninteractive "${install[@]}" || exit 1
 elif command -v sudo >/dev/null 2>&1 && sudo -n true 2>/dev/null; then
-  echo "deps: installing with sudo: $*" >&2
+  echo "missing: ${missing[*]}; installing with sudo: $*" >&2
   sudo apt-get update && sudo DEBIAN_FRONTEND=noninteractive "${install[@]}" || exit 1
 else
   echo "missing: ${missing[*]}; run: sudo apt-get install -y $*" >&2
