@@ -20,13 +20,11 @@
 //   backend MPI   staged through host memory (so several ranks can share one GPU, like gloo):
 //                 copied to a host buffer, communicated, copied back at the end (for the
 //                 non-blocking variants, at dist_wait).
-//   backend NCCL  hook points for common/dist_nccl.c, which is not part of this build yet:
-//                 each op below has a line `if (use_nccl(...)) ...` where a call such as
-//                   dist_nccl_all_reduce(send, recv, count, dt, op, g)      (ncclAllReduce)
-//                   dist_nccl_broadcast, dist_nccl_reduce_scatter, dist_nccl_all_gather,
-//                   dist_nccl_send / dist_nccl_recv (inside ncclGroupStart/End for sendrecv)
-//                 goes, with g->nccl the ncclComm_t made in dist_split / dist_init from an
-//                 ncclUniqueId broadcast over the group's MPI communicator. Counting stays here.
+//   backend NCCL  each op counts its bytes here, then `if (use_nccl(...))` hands it to
+//                 common/dist_nccl.c (dist_nccl.h says how: one GPU per rank, a comm stream
+//                 ordered against compute with events, g->nccl the group's ncclComm_t).
+//                 A non-blocking op's DistWork then holds a CUDA event instead of an MPI request.
+//                 Host buffers still go over MPI; an op mixing host and device buffers fails.
 #include "dist.h"
 
 #include <limits.h>
@@ -34,6 +32,7 @@
 #include <string.h>
 
 #include "check.h"
+#include "dist_nccl.h"
 #include "kernels.h"
 #include "mem.h"
 
@@ -109,6 +108,7 @@ void dist_init(int *argc, char ***argv) {
 
 void dist_finalize(void) {
     if (!world_ready) return;
+    dist_nccl_finalize();  // the NCCL communicators, if any
     MPI_Op_free(&bf16_sum_op);
     MPI_Op_free(&bf16_max_op);
     MPI_Type_free(&bf16_type);
@@ -138,12 +138,14 @@ DistGroup *dist_split(DistGroup *parent, int color, int key, const char *name) {
     char *copy = lab_xmalloc(n);
     memcpy(copy, name ? name : "group", n);
     g->name = copy;
-    g->nccl = NULL;  // dist_nccl.c: ncclCommInitRank over g->comm goes here
+    g->nccl = NULL;
+    if (backend == DIST_BACKEND_NCCL) dist_nccl_group_init(g);  // collective over g, like the split
     return g;
 }
 
 void dist_group_free(DistGroup *g) {
     if (!g || g == &world) return;
+    dist_nccl_group_free(g);
     MPI_Comm_free(&g->comm);
     free((void *)g->name);
     free(g);
@@ -151,12 +153,10 @@ void dist_group_free(DistGroup *g) {
 
 void dist_set_backend(DistBackend b) {
     if (b == DIST_BACKEND_NCCL) {
-#ifndef LAB_CUDA
-        lab_fail_collective("--backend nccl needs a CUDA build: rebuild with `make CUDA=1` on a machine "
-                            "with nvcc and NCCL, or use --backend mpi");
-#else
-        lab_fail_collective("NCCL backend not built (common/dist_nccl.c is missing): use --backend mpi");
-#endif
+        need_init();
+        // This rank's GPU, the comm stream, the world's communicator (in a build without CUDA:
+        // fails, saying how to rebuild).
+        dist_nccl_start(&world);
     }
     backend = b;
 }
@@ -261,9 +261,10 @@ static char *at_block(const void *base, int block, size_t count, DistDtype dt) {
 
 static int on_device(const void *p) { return p != NULL && mem_device_of(p) == DEV_CUDA; }
 
+// NCCL backend and a device buffer: the op goes to dist_nccl.c (which fails if one of its
+// buffers is on the host). Host buffers go over MPI whatever the backend.
 static int use_nccl(const void *a, const void *b) {
-    if (backend != DIST_BACKEND_NCCL || !(on_device(a) || on_device(b))) return 0;
-    lab_fail("NCCL backend not built (common/dist_nccl.c is missing): use --backend mpi");
+    return backend == DIST_BACKEND_NCCL && (on_device(a) || on_device(b));
 }
 
 
@@ -391,7 +392,7 @@ static DistWork work_new(void *buf, size_t count, DistDtype dt, DistOp op, DistG
     return w;
 }
 
-// Device buffers on the MPI backend? (NCCL with device buffers goes to use_nccl's hook.)
+// Device buffers on the MPI backend? (NCCL with device buffers goes to dist_nccl.c.)
 static int staged(const void *a, const void *b) {
 #ifdef LAB_CUDA
     return backend == DIST_BACKEND_MPI && (on_device(a) || on_device(b));
@@ -413,7 +414,10 @@ DistWork dist_iall_reduce(const void *send, void *recv, size_t count, DistDtype 
     uint64_t S = (uint64_t)count * dist_dtype_size(dt), N = (uint64_t)g->size;
     count_op(OP_ALL_REDUCE, 2 * (N - 1) * S / N, 2 * (N - 1) * S / N);
     DistWork w = work_new(recv, count, dt, op, g);
-    if (use_nccl(send, recv)) return w;  // hook: dist_nccl_all_reduce
+    if (use_nccl(send, recv)) {
+        dist_nccl_all_reduce(send, recv, count, dt, op, g, &w);
+        return w;
+    }
     if (staged(send, recv)) {
         void *h = stage_in((send == NULL || send == recv) ? recv : send, S, 1);
         host_all_reduce(NULL, h, count, dt, op, g, &w.req);
@@ -430,7 +434,10 @@ DistWork dist_ibroadcast(void *buf, size_t count, DistDtype dt, int root, DistGr
     if (g->rank == root) count_op(OP_BROADCAST, g->size > 1 ? S : 0, 0);
     else count_op(OP_BROADCAST, 0, S);
     DistWork w = work_new(buf, count, dt, DIST_SUM, g);
-    if (use_nccl(buf, NULL)) return w;  // hook: dist_nccl_broadcast
+    if (use_nccl(buf, NULL)) {
+        dist_nccl_broadcast(buf, count, dt, root, g, &w);
+        return w;
+    }
     if (staged(buf, NULL)) {
         void *h = stage_in(buf, S, g->rank == root);
         host_broadcast(h, count, dt, root, g, &w.req);
@@ -447,7 +454,10 @@ DistWork dist_ireduce_scatter(const void *send, void *recv, size_t recvcount, Di
     uint64_t N = (uint64_t)g->size, S = N * recvcount * es;
     count_op(OP_REDUCE_SCATTER, (N - 1) * S / N, (N - 1) * S / N);
     DistWork w = work_new(recv, recvcount, dt, op, g);
-    if (use_nccl(send, recv)) return w;  // hook: dist_nccl_reduce_scatter
+    if (use_nccl(send, recv)) {
+        dist_nccl_reduce_scatter(send, recv, recvcount, dt, op, g, &w);
+        return w;
+    }
     if (staged(send, recv)) {
         // the whole input to host; block r of the result comes back to recv
         void *h = stage_in((send == NULL || send == recv) ? recv : send, S, 1);
@@ -465,7 +475,10 @@ DistWork dist_iall_gather(const void *send, void *recv, size_t sendcount, DistDt
     uint64_t N = (uint64_t)g->size, S = N * sendcount * es;
     count_op(OP_ALL_GATHER, (N - 1) * S / N, (N - 1) * S / N);
     DistWork w = work_new(recv, sendcount * (size_t)g->size, dt, DIST_SUM, g);
-    if (use_nccl(send, recv)) return w;  // hook: dist_nccl_all_gather
+    if (use_nccl(send, recv)) {
+        dist_nccl_all_gather(send, recv, sendcount, dt, g, &w);
+        return w;
+    }
     if (staged(send, recv)) {
         // this rank's block goes to its place in a host copy of the whole output
         void *h = stage_in(NULL, S, 0);
@@ -483,7 +496,10 @@ DistWork dist_isend(const void *buf, size_t count, DistDtype dt, int peer, int t
     uint64_t S = (uint64_t)count * dist_dtype_size(dt);
     count_op(OP_SEND, S, 0);
     DistWork w = work_new((void *)buf, count, dt, DIST_SUM, g);
-    if (use_nccl(buf, NULL)) return w;  // hook: dist_nccl_send
+    if (use_nccl(buf, NULL)) {
+        dist_nccl_send(buf, count, dt, peer, g, &w);
+        return w;
+    }
     int n = mpi_count(count, "dist_isend");
     if (staged(buf, NULL)) {
         void *h = stage_in(buf, S, 1);
@@ -499,7 +515,10 @@ DistWork dist_irecv(void *buf, size_t count, DistDtype dt, int peer, int tag, Di
     uint64_t S = (uint64_t)count * dist_dtype_size(dt);
     count_op(OP_RECV, 0, S);
     DistWork w = work_new(buf, count, dt, DIST_SUM, g);
-    if (use_nccl(buf, NULL)) return w;  // hook: dist_nccl_recv
+    if (use_nccl(buf, NULL)) {
+        dist_nccl_recv(buf, count, dt, peer, g, &w);
+        return w;
+    }
     int n = mpi_count(count, "dist_irecv");
     if (staged(buf, NULL)) {
         void *h = stage_in(NULL, S, 0);
@@ -513,6 +532,10 @@ DistWork dist_irecv(void *buf, size_t count, DistDtype dt, int peer, int tag, Di
 
 void dist_wait(DistWork *w) {
     if (!w->active) return;
+    if (w->event) {  // NCCL: the compute stream waits for the op
+        dist_nccl_wait(w);
+        return;
+    }
     MPI_Request key = w->req;  // MPI_Wait resets w->req
     MPI_Wait(&w->req, MPI_STATUS_IGNORE);
     finish_work(w, key);
@@ -520,6 +543,7 @@ void dist_wait(DistWork *w) {
 
 int dist_test(DistWork *w) {
     if (!w->active) return 1;
+    if (w->event) return dist_nccl_test(w);
     MPI_Request key = w->req;
     int done = 0;
     MPI_Test(&w->req, &done, MPI_STATUS_IGNORE);
@@ -543,7 +567,10 @@ void dist_broadcast(void *buf, size_t count, DistDtype dt, int root, DistGroup *
     uint64_t S = (uint64_t)count * dist_dtype_size(dt);
     if (g->rank == root) count_op(OP_BROADCAST, g->size > 1 ? S : 0, 0);
     else count_op(OP_BROADCAST, 0, S);
-    if (use_nccl(buf, NULL)) return;  // hook: dist_nccl_broadcast
+    if (use_nccl(buf, NULL)) {
+        dist_nccl_broadcast(buf, count, dt, root, g, NULL);
+        return;
+    }
     host_broadcast(buf, count, dt, root, g, NULL);
 }
 
@@ -555,7 +582,10 @@ void dist_all_reduce(const void *send, void *recv, size_t count, DistDtype dt, D
     }
     uint64_t S = (uint64_t)count * dist_dtype_size(dt), N = (uint64_t)g->size;
     count_op(OP_ALL_REDUCE, 2 * (N - 1) * S / N, 2 * (N - 1) * S / N);
-    if (use_nccl(send, recv)) return;  // hook: dist_nccl_all_reduce
+    if (use_nccl(send, recv)) {
+        dist_nccl_all_reduce(send, recv, count, dt, op, g, NULL);
+        return;
+    }
     host_all_reduce(send, recv, count, dt, op, g, NULL);
     if (op == DIST_AVG) finish_avg(recv, count, dt, g->size);
 }
@@ -569,7 +599,10 @@ void dist_reduce_scatter(const void *send, void *recv, size_t recvcount, DistDty
     size_t es = dist_dtype_size(dt);
     uint64_t N = (uint64_t)g->size, S = N * recvcount * es;
     count_op(OP_REDUCE_SCATTER, (N - 1) * S / N, (N - 1) * S / N);
-    if (use_nccl(send, recv)) return;  // hook: dist_nccl_reduce_scatter
+    if (use_nccl(send, recv)) {
+        dist_nccl_reduce_scatter(send, recv, recvcount, dt, op, g, NULL);
+        return;
+    }
     void *out = host_reduce_scatter(send, recv, recvcount, dt, op, g, NULL);
     if (op == DIST_AVG) finish_avg(out, recvcount, dt, g->size);
     if (out != recv) memmove(recv, out, recvcount * es);
@@ -584,7 +617,10 @@ void dist_all_gather(const void *send, void *recv, size_t sendcount, DistDtype d
     size_t es = dist_dtype_size(dt);
     uint64_t N = (uint64_t)g->size, S = N * sendcount * es;
     count_op(OP_ALL_GATHER, (N - 1) * S / N, (N - 1) * S / N);
-    if (use_nccl(send, recv)) return;  // hook: dist_nccl_all_gather
+    if (use_nccl(send, recv)) {
+        dist_nccl_all_gather(send, recv, sendcount, dt, g, NULL);
+        return;
+    }
     host_all_gather(send, recv, sendcount, dt, g, NULL);
 }
 
@@ -593,7 +629,10 @@ void dist_reduce(const void *send, void *recv, size_t count, DistDtype dt, DistO
     int is_root = g->rank == root;
     if (is_root) count_op(OP_REDUCE, 0, (uint64_t)(g->size - 1) * S);
     else count_op(OP_REDUCE, S, 0);
-    if (use_nccl(send, recv)) return;  // hook: dist_nccl_reduce
+    if (use_nccl(send, recv)) {
+        dist_nccl_reduce(send, recv, count, dt, op, root, g);
+        return;
+    }
     int n = mpi_count(count, "dist_reduce");
     int in_place = (send == NULL || send == recv);
     if (staged(send, recv)) {
@@ -625,7 +664,10 @@ void dist_scatter(const void *send, void *recv, size_t count, DistDtype dt, int 
     int is_root = g->rank == root;
     if (is_root) count_op(OP_SCATTER, (uint64_t)(g->size - 1) * block, 0);
     else count_op(OP_SCATTER, 0, block);
-    if (use_nccl(send, recv)) return;  // hook: dist_nccl_send/recv in a group
+    if (use_nccl(send, recv)) {
+        dist_nccl_scatter(send, recv, count, dt, root, g);
+        return;
+    }
     int n = mpi_count(count, "dist_scatter");
     mpi_count(count * (size_t)g->size, "dist_scatter (whole input)");
     if (staged(send, recv)) {
@@ -658,7 +700,10 @@ void dist_gather(const void *send, void *recv, size_t count, DistDtype dt, int r
     int is_root = g->rank == root;
     if (is_root) count_op(OP_GATHER, 0, (uint64_t)(g->size - 1) * block);
     else count_op(OP_GATHER, block, 0);
-    if (use_nccl(send, recv)) return;  // hook: dist_nccl_send/recv in a group
+    if (use_nccl(send, recv)) {
+        dist_nccl_gather(send, recv, count, dt, root, g);
+        return;
+    }
     int n = mpi_count(count, "dist_gather");
     mpi_count(count * (size_t)g->size, "dist_gather (whole output)");
     if (staged(send, recv)) {
@@ -689,7 +734,10 @@ void dist_gather(const void *send, void *recv, size_t count, DistDtype dt, int r
 void dist_send(const void *buf, size_t count, DistDtype dt, int peer, int tag, DistGroup *g) {
     uint64_t S = (uint64_t)count * dist_dtype_size(dt);
     count_op(OP_SEND, S, 0);
-    if (use_nccl(buf, NULL)) return;  // hook: dist_nccl_send
+    if (use_nccl(buf, NULL)) {
+        dist_nccl_send(buf, count, dt, peer, g, NULL);
+        return;
+    }
     int n = mpi_count(count, "dist_send");
     if (staged(buf, NULL)) {
         void *h = stage_in(buf, S, 1);
@@ -703,7 +751,10 @@ void dist_send(const void *buf, size_t count, DistDtype dt, int peer, int tag, D
 void dist_recv(void *buf, size_t count, DistDtype dt, int peer, int tag, DistGroup *g) {
     uint64_t S = (uint64_t)count * dist_dtype_size(dt);
     count_op(OP_RECV, 0, S);
-    if (use_nccl(buf, NULL)) return;  // hook: dist_nccl_recv
+    if (use_nccl(buf, NULL)) {
+        dist_nccl_recv(buf, count, dt, peer, g, NULL);
+        return;
+    }
     int n = mpi_count(count, "dist_recv");
     if (staged(buf, NULL)) {
         void *h = stage_in(NULL, S, 0);
@@ -720,10 +771,13 @@ void dist_sendrecv(const void *sendbuf, size_t sendcount, int dst, void *recvbuf
     size_t es = dist_dtype_size(dt);
     count_op(OP_SEND, (uint64_t)sendcount * es, 0);
     count_op(OP_RECV, 0, (uint64_t)recvcount * es);
-    if (use_nccl(sendbuf, recvbuf)) return;  // hook: dist_nccl_send + recv in one group
+    LAB_CHECK(!overlaps(sendbuf, sendcount * es, recvbuf, recvcount * es), "dist_sendrecv: buffers overlap");
+    if (use_nccl(sendbuf, recvbuf)) {
+        dist_nccl_sendrecv(sendbuf, sendcount, dst, recvbuf, recvcount, src, dt, g);  // one NCCL group
+        return;
+    }
     int ns = mpi_count(sendcount, "dist_sendrecv (send)");
     int nr = mpi_count(recvcount, "dist_sendrecv (recv)");
-    LAB_CHECK(!overlaps(sendbuf, sendcount * es, recvbuf, recvcount * es), "dist_sendrecv: buffers overlap");
     if (staged(sendbuf, recvbuf)) {
         void *hs = stage_in(sendbuf, sendcount * es, 1);
         void *hr = stage_in(NULL, recvcount * es, 0);

@@ -46,6 +46,7 @@ typedef struct DistWork {
     DistOp op;
     int group_size;
     int active;         // 1 while pending
+    void *event;        // NCCL backend: cudaEvent_t recorded after the op on the comm stream, else NULL
 } DistWork;
 
 typedef struct DistCounters {
@@ -65,6 +66,8 @@ DistGroup *dist_world(void);
 DistGroup *dist_split(DistGroup *parent, int color, int key, const char *name);
 void dist_group_free(DistGroup *g);
 // Select the backend for subsequent calls on device buffers (NCCL needs CUDA build).
+// Choosing NCCL is collective over the world and selects this rank's GPU (local rank on its
+// node): call it before allocating device memory.
 void dist_set_backend(DistBackend b);
 DistBackend dist_backend(void);
 

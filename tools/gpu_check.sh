@@ -17,7 +17,7 @@ export OPENBLAS_NUM_THREADS=1 OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CO
 failed=0
 step() { printf '\n== %s\n' "$*"; }
 
-step "1/3 build: make BUILD=$BUILD CUDA=1"
+step "1/4 build: make BUILD=$BUILD CUDA=1"
 if ! command -v nvcc >/dev/null 2>&1; then
     echo "nvcc not found: put the CUDA toolkit's bin directory on PATH (e.g. /usr/local/cuda/bin)"
     exit 1
@@ -29,10 +29,10 @@ if [ ! -f tools/gpu_check.c ]; then
 fi
 make -j"$(nproc)" BUILD="$BUILD" CUDA=1 "$BUILD/tools/gpu_check" || exit 1
 
-step "2/3 CUDA kernels vs CPU kernels, and a tiny GPT-2 on both ($BUILD/tools/gpu_check)"
+step "2/4 CUDA kernels vs CPU kernels, and a tiny GPT-2 on both ($BUILD/tools/gpu_check)"
 timeout 240 "$BUILD/tools/gpu_check" || failed=1
 
-step "3/3 $CHAPTER trained on one rank with --device cpu and --device cuda"
+step "3/4 $CHAPTER trained on one rank with --device cpu and --device cuda"
 if [ ! -f "$CHAPTER/main.c" ]; then
     echo "skipped: $CHAPTER is not in this tree"
 elif ! make -j"$(nproc)" BUILD="$BUILD" CUDA=1 "$CHAPTER"; then
@@ -60,6 +60,12 @@ else
         "$BUILD/tools/gpu_check" --compare-dumps "$tmp/cpu.bin" "$tmp/cuda.bin" || failed=1
     fi
 fi
+
+step "4/4 NCCL backend: every dist op on device buffers ($BUILD/tools/nccl_check)"
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+ngpu=$(nvidia-smi -L 2>/dev/null | wc -l); [ "$ngpu" -ge 1 ] || ngpu=1
+make -j"$(nproc)" BUILD="$BUILD" CUDA=1 "$BUILD/tools/nccl_check" &&
+    timeout 120 mpirun --oversubscribe --bind-to none --mca btl self,vader -np "$ngpu" "$BUILD/tools/nccl_check" || failed=1
 
 if [ "$failed" = 0 ]; then step "gpu_check.sh: OK"; else step "gpu_check.sh: FAILED (see above)"; fi
 exit "$failed"

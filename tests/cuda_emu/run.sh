@@ -20,8 +20,9 @@ BLAS_CFLAGS=$(pkg-config --cflags openblas 2>/dev/null || echo -I/usr/include/x8
 BLAS_LIBS=$(pkg-config --libs openblas 2>/dev/null || echo -lopenblas)
 # UBSan on everything (ASan does not get along with the emulator's coroutine stacks).
 SAN="-fsanitize=undefined -fno-sanitize-recover=undefined"
+# LAB_CUDA_EMU: the C files see no real CUDA headers, so dist_nccl.c builds its stubs (no NCCL here).
 CFLAGS="-std=c11 -D_DEFAULT_SOURCE -D_POSIX_C_SOURCE=200809L -O2 -g -Wall -Wextra -Werror $SAN
-        -Icommon $MPI_CFLAGS $BLAS_CFLAGS -DLAB_CUDA=1"
+        -Icommon $MPI_CFLAGS $BLAS_CFLAGS -DLAB_CUDA=1 -DLAB_CUDA_EMU=1"
 CXXFLAGS="-std=c++17 -O2 -g -Wall -Wextra -Werror -Wno-unused-function $SAN
           -Itests/cuda_emu/include -Icommon $MPI_CFLAGS -DLAB_CUDA=1"
 
