@@ -134,7 +134,7 @@ float gpt2_head_forward(GPT2 *m);   // final LayerNorm, logits, softmax, loss; r
 // ...or whole. Returns the mean cross-entropy over all B*T positions (or -1 without targets).
 float gpt2_forward(GPT2 *m, const int *inputs, const int *targets);
 
-// Zero the parameter gradients (and the activation gradients).
+// Zero the parameter gradients (each backward piece clears the activation gradients it adds into).
 void gpt2_zero_grad(GPT2 *m);
 // Backward in pieces, from the head down. dloss is d(objective)/d(loss at each position):
 // 1/(B*T) for the mean loss of this batch; chapters scale it for accumulation or sharding.

@@ -8,10 +8,14 @@
 //   - exp() is our own (exp_approx), since libm's expf is a call the compiler cannot vectorize.
 // Every backward ACCUMULATES into its gradient outputs (+=), as kernels.h says.
 
-// gcc: this file never reads floating-point exception flags, so let the vectorizer treat
-// compares and rounding in exp_approx as side-effect free (it changes no result).
+// gcc only (clang needs neither), two switches that change no result:
+//   no-trapping-math: this file never reads floating-point exception flags, so the vectorizer
+//     may treat the compares and the rounding in exp_approx as side-effect free;
+//   no-thread-jumps: otherwise gcc duplicates the code after exp_approx's clamps for the
+//     clamped constants (e.g. x / (1 + e^88) in GELU) and, vectorized, computes that copy for
+//     every element: its results are subnormal floats, which cost ~100 cycles each (GELU 7x slower).
 #if defined(__GNUC__) && !defined(__clang__)
-#pragma GCC optimize("no-trapping-math")
+#pragma GCC optimize("no-trapping-math", "no-thread-jumps")
 #endif
 
 #include "kernels.h"
@@ -25,23 +29,30 @@
 // ----------------------------------------------------------------------------------------------
 // Small helpers
 
-// Partial sums for reductions: 16 floats = one AVX-512 register (two AVX2 ones).
+// Partial sums for reductions: 16 floats = one AVX-512 register (two AVX2 ones). The loops over
+// the 16 lanes carry `#pragma GCC unroll 1`: kept as a loop, each becomes one SIMD instruction
+// on the vector of partial sums. Fully unrolled (gcc's default), gcc vectorizes the loop over
+// the chunks instead and shuffles lanes around: layernorm backward ran 7x slower that way.
 #define NACC 16
 
+// Σ acc[j] as a tree (8 + 8, 4 + 4, 2 + 2, 1 + 1): 4 dependent additions instead of 16.
 static inline float sum_partials(const float acc[NACC]) {
-    float s = 0.0f;
-    for (int j = 0; j < NACC; j++) s += acc[j];
-    return s;
+    float s[NACC];
+    for (int j = 0; j < NACC; j++) s[j] = acc[j];
+    for (int half = NACC / 2; half >= 1; half /= 2)
+        for (int j = 0; j < half; j++) s[j] += s[j + half];
+    return s[0];
 }
 
 // Σ x[i], i < n, as 16 interleaved partial sums (see the top of the file).
 static inline float sum_f32(const float *x, int n) {
-    float acc[NACC] = {0};
+    float acc[NACC] = {0}, tail = 0.0f;
     int i = 0;
     for (; i + NACC <= n; i += NACC)
+#pragma GCC unroll 1
         for (int j = 0; j < NACC; j++) acc[j] += x[i + j];
-    for (; i < n; i++) acc[i % NACC] += x[i];
-    return sum_partials(acc);
+    for (; i < n; i++) tail += x[i];
+    return sum_partials(acc) + tail;
 }
 
 // max x[i], i < n (n >= 1)
@@ -50,10 +61,11 @@ static inline float max_f32(const float *x, int n) {
     for (int j = 0; j < NACC; j++) acc[j] = x[0];
     int i = 0;
     for (; i + NACC <= n; i += NACC)
+#pragma GCC unroll 1
         for (int j = 0; j < NACC; j++) acc[j] = x[i + j] > acc[j] ? x[i + j] : acc[j];
-    for (; i < n; i++) acc[i % NACC] = x[i] > acc[i % NACC] ? x[i] : acc[i % NACC];
     float m = acc[0];
     for (int j = 1; j < NACC; j++) m = acc[j] > m ? acc[j] : m;
+    for (; i < n; i++) m = x[i] > m ? x[i] : m;
     return m;
 }
 
@@ -125,15 +137,16 @@ static void layernorm_forward(float *out, float *mean, float *rstd, const float 
         float *o = out + (size_t)n * C;
         float m = sum_f32(x, C) / (float)C;
         // variance around the mean (two passes: no cancellation as with E[x²] - m²)
-        float acc[NACC] = {0};
+        float acc[NACC] = {0}, tail = 0.0f;
         int i = 0;
         for (; i + NACC <= C; i += NACC)
+#pragma GCC unroll 1
             for (int j = 0; j < NACC; j++) {
                 float d = x[i + j] - m;
                 acc[j] += d * d;
             }
-        for (; i < C; i++) acc[i % NACC] += (x[i] - m) * (x[i] - m);
-        float var = sum_partials(acc) / (float)C;
+        for (; i < C; i++) tail += (x[i] - m) * (x[i] - m);
+        float var = (sum_partials(acc) + tail) / (float)C;
         float s = 1.0f / sqrtf(var + eps);
         for (i = 0; i < C; i++) o[i] = (x[i] - m) * s * w[i] + b[i];
         mean[n] = m;
@@ -143,17 +156,21 @@ static void layernorm_forward(float *out, float *mean, float *rstd, const float 
 
 // With xhat = (x - mean)·rstd and g = dout·w (the gradient wrt xhat):
 //   dx = rstd · (g - mean(g) - xhat · mean(g · xhat)),   dw += dout · xhat,   db += dout.
-static void layernorm_backward(float *dinp, float *dw, float *db, const float *dout,
-                               const float *inp, const float *w, const float *mean,
-                               const float *rstd, int N, int C) {
+// (restrict: the outputs never overlap the inputs; without it gcc needs more run-time overlap
+// checks than it is willing to emit, and the last loop stays scalar.)
+static void layernorm_backward(float *restrict dinp, float *restrict dw, float *restrict db,
+                               const float *restrict dout, const float *restrict inp,
+                               const float *restrict w, const float *mean, const float *rstd,
+                               int N, int C) {
     for (int n = 0; n < N; n++) {
         const float *x = inp + (size_t)n * C;
         const float *d = dout + (size_t)n * C;
         float *dx = dinp + (size_t)n * C;
         float m = mean[n], s = rstd[n];
-        float acc_g[NACC] = {0}, acc_gx[NACC] = {0};
+        float acc_g[NACC] = {0}, acc_gx[NACC] = {0}, tail_g = 0.0f, tail_gx = 0.0f;
         int i = 0;
         for (; i + NACC <= C; i += NACC)
+#pragma GCC unroll 1
             for (int j = 0; j < NACC; j++) {
                 float g = d[i + j] * w[i + j];
                 acc_g[j] += g;
@@ -161,11 +178,11 @@ static void layernorm_backward(float *dinp, float *dw, float *db, const float *d
             }
         for (; i < C; i++) {
             float g = d[i] * w[i];
-            acc_g[i % NACC] += g;
-            acc_gx[i % NACC] += g * ((x[i] - m) * s);
+            tail_g += g;
+            tail_gx += g * ((x[i] - m) * s);
         }
-        float g_mean = sum_partials(acc_g) / (float)C;
-        float gx_mean = sum_partials(acc_gx) / (float)C;
+        float g_mean = (sum_partials(acc_g) + tail_g) / (float)C;
+        float gx_mean = (sum_partials(acc_gx) + tail_gx) / (float)C;
         for (i = 0; i < C; i++) {
             float xhat = (x[i] - m) * s;
             float g = d[i] * w[i];
@@ -215,8 +232,33 @@ static void matmul_backward(float *dinp, float *dw, float *dbias, const float *d
 //   out    = att · v           (T,hs), written into the head's columns of out (B,T,C)
 // q, k, v of head h are columns [h·hs, (h+1)·hs) of the Q, K, V thirds of a qkv row (3C):
 // strided views, which cblas_sgemm reads directly through its leading dimension (3C).
+// k and v are copied transposed first (transpose_head) where a product needs kᵀ or vᵀ.
 // The T×T products are full GEMMs (the masked half is computed, then overwritten): for short
 // sequences one GEMM beats skipping half the work in scalar loops.
+
+// One head's k (or v) as a contiguous (hs, T) matrix: with it, q·kᵀ is a plain (NN) GEMM, which
+// OpenBLAS runs ~2x faster on these small shapes than the same product with a transposed operand.
+// The buffer is reused by every call (one thread per rank) and grows when a larger one is needed.
+static float *transpose_head(const float *x, int T, int hs, int ld) {
+    static float *buf = NULL;
+    static size_t cap = 0;
+    size_t need = (size_t)T * hs;
+    if (need > cap) {
+        mem_free(buf);
+        buf = mem_alloc(need * sizeof(float), MEM_OTHER, DEV_CPU);
+        cap = need;
+    }
+    for (int t = 0; t < T; t++)
+        for (int i = 0; i < hs; i++) buf[(size_t)i * T + t] = x[(size_t)t * ld + i];
+    return buf;
+}
+
+// Row t of a causal T×T score matrix sees columns 0..t; the row loops run to the end of the
+// 16-wide chunk that holds column t (capped at T), so they split into whole SIMD chunks.
+static inline int visible_chunk_end(int t, int T) {
+    int end = (t / NACC + 1) * NACC;
+    return end < T ? end : T;
+}
 
 static void attention_forward(float *out, float *preatt, float *att, const float *qkv,
                               int B, int T, int C, int NH) {
@@ -230,20 +272,34 @@ static void attention_forward(float *out, float *preatt, float *att, const float
             const float *v = q + 2 * C;
             float *pre = preatt + ((size_t)b * NH + h) * T * T;
             float *a = att + ((size_t)b * NH + h) * T * T;
-            // pre (T,T) = scale · q (T,hs) · k (T,hs)ᵀ
-            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, T, T, hs, scale, q, C3, k, C3,
+            // pre (T,T) = scale · q (T,hs) · kᵀ (hs,T)
+            float *kT = transpose_head(k, T, hs, C3);
+            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, T, T, hs, scale, q, C3, kT, T,
                         0.0f, pre, T);
             for (int t = 0; t < T; t++) {
                 float *pr = pre + (size_t)t * T;
                 float *ar = a + (size_t)t * T;
                 int n = t + 1;  // visible positions 0..t
                 float mx = max_f32(pr, n);
-                for (int t2 = 0; t2 < n; t2++) ar[t2] = exp_approx(pr[t2] - mx);
-                float inv = 1.0f / sum_f32(ar, n);
-                for (int t2 = 0; t2 < n; t2++) ar[t2] *= inv;
-                for (int t2 = n; t2 < T; t2++) {
-                    pr[t2] = -INFINITY;
-                    ar[t2] = 0.0f;
+                // exp and sum in whole chunks of 16 (SIMD, no scalar tail), masking t2 > t
+                int nchunk = visible_chunk_end(t, T);
+                float acc[NACC] = {0}, tail = 0.0f;
+                int t2 = 0;
+                for (; t2 + NACC <= nchunk; t2 += NACC)
+#pragma GCC unroll 1
+                    for (int j = 0; j < NACC; j++) {
+                        float e = t2 + j <= t ? exp_approx(pr[t2 + j] - mx) : 0.0f;
+                        ar[t2 + j] = e;
+                        acc[j] += e;
+                    }
+                for (; t2 < nchunk; t2++) {  // only when T is not a multiple of 16
+                    ar[t2] = t2 <= t ? exp_approx(pr[t2] - mx) : 0.0f;
+                    tail += ar[t2];
+                }
+                float inv = 1.0f / (sum_partials(acc) + tail);
+                for (t2 = 0; t2 < T; t2++) {  // normalize; the future gets -inf and 0
+                    pr[t2] = t2 <= t ? pr[t2] : -INFINITY;
+                    ar[t2] = t2 <= t ? ar[t2] * inv : 0.0f;
                 }
             }
             // out (T,hs) = att (T,T) · v (T,hs)
@@ -271,8 +327,9 @@ static void attention_backward(float *dqkv, float *dpreatt, float *datt, const f
             float *da = datt + ((size_t)b * NH + h) * T * T;
             float *dpre = dpreatt + ((size_t)b * NH + h) * T * T;
             const float *dout_h = dout + (size_t)b * T * C + (size_t)h * hs;
-            // datt (T,T) = dout (T,hs) · v (T,hs)ᵀ
-            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, T, T, hs, 1.0f, dout_h, C, v, C3,
+            // datt (T,T) = dout (T,hs) · vᵀ (hs,T)
+            float *vT = transpose_head(v, T, hs, C3);
+            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, T, T, hs, 1.0f, dout_h, C, vT, T,
                         0.0f, da, T);
             // dv (T,hs) += att (T,T)ᵀ · dout (T,hs)
             cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, T, hs, T, 1.0f, a, T, dout_h, C,
@@ -281,15 +338,17 @@ static void attention_backward(float *dqkv, float *dpreatt, float *datt, const f
                 const float *ar = a + (size_t)t * T;
                 const float *dar = da + (size_t)t * T;
                 float *dpr = dpre + (size_t)t * T;
-                int n = t + 1;
-                float acc[NACC] = {0};
+                // att is exactly 0 for t2 > t, so whole chunks of 16 need no mask here
+                int nchunk = visible_chunk_end(t, T);
+                float acc[NACC] = {0}, tail = 0.0f;
                 int t2 = 0;
-                for (; t2 + NACC <= n; t2 += NACC)
+                for (; t2 + NACC <= nchunk; t2 += NACC)
+#pragma GCC unroll 1
                     for (int j = 0; j < NACC; j++) acc[j] += ar[t2 + j] * dar[t2 + j];
-                for (; t2 < n; t2++) acc[t2 % NACC] += ar[t2] * dar[t2];
-                float dot = sum_partials(acc);
-                for (t2 = 0; t2 < n; t2++) dpr[t2] = ar[t2] * (dar[t2] - dot);
-                for (t2 = n; t2 < T; t2++) dpr[t2] = 0.0f;
+                for (; t2 < nchunk; t2++) tail += ar[t2] * dar[t2];
+                float dot = sum_partials(acc) + tail;
+                for (t2 = 0; t2 < nchunk; t2++) dpr[t2] = ar[t2] * (dar[t2] - dot);
+                for (; t2 < T; t2++) dpr[t2] = 0.0f;
             }
             // dq (T,hs) += scale · dpreatt (T,T) · k (T,hs)
             cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, T, hs, T, scale, dpre, T, k, C3,
@@ -350,7 +409,9 @@ static void softmax_forward(float *probs, const float *logits, int N, int V) {
     for (int n = 0; n < N; n++) {
         const float *x = logits + (size_t)n * V;
         float *p = probs + (size_t)n * V;
-        float mx = max_f32(x, V);  // subtracting the max keeps e^x finite
+        // Subtracting the max keeps e^x finite. (exp_approx's clamp makes a probability below
+        // e^-87 come out as ~1e-38 instead of 0: a loss of 87 instead of +inf at worst.)
+        float mx = max_f32(x, V);
         for (int v = 0; v < V; v++) p[v] = exp_approx(x[v] - mx);
         float inv = 1.0f / sum_f32(p, V);
         for (int v = 0; v < V; v++) p[v] *= inv;
@@ -379,29 +440,42 @@ static void crossentropy_softmax_backward(float *dlogits, const float *probs, co
 // Optimizer pieces
 
 // bc1 = 1 - beta1^t and bc2 = 1 - beta2^t are the bias corrections of step t (see optim.c).
-static void adamw_update(float *param, const float *grad, float *m, float *v, size_t n,
-                         float lr, float beta1, float beta2, float eps, float decay,
-                         float bc1, float bc2, float grad_scale) {
-    for (size_t i = 0; i < n; i++) {
-        float g = grad[i] * grad_scale;
-        m[i] = beta1 * m[i] + (1.0f - beta1) * g;
-        v[i] = beta2 * v[i] + (1.0f - beta2) * g * g;
-        float mhat = m[i] / bc1;
-        float vhat = v[i] / bc2;
-        param[i] -= lr * (mhat / (sqrtf(vhat) + eps) + decay * param[i]);
+// sqrtf may set errno, so gcc keeps it a scalar call and would leave the whole loop scalar
+// (4x slower). So chunks of 256: SIMD loop, sqrt loop, SIMD loop; same arithmetic as one loop.
+static void adamw_update(float *restrict param, const float *restrict grad, float *restrict m,
+                         float *restrict v, size_t n, float lr, float beta1, float beta2,
+                         float eps, float decay, float bc1, float bc2, float grad_scale) {
+    enum { CHUNK = 256 };
+    float denom[CHUNK];
+    for (size_t i0 = 0; i0 < n; i0 += CHUNK) {
+        size_t len = n - i0 < CHUNK ? n - i0 : CHUNK;
+        float *p = param + i0, *mc = m + i0, *vc = v + i0;
+        const float *g = grad + i0;
+        for (size_t i = 0; i < len; i++) {
+            float gi = g[i] * grad_scale;
+            mc[i] = beta1 * mc[i] + (1.0f - beta1) * gi;
+            vc[i] = beta2 * vc[i] + (1.0f - beta2) * gi * gi;
+            denom[i] = vc[i] / bc2;  // v̂
+        }
+        for (size_t i = 0; i < len; i++) denom[i] = sqrtf(denom[i]) + eps;
+        for (size_t i = 0; i < len; i++) {
+            float mhat = mc[i] / bc1;
+            p[i] -= lr * (mhat / denom[i] + decay * p[i]);
+        }
     }
 }
 
 static double sum_squares(const float *g, size_t n) {
     // 8 partial sums in double: a fixed order (deterministic), and SIMD-friendly.
-    double acc[8] = {0};
+    double acc[8] = {0}, tail = 0.0;
     size_t i = 0;
     for (; i + 8 <= n; i += 8)
+#pragma GCC unroll 1
         for (int j = 0; j < 8; j++) acc[j] += (double)g[i + j] * (double)g[i + j];
-    for (; i < n; i++) acc[i % 8] += (double)g[i] * (double)g[i];
+    for (; i < n; i++) tail += (double)g[i] * (double)g[i];
     double s = 0.0;
     for (int j = 0; j < 8; j++) s += acc[j];
-    return s;
+    return s + tail;
 }
 
 static void scale(float *x, float s, size_t n) {
