@@ -5,6 +5,8 @@ NP=${NP:-4}
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OPENBLAS_NUM_THREADS=1
 MPIRUN=(mpirun --oversubscribe --bind-to none --mca btl self,vader --mca mpi_yield_when_idle 1)
 bold() { printf '\n\033[1m%s\033[0m\n' "$*"; }
+. "$(dirname "$0")/openblas_core.sh"
+for ch in "$@"; do [ -x "$ch/run" ] && { lab_openblas_core "./$ch/run"; break; }; done
 failed=0
 for ch in "$@"; do
   [ -x "$ch/run" ] || continue
