@@ -1,0 +1,89 @@
+// mpi_ddp_tree.c: chapter 02's reductions to the master (exercise 02.2: the tree), checked.
+//
+// Launched by tests/test_02_data_parallel.c as `mpirun -np N build/tests/mpi_ddp_tree`. Every
+// rank fills a buffer with small integers that depend on (rank, index); their sum over ranks is
+// exact in fp32 whatever the order, so rank 0's result is compared bit for bit with the sum
+// computed locally. The byte counters must show the tree's shape:
+//   rank 0 received ceil(log2 N) buffers (linear: N-1); every other rank sent exactly one;
+//   all ranks together received N-1 buffers (each rank's partial sum travels once).
+// Runs the tree, then the linear reduce, on a count that is not a multiple of anything.
+// Prints "mpi_ddp_tree: OK" on success.
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "check.h"
+#include "dist.h"
+#include "dp_master.h"
+#include "kernels.h"
+
+static int nfailed = 0;
+
+static void check(int ok, const char *fmt, ...) LAB_PRINTF(2, 3);
+static void check(int ok, const char *fmt, ...) {
+    if (ok) return;
+    if (++nfailed > 20) return;
+    char msg[512];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    va_end(ap);
+    fprintf(stderr, "[rank %d] FAIL: %s\n", dist_rank(), msg);
+}
+
+static float value(int rank, size_t i, int salt) {
+    return (float)((int)((i * 7 + (size_t)rank * 13 + (size_t)salt) % 17) - 8);
+}
+
+static void run(DpReduce how, const char *name, int salt) {
+    DistGroup *g = dist_world();
+    const int N = g->size, rank = g->rank;
+    const size_t n = 10007;
+    float *grads = lab_xmalloc(n * sizeof(float)), *scratch = lab_xmalloc(n * sizeof(float));
+    for (size_t i = 0; i < n; i++) grads[i] = value(rank, i, salt);
+    dist_counters_reset();
+    dp_reduce_grads(grads, scratch, n, how, kernels_get(DEV_CPU), g);
+    const DistCounters *c = dist_counters();
+    uint64_t S = n * sizeof(float);
+    uint64_t sent = c->sent[OP_SEND], recv = c->recv[OP_RECV];
+    if (rank == 0) {
+        size_t bad = 0;
+        for (size_t i = 0; i < n; i++) {
+            float want = 0;
+            for (int r = 0; r < N; r++) want += value(r, i, salt);
+            if (grads[i] != want) bad++;
+        }
+        check(bad == 0, "%s: %zu of %zu elements of rank 0's sum are wrong", name, bad, n);
+        int rounds = 0;  // ceil(log2 N)
+        while ((1 << rounds) < N) rounds++;
+        uint64_t want_recv = how == DP_REDUCE_TREE ? (uint64_t)rounds * S : (uint64_t)(N - 1) * S;
+        check(recv == want_recv, "%s: rank 0 received %llu bytes, expected %llu (%s)", name,
+              (unsigned long long)recv, (unsigned long long)want_recv,
+              how == DP_REDUCE_TREE ? "ceil(log2 N) buffers" : "N-1 buffers");
+        check(sent == 0, "%s: rank 0 sent %llu bytes; the root only receives", name,
+              (unsigned long long)sent);
+    } else {
+        check(sent == S && c->calls[OP_SEND] == 1, "%s: rank %d sent %llu bytes in %llu sends, "
+              "expected one buffer of %llu", name, rank, (unsigned long long)sent,
+              (unsigned long long)c->calls[OP_SEND], (unsigned long long)S);
+    }
+    double total_recv = (double)recv;  // every partial sum travels once: N-1 buffers in all
+    dist_all_reduce(&total_recv, &total_recv, 1, DIST_F64, DIST_SUM, g);
+    check(total_recv == (double)(N - 1) * (double)S, "%s: all ranks together received %.0f bytes, "
+          "expected N-1 = %d buffers of %llu", name, total_recv, N - 1, (unsigned long long)S);
+    free(grads);
+    free(scratch);
+}
+
+int main(int argc, char **argv) {
+    dist_init(&argc, &argv);
+    run(DP_REDUCE_TREE, "tree", 1);
+    run(DP_REDUCE_LINEAR, "linear", 2);
+    int bad = nfailed;
+    dist_all_reduce(&bad, &bad, 1, DIST_I32, DIST_SUM, dist_world());
+    if (dist_rank() == 0 && bad) printf("mpi_ddp_tree: %d FAILED checks\n", bad);
+    if (dist_rank() == 0 && !bad) printf("mpi_ddp_tree: OK\n");
+    dist_finalize();
+    return bad ? 1 : 0;
+}

@@ -1,0 +1,236 @@
+// test_02_data_parallel.c: chapter 02 (naive single-master DataParallel) against single-device
+// training, its communication volume against the master formula, and its exercises.
+//
+// The oracle is chapter 00's single-device run with the same flags. On one rank the program
+// does the oracle's arithmetic op for op (bit-exact). On N ranks each rank's gradient is a sum
+// over its own rows and the master adds the N partial sums (in tree or rank order), so fp32
+// rounding differs at the 1e-7 relative level; the loss is the mean of the N slice means
+// instead of one mean over all positions. Measured on the runs below (6 steps of the small
+// model, 2 of the tiny one): losses within 1.8e-7 relative, weights within 2.0e-6 absolute.
+// The bounds, 1e-6 and 2e-4, are chapter 03's (where 3 ranks with accumulation reach 2.8e-5;
+// see test_03_ddp.c), far below what a broken step gives (a rank training on the wrong rows,
+// or a partial sum missing: losses off by > 1e-4; checked).
+#include <criterion/criterion.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "check.h"
+#include "ckpt.h"
+#include "gpt2.h"
+#include "harness.h"
+
+#define ORACLE "./00_memory_budget/run --train --quiet"
+#define DP "./02_data_parallel/run --quiet"
+#define SMALL "--layers 2 --channels 64 --heads 4 --seq 32 --batch 24 --steps 6"
+#define SMALL_NPARAMS 118528.0
+#define LOSS_RTOL 1e-6f
+#define PARAM_ATOL 2e-4f
+
+static char *tmp_path(const char *tag) {
+    static char buf[4][256];
+    static int i = 0;
+    char *p = buf[i++ % 4];
+    snprintf(p, 256, "/tmp/lab_test02_%d_%s", (int)getpid(), tag);
+    return p;
+}
+
+static void run_oracle(const char *flags, RunResults *out) {
+    char *log = NULL;
+    int rc = harness_run_dump(ORACLE, 1, flags, out, &log, 120);
+    cr_assert_eq(rc, 0, "oracle run failed (%s):\n%s", flags, log);
+    free(log);
+}
+
+static void run_dp(int np, const char *flags, RunResults *out) {
+    char *log = NULL;
+    int rc = harness_run_dump(DP, np, flags, out, &log, 120);
+    cr_assert_eq(rc, 0, "02_data_parallel -np %d %s failed:\n%s", np, flags, log);
+    free(log);
+}
+
+static void check_equivalent(const RunResults *oracle, int np, const char *flags) {
+    RunResults r;
+    run_dp(np, flags, &r);
+    char what[256];
+    snprintf(what, sizeof what, "02_data_parallel -np %d %s", np, flags);
+    harness_assert_results_match(what, &r, oracle, LOSS_RTOL, PARAM_ATOL);
+    results_free(&r);
+}
+
+// ---------------------------------------------------------------------------------------------
+// equivalence with single-device training
+
+Test(dp02, one_rank_is_single_device_training_bit_exact, .timeout = 120) {
+    RunResults o, r;
+    run_oracle(SMALL, &o);
+    run_dp(1, SMALL, &r);
+    harness_assert_results_match("02_data_parallel -np 1", &r, &o, 0.0f, 0.0f);
+    results_free(&o);
+    results_free(&r);
+}
+
+Test(dp02, matches_single_device_for_2_3_4_8_ranks, .timeout = 240) {
+    RunResults o;
+    run_oracle(SMALL, &o);
+    check_equivalent(&o, 2, SMALL " --reduce tree");
+    check_equivalent(&o, 3, SMALL " --reduce tree");
+    check_equivalent(&o, 4, SMALL " --reduce linear");
+    check_equivalent(&o, 8, SMALL " --reduce tree");
+    results_free(&o);
+}
+
+Test(dp02, tiny_default_config_matches_single_device, .timeout = 240) {
+    RunResults o;
+    run_oracle("--steps 2", &o);
+    check_equivalent(&o, 2, "--steps 2");
+    results_free(&o);
+}
+
+// ---------------------------------------------------------------------------------------------
+// the master's load
+
+// Per step, with S = 4 x parameters bytes and b = rows x T x 4 bytes of one rank's tokens:
+//   master sent  (N-1) S        weights to every rank
+//              + (N-1) 2b       inputs and targets of every other rank's rows
+//   master recv  R S            gradients: R = N-1 (linear) or ceil(log2 N) (tree)
+//              + (N-1) 4        the other ranks' losses
+//   rank 1 sent  S + 4          its gradients (once, in both reductions) and its loss
+//   rank 1 recv  S + 2b         the weights and its rows
+Test(dp02, master_bytes_per_step_are_the_master_formula, .timeout = 180) {
+    struct { int np, batch; const char *reduce; int R; } runs[] = {
+        {4, 24, "tree", 2}, {5, 25, "linear", 4}, {6, 24, "tree", 3},
+    };
+    double S = 4.0 * SMALL_NPARAMS;
+    for (size_t i = 0; i < sizeof runs / sizeof runs[0]; i++) {
+        RunResults r;
+        char flags[256];
+        snprintf(flags, sizeof flags, SMALL " --steps 2 --batch %d --reduce %s", runs[i].batch,
+                 runs[i].reduce);
+        run_dp(runs[i].np, flags, &r);
+        double N = runs[i].np, b = (double)(runs[i].batch / runs[i].np) * 32 * 4;
+        double sent0 = (N - 1) * S + (N - 1) * 2 * b, recv0 = runs[i].R * S + (N - 1) * 4;
+        cr_assert_eq(results_get(&r, "bytes_sent_per_step", -1), sent0,
+                     "-np %d %s: master sent %.0f B per step, formula %.0f", runs[i].np,
+                     runs[i].reduce, results_get(&r, "bytes_sent_per_step", -1), sent0);
+        cr_assert_eq(results_get(&r, "bytes_recv_per_step", -1), recv0,
+                     "-np %d %s: master received %.0f B per step, formula %.0f", runs[i].np,
+                     runs[i].reduce, results_get(&r, "bytes_recv_per_step", -1), recv0);
+        cr_assert_eq(results_get(&r, "rank1_bytes_sent_per_step", -1), S + 4, "-np %d %s rank 1",
+                     runs[i].np, runs[i].reduce);
+        cr_assert_eq(results_get(&r, "rank1_bytes_recv_per_step", -1), S + 2 * b,
+                     "-np %d %s rank 1", runs[i].np, runs[i].reduce);
+        results_free(&r);
+    }
+}
+
+// Only the master has an optimizer: Adam's m and v live on rank 0 and nowhere else.
+Test(dp02, only_the_master_holds_optimizer_state, .timeout = 120) {
+    RunResults r;
+    run_dp(3, SMALL " --steps 1", &r);
+    double S = 4.0 * SMALL_NPARAMS;
+    cr_assert_eq(results_get(&r, "mem_opt_m", -1), S);
+    cr_assert_eq(results_get(&r, "mem_opt_v", -1), S);
+    cr_assert_eq(results_get(&r, "rank1_mem_opt", -1), 0.0, "rank 1 must hold no Adam state");
+    results_free(&r);
+}
+
+// ---------------------------------------------------------------------------------------------
+// reliability
+
+Test(dp02, resume_is_bit_exact, .timeout = 180) {
+    const char *ck = tmp_path("resume.ckpt");
+    RunResults whole, second;
+    char flags[512], *out = NULL;
+    run_dp(3, SMALL " --steps 8", &whole);
+    snprintf(flags, sizeof flags, DP " " SMALL " --steps 8 --stop-at 5 --save %s", ck);
+    int rc = harness_mpirun(3, flags, &out, 120);
+    cr_assert_eq(rc, 0, "%s", out);
+    snprintf(flags, sizeof flags, SMALL " --steps 8 --resume %s", ck);
+    run_dp(3, flags, &second);
+    for (int s = 5; s < 8; s++)
+        cr_assert_eq(memcmp(&whole.losses[s], &second.losses[s], sizeof(float)), 0,
+                     "step %d: loss %.9g vs resumed %.9g", s, whole.losses[s], second.losses[s]);
+    cr_assert_eq(memcmp(whole.params, second.params, whole.nparams * sizeof(float)), 0,
+                 "final weights differ after resume");
+    unlink(ck);
+    results_free(&whole);
+    results_free(&second);
+    free(out);
+}
+
+// A NaN in the last rank's gradient reaches the master through the reduce: the job stops with
+// a message naming the step, and the last checkpoint survives.
+Test(dp02, nan_fails_cleanly_and_keeps_the_checkpoint, .timeout = 120) {
+    const char *ck = tmp_path("nan.ckpt");
+    char cmd[512], *out = NULL;
+    snprintf(cmd, sizeof cmd, DP " " SMALL " --steps 10 --save %s --save-every 2 --inject-nan-step 5", ck);
+    int rc = harness_mpirun(3, cmd, &out, 60);
+    cr_assert_neq(rc, 0, "a NaN gradient must fail the run");
+    cr_assert_neq(rc, 124, "the run hung instead of failing:\n%s", out);
+    cr_assert(harness_contains(out, "NaN") && harness_contains(out, "step 5"), "%s", out);
+    GPT2Config cfg = {.V = 256, .T = 32, .L = 2, .C = 64, .NH = 4};
+    size_t n = gpt2_param_count(&cfg);
+    TrainState st = {.params = malloc(n * 4), .m = malloc(n * 4), .v = malloc(n * 4)};
+    ckpt_load_state(ck, &cfg, &st);
+    cr_assert_eq(st.step, 4, "the last good checkpoint is the one after step 4");
+    free(st.params); free(st.m); free(st.v);
+    unlink(ck);
+    free(out);
+}
+
+// A worker that dies ends the job promptly: the master must not wait for it forever.
+Test(dp02, killed_worker_ends_the_job_promptly, .timeout = 120) {
+    char *out = NULL;
+    double t0 = lab_now();
+    int rc = harness_mpirun(3, DP " " SMALL " --steps 200 --kill-rank 1 --kill-step 2", &out, 60);
+    double took = lab_now() - t0;
+    cr_assert_neq(rc, 0, "the job must fail when a rank dies:\n%s", out);
+    cr_assert_neq(rc, 124, "the job hung after rank 1 died:\n%s", out);
+    cr_assert(took < 30, "the job took %.1f s to end after a rank died", took);
+    cr_assert(harness_contains(out, "exiting abruptly at step 2"), "%s", out);
+    free(out);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Exercise 02.1: scatter the batch. The linear reduce is not an exercise, so these runs need
+// only 02.1. A rank that got the wrong rows (or the master that kept none) trains on other
+// tokens than the oracle, and the losses show it at once.
+
+Test(ex02_1, scattered_batch_matches_single_device_on_2_and_3_ranks, .timeout = 180) {
+    RunResults o;
+    run_oracle(SMALL, &o);
+    check_equivalent(&o, 2, SMALL " --reduce linear");
+    check_equivalent(&o, 3, SMALL " --reduce linear");
+    results_free(&o);
+}
+
+// The master sends every other rank its rows and nothing else: (N-1) x 2 x rows x T x 4 bytes
+// of tokens (plus the weights, which are not part of the exercise).
+Test(ex02_1, master_sends_each_rank_only_its_rows, .timeout = 120) {
+    RunResults r;
+    run_dp(4, SMALL " --steps 1 --reduce linear", &r);
+    double S = 4.0 * SMALL_NPARAMS, b = 6.0 * 32 * 4;
+    cr_assert_eq(results_get(&r, "bytes_sent_per_step", -1), 3 * S + 3 * 2 * b);
+    cr_assert_eq(results_get(&r, "rank1_bytes_recv_per_step", -1), S + 2 * b);
+    results_free(&r);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Exercise 02.2: the tree reduce (tests/mpi_ddp_tree.c checks rank 0's sum bit for bit and the
+// tree's byte counts: rank 0 receives ceil(log2 N) buffers, every other rank sends one).
+
+static void run_tree_check(int np) {
+    char cmd[512], *out = NULL;
+    snprintf(cmd, sizeof cmd, "%s/tests/mpi_ddp_tree", harness_build_dir());
+    int rc = harness_mpirun(np, cmd, &out, 30);
+    cr_assert_eq(rc, 0, "mpi_ddp_tree -np %d failed (rc %d):\n%s", np, rc, out);
+    cr_assert(harness_contains(out, "mpi_ddp_tree: OK"), "%s", out);
+    free(out);
+}
+
+Test(ex02_2, tree_reduce_on_2_ranks, .timeout = 90) { run_tree_check(2); }
+Test(ex02_2, tree_reduce_on_5_ranks, .timeout = 90) { run_tree_check(5); }
+Test(ex02_2, tree_reduce_on_8_ranks, .timeout = 90) { run_tree_check(8); }

@@ -1,0 +1,487 @@
+// test_03_ddp.c: chapter 03 (DDP) against single-device training, and its exercises.
+//
+// The oracle is chapter 00's single-device run (./00_memory_budget/run --train) with the same
+// flags: same init (--seed), same data (--data-seed), same AdamW and clipping. DDP must give the
+// same per-step losses and final weights for 1, 2, 3, 4 and 8 ranks, with one bucket, two,
+// several and one per parameter, with and without overlap, with and without accumulation.
+//
+// Tolerances. On one rank the arithmetic is the oracle's, op for op: bit-exact. On N ranks the
+// gradient of each element is summed in another order (per-rank partial sums over fewer rows,
+// then MPI's reduction, then the division by N, which is inexact for N = 3), so fp32 rounding
+// differs at the 1e-7 relative level. Measured on every run below (6 steps of the small model,
+// 2 steps of the tiny one): losses differ by at most 1.8e-7 relative; weights by at most
+// 2.8e-5 absolute (3 ranks with --grad-accum 4; 1e-6 for most runs). The weights move more than
+// the losses because Adam divides by sqrt(v): for an element whose gradient is near 0 a
+// rounding difference changes the update by a sizeable fraction of lr = 1e-3. The bounds are
+// 1e-6 relative on losses and 2e-4 absolute on weights: a few times above the worst we
+// measured, and far below what a broken strategy gives (with the initial broadcast or the
+// gradient all-reduce removed, losses differ by ~1e-2 and weights by ~7e-3; checked).
+#include <criterion/criterion.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "check.h"
+#include "ckpt.h"
+#include "ddp_buckets.h"
+#include "gpt2.h"
+#include "harness.h"
+
+#define ORACLE "./00_memory_budget/run --train --quiet"
+#define DDP "./03_ddp/run --quiet --overlap-steps 0"
+// The small model most tests use: 118,528 parameters = 463 KiB of fp32 gradients.
+#define SMALL "--layers 2 --channels 64 --heads 4 --seq 32 --batch 24 --steps 6"
+#define SMALL_NPARAMS 118528.0
+#define LOSS_RTOL 1e-6f
+#define PARAM_ATOL 2e-4f
+
+// Bucket caps for the small model (its 28 parameters, 463 KiB, in reverse module order).
+#define ONE_BUCKET ""                                          // 1 MiB first cap > 463 KiB
+#define TWO_BUCKETS "--first-bucket-mb 0.1"                    // >= 100 KiB, then the rest
+#define SEVERAL_BUCKETS "--first-bucket-mb 0.02 --bucket-mb 0.05"
+#define PER_PARAM_BUCKETS "--first-bucket-mb 0 --bucket-mb 0"  // every bucket closes at once
+
+static char *tmp_path(const char *tag) {
+    static char buf[4][256];
+    static int i = 0;
+    char *p = buf[i++ % 4];
+    snprintf(p, 256, "/tmp/lab_test03_%d_%s", (int)getpid(), tag);
+    return p;
+}
+
+static void run_oracle(const char *flags, RunResults *out) {
+    char *log = NULL;
+    int rc = harness_run_dump(ORACLE, 1, flags, out, &log, 120);
+    cr_assert_eq(rc, 0, "oracle run failed (%s):\n%s", flags, log);
+    free(log);
+}
+
+static void run_ddp(int np, const char *flags, RunResults *out) {
+    char *log = NULL;
+    int rc = harness_run_dump(DDP, np, flags, out, &log, 120);
+    cr_assert_eq(rc, 0, "03_ddp -np %d %s failed:\n%s", np, flags, log);
+    free(log);
+}
+
+// One DDP run against the oracle: losses, weights, identical replicas, and the bucket count.
+static void check_equivalent(const RunResults *oracle, int np, const char *flags, int buckets) {
+    RunResults r;
+    run_ddp(np, flags, &r);
+    char what[256];
+    snprintf(what, sizeof what, "03_ddp -np %d %s", np, flags);
+    harness_assert_results_match(what, &r, oracle, LOSS_RTOL, PARAM_ATOL);
+    cr_assert_eq(results_get(&r, "replica_max_diff", -1), 0.0,
+                 "%s: replicas differ after training (max |p_r - p_0| = %g)", what,
+                 results_get(&r, "replica_max_diff", -1));
+    if (buckets >= 0)
+        cr_assert_eq(results_get(&r, "buckets", -1), buckets, "%s: %g buckets, expected %d", what,
+                     results_get(&r, "buckets", -1), buckets);
+    results_free(&r);
+}
+
+// ---------------------------------------------------------------------------------------------
+// equivalence with single-device training
+
+// One rank IS single-device training: the same operations in the same order, bit for bit.
+Test(ddp03, one_rank_is_single_device_training_bit_exact, .timeout = 120) {
+    RunResults o, r;
+    run_oracle(SMALL, &o);
+    run_ddp(1, SMALL " " SEVERAL_BUCKETS, &r);
+    harness_assert_results_match("03_ddp -np 1", &r, &o, 0.0f, 0.0f);
+    results_free(&o);
+    results_free(&r);
+}
+
+Test(ddp03, matches_single_device_with_overlap_for_2_3_4_8_ranks, .timeout = 240) {
+    RunResults o;
+    run_oracle(SMALL, &o);
+    check_equivalent(&o, 2, SMALL " " SEVERAL_BUCKETS, -1);
+    check_equivalent(&o, 3, SMALL " " PER_PARAM_BUCKETS, 28);
+    check_equivalent(&o, 4, SMALL " " TWO_BUCKETS, 2);
+    check_equivalent(&o, 8, SMALL " " ONE_BUCKET, 1);
+    results_free(&o);
+}
+
+Test(ddp03, matches_single_device_without_overlap, .timeout = 180) {
+    RunResults o;
+    run_oracle(SMALL, &o);
+    check_equivalent(&o, 2, SMALL " --no-overlap", 0);
+    check_equivalent(&o, 4, SMALL " --no-overlap", 0);
+    results_free(&o);
+}
+
+// Accumulation: the same global batch (24 rows) as K=4 micro-batches per rank equals the
+// oracle's one big batch.
+Test(ddp03, grad_accum_4_matches_single_device, .timeout = 180) {
+    RunResults o;
+    run_oracle(SMALL, &o);
+    check_equivalent(&o, 2, SMALL " --grad-accum 4 " SEVERAL_BUCKETS, -1);
+    check_equivalent(&o, 3, SMALL " --grad-accum 4 " PER_PARAM_BUCKETS, 28);
+    check_equivalent(&o, 1, SMALL " --grad-accum 4", 1);
+    results_free(&o);
+}
+
+// The default tiny config (834,304 parameters, 2 buckets under the default caps), briefly.
+Test(ddp03, tiny_default_config_matches_single_device, .timeout = 240) {
+    RunResults o;
+    run_oracle("--steps 2", &o);
+    check_equivalent(&o, 4, "--steps 2", 2);  // the tiny config: no SMALL
+    results_free(&o);
+}
+
+// Several buckets really are several: "several" gives more than 2 and fewer than 28.
+Test(ddp03, bucket_caps_give_the_intended_counts, .timeout = 120) {
+    RunResults r;
+    run_ddp(2, SMALL " --steps 1 " SEVERAL_BUCKETS, &r);
+    double nb = results_get(&r, "buckets", -1);
+    cr_assert(nb > 2 && nb < 28, "SEVERAL_BUCKETS gave %g buckets", nb);
+    double total = 0;
+    for (int b = 0; b < (int)nb && b < 16; b++) {
+        char key[48];
+        snprintf(key, sizeof key, "bucket_bytes_%d", b);
+        total += results_get(&r, key, 0);
+    }
+    if (nb <= 16) cr_assert_eq(total, 4.0 * SMALL_NPARAMS, "buckets hold %g bytes, not all", total);
+    results_free(&r);
+}
+
+// ---------------------------------------------------------------------------------------------
+// communication volume
+
+// Each rank sends and receives 2(N-1)/N x the gradient bytes per step (ring all-reduce), plus
+// the same for the 4-byte loss, whatever the bucketing. N = 2, 4, 8 make every bucket's share
+// an integer; for N = 3 each bucket rounds down, so the total may be up to one byte per bucket
+// under the formula.
+Test(ddp03, bytes_per_step_are_the_all_reduce_formula, .timeout = 180) {
+    struct { int np; const char *flags; } runs[] = {
+        {2, SEVERAL_BUCKETS}, {4, PER_PARAM_BUCKETS}, {8, "--no-overlap"}, {3, SEVERAL_BUCKETS},
+    };
+    double S = 4.0 * SMALL_NPARAMS;
+    for (size_t i = 0; i < sizeof runs / sizeof runs[0]; i++) {
+        RunResults r;
+        char flags[256];
+        snprintf(flags, sizeof flags, SMALL " --steps 1 %s", runs[i].flags);
+        run_ddp(runs[i].np, flags, &r);
+        double N = runs[i].np, nb = fmax(1, results_get(&r, "buckets", 0));
+        double grad = results_get(&r, "grad_bytes_sent_per_step", -1);
+        double want = 2 * (N - 1) * S / N;
+        double loss = floor(2 * (N - 1) * 4 / N);
+        if (runs[i].np != 3) {
+            cr_assert_eq(grad, want, "-np %d %s: %g gradient bytes sent per step, formula %g",
+                         runs[i].np, runs[i].flags, grad, want);
+        } else {
+            cr_assert(grad <= want && grad > want - nb, "-np 3: %g bytes, formula %g (%g buckets)",
+                      grad, want, nb);
+        }
+        cr_assert_eq(results_get(&r, "bytes_sent_per_step", -1), grad + loss,
+                     "-np %d: all bytes sent per step = gradients + the loss", runs[i].np);
+        cr_assert_eq(results_get(&r, "bytes_recv_per_step", -1), grad + loss,
+                     "-np %d: received = sent (an all-reduce is symmetric)", runs[i].np);
+        results_free(&r);
+    }
+}
+
+// no_sync: K=4 micro-steps communicate once per step: the same bytes as K=1. Gradients differ
+// across ranks inside no_sync (each rank saw other rows) and agree after the sync.
+Test(ddp03, no_sync_gradients_differ_then_agree, .timeout = 120) {
+    RunResults acc, one;
+    run_ddp(2, SMALL " --steps 3 --grad-accum 4 --check-no-sync " SEVERAL_BUCKETS, &acc);
+    run_ddp(2, SMALL " --steps 3 " SEVERAL_BUCKETS, &one);
+    cr_assert_eq(results_get(&acc, "nosync_checks", -1), 9, "3 steps x 3 no_sync micro-steps");
+    cr_assert_eq(results_get(&acc, "nosync_differ", -1), 9,
+                 "inside no_sync the ranks' gradients must differ (%g of 9 did)",
+                 results_get(&acc, "nosync_differ", -1));
+    cr_assert_eq(results_get(&acc, "sync_checks", -1), 3);
+    cr_assert_eq(results_get(&acc, "sync_agree", -1), 3, "after the sync gradients must agree");
+    cr_assert_eq(results_get(&acc, "grad_bytes_sent_per_step", -1),
+                 results_get(&one, "grad_bytes_sent_per_step", -2),
+                 "accumulation must communicate once per step, not once per micro-step");
+    results_free(&acc);
+    results_free(&one);
+}
+
+// Memory: every rank holds the full model state (16 B/param in fp32) plus the bucket buffers.
+Test(ddp03, every_rank_holds_the_full_model_state, .timeout = 120) {
+    RunResults r;
+    run_ddp(2, SMALL " --steps 1 " SEVERAL_BUCKETS, &r);
+    double S = 4.0 * SMALL_NPARAMS;
+    cr_assert_eq(results_get(&r, "mem_params", -1), S);
+    cr_assert_eq(results_get(&r, "mem_grads", -1), S);
+    cr_assert_eq(results_get(&r, "mem_opt_m", -1), S);
+    cr_assert_eq(results_get(&r, "mem_opt_v", -1), S);
+    cr_assert_eq(results_get(&r, "mem_comm", -1), S, "bucket buffers: one copy of the gradients");
+    results_free(&r);
+}
+
+// ---------------------------------------------------------------------------------------------
+// timeline and overlap report
+
+// Read the trace JSON and find, on rank 0, a bucket's all-reduce span that is in flight while a
+// backward block computes: [ts, ts+dur] of both intersect.
+Test(ddp03, trace_shows_all_reduce_overlapping_backward, .timeout = 120) {
+    const char *path = tmp_path("trace.json");
+    char cmd[512], *out = NULL;
+    snprintf(cmd, sizeof cmd, "./03_ddp/run " SMALL " --steps 3 %s --trace %s", PER_PARAM_BUCKETS,
+             path);
+    int rc = harness_mpirun(2, cmd, &out, 120);
+    cr_assert_eq(rc, 0, "%s", out);
+    cr_assert(harness_contains(out, "overlap = "), "the overlap %% is printed:\n%s", out);
+    FILE *f = fopen(path, "r");
+    cr_assert_not_null(f, "no trace file %s", path);
+    double comm[512][2], comp[512][2];
+    int nc = 0, np = 0;
+    char line[1024];
+    while (fgets(line, sizeof line, f)) {
+        const char *ts = strstr(line, "\"ts\":"), *du = strstr(line, "\"dur\":");
+        if (!ts || !du || !strstr(line, "\"pid\":0,")) continue;
+        double t0 = atof(ts + 5), t1 = t0 + atof(du + 6);
+        if (strstr(line, "all-reduce bucket") && nc < 512) { comm[nc][0] = t0; comm[nc][1] = t1; nc++; }
+        if (strstr(line, "backward block") && np < 512) { comp[np][0] = t0; comp[np][1] = t1; np++; }
+    }
+    fclose(f);
+    unlink(path);
+    cr_assert(nc >= 3 * 28, "expected 28 bucket spans per step on rank 0, found %d in 3 steps", nc);
+    cr_assert(np >= 3 * 2, "expected the backward blocks on rank 0, found %d", np);
+    int overlapping = 0;
+    for (int i = 0; i < nc; i++)
+        for (int j = 0; j < np; j++)
+            if (comm[i][0] < comp[j][1] && comp[j][0] < comm[i][1]) overlapping++;
+    cr_assert(overlapping > 0, "no all-reduce span overlaps a backward block on rank 0");
+    free(out);
+}
+
+// ---------------------------------------------------------------------------------------------
+// reliability
+
+// N steps == K steps, save, resume, N-K steps: bit-identical, on 2 ranks.
+Test(ddp03, resume_is_bit_exact, .timeout = 180) {
+    const char *ck = tmp_path("resume.ckpt");
+    RunResults whole, second;
+    char flags[512], *out = NULL;
+    run_ddp(2, SMALL " --steps 8", &whole);
+    snprintf(flags, sizeof flags, DDP " " SMALL " --steps 8 --stop-at 5 --save %s", ck);
+    int rc = harness_mpirun(2, flags, &out, 120);
+    cr_assert_eq(rc, 0, "%s", out);
+    snprintf(flags, sizeof flags, SMALL " --steps 8 --resume %s", ck);
+    run_ddp(2, flags, &second);
+    for (int s = 5; s < 8; s++)
+        cr_assert_eq(memcmp(&whole.losses[s], &second.losses[s], sizeof(float)), 0,
+                     "step %d: loss %.9g vs resumed %.9g", s, whole.losses[s], second.losses[s]);
+    cr_assert_eq(memcmp(whole.params, second.params, whole.nparams * sizeof(float)), 0,
+                 "final weights differ after resume");
+    unlink(ck);
+    results_free(&whole);
+    results_free(&second);
+    free(out);
+}
+
+// A NaN in one rank's gradient reaches every rank through the all-reduce; the job stops with
+// a message naming the step, promptly, and the last checkpoint survives.
+Test(ddp03, nan_fails_cleanly_and_keeps_the_checkpoint, .timeout = 120) {
+    const char *ck = tmp_path("nan.ckpt");
+    char cmd[512], *out = NULL;
+    snprintf(cmd, sizeof cmd, DDP " " SMALL " --steps 10 --save %s --save-every 2 --inject-nan-step 5", ck);
+    int rc = harness_mpirun(3, cmd, &out, 60);
+    cr_assert_neq(rc, 0, "a NaN gradient must fail the run");
+    cr_assert_neq(rc, 124, "the run hung instead of failing:\n%s", out);
+    cr_assert(harness_contains(out, "NaN") && harness_contains(out, "step 5"), "%s", out);
+    GPT2Config cfg = {.V = 256, .T = 32, .L = 2, .C = 64, .NH = 4};
+    size_t n = gpt2_param_count(&cfg);
+    TrainState st = {.params = malloc(n * 4), .m = malloc(n * 4), .v = malloc(n * 4)};
+    ckpt_load_state(ck, &cfg, &st);
+    cr_assert_eq(st.step, 4, "the last good checkpoint is the one after step 4");
+    free(st.params); free(st.m); free(st.v);
+    unlink(ck);
+    free(out);
+}
+
+// A rank that dies mid-run (no MPI_Finalize) ends the whole job promptly: no rank hangs in an
+// all-reduce, and the checkpoint written before is intact.
+Test(ddp03, killed_rank_ends_the_job_promptly, .timeout = 120) {
+    const char *ck = tmp_path("kill.ckpt");
+    char cmd[512], *out = NULL;
+    snprintf(cmd, sizeof cmd, DDP " " SMALL " --steps 200 --save %s --save-every 1 --kill-rank 2 --kill-step 3", ck);
+    double t0 = lab_now();
+    int rc = harness_mpirun(4, cmd, &out, 60);
+    double took = lab_now() - t0;
+    cr_assert_neq(rc, 0, "the job must fail when a rank dies:\n%s", out);
+    cr_assert_neq(rc, 124, "the job hung after rank 2 died:\n%s", out);
+    cr_assert(took < 30, "the job took %.1f s to end after a rank died", took);
+    cr_assert(harness_contains(out, "exiting abruptly at step 3"), "%s", out);
+    GPT2Config cfg = {.V = 256, .T = 32, .L = 2, .C = 64, .NH = 4};
+    size_t n = gpt2_param_count(&cfg);
+    TrainState st = {.params = malloc(n * 4), .m = malloc(n * 4), .v = malloc(n * 4)};
+    ckpt_load_state(ck, &cfg, &st);
+    // rank 0 saved after steps 1, 2, 3; step 3's all-reduce can never complete without rank 2
+    cr_assert_eq(st.step, 3, "the checkpoint should be the one after 3 steps, not %d", st.step);
+    free(st.params); free(st.m); free(st.v);
+    unlink(ck);
+    free(out);
+}
+
+Test(ddp03, uneven_batch_is_refused_with_a_clear_message, .timeout = 60) {
+    char *out = NULL;
+    int rc = harness_mpirun(3, DDP " " SMALL " --batch 16", &out, 60);
+    cr_assert(rc != 0 && rc != 124, "rc %d", rc);
+    cr_assert(harness_contains(out, "--batch 16") && harness_contains(out, "--batch 18"), "%s", out);
+    free(out);
+    rc = harness_mpirun(2, DDP " " SMALL " --grad-accum 5", &out, 60);
+    cr_assert(rc != 0 && rc != 124, "rc %d", rc);
+    cr_assert(harness_contains(out, "--grad-accum 5"), "%s", out);
+    free(out);
+}
+
+// ---------------------------------------------------------------------------------------------
+// the bucket machinery, without MPI
+
+// PyTorch's model.parameters() order for GPT-2: wte, wpe, block 0's twelve, ..., lnfw, lnfb.
+Test(ddp03_units, module_order_is_pytorch_parameters_order) {
+    GPT2Config cfg = {.V = 64, .T = 16, .L = 3, .C = 32, .NH = 2};
+    GPT2Param p[4 + 12 * 3];
+    cr_assert_eq(ddp_module_order(&cfg, p), 4 + 12 * 3);
+    cr_assert_str_eq(p[0].name, "wte");
+    cr_assert_str_eq(p[1].name, "wpe");
+    const char *block[12] = {"ln1w", "ln1b", "qkvw", "qkvb", "attprojw", "attprojb",
+                             "ln2w", "ln2b", "fcw",  "fcb",  "fcprojw",  "fcprojb"};
+    for (int l = 0; l < 3; l++)
+        for (int t = 0; t < 12; t++) {
+            char want[32];
+            snprintf(want, sizeof want, "h.%d.%s", l, block[t]);
+            cr_assert_str_eq(p[2 + 12 * l + t].name, want);
+        }
+    cr_assert_str_eq(p[38].name, "lnfw");
+    cr_assert_str_eq(p[39].name, "lnfb");
+    // every element of the flat buffer exactly once
+    size_t total = 0;
+    for (int i = 0; i < 40; i++) total += p[i].size;
+    cr_assert_eq(total, gpt2_param_count(&cfg));
+}
+
+// When is a gradient final? Pieces run head (0), block L-1 (1), ..., block 0 (L), embedding.
+Test(ddp03_units, ready_piece_follows_backward_and_the_tied_embedding) {
+    GPT2Config cfg = {.V = 64, .T = 16, .L = 3, .C = 32, .NH = 2};
+    GPT2Param p[40];
+    ddp_module_order(&cfg, p);
+    cr_assert_eq(ddp_num_pieces(&cfg), 5);
+    cr_assert_eq(ddp_ready_piece(&p[0], 3), 4, "wte: only after the embedding (tied weights)");
+    cr_assert_eq(ddp_ready_piece(&p[1], 3), 4, "wpe: after the embedding");
+    cr_assert_eq(ddp_ready_piece(&p[2], 3), 3, "block 0: the last block backward runs");
+    cr_assert_eq(ddp_ready_piece(&p[2 + 24], 3), 1, "block 2: right after the head");
+    cr_assert_eq(ddp_ready_piece(&p[38], 3), 0, "lnfw: the head");
+}
+
+// ---------------------------------------------------------------------------------------------
+// Exercise 03.1: bucket assignment (a pure function: no MPI needed)
+
+static int assign(const size_t *bytes, int n, size_t first, size_t cap, int *of) {
+    for (int i = 0; i < n; i++) of[i] = -1;
+    return ddp_assign_buckets(bytes, n, first, cap, of);
+}
+
+static void assert_assignment(const int *got, const int *want, int n) {
+    for (int i = 0; i < n; i++)
+        cr_assert_eq(got[i], want[i], "parameter %d is in bucket %d, expected %d", i, got[i], want[i]);
+}
+
+// A bucket closes when its size reaches the cap: 40+40 = 80 >= 50 closes the first,
+// 40+40+40 = 120 >= 100 the second.
+Test(ex03_1, a_bucket_closes_when_it_reaches_its_cap) {
+    size_t bytes[5] = {40, 40, 40, 40, 40};
+    int of[5], want[5] = {0, 0, 1, 1, 1};
+    cr_assert_eq(assign(bytes, 5, 50, 100, of), 2);
+    assert_assignment(of, want, 5);
+}
+
+// Exactly at the cap counts as full (>=, not >).
+Test(ex03_1, exactly_the_cap_is_full) {
+    size_t bytes[4] = {50, 50, 50, 7};
+    int of[4], want[4] = {0, 1, 1, 2};
+    cr_assert_eq(assign(bytes, 4, 50, 100, of), 3);
+    assert_assignment(of, want, 4);
+}
+
+// The first bucket has its own (small) cap, every later one the big cap.
+Test(ex03_1, the_first_bucket_has_its_own_cap) {
+    size_t bytes[8] = {10, 10, 10, 10, 10, 10, 10, 10};
+    int of[8], want[8] = {0, 1, 1, 1, 2, 2, 2, 3};
+    cr_assert_eq(assign(bytes, 8, 10, 30, of), 4);
+    assert_assignment(of, want, 8);
+}
+
+Test(ex03_1, cap_zero_gives_one_bucket_per_parameter) {
+    size_t bytes[6] = {4, 400, 4, 4000, 4, 4};
+    int of[6], want[6] = {0, 1, 2, 3, 4, 5};
+    cr_assert_eq(assign(bytes, 6, 0, 0, of), 6);
+    assert_assignment(of, want, 6);
+}
+
+Test(ex03_1, huge_caps_give_one_bucket) {
+    size_t bytes[5] = {4, 400, 4, 4000, 4};
+    int of[5], want[5] = {0, 0, 0, 0, 0};
+    cr_assert_eq(assign(bytes, 5, 1u << 30, 1u << 30, of), 1);
+    assert_assignment(of, want, 5);
+}
+
+// The tiny model (834,304 parameters) under PyTorch's defaults (first 1 MiB, then 25 MiB), in
+// reverse module order: lnfb, lnfw and block 3 hold 794,112 bytes; h.2.fcprojb (512 B) and
+// h.2.fcprojw (262,144 B) bring the first bucket to 1,056,768 >= 1 MiB. Worked out by hand from
+// the tensor shapes (C = 128, 4C = 512).
+Test(ex03_1, tiny_model_default_caps) {
+    GPT2Config cfg = gpt2_config_tiny();
+    GPT2Param p[52];
+    cr_assert_eq(ddp_module_order(&cfg, p), 52);
+    size_t bytes[52];
+    char names[52][32];
+    for (int i = 0; i < 52; i++) {  // reverse module order
+        bytes[i] = p[51 - i].size * 4;
+        snprintf(names[i], 32, "%s", p[51 - i].name);
+    }
+    int of[52];
+    cr_assert_eq(assign(bytes, 52, 1u << 20, 25u << 20, of), 2);
+    cr_assert_str_eq(names[15], "h.2.fcprojw");
+    for (int i = 0; i < 52; i++)
+        cr_assert_eq(of[i], i <= 15 ? 0 : 1, "%s in bucket %d", names[i], of[i]);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Exercise 03.2: launch on ready (tests/mpi_ddp_launch.c runs real backward pieces with hooks
+// on a hand-made bucket layout, checks when each bucket starts and the averaged gradients)
+
+static void run_launch_check(int np) {
+    char cmd[512], *out = NULL;
+    snprintf(cmd, sizeof cmd, "%s/tests/mpi_ddp_launch", harness_build_dir());
+    int rc = harness_mpirun(np, cmd, &out, 30);
+    cr_assert_eq(rc, 0, "mpi_ddp_launch -np %d failed (rc %d):\n%s", np, rc, out);
+    cr_assert(harness_contains(out, "mpi_ddp_launch: OK"), "%s", out);
+    free(out);
+}
+
+Test(ex03_2, buckets_launch_as_soon_as_complete_on_2_ranks, .timeout = 90) { run_launch_check(2); }
+Test(ex03_2, buckets_launch_as_soon_as_complete_on_3_ranks, .timeout = 90) { run_launch_check(3); }
+
+// ---------------------------------------------------------------------------------------------
+// Exercise 03.3: no_sync gradient accumulation. Run with --no-overlap (one all-reduce, no
+// buckets), so these tests need no other exercise.
+
+Test(ex03_3, accumulation_matches_single_device, .timeout = 180) {
+    RunResults o;
+    run_oracle(SMALL, &o);
+    check_equivalent(&o, 2, SMALL " --no-overlap --grad-accum 4", 0);
+    check_equivalent(&o, 3, SMALL " --no-overlap --grad-accum 2", 0);
+    results_free(&o);
+}
+
+Test(ex03_3, only_the_last_micro_step_communicates, .timeout = 120) {
+    RunResults r;
+    run_ddp(2, SMALL " --steps 3 --no-overlap --grad-accum 4 --check-no-sync", &r);
+    cr_assert_eq(results_get(&r, "nosync_checks", -1), 9, "3 steps x 3 no_sync micro-steps");
+    cr_assert_eq(results_get(&r, "nosync_differ", -1), 9,
+                 "gradients must differ across ranks inside no_sync (%g of 9 did)",
+                 results_get(&r, "nosync_differ", -1));
+    cr_assert_eq(results_get(&r, "sync_agree", -1), 3, "after the last micro-step they agree");
+    cr_assert_eq(results_get(&r, "grad_bytes_sent_per_step", -1), 4.0 * SMALL_NPARAMS,
+                 "one all-reduce of the gradients per step: 2(N-1)/N x S = S on 2 ranks");
+    results_free(&r);
+}
