@@ -4,6 +4,7 @@
 // parser, the error messages and the --help table are all generated from the same rows, so a
 // flag cannot be documented in one place and parsed differently in another.
 #include "flags.h"
+#include "kernels.h"
 
 #include <ctype.h>
 #include <errno.h>
@@ -90,7 +91,7 @@ static int build_table(LabArgs *a, const FlagSpec *extra, int nextra, Flag *out)
     out[n++] = row("hardware", "--device", "D", FLAG_CHOICE, &a->device, 0, 0, "cpu|cuda", "where the math runs");
     out[n++] = row("hardware", "--backend", "B", FLAG_CHOICE, &a->backend, 0, 0, "mpi|nccl", "communication backend (nccl needs --device cuda)");
     out[n++] = row("hardware", "--dtype", "T", FLAG_CHOICE, &a->dtype, 0, 0, "fp32|bf16", "parameter/activation precision (bf16: mixed precision)");
-    out[n++] = row("hardware", "--threads", "N", FLAG_INT, &a->threads, 1, 256, NULL, "BLAS threads per rank");
+    out[n++] = row("hardware", "--threads", "N", FLAG_INT, &a->threads, 1, 256, NULL, "BLAS threads per rank (overrides OPENBLAS_NUM_THREADS)");
     out[n++] = row("output", "--log-every", "N", FLAG_INT, &a->log_every, 0, MAX_INT_FLAG, NULL, "progress line every N steps (0 = summary only)");
     out[n++] = row("output", "--quiet", NULL, FLAG_BOOL, &a->quiet, 0, 1, NULL, "print only the summary");
     out[n++] = row("output", "--trace", "FILE", FLAG_STRING, &a->trace, 0, 0, NULL, "write a Chrome/Perfetto timeline (JSON)");
@@ -434,4 +435,5 @@ void lab_parse_args(int argc, char **argv, LabArgs *a, const FlagSpec *extra, in
     check_combinations(a);
     GPT2Config cfg = lab_args_config(a);
     gpt2_config_check(&cfg);
+    kernels_set_threads(a->threads);   // BLAS threads of this rank (--threads)
 }

@@ -81,6 +81,8 @@ typedef struct Kernels {
 // The table for a device. DEV_CUDA in a build without CUDA fails with a clear message.
 const Kernels *kernels_get(Device dev);
 extern const Kernels kernels_cpu;
+// BLAS threads of this process for the CPU matmuls (--threads; overrides OPENBLAS_NUM_THREADS).
+void kernels_set_threads(int n);
 
 // Host helpers, usable everywhere (bit-exact reference for tests).
 uint16_t bf16_from_f32(float f);

@@ -550,3 +550,8 @@ const Kernels *kernels_get(Device dev) {
         lab_fail("this build has no CUDA: rebuild with make CUDA=1 on a machine with nvcc");
     lab_fail("unknown device %d: valid devices are cpu (0) and cuda (1)", (int)dev);
 }
+
+void kernels_set_threads(int n) {
+    LAB_CHECK(n >= 1, "BLAS threads must be >= 1, got %d", n);
+    openblas_set_num_threads(n);
+}
