@@ -87,26 +87,9 @@ static void print_rank_table(const double *all, int N) {
     }
 }
 
-static void save_state(const char *path, const GPT2Config *cfg, const LabArgs *args, int step,
-                       const GPT2 *m, const float *opt_m, const float *opt_v) {
-    size_t n = m->num_params;
-    TrainState st = {.cfg = *cfg, .step = step, .seed = (uint64_t)args->seed,
-                     .data_seed = (uint64_t)args->data_seed, .n = n};
-    st.params = lab_xmalloc(n * sizeof(float));
-    st.m = lab_xmalloc(n * sizeof(float));
-    st.v = lab_xmalloc(n * sizeof(float));
-    mem_copy(st.params, m->params, n * sizeof(float));
-    mem_copy(st.m, opt_m, n * sizeof(float));
-    mem_copy(st.v, opt_v, n * sizeof(float));
-    ckpt_save_state(path, &st);
-    free(st.params);
-    free(st.m);
-    free(st.v);
-}
-
 static void train(const LabArgs *args, const DpFlags *f) {
     GPT2Config cfg = lab_args_config(args);
-    Device dev = strcmp(args->device, "cuda") == 0 ? DEV_CUDA : DEV_CPU;
+    Device dev = lab_args_device(args);
     if (strcmp(args->dtype, "fp32") != 0)
         lab_fail_collective("--dtype %s: this chapter trains in fp32 only", args->dtype);
     // NCCL (GPU buffers; flags.c checks --device cuda) picks this rank's GPU: before allocating
@@ -133,36 +116,20 @@ static void train(const LabArgs *args, const DpFlags *f) {
     // Only the master has an optimizer (and its state: 8 bytes per parameter).
     float *opt_m = master ? mem_alloc(n * sizeof(float), MEM_OPT_M, dev) : NULL;
     float *opt_v = master ? mem_alloc(n * sizeof(float), MEM_OPT_V, dev) : NULL;
-    AdamW opt = adamw_defaults();
-    opt.lr = args->lr;
-    opt.weight_decay = args->weight_decay;
-    opt.grad_clip = args->grad_clip;
-    opt.warmup_steps = args->warmup;
-    opt.total_steps = args->steps;
+    AdamW opt = lab_args_adamw(args);
 
     int start = 0;
     if (master && args->resume) {
-        TrainState st = {.params = lab_xmalloc(n * sizeof(float)),
-                         .m = lab_xmalloc(n * sizeof(float)), .v = lab_xmalloc(n * sizeof(float))};
-        ckpt_load_state(args->resume, &cfg, &st);
-        mem_copy(model.params, st.params, n * sizeof(float));
-        mem_copy(opt_m, st.m, n * sizeof(float));
-        mem_copy(opt_v, st.v, n * sizeof(float));
-        start = st.step;
-        free(st.params); free(st.m); free(st.v);
+        start = ckpt_resume_training(args->resume, &cfg, model.params, opt_m, opt_v, n);
         if (!args->quiet) printf("resumed from %s at step %d\n", args->resume, start);
     } else if (master && args->load_weights) {
-        float *w = lab_xmalloc(n * sizeof(float));
-        ckpt_load_weights(args->load_weights, &cfg, w);
-        mem_copy(model.params, w, n * sizeof(float));
-        free(w);
+        ckpt_load_weights_into(args->load_weights, &cfg, model.params, n);
     }
     dist_broadcast(&start, 1, DIST_I32, 0, world);
 
     // The data: the master makes the whole global batch; every rank gets its rows.
     DataSource data;
-    if (args->data) data_init_file(&data, args->data, T, (uint64_t)args->data_seed);
-    else data_init_synthetic(&data, cfg.V, (uint64_t)args->data_seed);
+    lab_args_data(args, &data);
     int *all_inputs = master ? mem_alloc((size_t)B * T * sizeof(int), MEM_COMM, DEV_CPU) : NULL;
     int *all_targets = master ? mem_alloc((size_t)B * T * sizeof(int), MEM_COMM, DEV_CPU) : NULL;
     int *inputs = mem_alloc((size_t)rows * T * sizeof(int), MEM_OTHER, DEV_CPU);
@@ -262,7 +229,8 @@ static void train(const LabArgs *args, const DpFlags *f) {
         t_last = now;
         if (master && args->save && args->save_every > 0 && (step + 1) % args->save_every == 0 &&
             !last)
-            save_state(args->save, &cfg, args, step + 1, &model, opt_m, opt_v);
+            ckpt_save_training(args->save, &cfg, step + 1, (uint64_t)args->seed,
+                               (uint64_t)args->data_seed, model.params, opt_m, opt_v, n);
     }
     double elapsed = lab_now() - t_start;
     const int nrun = end > start ? end - start : 0;
@@ -275,7 +243,8 @@ static void train(const LabArgs *args, const DpFlags *f) {
     if (master) {
         mem_copy(host_params, model.params, n * sizeof(float));
         if (args->save) {
-            save_state(args->save, &cfg, args, end, &model, opt_m, opt_v);
+            ckpt_save_training(args->save, &cfg, end, (uint64_t)args->seed,
+                           (uint64_t)args->data_seed, model.params, opt_m, opt_v, n);
             if (!args->quiet) printf("saved training state (step %d) to %s\n", end, args->save);
         }
         if (args->save_weights) ckpt_save_weights(args->save_weights, &cfg, host_params);

@@ -159,23 +159,6 @@ static double replica_max_diff(const GPT2 *m, DistGroup *g) {
     return worst;
 }
 
-static void save_state(const char *path, const GPT2Config *cfg, const LabArgs *args, int step,
-                       const GPT2 *m, const float *opt_m, const float *opt_v) {
-    size_t n = m->num_params;
-    TrainState st = {.cfg = *cfg, .step = step, .seed = (uint64_t)args->seed,
-                     .data_seed = (uint64_t)args->data_seed, .n = n};
-    st.params = lab_xmalloc(n * sizeof(float));
-    st.m = lab_xmalloc(n * sizeof(float));
-    st.v = lab_xmalloc(n * sizeof(float));
-    mem_copy(st.params, m->params, n * sizeof(float));
-    mem_copy(st.m, opt_m, n * sizeof(float));
-    mem_copy(st.v, opt_v, n * sizeof(float));
-    ckpt_save_state(path, &st);
-    free(st.params);
-    free(st.m);
-    free(st.v);
-}
-
 // What each rank reports at the end, gathered to rank 0 as doubles.
 enum { R_COMPUTE, R_WAIT, R_STEP, R_SENT, R_RECV, R_PARAMS, R_GRADS, R_OPT, R_COMM, R_TOTAL,
        R_T_TRAIN, R_T_COMP, R_T_COMM, R_NFIELDS };
@@ -202,7 +185,7 @@ static void print_rank_table(const double *all, int N) {
 
 static void train(const LabArgs *args, const DdpFlags *f) {
     GPT2Config cfg = lab_args_config(args);
-    Device dev = strcmp(args->device, "cuda") == 0 ? DEV_CUDA : DEV_CPU;
+    Device dev = lab_args_device(args);
     if (strcmp(args->dtype, "fp32") != 0)
         lab_fail_collective("--dtype %s: this chapter trains in fp32 only", args->dtype);
     // NCCL (GPU buffers; flags.c checks --device cuda) picks this rank's GPU: before allocating
@@ -237,30 +220,15 @@ static void train(const LabArgs *args, const DdpFlags *f) {
     // The optimizer state: every rank keeps a full copy (DDP's memory redundancy).
     float *opt_m = mem_alloc(n * sizeof(float), MEM_OPT_M, dev);
     float *opt_v = mem_alloc(n * sizeof(float), MEM_OPT_V, dev);
-    AdamW opt = adamw_defaults();
-    opt.lr = args->lr;
-    opt.weight_decay = args->weight_decay;
-    opt.grad_clip = args->grad_clip;
-    opt.warmup_steps = args->warmup;
-    opt.total_steps = args->steps;
+    AdamW opt = lab_args_adamw(args);
 
     // ...then rank 0's weights (fresh, loaded or resumed) overwrite everyone's.
     int start = 0;
     if (rank == 0 && args->resume) {
-        TrainState st = {.params = lab_xmalloc(n * sizeof(float)),
-                         .m = lab_xmalloc(n * sizeof(float)), .v = lab_xmalloc(n * sizeof(float))};
-        ckpt_load_state(args->resume, &cfg, &st);
-        mem_copy(model.params, st.params, n * sizeof(float));
-        mem_copy(opt_m, st.m, n * sizeof(float));
-        mem_copy(opt_v, st.v, n * sizeof(float));
-        start = st.step;
-        free(st.params); free(st.m); free(st.v);
+        start = ckpt_resume_training(args->resume, &cfg, model.params, opt_m, opt_v, n);
         if (!args->quiet) printf("resumed from %s at step %d\n", args->resume, start);
     } else if (rank == 0 && args->load_weights) {
-        float *w = lab_xmalloc(n * sizeof(float));
-        ckpt_load_weights(args->load_weights, &cfg, w);
-        mem_copy(model.params, w, n * sizeof(float));
-        free(w);
+        ckpt_load_weights_into(args->load_weights, &cfg, model.params, n);
     }
     int tok = trace_begin("broadcast weights", TRACE_COMM);
     dist_broadcast(model.params, n, DIST_F32, 0, world);
@@ -291,8 +259,7 @@ static void train(const LabArgs *args, const DdpFlags *f) {
     }
 
     DataSource data;
-    if (args->data) data_init_file(&data, args->data, T, (uint64_t)args->data_seed);
-    else data_init_synthetic(&data, cfg.V, (uint64_t)args->data_seed);
+    lab_args_data(args, &data);
     int *inputs = mem_alloc((size_t)Bm * T * sizeof(int), MEM_OTHER, DEV_CPU);
     int *targets = mem_alloc((size_t)Bm * T * sizeof(int), MEM_OTHER, DEV_CPU);
 
@@ -403,7 +370,8 @@ static void train(const LabArgs *args, const DdpFlags *f) {
         t_last = now;
         if (rank == 0 && args->save && args->save_every > 0 && (step + 1) % args->save_every == 0 &&
             !last)
-            save_state(args->save, &cfg, args, step + 1, &model, opt_m, opt_v);
+            ckpt_save_training(args->save, &cfg, step + 1, (uint64_t)args->seed,
+                               (uint64_t)args->data_seed, model.params, opt_m, opt_v, n);
     }
     double elapsed = lab_now() - t_start;
     const int nrun = end > start ? end - start : 0;
@@ -415,7 +383,8 @@ static void train(const LabArgs *args, const DdpFlags *f) {
 
     // Checkpoint (every rank holds the same state: rank 0 writes it) and final weights.
     if (rank == 0 && args->save) {
-        save_state(args->save, &cfg, args, end, &model, opt_m, opt_v);
+        ckpt_save_training(args->save, &cfg, end, (uint64_t)args->seed,
+                           (uint64_t)args->data_seed, model.params, opt_m, opt_v, n);
         if (!args->quiet) printf("saved training state (step %d) to %s\n", end, args->save);
     }
     float *host_params = lab_xmalloc(n * sizeof(float));

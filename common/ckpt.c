@@ -16,6 +16,7 @@
 #include <unistd.h>
 
 #include "check.h"
+#include "mem.h"
 
 // ---- CRC32 (IEEE 802.3, reflected polynomial 0xEDB88320, as zlib and PNG) ------------------
 
@@ -374,4 +375,42 @@ void ckpt_load_state(const char *path, const GPT2Config *expect, TrainState *s) 
     read_exact(f, s->m, s->n * sizeof(float), path);
     read_exact(f, s->v, s->n * sizeof(float), path);
     fclose(f);
+}
+
+void ckpt_save_training(const char *path, const GPT2Config *cfg, int step, uint64_t seed,
+                        uint64_t data_seed, const float *params, const float *m, const float *v,
+                        size_t n) {
+    TrainState st = {.cfg = *cfg, .step = step, .seed = seed, .data_seed = data_seed, .n = n};
+    st.params = lab_xmalloc(n * sizeof(float));
+    st.m = lab_xmalloc(n * sizeof(float));
+    st.v = lab_xmalloc(n * sizeof(float));
+    mem_copy(st.params, params, n * sizeof(float));
+    mem_copy(st.m, m, n * sizeof(float));
+    mem_copy(st.v, v, n * sizeof(float));
+    ckpt_save_state(path, &st);
+    free(st.params);
+    free(st.m);
+    free(st.v);
+}
+
+int ckpt_resume_training(const char *path, const GPT2Config *cfg, float *params, float *m,
+                         float *v, size_t n) {
+    TrainState st = {.params = lab_xmalloc(n * sizeof(float)), .m = lab_xmalloc(n * sizeof(float)),
+                     .v = lab_xmalloc(n * sizeof(float))};
+    ckpt_load_state(path, cfg, &st);
+    LAB_CHECK(st.n == n, "%s holds %zu parameters, the model has %zu", path, st.n, n);
+    mem_copy(params, st.params, n * sizeof(float));
+    mem_copy(m, st.m, n * sizeof(float));
+    mem_copy(v, st.v, n * sizeof(float));
+    free(st.params);
+    free(st.m);
+    free(st.v);
+    return st.step;
+}
+
+void ckpt_load_weights_into(const char *path, const GPT2Config *cfg, float *params, size_t n) {
+    float *w = lab_xmalloc(n * sizeof(float));
+    ckpt_load_weights(path, cfg, w);
+    mem_copy(params, w, n * sizeof(float));
+    free(w);
 }

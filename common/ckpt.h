@@ -42,3 +42,15 @@ void ckpt_save_state(const char *path, const TrainState *s);
 // Fills s (params/m/v must be allocated for expect's parameter count); checks the config
 // against *expect and refuses a mismatch naming the field.
 void ckpt_load_state(const char *path, const GPT2Config *expect, TrainState *s);
+
+// The training-state round trip every chapter does, in one place. params, m, v are n floats on
+// any device (copied through the host). save: the state after `step` completed steps.
+// resume: loads the state, checks it against *cfg, fills params/m/v, returns the step to
+// continue from.
+void ckpt_save_training(const char *path, const GPT2Config *cfg, int step, uint64_t seed,
+                        uint64_t data_seed, const float *params, const float *m, const float *v,
+                        size_t n);
+int ckpt_resume_training(const char *path, const GPT2Config *cfg, float *params, float *m,
+                         float *v, size_t n);
+// llm.c weights from path into params (n floats on any device); the config must match.
+void ckpt_load_weights_into(const char *path, const GPT2Config *cfg, float *params, size_t n);

@@ -62,6 +62,25 @@ GPT2Config lab_args_config(const LabArgs *a) {
     return c;
 }
 
+Device lab_args_device(const LabArgs *a) {
+    return strcmp(a->device, "cuda") == 0 ? DEV_CUDA : DEV_CPU;
+}
+
+AdamW lab_args_adamw(const LabArgs *a) {
+    AdamW h = adamw_defaults();
+    h.lr = a->lr;
+    h.weight_decay = a->weight_decay;
+    h.grad_clip = a->grad_clip;
+    h.warmup_steps = a->warmup;
+    h.total_steps = a->steps;   // cosine decay over the whole run
+    return h;
+}
+
+void lab_args_data(const LabArgs *a, DataSource *d) {
+    if (a->data) data_init_file(d, a->data, a->T, (uint64_t)a->data_seed);
+    else data_init_synthetic(d, a->V, (uint64_t)a->data_seed);
+}
+
 // ---- the table ----------------------------------------------------------------------------
 
 static Flag row(const char *group, const char *name, const char *metavar, FlagKind kind, void *ptr,

@@ -7,7 +7,9 @@
 #pragma once
 #include <stdint.h>
 #include <stdio.h>
+#include "data.h"
 #include "gpt2.h"
+#include "optim.h"
 
 typedef enum { FLAG_INT, FLAG_FLOAT, FLAG_STRING, FLAG_BOOL, FLAG_CHOICE } FlagKind;
 
@@ -54,7 +56,11 @@ typedef struct LabArgs {
 } LabArgs;
 
 LabArgs lab_args_defaults(void);
-GPT2Config lab_args_config(const LabArgs *a);
+// What the shared flags describe, as the runtime's own types (so every chapter reads them alike):
+GPT2Config lab_args_config(const LabArgs *a);          // --vocab --seq --layers --channels --heads
+Device lab_args_device(const LabArgs *a);              // --device
+AdamW lab_args_adamw(const LabArgs *a);                // --lr --weight-decay --grad-clip --warmup --steps
+void lab_args_data(const LabArgs *a, DataSource *d);   // --data FILE, or the synthetic source
 
 // Parse argv into *a (pre-filled with defaults) and the chapter's extra flags.
 // `usage` is the chapter's --help text (what it shows, how to run it). --help prints it, then
