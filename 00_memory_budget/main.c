@@ -42,6 +42,9 @@ static const char *USAGE =
     "                                                which DP x TP x PP layout fits?\n"
     "  ./00_memory_budget/run --train --steps 200    train the tiny GPT on one device and\n"
     "                                                compare measured memory with the formula\n"
+    "  ./00_memory_budget/run --train --dtype bf16   the same in mixed precision: bf16 params\n"
+    "                                                and grads, fp32 master and Adam m, v\n"
+    "                                                (activations stay fp32 in this lab)\n"
     "\n"
     "The training run is single-device by definition: run it without mpirun or with -np 1.\n";
 
@@ -87,9 +90,10 @@ int main(int argc, char **argv) {
 }
 
 // The memory the runtime really allocated, next to the calculator's prediction.
-static void print_measured_vs_predicted(const GPT2Config *cfg, int B, int T) {
+static void print_measured_vs_predicted(const GPT2Config *cfg, int B, int T, int bf16) {
     CalcModel cm = calc_model_from_gpt2(cfg);
     CalcSetup cs = calc_setup_default();
+    cs.dtype = bf16 ? CALC_BF16 : CALC_FP32;
     cs.micro_batch = B;
     cs.seq_len = T;
     CalcBreakdown pred = calc_memory(&cm, &cs);
@@ -118,28 +122,53 @@ static void print_measured_vs_predicted(const GPT2Config *cfg, int B, int T) {
            exact_ok ? "matches the runtime exactly" : "DOES NOT match the runtime");
     printf("  activations: the lab keeps every tensor llm.c keeps (incl. the (B,NH,T,T) attention\n"
            "  matrices, logits and probs) and their gradients = %s; the Korthikanti et al. formula\n"
-           "  for the same shapes (fp32, 2 bytes -> 4) gives %s. See README: the real run.\n",
-           mem_format(a, sizeof a, acts_lab), mem_format(b, sizeof b, pred.acts));
+           "  for the same shapes (%s) gives %s. See README: the real run.\n",
+           mem_format(a, sizeof a, acts_lab), bf16 ? "bf16, 2 bytes" : "fp32, 2 bytes -> 4",
+           mem_format(b, sizeof b, pred.acts));
+    if (bf16)
+        printf("  (in --dtype bf16 this lab still keeps its activations in fp32: only the model\n"
+               "  state is mixed precision; a GPU run would halve the activations too)\n");
+}
+
+// Put fp32 weights (a host array) into the model. fp32: they are the parameters (master is
+// model->params). bf16: they go to the fp32 master, and the parameters the forward pass reads
+// are the master rounded to nearest even.
+static void set_weights(GPT2 *model, float *master, const float *host) {
+    size_t n = model->num_params;
+    mem_copy(master, host, n * sizeof(float));
+    if (model->dtype == GPT2_BF16) model->k->f32_to_bf16(model->params_bf16, master, n);
 }
 
 static void train(const LabArgs *args, const TrainFlags *tf) {
     GPT2Config cfg = lab_args_config(args);
     Device dev = strcmp(args->device, "cuda") == 0 ? DEV_CUDA : DEV_CPU;
-    if (strcmp(args->dtype, "fp32") != 0)
-        lab_fail("--dtype %s: the training run of this build supports fp32 only", args->dtype);
+    const int bf16 = strcmp(args->dtype, "bf16") == 0;  // mixed precision
     const int B = args->batch, T = cfg.T;
     trace_init(args->trace);
 
     // The model: parameters initialized from --seed, gradients, activations for (B, T).
     GPT2 model;
-    gpt2_build(&model, cfg, dev);
-    gpt2_init_params(&model, (uint64_t)args->seed);
+    gpt2_build_dtype(&model, cfg, dev, bf16 ? GPT2_BF16 : GPT2_FP32);
     gpt2_alloc_grads(&model);
     gpt2_alloc_acts(&model, B, T);
     const Kernels *k = model.k;
     const size_t n = model.num_params;
     GPT2Param *plist = lab_xcalloc((size_t)gpt2_params(&cfg, NULL), sizeof(GPT2Param));
     int nplist = gpt2_params(&cfg, plist);
+
+    // The weights AdamW updates. fp32: the parameters themselves. bf16: an fp32 master copy
+    // (4 more bytes per parameter), because an update smaller than half a bf16 step (1/256 of
+    // the weight) would round away if added to the bf16 weights directly.
+    float *master = model.params;
+    if (bf16) {
+        master = mem_alloc(n * sizeof(float), MEM_MASTER, dev);
+        float *w = lab_xmalloc(n * sizeof(float));
+        gpt2_init_slice(&cfg, (uint64_t)args->seed, 0, n, w);
+        set_weights(&model, master, w);
+        free(w);
+    } else {
+        gpt2_init_params(&model, (uint64_t)args->seed);
+    }
 
     // The optimizer state: Adam's m and v, one float per parameter each.
     float *opt_m = mem_alloc(n * sizeof(float), MEM_OPT_M, dev);
@@ -162,8 +191,8 @@ static void train(const LabArgs *args, const TrainFlags *tf) {
     if (args->resume) {
         TrainState st = {.params = lab_xmalloc(n * sizeof(float)),
                          .m = lab_xmalloc(n * sizeof(float)), .v = lab_xmalloc(n * sizeof(float))};
-        ckpt_load_state(args->resume, &cfg, &st);
-        mem_copy(model.params, st.params, n * sizeof(float));
+        ckpt_load_state(args->resume, &cfg, &st);   // bf16: st.params is the fp32 master
+        set_weights(&model, master, st.params);
         mem_copy(opt_m, st.m, n * sizeof(float));
         mem_copy(opt_v, st.v, n * sizeof(float));
         start = st.step;
@@ -172,15 +201,16 @@ static void train(const LabArgs *args, const TrainFlags *tf) {
     } else if (args->load_weights) {
         float *w = lab_xmalloc(n * sizeof(float));
         ckpt_load_weights(args->load_weights, &cfg, w);
-        mem_copy(model.params, w, n * sizeof(float));
+        set_weights(&model, master, w);
         free(w);
     }
 
     if (!args->quiet) {
         char buf[32];
-        printf("tiny GPT-2: V=%d T=%d L=%d C=%d NH=%d, %zu parameters (%s fp32), batch %d x %d, "
+        printf("tiny GPT-2: V=%d T=%d L=%d C=%d NH=%d, %zu parameters (%s %s), batch %d x %d, "
                "device %s\n", cfg.V, cfg.T, cfg.L, cfg.C, cfg.NH, n,
-               mem_format(buf, sizeof buf, (double)n * 4), B, T, k->name);
+               mem_format(buf, sizeof buf, (double)n * (bf16 ? 2 : 4)), bf16 ? "bf16" : "fp32",
+               B, T, k->name);
         if (!args->data)
             printf("data: synthetic Markov source, entropy rate %.4f nats/token; loss floor for "
                    "T=%d: %.4f (ln V = %.4f at init)\n", data_entropy_rate(&data), T,
@@ -205,13 +235,25 @@ static void train(const LabArgs *args, const TrainFlags *tf) {
         trace_end(tok);
         if (step == args->inject_nan_step) {   // fault injection: a NaN in one gradient
             float nan = NAN;
-            mem_copy(model.grads, &nan, sizeof nan);
+            uint16_t nan16 = bf16_from_f32(NAN);
+            if (bf16) mem_copy(model.grads_bf16, &nan16, sizeof nan16);
+            else mem_copy(model.grads, &nan, sizeof nan);
         }
         // 4. clip the global gradient norm (fails the run on NaN/Inf), then AdamW
         tok = trace_begin("optimizer", TRACE_COMPUTE);
-        float scale = adamw_clip_scale(&opt, k->sum_squares(model.grads, n), step);
-        adamw_step(&opt, k, step, model.params, model.grads, opt_m, opt_v, 0, n, plist, nplist,
-                   scale);
+        if (!bf16) {
+            float scale = adamw_clip_scale(&opt, k->sum_squares(model.grads, n), step);
+            adamw_step(&opt, k, step, model.params, model.grads, opt_m, opt_v, 0, n, plist, nplist,
+                       scale);
+        } else {
+            // bf16 gradients, widened to fp32 chunk by chunk in the model's scratch buffer;
+            // AdamW updates the fp32 master, then params = bf16(master)
+            double norm_sq = bf16_sum_squares(k, model.grads_bf16, n, model.work_grads,
+                                              model.work_size);
+            float scale = adamw_clip_scale(&opt, norm_sq, step);
+            adamw_step_bf16(&opt, k, step, master, model.params_bf16, model.grads_bf16, opt_m,
+                            opt_v, 0, n, plist, nplist, scale, model.work_grads, model.work_size);
+        }
         trace_end(tok);
         losses[step] = loss;
 
@@ -231,7 +273,7 @@ static void train(const LabArgs *args, const TrainFlags *tf) {
                              .data_seed = (uint64_t)args->data_seed, .n = n};
             st.params = lab_xmalloc(n * sizeof(float)); st.m = lab_xmalloc(n * sizeof(float));
             st.v = lab_xmalloc(n * sizeof(float));
-            mem_copy(st.params, model.params, n * sizeof(float));
+            mem_copy(st.params, master, n * sizeof(float));   // bf16: the master weights
             mem_copy(st.m, opt_m, n * sizeof(float));
             mem_copy(st.v, opt_v, n * sizeof(float));
             ckpt_save_state(args->save, &st);
@@ -240,17 +282,30 @@ static void train(const LabArgs *args, const TrainFlags *tf) {
     }
     double elapsed = lab_now() - t_start;
 
-    // Checkpoints and results: host copies of the parameters.
+    // Checkpoints and results: host copies of the parameters (bf16: the weights the forward
+    // pass reads, widened to fp32; the training state keeps the fp32 master instead).
     float *host_params = lab_xmalloc(n * sizeof(float));
-    mem_copy(host_params, model.params, n * sizeof(float));
+    if (bf16) {
+        uint16_t *p16 = lab_xmalloc(n * sizeof(uint16_t));
+        mem_copy(p16, model.params_bf16, n * sizeof(uint16_t));
+        kernels_cpu.bf16_to_f32(host_params, p16, n);
+        free(p16);
+    } else {
+        mem_copy(host_params, model.params, n * sizeof(float));
+    }
     if (args->save) {
         TrainState st = {.cfg = cfg, .step = end, .seed = (uint64_t)args->seed,
                          .data_seed = (uint64_t)args->data_seed, .n = n, .params = host_params};
+        if (bf16) {
+            st.params = lab_xmalloc(n * sizeof(float));
+            mem_copy(st.params, master, n * sizeof(float));
+        }
         st.m = lab_xmalloc(n * sizeof(float)); st.v = lab_xmalloc(n * sizeof(float));
         mem_copy(st.m, opt_m, n * sizeof(float));
         mem_copy(st.v, opt_v, n * sizeof(float));
         ckpt_save_state(args->save, &st);
         free(st.m); free(st.v);
+        if (bf16) free(st.params);
         if (!args->quiet) printf("saved training state (step %d) to %s\n", end, args->save);
     }
     if (args->save_weights) ckpt_save_weights(args->save_weights, &cfg, host_params);
@@ -258,7 +313,7 @@ static void train(const LabArgs *args, const TrainFlags *tf) {
     if (!args->quiet && end > start) {
         printf("%d steps in %.2f s: %.0f tokens/s\n", end - start, elapsed,
                (double)B * T * (end - start) / elapsed);
-        print_measured_vs_predicted(&cfg, B, T);
+        print_measured_vs_predicted(&cfg, B, T, bf16);
     }
     if (args->dump) {   // for the test harness: losses, final weights, measured memory
         RunResults out;
@@ -277,6 +332,7 @@ static void train(const LabArgs *args, const TrainFlags *tf) {
     free(plist);
     data_free(&data);
     gpt2_free(&model);
+    if (bf16) mem_free(master);
     mem_free(opt_m);
     mem_free(opt_v);
     mem_free(inputs);

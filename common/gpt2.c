@@ -218,19 +218,46 @@ void gpt2_init_slice(const GPT2Config *cfg, uint64_t seed, size_t begin, size_t 
 // ----------------------------------------------------------------------------------------------
 // Lifecycle
 
-void gpt2_build(GPT2 *m, GPT2Config cfg, Device dev) {
+void gpt2_build(GPT2 *m, GPT2Config cfg, Device dev) { gpt2_build_dtype(m, cfg, dev, GPT2_FP32); }
+
+// The largest piece, in floats: the embedding (wte, wpe), one block, or the head (wte, lnf).
+static size_t largest_piece(const GPT2Config *cfg) {
+    size_t V = (size_t)cfg->V, T = (size_t)cfg->T, C = (size_t)cfg->C;
+    size_t embed = V * C + T * C, head = V * C + 2 * C, block = 12 * C * C + 13 * C;
+    size_t most = embed > head ? embed : head;
+    return most > block ? most : block;
+}
+
+void gpt2_build_dtype(GPT2 *m, GPT2Config cfg, Device dev, GPT2Dtype dtype) {
     gpt2_config_check(&cfg);
     memset(m, 0, sizeof *m);
     m->cfg = cfg;
     m->dev = dev;
     m->k = kernels_get(dev);
+    m->dtype = dtype;
     gpt2_param_sizes(&cfg, m->param_sizes);
     m->num_params = gpt2_param_count(&cfg);
+    if (dtype == GPT2_BF16) {
+        m->params_bf16 = mem_alloc(m->num_params * sizeof(uint16_t), MEM_PARAMS, dev);
+        m->work_size = largest_piece(&cfg);
+        m->work = mem_alloc(m->work_size * sizeof(float), MEM_OTHER, dev);
+        return;
+    }
     m->params = mem_alloc(m->num_params * sizeof(float), MEM_PARAMS, dev);
     point_params(&m->p, m->params, m->param_sizes);
 }
 
 void gpt2_init_params(GPT2 *m, uint64_t seed) {
+    if (m->dtype == GPT2_BF16) {  // draw in fp32, store rounded to bf16
+        float *host = mem_alloc(m->num_params * sizeof(float), MEM_OTHER, DEV_CPU);
+        uint16_t *host16 = mem_alloc(m->num_params * sizeof(uint16_t), MEM_OTHER, DEV_CPU);
+        gpt2_init_slice(&m->cfg, seed, 0, m->num_params, host);
+        kernels_cpu.f32_to_bf16(host16, host, m->num_params);
+        mem_copy(m->params_bf16, host16, m->num_params * sizeof(uint16_t));
+        mem_free(host);
+        mem_free(host16);
+        return;
+    }
     if (m->dev == DEV_CPU) {
         gpt2_init_slice(&m->cfg, seed, 0, m->num_params, m->params);
         return;
@@ -242,6 +269,12 @@ void gpt2_init_params(GPT2 *m, uint64_t seed) {
 }
 
 void gpt2_alloc_grads(GPT2 *m) {
+    if (m->dtype == GPT2_BF16) {
+        if (m->grads_bf16) return;
+        m->grads_bf16 = mem_alloc(m->num_params * sizeof(uint16_t), MEM_GRADS, m->dev);
+        m->work_grads = mem_alloc(m->work_size * sizeof(float), MEM_OTHER, m->dev);
+        return;
+    }
     if (m->grads) return;
     m->grads = mem_alloc(m->num_params * sizeof(float), MEM_GRADS, m->dev);
     point_params(&m->g, m->grads, m->param_sizes);
@@ -286,6 +319,10 @@ void gpt2_free(GPT2 *m) {
     free_acts(m);
     mem_free(m->params);
     mem_free(m->grads);
+    mem_free(m->params_bf16);
+    mem_free(m->grads_bf16);
+    mem_free(m->work);
+    mem_free(m->work_grads);
     memset(m, 0, sizeof *m);
 }
 
@@ -320,18 +357,6 @@ typedef struct LayerParams {
     float *fcprojw, *fcprojb;    // (C, 4C), (C)
 } LayerParams;
 
-static LayerParams layer_params(const ParamTensors *p, int C, int l) {
-    size_t c = (size_t)C, L = (size_t)l;
-    LayerParams w = {
-        p->ln1w + L * c,         p->ln1b + L * c,
-        p->qkvw + L * 3 * c * c, p->qkvb + L * 3 * c,
-        p->attprojw + L * c * c, p->attprojb + L * c,
-        p->ln2w + L * c,         p->ln2b + L * c,
-        p->fcw + L * 4 * c * c,  p->fcb + L * 4 * c,
-        p->fcprojw + L * 4 * c * c, p->fcprojb + L * c,
-    };
-    return w;
-}
 
 typedef struct LayerActs {
     float *ln1, *ln1_mean, *ln1_rstd;  // (B,T,C), (B,T), (B,T)
@@ -366,10 +391,105 @@ static float *block_input(const ActTensors *a, size_t BTC, int l) {
 }
 
 // ----------------------------------------------------------------------------------------------
+// The weights of one piece. A piece reads a few ranges of the flat parameter buffer: the
+// embedding wte and wpe; block l its layer's slice of the 12 stacked tensors; the head wte,
+// lnfw and lnfb. In fp32 they are read in place. In bf16 they are widened into m->work before
+// the piece runs, its gradients are accumulated in fp32 in m->work_grads, and rounded once
+// into grads_bf16 when its backward is done.
+
+#define PIECE_MAX 12
+typedef struct Piece {
+    int n;                     // ranges
+    size_t offset[PIECE_MAX];  // element offset in the flat buffer
+    size_t size[PIECE_MAX];    // elements
+} Piece;
+
+static void piece_add(Piece *pc, const GPT2 *m, int t, int l) {
+    size_t offset = 0;
+    for (int i = 0; i < t; i++) offset += m->param_sizes[i];
+    int per_layer = l >= 0;
+    size_t size = m->param_sizes[t] / (per_layer ? (size_t)m->cfg.L : 1);
+    pc->offset[pc->n] = offset + (per_layer ? (size_t)l * size : 0);
+    pc->size[pc->n] = size;
+    pc->n++;
+}
+
+static Piece piece_embed(const GPT2 *m) {  // wte, wpe
+    Piece pc = {0};
+    piece_add(&pc, m, T_WTE, -1);
+    piece_add(&pc, m, T_WPE, -1);
+    return pc;
+}
+
+static Piece piece_head(const GPT2 *m) {   // wte, lnfw, lnfb
+    Piece pc = {0};
+    piece_add(&pc, m, T_WTE, -1);
+    piece_add(&pc, m, T_LNFW, -1);
+    piece_add(&pc, m, T_LNFB, -1);
+    return pc;
+}
+
+static Piece piece_block(const GPT2 *m, int l) {  // ln1w .. fcprojb of layer l
+    Piece pc = {0};
+    for (int t = T_LN1W; t <= T_FCPROJB; t++) piece_add(&pc, m, t, l);
+    return pc;
+}
+
+// Pointers to the piece's fp32 weights, one per range.
+static void piece_weights(GPT2 *m, const Piece *pc, float *w[PIECE_MAX]) {
+    size_t at = 0;
+    for (int i = 0; i < pc->n; i++) {
+        if (m->dtype == GPT2_FP32) {
+            w[i] = m->params + pc->offset[i];
+            continue;
+        }
+        w[i] = m->work + at;
+        m->k->bf16_to_f32(w[i], m->params_bf16 + pc->offset[i], pc->size[i]);
+        at += pc->size[i];
+    }
+}
+
+// Pointers to the piece's fp32 weight gradients. bf16 widens the gradient accumulated so far
+// (the backward kernels add into it: += in fp32).
+static void piece_grads(GPT2 *m, const Piece *pc, float *g[PIECE_MAX]) {
+    size_t at = 0;
+    for (int i = 0; i < pc->n; i++) {
+        if (m->dtype == GPT2_FP32) {
+            g[i] = m->grads + pc->offset[i];
+            continue;
+        }
+        g[i] = m->work_grads + at;
+        m->k->bf16_to_f32(g[i], m->grads_bf16 + pc->offset[i], pc->size[i]);
+        at += pc->size[i];
+    }
+}
+
+// After the piece's backward: bf16 rounds its fp32 gradients back into grads_bf16.
+static void piece_grads_done(GPT2 *m, const Piece *pc) {
+    if (m->dtype == GPT2_FP32) return;
+    size_t at = 0;
+    for (int i = 0; i < pc->n; i++) {
+        m->k->f32_to_bf16(m->grads_bf16 + pc->offset[i], m->work_grads + at, pc->size[i]);
+        at += pc->size[i];
+    }
+}
+
+// A block's 12 ranges, named.
+static LayerParams layer_params(float *v[PIECE_MAX]) {
+    LayerParams w = {v[0], v[1], v[2], v[3], v[4], v[5], v[6], v[7], v[8], v[9], v[10], v[11]};
+    return w;
+}
+
+static int has_grads(const GPT2 *m) { return m->grads != NULL || m->grads_bf16 != NULL; }
+
+// ----------------------------------------------------------------------------------------------
 // Forward
 
 void gpt2_embed_forward(GPT2 *m) {
-    m->k->encoder_forward(m->a.encoded, m->inputs, m->p.wte, m->p.wpe, m->B, m->T, m->cfg.C);
+    Piece pc = piece_embed(m);
+    float *w[PIECE_MAX];  // wte, wpe
+    piece_weights(m, &pc, w);
+    m->k->encoder_forward(m->a.encoded, m->inputs, w[0], w[1], m->B, m->T, m->cfg.C);
 }
 
 void gpt2_block_forward(GPT2 *m, int l) {
@@ -377,7 +497,10 @@ void gpt2_block_forward(GPT2 *m, int l) {
     int B = m->B, T = m->T, C = m->cfg.C, NH = m->cfg.NH;
     int BT = B * T;
     LAB_CHECK(l >= 0 && l < m->cfg.L, "gpt2_block_forward: block %d of %d", l, m->cfg.L);
-    LayerParams w = layer_params(&m->p, C, l);
+    Piece pc = piece_block(m, l);
+    float *wv[PIECE_MAX];
+    piece_weights(m, &pc, wv);
+    LayerParams w = layer_params(wv);
     LayerActs a = layer_acts(&m->a, B, T, C, NH, l);
     float *residual = block_input(&m->a, (size_t)BT * C, l);  // (B,T,C)
 
@@ -399,9 +522,12 @@ float gpt2_head_forward(GPT2 *m) {
     const Kernels *k = m->k;
     int BT = m->B * m->T, C = m->cfg.C, V = m->cfg.V;
     float *residual = block_input(&m->a, (size_t)BT * C, m->cfg.L);  // last block's output
-    k->layernorm_forward(m->a.lnf, m->a.lnf_mean, m->a.lnf_rstd, residual, m->p.lnfw, m->p.lnfb, BT, C);
+    Piece pc = piece_head(m);
+    float *w[PIECE_MAX];  // wte, lnfw, lnfb
+    piece_weights(m, &pc, w);
+    k->layernorm_forward(m->a.lnf, m->a.lnf_mean, m->a.lnf_rstd, residual, w[1], w[2], BT, C);
     // logits (B,T,V) = lnf (B,T,C) · wte (V,C)ᵀ: the output layer is the embedding, transposed
-    k->matmul_forward(m->a.logits, m->a.lnf, m->p.wte, NULL, BT, C, V);
+    k->matmul_forward(m->a.logits, m->a.lnf, w[0], NULL, BT, C, V);
     k->softmax_forward(m->a.probs, m->a.logits, BT, V);
     if (!m->has_targets) return -1.0f;
     k->crossentropy_forward(m->a.losses, m->a.probs, m->targets, BT, V);
@@ -425,24 +551,30 @@ float gpt2_forward(GPT2 *m, const int *inputs, const int *targets) {
 // write the gradient it receives there before calling gpt2_block_backward.
 
 void gpt2_zero_grad(GPT2 *m) {
-    LAB_CHECK(m->grads, "gpt2_zero_grad before gpt2_alloc_grads");
-    mem_zero(m->grads, m->num_params * sizeof(float));
+    LAB_CHECK(has_grads(m), "gpt2_zero_grad before gpt2_alloc_grads");
+    if (m->dtype == GPT2_BF16) mem_zero(m->grads_bf16, m->num_params * sizeof(uint16_t));
+    else mem_zero(m->grads, m->num_params * sizeof(float));
 }
 
 void gpt2_head_backward(GPT2 *m, float dloss) {
     const Kernels *k = m->k;
     int BT = m->B * m->T, C = m->cfg.C, V = m->cfg.V, L = m->cfg.L;
-    LAB_CHECK(m->grads, "gpt2_head_backward before gpt2_alloc_grads");
+    LAB_CHECK(has_grads(m), "gpt2_head_backward before gpt2_alloc_grads");
     LAB_CHECK(m->has_targets, "gpt2_head_backward: the batch has no targets (no loss to differentiate)");
     float *residual = block_input(&m->a, (size_t)BT * C, L);
     float *dresidual = block_input(&m->da, (size_t)BT * C, L);
     mem_zero(m->da.logits, (size_t)BT * V * sizeof(float));
     mem_zero(m->da.lnf, (size_t)BT * C * sizeof(float));
     mem_zero(dresidual, (size_t)BT * C * sizeof(float));
+    Piece pc = piece_head(m);
+    float *w[PIECE_MAX], *dw[PIECE_MAX];  // wte, lnfw, lnfb
+    piece_weights(m, &pc, w);
+    piece_grads(m, &pc, dw);
     k->crossentropy_softmax_backward(m->da.logits, m->a.probs, m->targets, dloss, BT, V);
-    k->matmul_backward(m->da.lnf, m->g.wte, NULL, m->da.logits, m->a.lnf, m->p.wte, BT, C, V);
-    k->layernorm_backward(dresidual, m->g.lnfw, m->g.lnfb, m->da.lnf, residual, m->p.lnfw,
+    k->matmul_backward(m->da.lnf, dw[0], NULL, m->da.logits, m->a.lnf, w[0], BT, C, V);
+    k->layernorm_backward(dresidual, dw[1], dw[2], m->da.lnf, residual, w[1],
                           m->a.lnf_mean, m->a.lnf_rstd, BT, C);
+    piece_grads_done(m, &pc);
 }
 
 // Reads da.residual3 of block l (the gradient of its output); writes the gradient of its
@@ -453,9 +585,13 @@ void gpt2_block_backward(GPT2 *m, int l) {
     int BT = B * T;
     size_t BTC = (size_t)BT * C;
     LAB_CHECK(l >= 0 && l < m->cfg.L, "gpt2_block_backward: block %d of %d", l, m->cfg.L);
-    LAB_CHECK(m->grads, "gpt2_block_backward before gpt2_alloc_grads");
-    LayerParams w = layer_params(&m->p, C, l);
-    LayerParams dw = layer_params(&m->g, C, l);
+    LAB_CHECK(has_grads(m), "gpt2_block_backward before gpt2_alloc_grads");
+    Piece pc = piece_block(m, l);
+    float *wv[PIECE_MAX], *dwv[PIECE_MAX];
+    piece_weights(m, &pc, wv);
+    piece_grads(m, &pc, dwv);
+    LayerParams w = layer_params(wv);
+    LayerParams dw = layer_params(dwv);
     LayerActs a = layer_acts(&m->a, B, T, C, NH, l);
     LayerActs d = layer_acts(&m->da, B, T, C, NH, l);
     float *residual = block_input(&m->a, BTC, l);
@@ -486,11 +622,16 @@ void gpt2_block_backward(GPT2 *m, int l) {
     mem_copy(dresidual, d.residual2, BTC * sizeof(float));
     k->layernorm_backward(dresidual, dw.ln1w, dw.ln1b, d.ln1, residual, w.ln1w, a.ln1_mean,
                           a.ln1_rstd, BT, C);
+    piece_grads_done(m, &pc);
 }
 
 void gpt2_embed_backward(GPT2 *m) {
-    LAB_CHECK(m->grads, "gpt2_embed_backward before gpt2_alloc_grads");
-    m->k->encoder_backward(m->g.wte, m->g.wpe, m->da.encoded, m->inputs, m->B, m->T, m->cfg.C);
+    LAB_CHECK(has_grads(m), "gpt2_embed_backward before gpt2_alloc_grads");
+    Piece pc = piece_embed(m);
+    float *dw[PIECE_MAX];  // wte, wpe
+    piece_grads(m, &pc, dw);
+    m->k->encoder_backward(dw[0], dw[1], m->da.encoded, m->inputs, m->B, m->T, m->cfg.C);
+    piece_grads_done(m, &pc);
 }
 
 void gpt2_backward(GPT2 *m, float dloss) {

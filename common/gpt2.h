@@ -78,6 +78,11 @@ typedef struct GPT2Param {
     int decay;        // 1 for 2-D weight matrices (AdamW weight decay applies), else 0
 } GPT2Param;
 
+// Storage precision. GPT2_BF16 is mixed precision: the parameters and their gradients are
+// stored in bf16 (2 bytes each); every piece computes in fp32 on a small fp32 copy of its own
+// weights (see gpt2_build_dtype). The fp32 master weights and Adam's m, v belong to the caller.
+typedef enum { GPT2_FP32 = 0, GPT2_BF16 = 1 } GPT2Dtype;
+
 typedef struct GPT2 {
     GPT2Config cfg;
     Device dev;
@@ -99,6 +104,13 @@ typedef struct GPT2 {
     int *targets;       // (B, T) on dev (MEM_OTHER)
     int has_targets;
     float *host_losses; // (B, T) host copy of the per-position losses
+    // Mixed precision (dtype GPT2_BF16). Then params, grads and the views p, g are NULL.
+    GPT2Dtype dtype;
+    uint16_t *params_bf16; // flat, num_params (MEM_PARAMS, 2 bytes each)
+    uint16_t *grads_bf16;  // flat, num_params (MEM_GRADS), NULL until gpt2_alloc_grads
+    size_t work_size;      // floats in the largest piece: max(embed, one block, head)
+    float *work;           // fp32 weights of the piece running now (MEM_OTHER)
+    float *work_grads;     // fp32 gradients of that piece (MEM_OTHER), with the grads
 } GPT2;
 
 // Config helpers. gpt2_config_check fails the job with a message naming the bad field.
@@ -115,6 +127,12 @@ void gpt2_act_sizes(const GPT2Config *cfg, int B, int T, size_t sizes[GPT2_NUM_A
 
 // Lifecycle. gpt2_build allocates the parameters (zeroed) on dev; gpt2_init_params fills them.
 void gpt2_build(GPT2 *m, GPT2Config cfg, Device dev);
+// gpt2_build with a storage precision. GPT2_BF16: params_bf16 instead of params, and before a
+// piece (embedding, block l, head) runs, its weights are widened into the fp32 buffer `work`
+// (a GPU does this in registers as it loads each tile; on a CPU it needs a buffer, the size of
+// the largest piece only). After the piece's backward its fp32 weight gradients are added into
+// grads_bf16 with one rounding. The activations stay fp32 in both precisions.
+void gpt2_build_dtype(GPT2 *m, GPT2Config cfg, Device dev, GPT2Dtype dtype);
 // Initialization: N(0, 0.02) weights, residual projections (attprojw, fcprojw) scaled by
 // 1/sqrt(2L), biases 0, LayerNorm weights 1. Element i's value is a pure function of
 // (seed, cfg, i): any shard can be initialized alone and equals the slice of the full init.

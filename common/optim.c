@@ -75,3 +75,29 @@ void adamw_step(const AdamW *h, const Kernels *k, int step, float *param, const 
               "adamw_step: the parameter list covers %zu of the %zu elements in [%zu, %zu)",
               covered, hi - lo, lo, hi);
 }
+
+void adamw_step_bf16(const AdamW *h, const Kernels *k, int step, float *master, uint16_t *param,
+                     const uint16_t *grad, float *m, float *v, size_t lo, size_t hi,
+                     const GPT2Param *params, int nparams, float grad_scale, float *scratch,
+                     size_t chunk) {
+    LAB_CHECK(chunk > 0, "adamw_step_bf16: a scratch buffer of 0 floats");
+    for (size_t a = lo; a < hi; a += chunk) {
+        size_t b = hi - a < chunk ? hi : a + chunk;
+        size_t off = a - lo;  // position in the shard-local buffers
+        k->bf16_to_f32(scratch, grad + off, b - a);
+        adamw_step(h, k, step, master + off, scratch, m + off, v + off, a, b, params, nparams,
+                   grad_scale);
+        k->f32_to_bf16(param + off, master + off, b - a);
+    }
+}
+
+double bf16_sum_squares(const Kernels *k, const uint16_t *g, size_t n, float *scratch, size_t chunk) {
+    LAB_CHECK(chunk > 0, "bf16_sum_squares: a scratch buffer of 0 floats");
+    double sum = 0.0;
+    for (size_t a = 0; a < n; a += chunk) {
+        size_t len = n - a < chunk ? n - a : chunk;
+        k->bf16_to_f32(scratch, g + a, len);
+        sum += k->sum_squares(scratch, len);
+    }
+    return sum;
+}

@@ -34,3 +34,14 @@ float adamw_clip_scale(const AdamW *h, double global_norm_sq, int step);
 void adamw_step(const AdamW *h, const Kernels *k, int step, float *param, const float *grad,
                 float *m, float *v, size_t lo, size_t hi, const GPT2Param *params, int nparams,
                 float grad_scale);
+
+// Mixed precision: bf16 parameters and gradients, fp32 master weights and m, v (all shard-local
+// from element lo, like adamw_step). The bf16 gradients are widened to fp32 a chunk at a time
+// into `scratch` (chunk floats on the same device); per chunk AdamW updates the fp32 master,
+// then the bf16 parameters become the master rounded to nearest even.
+void adamw_step_bf16(const AdamW *h, const Kernels *k, int step, float *master, uint16_t *param,
+                     const uint16_t *grad, float *m, float *v, size_t lo, size_t hi,
+                     const GPT2Param *params, int nparams, float grad_scale, float *scratch,
+                     size_t chunk);
+// Σ g² over n bf16 gradients (widened chunk by chunk into scratch), accumulated in double.
+double bf16_sum_squares(const Kernels *k, const uint16_t *g, size_t n, float *scratch, size_t chunk);
