@@ -130,18 +130,9 @@ static void print_measured_vs_predicted(const GPT2Config *cfg, int B, int T, int
                "  state is mixed precision; a GPU run would halve the activations too)\n");
 }
 
-// Put fp32 weights (a host array) into the model. fp32: they are the parameters (master is
-// model->params). bf16: they go to the fp32 master, and the parameters the forward pass reads
-// are the master rounded to nearest even.
-static void set_weights(GPT2 *model, float *master, const float *host) {
-    size_t n = model->num_params;
-    mem_copy(master, host, n * sizeof(float));
-    if (model->dtype == GPT2_BF16) model->k->f32_to_bf16(model->params_bf16, master, n);
-}
-
 static void train(const LabArgs *args, const TrainFlags *tf) {
     GPT2Config cfg = lab_args_config(args);
-    Device dev = strcmp(args->device, "cuda") == 0 ? DEV_CUDA : DEV_CPU;
+    Device dev = lab_args_device(args);
     const int bf16 = strcmp(args->dtype, "bf16") == 0;  // mixed precision
     const int B = args->batch, T = cfg.T;
     trace_init(args->trace);
@@ -159,51 +150,34 @@ static void train(const LabArgs *args, const TrainFlags *tf) {
     // The weights AdamW updates. fp32: the parameters themselves. bf16: an fp32 master copy
     // (4 more bytes per parameter), because an update smaller than half a bf16 step (1/256 of
     // the weight) would round away if added to the bf16 weights directly.
-    float *master = model.params;
-    if (bf16) {
-        master = mem_alloc(n * sizeof(float), MEM_MASTER, dev);
-        float *w = lab_xmalloc(n * sizeof(float));
-        gpt2_init_slice(&cfg, (uint64_t)args->seed, 0, n, w);
-        set_weights(&model, master, w);
-        free(w);
-    } else {
-        gpt2_init_params(&model, (uint64_t)args->seed);
-    }
+    float *master = bf16 ? mem_alloc(n * sizeof(float), MEM_MASTER, dev) : model.params;
 
     // The optimizer state: Adam's m and v, one float per parameter each.
     float *opt_m = mem_alloc(n * sizeof(float), MEM_OPT_M, dev);
     float *opt_v = mem_alloc(n * sizeof(float), MEM_OPT_V, dev);
-    AdamW opt = adamw_defaults();
-    opt.lr = args->lr;
-    opt.weight_decay = args->weight_decay;
-    opt.grad_clip = args->grad_clip;
-    opt.warmup_steps = args->warmup;
-    opt.total_steps = args->steps;
+    AdamW opt = lab_args_adamw(args);
+
+    // The starting weights, into `master`: resumed, loaded, or fresh from --seed.
+    int start = 0;
+    if (args->resume) {
+        start = ckpt_resume_training(args->resume, &cfg, master, opt_m, opt_v, n);
+        printf("resumed from %s at step %d\n", args->resume, start);
+    } else if (args->load_weights) {
+        ckpt_load_weights_into(args->load_weights, &cfg, master, n);
+    } else {
+        float *w = lab_xmalloc(n * sizeof(float));
+        gpt2_init_slice(&cfg, (uint64_t)args->seed, 0, n, w);
+        mem_copy(master, w, n * sizeof(float));
+        free(w);
+    }
+    // bf16: the weights the forward pass reads are the master rounded to nearest even.
+    if (bf16) k->f32_to_bf16(model.params_bf16, master, n);
 
     // The data: the global batch of step s is a pure function of (data seed, s).
     DataSource data;
-    if (args->data) data_init_file(&data, args->data, T, (uint64_t)args->data_seed);
-    else data_init_synthetic(&data, cfg.V, (uint64_t)args->data_seed);
+    lab_args_data(args, &data);
     int *inputs = mem_alloc((size_t)B * T * sizeof(int), MEM_OTHER, DEV_CPU);
     int *targets = mem_alloc((size_t)B * T * sizeof(int), MEM_OTHER, DEV_CPU);
-
-    int start = 0;
-    if (args->resume) {
-        TrainState st = {.params = lab_xmalloc(n * sizeof(float)),
-                         .m = lab_xmalloc(n * sizeof(float)), .v = lab_xmalloc(n * sizeof(float))};
-        ckpt_load_state(args->resume, &cfg, &st);   // bf16: st.params is the fp32 master
-        set_weights(&model, master, st.params);
-        mem_copy(opt_m, st.m, n * sizeof(float));
-        mem_copy(opt_v, st.v, n * sizeof(float));
-        start = st.step;
-        free(st.params); free(st.m); free(st.v);
-        printf("resumed from %s at step %d\n", args->resume, start);
-    } else if (args->load_weights) {
-        float *w = lab_xmalloc(n * sizeof(float));
-        ckpt_load_weights(args->load_weights, &cfg, w);
-        set_weights(&model, master, w);
-        free(w);
-    }
 
     if (!args->quiet) {
         char buf[32];
@@ -268,16 +242,10 @@ static void train(const LabArgs *args, const TrainFlags *tf) {
         }
         t_last = now;
         if (args->save && args->save_every > 0 && (step + 1) % args->save_every == 0 && !last) {
-            // periodic checkpoint (the final one is written after the loop)
-            TrainState st = {.cfg = cfg, .step = step + 1, .seed = (uint64_t)args->seed,
-                             .data_seed = (uint64_t)args->data_seed, .n = n};
-            st.params = lab_xmalloc(n * sizeof(float)); st.m = lab_xmalloc(n * sizeof(float));
-            st.v = lab_xmalloc(n * sizeof(float));
-            mem_copy(st.params, master, n * sizeof(float));   // bf16: the master weights
-            mem_copy(st.m, opt_m, n * sizeof(float));
-            mem_copy(st.v, opt_v, n * sizeof(float));
-            ckpt_save_state(args->save, &st);
-            free(st.params); free(st.m); free(st.v);
+            // periodic checkpoint (the final one is written after the loop); bf16: the state
+            // holds the fp32 master weights, so a resume is exact
+            ckpt_save_training(args->save, &cfg, step + 1, (uint64_t)args->seed,
+                               (uint64_t)args->data_seed, master, opt_m, opt_v, n);
         }
     }
     double elapsed = lab_now() - t_start;
@@ -294,18 +262,8 @@ static void train(const LabArgs *args, const TrainFlags *tf) {
         mem_copy(host_params, model.params, n * sizeof(float));
     }
     if (args->save) {
-        TrainState st = {.cfg = cfg, .step = end, .seed = (uint64_t)args->seed,
-                         .data_seed = (uint64_t)args->data_seed, .n = n, .params = host_params};
-        if (bf16) {
-            st.params = lab_xmalloc(n * sizeof(float));
-            mem_copy(st.params, master, n * sizeof(float));
-        }
-        st.m = lab_xmalloc(n * sizeof(float)); st.v = lab_xmalloc(n * sizeof(float));
-        mem_copy(st.m, opt_m, n * sizeof(float));
-        mem_copy(st.v, opt_v, n * sizeof(float));
-        ckpt_save_state(args->save, &st);
-        free(st.m); free(st.v);
-        if (bf16) free(st.params);
+        ckpt_save_training(args->save, &cfg, end, (uint64_t)args->seed, (uint64_t)args->data_seed,
+                           master, opt_m, opt_v, n);
         if (!args->quiet) printf("saved training state (step %d) to %s\n", end, args->save);
     }
     if (args->save_weights) ckpt_save_weights(args->save_weights, &cfg, host_params);

@@ -1,3 +1,4 @@
+# shellcheck shell=bash
 # exercises.sh: helpers shared by make_student.sh, grade.sh and prove_exercises.sh.
 # Sourced, not run. Plain bash + awk (mawk is enough) + sed; no python.
 #

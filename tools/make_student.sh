@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # make_student.sh: write the student version of the lab, with exercise solutions replaced by stubs.
 #
-#   tools/make_student.sh [--force] [--only ID]... <all|CHAPTER|none> <dest>
+#   tools/make_student.sh [--force] [--only ID]... [--except ID]... <all|CHAPTER|none> <dest>
 #
 #   all         stub every exercise                     (make student)
 #   CHAPTER     stub that chapter's exercises only,     (make student CHAPTER=04_ring_allreduce)
@@ -9,6 +9,7 @@
 #               its id (04.x), whether its region is in 04_ring_allreduce/ or in common/
 #   none        stub nothing (a plain copy; with --only, just the listed exercises)
 #   --only ID   stub exercise ID (repeatable); the selection is then exactly the listed ids
+#   --except ID leave exercise ID as the reference (repeatable), stub the rest of the selection
 #   --force     replace <dest> if it exists (it may hold a student's work: off by default)
 #
 # <dest> gets a copy of the repository (tracked files and untracked files git does not ignore;
@@ -21,15 +22,16 @@ root=$(cd "$here/.." && pwd)
 # shellcheck source=tools/exercises.sh
 . "$here/exercises.sh"
 
-usage() { sed -n '3,12p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//' >&2; exit 2; }
+usage() { sed -n '3,13p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//' >&2; exit 2; }
 die() { echo "make_student: $*" >&2; exit 1; }
 
-force=0; only=(); args=()
+force=0; only=(); except=(); args=()
 while [ $# -gt 0 ]; do
     case $1 in
         --force) force=1; shift ;;
         --only) [ $# -ge 2 ] || usage; only+=("$2"); shift 2 ;;
         --only=*) only+=("${1#--only=}"); shift ;;
+        --except) [ $# -ge 2 ] || usage; except+=("$2"); shift 2 ;;
         -h|--help) usage ;;
         -*) echo "make_student: unknown option $1" >&2; usage ;;
         *) args+=("$1"); shift ;;
@@ -41,12 +43,11 @@ what=${args[0]}; dest=${args[1]}
 # Which regions to stub.
 exercises=$(ex_list "$root") || die "fix the exercise markers above first"
 ids=$(printf '%s\n' "$exercises" | cut -f1 | grep -v '^$' || true)
+for id in "${only[@]}" "${except[@]}"; do
+    printf '%s\n' "$ids" | grep -qxF -- "$id" || die "no exercise $id; the exercises are: ${ids//$'\n'/ }"
+done
 if [ ${#only[@]} -gt 0 ]; then
     [ "$what" = none ] || [ "$what" = all ] || die "--only goes with 'none' (or 'all'), not with a chapter"
-    for id in "${only[@]}"; do
-        printf '%s\n' "$ids" | grep -qxF -- "$id" ||
-            die "no exercise $id; the exercises are: $(echo $ids)"
-    done
     sel="ids ${only[*]}"
 elif [ "$what" = all ] || [ "$what" = none ]; then
     sel=$what
@@ -55,10 +56,25 @@ else
     chapter=$(printf '%s\n' "$chapters" | grep -xF -- "${what%/}" ||
               printf '%s\n' "$chapters" | grep -E "^${what%%_*}_" || true)
     [ -n "$chapter" ] && [ "$(printf '%s\n' "$chapter" | wc -l)" -eq 1 ] ||
-        die "no chapter '$what'; the chapters are: $(echo $chapters) (or 'all')"
+        die "no chapter '$what'; the chapters are: ${chapters//$'\n'/ } (or 'all')"
     sel="chapter ${chapter%%_*}"
     printf '%s\n' "$ids" | grep -q "^${chapter%%_*}\." ||
         echo "make_student: note: chapter $chapter has no exercises yet" >&2
+fi
+
+# --except: the same selection less those ids.
+if [ ${#except[@]} -gt 0 ]; then
+    keep=
+    for id in $ids; do
+        case $sel in
+            all) ;;
+            none) continue ;;
+            "chapter "*) [ "${id%%.*}" = "${sel#chapter }" ] || continue ;;
+            "ids "*) [[ " ${sel#ids } " == *" $id "* ]] || continue ;;
+        esac
+        [[ " ${except[*]} " == *" $id "* ]] || keep+=" $id"
+    done
+    if [ -n "$keep" ]; then sel="ids${keep}"; else sel=none; fi
 fi
 
 # Where to write it.
