@@ -8,7 +8,7 @@
 #   make student        the student version in ./student (exercise solutions replaced by stubs)
 #   make bench          single-rank training speed vs this core's SGEMM peak
 #
-# Options: CC=clang (default gcc, through mpicc), CUDA=0|1 (default: 1 when nvcc is found),
+# Options: CC=clang (default gcc; MPI flags come from mpicc -showme), CUDA=0|1 (default: 1 when nvcc is found),
 #          SAN=1 (AddressSanitizer + UndefinedBehaviorSanitizer build), NP=4 (ranks for tour).
 
 SHELL := /bin/bash
@@ -118,15 +118,21 @@ TEST_BINS := $(patsubst tests/%.c,$(BUILD)/tests/%,$(TEST_SRCS))
 MPI_TEST_SRCS := $(wildcard tests/mpi_*.c)
 MPI_TEST_BINS := $(patsubst tests/%.c,$(BUILD)/tests/%,$(MPI_TEST_SRCS))
 HARNESS_SRCS := $(wildcard tests/harness*.c)
-# Chapter sources a test links directly (everything but main.c), e.g. 00_memory_budget/calc.c
+# Chapter sources a test links directly (everything but main.c), e.g. 00_memory_budget/calc.c,
+# compiled once into $(BUILD)/chapters/ and linked into every test that needs them.
 CHAPTER_LIB_SRCS := $(filter-out %/main.c,$(foreach c,$(CHAPTERS),$(wildcard $(c)/*.c)))
+CHAPTER_LIB_OBJS := $(patsubst %.c,$(BUILD)/chapters/%.o,$(CHAPTER_LIB_SRCS))
+CHAPTER_HDRS := $(foreach c,$(CHAPTERS),$(wildcard $(c)/*.h))
+$(BUILD)/chapters/%.o: %.c $(COMMON_HDRS) $(CHAPTER_HDRS) $(FLAGS_STAMP)
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS_ALL) $(addprefix -I,$(CHAPTERS)) -c $< -o $@
 
-$(BUILD)/tests/test_%: tests/test_%.c $(HARNESS_SRCS) $(wildcard tests/*.h) $(CHAPTER_LIB_SRCS) $(LIBCOMMON)
+$(BUILD)/tests/test_%: tests/test_%.c $(HARNESS_SRCS) $(wildcard tests/*.h) $(CHAPTER_LIB_OBJS) $(LIBCOMMON)
 	@mkdir -p $(dir $@)
-	$(CC) $(CFLAGS_ALL) -Itests $(addprefix -I,$(CHAPTERS)) $< $(HARNESS_SRCS) $(CHAPTER_LIB_SRCS) $(LIBCOMMON) $(CRIT_LIBS) $(LDLIBS_ALL) -o $@
-$(BUILD)/tests/mpi_%: tests/mpi_%.c $(wildcard tests/*.h) $(CHAPTER_LIB_SRCS) $(LIBCOMMON)
+	$(CC) $(CFLAGS_ALL) -Itests $(addprefix -I,$(CHAPTERS)) $< $(HARNESS_SRCS) $(CHAPTER_LIB_OBJS) $(LIBCOMMON) $(CRIT_LIBS) $(LDLIBS_ALL) -o $@
+$(BUILD)/tests/mpi_%: tests/mpi_%.c $(wildcard tests/*.h) $(CHAPTER_LIB_OBJS) $(LIBCOMMON)
 	@mkdir -p $(dir $@)
-	$(CC) $(CFLAGS_ALL) -Itests $(addprefix -I,$(CHAPTERS)) $< $(CHAPTER_LIB_SRCS) $(LIBCOMMON) $(LDLIBS_ALL) -o $@
+	$(CC) $(CFLAGS_ALL) -Itests $(addprefix -I,$(CHAPTERS)) $< $(CHAPTER_LIB_OBJS) $(LIBCOMMON) $(LDLIBS_ALL) -o $@
 
 # tools/*.c  small programs of the lab (the benchmark, ...), linked with the runtime
 TOOL_BINS := $(patsubst tools/%.c,$(BUILD)/tools/%,$(wildcard tools/*.c))
@@ -158,6 +164,6 @@ clean:
 	rm -rf build build-san $(addsuffix /run,$(CHAPTERS))
 
 help:
-	@sed -n '1,16p' Makefile | sed 's/^# \{0,1\}//'
+	@sed -n '/^# The lab/,/^$$/p' Makefile | sed 's/^# \{0,1\}//'
 
 .PHONY: all test tests grade tour bench student clean help deps
