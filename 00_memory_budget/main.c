@@ -51,29 +51,26 @@ static const char *USAGE =
 // Chapter flags of the training run (the calculator's are in calc_cli.c).
 typedef struct TrainFlags {
     int train;     // run the real training instead of the calculator
-    int stop_at;   // stop after this many steps as if interrupted (-1: run all --steps)
 } TrainFlags;
 
-static void train(const LabArgs *args, const TrainFlags *tf);
+static void train(const LabArgs *args);
 
 int main(int argc, char **argv) {
     dist_init(&argc, &argv);
     LabArgs args = lab_args_defaults();
-    TrainFlags tf = {.train = 0, .stop_at = -1};
+    TrainFlags tf = {.train = 0};
     CalcCliArgs calc = calc_cli_defaults();
 
     FlagSpec train_flags[] = {
         {"--train", FLAG_BOOL, &tf.train, 0, 1, NULL,
          "train the tiny GPT on one device; print measured vs predicted memory"},
-        {"--stop-at", FLAG_INT, &tf.stop_at, -1, 1e9, NULL,
-         "stop after this many steps as if interrupted (to test --save/--resume)"},
     };
     int ncalc = 0;
     const FlagSpec *calc_flags = calc_cli_flags(&calc, &ncalc);
-    int nextra = 2 + ncalc;
+    int nextra = 1 + ncalc;
     FlagSpec *extra = lab_xcalloc((size_t)nextra, sizeof(FlagSpec));
     memcpy(extra, train_flags, sizeof(train_flags));
-    memcpy(extra + 2, calc_flags, (size_t)ncalc * sizeof(FlagSpec));
+    memcpy(extra + 1, calc_flags, (size_t)ncalc * sizeof(FlagSpec));
     lab_parse_args(argc, argv, &args, extra, nextra, "00_memory_budget/run", USAGE);
     free(extra);
 
@@ -81,7 +78,7 @@ int main(int argc, char **argv) {
         if (dist_size() != 1)
             lab_fail_collective("00_memory_budget --train is the single-device run: launch it "
                                 "with -np 1 (or without mpirun), not with %d ranks", dist_size());
-        train(&args, &tf);
+        train(&args);
     } else if (dist_rank() == 0) {
         calc_cli_run(&calc, &args);
     }
@@ -130,7 +127,7 @@ static void print_measured_vs_predicted(const GPT2Config *cfg, int B, int T, int
                "  state is mixed precision; a GPU run would halve the activations too)\n");
 }
 
-static void train(const LabArgs *args, const TrainFlags *tf) {
+static void train(const LabArgs *args) {
     GPT2Config cfg = lab_args_config(args);
     Device dev = lab_args_device(args);
     const int bf16 = strcmp(args->dtype, "bf16") == 0;  // mixed precision
@@ -191,7 +188,7 @@ static void train(const LabArgs *args, const TrainFlags *tf) {
                    data_loss_floor(&data, T), log((double)cfg.V));
     }
 
-    const int end = tf->stop_at >= 0 && tf->stop_at < args->steps ? tf->stop_at : args->steps;
+    const int end = lab_args_end_step(args);
     float *losses = lab_xcalloc((size_t)args->steps, sizeof(float));   // NaN: not run here
     for (int s = 0; s < args->steps; s++) losses[s] = NAN;
     double t_start = lab_now(), t_last = t_start;

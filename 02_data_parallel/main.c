@@ -42,7 +42,6 @@ static const char *USAGE =
 
 typedef struct DpFlags {
     const char *reduce;  // "tree" | "linear"
-    int stop_at;         // stop after this many steps as if interrupted (-1: all)
 } DpFlags;
 
 static void train(const LabArgs *args, const DpFlags *f);
@@ -50,12 +49,10 @@ static void train(const LabArgs *args, const DpFlags *f);
 int main(int argc, char **argv) {
     dist_init(&argc, &argv);
     LabArgs args = lab_args_defaults();
-    DpFlags f = {.reduce = "tree", .stop_at = -1};
+    DpFlags f = {.reduce = "tree"};
     FlagSpec extra[] = {
         {"--reduce", FLAG_CHOICE, &f.reduce, 0, 0, "tree|linear",
          "how gradients reach rank 0: binomial tree or one rank after another"},
-        {"--stop-at", FLAG_INT, &f.stop_at, -1, 1e9, NULL,
-         "stop after this many steps as if interrupted (to test --save/--resume)"},
     };
     lab_parse_args(argc, argv, &args, extra, (int)(sizeof extra / sizeof extra[0]),
                    "02_data_parallel/run", USAGE);
@@ -149,7 +146,7 @@ static void train(const LabArgs *args, const DpFlags *f) {
                B, T, rows, how == DP_REDUCE_TREE ? "tree" : "linear");
     }
 
-    const int end = f->stop_at >= 0 && f->stop_at < args->steps ? f->stop_at : args->steps;
+    const int end = lab_args_end_step(args);
     float *losses = lab_xcalloc((size_t)args->steps, sizeof(float));
     for (int s = 0; s < args->steps; s++) losses[s] = NAN;
     double t_compute = 0, t_wait = 0, t_comm = 0;

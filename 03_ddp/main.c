@@ -50,7 +50,6 @@ typedef struct DdpFlags {
     int no_overlap;         // one all-reduce of all gradients after the whole backward
     int check_no_sync;      // compare gradients across ranks after every micro-step
     int overlap_steps;      // extra steps timed compute-only and comm-only (overlap %)
-    int stop_at;            // stop after this many steps as if interrupted (-1: all)
 } DdpFlags;
 
 static void train(const LabArgs *args, const DdpFlags *f);
@@ -59,7 +58,7 @@ int main(int argc, char **argv) {
     dist_init(&argc, &argv);
     LabArgs args = lab_args_defaults();
     DdpFlags f = {.bucket_mb = 25.0f, .first_bucket_mb = 1.0f, .grad_accum = 1, .no_overlap = 0,
-                  .check_no_sync = 0, .overlap_steps = 3, .stop_at = -1};
+                  .check_no_sync = 0, .overlap_steps = 3};
     FlagSpec extra[] = {
         {"--bucket-mb", FLAG_FLOAT, &f.bucket_mb, 0, 1e6, NULL,
          "gradient bucket cap in MiB (0 = one bucket per parameter)"},
@@ -73,8 +72,6 @@ int main(int argc, char **argv) {
          "compare gradients across ranks after each micro-step (differ, then agree)"},
         {"--overlap-steps", FLAG_INT, &f.overlap_steps, 0, 1000, NULL,
          "extra steps timed compute-only and comm-only to measure overlap (0 = skip)"},
-        {"--stop-at", FLAG_INT, &f.stop_at, -1, 1e9, NULL,
-         "stop after this many steps as if interrupted (to test --save/--resume)"},
     };
     lab_parse_args(argc, argv, &args, extra, (int)(sizeof extra / sizeof extra[0]), "03_ddp/run",
                    USAGE);
@@ -282,7 +279,7 @@ static void train(const LabArgs *args, const DdpFlags *f) {
         }
     }
 
-    const int end = f->stop_at >= 0 && f->stop_at < args->steps ? f->stop_at : args->steps;
+    const int end = lab_args_end_step(args);
     float *losses = lab_xcalloc((size_t)args->steps, sizeof(float));
     for (int s = 0; s < args->steps; s++) losses[s] = NAN;
     double *t_train = lab_xcalloc((size_t)(end > start ? end - start : 1), sizeof(double));

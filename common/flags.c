@@ -52,6 +52,7 @@ LabArgs lab_args_defaults(void) {
     a.quiet = 0;
     a.save_every = 0;
     a.inject_nan_step = -1;
+    a.stop_at = -1;
     a.kill_rank = -1;
     a.kill_step = -1;
     return a;
@@ -74,6 +75,10 @@ AdamW lab_args_adamw(const LabArgs *a) {
     h.warmup_steps = a->warmup;
     h.total_steps = a->steps;   // cosine decay over the whole run
     return h;
+}
+
+int lab_args_end_step(const LabArgs *a) {
+    return a->stop_at >= 0 && a->stop_at < a->steps ? a->stop_at : a->steps;
 }
 
 void lab_args_data(const LabArgs *a, DataSource *d) {
@@ -123,6 +128,7 @@ static int build_table(LabArgs *a, const FlagSpec *extra, int nextra, Flag *out)
     out[n++] = row("reliability", "--load-weights", "FILE", FLAG_STRING, &a->load_weights, 0, 0, NULL, "start from llm.c gpt2_*.bin weights");
     out[n - 1].must_exist = 1;
     out[n++] = row("reliability", "--save-weights", "FILE", FLAG_STRING, &a->save_weights, 0, 0, NULL, "write llm.c gpt2_*.bin weights at the end");
+    out[n++] = row("reliability", "--stop-at", "N", FLAG_INT, &a->stop_at, -1, MAX_INT_FLAG, NULL, "stop after N steps as if interrupted (to test --save/--resume; -1 = off)");
     out[n++] = row("reliability", "--inject-nan-step", "N", FLAG_INT, &a->inject_nan_step, -1, MAX_INT_FLAG, NULL, "fault: put a NaN into a gradient at step N (-1 = off)");
     out[n++] = row("reliability", "--kill-rank", "R", FLAG_INT, &a->kill_rank, -1, 1048576, NULL, "fault: rank R exits abruptly at --kill-step (-1 = off)");
     out[n++] = row("reliability", "--kill-step", "N", FLAG_INT, &a->kill_step, -1, MAX_INT_FLAG, NULL, "fault: the step at which --kill-rank dies (-1 = off)");

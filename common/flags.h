@@ -50,6 +50,7 @@ typedef struct LabArgs {
     const char *resume;   // training-state checkpoint to resume from
     const char *load_weights;  // llm.c gpt2_*.bin weights to start from
     const char *save_weights;  // write llm.c gpt2_*.bin weights at the end
+    int stop_at;          // stop after this many steps as if interrupted (-1: run all --steps)
     int inject_nan_step;  // fault injection: put a NaN into a gradient at this step (-1: off)
     int kill_rank;        // fault injection: this rank exits abruptly ...
     int kill_step;        // ... at this step (-1: off)
@@ -61,6 +62,7 @@ GPT2Config lab_args_config(const LabArgs *a);          // --vocab --seq --layers
 Device lab_args_device(const LabArgs *a);              // --device
 AdamW lab_args_adamw(const LabArgs *a);                // --lr --weight-decay --grad-clip --warmup --steps
 void lab_args_data(const LabArgs *a, DataSource *d);   // --data FILE, or the synthetic source
+int lab_args_end_step(const LabArgs *a);               // --steps, or --stop-at when earlier
 
 // Parse argv into *a (pre-filled with defaults) and the chapter's extra flags.
 // `usage` is the chapter's --help text (what it shows, how to run it). --help prints it, then
