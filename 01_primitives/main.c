@@ -50,8 +50,9 @@ static int screen_width(const char *s) {
     return w;
 }
 
-static void print_padded(const char *s, int width) {
-    printf("%s%*s", s, width - screen_width(s), "");
+// Left-aligned in `width` columns; the last column of a line is not padded.
+static void print_padded(const char *s, int width, int last) {
+    printf("%s%*s", s, last ? 0 : width - screen_width(s), "");
 }
 
 static void format_bytes(char *out, size_t n, double bytes) {
@@ -96,11 +97,11 @@ static void show_table(DistGroup *g, const Col *cols, int ncols, double sent, do
             if (screen_width(rows[r][c]) > width[c]) width[c] = screen_width(rows[r][c]);
     }
     printf("  %-7s", "");
-    for (int c = 0; c < nc; c++) { printf("  "); print_padded(title[c], width[c]); }
+    for (int c = 0; c < nc; c++) { printf("  "); print_padded(title[c], width[c], c == nc - 1); }
     printf("\n");
     for (int r = 0; r < N; r++) {
         printf("  Rank %-2d", r);
-        for (int c = 0; c < nc; c++) { printf("  "); print_padded(rows[r][c], width[c]); }
+        for (int c = 0; c < nc; c++) { printf("  "); print_padded(rows[r][c], width[c], c == nc - 1); }
         printf("\n");
     }
     free(rows);
@@ -227,7 +228,7 @@ static void demo_reduce_scatter(DistGroup *g) {
     show_table(g, cols, 3, (double)(e.sent - m.sent), (double)(e.recv - m.recv));
     int same = same_everywhere(lib, mine, 1, g);
     char f[200];
-    snprintf(f, sizeof f, "each rank sends the N-1 = %d blocks it does not own to their owners: (N-1)/N * S each way", N - 1);
+    snprintf(f, sizeof f, "each rank sends the N-1 = %d block(s) it does not own to their owners: (N-1)/N * S each way", N - 1);
     footer(g, same, f);
 }
 

@@ -32,6 +32,8 @@ done
 make --no-print-directory BUILD="${BUILD:-build}" 02_data_parallel 03_ddp >/dev/null || {
     echo "bench_ddp: build failed (run make 03_ddp to see why)" >&2; exit 1; }
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OPENBLAS_NUM_THREADS=1
+. "$(dirname "$0")/openblas_core.sh"
+lab_openblas_core ./03_ddp/run
 # shellcheck disable=SC2206,SC2054  # MPIRUN_EXTRA splits into words; "self,vader" is one
 MPIRUN=(mpirun --oversubscribe --bind-to none --mca btl self,vader --mca mpi_yield_when_idle 1
         ${MPIRUN_EXTRA:-})
