@@ -1,5 +1,6 @@
 // harness.c: launching programs from Criterion tests and comparing their results (harness.h).
 #include "harness.h"
+#include <setjmp.h>
 
 #include <math.h>
 #include <stdarg.h>
@@ -194,4 +195,33 @@ int harness_results_match(const char *what, const RunResults *a, const RunResult
 
 int harness_contains(const char *haystack, const char *needle) {
     return haystack != NULL && needle != NULL && strstr(haystack, needle) != NULL;
+}
+
+// ---- catching lab_fail in-process (harness_expect_fail) ----------------------------------------
+static jmp_buf fail_env;
+static void fail_hook(int code) {
+    (void)code;
+    longjmp(fail_env, 1);
+}
+
+const char *harness_expect_fail(void (*fn)(void *), void *arg) {
+    static char msg[4096];
+    fflush(stderr);
+    FILE *tmp = tmpfile();
+    int saved = dup(2);
+    dup2(fileno(tmp), 2);
+    volatile int failed = 0;
+    lab_abort_hook = fail_hook;
+    if (setjmp(fail_env) == 0) fn(arg);
+    else failed = 1;
+    lab_abort_hook = NULL;
+    fflush(stderr);
+    dup2(saved, 2);
+    close(saved);
+    rewind(tmp);
+    size_t n = fread(msg, 1, sizeof(msg) - 1, tmp);
+    msg[n] = '\0';
+    fclose(tmp);
+    if (failed) fprintf(stderr, "(expected failure) %s", msg);
+    return failed ? msg : NULL;
 }

@@ -43,3 +43,9 @@ int harness_results_match(const char *what, const RunResults *a, const RunResult
 
 // Does `haystack` contain `needle`? (NULL haystack: no.)
 int harness_contains(const char *haystack, const char *needle);
+
+// Runs fn(arg) in this process and catches a lab_fail/LAB_CHECK inside it: lab_fail calls
+// lab_abort_hook before exit(), and a hook that longjmps back lets the test read the message
+// (stderr is captured into a temp file meanwhile) and assert on its words. Returns the message
+// it printed if it failed through lab_fail, NULL if fn returned normally.
+const char *harness_expect_fail(void (*fn)(void *), void *arg);

@@ -6,44 +6,17 @@
 // .exit_code = 1 (which cannot see the message) and than a helper program launched per case.
 #include <criterion/criterion.h>
 #include <errno.h>
-#include <setjmp.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "harness.h"
 #include "check.h"
 #include "ckpt.h"
 #include "gpt2.h"
 
-// ---- catching lab_fail in-process (see test_data.c) -------------------------------------------
-static jmp_buf fail_env;
-static void fail_hook(int code) {
-    (void)code;
-    longjmp(fail_env, 1);
-}
-static const char *expect_fail(void (*fn)(void *), void *arg) {
-    static char msg[4096];
-    fflush(stderr);
-    FILE *tmp = tmpfile();
-    int saved = dup(2);
-    dup2(fileno(tmp), 2);
-    volatile int failed = 0;
-    lab_abort_hook = fail_hook;
-    if (setjmp(fail_env) == 0) fn(arg);
-    else failed = 1;
-    lab_abort_hook = NULL;
-    fflush(stderr);
-    dup2(saved, 2);
-    close(saved);
-    rewind(tmp);
-    size_t n = fread(msg, 1, sizeof(msg) - 1, tmp);
-    msg[n] = '\0';
-    fclose(tmp);
-    if (failed) fprintf(stderr, "(expected failure) %s", msg);
-    return failed ? msg : NULL;
-}
 
 // ---- fixtures -----------------------------------------------------------------------------------
 
@@ -224,7 +197,7 @@ static void load_weights_tiny(void *arg) {
 
 static void expect_weights_refused(const char *path, const char *words) {
     g_path = path;
-    const char *msg = expect_fail(load_weights_tiny, NULL);
+    const char *msg = harness_expect_fail(load_weights_tiny, NULL);
     cr_assert(msg, "%s was loaded; expected a refusal with \"%s\"", path, words);
     cr_assert(strstr(msg, path), "the message does not name the file: %s", msg);
     cr_assert(strstr(msg, words), "the message lacks \"%s\": %s", words, msg);
@@ -286,14 +259,14 @@ Test(ckpt, weights_config_mismatch_names_the_field) {
     g_path = path;
     g_expect = CFG;
     g_expect.L = 3;
-    const char *msg = expect_fail(load_weights_expect, NULL);
+    const char *msg = harness_expect_fail(load_weights_expect, NULL);
     cr_assert(msg, "L=2 weights loaded into an L=3 run");
     cr_assert(strstr(msg, "config mismatch") && strstr(msg, path), "unclear: %s", msg);
     cr_assert(strstr(msg, "L (--layers) = 2") && strstr(msg, "this run has 3"), "field or values missing: %s", msg);
     g_expect = CFG;
     g_expect.C = 16;
     g_expect.NH = 4;
-    msg = expect_fail(load_weights_expect, NULL);
+    msg = harness_expect_fail(load_weights_expect, NULL);
     cr_assert(msg && strstr(msg, "NH (--heads) = 2") && strstr(msg, "this run has 4"), "unclear: %s", msg ? msg : "(loaded)");
     free(p); free(g_buf);
 }
@@ -365,7 +338,7 @@ static void load_state_expect(void *arg) {
 static void expect_state_refused(const char *path, GPT2Config expect, const char *words) {
     g_path = path;
     g_expect = expect;
-    const char *msg = expect_fail(load_state_expect, NULL);
+    const char *msg = harness_expect_fail(load_state_expect, NULL);
     cr_assert(msg, "%s was loaded; expected a refusal with \"%s\"", path, words);
     cr_assert(strstr(msg, path), "the message does not name the file: %s", msg);
     cr_assert(strstr(msg, words), "the message lacks \"%s\": %s", words, msg);
@@ -430,21 +403,21 @@ Test(ckpt, failed_write_keeps_the_previous_checkpoint) {
 
     // 1. The temp file cannot be created (a directory sits in its place).
     cr_assert_eq(mkdir(tmp, 0755), 0);
-    const char *msg = expect_fail(save_state_to, NULL);
+    const char *msg = harness_expect_fail(save_state_to, NULL);
     cr_assert(msg, "the save succeeded although %s is a directory", tmp);
     cr_assert(strstr(msg, path) && strstr(msg, "Is a directory"), "unclear: %s", msg);
     cr_assert_eq(rmdir(tmp), 0, "the failed save removed or filled the directory in its way");
 
     // 2. The disk fills up in the middle of the write (the temp file is /dev/full).
     cr_assert_eq(symlink("/dev/full", tmp), 0);
-    msg = expect_fail(save_state_to, NULL);
+    msg = harness_expect_fail(save_state_to, NULL);
     cr_assert(msg, "the save succeeded on a full disk");
     cr_assert(strstr(msg, path) && strstr(msg, "No space left"), "unclear: %s", msg);
     cr_assert(access(tmp, F_OK) != 0 && errno == ENOENT, "the failed temp file was left behind");
 
     // 3. The directory does not exist.
     g_save_path = "/tmp/lab_no_such_dir_for_ckpt/ckpt.bin";
-    msg = expect_fail(save_state_to, NULL);
+    msg = harness_expect_fail(save_state_to, NULL);
     cr_assert(msg && strstr(msg, g_save_path) && strstr(msg, "No such file"), "unclear: %s", msg ? msg : "(saved)");
 
     // After all that, the old checkpoint is byte-for-byte the same and still loads.

@@ -5,7 +5,6 @@
 // claim (measured on a long sample, not taken from the code), and file windows stay in the file.
 #include <criterion/criterion.h>
 #include <math.h>
-#include <setjmp.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -13,38 +12,8 @@
 
 #include "check.h"
 #include "data.h"
+#include "harness.h"
 
-// ---- catching lab_fail in-process ------------------------------------------------------------
-// lab_fail calls lab_abort_hook before exit(); a hook that longjmps back lets the test read the
-// message (stderr is captured into a temp file meanwhile) and assert on its words.
-static jmp_buf fail_env;
-static void fail_hook(int code) {
-    (void)code;
-    longjmp(fail_env, 1);
-}
-
-// Runs fn(arg). Returns the message it printed if it failed through lab_fail, NULL otherwise.
-static const char *expect_fail(void (*fn)(void *), void *arg) {
-    static char msg[4096];
-    fflush(stderr);
-    FILE *tmp = tmpfile();
-    int saved = dup(2);
-    dup2(fileno(tmp), 2);
-    volatile int failed = 0;
-    lab_abort_hook = fail_hook;
-    if (setjmp(fail_env) == 0) fn(arg);
-    else failed = 1;
-    lab_abort_hook = NULL;
-    fflush(stderr);
-    dup2(saved, 2);
-    close(saved);
-    rewind(tmp);
-    size_t n = fread(msg, 1, sizeof(msg) - 1, tmp);
-    msg[n] = '\0';
-    fclose(tmp);
-    if (failed) fprintf(stderr, "(expected failure) %s", msg);
-    return failed ? msg : NULL;
-}
 
 // ---- DistributedSampler slices ------------------------------------------------------------------
 
@@ -73,7 +42,7 @@ static void slice_10_over_4(void *arg) {
 }
 
 Test(data, uneven_batch_is_refused_with_valid_sizes) {
-    const char *msg = expect_fail(slice_10_over_4, NULL);
+    const char *msg = harness_expect_fail(slice_10_over_4, NULL);
     cr_assert(msg, "a batch of 10 over 4 ranks was accepted");
     cr_assert(strstr(msg, "--batch 10"), "message does not name --batch 10: %s", msg);
     cr_assert(strstr(msg, "4 ranks"), "message does not name the world size: %s", msg);
@@ -308,13 +277,13 @@ Test(data, short_or_missing_file_is_refused) {
     char *path = write_temp(bytes, sizeof(bytes));
     DataSource d;
     g_path = path;
-    const char *msg = expect_fail(open_file_T16, &d);
+    const char *msg = harness_expect_fail(open_file_T16, &d);
     cr_assert(msg, "a 16-byte file was accepted for --seq 16");
     cr_assert(strstr(msg, path), "message does not name the file: %s", msg);
     cr_assert(strstr(msg, "16 bytes") && strstr(msg, "17"), "message does not give the sizes: %s", msg);
     unlink(path);
     g_path = "/tmp/lab_data_does_not_exist.txt";
-    msg = expect_fail(open_file_T16, &d);
+    msg = harness_expect_fail(open_file_T16, &d);
     cr_assert(msg, "a missing file was accepted");
     cr_assert(strstr(msg, g_path) && strstr(msg, "No such file"), "unclear message: %s", msg);
 }

@@ -4,43 +4,16 @@
 // on the model and the decay pattern is known: decay on elements [0,10) and [17,30) only.
 #include <criterion/criterion.h>
 #include <math.h>
-#include <setjmp.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
 
+#include "harness.h"
 #include "check.h"
 #include "kernels.h"
 #include "optim.h"
 
-// ---- catching lab_fail in-process (see test_data.c) -------------------------------------------
-static jmp_buf fail_env;
-static void fail_hook(int code) {
-    (void)code;
-    longjmp(fail_env, 1);
-}
-static const char *expect_fail(void (*fn)(void *), void *arg) {
-    static char msg[4096];
-    fflush(stderr);
-    FILE *tmp = tmpfile();
-    int saved = dup(2);
-    dup2(fileno(tmp), 2);
-    volatile int failed = 0;
-    lab_abort_hook = fail_hook;
-    if (setjmp(fail_env) == 0) fn(arg);
-    else failed = 1;
-    lab_abort_hook = NULL;
-    fflush(stderr);
-    dup2(saved, 2);
-    close(saved);
-    rewind(tmp);
-    size_t n = fread(msg, 1, sizeof(msg) - 1, tmp);
-    msg[n] = '\0';
-    fclose(tmp);
-    if (failed) fprintf(stderr, "(expected failure) %s", msg);
-    return failed ? msg : NULL;
-}
 
 // ---- a hand-made parameter list ---------------------------------------------------------------
 
@@ -177,7 +150,7 @@ static void step_with_hole(void *arg) {
 }
 
 Test(optim, range_not_covered_by_params_is_an_error) {
-    cr_assert(expect_fail(step_with_hole, NULL), "a hole in the parameter list went unnoticed");
+    cr_assert(harness_expect_fail(step_with_hole, NULL), "a hole in the parameter list went unnoticed");
 }
 
 // ---- schedule and clipping ------------------------------------------------------------------
@@ -232,7 +205,7 @@ Test(optim, nan_or_inf_gradient_is_refused) {
     double bad[] = {NAN, INFINITY};
     for (int i = 0; i < 2; i++) {
         g_norm_sq = bad[i];
-        const char *msg = expect_fail(clip_bad, NULL);
+        const char *msg = harness_expect_fail(clip_bad, NULL);
         cr_assert(msg, "a %g gradient norm was accepted", bad[i]);
         cr_assert(strstr(msg, "NaN/Inf in the gradients at step 7"), "unclear message: %s", msg);
         cr_assert(strstr(msg, "global norm^2 = "), "message lacks the norm: %s", msg);
@@ -240,5 +213,5 @@ Test(optim, nan_or_inf_gradient_is_refused) {
     // Even with clipping off, a NaN must not pass.
     g_norm_sq = NAN;
     g_clip = 0.0f;
-    cr_assert(expect_fail(clip_bad, NULL), "a NaN gradient norm passed with clipping off");
+    cr_assert(harness_expect_fail(clip_bad, NULL), "a NaN gradient norm passed with clipping off");
 }
