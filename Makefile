@@ -123,6 +123,7 @@ HARNESS_SRCS := $(wildcard tests/harness*.c)
 CHAPTER_LIB_SRCS := $(filter-out %/main.c,$(foreach c,$(CHAPTERS),$(wildcard $(c)/*.c)))
 CHAPTER_LIB_OBJS := $(patsubst %.c,$(BUILD)/chapters/%.o,$(CHAPTER_LIB_SRCS))
 CHAPTER_HDRS := $(foreach c,$(CHAPTERS),$(wildcard $(c)/*.h))
+.SECONDARY: $(CHAPTER_LIB_OBJS)   # keep them: they are reused by every test binary
 $(BUILD)/chapters/%.o: %.c $(COMMON_HDRS) $(CHAPTER_HDRS) $(FLAGS_STAMP)
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS_ALL) $(addprefix -I,$(CHAPTERS)) -c $< -o $@
