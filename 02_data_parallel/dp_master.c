@@ -7,11 +7,11 @@
 // Message tags, one per kind, so a message can never be taken for another.
 enum { TAG_REPLICATE = 201, TAG_INPUTS = 202, TAG_TARGETS = 203, TAG_GRADS = 204 };
 
-void dp_replicate(float *params, size_t n, DistGroup *g) {
+void dp_replicate(void *params, size_t n, DistDtype dt, DistGroup *g) {
     if (g->rank == 0) {
-        for (int r = 1; r < g->size; r++) dist_send(params, n, DIST_F32, r, TAG_REPLICATE, g);
+        for (int r = 1; r < g->size; r++) dist_send(params, n, dt, r, TAG_REPLICATE, g);
     } else {
-        dist_recv(params, n, DIST_F32, 0, TAG_REPLICATE, g);
+        dist_recv(params, n, dt, 0, TAG_REPLICATE, g);
     }
 }
 
@@ -45,17 +45,39 @@ int dp_tree_receives(int rank, int n) {
     return rank % 2 == 0 && rank + 1 < n;
 }
 
-void dp_reduce_grads(float *grads, float *scratch, size_t n, DpReduce how, const Kernels *k,
-                     DistGroup *g) {
+void dp_accumulate(void *acc, const void *in, size_t n, DistDtype dt, const Kernels *k) {
+    if (dt == DIST_F32) {
+        k->residual_forward(acc, acc, in, n);
+        return;
+    }
+    LAB_CHECK(dt == DIST_BF16, "dp_accumulate: gradients are fp32 or bf16, not dtype %d", (int)dt);
+    // bf16: widen both to fp32 a chunk at a time, add, round once (a GPU does this in registers)
+    enum { CHUNK = 1 << 14 };
+    Device dev = k == &kernels_cpu ? DEV_CPU : DEV_CUDA;
+    float *a = mem_alloc(2 * CHUNK * sizeof(float), MEM_COMM, dev), *b = a + CHUNK;
+    uint16_t *acc16 = acc;
+    const uint16_t *in16 = in;
+    for (size_t i = 0; i < n; i += CHUNK) {
+        size_t len = n - i < CHUNK ? n - i : CHUNK;
+        k->bf16_to_f32(a, acc16 + i, len);
+        k->bf16_to_f32(b, in16 + i, len);
+        k->residual_forward(a, a, b, len);
+        k->f32_to_bf16(acc16 + i, a, len);
+    }
+    mem_free(a);
+}
+
+void dp_reduce_grads(void *grads, void *scratch, size_t n, DistDtype dt, DpReduce how,
+                     const Kernels *k, DistGroup *g) {
     const int rank = g->rank, N = g->size;
     if (how == DP_REDUCE_LINEAR) {
         if (rank != 0) {
-            dist_send(grads, n, DIST_F32, 0, TAG_GRADS, g);
+            dist_send(grads, n, dt, 0, TAG_GRADS, g);
             return;
         }
         for (int r = 1; r < N; r++) {  // one at a time: rank 0's link carries all N-1
-            dist_recv(scratch, n, DIST_F32, r, TAG_GRADS, g);
-            k->residual_forward(grads, grads, scratch, n);  // grads += scratch
+            dist_recv(scratch, n, dt, r, TAG_GRADS, g);
+            dp_accumulate(grads, scratch, n, dt, k);  // grads += scratch
         }
         return;
     }
@@ -63,12 +85,12 @@ void dp_reduce_grads(float *grads, float *scratch, size_t n, DpReduce how, const
     // EXERCISE 02.2 Tree reduce to the master -> 02_data_parallel/README.md#exercise-022-tree-reduce-to-the-master
     for (int d = 1; d < N; d *= 2) {
         if (rank % (2 * d) == d) {  // pass my partial sum up the tree; I am done
-            dist_send(grads, n, DIST_F32, rank - d, TAG_GRADS, g);
+            dist_send(grads, n, dt, rank - d, TAG_GRADS, g);
             break;
         }
         if (rank + d < N) {  // rank % 2d == 0 here: add my child's partial sum
-            dist_recv(scratch, n, DIST_F32, rank + d, TAG_GRADS, g);
-            k->residual_forward(grads, grads, scratch, n);
+            dist_recv(scratch, n, dt, rank + d, TAG_GRADS, g);
+            dp_accumulate(grads, scratch, n, dt, k);
         }
     }
     // END EXERCISE 02.2

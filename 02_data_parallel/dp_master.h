@@ -15,9 +15,12 @@
 
 typedef enum { DP_REDUCE_LINEAR = 0, DP_REDUCE_TREE = 1 } DpReduce;
 
+// The buffers below are fp32 or bf16 (dt = DIST_F32 or DIST_BF16, mixed precision); e is the
+// element size (4 or 2 bytes).
+
 // params: (n,) on every rank. Rank 0 sends its values to rank 1, then 2, ..., N-1.
-// Bytes: rank 0 sent (N-1) * 4n; every other rank received 4n.
-void dp_replicate(float *params, size_t n, DistGroup *g);
+// Bytes: rank 0 sent (N-1) * e*n; every other rank received e*n.
+void dp_replicate(void *params, size_t n, DistDtype dt, DistGroup *g);
 
 // all_inputs, all_targets: (N*rows, T) on rank 0 only (NULL elsewhere); inputs, targets:
 // (rows, T) on every rank. Rank r receives rows [r*rows, (r+1)*rows) of both; rank 0 copies
@@ -25,16 +28,20 @@ void dp_replicate(float *params, size_t n, DistGroup *g);
 void dp_scatter_batch(const int *all_inputs, const int *all_targets, int *inputs, int *targets,
                       int rows, int T, DistGroup *g);
 
+// acc += in over n elements of type dt, on the device of the kernels k. bf16 adds in fp32 and
+// rounds the sum once to nearest even.
+void dp_accumulate(void *acc, const void *in, size_t n, DistDtype dt, const Kernels *k);
+
 // grads: (n,) on every rank; on return rank 0's holds the SUM over ranks (the others' are
 // left partly summed). scratch: (n,) on ranks that receive (rank 0; with the tree, every rank
 // that has children), NULL elsewhere. k: the kernels of the device the buffers live on.
-//   linear: rank 0 receives from rank 1, then 2, ..., N-1, adding each.
-//           rank 0 received (N-1) * 4n; every other rank sent 4n.
+//   linear: rank 0 receives from rank 1, then 2, ..., N-1, adding each (dp_accumulate).
+//           rank 0 received (N-1) * e*n; every other rank sent e*n.
 //   tree:   binomial tree: in round d = 1, 2, 4, ... rank r with r % 2d == d sends its partial
 //           sum to r - d and is done; rank r with r % 2d == 0 receives from r + d (if it exists).
-//           rank 0 received ceil(log2 N) * 4n; every other rank sent 4n once.
-void dp_reduce_grads(float *grads, float *scratch, size_t n, DpReduce how, const Kernels *k,
-                     DistGroup *g);
+//           rank 0 received ceil(log2 N) * e*n; every other rank sent e*n once.
+void dp_reduce_grads(void *grads, void *scratch, size_t n, DistDtype dt, DpReduce how,
+                     const Kernels *k, DistGroup *g);
 
 // ceil(log2 n) for n >= 1: the rounds of the tree, and how many children rank 0 has.
 int dp_tree_rounds(int n);

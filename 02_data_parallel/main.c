@@ -31,6 +31,7 @@
 #include "optim.h"
 #include "results.h"
 #include "trace.h"
+#include "train.h"
 
 static const char *USAGE =
     "02_data_parallel: naive single-master DataParallel. Rank 0 replicates the weights,\n"
@@ -38,6 +39,9 @@ static const char *USAGE =
     "\n"
     "  mpirun -np 4 ./02_data_parallel/run                  tree reduce of the gradients\n"
     "  mpirun -np 4 ./02_data_parallel/run --reduce linear  every rank sends to rank 0 in turn\n"
+    "  mpirun -np 4 ./02_data_parallel/run --dtype bf16     mixed precision: bf16 weights and\n"
+    "                                                       gradients on the wire, fp32 master\n"
+    "                                                       weights and Adam state on rank 0\n"
     "  mpirun -np 4 ./02_data_parallel/run --trace dp.json  timeline: open it at ui.perfetto.dev\n";
 
 typedef struct DpFlags {
@@ -69,7 +73,7 @@ static void print_rank_table(const double *all, int N) {
     char s[7][32];
     printf("\nPer rank (per step)\n");
     printf("  %-10s %10s %10s %10s %10s %11s %11s %10s %10s %10s %10s %10s\n", "rank", "compute",
-           "wait", "comm", "step", "sent", "recv", "params", "grads", "adam m+v", "comm bufs",
+           "wait", "comm", "step", "sent", "recv", "params", "grads", "optimizer", "comm bufs",
            "peak mem");
     for (int r = 0; r < N; r++) {
         const double *v = all + (size_t)r * R_NFIELDS;
@@ -87,8 +91,7 @@ static void print_rank_table(const double *all, int N) {
 static void train(const LabArgs *args, const DpFlags *f) {
     GPT2Config cfg = lab_args_config(args);
     Device dev = lab_args_device(args);
-    if (strcmp(args->dtype, "fp32") != 0)
-        lab_fail_collective("--dtype %s: this chapter trains in fp32 only", args->dtype);
+    const int bf16 = strcmp(args->dtype, "bf16") == 0;  // mixed precision (see common/train.h)
     // NCCL (GPU buffers; flags.c checks --device cuda) picks this rank's GPU: before allocating
     if (strcmp(args->backend, "nccl") == 0) dist_set_backend(DIST_BACKEND_NCCL);
     DistGroup *world = dist_world();
@@ -101,26 +104,33 @@ static void train(const LabArgs *args, const DpFlags *f) {
 
     // The model: only the master's weights matter; the others receive them every step.
     GPT2 model;
-    gpt2_build(&model, cfg, dev);
-    if (master) gpt2_init_params(&model, (uint64_t)args->seed);
+    gpt2_build_dtype(&model, cfg, dev, bf16 ? GPT2_BF16 : GPT2_FP32);
     gpt2_alloc_grads(&model);
     gpt2_alloc_acts(&model, rows, T);
     const Kernels *k = model.k;
     const size_t n = model.num_params;
+    const DistDtype dt = train_dtype(&model);  // what weights and gradients travel as
+    const size_t e = dist_dtype_size(dt);      // bytes per element: 4 (fp32) or 2 (bf16)
     GPT2Param *plist = lab_xcalloc((size_t)gpt2_params(&cfg, NULL), sizeof(GPT2Param));
     int nplist = gpt2_params(&cfg, plist);
 
-    // Only the master has an optimizer (and its state: 8 bytes per parameter).
+    // Only the master has an optimizer: its weights (bf16: an fp32 master copy, 4 more bytes
+    // per parameter) and its state (8 bytes per parameter).
+    float *weights = master ? train_master_alloc(&model) : NULL;
     float *opt_m = master ? mem_alloc(n * sizeof(float), MEM_OPT_M, dev) : NULL;
     float *opt_v = master ? mem_alloc(n * sizeof(float), MEM_OPT_V, dev) : NULL;
     AdamW opt = lab_args_adamw(args);
 
     int start = 0;
     if (master && args->resume) {
-        start = ckpt_resume_training(args->resume, &cfg, model.params, opt_m, opt_v, n);
+        start = ckpt_resume_training(args->resume, &cfg, weights, opt_m, opt_v, n);
+        train_master_to_model(&model, weights);
         if (!args->quiet) printf("resumed from %s at step %d\n", args->resume, start);
     } else if (master && args->load_weights) {
-        ckpt_load_weights_into(args->load_weights, &cfg, model.params, n);
+        ckpt_load_weights_into(args->load_weights, &cfg, weights, n);
+        train_master_to_model(&model, weights);
+    } else if (master) {
+        train_master_init(&model, weights, (uint64_t)args->seed);
     }
     dist_broadcast(&start, 1, DIST_I32, 0, world);
 
@@ -133,14 +143,15 @@ static void train(const LabArgs *args, const DpFlags *f) {
     int *targets = mem_alloc((size_t)rows * T * sizeof(int), MEM_OTHER, DEV_CPU);
     // Where a received gradient lands before it is added (ranks that receive in the reduce).
     int receives = how == DP_REDUCE_LINEAR ? master : dp_tree_receives(rank, N);
-    float *scratch = receives ? mem_alloc(n * sizeof(float), MEM_COMM, dev) : NULL;
+    void *scratch = receives ? mem_alloc(n * e, MEM_COMM, dev) : NULL;
     float *slice_losses = master ? lab_xcalloc((size_t)N, sizeof(float)) : NULL;
 
     if (!args->quiet && master) {
         char buf[32];
         printf("DataParallel on %d rank%s, rank 0 is the master: GPT-2 V=%d T=%d L=%d C=%d "
-               "NH=%d, %zu parameters (%s fp32), device %s\n", N, N > 1 ? "s" : "", cfg.V, cfg.T,
-               cfg.L, cfg.C, cfg.NH, n, mem_format(buf, sizeof buf, (double)n * 4), k->name);
+               "NH=%d, %zu parameters (%s %s), device %s\n", N, N > 1 ? "s" : "", cfg.V, cfg.T,
+               cfg.L, cfg.C, cfg.NH, n, mem_format(buf, sizeof buf, (double)n * e),
+               bf16 ? "bf16" : "fp32", k->name);
         printf("every step: replicate weights -> scatter %d x %d batch (%d rows each) -> "
                "forward/backward -> %s reduce of gradients to rank 0 -> AdamW on rank 0 only\n",
                B, T, rows, how == DP_REDUCE_TREE ? "tree" : "linear");
@@ -166,7 +177,7 @@ static void train(const LabArgs *args, const DpFlags *f) {
         double t1 = lab_now();
         // 1. replicate: the master's current weights to every rank
         int tok = trace_begin("replicate weights", TRACE_COMM);
-        dp_replicate(model.params, n, world);
+        dp_replicate(train_params(&model), n, dt, world);
         trace_end(tok);
         // 2. scatter: the master makes the global batch of this step and splits it
         if (master) data_batch(&data, (uint64_t)step, B, T, 0, B, all_inputs, all_targets);
@@ -184,10 +195,8 @@ static void train(const LabArgs *args, const DpFlags *f) {
         tok = trace_begin("backward", TRACE_COMPUTE);
         gpt2_backward(&model, 1.0f / ((float)B * (float)T));
         trace_end(tok);
-        if (step == args->inject_nan_step && rank == N - 1) {  // a NaN in one rank's gradient
-            float nan = NAN;
-            mem_copy(model.grads, &nan, sizeof nan);
-        }
+        if (step == args->inject_nan_step && rank == N - 1)  // a NaN in one rank's gradient
+            train_inject_nan(&model);
         double t3 = lab_now();
         dist_barrier(world);
         double t4 = lab_now();
@@ -195,7 +204,7 @@ static void train(const LabArgs *args, const DpFlags *f) {
         // 4. gather: the losses (the master averages the N slice means) and the gradients
         tok = trace_begin("gather losses, reduce gradients", TRACE_COMM);
         dist_gather(&slice_loss, slice_losses, 1, DIST_F32, 0, world);
-        dp_reduce_grads(model.grads, scratch, n, how, k, world);
+        dp_reduce_grads(train_grads(&model), scratch, n, dt, how, k, world);
         trace_end(tok);
         double t5 = lab_now();
         float loss = 0.0f;
@@ -204,9 +213,7 @@ static void train(const LabArgs *args, const DpFlags *f) {
             loss /= (float)N;
             // 5. the master alone: clip + AdamW. The others will wait at the next barrier.
             tok = trace_begin("optimizer (master only)", TRACE_COMPUTE);
-            float scale = adamw_clip_scale(&opt, k->sum_squares(model.grads, n), step);
-            adamw_step(&opt, k, step, model.params, model.grads, opt_m, opt_v, 0, n, plist, nplist,
-                       scale);
+            train_adamw_step(&opt, &model, step, weights, opt_m, opt_v, plist, nplist);
             trace_end(tok);
         }
         double now = lab_now();
@@ -227,7 +234,7 @@ static void train(const LabArgs *args, const DpFlags *f) {
         if (master && args->save && args->save_every > 0 && (step + 1) % args->save_every == 0 &&
             !last)
             ckpt_save_training(args->save, &cfg, step + 1, (uint64_t)args->seed,
-                               (uint64_t)args->data_seed, model.params, opt_m, opt_v, n);
+                               (uint64_t)args->data_seed, weights, opt_m, opt_v, n);
     }
     double elapsed = lab_now() - t_start;
     const int nrun = end > start ? end - start : 0;
@@ -238,10 +245,10 @@ static void train(const LabArgs *args, const DpFlags *f) {
     // Only the master's weights are the model's.
     float *host_params = master ? lab_xmalloc(n * sizeof(float)) : NULL;
     if (master) {
-        mem_copy(host_params, model.params, n * sizeof(float));
+        train_params_to_host(&model, host_params);  // bf16: widened; the state keeps the master
         if (args->save) {
             ckpt_save_training(args->save, &cfg, end, (uint64_t)args->seed,
-                           (uint64_t)args->data_seed, model.params, opt_m, opt_v, n);
+                           (uint64_t)args->data_seed, weights, opt_m, opt_v, n);
             if (!args->quiet) printf("saved training state (step %d) to %s\n", end, args->save);
         }
         if (args->save_weights) ckpt_save_weights(args->save_weights, &cfg, host_params);
@@ -257,7 +264,7 @@ static void train(const LabArgs *args, const DpFlags *f) {
     mine[R_RECV] = recv_step;
     mine[R_PARAMS] = (double)mem_peak(MEM_PARAMS);
     mine[R_GRADS] = (double)mem_peak(MEM_GRADS);
-    mine[R_OPT] = (double)(mem_peak(MEM_OPT_M) + mem_peak(MEM_OPT_V));
+    mine[R_OPT] = (double)(mem_peak(MEM_MASTER) + mem_peak(MEM_OPT_M) + mem_peak(MEM_OPT_V));
     mine[R_COMM_MEM] = (double)mem_peak(MEM_COMM);
     mine[R_TOTAL] = (double)mem_total_peak();
     double *all = master ? lab_xcalloc((size_t)N * R_NFIELDS, sizeof(double)) : NULL;
@@ -267,13 +274,15 @@ static void train(const LabArgs *args, const DpFlags *f) {
         printf("%d steps in %.2f s: %.0f tokens/s (all ranks), %.1f ms per step\n", nrun, elapsed,
                (double)B * T * nrun / elapsed, 1e3 * elapsed / nrun);
         print_rank_table(all, N);
-        double S = 4.0 * (double)n;
+        double S = (double)e * (double)n;
         int recv_copies = how == DP_REDUCE_LINEAR ? N - 1 : dp_tree_rounds(N);
         printf("  master sends (N-1) x %.0f B of weights + its batch rows; receives %d x %.0f B of "
                "gradients (%s reduce; linear would be N-1 = %d)\n", S, recv_copies, S,
                how == DP_REDUCE_TREE ? "tree: ceil(log2 N)" : "linear", N - 1);
         printf("  wait = blocked at the barrier before a communication phase (the others wait "
                "for the master's optimizer step, the master for the slowest rank)\n");
+        printf("  optimizer = Adam m and v%s: only the master has them\n",
+               bf16 ? " and the fp32 master weights" : "");
     }
 
     if (master && args->dump) {
@@ -305,6 +314,7 @@ static void train(const LabArgs *args, const DpFlags *f) {
     free(slice_losses);
     free(plist);
     data_free(&data);
+    if (master) train_master_free(&model, weights);
     gpt2_free(&model);
     mem_free(opt_m);
     mem_free(opt_v);

@@ -6,7 +6,8 @@
 // computed locally. The byte counters must show the tree's shape:
 //   rank 0 received ceil(log2 N) buffers (linear: N-1); every other rank sent exactly one;
 //   all ranks together received N-1 buffers (each rank's partial sum travels once).
-// Runs the tree, then the linear reduce, on a count that is not a multiple of anything.
+// Runs the tree, then the linear reduce, on a count that is not a multiple of anything, in fp32
+// and in bf16 (mixed precision; the values and their sums are small integers, exact in bf16).
 // Prints "mpi_ddp_tree: OK" on success.
 #include <stdarg.h>
 #include <stdio.h>
@@ -36,16 +37,22 @@ static float value(int rank, size_t i, int salt) {
     return (float)((int)((i * 7 + (size_t)rank * 13 + (size_t)salt) % 17) - 8);
 }
 
-static void run(DpReduce how, const char *name, int salt) {
+static void run(DpReduce how, DistDtype dt, const char *name, int salt) {
     DistGroup *g = dist_world();
     const int N = g->size, rank = g->rank;
     const size_t n = 10007;
+    const int bf16 = dt == DIST_BF16;
     float *grads = lab_xmalloc(n * sizeof(float)), *scratch = lab_xmalloc(n * sizeof(float));
+    uint16_t *grads16 = lab_xmalloc(n * sizeof(uint16_t));
+    uint16_t *scratch16 = lab_xmalloc(n * sizeof(uint16_t));
     for (size_t i = 0; i < n; i++) grads[i] = value(rank, i, salt);
+    if (bf16) kernels_cpu.f32_to_bf16(grads16, grads, n);
     dist_counters_reset();
-    dp_reduce_grads(grads, scratch, n, how, kernels_get(DEV_CPU), g);
+    dp_reduce_grads(bf16 ? (void *)grads16 : grads, bf16 ? (void *)scratch16 : scratch, n, dt, how,
+                    kernels_get(DEV_CPU), g);
+    if (bf16) kernels_cpu.bf16_to_f32(grads, grads16, n);
     const DistCounters *c = dist_counters();
-    uint64_t S = n * sizeof(float);
+    uint64_t S = n * (bf16 ? sizeof(uint16_t) : sizeof(float));
     uint64_t sent = c->sent[OP_SEND], recv = c->recv[OP_RECV];
     if (rank == 0) {
         size_t bad = 0;
@@ -74,12 +81,16 @@ static void run(DpReduce how, const char *name, int salt) {
           "expected N-1 = %d buffers of %llu", name, total_recv, N - 1, (unsigned long long)S);
     free(grads);
     free(scratch);
+    free(grads16);
+    free(scratch16);
 }
 
 int main(int argc, char **argv) {
     dist_init(&argc, &argv);
-    run(DP_REDUCE_TREE, "tree", 1);
-    run(DP_REDUCE_LINEAR, "linear", 2);
+    run(DP_REDUCE_TREE, DIST_F32, "tree", 1);
+    run(DP_REDUCE_LINEAR, DIST_F32, "linear", 2);
+    run(DP_REDUCE_TREE, DIST_BF16, "tree bf16", 3);
+    run(DP_REDUCE_LINEAR, DIST_BF16, "linear bf16", 4);
     int bad = nfailed;
     dist_all_reduce(&bad, &bad, 1, DIST_I32, DIST_SUM, dist_world());
     if (dist_rank() == 0 && bad) printf("mpi_ddp_tree: %d FAILED checks\n", bad);

@@ -138,6 +138,65 @@ Test(dp02, only_the_master_holds_optimizer_state, .timeout = 120) {
 }
 
 // ---------------------------------------------------------------------------------------------
+// bf16 mixed precision: bf16 weights and gradients on the wire, fp32 master weights and Adam
+// state on the master only. The oracle is chapter 00's --dtype bf16 run. On one rank the
+// arithmetic is the oracle's (bit-exact). On N ranks each rank rounds its partial gradient to
+// bf16 and every add of the reduce rounds again (single-device rounds once per piece), and Adam
+// turns a tiny gradient difference into a weight difference near lr for gradients close to 0.
+// Measured (6 steps of SMALL, 2, 3, 4, 8 ranks): losses within 9.9e-6 relative, weights within
+// 3.9e-3 absolute (half a bf16 step at 1.0: a master weight on the other side of a rounding
+// boundary). Bounds: losses 1e-4, weights 8e-3 (one bf16 step at 1.0). A reduce that drops one
+// partial sum gives losses off by 3.4e-3 to 5.5e-3 relative (checked): 30x the bound.
+#define BF16_LOSS_RTOL 1e-4f
+#define BF16_PARAM_ATOL 8e-3f
+
+Test(dp02, bf16_one_rank_is_single_device_bf16_bit_exact, .timeout = 120) {
+    RunResults o, r;
+    run_oracle(SMALL " --dtype bf16", &o);
+    run_dp(1, SMALL " --dtype bf16", &r);
+    harness_assert_results_match("02_data_parallel -np 1 --dtype bf16", &r, &o, 0.0f, 0.0f);
+    results_free(&o);
+    results_free(&r);
+}
+
+Test(dp02, bf16_matches_single_device_bf16_on_2_3_4_ranks, .timeout = 240) {
+    RunResults o;
+    run_oracle(SMALL " --dtype bf16", &o);
+    const char *flags[] = {SMALL " --dtype bf16 --reduce tree", SMALL " --dtype bf16 --reduce tree",
+                           SMALL " --dtype bf16 --reduce linear"};
+    for (int np = 2; np <= 4; np++) {
+        RunResults r;
+        run_dp(np, flags[np - 2], &r);
+        char what[256];
+        snprintf(what, sizeof what, "02_data_parallel -np %d %s", np, flags[np - 2]);
+        harness_assert_results_match(what, &r, &o, BF16_LOSS_RTOL, BF16_PARAM_ATOL);
+        results_free(&r);
+    }
+    results_free(&o);
+}
+
+// The master formula with S = 2 bytes x parameters: bf16 halves the weights and gradients on
+// the wire; the batch rows and the losses stay 4-byte. The master alone holds the fp32 master
+// weights (4 B/param) and Adam's m, v.
+Test(dp02, bf16_halves_the_bytes_and_only_the_master_has_fp32_weights, .timeout = 120) {
+    RunResults r;
+    run_dp(4, SMALL " --dtype bf16 --steps 2 --reduce tree", &r);
+    double S = 2.0 * SMALL_NPARAMS, N = 4, b = (24 / 4) * 32 * 4;
+    cr_assert_eq(results_get(&r, "bytes_sent_per_step", -1), (N - 1) * S + (N - 1) * 2 * b,
+                 "master sent %.0f B per step", results_get(&r, "bytes_sent_per_step", -1));
+    cr_assert_eq(results_get(&r, "bytes_recv_per_step", -1), 2 * S + (N - 1) * 4,
+                 "master received %.0f B per step", results_get(&r, "bytes_recv_per_step", -1));
+    cr_assert_eq(results_get(&r, "rank1_bytes_sent_per_step", -1), S + 4);
+    cr_assert_eq(results_get(&r, "mem_params", -1), S, "bf16 weights: 2 B per parameter");
+    cr_assert_eq(results_get(&r, "mem_grads", -1), S, "bf16 gradients: 2 B per parameter");
+    cr_assert_eq(results_get(&r, "mem_master", -1), 2 * S, "fp32 master weights on rank 0");
+    cr_assert_eq(results_get(&r, "mem_opt_m", -1), 2 * S);
+    cr_assert_eq(results_get(&r, "rank1_mem_opt", -1), 0.0,
+                 "rank 1 must hold no master weights and no Adam state");
+    results_free(&r);
+}
+
+// ---------------------------------------------------------------------------------------------
 // reliability
 
 Test(dp02, resume_is_bit_exact, .timeout = 180) {

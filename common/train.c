@@ -1,0 +1,74 @@
+// train.c: the optimizer step and weight copies in the model's precision (see train.h).
+#include "train.h"
+
+#include <math.h>
+#include <stdlib.h>
+
+#include "check.h"
+#include "mem.h"
+
+float *train_master_alloc(GPT2 *m) {
+    if (m->dtype == GPT2_FP32) return m->params;
+    return mem_alloc(m->num_params * sizeof(float), MEM_MASTER, m->dev);
+}
+
+void train_master_free(GPT2 *m, float *master) {
+    if (master && master != m->params) mem_free(master);
+}
+
+void train_master_to_model(GPT2 *m, const float *master) {
+    if (m->dtype == GPT2_BF16) m->k->f32_to_bf16(m->params_bf16, master, m->num_params);
+    else LAB_CHECK(master == m->params, "train_master_to_model: fp32 master must be the params");
+}
+
+void train_master_init(GPT2 *m, float *master, uint64_t seed) {
+    float *w = lab_xmalloc(m->num_params * sizeof(float));
+    gpt2_init_slice(&m->cfg, seed, 0, m->num_params, w);
+    mem_copy(master, w, m->num_params * sizeof(float));
+    free(w);
+    train_master_to_model(m, master);
+}
+
+void train_adamw_step(const AdamW *h, GPT2 *m, int step, float *master, float *opt_m,
+                      float *opt_v, const GPT2Param *plist, int nplist) {
+    const Kernels *k = m->k;
+    const size_t n = m->num_params;
+    if (m->dtype == GPT2_FP32) {
+        float scale = adamw_clip_scale(h, k->sum_squares(m->grads, n), step);
+        adamw_step(h, k, step, master, m->grads, opt_m, opt_v, 0, n, plist, nplist, scale);
+        return;
+    }
+    double norm_sq = bf16_sum_squares(k, m->grads_bf16, n, m->work_grads, m->work_size);
+    float scale = adamw_clip_scale(h, norm_sq, step);
+    adamw_step_bf16(h, k, step, master, m->params_bf16, m->grads_bf16, opt_m, opt_v, 0, n, plist,
+                    nplist, scale, m->work_grads, m->work_size);
+}
+
+void train_params_to_host(const GPT2 *m, float *host) {
+    const size_t n = m->num_params;
+    if (m->dtype == GPT2_FP32) {
+        mem_copy(host, m->params, n * sizeof(float));
+        return;
+    }
+    uint16_t *p16 = lab_xmalloc(n * sizeof(uint16_t));
+    mem_copy(p16, m->params_bf16, n * sizeof(uint16_t));
+    kernels_cpu.bf16_to_f32(host, p16, n);
+    free(p16);
+}
+
+void *train_grads(GPT2 *m) {
+    return m->dtype == GPT2_BF16 ? (void *)m->grads_bf16 : (void *)m->grads;
+}
+
+void *train_params(GPT2 *m) {
+    return m->dtype == GPT2_BF16 ? (void *)m->params_bf16 : (void *)m->params;
+}
+
+DistDtype train_dtype(const GPT2 *m) { return m->dtype == GPT2_BF16 ? DIST_BF16 : DIST_F32; }
+
+void train_inject_nan(GPT2 *m) {
+    float nan = NAN;
+    uint16_t nan16 = bf16_from_f32(NAN);
+    if (m->dtype == GPT2_BF16) mem_copy(m->grads_bf16, &nan16, sizeof nan16);
+    else mem_copy(m->grads, &nan, sizeof nan);
+}

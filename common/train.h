@@ -1,0 +1,46 @@
+// train.h: the pieces of a training step that every data-parallel chapter shares, in the
+// model's precision (fp32, or bf16 mixed precision), so a chapter's main.c shows only what
+// differs: who computes, who communicates, who steps.
+//
+// Mixed precision (GPT2_BF16) keeps the weights the forward pass reads and their gradients in
+// bf16, and the optimizer's copy of the weights in fp32 (the "master" weights): an update
+// smaller than half a bf16 step (1/256 of the weight) would round away if it were added to the
+// bf16 weights directly. fp32 needs no second copy: the master IS the model's parameters.
+#pragma once
+#include <stddef.h>
+#include "dist.h"
+#include "gpt2.h"
+#include "optim.h"
+
+// The weights AdamW updates: fp32 -> m->params; bf16 -> a new fp32 buffer of num_params
+// floats on the model's device, tagged MEM_MASTER (4 bytes per parameter). Free it with
+// train_master_free.
+float *train_master_alloc(GPT2 *m);
+void train_master_free(GPT2 *m, float *master);
+
+// The weights the forward pass reads, from the master: bf16 rounds to nearest even into
+// m->params_bf16; fp32 does nothing (they are the same buffer).
+void train_master_to_model(GPT2 *m, const float *master);
+
+// Fresh weights from --seed into the master, then into the model (train_master_to_model).
+void train_master_init(GPT2 *m, float *master, uint64_t seed);
+
+// One optimizer step on the model's whole gradient (every rank of DDP, the master of 02, the
+// single device of 00): clip the global norm (fails the run naming the step on NaN/Inf), then
+// AdamW on the master, then the model's weights from the master. bf16 widens the gradients a
+// chunk at a time into the model's scratch buffer (work_grads).
+void train_adamw_step(const AdamW *h, GPT2 *m, int step, float *master, float *opt_m,
+                      float *opt_v, const GPT2Param *plist, int nplist);
+
+// The model's weights as fp32 on the host (n floats): checkpoints and results. bf16: the
+// weights the forward pass reads, widened (the training state keeps the master instead).
+void train_params_to_host(const GPT2 *m, float *host);
+
+// The model's gradient buffer and its type on the wire: grads (DIST_F32) or grads_bf16
+// (DIST_BF16); the weights the forward pass reads (params or params_bf16), with the same type.
+void *train_grads(GPT2 *m);
+void *train_params(GPT2 *m);
+DistDtype train_dtype(const GPT2 *m);
+
+// Fault injection (--inject-nan-step): a NaN in the model's first gradient element.
+void train_inject_nan(GPT2 *m);
