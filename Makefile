@@ -7,6 +7,7 @@
 #   make grade          the exercise table (id, title, tests passed, points)
 #   make student        the student version in ./student (exercise solutions replaced by stubs)
 #   make bench          single-rank training speed vs this core's SGEMM peak
+#   make gpu-check      on a machine with a GPU: the CUDA path against the CPU path (tools/gpu_check.sh)
 #
 # Options: CC=clang (default gcc; MPI flags come from mpicc -showme), CUDA=0|1 (default: 1 when nvcc is found),
 #          SAN=1 (AddressSanitizer + UndefinedBehaviorSanitizer build), NP=4 (ranks for tour).
@@ -158,6 +159,9 @@ tour: $(addsuffix /run,$(CHAPTERS))
 bench: $(TOOL_BINS) $(addsuffix /run,$(CHAPTERS))
 	@BUILD=$(BUILD) bash tools/bench.sh
 
+gpu-check:
+	@BUILD=$(if $(filter build,$(BUILD)),build-cuda,$(BUILD)) bash tools/gpu_check.sh
+
 student:
 	@bash tools/make_student.sh $(or $(CHAPTER),all) student
 
@@ -167,4 +171,4 @@ clean:
 help:
 	@sed -n '/^# The lab/,/^$$/p' Makefile | sed 's/^# \{0,1\}//'
 
-.PHONY: all test tests grade tour bench student clean help deps
+.PHONY: all test tests grade tour bench gpu-check student clean help deps
