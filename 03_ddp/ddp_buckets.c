@@ -7,6 +7,7 @@
 #include "check.h"
 #include "mem.h"
 #include "trace.h"
+#include "train.h"
 
 // llm.c's tensor indices (gpt2.h lists the same order).
 enum { WTE = 0, WPE = 1, LNFW = 14, LNFB = 15 };
@@ -61,6 +62,9 @@ void ddp_init(Ddp *d, GPT2 *m, const GPT2Param *params, int nparams, const int *
     memset(d, 0, sizeof *d);
     d->model = m;
     d->group = g;
+    d->grads = train_grads(m);  // fp32 or bf16 (mixed precision): all-reduced in that type
+    d->dtype = train_dtype(m);
+    d->esize = dist_dtype_size(d->dtype);
     d->nparams = nparams;
     d->params = lab_xcalloc((size_t)nparams, sizeof(GPT2Param));
     memcpy(d->params, params, (size_t)nparams * sizeof(GPT2Param));
@@ -82,13 +86,23 @@ void ddp_init(Ddp *d, GPT2 *m, const GPT2Param *params, int nparams, const int *
         b->count++;
         b->numel += params[i].size;
     }
+    // (the bucket buffers are allocated at the first launch: none with views)
     for (int b = 0; b < d->nbuckets; b++)
-        d->buckets[b].buf = mem_alloc(d->buckets[b].numel * sizeof(float), MEM_COMM, m->dev);
+        d->buckets[b].work = lab_xcalloc((size_t)d->buckets[b].count, sizeof(DistWork));
     ddp_wait(d);  // nothing in flight: this just resets the per-step state
 }
 
+void ddp_use_views(Ddp *d) {
+    for (int b = 0; b < d->nbuckets; b++)
+        LAB_CHECK(!d->buckets[b].buf, "ddp_use_views: call it before the first launch");
+    d->views = 1;
+}
+
 void ddp_free(Ddp *d) {
-    for (int b = 0; b < d->nbuckets; b++) mem_free(d->buckets[b].buf);
+    for (int b = 0; b < d->nbuckets; b++) {
+        mem_free(d->buckets[b].buf);
+        free(d->buckets[b].work);
+    }
     free(d->buckets);
     free(d->params);
     free(d->bucket_of);
@@ -99,15 +113,28 @@ void ddp_free(Ddp *d) {
 void ddp_launch(Ddp *d, int b) {
     DdpBucket *bk = &d->buckets[b];
     LAB_CHECK(!bk->launched, "bucket %d launched twice in one step", b);
-    // pack: the bucket's gradient slices, one after the other
-    size_t at = 0;
-    for (int i = bk->first; i < bk->first + bk->count; i++) {
-        const GPT2Param *p = &d->params[i];
-        mem_copy(bk->buf + at, d->model->grads + p->offset, p->size * sizeof(float));
-        at += p->size;
-    }
     bk->t_launch = lab_now();
-    bk->work = dist_iall_reduce(bk->buf, bk->buf, bk->numel, DIST_F32, DIST_AVG, d->group);
+    if (d->views) {
+        // views: each gradient slice is averaged where it lies, one all-reduce per parameter
+        for (int i = bk->first; i < bk->first + bk->count; i++) {
+            char *g = (char *)d->grads + d->params[i].offset * d->esize;
+            bk->work[i - bk->first] =
+                dist_iall_reduce(g, g, d->params[i].size, d->dtype, DIST_AVG, d->group);
+        }
+        bk->nwork = bk->count;
+    } else {
+        // pack: the bucket's gradient slices, one after the other
+        if (!bk->buf) bk->buf = mem_alloc(bk->numel * d->esize, MEM_COMM, d->model->dev);
+        size_t at = 0;  // bytes
+        for (int i = bk->first; i < bk->first + bk->count; i++) {
+            const GPT2Param *p = &d->params[i];
+            mem_copy((char *)bk->buf + at, (char *)d->grads + p->offset * d->esize,
+                     p->size * d->esize);
+            at += p->size * d->esize;
+        }
+        bk->work[0] = dist_iall_reduce(bk->buf, bk->buf, bk->numel, d->dtype, DIST_AVG, d->group);
+        bk->nwork = 1;
+    }
     bk->launched = 1;
     bk->launch_seq = d->nlaunched++;
 }
@@ -130,7 +157,10 @@ void ddp_piece_done(Ddp *d, int piece) {
 void ddp_poke(Ddp *d) {
     for (int b = 0; b < d->nbuckets; b++) {
         DdpBucket *bk = &d->buckets[b];
-        if (bk->launched && !bk->done && dist_test(&bk->work)) {
+        if (!bk->launched || bk->done) continue;
+        int all = 1;
+        for (int w = 0; w < bk->nwork; w++) all &= dist_test(&bk->work[w]);
+        if (all) {
             bk->done = 1;
             bk->t_done = lab_now();
         }
@@ -144,24 +174,26 @@ void ddp_wait(Ddp *d) {
                   "bucket %d was never launched this step (is every parameter's hook counted?)", b);
         if (bk->launched) {
             if (!bk->done) {
-                dist_wait(&bk->work);
+                dist_wait_all(bk->work, bk->nwork);
                 bk->t_done = lab_now();
             }
             // unpack: the averaged gradients back where the optimizer reads them
-            size_t at = 0;
-            for (int i = bk->first; i < bk->first + bk->count; i++) {
+            size_t at = 0;  // bytes
+            for (int i = bk->first; !d->views && i < bk->first + bk->count; i++) {
                 const GPT2Param *p = &d->params[i];
-                mem_copy(d->model->grads + p->offset, bk->buf + at, p->size * sizeof(float));
-                at += p->size;
+                mem_copy((char *)d->grads + p->offset * d->esize, (char *)bk->buf + at,
+                         p->size * d->esize);
+                at += p->size * d->esize;
             }
             char name[48], sz[32];
             snprintf(name, sizeof name, "all-reduce bucket %d (%s)", b,
-                     mem_format(sz, sizeof sz, (double)bk->numel * sizeof(float)));
+                     mem_format(sz, sizeof sz, (double)(bk->numel * d->esize)));
             trace_span(name, TRACE_COMM, bk->t_launch, bk->t_done);
         }
         // ready for the next step
         bk->pending = bk->count;
         bk->launched = bk->done = 0;
+        bk->nwork = 0;
         bk->launch_piece = -1;
         bk->launch_seq = -1;
     }
@@ -193,6 +225,6 @@ void ddp_print_buckets(const Ddp *d, FILE *out) {
         else if (ready == L + 1) snprintf(when, sizeof when, "embedding");
         else snprintf(when, sizeof when, "block %d", L - ready);
         fprintf(out, "  %-6d %-34s %6d %12s  %s\n", b, span, bk->count,
-                mem_format(sz, sizeof sz, (double)bk->numel * sizeof(float)), when);
+                mem_format(sz, sizeof sz, (double)(bk->numel * d->esize)), when);
     }
 }

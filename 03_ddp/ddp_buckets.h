@@ -9,8 +9,10 @@
 // Here backward runs in pieces (the head, block L-1, ..., block 0, the embedding) and main.c
 // calls ddp_piece_done() after each one: that is our autograd hook. The flat gradient buffer has
 // llm.c's layout (all layers' qkvw together, ...), so a block's gradients are NOT contiguous:
-// a bucket is a list of slices, packed into its own contiguous buffer (MEM_COMM) before the
-// all-reduce and copied back after it, like PyTorch's bucket views.
+// a bucket is a list of slices. By default (ddp_use_views) each slice is all-reduced in place,
+// like PyTorch's gradient_as_bucket_view=True; otherwise the slices are packed into the
+// bucket's own contiguous buffer (MEM_COMM) before the all-reduce and copied back after it.
+// The gradients are fp32, or bf16 in mixed precision: they travel in the model's type.
 #pragma once
 #include <stddef.h>
 #include <stdio.h>
@@ -40,18 +42,23 @@ int ddp_assign_buckets(const size_t *bytes, int n, size_t first_cap, size_t cap,
 typedef struct DdpBucket {
     int first, count;    // its parameters: Ddp.params[first .. first + count)
     size_t numel;        // elements of its packed buffer
-    float *buf;          // (numel,) the packed gradients, on the model's device (MEM_COMM)
+    void *buf;           // (numel,) the packed gradients, on the model's device (MEM_COMM),
+                         // allocated at the first launch; NULL with views (ddp_use_views)
     int pending;         // parameters whose gradient is not final yet (this step)
     int launched, done;  // this step
     int launch_piece;    // the backward piece after which it was launched (-1: not yet)
     int launch_seq;      // 0 for the first bucket launched this step, 1 for the next, ...
-    DistWork work;
+    DistWork *work;      // its all-reduces: 1 (packed), or one per parameter (views)
+    int nwork;
     double t_launch, t_done;  // lab_now() when launched / when seen complete
 } DdpBucket;
 
 typedef struct Ddp {
     GPT2 *model;
     DistGroup *group;
+    void *grads;         // the model's gradient buffer: fp32, or bf16 in mixed precision
+    DistDtype dtype;     // its type on the wire (DIST_F32 or DIST_BF16)
+    size_t esize;        // bytes per element (4 or 2)
     int nparams;
     GPT2Param *params;   // every parameter, in bucket order (reverse module order)
     int *bucket_of;      // (nparams,) bucket of params[i]
@@ -60,6 +67,7 @@ typedef struct Ddp {
     DdpBucket *buckets;
     int next_launch;     // buckets start strictly in order: the next one to start
     int nlaunched;       // buckets started this step
+    int views;           // ddp_use_views: all-reduce in place, no bucket buffers
 } Ddp;
 
 // Buckets for model m from an assignment (params in bucket order, bucket_of from
@@ -67,6 +75,10 @@ typedef struct Ddp {
 void ddp_init(Ddp *d, GPT2 *m, const GPT2Param *params, int nparams, const int *bucket_of,
               DistGroup *g);
 void ddp_free(Ddp *d);
+// Views instead of packing (PyTorch's gradient_as_bucket_view): a bucket's all-reduce becomes
+// one in-place all-reduce per parameter slice of the model's gradient buffer, started together
+// and in order; no bucket buffers, no pack and unpack copies. Call after ddp_init.
+void ddp_use_views(Ddp *d);
 
 // The hook: backward piece `piece` just finished. Counts down the buckets of the parameters it
 // made final and starts, in bucket order, every bucket that is complete. Then pokes progress.

@@ -28,13 +28,27 @@
 #include "dist.h"
 
 #include <limits.h>
+#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "check.h"
 #include "dist_nccl.h"
 #include "kernels.h"
 #include "mem.h"
+
+// Ops queued on a communication thread and not yet finished by dist_wait / dist_test (only the
+// calling thread changes it). While it is not 0 that thread makes no MPI call (SERIALIZED).
+static int queued_ops = 0;
+
+static void need_no_queued_ops(const char *what) {
+    if (queued_ops > 0)
+        lab_fail("dist %s: %d all-reduce%s queued on the communication thread %s not finished: "
+                 "dist_wait for %s first (MPI runs at thread level SERIALIZED, one thread at a time)",
+                 what, queued_ops, queued_ops > 1 ? "s" : "", queued_ops > 1 ? "are" : "is",
+                 queued_ops > 1 ? "them" : "it");
+}
 
 static DistGroup world;
 static int world_ready = 0;
@@ -84,7 +98,9 @@ void dist_init(int *argc, char ***argv) {
     MPI_Initialized(&inited);
     if (!inited) {
         int provided = 0;
-        MPI_Init_thread(argc, argv, MPI_THREAD_FUNNELED, &provided);
+        // SERIALIZED: the communication thread (dist_comm_thread_start) calls MPI too, never
+        // at the same time as the main thread.
+        MPI_Init_thread(argc, argv, MPI_THREAD_SERIALIZED, &provided);
     }
     MPI_Comm_create_errhandler(mpi_error_handler, &errhandler);
     MPI_Comm_set_errhandler(MPI_COMM_WORLD, errhandler);
@@ -108,6 +124,8 @@ void dist_init(int *argc, char ***argv) {
 
 void dist_finalize(void) {
     if (!world_ready) return;
+    need_no_queued_ops("finalize");
+    dist_comm_thread_stop(&world);  // (other groups' threads stop in dist_group_free)
     dist_nccl_finalize();  // the NCCL communicators, if any
     MPI_Op_free(&bf16_sum_op);
     MPI_Op_free(&bf16_max_op);
@@ -129,6 +147,7 @@ DistGroup *dist_world(void) { need_init(); return &world; }
 DistGroup *dist_split(DistGroup *parent, int color, int key, const char *name) {
     need_init();
     LAB_CHECK(color >= 0, "dist_split(%s): color must be >= 0, got %d", name, color);
+    need_no_queued_ops("split");
     DistGroup *g = lab_xcalloc(1, sizeof(DistGroup));
     MPI_Comm_split(parent->comm, color, key, &g->comm);
     MPI_Comm_set_errhandler(g->comm, errhandler);
@@ -144,7 +163,10 @@ DistGroup *dist_split(DistGroup *parent, int color, int key, const char *name) {
 }
 
 void dist_group_free(DistGroup *g) {
-    if (!g || g == &world) return;
+    if (!g) return;
+    need_no_queued_ops("group_free");
+    dist_comm_thread_stop(g);
+    if (g == &world) return;
     dist_nccl_group_free(g);
     MPI_Comm_free(&g->comm);
     free((void *)g->name);
@@ -240,10 +262,16 @@ static void finish_avg(void *buf, size_t count, DistDtype dt, int n) {
     }
 }
 
-static void count_op(DistOpKind k, uint64_t sent, uint64_t recv) {
+static void count_bytes(DistOpKind k, uint64_t sent, uint64_t recv) {
     counters.calls[k] += 1;
     counters.sent[k] += sent;
     counters.recv[k] += recv;
+}
+
+// Every op that communicates starts here.
+static void count_op(DistOpKind k, uint64_t sent, uint64_t recv) {
+    need_no_queued_ops(dist_op_kind_name(k));
+    count_bytes(k, sent, recv);
 }
 
 // Do [a, a+na) and [b, b+nb) share a byte?
@@ -377,6 +405,138 @@ static void finish_work(DistWork *w, MPI_Request key) {
 }
 
 // ---------------------------------------------------------------------------------------------
+// the communication thread (dist.h): a queue of all-reduces, run in order by one thread
+
+typedef struct CommTask {
+    const void *send;
+    void *recv;
+    size_t count;
+    DistDtype dt;
+    DistOp op;
+    int done;                // set by the thread (under the mutex) when recv holds the result
+    struct CommTask *next;   // the queue, in launch order
+    struct CommThread *owner;
+} CommTask;
+
+typedef struct CommThread {
+    DistGroup group;         // a copy of the group with the thread's own communicator
+    pthread_t tid;
+    pthread_mutex_t mu;
+    pthread_cond_t work;     // signalled when a task is queued or the thread must stop
+    pthread_cond_t done;     // broadcast when a task is done
+    CommTask *head, *tail;   // queued, not yet run (head: running now)
+    int stop;
+    double busy_s, cpu_s;    // inside MPI_Allreduce: wall-clock time, and CPU time of the thread
+} CommThread;
+
+static double thread_cpu_now(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+static void *comm_thread_main(void *arg) {
+    CommThread *t = arg;
+    pthread_mutex_lock(&t->mu);
+    for (;;) {
+        while (!t->head && !t->stop) pthread_cond_wait(&t->work, &t->mu);
+        if (!t->head) break;  // stop, and nothing left
+        CommTask *task = t->head;
+        pthread_mutex_unlock(&t->mu);
+        // The blocking all-reduce, on this thread's communicator; the caller's thread meanwhile
+        // computes (and makes no MPI call: need_no_queued_ops).
+        double w0 = lab_now(), c0 = thread_cpu_now();
+        host_all_reduce(task->send, task->recv, task->count, task->dt, task->op, &t->group, NULL);
+        if (task->op == DIST_AVG) finish_avg(task->recv, task->count, task->dt, t->group.size);
+        double w1 = lab_now(), c1 = thread_cpu_now();
+        pthread_mutex_lock(&t->mu);
+        t->busy_s += w1 - w0;
+        t->cpu_s += c1 - c0;
+        t->head = task->next;
+        if (!t->head) t->tail = NULL;
+        task->done = 1;
+        pthread_cond_broadcast(&t->done);
+    }
+    pthread_mutex_unlock(&t->mu);
+    return NULL;
+}
+
+void dist_comm_thread_start(DistGroup *g) {
+    need_init();
+    need_no_queued_ops("comm_thread_start");
+    if (g->thread) return;
+    int level = 0;
+    MPI_Query_thread(&level);
+    LAB_CHECK(level >= MPI_THREAD_SERIALIZED, "dist_comm_thread_start: MPI was initialized at a "
+              "thread level below MPI_THREAD_SERIALIZED (%d); a communication thread needs it", level);
+    CommThread *t = lab_xcalloc(1, sizeof(CommThread));
+    t->group = *g;
+    t->group.thread = NULL;
+    MPI_Comm_dup(g->comm, &t->group.comm);  // its collectives never meet the caller's
+    pthread_mutex_init(&t->mu, NULL);
+    pthread_cond_init(&t->work, NULL);
+    pthread_cond_init(&t->done, NULL);
+    LAB_CHECK(pthread_create(&t->tid, NULL, comm_thread_main, t) == 0,
+              "dist_comm_thread_start: pthread_create failed");
+    g->thread = t;
+}
+
+void dist_comm_thread_stop(DistGroup *g) {
+    CommThread *t = g->thread;
+    if (!t) return;
+    pthread_mutex_lock(&t->mu);
+    t->stop = 1;
+    pthread_cond_signal(&t->work);
+    pthread_mutex_unlock(&t->mu);
+    pthread_join(t->tid, NULL);  // it runs what is queued first
+    g->thread = NULL;
+    MPI_Comm_free(&t->group.comm);
+    pthread_mutex_destroy(&t->mu);
+    pthread_cond_destroy(&t->work);
+    pthread_cond_destroy(&t->done);
+    free(t);
+}
+
+void dist_comm_thread_times(DistGroup *g, double *busy_s, double *cpu_s) {
+    CommThread *t = g->thread;
+    *busy_s = *cpu_s = 0.0;
+    if (!t) return;
+    pthread_mutex_lock(&t->mu);
+    *busy_s = t->busy_s;
+    *cpu_s = t->cpu_s;
+    pthread_mutex_unlock(&t->mu);
+}
+
+static void comm_thread_queue(CommThread *t, DistWork *w, const void *send, void *recv) {
+    CommTask *task = lab_xcalloc(1, sizeof(CommTask));
+    *task = (CommTask){send, recv, w->count, w->dtype, w->op, 0, NULL, t};
+    pthread_mutex_lock(&t->mu);
+    if (t->tail) t->tail->next = task;
+    else t->head = task;
+    t->tail = task;
+    pthread_cond_signal(&t->work);
+    pthread_mutex_unlock(&t->mu);
+    w->task = task;
+    queued_ops++;
+}
+
+// Finish a queued op: wait (or only look, when !block) for the thread to have run it.
+static int comm_thread_finish(DistWork *w, int block) {
+    CommTask *task = w->task;
+    CommThread *t = task->owner;
+    pthread_mutex_lock(&t->mu);
+    while (block && !task->done) pthread_cond_wait(&t->done, &t->mu);
+    int done = task->done;
+    pthread_mutex_unlock(&t->mu);
+    if (!done) return 0;
+    free(task);
+    w->task = NULL;
+    w->active = 0;
+    queued_ops--;
+    return 1;
+}
+
+// ---------------------------------------------------------------------------------------------
 // non-blocking collectives (and, for device buffers, the blocking ones: start + wait)
 
 static DistWork work_new(void *buf, size_t count, DistDtype dt, DistOp op, DistGroup *g) {
@@ -412,6 +572,16 @@ static void *stage_in(const void *p, size_t bytes, int copy) {
 
 DistWork dist_iall_reduce(const void *send, void *recv, size_t count, DistDtype dt, DistOp op, DistGroup *g) {
     uint64_t S = (uint64_t)count * dist_dtype_size(dt), N = (uint64_t)g->size;
+    if (g->thread && !use_nccl(send, recv) && !staged(send, recv)) {
+        // host buffers on a group with a communication thread: queue it there
+        mpi_count(count, "dist_iall_reduce");
+        LAB_CHECK(send == NULL || send == recv || !overlaps(send, S, recv, S),
+                  "dist_iall_reduce: send and recv overlap without being the same buffer");
+        count_bytes(OP_ALL_REDUCE, 2 * (N - 1) * S / N, 2 * (N - 1) * S / N);
+        DistWork w = work_new(recv, count, dt, op, g);
+        comm_thread_queue(g->thread, &w, send, recv);
+        return w;
+    }
     count_op(OP_ALL_REDUCE, 2 * (N - 1) * S / N, 2 * (N - 1) * S / N);
     DistWork w = work_new(recv, count, dt, op, g);
     if (use_nccl(send, recv)) {
@@ -532,6 +702,11 @@ DistWork dist_irecv(void *buf, size_t count, DistDtype dt, int peer, int tag, Di
 
 void dist_wait(DistWork *w) {
     if (!w->active) return;
+    if (w->task) {  // queued on a communication thread: sleep until it has run it
+        comm_thread_finish(w, 1);
+        return;
+    }
+    need_no_queued_ops("wait");
     if (w->event) {  // NCCL: the compute stream waits for the op
         dist_nccl_wait(w);
         return;
@@ -543,6 +718,8 @@ void dist_wait(DistWork *w) {
 
 int dist_test(DistWork *w) {
     if (!w->active) return 1;
+    if (w->task) return comm_thread_finish(w, 0);
+    need_no_queued_ops("test");
     if (w->event) return dist_nccl_test(w);
     MPI_Request key = w->req;
     int done = 0;

@@ -35,6 +35,7 @@ typedef struct DistGroup {
     int rank, size;    // this rank's place in the group, group size
     const char *name;  // "world", "dp", "tp", "pp", ... (for messages and traces)
     void *nccl;        // ncclComm_t when the NCCL backend is active, else NULL
+    void *thread;      // its communication thread (dist_comm_thread_start), else NULL
 } DistGroup;
 
 // A pending non-blocking operation. Value type: keep it, then dist_wait(&w).
@@ -47,6 +48,7 @@ typedef struct DistWork {
     int group_size;
     int active;         // 1 while pending
     void *event;        // NCCL backend: cudaEvent_t recorded after the op on the comm stream, else NULL
+    void *task;         // run by the group's communication thread (see below), else NULL
 } DistWork;
 
 typedef struct DistCounters {
@@ -55,8 +57,9 @@ typedef struct DistCounters {
     uint64_t recv[OP_NKINDS];   // bytes this rank received
 } DistCounters;
 
-// Lifecycle. dist_init calls MPI_Init (thread level FUNNELED) and sets up error handling so
-// that any failure on any rank aborts the whole job.
+// Lifecycle. dist_init calls MPI_Init (thread level SERIALIZED: one thread in MPI at a time,
+// see the communication thread below) and sets up error handling so that any failure on any
+// rank aborts the whole job.
 void dist_init(int *argc, char ***argv);
 void dist_finalize(void);
 int dist_rank(void);                 // world rank
@@ -103,6 +106,22 @@ DistWork dist_irecv(void *buf, size_t count, DistDtype dt, int peer, int tag, Di
 void dist_wait(DistWork *w);
 int dist_test(DistWork *w);          // 1 when complete (then it is finished like dist_wait)
 void dist_wait_all(DistWork *w, int n);
+
+// The communication thread: a CPU stand-in for a GPU's communication stream. After
+// dist_comm_thread_start(g) (collective over g), dist_iall_reduce on g with host buffers only
+// counts its bytes and queues the op: a thread of this process runs the queued all-reduces one
+// after the other, in the order they were started, as BLOCKING MPI_Allreduce calls on its own
+// duplicate of g's communicator (Open MPI's blocking algorithms are faster than its
+// non-blocking ones, and they progress without the caller polling). dist_test and dist_wait on
+// such a DistWork look at a flag / sleep on a condition variable; they make no MPI call.
+// MPI runs at thread level SERIALIZED, so while any queued op is unfinished (not yet returned
+// by dist_wait or a dist_test that said 1) the calling thread must make no other dist_* call
+// that communicates: it is refused with a message. Device buffers are not affected.
+void dist_comm_thread_start(DistGroup *g);
+void dist_comm_thread_stop(DistGroup *g);   // waits for queued ops; also done by group free/finalize
+// Since the start: seconds the thread spent in all-reduces (wall clock), and of those the
+// seconds it ran on a core (its CPU time); the rest it waited for the peers or for a core.
+void dist_comm_thread_times(DistGroup *g, double *busy_s, double *cpu_s);
 
 // Byte counters of this rank since the last reset.
 const DistCounters *dist_counters(void);

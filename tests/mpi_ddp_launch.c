@@ -8,6 +8,8 @@
 // final (not earlier: stale gradients; not later: no overlap), in bucket order. After ddp_wait
 // the gradients must equal the plain all-reduce (average) of the ranks' full gradients.
 // Two steps, so the per-step reset is checked too. Prints "mpi_ddp_launch: OK" on success.
+// With --thread-views: the buckets are views all-reduced on the communication thread (03_ddp's
+// default); without: packed buckets, non-blocking MPI polled by the hook.
 #include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -79,6 +81,10 @@ int main(int argc, char **argv) {
     Ddp ddp;
     ddp_init(&ddp, &model, order, np, bucket_of, world);
     check(ddp.nbuckets == 6, "ddp_init made %d buckets from the 6-bucket layout", ddp.nbuckets);
+    if (argc > 1 && strcmp(argv[1], "--thread-views") == 0) {
+        dist_comm_thread_start(world);
+        ddp_use_views(&ddp);
+    }
 
     float *ref = lab_xmalloc(n * sizeof(float));
     for (int step = 0; step < 2; step++) {

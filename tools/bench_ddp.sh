@@ -10,9 +10,14 @@
 #                Also the ceiling: two independent 1-rank runs at once (what the machine gives
 #                two processes now; on a shared machine it can be far below 2x) and the share
 #                of that ceiling DDP reaches.
-#   2. overlap   step time with --no-overlap / with overlap (> 1: overlap helps), and the
+#   2. overlap   step time with --no-overlap / with overlap (> 1: the default is faster), and the
 #                overlap % each run reports, on the tiny config and on a wide model with little
 #                compute per parameter, where communication is a visible share of the step.
+#                Overlap is 03_ddp's default (communication thread, buckets all-reduced in
+#                place). On the wide model also: the same buckets all started after backward
+#                (--launch-after-backward: the ratio to it is what overlap itself buys), the
+#                older way (--progress poll --pack-buckets), and what the communication
+#                thread's all-reduces cost: wall time and CPU time.
 #   3. master    02_data_parallel vs 03_ddp tokens/s on --np ranks (default 4): the single
 #                master's price.
 # Env: BUILD (build dir for make, default build), MPIRUN_EXTRA (more mpirun flags).
@@ -25,7 +30,7 @@ while [ $# -gt 0 ]; do
     case $1 in
         --steps) steps=$2; shift 2 ;;
         --np) np=$2; shift 2 ;;
-        -h|--help) sed -n '3,18p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; exit 0 ;;
+        -h|--help) sed -n '3,23p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; exit 0 ;;
         *) echo "bench_ddp: unknown option $1 (see --help)" >&2; exit 2 ;;
     esac
 done
@@ -38,12 +43,16 @@ lab_openblas_core ./03_ddp/run
 MPIRUN=(mpirun --oversubscribe --bind-to none --mca btl self,vader --mca mpi_yield_when_idle 1
         ${MPIRUN_EXTRA:-})
 
-# run NP PROG FLAGS...: prints "tokens/s step_ms overlap%" of one run (overlap "-" if absent)
+# run NP PROG FLAGS...: prints "tokens/s step_ms overlap%" of one run (overlap "-" if absent);
+# the communication thread's line of rank 0, if any, goes to $ctfile
+ctfile="${TMPDIR:-/tmp}/bench_ddp_ct.$$"
 run() {
     local np=$1 prog=$2 out; shift 2
+    : >"$ctfile"
     out=$("${MPIRUN[@]}" -np "$np" "$prog" --log-every 0 "$@" 2>&1) || {
         echo "bench_ddp: mpirun -np $np $prog $* failed:" >&2; printf '%s\n' "$out" | tail -5 >&2
         echo "0 0 -"; return; }
+    printf '%s\n' "$out" | grep '^  rank 0 communication thread' >"$ctfile"
     printf '%s\n' "$out" | awk '
         /tokens\/s \(all ranks\)/ { for (i = 1; i <= NF; i++) { if ($(i+1) == "tokens/s") tok = $i;
                                                               if ($(i+1) == "ms") ms = $i } }
@@ -72,23 +81,37 @@ printf '   machine ceiling now (2 independent runs / 1 run): %sx; DDP reaches %s
     "$(ratio "$ceiling" "$tok1")" "$(awk -v a="$tok2" -v b="$ceiling" 'BEGIN { if (b > 0) printf "%.0f%%", 100 * a / b; else printf "n/a" }')"
 
 echo
-echo "2. Overlap vs --no-overlap (2 ranks; best of 2 alternations each; ratio = no-overlap / overlap)"
-# Two alternations of (overlap, no-overlap); each keeps its faster run (interference from
-# other processes only adds time).
+echo "2. Overlap vs --no-overlap (2 ranks; best of 2 alternations each; ratio = baseline / overlap)"
+# Two alternations of (overlap, baseline); each keeps its faster run (interference from
+# other processes only adds time). OVERLAP_FLAGS: how the overlapped run overlaps; BASE_FLAGS:
+# the baseline (default --no-overlap).
 overlap_pair() {
     local label=$1 ms ov msA=0 ovA=- msB=0 ovB=-; shift
     for _ in 1 2; do
-        read -r _ ms ov < <(run 2 ./03_ddp/run "$@")
-        if awk -v a="$ms" -v b="$msA" 'BEGIN { exit !(b == 0 || (a > 0 && a < b)) }'; then msA=$ms; ovA=$ov; fi
-        read -r _ ms ov < <(run 2 ./03_ddp/run --no-overlap "$@")
+        # shellcheck disable=SC2086  # OVERLAP_FLAGS splits into words
+        read -r _ ms ov < <(run 2 ./03_ddp/run ${OVERLAP_FLAGS:-} "$@")
+        if awk -v a="$ms" -v b="$msA" 'BEGIN { exit !(b == 0 || (a > 0 && a < b)) }'; then
+            msA=$ms; ovA=$ov; cp "$ctfile" "$ctfile.best"; fi
+        # shellcheck disable=SC2086  # BASE_FLAGS splits into words
+        read -r _ ms ov < <(run 2 ./03_ddp/run ${BASE_FLAGS:---no-overlap} "$@")
         if awk -v a="$ms" -v b="$msB" 'BEGIN { exit !(b == 0 || (a > 0 && a < b)) }'; then msB=$ms; ovB=$ov; fi
     done
-    printf '   %-24s overlap %8s ms/step (%4s%% hidden)   no-overlap %8s ms/step (%4s%%)   ratio %sx\n' \
-        "$label" "$msA" "$ovA" "$msB" "$ovB" "$(ratio "$msB" "$msA")"
+    printf '   %-26s overlap %7s ms/step (%4s%% hidden)   %-10s %7s ms/step (%4s%%)   ratio %sx\n' \
+        "$label" "$msA" "$ovA" "${BASE_NAME:-no-overlap}" "$msB" "$ovB" "$(ratio "$msB" "$msA")"
 }
+wide=(--steps $(( steps / 2 > 4 ? steps / 2 : 4 )) --layers 4 --channels 512 --heads 8 --seq 16
+      --batch 4 --bucket-mb 8)
 overlap_pair "tiny (3.2 MiB grads)" --steps "$steps" --batch 32 --bucket-mb 0.5
-overlap_pair "wide (48.6 MiB grads)" --steps $(( steps / 2 > 4 ? steps / 2 : 4 )) \
-    --layers 4 --channels 512 --heads 8 --seq 16 --batch 4 --bucket-mb 8
+overlap_pair "wide (48.6 MiB grads)" "${wide[@]}"
+ct=$(cat "$ctfile.best" 2>/dev/null)
+BASE_FLAGS="--launch-after-backward" BASE_NAME="late start" \
+    overlap_pair "wide, vs buckets late" "${wide[@]}"
+OVERLAP_FLAGS="--progress poll --pack-buckets" overlap_pair "wide, poll + pack" "${wide[@]}"
+rm -f "$ctfile" "$ctfile.best"
+if [ -n "$ct" ]; then
+    echo "   wide, the overlapped run's communication thread (rank 0; per step, during training and alone):"
+    printf '%s\n' "$ct" | sed 's/^  rank 0 communication thread: /     /'
+fi
 
 echo
 echo "3. Single master vs peers ($np ranks, tiny config, 8 sequences per rank)"
