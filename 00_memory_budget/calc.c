@@ -590,18 +590,28 @@ CalcBreakdown calc_memory(const CalcModel *m, const CalcSetup *s) {
     return best;
 }
 
-double calc_activation_bytes_lab(const GPT2Config *cfg, int B, int T) {
+double calc_activation_bytes_lab(const GPT2Config *cfg, int B, int T, GPT2Dtype dtype) {
     double L = cfg->L, C = cfg->C, NH = cfg->NH, V = cfg->V;
     double BT = (double)B * T;
-    // The ActTensors of gpt2.h, in floats:
-    double floats = BT * C * (18 * L + 2)      // encoded, lnf (1 each); per layer ln1, atty,
-                                               // attproj, residual2, ln2, fcproj, residual3 (1),
-                                               // qkv (3), fch, fch_gelu (4 each) = 18
-                  + BT * (4 * L + 3)           // ln1/ln2 mean and rstd per layer; lnf mean,
-                                               // rstd; losses
-                  + 2 * L * B * NH * (double)T * T   // preatt and att
-                  + 2 * BT * V;                // logits and probs
-    return 2 * 4 * floats;                     // acts + their gradients, 4 bytes each
+    // The ActTensors of gpt2.h, in elements (gpt2_act_sizes). One block's:
+    double layer = BT * C * 18                 // ln1, atty, attproj, residual2, ln2, fcproj,
+                                               // residual3 (1), qkv (3), fch, fch_gelu (4) = 18
+                   + BT * 4                    // ln1 and ln2 mean and rstd
+                   + 2 * B * NH * (double)T * T;  // preatt and att
+    // The embedding's and the head's: encoded, lnf (1 each); lnf mean, rstd, losses; logits, probs.
+    double outer = BT * C * 2 + BT * 3 + 2 * BT * V;
+    // Their gradients (gpt2_dact_sizes): one layer of scratch, shared by all blocks, plus the
+    // gradient of every block's output.
+    double dacts = BT * C * (L + 17)           // residual3 (L layers); encoded, lnf (1 each);
+                                               // one layer of ln1, atty, residual2, ln2 (1),
+                                               // qkv (3), fch, fch_gelu (4 each) = 15
+                   + 2 * B * NH * (double)T * T  // one layer of preatt and att
+                   + BT * V;                   // logits
+    if (dtype == GPT2_BF16)
+        // the L stored layers in bf16; in fp32 one layer (where a block computes), the
+        // embedding's and head's, the widened input of a block (B,T,C), and the gradients
+        return 2 * L * layer + 4 * (layer + outer + BT * C + dacts);
+    return 4 * (L * layer + outer + dacts);    // fp32: 4 bytes each
 }
 
 int calc_fits(const CalcBreakdown *b, double mem_bytes) { return b->total <= mem_bytes; }

@@ -157,10 +157,15 @@ int calc_stage_layers(int L, int pp, int stage);
 // 5as/(ht)); with TP + SP everything / t. Selective recomputation drops the a*s^2 term, full
 // recomputation keeps only the layer input, w*s*b*h (/t with SP).
 double calc_layer_activation_bytes(const CalcModel *m, const CalcSetup *s);
-// The exact bytes the lab's runtime allocates for activations AND their gradients (gpt2.h
-// ActTensors, fp32, acts + dacts of equal size): 2 * 4 * (B*T*C*(18L + 2) + B*T*(4L + 3)
-// + 2*L*B*NH*T*T + 2*B*T*V).
-double calc_activation_bytes_lab(const GPT2Config *cfg, int B, int T);
+// The exact bytes the lab's runtime allocates for activations AND their gradients (gpt2.h:
+// ActTensors for every layer, gradients for one layer plus every block's output). With
+// per layer  A = B*T*C*18 + B*T*4 + 2*B*NH*T*T  (ln1 .. residual3 of one block),
+// outside     O = B*T*C*2 + B*T*3 + 2*B*T*V    (encoded, lnf and its mean/rstd, losses, logits, probs),
+// gradients   D = B*T*C*(L + 17) + 2*B*NH*T*T + B*T*V:
+//   GPT2_FP32: 4 * (L*A + O + D)
+//   GPT2_BF16: 2 * L*A + 4 * (A + O + B*T*C + D)   (the L layers stored in bf16; one layer, the
+//              outside tensors, a block's widened input and the gradients in fp32)
+double calc_activation_bytes_lab(const GPT2Config *cfg, int B, int T, GPT2Dtype dtype);
 
 // 1 when total fits in mem_bytes.
 int calc_fits(const CalcBreakdown *b, double mem_bytes);

@@ -42,9 +42,9 @@ static const char *USAGE =
     "                                                which DP x TP x PP layout fits?\n"
     "  ./00_memory_budget/run --train --steps 200    train the tiny GPT on one device and\n"
     "                                                compare measured memory with the formula\n"
-    "  ./00_memory_budget/run --train --dtype bf16   the same in mixed precision: bf16 params\n"
-    "                                                and grads, fp32 master and Adam m, v\n"
-    "                                                (activations stay fp32 in this lab)\n"
+    "  ./00_memory_budget/run --train --dtype bf16   the same in mixed precision: bf16 params,\n"
+    "                                                grads and saved activations, fp32 master\n"
+    "                                                and Adam m, v\n"
     "\n"
     "The training run is single-device by definition: run it without mpirun or with -np 1.\n";
 
@@ -94,7 +94,7 @@ static void print_measured_vs_predicted(const GPT2Config *cfg, int B, int T, int
     cs.micro_batch = B;
     cs.seq_len = T;
     CalcBreakdown pred = calc_memory(&cm, &cs);
-    double acts_lab = calc_activation_bytes_lab(cfg, B, T);
+    double acts_lab = calc_activation_bytes_lab(cfg, B, T, bf16 ? GPT2_BF16 : GPT2_FP32);
     struct { const char *name; MemCategory cat; double predicted; } rows[] = {
         {"params", MEM_PARAMS, pred.params},  {"grads", MEM_GRADS, pred.grads},
         {"master", MEM_MASTER, pred.master},  {"adam m", MEM_OPT_M, pred.m},
@@ -110,7 +110,7 @@ static void print_measured_vs_predicted(const GPT2Config *cfg, int B, int T, int
         if (rows[i].cat != MEM_ACTS && !exact) exact_ok = 0;
         printf("  %-12s %14s %14s %10s\n", rows[i].name, mem_format(a, sizeof a, meas),
                mem_format(b, sizeof b, rows[i].predicted),
-               exact ? "exact" : (rows[i].cat == MEM_ACTS ? "see below" : "MISMATCH"));
+               exact ? "exact" : "MISMATCH");
     }
     printf("  model state (params+grads+master+m+v) = %.0f bytes = %.1f bytes/param (%s)\n",
            pred.params + pred.grads + pred.master + pred.m + pred.v,
@@ -118,13 +118,13 @@ static void print_measured_vs_predicted(const GPT2Config *cfg, int B, int T, int
                (double)gpt2_param_count(cfg),
            exact_ok ? "matches the runtime exactly" : "DOES NOT match the runtime");
     printf("  activations: the lab keeps every tensor llm.c keeps (incl. the (B,NH,T,T) attention\n"
-           "  matrices, logits and probs) and their gradients = %s; the Korthikanti et al. formula\n"
-           "  for the same shapes (%s) gives %s. See README: the real run.\n",
+           "  matrices, logits and probs) and the gradients of one block's = %s; the Korthikanti\n"
+           "  et al. formula for the same shapes (%s) gives %s. See README: the real run.\n",
            mem_format(a, sizeof a, acts_lab), bf16 ? "bf16, 2 bytes" : "fp32, 2 bytes -> 4",
            mem_format(b, sizeof b, pred.acts));
     if (bf16)
-        printf("  (in --dtype bf16 this lab still keeps its activations in fp32: only the model\n"
-               "  state is mixed precision; a GPU run would halve the activations too)\n");
+        printf("  (--dtype bf16: the blocks' saved activations are stored in bf16; one layer of\n"
+               "  them, the embedding's and head's activations and all gradients stay fp32)\n");
 }
 
 static void train(const LabArgs *args) {

@@ -111,6 +111,9 @@ int gpt2_params(const GPT2Config *cfg, GPT2Param *out) {
     return count;
 }
 
+// Indices of the first and last per-layer tensor in ActTensors order (encoded is 0).
+enum { ACT_LN1 = 1, ACT_RESIDUAL3 = 16 };
+
 void gpt2_act_sizes(const GPT2Config *cfg, int B, int T, size_t sizes[GPT2_NUM_ACTS]) {
     size_t L = (size_t)cfg->L, C = (size_t)cfg->C, NH = (size_t)cfg->NH, V = (size_t)cfg->V;
     size_t BT = (size_t)B * (size_t)T;
@@ -141,7 +144,38 @@ void gpt2_act_sizes(const GPT2Config *cfg, int B, int T, size_t sizes[GPT2_NUM_A
     LAB_CHECK(i == GPT2_NUM_ACTS, "gpt2_act_sizes: %zu sizes for %d tensors", i, GPT2_NUM_ACTS);
 }
 
-// Point the named views into a flat buffer, in struct order (the same order as the sizes).
+void gpt2_dact_sizes(const GPT2Config *cfg, int B, int T, size_t sizes[GPT2_NUM_ACTS]) {
+    size_t L = (size_t)cfg->L, C = (size_t)cfg->C, NH = (size_t)cfg->NH, V = (size_t)cfg->V;
+    size_t BT = (size_t)B * (size_t)T;
+    size_t i = 0;
+    sizes[i++] = BT * C;                          // encoded: the gradient of block 0's input
+    sizes[i++] = BT * C;                          // ln1        \.
+    sizes[i++] = 0;                               // ln1_mean    |
+    sizes[i++] = 0;                               // ln1_rstd    |
+    sizes[i++] = BT * 3 * C;                      // qkv         |
+    sizes[i++] = BT * C;                          // atty        |
+    sizes[i++] = (size_t)B * NH * T * T;          // preatt      |
+    sizes[i++] = (size_t)B * NH * T * T;          // att         |  one layer of scratch,
+    sizes[i++] = 0;                               // attproj     |  shared by all L blocks
+    sizes[i++] = BT * C;                          // residual2   |
+    sizes[i++] = BT * C;                          // ln2         |
+    sizes[i++] = 0;                               // ln2_mean    |
+    sizes[i++] = 0;                               // ln2_rstd    |
+    sizes[i++] = BT * 4 * C;                      // fch         |
+    sizes[i++] = BT * 4 * C;                      // fch_gelu    |
+    sizes[i++] = 0;                               // fcproj     /
+    sizes[i++] = L * BT * C;                      // residual3: every block's output, L layers
+    sizes[i++] = BT * C;                          // lnf
+    sizes[i++] = 0;                               // lnf_mean
+    sizes[i++] = 0;                               // lnf_rstd
+    sizes[i++] = BT * V;                          // logits
+    sizes[i++] = 0;                               // probs
+    sizes[i++] = 0;                               // losses
+    LAB_CHECK(i == GPT2_NUM_ACTS, "gpt2_dact_sizes: %zu sizes for %d tensors", i, GPT2_NUM_ACTS);
+}
+
+// Point the named views into a flat buffer, in struct order (the same order as the sizes);
+// a tensor of size 0 gets NULL.
 static void point_params(ParamTensors *p, float *base, const size_t sizes[GPT2_NUM_TENSORS]) {
     float **views[GPT2_NUM_TENSORS] = {
         &p->wte, &p->wpe, &p->ln1w, &p->ln1b, &p->qkvw, &p->qkvb, &p->attprojw, &p->attprojb,
@@ -161,7 +195,7 @@ static void point_acts(ActTensors *a, float *base, const size_t sizes[GPT2_NUM_A
         &a->logits, &a->probs, &a->losses,
     };
     for (int i = 0; i < GPT2_NUM_ACTS; i++) {
-        *views[i] = base;
+        *views[i] = sizes[i] ? base : NULL;
         base += sizes[i];
     }
 }
@@ -282,17 +316,24 @@ void gpt2_alloc_grads(GPT2 *m) {
 
 static void free_acts(GPT2 *m) {
     mem_free(m->acts);
+    mem_free(m->acts_bf16);
+    mem_free(m->block_in);
     mem_free(m->dacts);
     mem_free(m->inputs);
     mem_free(m->targets);
     mem_free(m->host_losses);
-    m->acts = m->dacts = m->host_losses = NULL;
+    m->acts = m->dacts = m->host_losses = m->block_in = NULL;
+    m->acts_bf16 = NULL;
     m->inputs = m->targets = NULL;
     memset(&m->a, 0, sizeof m->a);
     memset(&m->da, 0, sizeof m->da);
 }
 
-// The activation gradients (dacts) mirror the activations: da.X is the gradient of a.X.
+// The activations: fp32, all of them in acts. bf16: the per-layer ones (ln1 .. residual3 of
+// every block) stored rounded in acts_bf16, and acts in fp32 with ONE layer of them (where a
+// block computes, and where its backward widens its stored layer) plus the embedding's and the
+// head's. The activation gradients (dacts): da.X is the gradient of a.X, laid out by
+// gpt2_dact_sizes, fp32 in both precisions.
 void gpt2_alloc_acts(GPT2 *m, int B, int T) {
     if (B < 1) lab_fail("batch size B = %d: it must be at least 1", B);
     if (T < 1 || T > m->cfg.T)
@@ -301,14 +342,28 @@ void gpt2_alloc_acts(GPT2 *m, int B, int T) {
     if (m->acts) free_acts(m);
     m->B = B;
     m->T = T;
-    gpt2_act_sizes(&m->cfg, B, T, m->act_sizes);
-    m->num_acts = 0;
-    for (int i = 0; i < GPT2_NUM_ACTS; i++) m->num_acts += m->act_sizes[i];
+    GPT2Config one_layer = m->cfg;
+    one_layer.L = 1;
+    gpt2_act_sizes(m->dtype == GPT2_BF16 ? &one_layer : &m->cfg, B, T, m->act_sizes);
+    gpt2_dact_sizes(&m->cfg, B, T, m->dact_sizes);
+    m->num_acts = m->num_dacts = 0;
+    for (int i = 0; i < GPT2_NUM_ACTS; i++) {
+        m->num_acts += m->act_sizes[i];
+        m->num_dacts += m->dact_sizes[i];
+    }
     m->acts = mem_alloc(m->num_acts * sizeof(float), MEM_ACTS, m->dev);
-    m->dacts = mem_alloc(m->num_acts * sizeof(float), MEM_ACTS, m->dev);
+    m->dacts = mem_alloc(m->num_dacts * sizeof(float), MEM_ACTS, m->dev);
     point_acts(&m->a, m->acts, m->act_sizes);
-    point_acts(&m->da, m->dacts, m->act_sizes);
+    point_acts(&m->da, m->dacts, m->dact_sizes);
     size_t BT = (size_t)B * T;
+    if (m->dtype == GPT2_BF16) {
+        // one layer's activations: the 16 tensors from ln1 to residual3, contiguous in acts
+        m->layer_act_size = 0;
+        for (int i = ACT_LN1; i <= ACT_RESIDUAL3; i++) m->layer_act_size += m->act_sizes[i];
+        m->acts_bf16 = mem_alloc((size_t)m->cfg.L * m->layer_act_size * sizeof(uint16_t),
+                                 MEM_ACTS, m->dev);
+        m->block_in = mem_alloc(BT * (size_t)m->cfg.C * sizeof(float), MEM_ACTS, m->dev);
+    }
     m->inputs = mem_alloc(BT * sizeof(int), MEM_OTHER, m->dev);
     m->targets = mem_alloc(BT * sizeof(int), MEM_OTHER, m->dev);
     m->host_losses = mem_alloc(BT * sizeof(float), MEM_OTHER, DEV_CPU);
@@ -385,9 +440,37 @@ static LayerActs layer_acts(const ActTensors *a, int B, int T, int C, int NH, in
     return x;
 }
 
+// The gradient scratch of one block (gpt2_dact_sizes): the same buffers for every layer, except
+// residual3, the gradient of block l's own output. attproj, fcproj are never materialized.
+static LayerActs layer_dacts(const ActTensors *da, size_t BTC, int l) {
+    LayerActs x = {
+        da->ln1, NULL, NULL, da->qkv, da->atty, da->preatt, da->att, NULL, da->residual2,
+        da->ln2, NULL, NULL, da->fch, da->fch_gelu, NULL, da->residual3 + (size_t)l * BTC,
+    };
+    return x;
+}
+
 // The residual stream entering block l: the embedding for block 0, else block l-1's output.
+// (Used for the gradients, and for the activations in fp32; see piece_input.)
 static float *block_input(const ActTensors *a, size_t BTC, int l) {
     return l == 0 ? a->encoded : a->residual3 + (size_t)(l - 1) * BTC;
+}
+
+// The input of block l (l = L: of the head), in fp32. bf16: block l-1's output as stored,
+// rounded to bf16, widened into block_in, so that the next piece reads exactly the stored
+// values, in its forward and again in its backward (on a GPU the activations are bf16 tensors).
+static const float *piece_input(GPT2 *m, int l) {
+    size_t BTC = (size_t)m->B * m->T * m->cfg.C;
+    if (m->dtype == GPT2_FP32 || l == 0) return block_input(&m->a, BTC, l);
+    // residual3 is the last tensor of a stored layer
+    const uint16_t *out = m->acts_bf16 + (size_t)l * m->layer_act_size - BTC;
+    m->k->bf16_to_f32(m->block_in, out, BTC);
+    return m->block_in;
+}
+
+// Layer l's activations: in place (fp32), or the one-layer fp32 scratch (bf16).
+static LayerActs block_acts(const GPT2 *m, int l) {
+    return layer_acts(&m->a, m->B, m->T, m->cfg.C, m->cfg.NH, m->dtype == GPT2_BF16 ? 0 : l);
 }
 
 // ----------------------------------------------------------------------------------------------
@@ -492,22 +575,48 @@ void gpt2_embed_forward(GPT2 *m) {
     m->k->encoder_forward(m->a.encoded, m->inputs, w[0], w[1], m->B, m->T, m->cfg.C);
 }
 
-void gpt2_block_forward(GPT2 *m, int l) {
-    const Kernels *k = m->k;
-    int B = m->B, T = m->T, C = m->cfg.C, NH = m->cfg.NH;
-    int BT = B * T;
-    LAB_CHECK(l >= 0 && l < m->cfg.L, "gpt2_block_forward: block %d of %d", l, m->cfg.L);
-    Piece pc = piece_block(m, l);
-    float *wv[PIECE_MAX];
-    piece_weights(m, &pc, wv);
-    LayerParams w = layer_params(wv);
-    LayerActs a = layer_acts(&m->a, B, T, C, NH, l);
-    float *residual = block_input(&m->a, (size_t)BT * C, l);  // (B,T,C)
+// A block works on its rows in chunks of a few whole sequences (attention mixes only the rows of
+// one sequence; everything else works row by row). On a CPU a chunk's intermediates (its rows
+// of ln1, qkv, fch, ...) then stay in the core's L2 cache from the op that writes them to the
+// op that reads them, instead of going out to memory and back (the whole batch's are several
+// MiB per op; a GEMM of these shapes runs ~30% slower on operands that are not in cache). A GPU wants the opposite,
+// kernels as large as possible: one chunk of B sequences.
+#define CPU_CHUNK_ROWS 256  // rows per chunk on a CPU: fch is 256 x 4C floats = 512 KiB at C=128
 
+static int chunk_seqs(const GPT2 *m) {
+    if (m->dev != DEV_CPU) return m->B;
+    int seqs = CPU_CHUNK_ROWS / m->T;
+    return seqs < 1 ? 1 : seqs > m->B ? m->B : seqs;
+}
+
+// A block's views moved to the chunk that starts at row r (= sequence r/T); NULL stays NULL.
+static float *rows_from(float *p, size_t r, size_t width) { return p ? p + r * width : NULL; }
+static LayerActs layer_rows(LayerActs x, size_t r, int C, int NH, int T) {
+    size_t c = (size_t)C, att = (size_t)NH * T;  // a sequence's T rows own NH·T·T scores
+    LayerActs y = {
+        rows_from(x.ln1, r, c), rows_from(x.ln1_mean, r, 1), rows_from(x.ln1_rstd, r, 1),
+        rows_from(x.qkv, r, 3 * c),
+        rows_from(x.atty, r, c),
+        rows_from(x.preatt, r, att), rows_from(x.att, r, att),
+        rows_from(x.attproj, r, c), rows_from(x.residual2, r, c),
+        rows_from(x.ln2, r, c), rows_from(x.ln2_mean, r, 1), rows_from(x.ln2_rstd, r, 1),
+        rows_from(x.fch, r, 4 * c), rows_from(x.fch_gelu, r, 4 * c),
+        rows_from(x.fcproj, r, c), rows_from(x.residual3, r, c),
+    };
+    return y;
+}
+
+// Forward of one block on Bc sequences (BT = Bc·T rows): residual is their input rows, a their
+// rows of the block's activations.
+static void block_forward_rows(const Kernels *k, const LayerParams *wp, const LayerActs *ap,
+                               const float *residual, int Bc, int T, int C, int NH) {
+    const LayerParams w = *wp;
+    const LayerActs a = *ap;
+    int BT = Bc * T;
     // x = x + attn(ln1(x))
     k->layernorm_forward(a.ln1, a.ln1_mean, a.ln1_rstd, residual, w.ln1w, w.ln1b, BT, C);
     k->matmul_forward(a.qkv, a.ln1, w.qkvw, w.qkvb, BT, C, 3 * C);
-    k->attention_forward(a.atty, a.preatt, a.att, a.qkv, B, T, C, NH);
+    k->attention_forward(a.atty, a.preatt, a.att, a.qkv, Bc, T, C, NH);
     k->matmul_forward(a.attproj, a.atty, w.attprojw, w.attprojb, BT, C, C);
     k->residual_forward(a.residual2, residual, a.attproj, (size_t)BT * C);
     // x = x + mlp(ln2(x))
@@ -518,10 +627,31 @@ void gpt2_block_forward(GPT2 *m, int l) {
     k->residual_forward(a.residual3, a.residual2, a.fcproj, (size_t)BT * C);
 }
 
+void gpt2_block_forward(GPT2 *m, int l) {
+    int B = m->B, T = m->T, C = m->cfg.C, NH = m->cfg.NH;
+    LAB_CHECK(l >= 0 && l < m->cfg.L, "gpt2_block_forward: block %d of %d", l, m->cfg.L);
+    Piece pc = piece_block(m, l);
+    float *wv[PIECE_MAX];
+    piece_weights(m, &pc, wv);
+    LayerParams w = layer_params(wv);
+    LayerActs a = block_acts(m, l);
+    const float *residual = piece_input(m, l);  // (B,T,C)
+    int step = chunk_seqs(m);
+    for (int b0 = 0; b0 < B; b0 += step) {
+        int Bc = B - b0 < step ? B - b0 : step;
+        size_t r = (size_t)b0 * T;  // first row of the chunk
+        LayerActs ac = layer_rows(a, r, C, NH, T);
+        block_forward_rows(m->k, &w, &ac, residual + r * C, Bc, T, C, NH);
+    }
+    // bf16: store the layer rounded to nearest even (backward widens it again)
+    if (m->dtype == GPT2_BF16)
+        m->k->f32_to_bf16(m->acts_bf16 + (size_t)l * m->layer_act_size, a.ln1, m->layer_act_size);
+}
+
 float gpt2_head_forward(GPT2 *m) {
     const Kernels *k = m->k;
     int BT = m->B * m->T, C = m->cfg.C, V = m->cfg.V;
-    float *residual = block_input(&m->a, (size_t)BT * C, m->cfg.L);  // last block's output
+    const float *residual = piece_input(m, m->cfg.L);  // last block's output
     Piece pc = piece_head(m);
     float *w[PIECE_MAX];  // wte, lnfw, lnfb
     piece_weights(m, &pc, w);
@@ -545,10 +675,11 @@ float gpt2_forward(GPT2 *m, const int *inputs, const int *targets) {
 }
 
 // ----------------------------------------------------------------------------------------------
-// Backward. Parameter gradients accumulate (+=). Activation gradients need no zeroing by the
-// caller: each piece clears (or overwrites) the ones it accumulates into, and the gradient of
-// its output (da.residual3 of its last block) is read, never cleared, so a pipeline stage can
-// write the gradient it receives there before calling gpt2_block_backward.
+// Backward. Parameter gradients accumulate (+=). Activation gradients need no zeroing: every
+// kernel overwrites the input gradients it computes (kernels.h). A block reads the gradient of
+// its output (da.residual3 of that block) and never writes it, so a pipeline stage can write
+// the gradient it receives there before calling gpt2_block_backward; it writes the gradient of
+// its input (da.residual3 of block l-1, or da.encoded).
 
 void gpt2_zero_grad(GPT2 *m) {
     LAB_CHECK(has_grads(m), "gpt2_zero_grad before gpt2_alloc_grads");
@@ -561,29 +692,51 @@ void gpt2_head_backward(GPT2 *m, float dloss) {
     int BT = m->B * m->T, C = m->cfg.C, V = m->cfg.V, L = m->cfg.L;
     LAB_CHECK(has_grads(m), "gpt2_head_backward before gpt2_alloc_grads");
     LAB_CHECK(m->has_targets, "gpt2_head_backward: the batch has no targets (no loss to differentiate)");
-    float *residual = block_input(&m->a, (size_t)BT * C, L);
+    const float *residual = piece_input(m, L);
     float *dresidual = block_input(&m->da, (size_t)BT * C, L);
-    mem_zero(m->da.logits, (size_t)BT * V * sizeof(float));
-    mem_zero(m->da.lnf, (size_t)BT * C * sizeof(float));
-    mem_zero(dresidual, (size_t)BT * C * sizeof(float));
     Piece pc = piece_head(m);
     float *w[PIECE_MAX], *dw[PIECE_MAX];  // wte, lnfw, lnfb
     piece_weights(m, &pc, w);
     piece_grads(m, &pc, dw);
     k->crossentropy_softmax_backward(m->da.logits, m->a.probs, m->targets, dloss, BT, V);
     k->matmul_backward(m->da.lnf, dw[0], NULL, m->da.logits, m->a.lnf, w[0], BT, C, V);
-    k->layernorm_backward(dresidual, dw[1], dw[2], m->da.lnf, residual, w[1],
+    k->layernorm_backward(dresidual, dw[1], dw[2], m->da.lnf, NULL, residual, w[1],
                           m->a.lnf_mean, m->a.lnf_rstd, BT, C);
     piece_grads_done(m, &pc);
+}
+
+// Backward of one block on Bc sequences, the chunk's rows of everything (see
+// block_forward_rows). Reads d.residual3 (the gradient of the block's output); writes dresidual
+// (that of its input); adds into the weight gradients dw.
+static void block_backward_rows(const Kernels *k, const LayerParams *wp, const LayerParams *dwp,
+                                const LayerActs *ap, const LayerActs *dp, const float *residual,
+                                float *dresidual, int Bc, int T, int C, int NH) {
+    const LayerParams w = *wp, dw = *dwp;
+    const LayerActs a = *ap, d = *dp;
+    int BT = Bc * T;
+    size_t BTC = (size_t)BT * C;
+    // MLP: residual3 = residual2 + fcproj(gelu(fc(ln2(residual2)))). A sum passes its gradient
+    // unchanged to both terms, so the fcproj backward reads d.residual3 directly (d.fcproj is
+    // not materialized), and d.residual2 = d.residual3 (the skip path) + ln2's backward.
+    k->matmul_backward(d.fch_gelu, dw.fcprojw, dw.fcprojb, d.residual3, a.fch_gelu, w.fcprojw, BT, 4 * C, C);
+    k->gelu_backward(d.fch, a.fch, d.fch_gelu, BTC * 4);
+    k->matmul_backward(d.ln2, dw.fcw, dw.fcb, d.fch, a.ln2, w.fcw, BT, C, 4 * C);
+    k->layernorm_backward(d.residual2, dw.ln2w, dw.ln2b, d.ln2, d.residual3, a.residual2, w.ln2w,
+                          a.ln2_mean, a.ln2_rstd, BT, C);
+
+    // Attention: residual2 = residual + attproj(attention(qkv(ln1(residual)))); same trick.
+    k->matmul_backward(d.atty, dw.attprojw, dw.attprojb, d.residual2, a.atty, w.attprojw, BT, C, C);
+    k->attention_backward(d.qkv, d.preatt, d.att, d.atty, a.qkv, a.att, Bc, T, C, NH);
+    k->matmul_backward(d.ln1, dw.qkvw, dw.qkvb, d.qkv, a.ln1, w.qkvw, BT, C, 3 * C);
+    k->layernorm_backward(dresidual, dw.ln1w, dw.ln1b, d.ln1, d.residual2, residual, w.ln1w,
+                          a.ln1_mean, a.ln1_rstd, BT, C);
 }
 
 // Reads da.residual3 of block l (the gradient of its output); writes the gradient of its
 // input (da.residual3 of block l-1, or da.encoded for block 0).
 void gpt2_block_backward(GPT2 *m, int l) {
-    const Kernels *k = m->k;
     int B = m->B, T = m->T, C = m->cfg.C, NH = m->cfg.NH;
-    int BT = B * T;
-    size_t BTC = (size_t)BT * C;
+    size_t BTC = (size_t)B * T * C;
     LAB_CHECK(l >= 0 && l < m->cfg.L, "gpt2_block_backward: block %d of %d", l, m->cfg.L);
     LAB_CHECK(has_grads(m), "gpt2_block_backward before gpt2_alloc_grads");
     Piece pc = piece_block(m, l);
@@ -592,36 +745,21 @@ void gpt2_block_backward(GPT2 *m, int l) {
     piece_grads(m, &pc, dwv);
     LayerParams w = layer_params(wv);
     LayerParams dw = layer_params(dwv);
-    LayerActs a = layer_acts(&m->a, B, T, C, NH, l);
-    LayerActs d = layer_acts(&m->da, B, T, C, NH, l);
-    float *residual = block_input(&m->a, BTC, l);
+    LayerActs a = block_acts(m, l);
+    LayerActs d = layer_dacts(&m->da, BTC, l);
+    // bf16: widen the stored layer into the fp32 scratch
+    if (m->dtype == GPT2_BF16)
+        m->k->bf16_to_f32(a.ln1, m->acts_bf16 + (size_t)l * m->layer_act_size, m->layer_act_size);
+    const float *residual = piece_input(m, l);
     float *dresidual = block_input(&m->da, BTC, l);
-
-    // The gradients this block accumulates into start from zero.
-    mem_zero(d.fch_gelu, BTC * 4 * sizeof(float));
-    mem_zero(d.fch, BTC * 4 * sizeof(float));
-    mem_zero(d.ln2, BTC * sizeof(float));
-    mem_zero(d.atty, BTC * sizeof(float));
-    mem_zero(d.qkv, BTC * 3 * sizeof(float));
-    mem_zero(d.ln1, BTC * sizeof(float));
-
-    // MLP: residual3 = residual2 + fcproj(gelu(fc(ln2(residual2)))). A sum passes its gradient
-    // unchanged to both terms, so the fcproj backward reads d.residual3 directly (d.fcproj is
-    // not materialized) and d.residual2 starts as a copy of it.
-    k->matmul_backward(d.fch_gelu, dw.fcprojw, dw.fcprojb, d.residual3, a.fch_gelu, w.fcprojw, BT, 4 * C, C);
-    k->gelu_backward(d.fch, a.fch, d.fch_gelu, BTC * 4);
-    k->matmul_backward(d.ln2, dw.fcw, dw.fcb, d.fch, a.ln2, w.fcw, BT, C, 4 * C);
-    mem_copy(d.residual2, d.residual3, BTC * sizeof(float));
-    k->layernorm_backward(d.residual2, dw.ln2w, dw.ln2b, d.ln2, a.residual2, w.ln2w, a.ln2_mean,
-                          a.ln2_rstd, BT, C);
-
-    // Attention: residual2 = residual + attproj(attention(qkv(ln1(residual)))); same trick.
-    k->matmul_backward(d.atty, dw.attprojw, dw.attprojb, d.residual2, a.atty, w.attprojw, BT, C, C);
-    k->attention_backward(d.qkv, d.preatt, d.att, d.atty, a.qkv, a.att, B, T, C, NH);
-    k->matmul_backward(d.ln1, dw.qkvw, dw.qkvb, d.qkv, a.ln1, w.qkvw, BT, C, 3 * C);
-    mem_copy(dresidual, d.residual2, BTC * sizeof(float));
-    k->layernorm_backward(dresidual, dw.ln1w, dw.ln1b, d.ln1, residual, w.ln1w, a.ln1_mean,
-                          a.ln1_rstd, BT, C);
+    int step = chunk_seqs(m);
+    for (int b0 = 0; b0 < B; b0 += step) {
+        int Bc = B - b0 < step ? B - b0 : step;
+        size_t r = (size_t)b0 * T;
+        LayerActs ac = layer_rows(a, r, C, NH, T), dc = layer_rows(d, r, C, NH, T);
+        block_backward_rows(m->k, &w, &dw, &ac, &dc, residual + r * C, dresidual + r * C, Bc, T,
+                            C, NH);
+    }
     piece_grads_done(m, &pc);
 }
 

@@ -78,9 +78,11 @@ typedef struct GPT2Param {
     int decay;        // 1 for 2-D weight matrices (AdamW weight decay applies), else 0
 } GPT2Param;
 
-// Storage precision. GPT2_BF16 is mixed precision: the parameters and their gradients are
-// stored in bf16 (2 bytes each); every piece computes in fp32 on a small fp32 copy of its own
-// weights (see gpt2_build_dtype). The fp32 master weights and Adam's m, v belong to the caller.
+// Storage precision. GPT2_BF16 is mixed precision: the parameters, their gradients and the
+// activations the blocks save for backward are stored in bf16 (2 bytes each, rounded to
+// nearest even); every piece computes in fp32, on small fp32 copies of its own weights and
+// activations (see gpt2_build_dtype). The fp32 master weights and Adam's m, v belong to the
+// caller.
 typedef enum { GPT2_FP32 = 0, GPT2_BF16 = 1 } GPT2Dtype;
 
 typedef struct GPT2 {
@@ -94,12 +96,14 @@ typedef struct GPT2 {
     float *grads;       // flat, num_params (MEM_GRADS), NULL until gpt2_alloc_grads
     ParamTensors g;
     int B, T;           // activation shape, set by gpt2_alloc_acts
-    size_t act_sizes[GPT2_NUM_ACTS];
+    size_t act_sizes[GPT2_NUM_ACTS];  // of acts (bf16: one layer of the per-layer tensors)
     size_t num_acts;
-    float *acts;        // (MEM_ACTS)
-    ActTensors a;
-    float *dacts;       // gradients of the activations (MEM_ACTS)
-    ActTensors da;
+    float *acts;        // fp32 activations (MEM_ACTS); bf16: see acts_bf16
+    ActTensors a;       // views into acts
+    size_t dact_sizes[GPT2_NUM_ACTS];  // gpt2_dact_sizes
+    size_t num_dacts;
+    float *dacts;       // gradients of the activations (MEM_ACTS), see gpt2_dact_sizes
+    ActTensors da;      // views into dacts; NULL for the gradients never materialized
     int *inputs;        // (B, T) on dev (MEM_OTHER)
     int *targets;       // (B, T) on dev (MEM_OTHER)
     int has_targets;
@@ -111,6 +115,12 @@ typedef struct GPT2 {
     size_t work_size;      // floats in the largest piece: max(embed, one block, head)
     float *work;           // fp32 weights of the piece running now (MEM_OTHER)
     float *work_grads;     // fp32 gradients of that piece (MEM_OTHER), with the grads
+    // bf16 activations (GPT2_BF16): the per-layer activations (ln1 .. residual3) of every block
+    // are stored here, rounded; acts holds ONE layer of them in fp32 (a block computes there,
+    // and its backward widens its stored layer back there) and the embedding's and head's.
+    uint16_t *acts_bf16;   // L * layer_act_size, layer after layer (MEM_ACTS, 2 bytes each)
+    size_t layer_act_size; // elements of one layer's activations
+    float *block_in;       // (B,T,C): the widened input of the piece running now (MEM_ACTS)
 } GPT2;
 
 // Config helpers. gpt2_config_check fails the job with a message naming the bad field.
@@ -124,6 +134,15 @@ const char *gpt2_tensor_name(int tensor);      // "wte", "wpe", "ln1w", ...
 int gpt2_params(const GPT2Config *cfg, GPT2Param *out);
 // Activation element counts for (B, T).
 void gpt2_act_sizes(const GPT2Config *cfg, int B, int T, size_t sizes[GPT2_NUM_ACTS]);
+// Element counts of the activation GRADIENTS (dacts), in ActTensors order. The activations are
+// kept for every layer until backward; a block's internal gradients live only during its own
+// backward, so ONE layer of them serves all L blocks (less memory, and it stays in cache):
+// ln1, qkv, atty, preatt, att, residual2, ln2, fch, fch_gelu have one layer's size. Kept for
+// every layer: residual3, the gradient of each block's output (a block reads it and writes the
+// one below; a pipeline stage writes the gradient it receives there). Size 0 (view NULL), never
+// materialized: attproj and fcproj (a sum passes its gradient through unchanged), the LayerNorm
+// means and rstds, probs and losses (the loss backward goes to the logits directly).
+void gpt2_dact_sizes(const GPT2Config *cfg, int B, int T, size_t sizes[GPT2_NUM_ACTS]);
 
 // Lifecycle. gpt2_build allocates the parameters (zeroed) on dev; gpt2_init_params fills them.
 void gpt2_build(GPT2 *m, GPT2Config cfg, Device dev);
@@ -131,7 +150,13 @@ void gpt2_build(GPT2 *m, GPT2Config cfg, Device dev);
 // piece (embedding, block l, head) runs, its weights are widened into the fp32 buffer `work`
 // (a GPU does this in registers as it loads each tile; on a CPU it needs a buffer, the size of
 // the largest piece only). After the piece's backward its fp32 weight gradients are added into
-// grads_bf16 with one rounding. The activations stay fp32 in both precisions.
+// grads_bf16 with one rounding. Activations likewise: a block computes in an fp32 buffer of ONE
+// layer, then stores that layer rounded to bf16 (acts_bf16); the next block reads its input
+// from there (widened), so every piece reads the stored, rounded values, forward and backward;
+// a block's backward widens its stored layer into the same fp32 buffer. Inside a block the
+// forward computes in fp32 (its later ops read the unrounded values); what backward sees is
+// what was stored. The embedding's output, the head's activations (LayerNorm, logits, probs,
+// losses: the loss is computed in fp32) and all activation gradients stay fp32.
 void gpt2_build_dtype(GPT2 *m, GPT2Config cfg, Device dev, GPT2Dtype dtype);
 // Initialization: N(0, 0.02) weights, residual projections (attprojw, fcprojw) scaled by
 // 1/sqrt(2L), biases 0, LayerNorm weights 1. Element i's value is a pure function of
@@ -152,7 +177,7 @@ float gpt2_head_forward(GPT2 *m);   // final LayerNorm, logits, softmax, loss; r
 // ...or whole. Returns the mean cross-entropy over all B*T positions (or -1 without targets).
 float gpt2_forward(GPT2 *m, const int *inputs, const int *targets);
 
-// Zero the parameter gradients (each backward piece clears the activation gradients it adds into).
+// Zero the parameter gradients (the activation gradients need no zeroing: backward overwrites them).
 void gpt2_zero_grad(GPT2 *m);
 // Backward in pieces, from the head down. dloss is d(objective)/d(loss at each position):
 // 1/(B*T) for the mean loss of this batch; chapters scale it for accumulation or sharding.

@@ -5,8 +5,10 @@
 // Same signatures for both, so the model code is written once.
 //
 // Conventions (llm.c's): row-major; N = B*T rows; weights stored (out, in), so a linear layer
-// is out = inp · wᵀ + bias. Every backward ACCUMULATES (+=) into its gradient outputs
-// (dinp, dw, db), so gradient accumulation needs no extra buffers; zero them before a step.
+// is out = inp · wᵀ + bias. A backward OVERWRITES the gradients of its inputs (dinp, dqkv,
+// dlogits, ...: no zeroing needed before it, and nothing to clear between layers) and
+// ACCUMULATES (+=) into the gradients of the parameters (dw, db, dwte, dwpe), so gradient
+// accumulation over micro-batches needs no extra buffers; zero those before a step.
 #pragma once
 #include <stddef.h>
 #include <stdint.h>
@@ -29,14 +31,17 @@ typedef struct Kernels {
     // out (N,C) = (inp - mean) * rstd * w + b ; mean, rstd (N) saved for backward. eps 1e-5.
     void (*layernorm_forward)(float *out, float *mean, float *rstd, const float *inp,
                               const float *w, const float *b, int N, int C);
+    // dinp = dskip + (gradient through the LayerNorm); dw, db +=. A LayerNorm's input is a
+    // residual stream that also flows past it through the skip connection: dskip (N,C) is the
+    // gradient arriving that way (NULL: none), so the sum needs no separate pass.
     void (*layernorm_backward)(float *dinp, float *dw, float *db, const float *dout,
-                               const float *inp, const float *w, const float *mean,
-                               const float *rstd, int N, int C);
+                               const float *dskip, const float *inp, const float *w,
+                               const float *mean, const float *rstd, int N, int C);
 
     // out (N,OC) = inp (N,C) · w (OC,C)ᵀ + bias (OC); bias may be NULL.
     void (*matmul_forward)(float *out, const float *inp, const float *w, const float *bias,
                            int N, int C, int OC);
-    // dinp (N,C) += dout · w ; dw (OC,C) += doutᵀ · inp ; dbias (OC) += Σ_rows dout.
+    // dinp (N,C) = dout · w ; dw (OC,C) += doutᵀ · inp ; dbias (OC) += Σ_rows dout.
     // Any of dinp, dw, dbias may be NULL (not needed).
     void (*matmul_backward)(float *dinp, float *dw, float *dbias, const float *dout,
                             const float *inp, const float *w, int N, int C, int OC);
@@ -44,22 +49,23 @@ typedef struct Kernels {
     // qkv (B,T,3C) rows [Q;K;V] -> out (B,T,C); preatt, att (B,NH,T,T) saved (causal).
     void (*attention_forward)(float *out, float *preatt, float *att, const float *qkv,
                               int B, int T, int C, int NH);
-    // dqkv (B,T,3C) += ; dpreatt, datt (B,NH,T,T) are scratch (overwritten).
+    // dqkv (B,T,3C) = ; dpreatt, datt (B,NH,T,T) are scratch (overwritten; the CPU uses one
+    // head-sized scratch of its own instead, and leaves them alone).
     void (*attention_backward)(float *dqkv, float *dpreatt, float *datt, const float *dout,
                                const float *qkv, const float *att, int B, int T, int C, int NH);
 
     // GELU, tanh approximation. n elements.
     void (*gelu_forward)(float *out, const float *inp, size_t n);
-    void (*gelu_backward)(float *dinp, const float *inp, const float *dout, size_t n); // dinp +=
+    void (*gelu_backward)(float *dinp, const float *inp, const float *dout, size_t n); // dinp =
 
-    // out = a + b (n); backward: da += dout, db += dout.
+    // out = a + b (n); backward: da = dout, db = dout.
     void (*residual_forward)(float *out, const float *a, const float *b, size_t n);
     void (*residual_backward)(float *da, float *db, const float *dout, size_t n);
 
     // probs (N,V) = softmax(logits); losses (N) = -log probs[target].
     void (*softmax_forward)(float *probs, const float *logits, int N, int V);
     void (*crossentropy_forward)(float *losses, const float *probs, const int *targets, int N, int V);
-    // dlogits (N,V) += (probs - onehot(target)) * dloss   (dloss = 1/(B*T) for a mean loss)
+    // dlogits (N,V) = (probs - onehot(target)) * dloss   (dloss = 1/(B*T) for a mean loss)
     void (*crossentropy_softmax_backward)(float *dlogits, const float *probs, const int *targets,
                                           float dloss, int N, int V);
 

@@ -6,16 +6,21 @@
 //     plain `s += x[i]` stays scalar); sums use 16 partial sums in a fixed order instead, which
 //     vectorizes and is still deterministic (same inputs -> same bits, on every rank);
 //   - exp() is our own (exp_approx), since libm's expf is a call the compiler cannot vectorize.
-// Every backward ACCUMULATES into its gradient outputs (+=), as kernels.h says.
+// A backward OVERWRITES the gradients of its inputs and ACCUMULATES (+=) into the gradients
+// of the parameters, as kernels.h says.
 
-// gcc only (clang needs neither), two switches that change no result:
+// gcc only, three switches. fp-contract=fast lets gcc fuse a*b + c into one FMA instruction
+// (one rounding instead of two: results change in the last bits). gcc
+// fuses only in GNU C mode, and the Makefile compiles ISO C (-std=c11); clang fuses within an
+// expression by default. Without it GELU, LayerNorm and exp_approx run ~1.5x slower. The other
+// two change no result (clang needs neither):
 //   no-trapping-math: this file never reads floating-point exception flags, so the vectorizer
 //     may treat the compares and the rounding in exp_approx as side-effect free;
 //   no-thread-jumps: otherwise gcc duplicates the code after exp_approx's clamps for the
 //     clamped constants (e.g. x / (1 + e^88) in GELU) and, vectorized, computes that copy for
 //     every element: its results are subnormal floats, which cost ~100 cycles each (GELU 7x slower).
 #if defined(__GNUC__) && !defined(__clang__)
-#pragma GCC optimize("no-trapping-math", "no-thread-jumps")
+#pragma GCC optimize("no-trapping-math", "no-thread-jumps", "fp-contract=fast")
 #endif
 
 #include "kernels.h"
@@ -155,16 +160,17 @@ static void layernorm_forward(float *out, float *mean, float *rstd, const float 
 }
 
 // With xhat = (x - mean)·rstd and g = dout·w (the gradient wrt xhat):
-//   dx = rstd · (g - mean(g) - xhat · mean(g · xhat)),   dw += dout · xhat,   db += dout.
+//   dx = dskip + rstd · (g - mean(g) - xhat · mean(g · xhat)),   dw += dout · xhat,   db += dout.
 // (restrict: the outputs never overlap the inputs; without it gcc needs more run-time overlap
 // checks than it is willing to emit, and the last loop stays scalar.)
 static void layernorm_backward(float *restrict dinp, float *restrict dw, float *restrict db,
-                               const float *restrict dout, const float *restrict inp,
-                               const float *restrict w, const float *mean, const float *rstd,
-                               int N, int C) {
+                               const float *restrict dout, const float *restrict dskip,
+                               const float *restrict inp, const float *restrict w,
+                               const float *mean, const float *rstd, int N, int C) {
     for (int n = 0; n < N; n++) {
         const float *x = inp + (size_t)n * C;
         const float *d = dout + (size_t)n * C;
+        const float *skip = dskip ? dskip + (size_t)n * C : NULL;
         float *dx = dinp + (size_t)n * C;
         float m = mean[n], s = rstd[n];
         float acc_g[NACC] = {0}, acc_gx[NACC] = {0}, tail_g = 0.0f, tail_gx = 0.0f;
@@ -186,7 +192,7 @@ static void layernorm_backward(float *restrict dinp, float *restrict dw, float *
         for (i = 0; i < C; i++) {
             float xhat = (x[i] - m) * s;
             float g = d[i] * w[i];
-            dx[i] += s * (g - g_mean - xhat * gx_mean);
+            dx[i] = (skip ? skip[i] : 0.0f) + s * (g - g_mean - xhat * gx_mean);
             dw[i] += d[i] * xhat;
             db[i] += d[i];
         }
@@ -209,10 +215,10 @@ static void matmul_forward(float *out, const float *inp, const float *w, const f
 
 static void matmul_backward(float *dinp, float *dw, float *dbias, const float *dout,
                             const float *inp, const float *w, int N, int C, int OC) {
-    // dinp (N,C) += dout (N,OC) · w (OC,C)
+    // dinp (N,C) = dout (N,OC) · w (OC,C)   (beta = 0: overwritten)
     if (dinp)
         cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, N, C, OC, 1.0f, dout, OC, w, C,
-                    1.0f, dinp, C);
+                    0.0f, dinp, C);
     // dw (OC,C) += dout (N,OC)ᵀ · inp (N,C)
     if (dw)
         cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, OC, C, N, 1.0f, dout, OC, inp, C,
@@ -253,6 +259,22 @@ static float *transpose_head(const float *x, int T, int hs, int ld) {
     return buf;
 }
 
+// datt and dpreatt of ONE head, 2·T·T floats, reused by every head (and grown when needed). The
+// caller's (B,NH,T,T) scratch suits a GPU, which works on all heads at once; here one head at
+// a time runs, and a T×T pair that stays in the L1 cache beats streaming B·NH of them through
+// memory.
+static float *head_scratch(int T) {
+    static float *buf = NULL;
+    static size_t cap = 0;
+    size_t need = 2 * (size_t)T * T;
+    if (need > cap) {
+        mem_free(buf);
+        buf = mem_alloc(need * sizeof(float), MEM_OTHER, DEV_CPU);
+        cap = need;
+    }
+    return buf;
+}
+
 // Row t of a causal T×T score matrix sees columns 0..t; the row loops run to the end of the
 // 16-wide chunk that holds column t (capped at T), so they split into whole SIMD chunks.
 static inline int visible_chunk_end(int t, int T) {
@@ -279,13 +301,24 @@ static void attention_forward(float *out, float *preatt, float *att, const float
             for (int t = 0; t < T; t++) {
                 float *pr = pre + (size_t)t * T;
                 float *ar = a + (size_t)t * T;
-                int n = t + 1;  // visible positions 0..t
-                float mx = max_f32(pr, n);
-                // exp and sum in whole chunks of 16 (SIMD, no scalar tail), masking t2 > t
+                // Visible positions are 0..t. The loops run in whole chunks of 16 up to the chunk
+                // that holds t (SIMD, no scalar tail), masking the future: max, exp and sum, then
+                // normalize; what lies beyond gets preatt = -inf and att = 0.
                 int nchunk = visible_chunk_end(t, T);
-                float acc[NACC] = {0}, tail = 0.0f;
+                float macc[NACC];
+                for (int j = 0; j < NACC; j++) macc[j] = pr[0];
                 int t2 = 0;
                 for (; t2 + NACC <= nchunk; t2 += NACC)
+#pragma GCC unroll 1
+                    for (int j = 0; j < NACC; j++) {
+                        float x = t2 + j <= t ? pr[t2 + j] : pr[0];
+                        macc[j] = x > macc[j] ? x : macc[j];
+                    }
+                float mx = macc[0];
+                for (int j = 1; j < NACC; j++) mx = macc[j] > mx ? macc[j] : mx;
+                for (; t2 < nchunk; t2++) mx = t2 <= t && pr[t2] > mx ? pr[t2] : mx;  // T % 16 != 0
+                float acc[NACC] = {0}, tail = 0.0f;
+                for (t2 = 0; t2 + NACC <= nchunk; t2 += NACC)
 #pragma GCC unroll 1
                     for (int j = 0; j < NACC; j++) {
                         float e = t2 + j <= t ? exp_approx(pr[t2 + j] - mx) : 0.0f;
@@ -297,9 +330,13 @@ static void attention_forward(float *out, float *preatt, float *att, const float
                     tail += ar[t2];
                 }
                 float inv = 1.0f / (sum_partials(acc) + tail);
-                for (t2 = 0; t2 < T; t2++) {  // normalize; the future gets -inf and 0
+                for (t2 = 0; t2 < nchunk; t2++) {
+                    ar[t2] *= inv;  // 0 stays 0
                     pr[t2] = t2 <= t ? pr[t2] : -INFINITY;
-                    ar[t2] = t2 <= t ? ar[t2] * inv : 0.0f;
+                }
+                for (; t2 < T; t2++) {
+                    pr[t2] = -INFINITY;
+                    ar[t2] = 0.0f;
                 }
             }
             // out (T,hs) = att (T,T) · v (T,hs)
@@ -310,30 +347,30 @@ static void attention_forward(float *out, float *preatt, float *att, const float
 }
 
 // Backward of the above, per (batch, head):
-//   datt   = dout · vᵀ                   dv += attᵀ · dout
+//   datt   = dout · vᵀ                   dv = attᵀ · dout
 //   dpreatt = att ⊙ (datt - rowsum(att ⊙ datt))      (softmax backward; 0 above the diagonal)
-//   dq += scale · dpreatt · k            dk += scale · dpreattᵀ · q
+//   dq = scale · dpreatt · k             dk = scale · dpreattᵀ · q
 static void attention_backward(float *dqkv, float *dpreatt, float *datt, const float *dout,
                                const float *qkv, const float *att, int B, int T, int C, int NH) {
+    (void)dpreatt, (void)datt;  // one head's scratch instead (head_scratch)
     int hs = C / NH;
     int C3 = 3 * C;
     float scale = 1.0f / sqrtf((float)hs);
+    float *da = head_scratch(T), *dpre = da + (size_t)T * T;
     for (int b = 0; b < B; b++) {
         for (int h = 0; h < NH; h++) {
             size_t hoff = (size_t)b * T * C3 + (size_t)h * hs;
             const float *q = qkv + hoff, *k = q + C, *v = q + 2 * C;
             float *dq = dqkv + hoff, *dk = dq + C, *dv = dq + 2 * C;
             const float *a = att + ((size_t)b * NH + h) * T * T;
-            float *da = datt + ((size_t)b * NH + h) * T * T;
-            float *dpre = dpreatt + ((size_t)b * NH + h) * T * T;
             const float *dout_h = dout + (size_t)b * T * C + (size_t)h * hs;
             // datt (T,T) = dout (T,hs) · vᵀ (hs,T)
             float *vT = transpose_head(v, T, hs, C3);
             cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, T, T, hs, 1.0f, dout_h, C, vT, T,
                         0.0f, da, T);
-            // dv (T,hs) += att (T,T)ᵀ · dout (T,hs)
+            // dv (T,hs) = att (T,T)ᵀ · dout (T,hs)
             cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, T, hs, T, 1.0f, a, T, dout_h, C,
-                        1.0f, dv, C3);
+                        0.0f, dv, C3);
             for (int t = 0; t < T; t++) {
                 const float *ar = a + (size_t)t * T;
                 const float *dar = da + (size_t)t * T;
@@ -350,12 +387,12 @@ static void attention_backward(float *dqkv, float *dpreatt, float *datt, const f
                 for (t2 = 0; t2 < nchunk; t2++) dpr[t2] = ar[t2] * (dar[t2] - dot);
                 for (; t2 < T; t2++) dpr[t2] = 0.0f;
             }
-            // dq (T,hs) += scale · dpreatt (T,T) · k (T,hs)
+            // dq (T,hs) = scale · dpreatt (T,T) · k (T,hs)
             cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, T, hs, T, scale, dpre, T, k, C3,
-                        1.0f, dq, C3);
-            // dk (T,hs) += scale · dpreatt (T,T)ᵀ · q (T,hs)
+                        0.0f, dq, C3);
+            // dk (T,hs) = scale · dpreatt (T,T)ᵀ · q (T,hs)
             cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, T, hs, T, scale, dpre, T, q, C3,
-                        1.0f, dk, C3);
+                        0.0f, dk, C3);
         }
     }
 }
@@ -384,7 +421,7 @@ static void gelu_backward(float *dinp, const float *inp, const float *dout, size
         float du = GELU_SCALE * (1.0f + 3.0f * GELU_CUBIC * x * x);
         float s = 1.0f / (1.0f + exp_approx(-2.0f * u));
         float grad = s + x * s * (1.0f - s) * 2.0f * du;
-        dinp[i] += grad * dout[i];
+        dinp[i] = grad * dout[i];
     }
 }
 
@@ -397,8 +434,8 @@ static void residual_forward(float *out, const float *a, const float *b, size_t 
 
 static void residual_backward(float *da, float *db, const float *dout, size_t n) {
     for (size_t i = 0; i < n; i++) {
-        da[i] += dout[i];
-        db[i] += dout[i];
+        da[i] = dout[i];
+        db[i] = dout[i];
     }
 }
 
@@ -431,7 +468,7 @@ static void crossentropy_softmax_backward(float *dlogits, const float *probs, co
     for (int n = 0; n < N; n++) {
         const float *p = probs + (size_t)n * V;
         float *dl = dlogits + (size_t)n * V;
-        for (int v = 0; v < V; v++) dl[v] += p[v] * dloss;
+        for (int v = 0; v < V; v++) dl[v] = p[v] * dloss;
         dl[targets[n]] -= dloss;
     }
 }
@@ -447,6 +484,8 @@ static void adamw_update(float *restrict param, const float *restrict grad, floa
                          float eps, float decay, float bc1, float bc2, float grad_scale) {
     enum { CHUNK = 256 };
     float denom[CHUNK];
+    // a division costs ~10x a multiplication: divide once here, multiply per element
+    const float inv_bc1 = 1.0f / bc1, inv_bc2 = 1.0f / bc2;
     for (size_t i0 = 0; i0 < n; i0 += CHUNK) {
         size_t len = n - i0 < CHUNK ? n - i0 : CHUNK;
         float *p = param + i0, *mc = m + i0, *vc = v + i0;
@@ -455,11 +494,11 @@ static void adamw_update(float *restrict param, const float *restrict grad, floa
             float gi = g[i] * grad_scale;
             mc[i] = beta1 * mc[i] + (1.0f - beta1) * gi;
             vc[i] = beta2 * vc[i] + (1.0f - beta2) * gi * gi;
-            denom[i] = vc[i] / bc2;  // v̂
+            denom[i] = vc[i] * inv_bc2;  // v̂
         }
         for (size_t i = 0; i < len; i++) denom[i] = sqrtf(denom[i]) + eps;
         for (size_t i = 0; i < len; i++) {
-            float mhat = mc[i] / bc1;
+            float mhat = mc[i] * inv_bc1;
             p[i] -= lr * (mhat / denom[i] + decay * p[i]);
         }
     }

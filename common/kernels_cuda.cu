@@ -215,9 +215,10 @@ __global__ static void layernorm_forward_kernel(float *out, float *mean, float *
 }
 
 // dinp, one warp per row:  with norm = (x - mean) * rstd and dnorm = w * dout,
-//   dinp += (dnorm - mean(dnorm) - norm * mean(dnorm * norm)) * rstd
+//   dinp = dskip + (dnorm - mean(dnorm) - norm * mean(dnorm * norm)) * rstd   (dskip may be NULL)
 __global__ static void layernorm_backward_inp_kernel(float *dinp, const float *dout,
-                                                     const float *inp, const float *w,
+                                                     const float *dskip, const float *inp,
+                                                     const float *w,
                                                      const float *mean, const float *rstd, int N,
                                                      int C) {
     size_t n = warp_row();
@@ -235,10 +236,11 @@ __global__ static void layernorm_backward_inp_kernel(float *dinp, const float *d
     float dnorm_mean = warp_sum(dnorm_sum) / C;
     float dnorm_norm_mean = warp_sum(dnorm_norm_sum) / C;
     float *dx = dinp + n * C;
+    const float *skip = dskip ? dskip + n * C : NULL;
     for (int c = lane; c < C; c += WARP) {
         float norm = (x[c] - m) * s;
         float dnorm = w[c] * dy[c];
-        dx[c] += (dnorm - dnorm_mean - norm * dnorm_norm_mean) * s;
+        dx[c] = (skip ? skip[c] : 0.0f) + (dnorm - dnorm_mean - norm * dnorm_norm_mean) * s;
     }
 }
 
@@ -279,11 +281,11 @@ static void layernorm_forward(float *out, float *mean, float *rstd, const float 
 }
 
 static void layernorm_backward(float *dinp, float *dw, float *db, const float *dout,
-                               const float *inp, const float *w, const float *mean,
-                               const float *rstd, int N, int C) {
+                               const float *dskip, const float *inp, const float *w,
+                               const float *mean, const float *rstd, int N, int C) {
     if (dinp) {
-        layernorm_backward_inp_kernel<<<grid_for_rows((size_t)N), BLOCK>>>(dinp, dout, inp, w, mean,
-                                                                           rstd, N, C);
+        layernorm_backward_inp_kernel<<<grid_for_rows((size_t)N), BLOCK>>>(dinp, dout, dskip, inp,
+                                                                           w, mean, rstd, N, C);
         launchCheck();
     }
     if ((dw || db) && C > 0) {
@@ -316,11 +318,12 @@ static void matmul_forward(float *out, const float *inp, const float *w, const f
 
 static void matmul_backward(float *dinp, float *dw, float *dbias, const float *dout,
                             const float *inp, const float *w, int N, int C, int OC) {
-    const float one = 1.0f;  // beta = 1: accumulate into the gradients
+    // beta = 0 overwrites the input gradient, beta = 1 accumulates into the weight gradient
+    const float one = 1.0f, zero = 0.0f;
     if (dinp) {
-        // dinp (N,C) += dout (N,OC) · w (OC,C).  Column-major: dinpᵀ (C,N) += wᵀ (C,OC) · doutᵀ (OC,N).
+        // dinp (N,C) = dout (N,OC) · w (OC,C).  Column-major: dinpᵀ (C,N) = wᵀ (C,OC) · doutᵀ (OC,N).
         cublasCheck(cublasSgemm(cublas(), CUBLAS_OP_N, CUBLAS_OP_N, C, N, OC, &one, w, C, dout, OC,
-                                &one, dinp, C));
+                                &zero, dinp, C));
     }
     if (dw) {
         // dw (OC,C) += doutᵀ (OC,N) · inp (N,C).  Column-major: dwᵀ (C,OC) += inpᵀ (C,N) · dout (N,OC).
@@ -423,9 +426,9 @@ static void attention_backward(float *dqkv, float *dpreatt, float *datt, const f
         // datt[h] (T,T) = dout[h] (T,hs) · vᵀ.  Column-major: dattᵀ = (vᵀ read (hs,T))ᵀ · doutᵀ.
         cublasCheck(cublasSgemmStridedBatched(cublas(), CUBLAS_OP_T, CUBLAS_OP_N, T, T, hs, &one, v,
                                               3 * C, hs, dy, C, hs, &zero, da, T, TT, NH));
-        // dv[h] (T,hs) += att[h]ᵀ (T,T) · dout[h] (T,hs).  Column-major: dvᵀ += doutᵀ · att.
+        // dv[h] (T,hs) = att[h]ᵀ (T,T) · dout[h] (T,hs).  Column-major: dvᵀ = doutᵀ · att.
         cublasCheck(cublasSgemmStridedBatched(cublas(), CUBLAS_OP_N, CUBLAS_OP_T, hs, T, T, &one, dy,
-                                              C, hs, a, T, TT, &one, dv, 3 * C, hs, NH));
+                                              C, hs, a, T, TT, &zero, dv, 3 * C, hs, NH));
     }
     attention_softmax_backward_kernel<<<grid_for_rows((size_t)B * NH * T), BLOCK>>>(dpreatt, datt,
                                                                                     att, B * NH, T);
@@ -436,12 +439,12 @@ static void attention_backward(float *dqkv, float *dpreatt, float *datt, const f
         float *dq = dqkv + (size_t)b * T * 3 * C;
         float *dk = dq + C;
         const float *dp = dpreatt + (size_t)b * NH * TT;
-        // dq[h] (T,hs) += scale · dpreatt[h] (T,T) · k (T,hs).  Column-major: dqᵀ += kᵀ · dpreattᵀ.
+        // dq[h] (T,hs) = scale · dpreatt[h] (T,T) · k (T,hs).  Column-major: dqᵀ = kᵀ · dpreattᵀ.
         cublasCheck(cublasSgemmStridedBatched(cublas(), CUBLAS_OP_N, CUBLAS_OP_N, hs, T, T, &scale, k,
-                                              3 * C, hs, dp, T, TT, &one, dq, 3 * C, hs, NH));
-        // dk[h] (T,hs) += scale · dpreatt[h]ᵀ · q (T,hs).  Column-major: dkᵀ += qᵀ · dpreatt.
+                                              3 * C, hs, dp, T, TT, &zero, dq, 3 * C, hs, NH));
+        // dk[h] (T,hs) = scale · dpreatt[h]ᵀ · q (T,hs).  Column-major: dkᵀ = qᵀ · dpreatt.
         cublasCheck(cublasSgemmStridedBatched(cublas(), CUBLAS_OP_N, CUBLAS_OP_T, hs, T, T, &scale, q,
-                                              3 * C, hs, dp, T, TT, &one, dk, 3 * C, hs, NH));
+                                              3 * C, hs, dp, T, TT, &zero, dk, 3 * C, hs, NH));
     }
 }
 
@@ -461,7 +464,7 @@ __global__ static void gelu_forward_kernel(float *out, const float *inp, size_t 
     }
 }
 
-// dinp += gelu'(x) · dout, with gelu'(x) = s + x·s·(1-s)·2u',  s = sigmoid(2u),
+// dinp = gelu'(x) · dout, with gelu'(x) = s + x·s·(1-s)·2u',  s = sigmoid(2u),
 // u' = sqrt(2/π)·(1 + 3·0.044715·x²)
 __global__ static void gelu_backward_kernel(float *dinp, const float *inp, const float *dout,
                                             size_t n) {
@@ -471,7 +474,7 @@ __global__ static void gelu_backward_kernel(float *dinp, const float *inp, const
         float du = GELU_SCALE * (1.0f + 3.0f * GELU_CUBIC * x * x);
         float s = 1.0f / (1.0f + expf(-2.0f * u));
         float grad = s + x * s * (1.0f - s) * 2.0f * du;
-        dinp[i] += grad * dout[i];
+        dinp[i] = grad * dout[i];
     }
 }
 
@@ -481,8 +484,8 @@ __global__ static void residual_forward_kernel(float *out, const float *a, const
 
 __global__ static void residual_backward_kernel(float *da, float *db, const float *dout, size_t n) {
     for (size_t i = thread_index(); i < n; i += thread_count()) {
-        da[i] += dout[i];
-        db[i] += dout[i];
+        da[i] = dout[i];
+        db[i] = dout[i];
     }
 }
 
@@ -537,15 +540,15 @@ __global__ static void crossentropy_forward_kernel(float *losses, const float *p
     }
 }
 
-// dlogits (N,V) += (probs - onehot(target)) · dloss, in the CPU's order: += probs·dloss,
-// then -= dloss at the target.
+// dlogits (N,V) = (probs - onehot(target)) · dloss, in the CPU's order: probs·dloss, then
+// -= dloss at the target.
 __global__ static void crossentropy_softmax_backward_kernel(float *dlogits, const float *probs,
                                                             const int *targets, float dloss, int N,
                                                             int V) {
     size_t total = (size_t)N * V;
     for (size_t i = thread_index(); i < total; i += thread_count()) {
         size_t n = i / V, v = i % V;
-        float d = dlogits[i] + probs[i] * dloss;
+        float d = probs[i] * dloss;
         if (v == (size_t)targets[n]) d -= dloss;
         dlogits[i] = d;
     }

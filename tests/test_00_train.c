@@ -71,7 +71,7 @@ Test(train00, measured_memory_matches_the_calculator) {
     cr_assert_eq(results_get(&r, "mem_opt_m", -1), b.m);
     cr_assert_eq(results_get(&r, "mem_opt_v", -1), b.v);
     cr_assert_eq(b.params + b.grads + b.master + b.m + b.v, 16.0 * n, "fp32 Adam is 16 B/param");
-    cr_assert_eq(results_get(&r, "mem_acts", -1), calc_activation_bytes_lab(&cfg, 16, 64));
+    cr_assert_eq(results_get(&r, "mem_acts", -1), calc_activation_bytes_lab(&cfg, 16, 64, GPT2_FP32));
     results_free(&r);
     free(out);
 }

@@ -1,8 +1,10 @@
 // test_bf16.c: mixed precision in chapter 00's single-device training run (--dtype bf16).
 //
-// The memory is the formula (2+2+4+4+4 bytes per parameter vs 4+4+0+4+4 in fp32), the bf16 run
+// The memory is the formula (2+2+4+4+4 bytes per parameter vs 4+4+0+4+4 in fp32; the
+// activations exactly calc_activation_bytes_lab, the blocks' stored in bf16), the bf16 run
 // learns as well as the fp32 one without being the fp32 one, its parameters really are bf16
-// values, and it resumes bit-exactly from a checkpoint (which keeps the fp32 master).
+// values, a block reads exactly the rounded activations the block before it stored, and it
+// resumes bit-exactly from a checkpoint (which keeps the fp32 master).
 // The bf16 rounding itself is tested in test_kernels.c (suite bf16).
 #include <criterion/criterion.h>
 #include <math.h>
@@ -11,6 +13,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "calc.h"
 #include "data.h"
 #include "gpt2.h"
 #include "harness.h"
@@ -54,6 +57,11 @@ Test(bf16, memory_per_category_is_the_formula) {
                        results_get(&r, "mem_opt_v", -1);
         cr_expect_eq(state, 16 * n, "%s: %.0f bytes of model state, not 16 per parameter",
                      want[i].dtype, state);
+        // activations: the lab's exact formula (bf16: the blocks' saved activations 2 bytes each)
+        GPT2Dtype dt = i == 0 ? GPT2_FP32 : GPT2_BF16;
+        double acts = calc_activation_bytes_lab(&cfg, 16, cfg.T, dt);
+        cr_expect_eq(results_get(&r, "mem_acts", -1), acts, "%s activations: %.0f bytes, formula %.0f",
+                     want[i].dtype, results_get(&r, "mem_acts", -1), acts);
         results_free(&r);
     }
 }
@@ -62,7 +70,8 @@ Test(bf16, memory_per_category_is_the_formula) {
 // rounding moves a value by at most 2^-9 (~0.2%) of itself, ~0.4% between neighbours, but the
 // fp32 master keeps the small updates, so the two runs should end at nearly the same loss.
 // Tolerance: 0.01 nats on the mean of the last 20 steps (~0.7% of the loss, a couple of bf16
-// steps); measured 2026-11: fp32 1.35867, bf16 1.35874. Both must be within 0.15 of the
+// steps); measured 2026-11: fp32 1.35867, bf16 1.35874 with fp32 activations, 1.35870 with the
+// blocks' activations stored in bf16 as now (difference 3e-5). Both must be within 0.15 of the
 // entropy floor (as test_00_train requires of fp32), and the runs must differ: a bf16 run
 // that silently ran fp32 would reproduce the fp32 losses bit for bit.
 Test(bf16, trains_like_fp32_and_params_are_bf16, .timeout = 600) {
@@ -126,4 +135,39 @@ Test(bf16, resume_is_bit_exact) {
     unlink(ck);
     results_free(&whole);
     results_free(&second);
+}
+
+// bf16 activations: a block stores its layer rounded to bf16, and the next piece reads exactly
+// those rounded values. After the forward, the head's input (block_in) must be the last block's
+// output as computed in fp32 (still in the one-layer fp32 buffer) rounded to nearest even:
+// every value a bf16 value, and not all equal to the unrounded ones (the rounding happened).
+// Then a backward widens each block's stored layer back: after it, the one-layer buffer holds
+// block 0's stored activations, all bf16 values.
+Test(bf16, blocks_read_the_stored_rounded_activations) {
+    GPT2Config cfg = small_config();
+    int B = 2, T = cfg.T;
+    GPT2 m;
+    gpt2_build_dtype(&m, cfg, DEV_CPU, GPT2_BF16);
+    gpt2_init_params(&m, 5);
+    gpt2_alloc_grads(&m);
+    gpt2_alloc_acts(&m, B, T);
+    int x[64], y[64];
+    for (int i = 0; i < B * T; i++) x[i] = (i * 7 + 1) % cfg.V, y[i] = (i * 5 + 2) % cfg.V;
+    gpt2_zero_grad(&m);
+    gpt2_forward(&m, x, y);
+    size_t BTC = (size_t)B * T * cfg.C, rounded_away = 0;
+    const float *out = m.a.residual3;  // the last block's output, fp32, before rounding
+    for (size_t i = 0; i < BTC; i++) {
+        float want = bf16_to_f32(bf16_from_f32(out[i]));
+        cr_assert_eq(m.block_in[i], want, "head input [%zu] = %.9g, want bf16(%.9g) = %.9g", i,
+                     (double)m.block_in[i], (double)out[i], (double)want);
+        rounded_away += out[i] != want;
+    }
+    cr_assert_gt(rounded_away, BTC / 2, "the last block's output was already rounded");
+    gpt2_backward(&m, 1.0f / (float)(B * T));
+    size_t not_bf16 = 0;
+    for (size_t i = 0; i < m.layer_act_size; i++)
+        not_bf16 += bf16_to_f32(bf16_from_f32(m.a.ln1[i])) != m.a.ln1[i];
+    cr_assert_eq(not_bf16, 0, "%zu of block 0's widened activations are not bf16 values", not_bf16);
+    gpt2_free(&m);
 }

@@ -253,16 +253,25 @@ Test(calc, lab_model_states_exact) {
 //   B*T*(4L + 3)    = 256 * 19         =     4,864
 //   2*L*B*NH*T*T    = 2*4*4*4*4096     =   524,288
 //   2*B*T*V         = 2*256*256        =   131,072     -> 3,085,056 floats,
-// and as many activation gradients: 2 * 4 * 3,085,056 = 24,680,448 bytes.
+// and activation gradients (gpt2_dact_sizes: one layer of scratch + every block's output):
+//   B*T*C*(L + 17)  = 32768 * 21       =   688,128
+//   2*B*NH*T*T      = 2*4*4*4096       =   131,072
+//   B*T*V           = 256*256          =    65,536     ->   884,736 floats;
+// fp32: 4 * (3,085,056 + 884,736) = 15,879,168 bytes.
+// bf16: one layer is A = 32768*18 + 256*4 + 2*4*4*4096 = 721,920 elements, stored 2 bytes each
+// for the 4 layers (5,775,360 bytes); in fp32 one layer, the 197,376 outside the blocks, a
+// block's widened input (32,768) and the gradients: 4 * 1,836,800 = 7,347,200 -> 13,122,560.
 Test(calc, lab_activation_bytes) {
     GPT2Config cfg = {256, 64, 4, 128, 4};
-    cr_assert_eq(calc_activation_bytes_lab(&cfg, 4, 64), 24680448.0);
-    // ...and it is what the runtime sizes: twice its activation element count, in fp32.
-    size_t sizes[GPT2_NUM_ACTS];
+    cr_assert_eq(calc_activation_bytes_lab(&cfg, 4, 64, GPT2_FP32), 15879168.0);
+    cr_assert_eq(calc_activation_bytes_lab(&cfg, 4, 64, GPT2_BF16), 13122560.0);
+    // ...and it is what the runtime sizes: its activation and gradient element counts, in fp32.
+    size_t sizes[GPT2_NUM_ACTS], dsizes[GPT2_NUM_ACTS];
     gpt2_act_sizes(&cfg, 16, 64, sizes);
+    gpt2_dact_sizes(&cfg, 16, 64, dsizes);
     double n = 0;
-    for (int i = 0; i < GPT2_NUM_ACTS; i++) n += (double)sizes[i];
-    cr_assert_eq(calc_activation_bytes_lab(&cfg, 16, 64), 2 * 4 * n);
+    for (int i = 0; i < GPT2_NUM_ACTS; i++) n += (double)sizes[i] + (double)dsizes[i];
+    cr_assert_eq(calc_activation_bytes_lab(&cfg, 16, 64, GPT2_FP32), 4 * n);
 }
 
 // The whole model: L layers plus the output layer on the last stage: the final norm's input

@@ -328,7 +328,7 @@ Test(gpt2, backward_in_pieces_equals_whole) {
     float *whole = malloc(m.num_params * sizeof(float));
     memcpy(whole, m.grads, m.num_params * sizeof(float));
     // scribble on the activation gradients: the pieces must not depend on what was there
-    for (size_t i = 0; i < m.num_acts; i++) m.dacts[i] = 1e3f;
+    for (size_t i = 0; i < m.num_dacts; i++) m.dacts[i] = 1e3f;
     gpt2_zero_grad(&m);
     gpt2_head_backward(&m, 0.125f);
     for (int l = cfg.L - 1; l >= 0; l--) gpt2_block_backward(&m, l);
@@ -385,6 +385,53 @@ Test(gpt2, gradient_accumulation_over_half_batches) {
     cr_assert(gmax > 0);
     cr_assert(dmax <= 1e-5 * gmax, "max |full - accumulated| = %.3g, largest gradient %.3g", dmax, gmax);
     cr_log_info("accumulation: max difference %.2g of the largest gradient", dmax / gmax);
+    free(full);
+    gpt2_free(&m);
+}
+
+// On a CPU a block runs its batch in chunks of whole sequences (gpt2.c, CPU_CHUNK_ROWS = 256
+// rows): with T = 64 a batch of 5 is a chunk of 4 sequences and one of 1. Sequences are
+// independent, so every position's loss must equal that of its sequence run alone (B = 1, one
+// chunk), and the gradient must equal the accumulated gradients of the 5 single-sequence runs.
+Test(gpt2, chunked_batch_equals_sequences_one_by_one) {
+    GPT2 m;
+    GPT2Config cfg = {.V = 16, .T = 64, .L = 2, .C = 8, .NH = 2};
+    enum { B = 5, T = 64 };
+    gpt2_build(&m, cfg, DEV_CPU);
+    gpt2_init_params(&m, 14);
+    randomize_params(&m);
+    gpt2_alloc_grads(&m);
+    int x[B * T], y[B * T];
+    random_tokens(x, B * T, cfg.V);
+    random_tokens(y, B * T, cfg.V);
+    float dloss = 1.0f / (float)(B * T);
+
+    gpt2_alloc_acts(&m, B, T);
+    gpt2_zero_grad(&m);
+    gpt2_forward(&m, x, y);
+    gpt2_backward(&m, dloss);
+    float *losses = malloc(B * T * sizeof(float)), *full = malloc(m.num_params * sizeof(float));
+    memcpy(losses, m.host_losses, B * T * sizeof(float));
+    memcpy(full, m.grads, m.num_params * sizeof(float));
+
+    gpt2_alloc_acts(&m, 1, T);
+    gpt2_zero_grad(&m);
+    for (int b = 0; b < B; b++) {
+        gpt2_forward(&m, x + b * T, y + b * T);
+        gpt2_backward(&m, dloss);
+        for (int t = 0; t < T; t++) {
+            float want = m.host_losses[t], got = losses[b * T + t];
+            cr_assert(fabsf(got - want) <= 1e-5f * want, "sequence %d position %d: loss %.8g in "
+                      "the batch, %.8g alone", b, t, (double)got, (double)want);
+        }
+    }
+    double gmax = 0, dmax = 0;
+    for (size_t i = 0; i < m.num_params; i++) gmax = fmax(gmax, fabs(full[i]));
+    for (size_t i = 0; i < m.num_params; i++) dmax = fmax(dmax, fabs(full[i] - m.grads[i]));
+    cr_assert(gmax > 0);
+    cr_assert(dmax <= 1e-5 * gmax, "max |batch - one by one| = %.3g, largest gradient %.3g", dmax,
+              gmax);
+    free(losses);
     free(full);
     gpt2_free(&m);
 }

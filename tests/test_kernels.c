@@ -5,7 +5,8 @@
 //     scalar objective J = Σ out·R (so dout = R), on small shapes (B=2, T=20, C=40, NH=2,
 //     V=37): big enough that the kernels' 16-wide SIMD chunks AND their scalar tails both run
 //     (a row of 20 or 40 is one or two whole chunks plus a tail);
-//   - backward ACCUMULATES (+=) into its outputs;
+//   - backward OVERWRITES the gradients of its inputs (they start as garbage, NaN included, in
+//     every finite-difference test) and ACCUMULATES (+=) into the gradients of the parameters;
 //   - the optimizer pieces and the bf16 conversions (suite bf16) against hand-derived values.
 //
 // Finite differences in fp32: the forward's rounding makes J noisy at ~1e-6 (J is summed in
@@ -54,6 +55,13 @@ static float *rand_buf(size_t n, float scale) {
     return x;
 }
 static float *zeros(size_t n) { return track(calloc(n ? n : 1, sizeof(float))); }
+// An input-gradient buffer before a backward: garbage (NaN and large values) that an overwriting
+// backward must never read.
+static float *garbage(size_t n) {
+    float *x = track(malloc((n ? n : 1) * sizeof(float)));
+    for (size_t i = 0; i < n; i++) x[i] = i % 3 == 0 ? NAN : 1e3f * frand();
+    return x;
+}
 static float *copy_buf(const float *x, size_t n) {
     float *y = track(malloc(n * sizeof(float)));
     memcpy(y, x, n * sizeof(float));
@@ -139,11 +147,14 @@ Test(kernels, encoder_backward_matches_finite_differences) {
 
 // ---- layernorm ---------------------------------------------------------------------------------
 
-typedef struct { float *inp, *w, *b, *out, *mean, *rstd, *R; } LnCtx;
+// S: a skip connection around the LayerNorm, J = Σ out·R + Σ inp·S (the input's gradient then
+// arrives both ways: dskip = S, and the backward must add it).
+typedef struct { float *inp, *w, *b, *out, *mean, *rstd, *R, *S; } LnCtx;
 static double ln_obj(void *p) {
     LnCtx *c = p;
     K()->layernorm_forward(c->out, c->mean, c->rstd, c->inp, c->w, c->b, N, C);
-    return dot_d(c->out, c->R, (size_t)N * C);
+    double skip = c->S ? dot_d(c->inp, c->S, (size_t)N * C) : 0.0;
+    return dot_d(c->out, c->R, (size_t)N * C) + skip;
 }
 static void ln_setup(LnCtx *c) {
     c->inp = rand_buf((size_t)N * C, 2.0f);
@@ -153,6 +164,7 @@ static void ln_setup(LnCtx *c) {
     c->mean = zeros(N);
     c->rstd = zeros(N);
     c->R = rand_buf((size_t)N * C, 1.0f);
+    c->S = NULL;
 }
 
 Test(kernels, layernorm_forward_matches_reference) {
@@ -178,11 +190,21 @@ Test(kernels, layernorm_backward_matches_finite_differences) {
     LnCtx c;
     ln_setup(&c);
     ln_obj(&c);  // fills mean, rstd
-    float *dinp = zeros((size_t)N * C), *dw = zeros(C), *db = zeros(C);
-    K()->layernorm_backward(dinp, dw, db, c.R, c.inp, c.w, c.mean, c.rstd, N, C);
+    float *dinp = garbage((size_t)N * C), *dw = zeros(C), *db = zeros(C);
+    K()->layernorm_backward(dinp, dw, db, c.R, NULL, c.inp, c.w, c.mean, c.rstd, N, C);
     check_grad("ln dinp", c.inp, dinp, (size_t)N * C, ln_obj, &c);
     check_grad("ln dw", c.w, dw, C, ln_obj, &c);
     check_grad("ln db", c.b, db, C, ln_obj, &c);
+}
+
+Test(kernels, layernorm_backward_adds_the_skip_gradient) {
+    LnCtx c;
+    ln_setup(&c);
+    c.S = rand_buf((size_t)N * C, 1.0f);
+    ln_obj(&c);
+    float *dinp = garbage((size_t)N * C), *dw = zeros(C), *db = zeros(C);
+    K()->layernorm_backward(dinp, dw, db, c.R, c.S, c.inp, c.w, c.mean, c.rstd, N, C);
+    check_grad("ln dinp (with dskip)", c.inp, dinp, (size_t)N * C, ln_obj, &c);
 }
 
 // ---- matmul ------------------------------------------------------------------------------------
@@ -222,7 +244,7 @@ Test(kernels, matmul_forward_matches_triple_loop) {
 Test(kernels, matmul_backward_matches_finite_differences) {
     MmCtx c;
     mm_setup(&c);
-    float *dinp = zeros((size_t)N * MC), *dw = zeros((size_t)MOC * MC), *db = zeros(MOC);
+    float *dinp = garbage((size_t)N * MC), *dw = zeros((size_t)MOC * MC), *db = zeros(MOC);
     K()->matmul_backward(dinp, dw, db, c.R, c.inp, c.w, N, MC, MOC);
     check_grad("mm dinp", c.inp, dinp, (size_t)N * MC, mm_obj, &c);
     check_grad("mm dw", c.w, dw, (size_t)MOC * MC, mm_obj, &c);
@@ -303,7 +325,7 @@ Test(kernels, attention_backward_matches_finite_differences) {
     AttCtx c;
     att_setup(&c);
     att_obj(&c);
-    float *dqkv = zeros((size_t)N * 3 * C);
+    float *dqkv = garbage((size_t)N * 3 * C);
     float *dpreatt = rand_buf((size_t)B * NH * T * T, 1.0f);  // scratch: garbage must not matter
     float *datt = rand_buf((size_t)B * NH * T * T, 1.0f);
     K()->attention_backward(dqkv, dpreatt, datt, c.R, c.qkv, c.att, B, T, C, NH);
@@ -342,7 +364,7 @@ Test(kernels, gelu_forward_matches_tanh_formula) {
 Test(kernels, gelu_backward_matches_finite_differences) {
     GeluCtx c;
     gelu_setup(&c);
-    float *dinp = zeros(NG);
+    float *dinp = garbage(NG);
     K()->gelu_backward(dinp, c.inp, c.R, NG);
     check_grad("gelu dinp", c.inp, dinp, NG, gelu_obj, &c);
 }
@@ -361,7 +383,7 @@ Test(kernels, residual_forward_and_backward) {
                 rand_buf((size_t)N * C, 1)};
     res_obj(&c);
     for (int i = 0; i < N * C; i++) cr_assert_eq(c.out[i], c.a[i] + c.b[i]);
-    float *da = zeros((size_t)N * C), *db = zeros((size_t)N * C);
+    float *da = garbage((size_t)N * C), *db = garbage((size_t)N * C);
     K()->residual_backward(da, db, c.R, (size_t)N * C);
     check_grad("residual da", c.a, da, (size_t)N * C, res_obj, &c);
     check_grad("residual db", c.b, db, (size_t)N * C, res_obj, &c);
@@ -412,13 +434,15 @@ Test(kernels, crossentropy_softmax_backward_matches_finite_differences) {
     CeCtx c;
     ce_setup(&c);
     ce_obj(&c);
-    float *dlogits = zeros((size_t)N * V);
+    float *dlogits = garbage((size_t)N * V);
     K()->crossentropy_softmax_backward(dlogits, c.probs, c.targets, c.dloss, N, V);
     check_grad("dlogits", c.logits, dlogits, (size_t)N * V, ce_obj, &c);
 }
 
-// ---- backward accumulates (+=) ------------------------------------------------------------------
-// Each backward run on gradient buffers that already hold G0 must give G0 + (its result from 0).
+// ---- backward overwrites input gradients, accumulates parameter gradients ---------------------
+// A backward run on buffers that hold G0 must give: for an input gradient exactly its result
+// from zeros (G0, here garbage with NaNs, is never read); for a parameter gradient
+// G0 + (its result from zeros).
 
 static void assert_accumulates(const char *what, const float *from_zero, const float *g0,
                                const float *from_g0, size_t n) {
@@ -430,60 +454,71 @@ static void assert_accumulates(const char *what, const float *from_zero, const f
     }
 }
 
-Test(kernels, backward_accumulates) {
-    // matmul: dinp, dw, dbias
+static void assert_overwrites(const char *what, const float *from_zero, const float *from_g0,
+                              size_t n) {
+    for (size_t i = 0; i < n; i++)
+        cr_assert(from_g0[i] == from_zero[i],
+                  "%s[%zu]: %g from garbage, %g from zeros (backward must overwrite, not add)",
+                  what, i, (double)from_g0[i], (double)from_zero[i]);
+}
+
+Test(kernels, backward_overwrites_inputs_accumulates_params) {
+    // matmul: dinp overwritten; dw, dbias accumulate
     MmCtx m;
     mm_setup(&m);
     size_t ni = (size_t)N * MC, nw = (size_t)MOC * MC;
     float *di = zeros(ni), *dw = zeros(nw), *db = zeros(MOC);
     K()->matmul_backward(di, dw, db, m.R, m.inp, m.w, N, MC, MOC);
-    float *gi = rand_buf(ni, 1), *gw = rand_buf(nw, 1), *gb = rand_buf(MOC, 1);
-    float *di2 = copy_buf(gi, ni), *dw2 = copy_buf(gw, nw), *db2 = copy_buf(gb, MOC);
+    float *gw = rand_buf(nw, 1), *gb = rand_buf(MOC, 1);
+    float *di2 = garbage(ni), *dw2 = copy_buf(gw, nw), *db2 = copy_buf(gb, MOC);
     K()->matmul_backward(di2, dw2, db2, m.R, m.inp, m.w, N, MC, MOC);
-    assert_accumulates("matmul dinp", di, gi, di2, ni);
+    assert_overwrites("matmul dinp", di, di2, ni);
     assert_accumulates("matmul dw", dw, gw, dw2, nw);
     assert_accumulates("matmul dbias", db, gb, db2, MOC);
 
-    // layernorm: dinp, dw, db
+    // layernorm: dinp overwritten (with and without dskip); dw, db accumulate
     LnCtx l;
     ln_setup(&l);
     ln_obj(&l);
     size_t nl = (size_t)N * C;
-    float *ldi = zeros(nl), *ldw = zeros(C), *ldb = zeros(C);
-    K()->layernorm_backward(ldi, ldw, ldb, l.R, l.inp, l.w, l.mean, l.rstd, N, C);
-    float *lgi = rand_buf(nl, 1), *lgw = rand_buf(C, 1), *lgb = rand_buf(C, 1);
-    float *ldi2 = copy_buf(lgi, nl), *ldw2 = copy_buf(lgw, C), *ldb2 = copy_buf(lgb, C);
-    K()->layernorm_backward(ldi2, ldw2, ldb2, l.R, l.inp, l.w, l.mean, l.rstd, N, C);
-    assert_accumulates("layernorm dinp", ldi, lgi, ldi2, nl);
-    assert_accumulates("layernorm dw", ldw, lgw, ldw2, C);
-    assert_accumulates("layernorm db", ldb, lgb, ldb2, C);
+    float *skip = rand_buf(nl, 1);
+    for (int with_skip = 0; with_skip < 2; with_skip++) {
+        const float *dskip = with_skip ? skip : NULL;
+        float *ldi = zeros(nl), *ldw = zeros(C), *ldb = zeros(C);
+        K()->layernorm_backward(ldi, ldw, ldb, l.R, dskip, l.inp, l.w, l.mean, l.rstd, N, C);
+        float *lgw = rand_buf(C, 1), *lgb = rand_buf(C, 1);
+        float *ldi2 = garbage(nl), *ldw2 = copy_buf(lgw, C), *ldb2 = copy_buf(lgb, C);
+        K()->layernorm_backward(ldi2, ldw2, ldb2, l.R, dskip, l.inp, l.w, l.mean, l.rstd, N, C);
+        assert_overwrites("layernorm dinp", ldi, ldi2, nl);
+        assert_accumulates("layernorm dw", ldw, lgw, ldw2, C);
+        assert_accumulates("layernorm db", ldb, lgb, ldb2, C);
+    }
 
-    // attention: dqkv
+    // attention: dqkv overwritten
     AttCtx a;
     att_setup(&a);
     att_obj(&a);
     size_t nq = (size_t)N * 3 * C, na = (size_t)B * NH * T * T;
     float *dq = zeros(nq), *s1 = zeros(na), *s2 = zeros(na);
     K()->attention_backward(dq, s1, s2, a.R, a.qkv, a.att, B, T, C, NH);
-    float *gq = rand_buf(nq, 1), *dq2 = copy_buf(gq, nq);
-    K()->attention_backward(dq2, s1, s2, a.R, a.qkv, a.att, B, T, C, NH);
-    assert_accumulates("attention dqkv", dq, gq, dq2, nq);
+    float *dq2 = garbage(nq);
+    K()->attention_backward(dq2, garbage(na), garbage(na), a.R, a.qkv, a.att, B, T, C, NH);
+    assert_overwrites("attention dqkv", dq, dq2, nq);
 
-    // gelu, residual, encoder, cross-entropy
+    // gelu, residual, cross-entropy overwrite; the encoder (dwte, dwpe) accumulates
     GeluCtx g;
     gelu_setup(&g);
-    float *gd = zeros(NG), *gg = rand_buf(NG, 1), *gd2 = copy_buf(gg, NG);
+    float *gd = zeros(NG), *gd2 = garbage(NG);
     K()->gelu_backward(gd, g.inp, g.R, NG);
     K()->gelu_backward(gd2, g.inp, g.R, NG);
-    assert_accumulates("gelu dinp", gd, gg, gd2, NG);
+    assert_overwrites("gelu dinp", gd, gd2, NG);
 
     float *r = rand_buf(nl, 1), *ra = zeros(nl), *rb = zeros(nl);
-    float *g0a = rand_buf(nl, 1), *g0b = rand_buf(nl, 1);
-    float *ra2 = copy_buf(g0a, nl), *rb2 = copy_buf(g0b, nl);
+    float *ra2 = garbage(nl), *rb2 = garbage(nl);
     K()->residual_backward(ra, rb, r, nl);
     K()->residual_backward(ra2, rb2, r, nl);
-    assert_accumulates("residual da", ra, g0a, ra2, nl);
-    assert_accumulates("residual db", rb, g0b, rb2, nl);
+    assert_overwrites("residual da", ra, ra2, nl);
+    assert_overwrites("residual db", rb, rb2, nl);
 
     EncCtx e;
     enc_setup(&e);
@@ -499,10 +534,10 @@ Test(kernels, backward_accumulates) {
     ce_setup(&ce);
     ce_obj(&ce);
     size_t nv = (size_t)N * V;
-    float *dl = zeros(nv), *g0l = rand_buf(nv, 1), *dl2 = copy_buf(g0l, nv);
+    float *dl = zeros(nv), *dl2 = garbage(nv);
     K()->crossentropy_softmax_backward(dl, ce.probs, ce.targets, ce.dloss, N, V);
     K()->crossentropy_softmax_backward(dl2, ce.probs, ce.targets, ce.dloss, N, V);
-    assert_accumulates("dlogits", dl, g0l, dl2, nv);
+    assert_overwrites("dlogits", dl, dl2, nv);
 }
 
 // ---- optimizer pieces --------------------------------------------------------------------------
