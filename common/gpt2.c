@@ -267,7 +267,8 @@ void gpt2_build_dtype(GPT2 *m, GPT2Config cfg, Device dev, GPT2Dtype dtype) {
     memset(m, 0, sizeof *m);
     m->cfg = cfg;
     m->dev = dev;
-    m->k = kernels_get(dev);
+    // bf16 models may multiply on tensor cores in TF32 (kernels.h): it keeps more bits than bf16
+    m->k = dtype == GPT2_BF16 ? kernels_get_tf32(dev) : kernels_get(dev);
     m->dtype = dtype;
     gpt2_param_sizes(&cfg, m->param_sizes);
     m->num_params = gpt2_param_count(&cfg);

@@ -86,6 +86,10 @@ typedef struct Kernels {
 
 // The table for a device. DEV_CUDA in a build without CUDA fails with a clear message.
 const Kernels *kernels_get(Device dev);
+// The table for bf16 models: on CUDA the matmuls (and attention's) round their inputs to TF32
+// (10 mantissa bits, more than bf16 keeps) and run on tensor cores; every other kernel is
+// kernels_get's. On the CPU it is kernels_get(DEV_CPU): plain fp32.
+const Kernels *kernels_get_tf32(Device dev);
 extern const Kernels kernels_cpu;
 // BLAS threads of this process for the CPU matmuls (--threads; overrides OPENBLAS_NUM_THREADS).
 void kernels_set_threads(int n);

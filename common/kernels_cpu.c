@@ -577,7 +577,8 @@ const Kernels kernels_cpu = {
 };
 
 #ifdef LAB_CUDA
-extern const Kernels kernels_cuda;  // common/kernels_cuda.cu
+extern const Kernels kernels_cuda;             // common/kernels_cuda.cu
+extern const Kernels *kernels_cuda_tf32(void);  // common/kernels_cuda.cu
 #endif
 
 const Kernels *kernels_get(Device dev) {
@@ -588,6 +589,13 @@ const Kernels *kernels_get(Device dev) {
     if (dev == DEV_CUDA)
         lab_fail("this build has no CUDA: rebuild with make CUDA=1 on a machine with nvcc");
     lab_fail("unknown device %d: valid devices are cpu (0) and cuda (1)", (int)dev);
+}
+
+const Kernels *kernels_get_tf32(Device dev) {
+#ifdef LAB_CUDA
+    if (dev == DEV_CUDA) return kernels_cuda_tf32();
+#endif
+    return kernels_get(dev);
 }
 
 void kernels_set_threads(int n) {

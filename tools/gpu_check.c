@@ -162,6 +162,8 @@ enum { B = 3, T = 37, C = 72, NH = 4, V = 300, N = B * T };
 #define TOL_ELEMENTWISE 1e-6  // one formula per element (fused multiply-add or expf vs exp_approx)
 #define TOL_REDUCTION 1e-5    // row or column sums in another order
 #define TOL_MATMUL 1e-4       // cuBLAS vs CBLAS
+#define TOL_TF32 5e-3         // cuBLAS in TF32 (inputs rounded to 10 mantissa bits) vs CBLAS fp32
+static double tol_matmul = TOL_MATMUL;  // check_matmul's bound: TOL_TF32 for the TF32 table
 
 static void check_encoder(void) {
     float *wte = host_rand((size_t)V * C, -1, 1), *wpe = host_rand((size_t)T * C, -1, 1);
@@ -228,10 +230,10 @@ static void check_matmul(void) {
     float *d_out = dev_f32(NULL, (size_t)N * OC);
     kc->matmul_forward(out, inp, w, bias, N, C, OC);
     kg->matmul_forward(d_out, d_inp, d_w, d_bias, N, C, OC);
-    check("matmul_forward", "out", out, d_out, (size_t)N * OC, TOL_MATMUL);
+    check("matmul_forward", "out", out, d_out, (size_t)N * OC, tol_matmul);
     kc->matmul_forward(out, inp, w, NULL, N, C, OC);
     kg->matmul_forward(d_out, d_inp, d_w, NULL, N, C, OC);
-    check("matmul_forward (no bias)", "out", out, d_out, (size_t)N * OC, TOL_MATMUL);
+    check("matmul_forward (no bias)", "out", out, d_out, (size_t)N * OC, tol_matmul);
 
     float *dout = host_rand((size_t)N * OC, -1, 1), *d_dout = dev_f32(dout, (size_t)N * OC);
     float *dinp = host_rand((size_t)N * C, -1, 1), *dw = host_rand((size_t)OC * C, -1, 1);
@@ -240,16 +242,27 @@ static void check_matmul(void) {
     float *d_dbias = dev_f32(dbias, OC);
     kc->matmul_backward(dinp, dw, dbias, dout, inp, w, N, C, OC);
     kg->matmul_backward(d_dinp, d_dw, d_dbias, d_dout, d_inp, d_w, N, C, OC);
-    check("matmul_backward", "dinp", dinp, d_dinp, (size_t)N * C, TOL_MATMUL);
-    check("matmul_backward", "dw", dw, d_dw, (size_t)OC * C, TOL_MATMUL);
+    check("matmul_backward", "dinp", dinp, d_dinp, (size_t)N * C, tol_matmul);
+    check("matmul_backward", "dw", dw, d_dw, (size_t)OC * C, tol_matmul);
     check("matmul_backward", "dbias", dbias, d_dbias, OC, TOL_REDUCTION);
     // NULL outputs are skipped (the first layer needs no dinp): dw and dbias only
     kc->matmul_backward(NULL, dw, dbias, dout, inp, w, N, C, OC);
     kg->matmul_backward(NULL, d_dw, d_dbias, d_dout, d_inp, d_w, N, C, OC);
-    check("matmul_backward (dinp NULL)", "dw", dw, d_dw, (size_t)OC * C, TOL_MATMUL);
+    check("matmul_backward (dinp NULL)", "dw", dw, d_dw, (size_t)OC * C, tol_matmul);
     check("matmul_backward (dinp NULL)", "dbias", dbias, d_dbias, OC, TOL_REDUCTION);
     free(inp), free(w), free(bias), free(out), free(dout), free(dinp), free(dw), free(dbias);
     dev_free_all();
+}
+
+// The table of bf16 models (kernels_get_tf32): the same matmuls on tensor cores, inputs in TF32.
+static void check_matmul_tf32(void) {
+    const Kernels *fp32 = kg;
+    kg = kernels_get_tf32(DEV_CUDA);
+    tol_matmul = TOL_TF32;
+    print_header("matmuls of bf16 models: TF32 tensor cores (kernels_get_tf32) vs CPU fp32");
+    check_matmul();
+    kg = fp32;
+    tol_matmul = TOL_MATMUL;
 }
 
 static void check_attention(void) {
@@ -580,6 +593,8 @@ int main(int argc, char **argv) {
     check_encoder();
     check_layernorm();
     check_matmul();
+    check_matmul_tf32();
+    print_header("kernels (continued)");
     check_attention();
     check_elementwise();
     check_softmax_crossentropy();

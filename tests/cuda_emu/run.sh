@@ -4,6 +4,9 @@
 # CPU kernels on a machine without a GPU. Slow (every GPU thread is a coroutine); a few minutes.
 #
 #   bash tests/cuda_emu/run.sh [gpu_check arguments, e.g. --kernels-only]
+#   EMU_TOOL=bench_gpu bash tests/cuda_emu/run.sh --model tiny --batch 1 --steps 1 --peak-tflops 1
+#                       another tools/*.c program instead of gpu_check (here: a bf16 training
+#                       step of tiny GPT-2 through the CUDA path, TF32 matmuls included)
 #
 # Builds into $EMU_BUILD (default build-cuda-emu). Exit status: gpu_check's.
 # shellcheck disable=SC2086  # the *FLAGS and *LIBS strings are lists of words on purpose
@@ -40,7 +43,9 @@ for f in common/*.c; do
     $CC $CFLAGS -c "$f" -o "$OUT/obj/$name.o"
     objs+=("$OUT/obj/$name.o")
 done
-$CC $CFLAGS tools/gpu_check.c "${objs[@]}" $BLAS_LIBS $MPI_LIBS -lstdc++ -lm -lpthread $SAN \
-    -o "$OUT/gpu_check"
-echo "built $OUT/gpu_check (CUDA kernels emulated on the CPU)"
-OPENBLAS_NUM_THREADS=1 "$OUT/gpu_check" "$@"
+TOOL=${EMU_TOOL:-gpu_check}
+[ -f "tools/$TOOL.c" ] || { echo "EMU_TOOL=$TOOL: tools/$TOOL.c does not exist" >&2; exit 2; }
+$CC $CFLAGS "tools/$TOOL.c" "${objs[@]}" $BLAS_LIBS $MPI_LIBS -lstdc++ -lm -lpthread $SAN \
+    -o "$OUT/$TOOL"
+echo "built $OUT/$TOOL (CUDA kernels emulated on the CPU)"
+OPENBLAS_NUM_THREADS=1 "$OUT/$TOOL" "$@"

@@ -40,6 +40,17 @@ inline const char *cublasGetStatusString(cublasStatus_t s) {
     return "unknown cuBLAS status";
 }
 
+// TF32 (CUBLAS_TF32_TENSOR_OP_MATH): each input keeps 10 of fp32's 23 mantissa bits, rounded to
+// nearest even, before the products (accumulated at full precision, as tensor cores do).
+inline double emu_tf32(float x) {
+    uint32_t u;
+    memcpy(&u, &x, 4);
+    if ((u & 0x7f800000u) != 0x7f800000u) u = (u + 0xfffu + ((u >> 13) & 1u)) & ~0x1fffu;
+    float y;
+    memcpy(&y, &u, 4);
+    return y;
+}
+
 // C[i + j·ldc] = alpha · Σ_l op(A)(i,l) · op(B)(l,j) + beta · C[i + j·ldc]   (C not read if beta == 0)
 inline cublasStatus_t cublasSgemmStridedBatched(cublasHandle_t h, cublasOperation_t ta,
                                                 cublasOperation_t tb, int m, int n, int k,
@@ -48,7 +59,9 @@ inline cublasStatus_t cublasSgemmStridedBatched(cublasHandle_t h, cublasOperatio
                                                 long long strideB, const float *beta, float *C,
                                                 int ldc, long long strideC, int batch) {
     if (!h) return CUBLAS_STATUS_NOT_INITIALIZED;
-    if (h->math != CUBLAS_DEFAULT_MATH) emu_die("cuBLAS math mode is not the default fp32");
+    if (h->math != CUBLAS_DEFAULT_MATH && h->math != CUBLAS_TF32_TENSOR_OP_MATH)
+        emu_die("cuBLAS math mode is neither the default fp32 nor TF32");
+    const bool tf32 = h->math == CUBLAS_TF32_TENSOR_OP_MATH;
     int rows_a = ta == CUBLAS_OP_N ? m : k, rows_b = tb == CUBLAS_OP_N ? k : n;
     if (m < 0 || n < 0 || k < 0 || batch < 0 || (ta != CUBLAS_OP_N && ta != CUBLAS_OP_T) ||
         (tb != CUBLAS_OP_N && tb != CUBLAS_OP_T) || lda < (rows_a > 1 ? rows_a : 1) ||
@@ -63,7 +76,7 @@ inline cublasStatus_t cublasSgemmStridedBatched(cublasHandle_t h, cublasOperatio
                 for (int l = 0; l < k; l++) {
                     double a = ta == CUBLAS_OP_N ? Ab[i + (size_t)l * lda] : Ab[l + (size_t)i * lda];
                     double bb = tb == CUBLAS_OP_N ? Bb[l + (size_t)j * ldb] : Bb[j + (size_t)l * ldb];
-                    s += a * bb;
+                    s += tf32 ? emu_tf32((float)a) * emu_tf32((float)bb) : a * bb;
                 }
                 float *c = &Cb[i + (size_t)j * ldc];
                 *c = (float)(*alpha * s + (*beta == 0.0f ? 0.0 : (double)*beta * *c));
