@@ -117,6 +117,9 @@ $(foreach c,$(CHAPTERS),$(eval $(call chapter_rule,$(c))))
 TEST_SRCS := $(wildcard tests/test_*.c)
 TEST_BINS := $(patsubst tests/%.c,$(BUILD)/tests/%,$(TEST_SRCS))
 MPI_TEST_SRCS := $(wildcard tests/mpi_*.c)
+# tests/mpitest.c: the check counter and main() of mpi_collectives and mpi_ring, linked into every
+# MPI test program (not named mpi_*.c: it is not a program of its own)
+MPI_TEST_MAIN := tests/mpitest.c
 MPI_TEST_BINS := $(patsubst tests/%.c,$(BUILD)/tests/%,$(MPI_TEST_SRCS))
 HARNESS_SRCS := $(wildcard tests/harness*.c)
 # Chapter sources a test links directly (everything but main.c), e.g. 00_memory_budget/calc.c,
@@ -132,9 +135,9 @@ $(BUILD)/chapters/%.o: %.c $(COMMON_HDRS) $(CHAPTER_HDRS) $(FLAGS_STAMP)
 $(BUILD)/tests/test_%: tests/test_%.c $(HARNESS_SRCS) $(wildcard tests/*.h) $(CHAPTER_LIB_OBJS) $(LIBCOMMON)
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS_ALL) -Itests $(addprefix -I,$(CHAPTERS)) $< $(HARNESS_SRCS) $(CHAPTER_LIB_OBJS) $(LIBCOMMON) $(CRIT_LIBS) $(LDLIBS_ALL) -o $@
-$(BUILD)/tests/mpi_%: tests/mpi_%.c $(wildcard tests/*.h) $(CHAPTER_LIB_OBJS) $(LIBCOMMON)
+$(BUILD)/tests/mpi_%: tests/mpi_%.c $(MPI_TEST_MAIN) $(wildcard tests/*.h) $(CHAPTER_LIB_OBJS) $(LIBCOMMON)
 	@mkdir -p $(dir $@)
-	$(CC) $(CFLAGS_ALL) -Itests $(addprefix -I,$(CHAPTERS)) $< $(CHAPTER_LIB_OBJS) $(LIBCOMMON) $(LDLIBS_ALL) -o $@
+	$(CC) $(CFLAGS_ALL) -Itests $(addprefix -I,$(CHAPTERS)) $< $(MPI_TEST_MAIN) $(CHAPTER_LIB_OBJS) $(LIBCOMMON) $(LDLIBS_ALL) -o $@
 
 # tools/*.c  small programs of the lab (the benchmark, ...), linked with the runtime
 TOOL_BINS := $(patsubst tools/%.c,$(BUILD)/tools/%,$(wildcard tools/*.c))

@@ -184,7 +184,8 @@ long ring_bench(const RingBenchOpts *o, DistGroup *g) {
                    busbw[si][ALGO_PIPELINED] / busbw[si][ALGO_RING], busbw[si][ALGO_PIPELINED] / mem_bw[si]);
         }
         printf("# pipelined/ring: no allocation per call (the ring's fresh tmp costs a page fault per 4 KiB), each\n"
-               "#   segment added while still in cache, the next segment in flight meanwhile (ring_pipelined.c)\n");
+               "#   segment added while still in cache, the next segment in flight meanwhile, and the add asks for\n"
+               "#   the lines it will write one 4 KiB block ahead (ring_add in ring_pipelined.c)\n");
         printf("# pipelined/memcpy: a byte received costs memory traffic 3 in the scatter-reduce (read the sender's copy,\n"
                "#   read and write our own) and 2 in the all-gather (read, write): 2.5 per busbw byte, against 2 per\n"
                "#   byte of memcpy, so at most 0.8 with a core per rank; %d ranks on %ld cores here: at most %.2f\n",

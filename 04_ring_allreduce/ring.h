@@ -43,6 +43,9 @@ typedef struct RingWorkspace {
 
 void ring_workspace_init(RingWorkspace *ws, size_t seg_bytes);  // seg_bytes >= 4
 void ring_workspace_free(RingWorkspace *ws);
+// acc[i] += in[i] for i < n (acc and in must not overlap), asking for acc's cache lines ahead,
+// for writing: the add of the pipelined scatter-reduce (see ring_pipelined.c for why).
+void ring_add(float *restrict acc, const float *restrict in, size_t n);
 // Phase 1, pipelined: same contract as ring_scatter_reduce.
 void ring_scatter_reduce_pipelined(float *buf, size_t count, RingWorkspace *ws, DistGroup *g);
 // Pipelined phase 1 + phase 2 (the all-gather has nothing to add, so it is ring_all_gather).

@@ -9,6 +9,7 @@
 //      the cache by the time the add reads it back: one trip to memory less per element.
 //   3. overlap: segment k+1 is already posted (dist_isend / dist_irecv) while segment k is
 //      being added, so the neighbours can move it meanwhile.
+//   4. the add asks for the lines it is about to write one block ahead (ring_add below).
 // The all-gather phase has nothing to add: ring_all_gather receives straight into place, which
 // is already the least copying there is.
 #include "ring.h"
@@ -34,6 +35,26 @@ void ring_workspace_free(RingWorkspace *ws) {
 }
 
 static size_t min_size(size_t a, size_t b) { return a < b ? a : b; }
+
+// acc[i] += in[i] for i < n, the add of the scatter-reduce. `in` is a segment buffer the receive
+// has just written, so it is in our cache. acc is our copy of the chunk, and its cache lines are
+// often in a neighbour's cache too: it read them when we last sent this part of the buffer (in
+// the benchmark, in the all-gather of the call before). Writing such a line means first taking
+// it back (the other core's copy is invalidated): a round trip between cores per 64-byte line.
+// The hardware prefetcher fetches lines only for reading, so without help the stores keep only a
+// few of those round trips going at once (measured: the add of a 512 KiB chunk took 60-80 us
+// right after the exchange, 15 us when repeated at once). Here the add goes in blocks of 4 KiB, and before adding
+// a block it asks for the next block's lines for writing (__builtin_prefetch(p, 1): rw = 1,
+// prefetchw on x86), so those round trips overlap the add of this block. This gains most when
+// the chunk fits in the caches (around 1 MiB messages), where those round trips are the cost.
+void ring_add(float *restrict acc, const float *restrict in, size_t n) {
+    enum { BLOCK = 1024, LINE = 16 };  // in floats: 4 KiB, one 64-byte cache line
+    for (size_t b = 0; b < n; b += BLOCK) {
+        size_t end = min_size(b + BLOCK, n), next_end = min_size(end + BLOCK, n);
+        for (size_t p = end; p < next_end; p += LINE) __builtin_prefetch(acc + p, 1);
+        for (size_t i = b; i < end; i++) acc[i] += in[i];
+    }
+}
 
 void ring_scatter_reduce_pipelined(float *buf, size_t count, RingWorkspace *ws, DistGroup *g) {
     int r = g->rank, N = g->size;
@@ -65,10 +86,7 @@ void ring_scatter_reduce_pipelined(float *buf, size_t count, RingWorkspace *ws, 
             size_t j = k - 1;
             if (j < n_in) {
                 dist_wait(&recvs[j % 2]);
-                const float *in = ws->seg[j % 2];
-                float *dst = acc + j * SEG;
-                size_t len = min_size(SEG, in_len - j * SEG);
-                for (size_t i = 0; i < len; i++) dst[i] += in[i];
+                ring_add(acc + j * SEG, ws->seg[j % 2], min_size(SEG, in_len - j * SEG));
             }
             if (j < n_out) dist_wait(&sends[j % 2]);
         }

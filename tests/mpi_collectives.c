@@ -12,7 +12,6 @@
 //   mpi_collectives: <what> on N ranks: C checks, F failed
 // and exits 1 when F > 0.
 #include <math.h>
-#include <stdarg.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -21,22 +20,9 @@
 #include "check.h"
 #include "collectives.h"
 #include "dist.h"
+#include "mpitest.h"
 
-static int nchecks = 0, nfailed = 0;
 static int salt = 0;  // changes every call
-
-static void check(int ok, const char *fmt, ...) LAB_PRINTF(2, 3);
-static void check(int ok, const char *fmt, ...) {
-    nchecks++;
-    if (ok) return;
-    if (++nfailed > 20) return;
-    char msg[512];
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(msg, sizeof msg, fmt, ap);
-    va_end(ap);
-    fprintf(stderr, "[rank %d] FAIL: %s\n", dist_rank(), msg);
-}
 
 // Element i of group rank r's input: a small integer (0..20).
 static float input(int r, size_t i) {
@@ -68,17 +54,17 @@ static void mark(void) {
 }
 static void check_bytes(const char *what, size_t count, uint64_t want_sent, uint64_t want_recv, DistGroup *g) {
     uint64_t s = dist_counters()->sent[OP_SEND] - mark_sent, r = dist_counters()->recv[OP_RECV] - mark_recv;
-    check(s == want_sent && r == want_recv,
-          "%s count %zu on %s (rank %d of %d): moved sent %llu recv %llu bytes, formula says sent %llu recv %llu",
-          what, count, g->name, g->rank, g->size, (unsigned long long)s, (unsigned long long)r,
-          (unsigned long long)want_sent, (unsigned long long)want_recv);
+    mpi_check(s == want_sent && r == want_recv,
+              "%s count %zu on %s (rank %d of %d): moved sent %llu recv %llu bytes, formula says sent %llu recv %llu",
+              what, count, g->name, g->rank, g->size, (unsigned long long)s, (unsigned long long)r,
+              (unsigned long long)want_sent, (unsigned long long)want_recv);
 }
 
 static void report_diff(const char *what, size_t count, int root, const float *got, const float *want, size_t n,
                         DistGroup *g) {
     size_t i = first_diff(got, want, n);
-    check(i == n, "%s count %zu root %d on %s (rank %d of %d): element %zu is %g, the library gives %g", what,
-          count, root, g->name, g->rank, g->size, i, i < n ? (double)got[i] : 0.0, i < n ? (double)want[i] : 0.0);
+    mpi_check(i == n, "%s count %zu root %d on %s (rank %d of %d): element %zu is %g, the library gives %g", what,
+              count, root, g->name, g->rank, g->size, i, i < n ? (double)got[i] : 0.0, i < n ? (double)want[i] : 0.0);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -112,7 +98,7 @@ static void check_reduce(size_t count, int root, DistGroup *g) {
     prim_reduce(x, r == root ? got : NULL, count, root, g);
     uint64_t S = count * 4;
     check_bytes("prim_reduce", count, r == root ? 0 : S, r == root ? (uint64_t)(N - 1) * S : 0, g);
-    check(first_diff(x, x_copy, count) == count, "prim_reduce count %zu changed its input on rank %d", count, r);
+    mpi_check(first_diff(x, x_copy, count) == count, "prim_reduce count %zu changed its input on rank %d", count, r);
     if (r == root) report_diff("prim_reduce", count, root, got, want, count, g);
     // the in-place form at the root: send == recv
     fill_input(x, count, r);
@@ -236,8 +222,8 @@ static void check_all_reduce(size_t count, DistGroup *g) {
     uint64_t moved = ((count - len) + (uint64_t)(N - 1) * len) * 4;
     check_bytes("prim_all_reduce", count, moved, moved, g);
     if (count % (size_t)N == 0)  // the notes' formula, exactly
-        check(moved == 2ull * (uint64_t)(N - 1) * count * 4 / (uint64_t)N, "all-reduce bytes %llu != 2(N-1)/N*S",
-              (unsigned long long)moved);
+        mpi_check(moved == 2ull * (uint64_t)(N - 1) * count * 4 / (uint64_t)N, "all-reduce bytes %llu != 2(N-1)/N*S",
+                  (unsigned long long)moved);
     report_diff("prim_all_reduce", count, -1, got, want, count, g);
     free(got);
     free(want);
@@ -274,28 +260,8 @@ static void run_kind(int kind, DistGroup *g) {
 }
 
 int main(int argc, char **argv) {
-    dist_init(&argc, &argv);
-    DistGroup *world = dist_world();
-    if (argc < 2) lab_fail_collective("usage: mpi_collectives <what>... (broadcast reduce scatter gather "
-                                      "reduce-scatter all-gather all-reduce)");
-    // odd and even world ranks apart, in reverse order, so group rank != world rank
-    DistGroup *half = dist_split(world, world->rank % 2, -world->rank, "parity");
-    char names[256] = "";
-    for (int a = 1; a < argc; a++) {
-        int kind = -1;
-        for (int k = 0; k < NKINDS; k++)
-            if (strcmp(argv[a], KINDS[k]) == 0) kind = k;
-        if (kind < 0) lab_fail_collective("mpi_collectives: unknown collective '%s'", argv[a]);
-        run_kind(kind, world);
-        run_kind(kind, half);
-        strncat(names, argv[a], sizeof names - strlen(names) - 2);
-        strcat(names, " ");
-    }
-    int counts[2] = {nchecks, nfailed};
-    dist_all_reduce(NULL, counts, 2, DIST_I32, DIST_SUM, world);
-    if (world->rank == 0)
-        printf("mpi_collectives: %son %d ranks: %d checks, %d failed\n", names, world->size, counts[0], counts[1]);
-    dist_group_free(half);
-    dist_finalize();
-    return counts[1] ? 1 : 0;
+    return mpi_test_main(argc, argv, "mpi_collectives",
+                         "usage: mpi_collectives <what>... (broadcast reduce scatter gather "
+                         "reduce-scatter all-gather all-reduce)",
+                         KINDS, NKINDS, run_kind);
 }

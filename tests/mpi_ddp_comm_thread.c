@@ -13,28 +13,14 @@
 // Prints "mpi_ddp_comm_thread: OK". With --misuse it calls dist_barrier while an all-reduce is
 // queued: that must end the job with a message naming the rule (the test checks the message).
 #include <math.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "check.h"
 #include "dist.h"
+#include "mpitest.h"
 #include "kernels.h"
-
-static int nfailed = 0;
-
-static void check(int ok, const char *fmt, ...) LAB_PRINTF(2, 3);
-static void check(int ok, const char *fmt, ...) {
-    if (ok) return;
-    if (++nfailed > 20) return;
-    char msg[512];
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(msg, sizeof msg, fmt, ap);
-    va_end(ap);
-    fprintf(stderr, "[rank %d] FAIL: %s\n", dist_rank(), msg);
-}
 
 typedef struct Case {
     DistDtype dt;
@@ -110,30 +96,30 @@ int main(int argc, char **argv) {
                 w[c] = dist_iall_reduce(in[c], got[c], cases[c].count, cases[c].dt, cases[c].op,
                                         world);
             }
-            check(w[c].active && w[c].task != NULL, "case %d: not queued on the thread", c);
+            mpi_check(w[c].active && w[c].task != NULL, "case %d: not queued on the thread", c);
         }
         dist_wait(&w[nc - 1]);  // the last one first: the earlier ones ran before it
-        check(!w[nc - 1].active, "dist_wait left the op active");
+        mpi_check(!w[nc - 1].active, "dist_wait left the op active");
         for (int left = nc - 1; left > 0;) {  // the others by polling
             left = 0;
             for (int c = 0; c < nc - 1; c++) left += !dist_test(&w[c]);
         }
         for (int c = 0; c < nc; c++) {
             size_t bytes = cases[c].count * dist_dtype_size(cases[c].dt);
-            check(memcmp(got[c], want[c], bytes) == 0,
+            mpi_check(memcmp(got[c], want[c], bytes) == 0,
                   "round %d case %d (dtype %d, op %d, %zu elements, %s): the thread's result "
                   "differs from the blocking all-reduce", round, c, (int)cases[c].dt,
                   (int)cases[c].op, cases[c].count, cases[c].in_place ? "in place" : "out of place");
             if (!cases[c].in_place) {
                 void *again = lab_xmalloc(bytes + 1);
                 fill(again, cases[c].dt, cases[c].count, rank, c);
-                check(memcmp(again, in[c], bytes) == 0, "case %d: the send buffer was changed", c);
+                mpi_check(memcmp(again, in[c], bytes) == 0, "case %d: the send buffer was changed", c);
                 free(again);
             }
             free(in[c]); free(got[c]); free(want[c]);
         }
         const DistCounters *q = dist_counters();
-        check(q->calls[OP_ALL_REDUCE] == blocking.calls[OP_ALL_REDUCE] &&
+        mpi_check(q->calls[OP_ALL_REDUCE] == blocking.calls[OP_ALL_REDUCE] &&
                   q->sent[OP_ALL_REDUCE] == blocking.sent[OP_ALL_REDUCE] &&
                   q->recv[OP_ALL_REDUCE] == blocking.recv[OP_ALL_REDUCE],
               "counters: %llu calls, %llu B sent, %llu B recv on the thread; blocking %llu, %llu, "
@@ -144,20 +130,20 @@ int main(int argc, char **argv) {
               (unsigned long long)blocking.recv[OP_ALL_REDUCE]);
         double busy1, cpu1;
         dist_comm_thread_times(world, &busy1, &cpu1);
-        check(busy1 > busy0 && cpu1 >= cpu0 && cpu1 - cpu0 <= (busy1 - busy0) * 1.5 + 1e-3,
+        mpi_check(busy1 > busy0 && cpu1 >= cpu0 && cpu1 - cpu0 <= (busy1 - busy0) * 1.5 + 1e-3,
               "thread times: busy %g -> %g s, cpu %g -> %g s", busy0, busy1, cpu0, cpu1);
         dist_comm_thread_stop(world);
-        check(world->thread == NULL, "dist_comm_thread_stop left the thread");
+        mpi_check(world->thread == NULL, "dist_comm_thread_stop left the thread");
         // without the thread: the ordinary non-blocking path
         float x = 1.0f;
         DistWork plain = dist_iall_reduce(&x, &x, 1, DIST_F32, DIST_SUM, world);
-        check(plain.task == NULL, "after stop an all-reduce was still queued on a thread");
+        mpi_check(plain.task == NULL, "after stop an all-reduce was still queued on a thread");
         dist_wait(&plain);
-        check(x == (float)world->size, "plain all-reduce after stop gave %g", (double)x);
+        mpi_check(x == (float)world->size, "plain all-reduce after stop gave %g", (double)x);
         dist_comm_thread_start(world);
     }
 
-    int bad = nfailed;
+    int bad = mpi_failed();
     dist_all_reduce(&bad, &bad, 1, DIST_I32, DIST_SUM, world);
     if (rank == 0 && bad) printf("mpi_ddp_comm_thread: %d FAILED checks\n", bad);
     if (rank == 0 && !bad) printf("mpi_ddp_comm_thread: OK\n");

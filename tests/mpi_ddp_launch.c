@@ -11,7 +11,6 @@
 // With --thread-views: the buckets are views all-reduced on the communication thread (03_ddp's
 // default); without: packed buckets, non-blocking MPI polled by the hook.
 #include <math.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -20,21 +19,8 @@
 #include "data.h"
 #include "ddp_buckets.h"
 #include "dist.h"
+#include "mpitest.h"
 #include "gpt2.h"
-
-static int nfailed = 0;
-
-static void check(int ok, const char *fmt, ...) LAB_PRINTF(2, 3);
-static void check(int ok, const char *fmt, ...) {
-    if (ok) return;
-    if (++nfailed > 20) return;
-    char msg[512];
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(msg, sizeof msg, fmt, ap);
-    va_end(ap);
-    fprintf(stderr, "[rank %d] FAIL: %s\n", dist_rank(), msg);
-}
 
 // When backward has made p's gradient final, worked out here from the model's structure:
 // the head (piece 0) finishes lnfw/lnfb, piece 1 + (L-1-l) finishes block l, the embedding
@@ -80,7 +66,7 @@ int main(int argc, char **argv) {
         }
     Ddp ddp;
     ddp_init(&ddp, &model, order, np, bucket_of, world);
-    check(ddp.nbuckets == 6, "ddp_init made %d buckets from the 6-bucket layout", ddp.nbuckets);
+    mpi_check(ddp.nbuckets == 6, "ddp_init made %d buckets from the 6-bucket layout", ddp.nbuckets);
     if (argc > 1 && strcmp(argv[1], "--thread-views") == 0) {
         dist_comm_thread_start(world);
         ddp_use_views(&ddp);
@@ -108,14 +94,14 @@ int main(int argc, char **argv) {
             for (int b = 0; b < 6; b++) {
                 const DdpBucket *bk = &ddp.buckets[b];
                 int should = complete_after[b] <= piece;
-                check(bk->launched == should,
+                mpi_check(bk->launched == should,
                       "step %d, after backward piece %d: bucket %d (complete after piece %d) is %s",
                       step, piece, b, complete_after[b], bk->launched ? "launched" : "not launched");
                 if (bk->launched) {
-                    check(bk->launch_piece == complete_after[b],
+                    mpi_check(bk->launch_piece == complete_after[b],
                           "step %d: bucket %d launched after piece %d, but it was complete after "
                           "piece %d", step, b, bk->launch_piece, complete_after[b]);
-                    check(bk->launch_seq == b, "step %d: bucket %d was launched as number %d: "
+                    mpi_check(bk->launch_seq == b, "step %d: bucket %d was launched as number %d: "
                           "buckets must start in order", step, b, bk->launch_seq);
                 }
             }
@@ -132,11 +118,11 @@ int main(int argc, char **argv) {
             double tol = N == 2 ? 0.0 : 1e-6 * scale;
             if (!(d <= tol)) worst = isnan(d) ? INFINITY : fmax(worst, d);
         }
-        check(worst == 0, "step %d: averaged gradients differ from the plain all-reduce by up to "
+        mpi_check(worst == 0, "step %d: averaged gradients differ from the plain all-reduce by up to "
               "%g (stale or missing gradients in a bucket?)", step, worst);
     }
 
-    int bad = nfailed;
+    int bad = mpi_failed();
     dist_all_reduce(&bad, &bad, 1, DIST_I32, DIST_SUM, world);
     if (rank == 0 && bad) printf("mpi_ddp_launch: %d FAILED checks\n", bad);
     if (rank == 0 && !bad) printf("mpi_ddp_launch: OK\n");

@@ -9,29 +9,15 @@
 // Runs the tree, then the linear reduce, on a count that is not a multiple of anything, in fp32
 // and in bf16 (mixed precision; the values and their sums are small integers, exact in bf16).
 // Prints "mpi_ddp_tree: OK" on success.
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "check.h"
 #include "dist.h"
+#include "mpitest.h"
 #include "dp_master.h"
 #include "kernels.h"
-
-static int nfailed = 0;
-
-static void check(int ok, const char *fmt, ...) LAB_PRINTF(2, 3);
-static void check(int ok, const char *fmt, ...) {
-    if (ok) return;
-    if (++nfailed > 20) return;
-    char msg[512];
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(msg, sizeof msg, fmt, ap);
-    va_end(ap);
-    fprintf(stderr, "[rank %d] FAIL: %s\n", dist_rank(), msg);
-}
 
 static float value(int rank, size_t i, int salt) {
     return (float)((int)((i * 7 + (size_t)rank * 13 + (size_t)salt) % 17) - 8);
@@ -61,23 +47,23 @@ static void run(DpReduce how, DistDtype dt, const char *name, int salt) {
             for (int r = 0; r < N; r++) want += value(r, i, salt);
             if (grads[i] != want) bad++;
         }
-        check(bad == 0, "%s: %zu of %zu elements of rank 0's sum are wrong", name, bad, n);
+        mpi_check(bad == 0, "%s: %zu of %zu elements of rank 0's sum are wrong", name, bad, n);
         int rounds = 0;  // ceil(log2 N)
         while ((1 << rounds) < N) rounds++;
         uint64_t want_recv = how == DP_REDUCE_TREE ? (uint64_t)rounds * S : (uint64_t)(N - 1) * S;
-        check(recv == want_recv, "%s: rank 0 received %llu bytes, expected %llu (%s)", name,
+        mpi_check(recv == want_recv, "%s: rank 0 received %llu bytes, expected %llu (%s)", name,
               (unsigned long long)recv, (unsigned long long)want_recv,
               how == DP_REDUCE_TREE ? "ceil(log2 N) buffers" : "N-1 buffers");
-        check(sent == 0, "%s: rank 0 sent %llu bytes; the root only receives", name,
+        mpi_check(sent == 0, "%s: rank 0 sent %llu bytes; the root only receives", name,
               (unsigned long long)sent);
     } else {
-        check(sent == S && c->calls[OP_SEND] == 1, "%s: rank %d sent %llu bytes in %llu sends, "
+        mpi_check(sent == S && c->calls[OP_SEND] == 1, "%s: rank %d sent %llu bytes in %llu sends, "
               "expected one buffer of %llu", name, rank, (unsigned long long)sent,
               (unsigned long long)c->calls[OP_SEND], (unsigned long long)S);
     }
     double total_recv = (double)recv;  // every partial sum travels once: N-1 buffers in all
     dist_all_reduce(&total_recv, &total_recv, 1, DIST_F64, DIST_SUM, g);
-    check(total_recv == (double)(N - 1) * (double)S, "%s: all ranks together received %.0f bytes, "
+    mpi_check(total_recv == (double)(N - 1) * (double)S, "%s: all ranks together received %.0f bytes, "
           "expected N-1 = %d buffers of %llu", name, total_recv, N - 1, (unsigned long long)S);
     free(grads);
     free(scratch);
@@ -91,7 +77,7 @@ int main(int argc, char **argv) {
     run(DP_REDUCE_LINEAR, DIST_F32, "linear", 2);
     run(DP_REDUCE_TREE, DIST_BF16, "tree bf16", 3);
     run(DP_REDUCE_LINEAR, DIST_BF16, "linear bf16", 4);
-    int bad = nfailed;
+    int bad = mpi_failed();
     dist_all_reduce(&bad, &bad, 1, DIST_I32, DIST_SUM, dist_world());
     if (dist_rank() == 0 && bad) printf("mpi_ddp_tree: %d FAILED checks\n", bad);
     if (dist_rank() == 0 && !bad) printf("mpi_ddp_tree: OK\n");

@@ -6,7 +6,8 @@
 // with <what> among
 //   scatter-reduce   ring_scatter_reduce alone: chunk (r+1) mod N is the library's sum
 //   all-gather       ring_all_gather alone, from buffers that hold only chunk (r+1) mod N
-//   pipelined-phase  ring_scatter_reduce_pipelined alone, for several segment sizes
+//   pipelined-phase  ring_scatter_reduce_pipelined alone, for several segment sizes, and its add
+//                    (ring_add) against the plain loop
 //   all-reduce       ring_all_reduce and ring_all_reduce_pipelined, whole
 //   naive            naive_all_reduce, every root
 // on N = 1..8, for counts 0, 1, N-1 (fewer than N), N+1 and 3N+2 (not divisible), 4N and
@@ -18,7 +19,6 @@
 //   mpi_ring: <what> on N ranks: C checks, F failed
 // and exits 1 when F > 0.
 #include <math.h>
-#include <stdarg.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -26,24 +26,11 @@
 
 #include "check.h"
 #include "dist.h"
+#include "mpitest.h"
 #include "mem.h"
 #include "ring.h"
 
-static int nchecks = 0, nfailed = 0;
 static int salt = 0;
-
-static void check(int ok, const char *fmt, ...) LAB_PRINTF(2, 3);
-static void check(int ok, const char *fmt, ...) {
-    nchecks++;
-    if (ok) return;
-    if (++nfailed > 20) return;
-    char msg[512];
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(msg, sizeof msg, fmt, ap);
-    va_end(ap);
-    fprintf(stderr, "[rank %d] FAIL: %s\n", dist_rank(), msg);
-}
 
 static float input(int r, size_t i) {
     return (float)((((size_t)r * 5 + i * 7 + (size_t)salt * 3) % 13) + (size_t)r % 3);
@@ -70,10 +57,10 @@ static void mark(void) {
 }
 static void check_bytes(const char *what, size_t count, uint64_t want_sent, uint64_t want_recv, DistGroup *g) {
     uint64_t s = dist_counters()->sent[OP_SEND] - mark_sent, r = dist_counters()->recv[OP_RECV] - mark_recv;
-    check(s == want_sent && r == want_recv,
-          "%s count %zu on %s (rank %d of %d): moved sent %llu recv %llu bytes, formula says sent %llu recv %llu",
-          what, count, g->name, g->rank, g->size, (unsigned long long)s, (unsigned long long)r,
-          (unsigned long long)want_sent, (unsigned long long)want_recv);
+    mpi_check(s == want_sent && r == want_recv,
+              "%s count %zu on %s (rank %d of %d): moved sent %llu recv %llu bytes, formula says sent %llu recv %llu",
+              what, count, g->name, g->rank, g->size, (unsigned long long)s, (unsigned long long)r,
+              (unsigned long long)want_sent, (unsigned long long)want_recv);
 }
 
 // got[from, from+n) against want[from, from+n), bit for bit.
@@ -81,12 +68,12 @@ static void check_range(const char *what, const char *part, size_t count, const 
                         size_t from, size_t n, DistGroup *g) {
     for (size_t i = from; i < from + n; i++) {
         if (got[i] != want[i]) {
-            check(0, "%s count %zu on %s (rank %d of %d): %s, element %zu is %g, want %g", what, count, g->name,
-                  g->rank, g->size, part, i, (double)got[i], (double)want[i]);
+            mpi_check(0, "%s count %zu on %s (rank %d of %d): %s, element %zu is %g, want %g", what, count, g->name,
+                      g->rank, g->size, part, i, (double)got[i], (double)want[i]);
             return;
         }
     }
-    check(1, "%s", part);
+    mpi_check(1, "%s", part);
 }
 
 // The library's all-reduce of this call's inputs.
@@ -138,14 +125,39 @@ static void test_pipelined_phase(size_t count, size_t seg_elems, DistGroup *g) {
     ring_scatter_reduce_pipelined(buf, count, &ws, g);
     check_bytes("ring_scatter_reduce_pipelined", count, (count - clen(count, N, (r + 1) % N)) * 4,
                 (count - clen(count, N, r)) * 4, g);
-    check(mem_current(MEM_COMM) == comm_before && mem_total_peak() == peak_before,
-          "ring_scatter_reduce_pipelined allocated memory in the call (it must use its workspace)");
+    mpi_check(mem_current(MEM_COMM) == comm_before && mem_total_peak() == peak_before,
+              "ring_scatter_reduce_pipelined allocated memory in the call (it must use its workspace)");
     char what[96];
     snprintf(what, sizeof what, "ring_scatter_reduce_pipelined (segment %zu floats)", seg_elems);
     check_scatter_reduce_result(what, count, buf, sum, g);
     ring_workspace_free(&ws);
     free(sum);
     free(buf);
+}
+
+// ring_add (the pipelined scatter-reduce's add, in blocks of 4 KiB with the next block's lines
+// prefetched) against the plain loop, for lengths around the block size, and nothing written
+// past the end (sentinels follow acc).
+static void test_ring_add(void) {
+    size_t lens[] = {0, 1, 15, 17, 1023, 1024, 1025, 2048, 2049, 5000};
+    enum { GUARD = 64 };
+    for (size_t k = 0; k < sizeof lens / sizeof lens[0]; k++) {
+        size_t n = lens[k];
+        float *acc = alloc_f(n + GUARD), *in = alloc_f(n), *want = alloc_f(n + GUARD);
+        for (size_t i = 0; i < n + GUARD; i++) acc[i] = want[i] = (float)(i % 11);
+        for (size_t i = 0; i < n; i++) in[i] = (float)(i % 7 + 1);
+        for (size_t i = 0; i < n; i++) want[i] += in[i];
+        ring_add(acc, in, n);
+        size_t bad = n + GUARD;
+        for (size_t i = 0; i < n + GUARD && bad == n + GUARD; i++)
+            if (acc[i] != want[i]) bad = i;
+        mpi_check(bad == n + GUARD, "ring_add of %zu floats: element %zu is %g, want %g%s", n, bad,
+                  bad < n + GUARD ? (double)acc[bad] : 0.0, bad < n + GUARD ? (double)want[bad] : 0.0,
+                  bad >= n && bad < n + GUARD ? " (written past the end)" : "");
+        free(acc);
+        free(in);
+        free(want);
+    }
 }
 
 static void test_all_gather(size_t count, DistGroup *g) {
@@ -181,8 +193,8 @@ static void test_all_reduce(size_t count, DistGroup *g) {
     ring_all_reduce(buf, count, g);
     check_bytes("ring_all_reduce", count, sent, recv, g);
     if (count % (size_t)N == 0)  // the notes' 2(N-1)/N * S, exactly
-        check(sent == 2ull * (uint64_t)(N - 1) * count * 4 / (uint64_t)N, "ring bytes %llu != 2(N-1)/N*S",
-              (unsigned long long)sent);
+        mpi_check(sent == 2ull * (uint64_t)(N - 1) * count * 4 / (uint64_t)N, "ring bytes %llu != 2(N-1)/N*S",
+                  (unsigned long long)sent);
     check_range("ring_all_reduce", "the whole buffer", count, buf, want, 0, count, g);
 
     size_t segs[] = {1, 1000, 1u << 16};
@@ -232,6 +244,7 @@ static const char *KINDS[] = {"scatter-reduce", "all-gather", "pipelined-phase",
 
 static void run_kind(int kind, DistGroup *g) {
     int N = g->size;
+    if (kind == 2) test_ring_add();  // the pipelined phase's add on its own (no communication)
     size_t counts[] = {0, 1, (size_t)(N > 1 ? N - 1 : 2), (size_t)N + 1, 3 * (size_t)N + 2, 4 * (size_t)N,
                        (1u << 18) + 3};
     for (size_t c = 0; c < sizeof counts / sizeof counts[0]; c++) {
@@ -257,27 +270,8 @@ static void run_kind(int kind, DistGroup *g) {
 }
 
 int main(int argc, char **argv) {
-    dist_init(&argc, &argv);
-    DistGroup *world = dist_world();
-    if (argc < 2) lab_fail_collective("usage: mpi_ring <what>... (scatter-reduce all-gather pipelined-phase "
-                                      "all-reduce naive)");
-    DistGroup *half = dist_split(world, world->rank % 2, -world->rank, "parity");
-    char names[256] = "";
-    for (int a = 1; a < argc; a++) {
-        int kind = -1;
-        for (int k = 0; k < NKINDS; k++)
-            if (strcmp(argv[a], KINDS[k]) == 0) kind = k;
-        if (kind < 0) lab_fail_collective("mpi_ring: unknown test '%s'", argv[a]);
-        run_kind(kind, world);
-        run_kind(kind, half);
-        strncat(names, argv[a], sizeof names - strlen(names) - 2);
-        strcat(names, " ");
-    }
-    int counts[2] = {nchecks, nfailed};
-    dist_all_reduce(NULL, counts, 2, DIST_I32, DIST_SUM, world);
-    if (world->rank == 0)
-        printf("mpi_ring: %son %d ranks: %d checks, %d failed\n", names, world->size, counts[0], counts[1]);
-    dist_group_free(half);
-    dist_finalize();
-    return counts[1] ? 1 : 0;
+    return mpi_test_main(argc, argv, "mpi_ring",
+                         "usage: mpi_ring <what>... (scatter-reduce all-gather pipelined-phase "
+                         "all-reduce naive)",
+                         KINDS, NKINDS, run_kind);
 }

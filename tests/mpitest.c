@@ -1,0 +1,49 @@
+// mpitest.c: the check counter and main() of the MPI test programs (see mpitest.h).
+#include "mpitest.h"
+
+#include <stdarg.h>
+#include <stdio.h>
+#include <string.h>
+
+static int nchecks = 0, nfailed = 0;
+
+void mpi_check(int ok, const char *fmt, ...) {
+    nchecks++;
+    if (ok) return;
+    if (++nfailed > 20) return;
+    char msg[512];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    va_end(ap);
+    fprintf(stderr, "[rank %d] FAIL: %s\n", dist_rank(), msg);
+}
+
+int mpi_failed(void) { return nfailed; }
+
+int mpi_test_main(int argc, char **argv, const char *prog, const char *usage, const char *const *kinds, int nkinds,
+                  void (*run)(int kind, DistGroup *g)) {
+    dist_init(&argc, &argv);
+    DistGroup *world = dist_world();
+    if (argc < 2) lab_fail_collective("%s", usage);
+    // odd and even world ranks apart, in reverse order, so group rank != world rank
+    DistGroup *half = dist_split(world, world->rank % 2, -world->rank, "parity");
+    char names[256] = "";
+    for (int a = 1; a < argc; a++) {
+        int kind = -1;
+        for (int k = 0; k < nkinds; k++)
+            if (strcmp(argv[a], kinds[k]) == 0) kind = k;
+        if (kind < 0) lab_fail_collective("%s: unknown test '%s'\n%s", prog, argv[a], usage);
+        run(kind, world);
+        run(kind, half);
+        strncat(names, argv[a], sizeof names - strlen(names) - 2);
+        strcat(names, " ");
+    }
+    int counts[2] = {nchecks, nfailed};
+    dist_all_reduce(NULL, counts, 2, DIST_I32, DIST_SUM, world);
+    if (world->rank == 0)
+        printf("%s: %son %d ranks: %d checks, %d failed\n", prog, names, world->size, counts[0], counts[1]);
+    dist_group_free(half);
+    dist_finalize();
+    return counts[1] ? 1 : 0;
+}

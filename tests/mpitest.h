@@ -1,0 +1,23 @@
+// mpitest.h: what the MPI test programs (tests/mpi_*.c) share: a check counter, and the main()
+// of those that run named tests on the world and on a split group (mpi_collectives, mpi_ring).
+//
+// Such a program is launched by a Criterion test as
+//   mpirun -np N build/tests/<prog> <what>...
+// runs each <what> (one of its kinds) on the world and on a split group (odd and even world
+// ranks apart, in reverse order, so group rank != world rank), and prints one summary line
+//   <prog>: <what>... on N ranks: C checks, F failed
+// (summed over all ranks), which the Criterion test parses; it exits 1 when F > 0.
+#pragma once
+#include "check.h"
+#include "dist.h"
+
+// Counts one check; when !ok prints "[rank r] FAIL: <message>" to stderr (the first 20 only).
+void mpi_check(int ok, const char *fmt, ...) LAB_PRINTF(2, 3);
+// Checks that failed on this rank so far.
+int mpi_failed(void);
+
+// The whole main(): dist_init, then run(kind, world) and run(kind, half) for every argument,
+// where kind is its index in kinds[0..nkinds); an unknown name, or none, fails on every rank
+// with `usage`. Returns the exit status (0: no check failed).
+int mpi_test_main(int argc, char **argv, const char *prog, const char *usage, const char *const *kinds, int nkinds,
+                  void (*run)(int kind, DistGroup *g));
