@@ -28,6 +28,7 @@
 #include "optim.h"
 #include "results.h"
 #include "trace.h"
+#include "train.h"
 
 static const char *USAGE =
     "00_memory_budget: where one device's memory goes, and what training costs.\n"
@@ -147,7 +148,8 @@ static void train(const LabArgs *args) {
     // The weights AdamW updates. fp32: the parameters themselves. bf16: an fp32 master copy
     // (4 more bytes per parameter), because an update smaller than half a bf16 step (1/256 of
     // the weight) would round away if added to the bf16 weights directly.
-    float *master = bf16 ? mem_alloc(n * sizeof(float), MEM_MASTER, dev) : model.params;
+    // (common/train.h holds these steps, shared with the data-parallel chapters.)
+    float *master = train_master_alloc(&model);
 
     // The optimizer state: Adam's m and v, one float per parameter each.
     float *opt_m = mem_alloc(n * sizeof(float), MEM_OPT_M, dev);
@@ -162,13 +164,10 @@ static void train(const LabArgs *args) {
     } else if (args->load_weights) {
         ckpt_load_weights_into(args->load_weights, &cfg, master, n);
     } else {
-        float *w = lab_xmalloc(n * sizeof(float));
-        gpt2_init_slice(&cfg, (uint64_t)args->seed, 0, n, w);
-        mem_copy(master, w, n * sizeof(float));
-        free(w);
+        train_master_init(&model, master, (uint64_t)args->seed);
     }
     // bf16: the weights the forward pass reads are the master rounded to nearest even.
-    if (bf16) k->f32_to_bf16(model.params_bf16, master, n);
+    train_master_to_model(&model, master);
 
     // The data: the global batch of step s is a pure function of (data seed, s).
     DataSource data;
@@ -204,27 +203,12 @@ static void train(const LabArgs *args) {
         tok = trace_begin("backward", TRACE_COMPUTE);
         gpt2_backward(&model, 1.0f / (float)(B * T));
         trace_end(tok);
-        if (step == args->inject_nan_step) {   // fault injection: a NaN in one gradient
-            float nan = NAN;
-            uint16_t nan16 = bf16_from_f32(NAN);
-            if (bf16) mem_copy(model.grads_bf16, &nan16, sizeof nan16);
-            else mem_copy(model.grads, &nan, sizeof nan);
-        }
-        // 4. clip the global gradient norm (fails the run on NaN/Inf), then AdamW
+        if (step == args->inject_nan_step) train_inject_nan(&model);  // fault injection
+        // 4. clip the global gradient norm (fails the run on NaN/Inf), then AdamW on the master.
+        //    bf16: the gradients are widened to fp32 a chunk at a time, AdamW updates the fp32
+        //    master, then the bf16 weights become the master rounded to nearest even.
         tok = trace_begin("optimizer", TRACE_COMPUTE);
-        if (!bf16) {
-            float scale = adamw_clip_scale(&opt, k->sum_squares(model.grads, n), step);
-            adamw_step(&opt, k, step, model.params, model.grads, opt_m, opt_v, 0, n, plist, nplist,
-                       scale);
-        } else {
-            // bf16 gradients, widened to fp32 chunk by chunk in the model's scratch buffer;
-            // AdamW updates the fp32 master, then params = bf16(master)
-            double norm_sq = bf16_sum_squares(k, model.grads_bf16, n, model.work_grads,
-                                              model.work_size);
-            float scale = adamw_clip_scale(&opt, norm_sq, step);
-            adamw_step_bf16(&opt, k, step, master, model.params_bf16, model.grads_bf16, opt_m,
-                            opt_v, 0, n, plist, nplist, scale, model.work_grads, model.work_size);
-        }
+        train_adamw_step(&opt, &model, step, master, opt_m, opt_v, plist, nplist);
         trace_end(tok);
         losses[step] = loss;
 
@@ -250,14 +234,7 @@ static void train(const LabArgs *args) {
     // Checkpoints and results: host copies of the parameters (bf16: the weights the forward
     // pass reads, widened to fp32; the training state keeps the fp32 master instead).
     float *host_params = lab_xmalloc(n * sizeof(float));
-    if (bf16) {
-        uint16_t *p16 = lab_xmalloc(n * sizeof(uint16_t));
-        mem_copy(p16, model.params_bf16, n * sizeof(uint16_t));
-        kernels_cpu.bf16_to_f32(host_params, p16, n);
-        free(p16);
-    } else {
-        mem_copy(host_params, model.params, n * sizeof(float));
-    }
+    train_params_to_host(&model, host_params);
     if (args->save) {
         ckpt_save_training(args->save, &cfg, end, (uint64_t)args->seed, (uint64_t)args->data_seed,
                            master, opt_m, opt_v, n);
@@ -286,8 +263,8 @@ static void train(const LabArgs *args) {
     free(losses);
     free(plist);
     data_free(&data);
+    train_master_free(&model, master);  // before gpt2_free: in fp32 it is the parameters
     gpt2_free(&model);
-    if (bf16) mem_free(master);
     mem_free(opt_m);
     mem_free(opt_v);
     mem_free(inputs);

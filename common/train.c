@@ -13,6 +13,7 @@ float *train_master_alloc(GPT2 *m) {
 }
 
 void train_master_free(GPT2 *m, float *master) {
+    LAB_CHECK(m->num_params > 0, "train_master_free after gpt2_free: free the master first");
     if (master && master != m->params) mem_free(master);
 }
 

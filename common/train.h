@@ -14,7 +14,7 @@
 
 // The weights AdamW updates: fp32 -> m->params; bf16 -> a new fp32 buffer of num_params
 // floats on the model's device, tagged MEM_MASTER (4 bytes per parameter). Free it with
-// train_master_free.
+// train_master_free, before gpt2_free (it needs the model to tell the two cases apart).
 float *train_master_alloc(GPT2 *m);
 void train_master_free(GPT2 *m, float *master);
 
