@@ -102,13 +102,22 @@ $(LIBCOMMON): $(COMMON_OBJS)
 	ar rcs $@ $^
 
 # --- chapters ------------------------------------------------------------------------------------
-# Each chapter: <chapter>/*.c (main.c + its own files) -> <chapter>/run
+# Each chapter: <chapter>/*.c (main.c + its own files) -> $(BUILD)/bin/<chapter>/run, copied to
+# <chapter>/run, the path students type. The copy is refreshed on every make, so <chapter>/run
+# is always the binary of the build last asked for (a `make SAN=1 test` leaves sanitizer
+# binaries there until the next plain `make`). Copied under a temporary name and renamed, so a
+# run in progress keeps its binary.
 define chapter_rule
-$(1)/run: $(wildcard $(1)/*.c) $(wildcard $(1)/*.h) $(LIBCOMMON) $(COMMON_HDRS)
+$(BUILD)/bin/$(1)/run: $(wildcard $(1)/*.c) $(wildcard $(1)/*.h) $(LIBCOMMON) $(COMMON_HDRS)
+	@mkdir -p $$(dir $$@)
 	$$(CC) $$(CFLAGS_ALL) -I$(1) $(wildcard $(1)/*.c) $(LIBCOMMON) $$(LDLIBS_ALL) -o $$@
+$(1)/run: $(BUILD)/bin/$(1)/run FORCE
+	@cmp -s $$< $$@ || { cp $$< $$@.tmp && mv -f $$@.tmp $$@; }
 $(1): $(1)/run
 .PHONY: $(1)
 endef
+FORCE:
+.PHONY: FORCE
 $(foreach c,$(CHAPTERS),$(eval $(call chapter_rule,$(c))))
 
 # --- tests ---------------------------------------------------------------------------------------
