@@ -252,9 +252,7 @@ static void train(const LabArgs *args) {
         results_init(&out, end, n);
         memcpy(out.losses, losses, (size_t)end * sizeof(float));
         memcpy(out.params, host_params, n * sizeof(float));
-        const char *keys[MEM_NCATS] = {"mem_params", "mem_grads", "mem_master", "mem_opt_m",
-                                       "mem_opt_v", "mem_acts", "mem_comm", "mem_other"};
-        for (int c = 0; c < MEM_NCATS; c++) results_set(&out, keys[c], (double)mem_peak(c));
+        results_set_memory(&out);
         results_write(args->dump, &out);
         results_free(&out);
     }

@@ -301,9 +301,7 @@ static void train(const LabArgs *args, const DpFlags *f) {
             results_set(&out, key, all[(size_t)r * R_NFIELDS + R_RECV]);
         }
         results_set(&out, "rank1_mem_opt", N > 1 ? all[R_NFIELDS + R_OPT] : 0);
-        const char *keys[MEM_NCATS] = {"mem_params", "mem_grads", "mem_master", "mem_opt_m",
-                                       "mem_opt_v", "mem_acts", "mem_comm", "mem_other"};
-        for (int c = 0; c < MEM_NCATS; c++) results_set(&out, keys[c], (double)mem_peak(c));
+        results_set_memory(&out);
         results_write(args->dump, &out);
         results_free(&out);
     }

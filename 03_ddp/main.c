@@ -572,9 +572,7 @@ static void train(const LabArgs *args, const DdpFlags *f) {
         results_set(&out, "sync_checks", sync_checks);
         results_set(&out, "sync_agree", sync_agree);
         results_set(&out, "overlap_pct", overlap_pct);
-        const char *keys[MEM_NCATS] = {"mem_params", "mem_grads", "mem_master", "mem_opt_m",
-                                       "mem_opt_v", "mem_acts", "mem_comm", "mem_other"};
-        for (int c = 0; c < MEM_NCATS; c++) results_set(&out, keys[c], (double)mem_peak(c));
+        results_set_memory(&out);
         results_write(args->dump, &out);
         results_free(&out);
     }

@@ -12,6 +12,7 @@
 
 #include "check.h"
 #include "ckpt.h"
+#include "mem.h"
 
 #define RESULTS_MAGIC "LABDUMP1"
 #define KEY_LEN 48
@@ -164,4 +165,10 @@ void results_free(RunResults *r) {
     r->nsteps = 0;
     r->nparams = 0;
     r->nkv = 0;
+}
+
+void results_set_memory(RunResults *r) {
+    static const char *keys[MEM_NCATS] = {"mem_params", "mem_grads", "mem_master", "mem_opt_m",
+                                          "mem_opt_v", "mem_acts", "mem_comm", "mem_other"};
+    for (int c = 0; c < MEM_NCATS; c++) results_set(r, keys[c], (double)mem_peak((MemCategory)c));
 }

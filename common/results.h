@@ -27,3 +27,6 @@ void results_write(const char *path, const RunResults *r);      // atomic; fails
 // 0 on success; on failure returns -1 and writes a reason into err (never aborts: tests use it).
 int results_read(const char *path, RunResults *r, char *err, size_t errlen);
 void results_free(RunResults *r);
+// The peak bytes of every memory category of this process (mem.h), as the figures
+// mem_params, mem_grads, mem_master, mem_opt_m, mem_opt_v, mem_acts, mem_comm, mem_other.
+void results_set_memory(RunResults *r);

@@ -11,6 +11,7 @@
 #include <unistd.h>
 
 #include "check.h"
+#include "ckpt.h"
 
 const char *harness_build_dir(void) {
     const char *b = getenv("LAB_BUILD");
@@ -224,4 +225,76 @@ const char *harness_expect_fail(void (*fn)(void *), void *arg) {
     fclose(tmp);
     if (failed) fprintf(stderr, "(expected failure) %s", msg);
     return failed ? msg : NULL;
+}
+
+// ---- reliability checks shared by the training chapters ----------------------------------------
+
+static void harness_tmp(char *buf, size_t len, const char *tag) {
+    snprintf(buf, len, "/tmp/lab_harness_%d_%s", (int)getpid(), tag);
+}
+
+int harness_resume_is_exact(const char *prog, int np, const char *flags, int stop_at) {
+    char ck[256], cmd[1024], more[1024], *out = NULL;
+    harness_tmp(ck, sizeof ck, "resume.ckpt");
+    RunResults whole, second;
+    int ok = 1;
+    if (harness_run_dump(prog, np, flags, &whole, &out, 180) != 0) {
+        fprintf(stderr, "resume: the uninterrupted run failed:\n%s\n", out ? out : "");
+        free(out);
+        return 0;
+    }
+    free(out);
+    out = NULL;
+    snprintf(cmd, sizeof cmd, "%s %s --stop-at %d --save %s", prog, flags, stop_at, ck);
+    int rc = harness_mpirun(np, cmd, &out, 180);
+    snprintf(more, sizeof more, "%s --resume %s", flags, ck);
+    if (rc != 0 || harness_run_dump(prog, np, more, &second, &out, 180) != 0) {
+        fprintf(stderr, "resume: the interrupted or the resumed run failed:\n%s\n", out ? out : "");
+        results_free(&whole);
+        free(out);
+        unlink(ck);
+        return 0;
+    }
+    for (int s = stop_at; s < whole.nsteps && s < second.nsteps; s++)
+        if (memcmp(&whole.losses[s], &second.losses[s], sizeof(float)) != 0) {
+            fprintf(stderr, "resume: step %d: loss %.9g, resumed %.9g\n", s, whole.losses[s],
+                    second.losses[s]);
+            ok = 0;
+        }
+    if (whole.nsteps != second.nsteps || whole.nparams != second.nparams ||
+        memcmp(whole.params, second.params, whole.nparams * sizeof(float)) != 0) {
+        fprintf(stderr, "resume: the final weights differ after resuming at step %d\n", stop_at);
+        ok = 0;
+    }
+    results_free(&whole);
+    results_free(&second);
+    free(out);
+    unlink(ck);
+    return ok;
+}
+
+int harness_nan_fails_cleanly(const char *prog, int np, const char *flags, const GPT2Config *cfg) {
+    char ck[256], cmd[1024], *out = NULL;
+    harness_tmp(ck, sizeof ck, "nan.ckpt");
+    snprintf(cmd, sizeof cmd, "%s %s --save %s --save-every 2 --inject-nan-step 5", prog, flags, ck);
+    int rc = harness_mpirun(np, cmd, &out, 60), ok = 1;
+    if (rc == 0 || rc == 124) {
+        fprintf(stderr, "nan: the run %s:\n%s\n", rc == 0 ? "succeeded" : "hung", out ? out : "");
+        ok = 0;
+    } else if (!harness_contains(out, "NaN") || !harness_contains(out, "step 5")) {
+        fprintf(stderr, "nan: the message does not name NaN and step 5:\n%s\n", out ? out : "");
+        ok = 0;
+    } else {
+        size_t n = gpt2_param_count(cfg);
+        TrainState st = {.params = malloc(n * 4), .m = malloc(n * 4), .v = malloc(n * 4)};
+        ckpt_load_state(ck, cfg, &st);
+        if (st.step != 4) {
+            fprintf(stderr, "nan: the checkpoint on disk is after step %d, not 4\n", st.step);
+            ok = 0;
+        }
+        free(st.params), free(st.m), free(st.v);
+    }
+    free(out);
+    unlink(ck);
+    return ok;
 }

@@ -6,6 +6,7 @@
 // Tests run from the repository root; binaries are found under harness_build_dir().
 #pragma once
 #include <stddef.h>
+#include "gpt2.h"
 #include "results.h"
 
 // The build directory of the test binaries: $LAB_BUILD, default "build".
@@ -40,6 +41,23 @@ int harness_results_match(const char *what, const RunResults *a, const RunResult
 #define harness_assert_results_match(what, a, b, loss_rtol, param_atol)                          \
     cr_assert(harness_results_match((what), (a), (b), (loss_rtol), (param_atol)),                \
               "%s: runs differ (details above on stderr)", (what))
+
+// Reliability checks every training chapter runs. prog: the program and its fixed flags (e.g.
+// "./03_ddp/run --quiet"); flags: the model and run flags (with --steps). 1 when the check
+// holds; otherwise prints why (stderr) and returns 0.
+//   resume: `flags --stop-at K --save F`, then `flags --resume F`, on np ranks: the losses of
+//           steps K.. and the final weights are bit-identical with one uninterrupted run.
+//   nan:    `flags --save F --save-every 2 --inject-nan-step 5` on np ranks: the job fails
+//           promptly (no hang) naming NaN and step 5, and F holds the state after step 4
+//           (cfg: the model of flags, to read F).
+int harness_resume_is_exact(const char *prog, int np, const char *flags, int stop_at);
+int harness_nan_fails_cleanly(const char *prog, int np, const char *flags, const GPT2Config *cfg);
+#define harness_assert_resume_exact(prog, np, flags, stop_at)                                     \
+    cr_assert(harness_resume_is_exact((prog), (np), (flags), (stop_at)),                          \
+              "%s -np %d: resuming is not exact (details above on stderr)", (prog), (np))
+#define harness_assert_nan_fails_cleanly(prog, np, flags, cfg)                                    \
+    cr_assert(harness_nan_fails_cleanly((prog), (np), (flags), (cfg)),                            \
+              "%s -np %d: a NaN did not end the run cleanly (details above on stderr)", (prog), (np))
 
 // Does `haystack` contain `needle`? (NULL haystack: no.)
 int harness_contains(const char *haystack, const char *needle);

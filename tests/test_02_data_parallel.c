@@ -29,14 +29,6 @@
 #define LOSS_RTOL 1e-6f
 #define PARAM_ATOL 2e-4f
 
-static char *tmp_path(const char *tag) {
-    static char buf[4][256];
-    static int i = 0;
-    char *p = buf[i++ % 4];
-    snprintf(p, 256, "/tmp/lab_test02_%d_%s", (int)getpid(), tag);
-    return p;
-}
-
 static void run_oracle(const char *flags, RunResults *out) {
     char *log = NULL;
     int rc = harness_run_dump(ORACLE, 1, flags, out, &log, 120);
@@ -199,45 +191,15 @@ Test(dp02, bf16_halves_the_bytes_and_only_the_master_has_fp32_weights, .timeout 
 // ---------------------------------------------------------------------------------------------
 // reliability
 
-Test(dp02, resume_is_bit_exact, .timeout = 180) {
-    const char *ck = tmp_path("resume.ckpt");
-    RunResults whole, second;
-    char flags[512], *out = NULL;
-    run_dp(3, SMALL " --steps 8", &whole);
-    snprintf(flags, sizeof flags, DP " " SMALL " --steps 8 --stop-at 5 --save %s", ck);
-    int rc = harness_mpirun(3, flags, &out, 120);
-    cr_assert_eq(rc, 0, "%s", out);
-    snprintf(flags, sizeof flags, SMALL " --steps 8 --resume %s", ck);
-    run_dp(3, flags, &second);
-    for (int s = 5; s < 8; s++)
-        cr_assert_eq(memcmp(&whole.losses[s], &second.losses[s], sizeof(float)), 0,
-                     "step %d: loss %.9g vs resumed %.9g", s, whole.losses[s], second.losses[s]);
-    cr_assert_eq(memcmp(whole.params, second.params, whole.nparams * sizeof(float)), 0,
-                 "final weights differ after resume");
-    unlink(ck);
-    results_free(&whole);
-    results_free(&second);
-    free(out);
+Test(dp02, resume_is_bit_exact, .timeout = 240) {
+    harness_assert_resume_exact(DP, 3, SMALL " --steps 8", 5);
 }
 
 // A NaN in the last rank's gradient reaches the master through the reduce: the job stops with
 // a message naming the step, and the last checkpoint survives.
 Test(dp02, nan_fails_cleanly_and_keeps_the_checkpoint, .timeout = 120) {
-    const char *ck = tmp_path("nan.ckpt");
-    char cmd[512], *out = NULL;
-    snprintf(cmd, sizeof cmd, DP " " SMALL " --steps 10 --save %s --save-every 2 --inject-nan-step 5", ck);
-    int rc = harness_mpirun(3, cmd, &out, 60);
-    cr_assert_neq(rc, 0, "a NaN gradient must fail the run");
-    cr_assert_neq(rc, 124, "the run hung instead of failing:\n%s", out);
-    cr_assert(harness_contains(out, "NaN") && harness_contains(out, "step 5"), "%s", out);
-    GPT2Config cfg = {.V = 256, .T = 32, .L = 2, .C = 64, .NH = 4};
-    size_t n = gpt2_param_count(&cfg);
-    TrainState st = {.params = malloc(n * 4), .m = malloc(n * 4), .v = malloc(n * 4)};
-    ckpt_load_state(ck, &cfg, &st);
-    cr_assert_eq(st.step, 4, "the last good checkpoint is the one after step 4");
-    free(st.params); free(st.m); free(st.v);
-    unlink(ck);
-    free(out);
+    GPT2Config cfg = {.V = 256, .T = 32, .L = 2, .C = 64, .NH = 4};  // SMALL
+    harness_assert_nan_fails_cleanly(DP, 3, SMALL " --steps 10", &cfg);
 }
 
 // A worker that dies ends the job promptly: the master must not wait for it forever.

@@ -356,45 +356,15 @@ Test(ddp03, trace_shows_all_reduce_overlapping_backward, .timeout = 120) {
 // reliability
 
 // N steps == K steps, save, resume, N-K steps: bit-identical, on 2 ranks.
-Test(ddp03, resume_is_bit_exact, .timeout = 180) {
-    const char *ck = tmp_path("resume.ckpt");
-    RunResults whole, second;
-    char flags[512], *out = NULL;
-    run_ddp(2, SMALL " --steps 8", &whole);
-    snprintf(flags, sizeof flags, DDP " " SMALL " --steps 8 --stop-at 5 --save %s", ck);
-    int rc = harness_mpirun(2, flags, &out, 120);
-    cr_assert_eq(rc, 0, "%s", out);
-    snprintf(flags, sizeof flags, SMALL " --steps 8 --resume %s", ck);
-    run_ddp(2, flags, &second);
-    for (int s = 5; s < 8; s++)
-        cr_assert_eq(memcmp(&whole.losses[s], &second.losses[s], sizeof(float)), 0,
-                     "step %d: loss %.9g vs resumed %.9g", s, whole.losses[s], second.losses[s]);
-    cr_assert_eq(memcmp(whole.params, second.params, whole.nparams * sizeof(float)), 0,
-                 "final weights differ after resume");
-    unlink(ck);
-    results_free(&whole);
-    results_free(&second);
-    free(out);
+Test(ddp03, resume_is_bit_exact, .timeout = 240) {
+    harness_assert_resume_exact(DDP, 2, SMALL " --steps 8", 5);
 }
 
 // A NaN in one rank's gradient reaches every rank through the all-reduce; the job stops with
 // a message naming the step, promptly, and the last checkpoint survives.
 Test(ddp03, nan_fails_cleanly_and_keeps_the_checkpoint, .timeout = 120) {
-    const char *ck = tmp_path("nan.ckpt");
-    char cmd[512], *out = NULL;
-    snprintf(cmd, sizeof cmd, DDP " " SMALL " --steps 10 --save %s --save-every 2 --inject-nan-step 5", ck);
-    int rc = harness_mpirun(3, cmd, &out, 60);
-    cr_assert_neq(rc, 0, "a NaN gradient must fail the run");
-    cr_assert_neq(rc, 124, "the run hung instead of failing:\n%s", out);
-    cr_assert(harness_contains(out, "NaN") && harness_contains(out, "step 5"), "%s", out);
-    GPT2Config cfg = {.V = 256, .T = 32, .L = 2, .C = 64, .NH = 4};
-    size_t n = gpt2_param_count(&cfg);
-    TrainState st = {.params = malloc(n * 4), .m = malloc(n * 4), .v = malloc(n * 4)};
-    ckpt_load_state(ck, &cfg, &st);
-    cr_assert_eq(st.step, 4, "the last good checkpoint is the one after step 4");
-    free(st.params); free(st.m); free(st.v);
-    unlink(ck);
-    free(out);
+    GPT2Config cfg = {.V = 256, .T = 32, .L = 2, .C = 64, .NH = 4};  // SMALL
+    harness_assert_nan_fails_cleanly(DDP, 3, SMALL " --steps 10", &cfg);
 }
 
 // A rank that dies mid-run (no MPI_Finalize) ends the whole job promptly: no rank hangs in an
