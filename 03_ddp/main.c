@@ -145,14 +145,7 @@ static double fastest(const double *v, int n) {
 static int grads_agree_across_ranks(GPT2 *m, DistGroup *g) {
     size_t n = m->num_params;
     float *h = lab_xmalloc(n * sizeof(float));
-    if (m->dtype == GPT2_BF16) {  // widen the bf16 gradients
-        uint16_t *h16 = lab_xmalloc(n * sizeof(uint16_t));
-        mem_copy(h16, m->grads_bf16, n * sizeof(uint16_t));
-        kernels_cpu.bf16_to_f32(h, h16, n);
-        free(h16);
-    } else {
-        mem_copy(h, m->grads, n * sizeof(float));
-    }
+    train_grads_to_host(m, h);  // bf16: widened
     double fp[2] = {0.0, 0.0};
     for (size_t i = 0; i < n; i++) {
         fp[0] += (double)h[i];

@@ -45,16 +45,25 @@ void train_adamw_step(const AdamW *h, GPT2 *m, int step, float *master, float *o
                     nplist, scale, m->work_grads, m->work_size);
 }
 
-void train_params_to_host(const GPT2 *m, float *host) {
+// n values of the model's precision (fp32 or bf16 storage) -> fp32 on the host
+static void to_host_f32(const GPT2 *m, float *host, const float *f32, const uint16_t *b16) {
     const size_t n = m->num_params;
     if (m->dtype == GPT2_FP32) {
-        mem_copy(host, m->params, n * sizeof(float));
+        mem_copy(host, f32, n * sizeof(float));
         return;
     }
-    uint16_t *p16 = lab_xmalloc(n * sizeof(uint16_t));
-    mem_copy(p16, m->params_bf16, n * sizeof(uint16_t));
-    kernels_cpu.bf16_to_f32(host, p16, n);
-    free(p16);
+    uint16_t *h16 = lab_xmalloc(n * sizeof(uint16_t));
+    mem_copy(h16, b16, n * sizeof(uint16_t));
+    kernels_cpu.bf16_to_f32(host, h16, n);
+    free(h16);
+}
+
+void train_params_to_host(const GPT2 *m, float *host) {
+    to_host_f32(m, host, m->params, m->params_bf16);
+}
+
+void train_grads_to_host(const GPT2 *m, float *host) {
+    to_host_f32(m, host, m->grads, m->grads_bf16);
 }
 
 void *train_grads(GPT2 *m) {
