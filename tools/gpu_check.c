@@ -42,6 +42,7 @@ int main(void) {
 #include "mem.h"
 #include "optim.h"
 #include "results.h"
+#include "train.h"
 
 static const Kernels *kc;  // the CPU kernels: the reference
 static const Kernels *kg;  // the CUDA kernels under test
@@ -521,6 +522,84 @@ static void check_training(void) {
     gpt2_free(&gpu.model);
 }
 
+// bf16 mixed precision on both devices (common/train.h, as the chapters run it): bf16 weights,
+// gradients and saved activations, fp32 master and Adam; CUDA multiplies in TF32. The two
+// devices round different sums, and a master weight near a rounding boundary may land on the
+// next bf16 value, so the bounds are bf16-sized. Losses 5e-4 relative: through the emulator
+// (tests/cuda_emu, TF32 rounding included) the devices agreed within 3e-5, and a CUDA matmul
+// that dropped its bias gradient missed by up to 1.5e-3. Weights 1.6e-2 (two bf16 steps at 1.0),
+// a bound for gross errors only: the emulator measured 2.2e-3, the dropped bias 6.0e-3.
+static void check_training_bf16(void) {
+    GPT2Config cfg = {.V = 256, .T = 32, .L = 2, .C = 64, .NH = 4};
+    const int B = 4, steps = 10;
+    const Device devs[2] = {DEV_CPU, DEV_CUDA};
+    GPT2 m[2];
+    float *master[2], *opt_m[2], *opt_v[2], loss[2][16];
+    int np = gpt2_params(&cfg, NULL);
+    GPT2Param *plist = lab_xmalloc((size_t)np * sizeof(GPT2Param));
+    gpt2_params(&cfg, plist);
+    AdamW h = adamw_defaults();
+    h.total_steps = steps;
+    size_t ntok = (size_t)B * cfg.T;
+    int *inputs = lab_xmalloc(ntok * sizeof(int)), *targets = lab_xmalloc(ntok * sizeof(int));
+    for (int d = 0; d < 2; d++) {
+        gpt2_build_dtype(&m[d], cfg, devs[d], GPT2_BF16);
+        gpt2_alloc_grads(&m[d]);
+        gpt2_alloc_acts(&m[d], B, cfg.T);
+        master[d] = train_master_alloc(&m[d]);
+        train_master_init(&m[d], master[d], 1337);
+        opt_m[d] = mem_alloc(m[d].num_params * sizeof(float), MEM_OPT_M, devs[d]);
+        opt_v[d] = mem_alloc(m[d].num_params * sizeof(float), MEM_OPT_V, devs[d]);
+    }
+    for (int step = 0; step < steps; step++) {
+        for (size_t i = 0; i < ntok; i++) {  // a learnable pattern: each token predicts the next
+            inputs[i] = (int)((i * 7 + (size_t)step) % 61);
+            targets[i] = (int)((i * 7 + (size_t)step + 7) % 61);
+        }
+        for (int d = 0; d < 2; d++) {
+            gpt2_zero_grad(&m[d]);
+            loss[d][step] = gpt2_forward(&m[d], inputs, targets);
+            gpt2_backward(&m[d], 1.0f / (float)ntok);
+            train_adamw_step(&h, &m[d], step, master[d], opt_m[d], opt_v[d], plist, np);
+        }
+    }
+    printf("\ntraining the same model in bf16 (%s on CUDA): losses\n", m[1].k->name);
+    printf("%6s %12s %12s %12s %10s  %s\n", "step", "loss cpu", "loss cuda", "rel diff",
+           "tolerance", "result");
+    for (int step = 0; step < steps; step++) {
+        double rel = fabs((double)loss[1][step] - loss[0][step]) / fabs((double)loss[0][step]);
+        int ok = rel <= 5e-4;  // NaN fails too
+        printf("%6d %12.6f %12.6f %12.3e %10s  %s\n", step, loss[0][step], loss[1][step], rel,
+               "5e-4", ok ? "OK" : "FAIL");
+        if (!ok) nfail++;
+    }
+    if (!(loss[0][steps - 1] < loss[0][0])) {
+        printf("the CPU loss did not go down (%.4f -> %.4f): the comparison proves little\n",
+               loss[0][0], loss[0][steps - 1]);
+        nfail++;
+    }
+    size_t n = m[0].num_params;
+    float *w[2] = {lab_xmalloc(n * sizeof(float)), lab_xmalloc(n * sizeof(float))};
+    double maxd = 0.0;
+    for (int d = 0; d < 2; d++) train_params_to_host(&m[d], w[d]);
+    for (size_t i = 0; i < n; i++) {
+        double diff = fabs((double)w[1][i] - w[0][i]);
+        if (!(diff <= maxd)) maxd = isnan(diff) ? INFINITY : diff;
+    }
+    int ok = maxd <= 1.6e-2;
+    printf("final bf16 weights: max |cuda - cpu| = %.3e over %zu parameters (tolerance 1.6e-2): %s\n",
+           maxd, n, ok ? "OK" : "FAIL");
+    if (!ok) nfail++;
+    for (int d = 0; d < 2; d++) {
+        free(w[d]);
+        train_master_free(&m[d], master[d]);
+        mem_free(opt_m[d]);
+        mem_free(opt_v[d]);
+        gpt2_free(&m[d]);
+    }
+    free(plist), free(inputs), free(targets);
+}
+
 // ---- --compare-dumps: a chapter run on each device -------------------------------------------------
 
 // Tolerances: losses relative, final weights absolute (defaults 1e-4 and 1e-3 = lr: fp32 on two
@@ -600,7 +679,10 @@ int main(int argc, char **argv) {
     check_softmax_crossentropy();
     check_adamw();
     check_bf16();
-    if (!kernels_only) check_training();
+    if (!kernels_only) {
+        check_training();
+        check_training_bf16();
+    }
 
     lab_cuda_synchronize();
     if (nfail) printf("\nFAIL: %d check(s) failed\n", nfail);

@@ -2,7 +2,8 @@
 # gpu_check.sh: checks the CUDA path on a machine with one GPU, in a few minutes (issue #7):
 #   1. builds with CUDA=1 (into $BUILD, default build-cuda)
 #   2. tools/gpu_check: every CUDA kernel against the CPU kernel on the same random inputs,
-#      then a tiny GPT-2 trained for 10 steps on both devices (gradients, losses, weights)
+#      then a tiny GPT-2 trained for 10 steps on both devices in fp32 and in bf16 (gradients,
+#      losses, weights; bf16 with TF32 matmuls on the GPU)
 #   3. chapter 00's single-device training, 20 steps, --device cpu vs --device cuda:
 #        fp32  losses within 1e-4 relative, final weights within 1e-3 (= lr)
 #        bf16  losses within 2e-3 relative, final weights within 1.6e-2 (two bf16 steps at 1.0):
