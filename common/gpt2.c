@@ -580,8 +580,8 @@ void gpt2_embed_forward(GPT2 *m) {
 // one sequence; everything else works row by row). On a CPU a chunk's intermediates (its rows
 // of ln1, qkv, fch, ...) then stay in the core's L2 cache from the op that writes them to the
 // op that reads them, instead of going out to memory and back (the whole batch's are several
-// MiB per op; a GEMM of these shapes runs ~30% slower on operands that are not in cache). A GPU wants the opposite,
-// kernels as large as possible: one chunk of B sequences.
+// MiB per op; a GEMM of these shapes runs ~30% slower on operands that are not in cache). A GPU
+// wants the opposite, kernels as large as possible: one chunk of B sequences.
 #define CPU_CHUNK_ROWS 256  // rows per chunk on a CPU: fch is 256 x 4C floats = 512 KiB at C=128
 
 static int chunk_seqs(const GPT2 *m) {
