@@ -46,20 +46,6 @@ static size_t first_diff(const float *a, const float *b, size_t n) {
     return n;
 }
 
-// Bytes of OP_SEND / OP_RECV since the last mark.
-static uint64_t mark_sent, mark_recv;
-static void mark(void) {
-    mark_sent = dist_counters()->sent[OP_SEND];
-    mark_recv = dist_counters()->recv[OP_RECV];
-}
-static void check_bytes(const char *what, size_t count, uint64_t want_sent, uint64_t want_recv, DistGroup *g) {
-    uint64_t s = dist_counters()->sent[OP_SEND] - mark_sent, r = dist_counters()->recv[OP_RECV] - mark_recv;
-    mpi_check(s == want_sent && r == want_recv,
-              "%s count %zu on %s (rank %d of %d): moved sent %llu recv %llu bytes, formula says sent %llu recv %llu",
-              what, count, g->name, g->rank, g->size, (unsigned long long)s, (unsigned long long)r,
-              (unsigned long long)want_sent, (unsigned long long)want_recv);
-}
-
 static void report_diff(const char *what, size_t count, int root, const float *got, const float *want, size_t n,
                         DistGroup *g) {
     size_t i = first_diff(got, want, n);
@@ -76,10 +62,10 @@ static void check_broadcast(size_t count, int root, DistGroup *g) {
     fill_input(got, count, r);  // every rank starts with its own values: a missed recv shows
     memcpy(want, got, count * sizeof(float));
     dist_broadcast(want, count, DIST_F32, root, g);
-    mark();
+    mpi_bytes_mark();
     prim_broadcast(got, count, root, g);
     uint64_t S = count * 4;
-    check_bytes("prim_broadcast", count, r == root ? (uint64_t)(N - 1) * S : 0, r == root ? 0 : S, g);
+    mpi_check_bytes("prim_broadcast", count, r == root ? (uint64_t)(N - 1) * S : 0, r == root ? 0 : S, g);
     report_diff("prim_broadcast", count, root, got, want, count, g);
     free(got);
     free(want);
@@ -94,10 +80,10 @@ static void check_reduce(size_t count, int root, DistGroup *g) {
     dist_reduce(x, want, count, DIST_F32, DIST_SUM, root, g);
     float *x_copy = alloc_f(count);
     memcpy(x_copy, x, count * sizeof(float));
-    mark();
+    mpi_bytes_mark();
     prim_reduce(x, r == root ? got : NULL, count, root, g);
     uint64_t S = count * 4;
-    check_bytes("prim_reduce", count, r == root ? 0 : S, r == root ? (uint64_t)(N - 1) * S : 0, g);
+    mpi_check_bytes("prim_reduce", count, r == root ? 0 : S, r == root ? (uint64_t)(N - 1) * S : 0, g);
     mpi_check(first_diff(x, x_copy, count) == count, "prim_reduce count %zu changed its input on rank %d", count, r);
     if (r == root) report_diff("prim_reduce", count, root, got, want, count, g);
     // the in-place form at the root: send == recv
@@ -118,10 +104,10 @@ static void check_scatter(size_t count, int root, DistGroup *g) {
     fill_nan(got, count);
     fill_nan(want, count);
     dist_scatter(src, want, count, DIST_F32, root, g);
-    mark();
+    mpi_bytes_mark();
     prim_scatter(src, got, count, root, g);
     uint64_t B = count * 4;
-    check_bytes("prim_scatter", count, r == root ? (uint64_t)(N - 1) * B : 0, r == root ? 0 : B, g);
+    mpi_check_bytes("prim_scatter", count, r == root ? (uint64_t)(N - 1) * B : 0, r == root ? 0 : B, g);
     report_diff("prim_scatter", count, root, got, want, count, g);
     free(src);
     free(got);
@@ -136,10 +122,10 @@ static void check_gather(size_t count, int root, DistGroup *g) {
     fill_nan(got, total);
     fill_nan(want, total);
     dist_gather(x, want, count, DIST_F32, root, g);
-    mark();
+    mpi_bytes_mark();
     prim_gather(x, got, count, root, g);
     uint64_t B = count * 4;
-    check_bytes("prim_gather", count, r == root ? 0 : B, r == root ? (uint64_t)(N - 1) * B : 0, g);
+    mpi_check_bytes("prim_gather", count, r == root ? 0 : B, r == root ? (uint64_t)(N - 1) * B : 0, g);
     if (r == root) report_diff("prim_gather", total, root, got, want, total, g);
     free(x);
     free(got);
@@ -174,9 +160,9 @@ static void check_reduce_scatter(size_t count, DistGroup *g) {
         memcpy(want + start, sum + start, len * sizeof(float));
         free(sum);
     }
-    mark();
+    mpi_bytes_mark();
     prim_reduce_scatter(got, count, g);
-    check_bytes("prim_reduce_scatter", count, (count - len) * 4, (uint64_t)(N - 1) * len * 4, g);
+    mpi_check_bytes("prim_reduce_scatter", count, (count - len) * 4, (uint64_t)(N - 1) * len * 4, g);
     // block r is the sum, and the other blocks are as they were
     report_diff("prim_reduce_scatter", count, -1, got, want, count, g);
     free(got);
@@ -202,9 +188,9 @@ static void check_all_gather(size_t count, DistGroup *g) {
         dist_all_reduce(piece, want, count, DIST_F32, DIST_SUM, g);
         free(piece);
     }
-    mark();
+    mpi_bytes_mark();
     prim_all_gather(got, count, g);
-    check_bytes("prim_all_gather", count, (uint64_t)(N - 1) * len * 4, (count - len) * 4, g);
+    mpi_check_bytes("prim_all_gather", count, (uint64_t)(N - 1) * len * 4, (count - len) * 4, g);
     report_diff("prim_all_gather", count, -1, got, want, count, g);
     free(got);
     free(want);
@@ -216,11 +202,11 @@ static void check_all_reduce(size_t count, DistGroup *g) {
     fill_input(got, count, r);
     memcpy(want, got, count * sizeof(float));
     dist_all_reduce(NULL, want, count, DIST_F32, DIST_SUM, g);
-    mark();
+    mpi_bytes_mark();
     prim_all_reduce(got, count, g);
     size_t len = block_len(count, N, r);
     uint64_t moved = ((count - len) + (uint64_t)(N - 1) * len) * 4;
-    check_bytes("prim_all_reduce", count, moved, moved, g);
+    mpi_check_bytes("prim_all_reduce", count, moved, moved, g);
     if (count % (size_t)N == 0)  // the notes' formula, exactly
         mpi_check(moved == 2ull * (uint64_t)(N - 1) * count * 4 / (uint64_t)N, "all-reduce bytes %llu != 2(N-1)/N*S",
                   (unsigned long long)moved);

@@ -50,19 +50,6 @@ static size_t cstart(size_t count, int N, int c) {
 }
 static size_t clen(size_t count, int N, int c) { return cstart(count, N, c + 1) - cstart(count, N, c); }
 
-static uint64_t mark_sent, mark_recv;
-static void mark(void) {
-    mark_sent = dist_counters()->sent[OP_SEND];
-    mark_recv = dist_counters()->recv[OP_RECV];
-}
-static void check_bytes(const char *what, size_t count, uint64_t want_sent, uint64_t want_recv, DistGroup *g) {
-    uint64_t s = dist_counters()->sent[OP_SEND] - mark_sent, r = dist_counters()->recv[OP_RECV] - mark_recv;
-    mpi_check(s == want_sent && r == want_recv,
-              "%s count %zu on %s (rank %d of %d): moved sent %llu recv %llu bytes, formula says sent %llu recv %llu",
-              what, count, g->name, g->rank, g->size, (unsigned long long)s, (unsigned long long)r,
-              (unsigned long long)want_sent, (unsigned long long)want_recv);
-}
-
 // got[from, from+n) against want[from, from+n), bit for bit.
 static void check_range(const char *what, const char *part, size_t count, const float *got, const float *want,
                         size_t from, size_t n, DistGroup *g) {
@@ -101,11 +88,11 @@ static void test_scatter_reduce(size_t count, DistGroup *g) {
     float *sum = library_sum(count, g);
     float *buf = alloc_f(count), *tmp = alloc_f(clen(count, N, 0));
     fill_input(buf, count, r);
-    mark();
+    mpi_bytes_mark();
     ring_scatter_reduce(buf, count, tmp, g, NULL);
     // Rank r sends every chunk but (r+1) mod N (the one it ends with) and receives every chunk
     // but r (the one it starts the ring with), each once.
-    check_bytes("ring_scatter_reduce", count, (count - clen(count, N, (r + 1) % N)) * 4,
+    mpi_check_bytes("ring_scatter_reduce", count, (count - clen(count, N, (r + 1) % N)) * 4,
                 (count - clen(count, N, r)) * 4, g);
     check_scatter_reduce_result("ring_scatter_reduce", count, buf, sum, g);
     free(sum);
@@ -121,9 +108,9 @@ static void test_pipelined_phase(size_t count, size_t seg_elems, DistGroup *g) {
     RingWorkspace ws;
     ring_workspace_init(&ws, seg_elems * sizeof(float));
     size_t comm_before = mem_current(MEM_COMM), peak_before = mem_total_peak();
-    mark();
+    mpi_bytes_mark();
     ring_scatter_reduce_pipelined(buf, count, &ws, g);
-    check_bytes("ring_scatter_reduce_pipelined", count, (count - clen(count, N, (r + 1) % N)) * 4,
+    mpi_check_bytes("ring_scatter_reduce_pipelined", count, (count - clen(count, N, (r + 1) % N)) * 4,
                 (count - clen(count, N, r)) * 4, g);
     mpi_check(mem_current(MEM_COMM) == comm_before && mem_total_peak() == peak_before,
               "ring_scatter_reduce_pipelined allocated memory in the call (it must use its workspace)");
@@ -169,11 +156,11 @@ static void test_all_gather(size_t count, DistGroup *g) {
     for (size_t i = 0; i < count; i++) buf[i] = NAN;
     int own = (r + 1) % N;
     memcpy(buf + cstart(count, N, own), want + cstart(count, N, own), clen(count, N, own) * sizeof(float));
-    mark();
+    mpi_bytes_mark();
     ring_all_gather(buf, count, g, NULL);
     // Rank r sends every chunk but (r+2) mod N (the last one it receives) and receives every
     // chunk but (r+1) mod N (the one it had).
-    check_bytes("ring_all_gather", count, (count - clen(count, N, (r + 2) % N)) * 4,
+    mpi_check_bytes("ring_all_gather", count, (count - clen(count, N, (r + 2) % N)) * 4,
                 (count - clen(count, N, own)) * 4, g);
     check_range("ring_all_gather", "the whole buffer", count, buf, want, 0, count, g);
     free(want);
@@ -189,9 +176,9 @@ static void test_all_reduce(size_t count, DistGroup *g) {
     uint64_t recv = (2 * count - clen(count, N, r) - clen(count, N, (r + 1) % N)) * 4;
     if (N == 1) sent = recv = 0;
     fill_input(buf, count, r);
-    mark();
+    mpi_bytes_mark();
     ring_all_reduce(buf, count, g);
-    check_bytes("ring_all_reduce", count, sent, recv, g);
+    mpi_check_bytes("ring_all_reduce", count, sent, recv, g);
     if (count % (size_t)N == 0)  // the notes' 2(N-1)/N * S, exactly
         mpi_check(sent == 2ull * (uint64_t)(N - 1) * count * 4 / (uint64_t)N, "ring bytes %llu != 2(N-1)/N*S",
                   (unsigned long long)sent);
@@ -203,9 +190,9 @@ static void test_all_reduce(size_t count, DistGroup *g) {
         RingWorkspace ws;
         ring_workspace_init(&ws, segs[k] * sizeof(float));
         fill_input(buf, count, r);
-        mark();
+        mpi_bytes_mark();
         ring_all_reduce_pipelined(buf, count, &ws, g);
-        check_bytes("ring_all_reduce_pipelined", count, sent, recv, g);
+        mpi_check_bytes("ring_all_reduce_pipelined", count, sent, recv, g);
         check_range("ring_all_reduce_pipelined", "the whole buffer", count, buf, want, 0, count, g);
         // again with the same workspace: nothing left over from the last call may matter
         fill_input(buf, count, r);
@@ -225,11 +212,11 @@ static void test_naive(size_t count, DistGroup *g) {
     for (int k = 0; k < (N > 1 ? 2 : 1); k++) {
         int root = roots[k];
         fill_input(buf, count, r);
-        mark();
+        mpi_bytes_mark();
         naive_all_reduce(buf, count, tmp, root, g);
         uint64_t S = count * 4;
         uint64_t through = r == root ? (uint64_t)(N - 1) * S : S;  // (N-1)*S through the root
-        check_bytes("naive_all_reduce", count, through, through, g);
+        mpi_check_bytes("naive_all_reduce", count, through, through, g);
         check_range("naive_all_reduce", "the whole buffer", count, buf, want, 0, count, g);
     }
     free(want);

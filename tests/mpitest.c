@@ -21,6 +21,22 @@ void mpi_check(int ok, const char *fmt, ...) {
 
 int mpi_failed(void) { return nfailed; }
 
+static uint64_t mark_sent, mark_recv;
+void mpi_bytes_mark(void) {
+    mark_sent = dist_counters()->sent[OP_SEND];
+    mark_recv = dist_counters()->recv[OP_RECV];
+}
+
+void mpi_check_bytes(const char *what, size_t count, uint64_t want_sent, uint64_t want_recv,
+                     DistGroup *g) {
+    uint64_t s = dist_counters()->sent[OP_SEND] - mark_sent;
+    uint64_t r = dist_counters()->recv[OP_RECV] - mark_recv;
+    mpi_check(s == want_sent && r == want_recv,
+              "%s count %zu on %s (rank %d of %d): moved sent %llu recv %llu bytes, formula says "
+              "sent %llu recv %llu", what, count, g->name, g->rank, g->size, (unsigned long long)s,
+              (unsigned long long)r, (unsigned long long)want_sent, (unsigned long long)want_recv);
+}
+
 int mpi_test_main(int argc, char **argv, const char *prog, const char *usage, const char *const *kinds, int nkinds,
                   void (*run)(int kind, DistGroup *g)) {
     dist_init(&argc, &argv);

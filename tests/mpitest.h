@@ -8,6 +8,9 @@
 //   <prog>: <what>... on N ranks: C checks, F failed
 // (summed over all ranks), which the Criterion test parses; it exits 1 when F > 0.
 #pragma once
+#include <stddef.h>
+#include <stdint.h>
+
 #include "check.h"
 #include "dist.h"
 
@@ -15,6 +18,13 @@
 void mpi_check(int ok, const char *fmt, ...) LAB_PRINTF(2, 3);
 // Checks that failed on this rank so far.
 int mpi_failed(void);
+
+// Byte counters against a formula: mpi_bytes_mark() remembers this rank's OP_SEND / OP_RECV
+// bytes; mpi_check_bytes checks what was sent and received since then (`what` and `count` name
+// the case in the message).
+void mpi_bytes_mark(void);
+void mpi_check_bytes(const char *what, size_t count, uint64_t want_sent, uint64_t want_recv,
+                     DistGroup *g);
 
 // The whole main(): dist_init, then run(kind, world) and run(kind, half) for every argument,
 // where kind is its index in kinds[0..nkinds); an unknown name, or none, fails on every rank
