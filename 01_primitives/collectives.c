@@ -14,15 +14,6 @@
 // order of messages between two ranks, so the tags only make a mix-up easier to spot.
 enum { TAG_BCAST = 101, TAG_REDUCE, TAG_SCATTER, TAG_GATHER, TAG_RS, TAG_AG };
 
-size_t prim_block_start(size_t count, int N, int i) {
-    size_t base = count / (size_t)N, extra = count % (size_t)N, ii = (size_t)i;
-    return ii * base + (ii < extra ? ii : extra);
-}
-
-size_t prim_block_len(size_t count, int N, int i) {
-    return count / (size_t)N + ((size_t)i < count % (size_t)N ? 1 : 0);
-}
-
 void prim_broadcast(float *buf, size_t count, int root, DistGroup *g) {
     int r = g->rank, N = g->size;
     LAB_CHECK(root >= 0 && root < N, "prim_broadcast: root %d is not a rank of group %s (size %d)", root, g->name, N);

@@ -20,11 +20,13 @@
 #include <stddef.h>
 
 #include "dist.h"
+#include "shard.h"
 
 // A count-element buffer split into N blocks as evenly as possible: the first count % N blocks
-// have one element more. Block i is [prim_block_start(count, N, i), + prim_block_len(...)).
-size_t prim_block_start(size_t count, int N, int i);
-size_t prim_block_len(size_t count, int N, int i);
+// have one element more. Block i is [prim_block_start(count, N, i), + prim_block_len(...)): the
+// lab's shards (common/shard.h), under the names the chapter uses.
+static inline size_t prim_block_start(size_t count, int N, int i) { return shard_begin(count, N, i); }
+static inline size_t prim_block_len(size_t count, int N, int i) { return shard_count(count, N, i); }
 
 // buf: (count,) on every rank; on return every rank holds root's values.
 void prim_broadcast(float *buf, size_t count, int root, DistGroup *g);

@@ -10,15 +10,6 @@
 
 enum { TAG_SCATTER_REDUCE = 401, TAG_ALL_GATHER = 402 };
 
-size_t ring_chunk_start(size_t count, int N, int c) {
-    size_t base = count / (size_t)N, extra = count % (size_t)N, cc = (size_t)c;
-    return cc * base + (cc < extra ? cc : extra);
-}
-
-size_t ring_chunk_len(size_t count, int N, int c) {
-    return count / (size_t)N + ((size_t)c < count % (size_t)N ? 1 : 0);
-}
-
 void ring_scatter_reduce(float *buf, size_t count, float *tmp, DistGroup *g, RingPicture *pic) {
     int r = g->rank, N = g->size;
     int right = (r + 1) % N, left = (r - 1 + N) % N;
