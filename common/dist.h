@@ -16,6 +16,21 @@
 //   send / recv      exactly the bytes passed (so algorithms built from send/recv are counted
 //                    as they really move data)
 // Integer division rounds down: 2(N-1)/N * S is computed as 2*(N-1)*S / N.
+//
+// Uneven ops (the _n forms below; n = the whole buffer's elements, e = element size, and
+// c_p = shard_count(n, N, p) the block of group rank p, common/shard.h). Counted as a ring
+// moves them: in a ring reduce-scatter rank r sends every block but its own and receives every
+// block but its left neighbour's; in a ring all-gather it sends every block but its right
+// neighbour's and receives every block but its own:
+//   reduce_scatter_n  sent = (n - c_r) * e              recv = (n - c_{(r-1) mod N}) * e
+//   all_gather_n      sent = (n - c_{(r+1) mod N}) * e  recv = (n - c_r) * e
+//   gather_n          others sent c_r * e; root recv (n - c_root) * e
+// (N = 1: nothing. When N divides n these are the even formulas above.) Summed over the ranks,
+// sent == recv == (N-1) * n * e for both ring ops.
+//
+// Every count is kept twice: per process (dist_counters) and per group (dist_group_counters:
+// the ops issued on that group), so a run with TP, DP and PP groups can report each one's
+// traffic; the process counters are the sum over all groups.
 #pragma once
 #include <mpi.h>
 #include <stddef.h>
@@ -30,12 +45,19 @@ typedef enum {
     OP_SCATTER, OP_GATHER, OP_SEND, OP_RECV, OP_BARRIER, OP_NKINDS
 } DistOpKind;
 
+typedef struct DistCounters {
+    uint64_t calls[OP_NKINDS];
+    uint64_t sent[OP_NKINDS];   // bytes this rank sent, per op kind (model above)
+    uint64_t recv[OP_NKINDS];   // bytes this rank received
+} DistCounters;
+
 typedef struct DistGroup {
     MPI_Comm comm;     // MPI communicator of the group
     int rank, size;    // this rank's place in the group, group size
     const char *name;  // "world", "dp", "tp", "pp", ... (for messages and traces)
     void *nccl;        // ncclComm_t when the NCCL backend is active, else NULL
-    void *thread;      // its communication thread (dist_comm_thread_start), else NULL
+    void *thread;      // attached to the communication thread (dist_comm_thread_start), else NULL
+    DistCounters counters;  // this group's ops only (dist_group_counters)
 } DistGroup;
 
 // A pending non-blocking operation. Value type: keep it, then dist_wait(&w).
@@ -48,14 +70,10 @@ typedef struct DistWork {
     int group_size;
     int active;         // 1 while pending
     void *event;        // NCCL backend: cudaEvent_t recorded after the op on the comm stream, else NULL
-    void *task;         // run by the group's communication thread (see below), else NULL
+    void *task;         // queued on the communication thread (see below), else NULL
+    const void *backend;  // internal: the backend that finishes it (dist_backend.h)
+    void *aux;          // internal: that backend's state for finishing it, else NULL
 } DistWork;
-
-typedef struct DistCounters {
-    uint64_t calls[OP_NKINDS];
-    uint64_t sent[OP_NKINDS];   // bytes this rank sent, per op kind (model above)
-    uint64_t recv[OP_NKINDS];   // bytes this rank received
-} DistCounters;
 
 // Lifecycle. dist_init calls MPI_Init (thread level SERIALIZED: one thread in MPI at a time,
 // see the communication thread below) and sets up error handling so that any failure on any
@@ -96,30 +114,56 @@ void dist_sendrecv(const void *sendbuf, size_t sendcount, int dst, void *recvbuf
                    int src, DistDtype dt, int tag, DistGroup *g);
 void dist_barrier(DistGroup *g);
 
+// Uneven ops: n is the whole buffer, and group rank r's block is shard_range(n, N, r)
+// (common/shard.h: contiguous, the first n % N blocks one element longer; n < N leaves empty
+// blocks). Any n works, e.g. 834,304 parameters on 3 ranks. c_r = shard_count(n, N, r) below.
+//   reduce_scatter_n  send: (n,) on every rank; recv: (c_r,) the reduced block r. In place:
+//                     send == NULL or send == recv (the input in recv, block r lands at its
+//                     start), or recv == send + shard_begin(n, N, r) (it lands in place).
+//   all_gather_n      send: (c_r,) this rank's block; recv: (n,) every block at its place. In
+//                     place: send == NULL or send == recv + shard_begin(n, N, r).
+//   gather_n          like all_gather_n, but only root's recv (n,) is written (others' may be NULL).
+void dist_reduce_scatter_n(const void *send, void *recv, size_t n, DistDtype dt, DistOp op, DistGroup *g);
+void dist_all_gather_n(const void *send, void *recv, size_t n, DistDtype dt, DistGroup *g);
+void dist_gather_n(const void *send, void *recv, size_t n, DistDtype dt, int root, DistGroup *g);
+
 // Non-blocking variants: start now, finish at dist_wait (which also applies AVG's division).
 DistWork dist_iall_reduce(const void *send, void *recv, size_t count, DistDtype dt, DistOp op, DistGroup *g);
 DistWork dist_ibroadcast(void *buf, size_t count, DistDtype dt, int root, DistGroup *g);
 DistWork dist_ireduce_scatter(const void *send, void *recv, size_t recvcount, DistDtype dt, DistOp op, DistGroup *g);
 DistWork dist_iall_gather(const void *send, void *recv, size_t sendcount, DistDtype dt, DistGroup *g);
+DistWork dist_ireduce_scatter_n(const void *send, void *recv, size_t n, DistDtype dt, DistOp op, DistGroup *g);
+DistWork dist_iall_gather_n(const void *send, void *recv, size_t n, DistDtype dt, DistGroup *g);
 DistWork dist_isend(const void *buf, size_t count, DistDtype dt, int peer, int tag, DistGroup *g);
 DistWork dist_irecv(void *buf, size_t count, DistDtype dt, int peer, int tag, DistGroup *g);
 void dist_wait(DistWork *w);
 int dist_test(DistWork *w);          // 1 when complete (then it is finished like dist_wait)
 void dist_wait_all(DistWork *w, int n);
 
-// The communication thread: a CPU stand-in for a GPU's communication stream. After
-// dist_comm_thread_start(g) (collective over g), dist_iall_reduce on g with host buffers only
-// counts its bytes and queues the op: a thread of this process runs the queued all-reduces one
-// after the other, in the order they were started, as BLOCKING MPI_Allreduce calls on its own
-// duplicate of g's communicator (Open MPI's blocking algorithms are faster than its
-// non-blocking ones, and they progress without the caller polling). dist_test and dist_wait on
-// such a DistWork look at a flag / sleep on a condition variable; they make no MPI call.
-// MPI runs at thread level SERIALIZED, so while any queued op is unfinished (not yet returned
-// by dist_wait or a dist_test that said 1) the calling thread must make no other dist_* call
-// that communicates: it is refused with a message. Device buffers are not affected.
+// The communication thread: a CPU stand-in for a GPU's communication stream. One thread per
+// process serves every group attached to it by dist_comm_thread_start(g) (collective over g;
+// g gets its own duplicate of its communicator there, so the thread's ops never meet the
+// caller's). Afterwards the non-blocking ops on g with host buffers (dist_iall_reduce,
+// dist_ibroadcast, dist_ireduce_scatter, dist_iall_gather and their _n forms) only count
+// their bytes and queue the op: the thread runs the queued ops of all attached groups one
+// after the other, in the order they were started, as BLOCKING MPI calls (Open MPI's blocking
+// algorithms are faster than its non-blocking ones, and they progress without the caller
+// polling). So an all-gather started there (FSDP's prefetch) goes on while the caller computes.
+// Every rank must start the ops of groups it shares in the same order (as for blocking calls).
+// dist_test and dist_wait on such a DistWork look at a flag / sleep on a condition variable;
+// they make no MPI call. dist_isend / dist_irecv are not queued (a queue of blocking sends and
+// receives could deadlock a ring); they run as MPI non-blocking calls from the caller.
+// The rule: MPI runs at thread level SERIALIZED, so while any queued op is unfinished (not yet
+// returned by dist_wait or a dist_test that said 1) the calling thread must make no other
+// dist_* call that communicates (queueing more on an attached group is fine): it is refused
+// with a message. Open MPI here offers MPI_THREAD_MULTIPLE too, but the lab keeps SERIALIZED:
+// one thread in MPI at a time is the model of a GPU's single communication stream, and it
+// costs nothing on the caller's path. Device buffers are not affected.
 void dist_comm_thread_start(DistGroup *g);
-void dist_comm_thread_stop(DistGroup *g);   // waits for queued ops; also done by group free/finalize
-// Since the start: seconds the thread spent in all-reduces (wall clock), and of those the
+// Detaches g (after waiting for its queued ops); the thread ends with its last group. Also done
+// by dist_group_free / dist_finalize.
+void dist_comm_thread_stop(DistGroup *g);
+// Since g was attached: seconds the thread spent in g's ops (wall clock), and of those the
 // seconds it ran on a core (its CPU time); the rest it waited for the peers or for a core.
 void dist_comm_thread_times(DistGroup *g, double *busy_s, double *cpu_s);
 
@@ -128,3 +172,8 @@ const DistCounters *dist_counters(void);
 void dist_counters_reset(void);
 uint64_t dist_bytes_sent(void);      // total over op kinds
 uint64_t dist_bytes_recv(void);
+// The same for the ops issued on g only (each op counts in its group and in the process total).
+const DistCounters *dist_group_counters(const DistGroup *g);
+void dist_group_counters_reset(DistGroup *g);
+uint64_t dist_group_bytes_sent(const DistGroup *g);
+uint64_t dist_group_bytes_recv(const DistGroup *g);

@@ -1,5 +1,5 @@
-// dist_nccl.c: the NCCL backend of dist.h (one GPU per rank). Called by dist.c only; the
-// protocol every op follows is in dist_nccl.h.
+// dist_nccl.c: the NCCL backend of dist.h (one GPU per rank): dist_nccl_backend of
+// dist_backend.h, and its communicators. The protocol every op follows is in dist_nccl.h.
 //
 // Streams. Kernels and cuBLAS run on the legacy default stream (the compute stream). NCCL runs
 // on its own stream, created non-blocking so that nothing orders the two streams implicitly:
@@ -12,6 +12,7 @@
 #include "dist_nccl.h"
 
 #include "check.h"
+#include "dist_backend.h"
 
 #if defined(LAB_CUDA) && !defined(LAB_CUDA_EMU)
 
@@ -191,6 +192,7 @@ static void end_op(DistWork *w) {
     cudaCheck(cudaEventCreateWithFlags(&done, cudaEventDisableTiming));
     cudaCheck(cudaEventRecord(done, comm_stream));
     w->event = done;
+    w->backend = &dist_nccl_backend;
 }
 
 // A device-to-device copy on the comm stream, in order with the NCCL calls around it.
@@ -202,192 +204,212 @@ static void copy_on_comm_stream(void *dst, const void *src, size_t bytes) {
 // ---------------------------------------------------------------------------------------------
 // collectives
 
-void dist_nccl_broadcast(void *buf, size_t count, DistDtype dt, int root, DistGroup *g, DistWork *w) {
-    need_device(buf, "buf", "dist_broadcast");
+static void broadcast(const DistCall *c, DistGroup *g) {
+    need_device(c->recv, "buf", "dist_broadcast");
     ncclComm_t comm = coll_comm(g);
     begin_op();
-    ncclCheck(ncclBroadcast(buf, buf, count, nccl_type(dt), root, comm, comm_stream));
-    end_op(w);
+    ncclCheck(ncclBroadcast(c->recv, c->recv, c->count, nccl_type(c->dt), c->peer, comm, comm_stream));
 }
 
-void dist_nccl_all_reduce(const void *send, void *recv, size_t count, DistDtype dt, DistOp op, DistGroup *g,
-                          DistWork *w) {
-    size_t bytes = count * dist_dtype_size(dt);
-    const void *in = (send == NULL || send == recv) ? recv : send;
+static void all_reduce(const DistCall *c, DistGroup *g) {
+    size_t bytes = c->count * dist_dtype_size(c->dt);
+    const void *in = (c->send == NULL || c->send == c->recv) ? c->recv : c->send;
     need_device(in, "send", "dist_all_reduce");
-    need_device(recv, "recv", "dist_all_reduce");
-    LAB_CHECK(in == recv || !overlaps(send, bytes, recv, bytes),
+    need_device(c->recv, "recv", "dist_all_reduce");
+    LAB_CHECK(in == c->recv || !overlaps(c->send, bytes, c->recv, bytes),
               "dist_all_reduce: send and recv overlap without being the same buffer");
     ncclComm_t comm = coll_comm(g);
     begin_op();
-    ncclCheck(ncclAllReduce(in, recv, count, nccl_type(dt), nccl_op(op), comm, comm_stream));
-    end_op(w);
+    ncclCheck(ncclAllReduce(in, c->recv, c->count, nccl_type(c->dt), nccl_op(c->op), comm, comm_stream));
 }
 
-void dist_nccl_reduce(const void *send, void *recv, size_t count, DistDtype dt, DistOp op, int root,
-                      DistGroup *g) {
-    size_t bytes = count * dist_dtype_size(dt);
-    int is_root = g->rank == root;
-    const void *in = (send == NULL || send == recv) ? recv : send;
+static void reduce(const DistCall *c, DistGroup *g) {
+    size_t bytes = c->count * dist_dtype_size(c->dt);
+    int is_root = g->rank == c->peer;
+    const void *in = (c->send == NULL || c->send == c->recv) ? c->recv : c->send;
     need_device(in, "send", "dist_reduce");
     if (is_root) {
-        need_device(recv, "recv (at the root)", "dist_reduce");
-        LAB_CHECK(in == recv || !overlaps(send, bytes, recv, bytes), "dist_reduce: send and recv overlap");
+        need_device(c->recv, "recv (at the root)", "dist_reduce");
+        LAB_CHECK(in == c->recv || !overlaps(c->send, bytes, c->recv, bytes), "dist_reduce: send and recv overlap");
     }
     ncclComm_t comm = coll_comm(g);
     begin_op();
     // Non-roots only send; NCCL ignores their receive buffer (as MPI does, it may be NULL).
-    ncclCheck(ncclReduce(in, is_root ? recv : NULL, count, nccl_type(dt), nccl_op(op), root, comm, comm_stream));
-    end_op(NULL);
+    ncclCheck(ncclReduce(in, is_root ? c->recv : NULL, c->count, nccl_type(c->dt), nccl_op(c->op), c->peer, comm,
+                         comm_stream));
 }
 
-void dist_nccl_reduce_scatter(const void *send, void *recv, size_t recvcount, DistDtype dt, DistOp op,
-                              DistGroup *g, DistWork *w) {
-    size_t block = recvcount * dist_dtype_size(dt);
-    int r = g->rank;
+// Uneven: NCCL's reduce-scatter needs N equal blocks, so the input is copied to a buffer of N
+// blocks of the longest shard (each shard at p * maxlen, zero padding behind it), reduced into
+// a maxlen temporary, and this rank's c_r elements copied out. The temporaries are allocated
+// and freed in order on the comm stream (cudaMallocAsync / cudaFreeAsync).
+static void reduce_scatter_uneven(const DistCall *c, DistGroup *g, const void *in, void *out) {
+    int N = g->size, r = g->rank;
+    size_t es = dist_dtype_size(c->dt), maxlen = shard_max_count(c->count, N);
     ncclComm_t comm = coll_comm(g);
-    if (send == NULL || send == recv) {
-        // The input is in recv and block r of the result belongs at its start. NCCL's in-place
-        // form leaves it at block r; then it moves to the start (block r and block 0 do not
-        // overlap for r > 0; for r = 0 there is nothing to move).
-        need_device(recv, "recv", "dist_reduce_scatter");
-        char *mine = at_block(recv, r, recvcount, dt);
-        begin_op();
-        ncclCheck(ncclReduceScatter(recv, mine, recvcount, nccl_type(dt), nccl_op(op), comm, comm_stream));
-        copy_on_comm_stream(recv, mine, block);
-    } else {
-        // recv == send + r * recvcount is NCCL's own in-place form; anything else must not overlap.
-        need_device(send, "send", "dist_reduce_scatter");
-        need_device(recv, "recv", "dist_reduce_scatter");
-        LAB_CHECK(recv == at_block(send, r, recvcount, dt) || !overlaps(send, block * (size_t)g->size, recv, block),
-                  "dist_reduce_scatter: recv overlaps send but is neither send nor send + rank * recvcount");
-        begin_op();
-        ncclCheck(ncclReduceScatter(send, recv, recvcount, nccl_type(dt), nccl_op(op), comm, comm_stream));
-    }
-    end_op(w);
+    begin_op();
+    void *padded = NULL, *block = NULL;
+    cudaCheck(cudaMallocAsync(&padded, maxlen * (size_t)N * es + 1, comm_stream));
+    cudaCheck(cudaMallocAsync(&block, maxlen * es + 1, comm_stream));
+    cudaCheck(cudaMemsetAsync(padded, 0, maxlen * (size_t)N * es, comm_stream));
+    for (int p = 0; p < N; p++)
+        copy_on_comm_stream(at_block(padded, p, maxlen, c->dt), dist_at(in, shard_begin(c->count, N, p), c->dt),
+                            shard_count(c->count, N, p) * es);
+    ncclCheck(ncclReduceScatter(padded, block, maxlen, nccl_type(c->dt), nccl_op(c->op), comm, comm_stream));
+    copy_on_comm_stream(out, block, shard_count(c->count, N, r) * es);
+    cudaCheck(cudaFreeAsync(padded, comm_stream));
+    cudaCheck(cudaFreeAsync(block, comm_stream));
 }
 
-void dist_nccl_all_gather(const void *send, void *recv, size_t sendcount, DistDtype dt, DistGroup *g,
-                          DistWork *w) {
-    size_t block = sendcount * dist_dtype_size(dt);
-    need_device(recv, "recv", "dist_all_gather");
-    char *mine = at_block(recv, g->rank, sendcount, dt);
-    ncclComm_t comm = coll_comm(g);
-    const void *in = send;
-    if (send == NULL || send == mine) {
-        in = mine;  // NCCL's in-place form: this rank's block is already in place
-        begin_op();
-    } else if (send == recv) {
-        in = mine;  // this rank's block sits at the start: move it to its place first
-        begin_op();
-        copy_on_comm_stream(mine, recv, block);
-    } else {
-        need_device(send, "send", "dist_all_gather");
-        LAB_CHECK(!overlaps(send, block, recv, block * (size_t)g->size),
-                  "dist_all_gather: send overlaps recv but is neither recv nor recv + rank * sendcount");
-        begin_op();
+static void reduce_scatter(const DistCall *c, DistGroup *g) {
+    int N = g->size, r = g->rank;
+    size_t es = dist_dtype_size(c->dt), mine = call_block_len(c, N, r), total = call_total(c, N);
+    const void *send = c->send;
+    void *recv = c->recv;
+    int in_place = send == NULL || send == recv;
+    const void *in = in_place ? recv : send;  // the whole input
+    need_device(in, in_place ? "recv" : "send", "dist_reduce_scatter");
+    need_device(recv, "recv", "dist_reduce_scatter");
+    char *at_r = dist_at(in, call_block_begin(c, N, r), c->dt);
+    LAB_CHECK(in_place || recv == at_r || !overlaps(send, total * es, recv, mine * es),
+              "dist_reduce_scatter: recv overlaps send but is neither send nor send + its block's start");
+    if (c->uneven) {
+        // copies the input before reducing, so any of the in-place forms is safe
+        reduce_scatter_uneven(c, g, in, recv);
+        return;
     }
-    ncclCheck(ncclAllGather(in, recv, sendcount, nccl_type(dt), comm, comm_stream));
-    end_op(w);
+    ncclComm_t comm = coll_comm(g);
+    begin_op();
+    if (in_place) {
+        // Block r of the result belongs at recv's start. NCCL's in-place form leaves it at block
+        // r; then it moves to the start (block r and block 0 do not overlap for r > 0; for r = 0
+        // there is nothing to move).
+        ncclCheck(ncclReduceScatter(recv, at_r, c->count, nccl_type(c->dt), nccl_op(c->op), comm, comm_stream));
+        copy_on_comm_stream(recv, at_r, mine * es);
+    } else {
+        // recv == send + r * count is NCCL's own in-place form
+        ncclCheck(ncclReduceScatter(send, recv, c->count, nccl_type(c->dt), nccl_op(c->op), comm, comm_stream));
+    }
+}
+
+// all_gather (root < 0) and gather: this rank's block to its place in every rank's (the
+// root's) recv; NCCL's all-gather for even blocks, grouped send/recv otherwise (NCCL has no
+// gather, and no v-collectives).
+static void gather_blocks(const DistCall *c, DistGroup *g, int root) {
+    int N = g->size, r = g->rank;
+    size_t es = dist_dtype_size(c->dt), mine = call_block_len(c, N, r), total = call_total(c, N);
+    const char *what = root < 0 ? "dist_all_gather" : "dist_gather";
+    int writes = root < 0 || r == root;
+    ncclComm_t comm = coll_comm(g);
+    const void *in = c->send;
+    begin_op();
+    if (writes) {
+        need_device(c->recv, root < 0 ? "recv" : "recv (at the root)", what);
+        char *at = dist_at(c->recv, call_block_begin(c, N, r), c->dt);
+        if (c->send == NULL || c->send == at) {
+            in = at;  // already in place
+        } else if (c->send == c->recv) {
+            in = at;  // this rank's block sits at the start: move it to its place first
+            copy_on_comm_stream(at, c->recv, mine * es);
+        } else {
+            need_device(c->send, "send", what);
+            LAB_CHECK(!overlaps(c->send, mine * es, c->recv, total * es),
+                      "%s: send overlaps recv but is neither recv nor recv + its block's start", what);
+            if (root >= 0 || c->uneven) copy_on_comm_stream(at, c->send, mine * es);  // the own block, placed here
+        }
+    } else {
+        need_device(c->send, "send", what);
+    }
+    if (root < 0 && !c->uneven) {
+        ncclCheck(ncclAllGather(in, c->recv, c->count, nccl_type(c->dt), comm, comm_stream));
+        return;
+    }
+    ncclCheck(ncclGroupStart());
+    for (int p = 0; p < N; p++) {
+        if (p == r) continue;
+        size_t len_p = call_block_len(c, N, p);
+        if (root < 0 || p == root) ncclCheck(ncclSend(in, mine, nccl_type(c->dt), p, comm, comm_stream));
+        if (writes)
+            ncclCheck(ncclRecv(dist_at(c->recv, call_block_begin(c, N, p), c->dt), len_p, nccl_type(c->dt), p, comm,
+                               comm_stream));
+    }
+    ncclCheck(ncclGroupEnd());
 }
 
 // NCCL has no scatter: the root sends block p to each rank p, in one group.
-void dist_nccl_scatter(const void *send, void *recv, size_t count, DistDtype dt, int root, DistGroup *g) {
-    size_t block = count * dist_dtype_size(dt);
+static void scatter(const DistCall *c, DistGroup *g) {
+    int root = c->peer;
+    size_t block = c->count * dist_dtype_size(c->dt);
     ncclComm_t comm = coll_comm(g);
     if (g->rank != root) {
-        need_device(recv, "recv", "dist_scatter");
+        need_device(c->recv, "recv", "dist_scatter");
         begin_op();
-        ncclCheck(ncclRecv(recv, count, nccl_type(dt), root, comm, comm_stream));
-        end_op(NULL);
+        ncclCheck(ncclRecv(c->recv, c->count, nccl_type(c->dt), root, comm, comm_stream));
         return;
     }
-    need_device(send, "send (at the root)", "dist_scatter");
-    char *mine = at_block(send, root, count, dt);
+    need_device(c->send, "send (at the root)", "dist_scatter");
+    char *mine = at_block(c->send, root, c->count, c->dt);
     begin_op();
     ncclCheck(ncclGroupStart());
     for (int p = 0; p < g->size; p++)
-        if (p != root) ncclCheck(ncclSend(at_block(send, p, count, dt), count, nccl_type(dt), p, comm, comm_stream));
+        if (p != root)
+            ncclCheck(ncclSend(at_block(c->send, p, c->count, c->dt), c->count, nccl_type(c->dt), p, comm, comm_stream));
     ncclCheck(ncclGroupEnd());
     // The root's own block: in place (recv NULL or mine), to the start (recv == send; after the
     // sends, which read block 0), or to a separate recv.
-    if (recv != NULL && recv != mine) {
-        need_device(recv, "recv", "dist_scatter");
-        LAB_CHECK(recv == send || !overlaps(send, block * (size_t)g->size, recv, block),
+    if (c->recv != NULL && c->recv != mine) {
+        need_device(c->recv, "recv", "dist_scatter");
+        LAB_CHECK(c->recv == c->send || !overlaps(c->send, block * (size_t)g->size, c->recv, block),
                   "dist_scatter: recv overlaps send but is neither send nor send + root * count");
-        copy_on_comm_stream(recv, mine, block);
+        copy_on_comm_stream(c->recv, mine, block);
     }
-    end_op(NULL);
-}
-
-// NCCL has no gather: the root receives block p from each rank p, in one group.
-void dist_nccl_gather(const void *send, void *recv, size_t count, DistDtype dt, int root, DistGroup *g) {
-    size_t block = count * dist_dtype_size(dt);
-    ncclComm_t comm = coll_comm(g);
-    if (g->rank != root) {
-        need_device(send, "send", "dist_gather");
-        begin_op();
-        ncclCheck(ncclSend(send, count, nccl_type(dt), root, comm, comm_stream));
-        end_op(NULL);
-        return;
-    }
-    need_device(recv, "recv (at the root)", "dist_gather");
-    char *mine = at_block(recv, root, count, dt);
-    begin_op();
-    // The root's own block goes to its place first (from the start of recv when send == recv:
-    // before block 0 is received over it).
-    if (send != NULL && send != mine) {
-        if (send != recv) {
-            need_device(send, "send", "dist_gather");
-            LAB_CHECK(!overlaps(send, block, recv, block * (size_t)g->size),
-                      "dist_gather: send overlaps recv but is neither recv nor recv + root * count");
-        }
-        copy_on_comm_stream(mine, send, block);
-    }
-    ncclCheck(ncclGroupStart());
-    for (int p = 0; p < g->size; p++)
-        if (p != root) ncclCheck(ncclRecv(at_block(recv, p, count, dt), count, nccl_type(dt), p, comm, comm_stream));
-    ncclCheck(ncclGroupEnd());
-    end_op(NULL);
 }
 
 // ---------------------------------------------------------------------------------------------
-// point to point
+// point to point. NCCL has no tags: messages between two ranks match in the order they were
+// issued. A sendrecv is one NCCL group (a lone ncclSend waits for its receiver like MPI_Ssend).
 
-void dist_nccl_send(const void *buf, size_t count, DistDtype dt, int peer, DistGroup *g, DistWork *w) {
-    need_device(buf, "buf", "dist_send");
-    ncclComm_t comm = p2p_comm(g, "dist_send");
+static void send_recv(const DistCall *c, DistGroup *g) {
+    const char *what = c->kind == OP_RECV ? "dist_recv" : c->recv ? "dist_sendrecv" : "dist_send";
+    if (c->send) need_device(c->send, c->recv ? "sendbuf" : "buf", what);
+    if (c->recv && (c->kind == OP_RECV || c->recvcount)) need_device(c->recv, c->kind == OP_RECV ? "buf" : "recvbuf", what);
+    ncclComm_t comm = p2p_comm(g, what);
     begin_op();
-    ncclCheck(ncclSend(buf, count, nccl_type(dt), peer, comm, comm_stream));
-    end_op(w);
-}
-
-void dist_nccl_recv(void *buf, size_t count, DistDtype dt, int peer, DistGroup *g, DistWork *w) {
-    need_device(buf, "buf", "dist_recv");
-    ncclComm_t comm = p2p_comm(g, "dist_recv");
-    begin_op();
-    ncclCheck(ncclRecv(buf, count, nccl_type(dt), peer, comm, comm_stream));
-    end_op(w);
-}
-
-void dist_nccl_sendrecv(const void *sendbuf, size_t sendcount, int dst, void *recvbuf, size_t recvcount,
-                        int src, DistDtype dt, DistGroup *g) {
-    need_device(sendbuf, "sendbuf", "dist_sendrecv");
-    need_device(recvbuf, "recvbuf", "dist_sendrecv");
-    ncclComm_t comm = p2p_comm(g, "dist_sendrecv");
-    begin_op();
+    if (c->kind == OP_RECV) {
+        ncclCheck(ncclRecv(c->recv, c->count, nccl_type(c->dt), c->peer, comm, comm_stream));
+        return;
+    }
+    if (!c->recv) {
+        ncclCheck(ncclSend(c->send, c->count, nccl_type(c->dt), c->peer, comm, comm_stream));
+        return;
+    }
     // One group: NCCL starts both together, so a ring of these cannot deadlock.
     ncclCheck(ncclGroupStart());
-    ncclCheck(ncclSend(sendbuf, sendcount, nccl_type(dt), dst, comm, comm_stream));
-    ncclCheck(ncclRecv(recvbuf, recvcount, nccl_type(dt), src, comm, comm_stream));
+    ncclCheck(ncclSend(c->send, c->count, nccl_type(c->dt), c->peer, comm, comm_stream));
+    ncclCheck(ncclRecv(c->recv, c->recvcount, nccl_type(c->dt), c->src, comm, comm_stream));
     ncclCheck(ncclGroupEnd());
-    end_op(NULL);
+}
+
+static void nccl_run(const DistCall *c, DistGroup *g, DistWork *w) {
+    switch (c->kind) {
+    case OP_BROADCAST: broadcast(c, g); break;
+    case OP_ALL_REDUCE: all_reduce(c, g); break;
+    case OP_REDUCE: reduce(c, g); break;
+    case OP_REDUCE_SCATTER: reduce_scatter(c, g); break;
+    case OP_ALL_GATHER: gather_blocks(c, g, -1); break;
+    case OP_GATHER: gather_blocks(c, g, c->peer); break;
+    case OP_SCATTER: scatter(c, g); break;
+    case OP_SEND:
+    case OP_RECV: send_recv(c, g); break;
+    default: lab_fail_at(__FILE__, __LINE__, "dist NCCL backend: op kind %s has no case", dist_op_kind_name(c->kind));
+    }
+    end_op(w);
 }
 
 // ---------------------------------------------------------------------------------------------
 // completion of non-blocking ops
 
-void dist_nccl_wait(DistWork *w) {
+static void nccl_wait(DistWork *w) {
     // The compute stream (not the host) waits: kernels launched from now on see the result.
     cudaCheck(cudaStreamWaitEvent(COMPUTE_STREAM, (cudaEvent_t)w->event, 0));
     cudaCheck(cudaEventDestroy((cudaEvent_t)w->event));  // freed once it has completed
@@ -395,16 +417,18 @@ void dist_nccl_wait(DistWork *w) {
     w->active = 0;
 }
 
-int dist_nccl_test(DistWork *w) {
+static int nccl_test(DistWork *w) {
     cudaError_t err = cudaEventQuery((cudaEvent_t)w->event);
     if (err == cudaErrorNotReady) {
         (void)cudaGetLastError();  // "not ready" is an answer, not an error: do not leave it behind
         return 0;
     }
     cudaCheck(err);
-    dist_nccl_wait(w);
+    nccl_wait(w);
     return 1;
 }
+
+const DistBackendOps dist_nccl_backend = {"nccl", nccl_run, nccl_wait, nccl_test};
 
 #else  // no CUDA (or the CPU emulator): dist_set_backend refuses NCCL, so the ops are never reached
 
@@ -421,52 +445,12 @@ void dist_nccl_start(DistGroup *world) { (void)world; no_nccl(); }
 void dist_nccl_group_init(DistGroup *g) { (void)g; no_nccl(); }
 void dist_nccl_group_free(DistGroup *g) { (void)g; }  // no group has a communicator
 void dist_nccl_finalize(void) {}
-void dist_nccl_broadcast(void *buf, size_t count, DistDtype dt, int root, DistGroup *g, DistWork *w) {
-    (void)buf, (void)count, (void)dt, (void)root, (void)g, (void)w;
+static void nccl_run(const DistCall *c, DistGroup *g, DistWork *w) {
+    (void)c, (void)g, (void)w;
     no_nccl();
 }
-void dist_nccl_all_reduce(const void *send, void *recv, size_t count, DistDtype dt, DistOp op, DistGroup *g,
-                          DistWork *w) {
-    (void)send, (void)recv, (void)count, (void)dt, (void)op, (void)g, (void)w;
-    no_nccl();
-}
-void dist_nccl_reduce(const void *send, void *recv, size_t count, DistDtype dt, DistOp op, int root,
-                      DistGroup *g) {
-    (void)send, (void)recv, (void)count, (void)dt, (void)op, (void)root, (void)g;
-    no_nccl();
-}
-void dist_nccl_reduce_scatter(const void *send, void *recv, size_t recvcount, DistDtype dt, DistOp op,
-                              DistGroup *g, DistWork *w) {
-    (void)send, (void)recv, (void)recvcount, (void)dt, (void)op, (void)g, (void)w;
-    no_nccl();
-}
-void dist_nccl_all_gather(const void *send, void *recv, size_t sendcount, DistDtype dt, DistGroup *g,
-                          DistWork *w) {
-    (void)send, (void)recv, (void)sendcount, (void)dt, (void)g, (void)w;
-    no_nccl();
-}
-void dist_nccl_scatter(const void *send, void *recv, size_t count, DistDtype dt, int root, DistGroup *g) {
-    (void)send, (void)recv, (void)count, (void)dt, (void)root, (void)g;
-    no_nccl();
-}
-void dist_nccl_gather(const void *send, void *recv, size_t count, DistDtype dt, int root, DistGroup *g) {
-    (void)send, (void)recv, (void)count, (void)dt, (void)root, (void)g;
-    no_nccl();
-}
-void dist_nccl_send(const void *buf, size_t count, DistDtype dt, int peer, DistGroup *g, DistWork *w) {
-    (void)buf, (void)count, (void)dt, (void)peer, (void)g, (void)w;
-    no_nccl();
-}
-void dist_nccl_recv(void *buf, size_t count, DistDtype dt, int peer, DistGroup *g, DistWork *w) {
-    (void)buf, (void)count, (void)dt, (void)peer, (void)g, (void)w;
-    no_nccl();
-}
-void dist_nccl_sendrecv(const void *sendbuf, size_t sendcount, int dst, void *recvbuf, size_t recvcount,
-                        int src, DistDtype dt, DistGroup *g) {
-    (void)sendbuf, (void)sendcount, (void)dst, (void)recvbuf, (void)recvcount, (void)src, (void)dt, (void)g;
-    no_nccl();
-}
-void dist_nccl_wait(DistWork *w) { (void)w; no_nccl(); }
-int dist_nccl_test(DistWork *w) { (void)w; no_nccl(); }
+static void nccl_wait(DistWork *w) { (void)w; no_nccl(); }
+static int nccl_test(DistWork *w) { (void)w; no_nccl(); }
+const DistBackendOps dist_nccl_backend = {"nccl", nccl_run, nccl_wait, nccl_test};
 
 #endif

@@ -1,0 +1,95 @@
+// dist_backend.h: the one interface behind dist.h's API (internal: included by common/dist*.c).
+//
+// dist.c (the API) checks what every backend shares, counts the bytes, then describes the op
+// as one DistCall and hands it to one backend through this table:
+//   dist_mpi_backend    host buffers, over MPI (dist_mpi.c)
+//   dist_stage_backend  device buffers with the MPI backend: copied through host memory, then
+//                       dist_mpi_backend (dist_stage.c)
+//   dist_nccl_backend   device buffers with the NCCL backend (dist_nccl.c)
+// The communication thread (dist_thread.c) runs queued calls with dist_mpi_backend, blocking.
+// A backend finishes the whole op: AVG's division, results moved to where the caller wants
+// them, staging buffers freed (blocking: before run returns; non-blocking: in wait / test).
+// No backend calls back into dist.c.
+#pragma once
+#include <stddef.h>
+
+#include "dist.h"
+#include "shard.h"
+
+typedef struct DistCall {
+    DistOpKind kind;
+    const void *send;   // the input (send / sendrecv / broadcast: the buffer is in recv)
+    void *recv;         // the output (broadcast: the buffer)
+    size_t count;       // elements, as the public function's count argument; for sendrecv the
+                        // send count
+    int uneven;         // reduce_scatter, all_gather, gather: count is the whole buffer's n and
+                        // group rank p's block is shard_range(n, N, p) (dist.h, "Uneven ops")
+    DistDtype dt;
+    DistOp op;
+    int peer;           // root (broadcast, reduce, scatter, gather), peer (send, recv), dst (sendrecv)
+    int tag;            // send, recv, sendrecv
+    // dist_sendrecv is kind OP_SEND with recv != NULL: count elements of send go to peer while
+    // recvcount elements from src arrive in recv (blocking only).
+    size_t recvcount;
+    int src;
+} DistCall;
+
+typedef struct DistBackendOps {
+    const char *name;
+    // w == NULL: blocking, finished on return. w != NULL: started; w->backend set to the table
+    // that finishes it (wait / test below).
+    void (*run)(const DistCall *c, DistGroup *g, DistWork *w);
+    void (*wait)(DistWork *w);
+    int (*test)(DistWork *w);  // 1 when done (then finished like wait)
+} DistBackendOps;
+
+extern const DistBackendOps dist_mpi_backend, dist_stage_backend, dist_nccl_backend;
+
+// --- blocks of an op whose buffer is one block per rank ----------------------------------------
+// Even: every block has c->count elements and block p starts at p * count. Uneven: block p is
+// shard_range(c->count, N, p).
+static inline size_t call_block_begin(const DistCall *c, int N, int p) {
+    return c->uneven ? shard_begin(c->count, N, p) : (size_t)p * c->count;
+}
+static inline size_t call_block_len(const DistCall *c, int N, int p) {
+    return c->uneven ? shard_count(c->count, N, p) : c->count;
+}
+static inline size_t call_total(const DistCall *c, int N) {
+    return c->uneven ? c->count : c->count * (size_t)N;
+}
+
+// Do [a, a+na) and [b, b+nb) share a byte?
+static inline int dist_overlaps(const void *a, size_t na, const void *b, size_t nb) {
+    if (!a || !b || na == 0 || nb == 0) return 0;
+    const char *x = a, *y = b;
+    return x < y + nb && y < x + na;
+}
+
+static inline char *dist_at(const void *base, size_t elems, DistDtype dt) {
+    return (char *)base + elems * dist_dtype_size(dt);
+}
+
+// --- dist_mpi.c: the MPI side of the lifecycle (dist_init / dist_finalize) -------------------
+void dist_mpi_init(int *argc, char ***argv, DistGroup *world);
+void dist_mpi_finalize(void);
+// g's communicator, rank and size from a split of parent (with the job's error handler)
+void dist_mpi_split(DistGroup *parent, int color, int key, DistGroup *g);
+void dist_mpi_dup(const DistGroup *g, DistGroup *copy);  // copy = g on a duplicate communicator
+void dist_mpi_group_free(DistGroup *g);                   // frees g's communicator
+// MPI counts are int: fails naming `what` when count is over INT_MAX.
+int dist_mpi_count(size_t count, const char *what);
+
+// --- dist_bf16.c: element-wise work MPI does not do for us ---------------------------------------
+// MPI user functions on bf16 (widen to fp32, combine, round back once per pairwise combine).
+void dist_bf16_sum_fn(void *in, void *inout, int *len, MPI_Datatype *dt);
+void dist_bf16_max_fn(void *in, void *inout, int *len, MPI_Datatype *dt);
+// AVG: divide a sum by n in place (float types in their own precision, bf16 in fp32 rounded
+// once, integers with C's truncating division).
+void dist_finish_avg(void *buf, size_t count, DistDtype dt, int n);
+
+// --- dist_thread.c: the communication thread (dist.h) --------------------------------------------
+// Queue c (counted and checked by dist.c) for g's thread; w becomes its handle (w->task).
+void dist_thread_queue(const DistCall *c, DistGroup *g, DistWork *w);
+int dist_thread_finish(DistWork *w, int block);  // 1 when the thread has run it (then finished)
+int dist_thread_pending(void);                    // queued ops not yet finished by the caller
+void dist_thread_stop_all(void);                  // at dist_finalize

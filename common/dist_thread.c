@@ -1,0 +1,151 @@
+// dist_thread.c: the communication thread of dist.h: one thread per process, one FIFO of ops
+// of every attached group, each run as a blocking MPI call on the group's own duplicate
+// communicator (dist_mpi_backend), in launch order.
+//
+// Only the calling thread queues and finishes ops; the communication thread only runs them.
+// The mutex guards the queue, the tasks' done flags and the time sums.
+#include <pthread.h>
+#include <stdlib.h>
+#include <time.h>
+
+#include "check.h"
+#include "dist_backend.h"
+
+typedef struct Attached {  // DistGroup.thread of an attached group
+    DistGroup group;       // the group on its own communicator (the thread's ops never meet the caller's)
+    double busy_s, cpu_s;  // in its ops: wall-clock time, and CPU time of the thread
+} Attached;
+
+typedef struct CommTask {
+    DistCall call;
+    Attached *on;
+    int done;               // set by the thread (under the mutex) when the op has finished
+    struct CommTask *next;  // the queue, in launch order
+} CommTask;
+
+static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
+static pthread_cond_t work_cv = PTHREAD_COND_INITIALIZER;  // a task was queued, or stop
+static pthread_cond_t done_cv = PTHREAD_COND_INITIALIZER;  // a task is done
+static CommTask *head, *tail;  // queued, not yet run (head: running now)
+static pthread_t tid;
+static int running = 0, stop = 0, nattached = 0;
+static int pending = 0;  // queued and not yet finished by the caller (caller's thread only)
+
+static double thread_cpu_now(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+static void *thread_main(void *arg) {
+    (void)arg;
+    pthread_mutex_lock(&mu);
+    for (;;) {
+        while (!head && !stop) pthread_cond_wait(&work_cv, &mu);
+        if (!head) break;  // stop, and nothing left
+        CommTask *task = head;
+        pthread_mutex_unlock(&mu);
+        // The blocking op; the caller's thread meanwhile computes (and makes no MPI call).
+        double w0 = lab_now(), c0 = thread_cpu_now();
+        dist_mpi_backend.run(&task->call, &task->on->group, NULL);
+        double w1 = lab_now(), c1 = thread_cpu_now();
+        pthread_mutex_lock(&mu);
+        task->on->busy_s += w1 - w0;
+        task->on->cpu_s += c1 - c0;
+        head = task->next;
+        if (!head) tail = NULL;
+        task->done = 1;
+        pthread_cond_broadcast(&done_cv);
+    }
+    pthread_mutex_unlock(&mu);
+    return NULL;
+}
+
+void dist_comm_thread_start(DistGroup *g) {
+    if (g->thread) return;
+    int level = 0;
+    MPI_Query_thread(&level);
+    LAB_CHECK(level >= MPI_THREAD_SERIALIZED, "dist_comm_thread_start: MPI was initialized at a "
+              "thread level below MPI_THREAD_SERIALIZED (%d); a communication thread needs it", level);
+    Attached *a = lab_xcalloc(1, sizeof(Attached));
+    dist_mpi_dup(g, &a->group);  // collective over g, made while the thread is idle
+    if (!running) {
+        stop = 0;
+        LAB_CHECK(pthread_create(&tid, NULL, thread_main, NULL) == 0, "dist_comm_thread_start: pthread_create failed");
+        running = 1;
+    }
+    nattached++;
+    g->thread = a;
+}
+
+// Waits until the queue is empty (then the thread is idle and MPI is the caller's again).
+static void drain(void) {
+    pthread_mutex_lock(&mu);
+    while (head) pthread_cond_wait(&done_cv, &mu);
+    pthread_mutex_unlock(&mu);
+}
+
+static void join_thread(void) {
+    if (!running) return;
+    pthread_mutex_lock(&mu);
+    stop = 1;
+    pthread_cond_signal(&work_cv);
+    pthread_mutex_unlock(&mu);
+    pthread_join(tid, NULL);  // it runs what is queued first
+    running = 0;
+}
+
+void dist_comm_thread_stop(DistGroup *g) {
+    Attached *a = g->thread;
+    if (!a) return;
+    drain();
+    g->thread = NULL;
+    dist_mpi_group_free(&a->group);
+    free(a);
+    if (--nattached == 0) join_thread();
+}
+
+void dist_thread_stop_all(void) {
+    drain();
+    join_thread();
+}
+
+void dist_comm_thread_times(DistGroup *g, double *busy_s, double *cpu_s) {
+    Attached *a = g->thread;
+    *busy_s = *cpu_s = 0.0;
+    if (!a) return;
+    pthread_mutex_lock(&mu);
+    *busy_s = a->busy_s;
+    *cpu_s = a->cpu_s;
+    pthread_mutex_unlock(&mu);
+}
+
+void dist_thread_queue(const DistCall *c, DistGroup *g, DistWork *w) {
+    CommTask *task = lab_xcalloc(1, sizeof(CommTask));
+    task->call = *c;
+    task->on = g->thread;
+    pthread_mutex_lock(&mu);
+    if (tail) tail->next = task;
+    else head = task;
+    tail = task;
+    pthread_cond_signal(&work_cv);
+    pthread_mutex_unlock(&mu);
+    w->task = task;
+    pending++;
+}
+
+int dist_thread_finish(DistWork *w, int block) {
+    CommTask *task = w->task;
+    pthread_mutex_lock(&mu);
+    while (block && !task->done) pthread_cond_wait(&done_cv, &mu);
+    int done = task->done;
+    pthread_mutex_unlock(&mu);
+    if (!done) return 0;
+    free(task);
+    w->task = NULL;
+    w->active = 0;
+    pending--;
+    return 1;
+}
+
+int dist_thread_pending(void) { return pending; }
