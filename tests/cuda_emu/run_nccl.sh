@@ -29,12 +29,19 @@ for f in common/*.c tests/cuda_emu/nccl/cuda_util_emu.c; do
     objs+=("$OUT/obj/$name.o")
 done
 $CC $CFLAGS tools/nccl_check.c "${objs[@]}" $BLAS_LIBS $MPI_LIBS -lm -lpthread $SAN -o "$OUT/nccl_check"
-echo "built $OUT/nccl_check (NCCL emulated over MPI)"
+# tests/mpi_uneven.c --device [--nccl]: the uneven ops on device buffers, staged and over NCCL
+$CC $CFLAGS -Itests tests/mpi_uneven.c tests/mpitest.c "${objs[@]}" $BLAS_LIBS $MPI_LIBS -lm -lpthread $SAN \
+    -o "$OUT/mpi_uneven"
+echo "built $OUT/nccl_check and $OUT/mpi_uneven (NCCL emulated over MPI)"
 
 failed=0
 for np in ${*:-1 2 3 4}; do
     echo "== $np rank(s)"
     mpirun --allow-run-as-root --oversubscribe --mca btl self,vader -x OPENBLAS_NUM_THREADS=1 \
         -x ASAN_OPTIONS=detect_leaks=0 -np "$np" "$OUT/nccl_check" || failed=1
+    for mode in "--device" "--device --nccl"; do
+        mpirun --allow-run-as-root --oversubscribe --mca btl self,vader -x OPENBLAS_NUM_THREADS=1 \
+            -x ASAN_OPTIONS=detect_leaks=0 -np "$np" "$OUT/mpi_uneven" $mode rs ag gather || failed=1
+    done
 done
 exit "$failed"

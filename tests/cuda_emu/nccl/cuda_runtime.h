@@ -55,6 +55,18 @@ static inline cudaError_t cudaMemcpyAsync(void *dst, const void *src, size_t byt
     memmove(dst, src, bytes);
     return cudaSuccess;
 }
+// Stream-ordered allocation (the uneven reduce-scatter's padded copies): here at once.
+static inline cudaError_t cudaMallocAsync(void **p, size_t bytes, cudaStream_t s) {
+    (void)s;
+    *p = malloc(bytes ? bytes : 1);
+    return *p ? cudaSuccess : cudaErrorInvalidValue;
+}
+static inline cudaError_t cudaFreeAsync(void *p, cudaStream_t s) { (void)s; free(p); return cudaSuccess; }
+static inline cudaError_t cudaMemsetAsync(void *p, int v, size_t bytes, cudaStream_t s) {
+    (void)s;
+    memset(p, v, bytes);
+    return cudaSuccess;
+}
 static inline cudaError_t cudaPointerGetAttributes(struct cudaPointerAttributes *a, const void *p) {
     (void)p;
     a->device = 0;

@@ -17,3 +17,5 @@ void lab_cuda_set_device(int dev) { LAB_CHECK(dev == 0, "emulated GPU %d: only G
 const char *lab_cuda_device_name(void) { return "NCCL emulator (host memory)"; }
 
 const Kernels kernels_cuda = {0};
+const Kernels *kernels_cuda_tf32(void);  // kernels_cpu.c's kernels_get_tf32 names it
+const Kernels *kernels_cuda_tf32(void) { return &kernels_cuda; }
