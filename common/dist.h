@@ -3,6 +3,9 @@
 // Backends: MPI (host buffers; the default and the one tested on CPU) and, when built with
 // CUDA, NCCL (one GPU per rank). Every call counts the bytes this rank sends and receives,
 // per op kind, so tests can check communication volume against the formulas in the notes.
+// Files: dist.c (this API, counting), dist_mpi.c, dist_stage.c (device buffers over MPI) and
+// dist_nccl.c (the backends, behind dist_backend.h), dist_thread.c (the communication
+// thread), dist_bf16.c (bf16 sum/max and AVG's division).
 //
 // Byte counting model (per rank; S = count * element size of the op's full buffer, N = group
 // size). Library collectives are counted as the bandwidth-optimal algorithm moves them:

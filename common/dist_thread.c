@@ -62,7 +62,15 @@ static void *thread_main(void *arg) {
 }
 
 void dist_comm_thread_start(DistGroup *g) {
+    int inited = 0;
+    MPI_Initialized(&inited);
+    LAB_CHECK(inited, "dist_init() must be called before dist_comm_thread_start");
     if (g->thread) return;
+    // Attaching duplicates g's communicator: an MPI call, so only while the thread is idle.
+    if (pending > 0)
+        lab_fail("dist comm_thread_start(%s): %d op%s queued on the communication thread not finished: "
+                 "dist_wait for %s first (MPI runs at thread level SERIALIZED, one thread at a time)",
+                 g->name, pending, pending > 1 ? "s" : "", pending > 1 ? "them" : "it");
     int level = 0;
     MPI_Query_thread(&level);
     LAB_CHECK(level >= MPI_THREAD_SERIALIZED, "dist_comm_thread_start: MPI was initialized at a "
