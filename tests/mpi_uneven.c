@@ -482,13 +482,19 @@ static void test_thread(DistGroup *g) {
         }
         memcpy(pmine, wantp + hb * e, hl * e);
 
-        DistWork w[5];
+        // 4. a broadcast on h from its last rank, queued between them.
+        char *bc = xbuf(n * e), *wantb = xbuf(n * e);
+        for (size_t i = 0; i < n; i++) put(bc, dt, i, input(me, i) + 1);
+        for (size_t i = 0; i < n; i++) put(wantb, dt, i, input(hm[hN - 1], i) + 1);
+
+        DistWork w[6];
         w[0] = dist_iall_reduce(NULL, x, n, dt, DIST_SUM, h);
         w[1] = dist_ireduce_scatter_n(y, yb, n, dt, DIST_SUM, g);
+        w[5] = dist_ibroadcast(bc, n, dt, hN - 1, h);
         w[2] = dist_iall_reduce(NULL, x, n, dt, DIST_SUM, g);
         w[3] = dist_iall_gather_n(yb, z, n, dt, g);
         w[4] = dist_iall_gather_n(pmine, pall, n, dt, h);
-        for (int k = 0; k < 5; k++) mpi_check(w[k].task != NULL, "thread: op %d was not queued on the thread", k);
+        for (int k = 0; k < 6; k++) mpi_check(w[k].task != NULL, "thread: op %d was not queued on the thread", k);
         // The caller computes and only looks at a flag (dist_test makes no MPI call on a queued
         // op): the prefetch can only complete here because the thread runs it. (A hang would
         // end at the test's timeout.)
@@ -502,6 +508,7 @@ static void test_thread(DistGroup *g) {
         for (size_t t = 0; t < rounds; t++)
             for (int k = 0; k < 1000; k++) want_acc += (double)((t + (size_t)k) % 7);
         mpi_check(acc == want_acc, "thread: the caller's computation went wrong");
+        dist_wait(&w[5]);
         for (int k = 3; k >= 0; k--) dist_wait(&w[k]);
         const char *dn = dt == DIST_BF16 ? "bf16" : "f32";
         char label[128];
@@ -511,6 +518,9 @@ static void test_thread(DistGroup *g) {
         compare(z, wantz, n, dt, label, g);
         snprintf(label, sizeof label, "thread %s: prefetch all_gather_n on h while computing", dn);
         compare(pall, wantp, n, dt, label, h);
+        snprintf(label, sizeof label, "thread %s: broadcast on h", dn);
+        compare(bc, wantb, n, dt, label, h);
+        free(bc), free(wantb);
         free(x), free(wantx), free(y), free(yb), free(z), free(wantz), free(pmine), free(pall), free(wantp);
         free(hm);
     }
