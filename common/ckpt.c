@@ -73,15 +73,12 @@ static void atomic_open(AtomicFile *af, const char *path) {
     af->tmp = lab_xmalloc(strlen(path) + 5);
     sprintf(af->tmp, "%s.tmp", path);
     af->crc = 0;
-    // A tmp left by a save that was killed: say so, then replace it ("wb" truncates).
+    // A tmp left by a save that was killed: removed, and said. (Anything else in its place,
+    // a directory say, is left to fopen below to refuse with its own reason.)
     struct stat st;
-    if (lstat(af->tmp, &st) == 0) {
-        if (!S_ISREG(st.st_mode) || remove(af->tmp) != 0)
-            lab_fail("cannot write %s: %s is in the way (not a file this lab left, or not "
-                     "removable); remove it", path, af->tmp);
+    if (lstat(af->tmp, &st) == 0 && S_ISREG(st.st_mode) && remove(af->tmp) == 0)
         fprintf(stderr, "note: removed %s, left by an earlier save of %s that did not finish\n",
                 af->tmp, path);
-    }
     af->f = fopen(af->tmp, "wb");
     if (!af->f) atomic_fail(af, "creating", errno);
 }
