@@ -72,7 +72,7 @@ int main(int argc, char **argv) {
     FlagSpec *extra = lab_xcalloc((size_t)nextra, sizeof(FlagSpec));
     memcpy(extra, train_flags, sizeof(train_flags));
     memcpy(extra + 1, calc_flags, (size_t)ncalc * sizeof(FlagSpec));
-    lab_parse_args(argc, argv, &args, extra, nextra, "00_memory_budget/run", USAGE);
+    lab_parse_args_for(LAB_FLAGS_SINGLE, argc, argv, &args, extra, nextra, "00_memory_budget/run", USAGE);
     free(extra);
 
     if (tf.train) {

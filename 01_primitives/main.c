@@ -359,7 +359,7 @@ int main(int argc, char **argv) {
          "all|broadcast|reduce|all-reduce|reduce-scatter|all-gather|identity|scatter|gather|send-recv",
          "show just one primitive"},
     };
-    lab_parse_args(argc, argv, &args, extra, 1, "01_primitives: the communication primitives", USAGE);
+    lab_parse_args_for(LAB_FLAGS_NONE, argc, argv, &args, extra, 1, "01_primitives: the communication primitives", USAGE);
 
     DistGroup *g = dist_world();
     if (g->size > MAXN)

@@ -81,7 +81,7 @@ int main(int argc, char **argv) {
         {"--repeats", FLAG_INT, &repeats, 1, 1000, NULL, "timed turns per row, algorithms in turn; the fastest counts"},
         {"--segment-kib", FLAG_INT, &segment_kib, 1, 1048576, NULL, "segment of the pipelined ring, in KiB"},
     };
-    lab_parse_args(argc, argv, &args, extra, (int)(sizeof extra / sizeof extra[0]),
+    lab_parse_args_for(LAB_FLAGS_NONE, argc, argv, &args, extra, (int)(sizeof extra / sizeof extra[0]),
                    "04_ring_allreduce: ring all-reduce from send/recv", USAGE);
     DistGroup *g = dist_world();
 

@@ -11,6 +11,9 @@ int lab_log_rank = 0;
 int lab_log_world = 1;
 void (*lab_abort_hook)(int code) = NULL;
 
+// How long a rank other than 0 waits in lab_fail_collective for rank 0's abort to end it.
+#define COLLECTIVE_WAIT_S 3
+
 // Ends the job: MPI_Abort through the hook when MPI is up (so no rank is left waiting in a
 // collective), a plain exit otherwise.
 static LAB_NORETURN void lab_end(int code) {
@@ -42,18 +45,26 @@ void lab_fail(const char *fmt, ...) {
 
 void lab_fail_collective(const char *fmt, ...) {
     fflush(stdout);
+    char msg[2048];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    va_end(ap);
     if (lab_log_rank == 0) {
-        va_list ap;
-        va_start(ap, fmt);
         // Every rank found the same error: one message, without a rank prefix.
-        char msg[2048];
-        vsnprintf(msg, sizeof msg, fmt, ap);
-        va_end(ap);
         fprintf(stderr, "error: %s\n", msg);
         fflush(stderr);
-    } else {
-        // Give rank 0 time to print before the abort tears the job down.
+    } else if (!lab_abort_hook) {
+        // Before MPI is up (flag parsing): every rank parsed the same argv, so rank 0 has
+        // the same error; give it time to print before this rank's exit ends the job.
         sleep(1);
+    } else {
+        // Rank 0 prints and aborts the whole job, which ends this rank during the wait. If
+        // this rank is still alive after it, rank 0 did not meet the error (only some ranks
+        // did): print it here, with the rank, so that it is never lost.
+        sleep(COLLECTIVE_WAIT_S);
+        fprintf(stderr, "[rank %d] error: %s\n", lab_log_rank, msg);
+        fflush(stderr);
     }
     lab_end(1);
 }

@@ -24,7 +24,9 @@ extern "C" {
 
 // Prints "error: <msg>" (prefixed "[rank r] " when world > 1) to stderr and ends the job.
 LAB_NORETURN void lab_fail(const char *fmt, ...) LAB_PRINTF(1, 2);
-// Same, but only rank 0 prints (the error is the same on every rank).
+// Same, but only rank 0 prints (the error is the same on every rank). Safe when only some
+// ranks meet it: a rank other than 0 that is still alive after a few seconds (rank 0 did not
+// abort the job) prints it with its rank prefix, then ends the job.
 LAB_NORETURN void lab_fail_collective(const char *fmt, ...) LAB_PRINTF(1, 2);
 // Internal error with file:line.
 LAB_NORETURN void lab_fail_at(const char *file, int line, const char *fmt, ...) LAB_PRINTF(3, 4);

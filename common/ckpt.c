@@ -9,6 +9,7 @@
 #include "ckpt.h"
 
 #include <errno.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -64,10 +65,20 @@ LAB_NORETURN static void atomic_fail(AtomicFile *af, const char *what, int err) 
 }
 
 static void atomic_open(AtomicFile *af, const char *path) {
+    // Past a file-size limit (ulimit -f) the kernel sends SIGXFSZ, whose default action kills
+    // the process with a core and leaves a partial tmp. Ignored, write() fails with EFBIG
+    // instead, and the clean path below runs: message, tmp removed, old <path> intact.
+    signal(SIGXFSZ, SIG_IGN);
     af->path = path;
     af->tmp = lab_xmalloc(strlen(path) + 5);
     sprintf(af->tmp, "%s.tmp", path);
     af->crc = 0;
+    // A tmp left by a save that was killed: removed, and said. (Anything else in its place,
+    // a directory say, is left to fopen below to refuse with its own reason.)
+    struct stat st;
+    if (lstat(af->tmp, &st) == 0 && S_ISREG(st.st_mode) && remove(af->tmp) == 0)
+        fprintf(stderr, "note: removed %s, left by an earlier save of %s that did not finish\n",
+                af->tmp, path);
     af->f = fopen(af->tmp, "wb");
     if (!af->f) atomic_fail(af, "creating", errno);
 }
@@ -318,6 +329,53 @@ void ckpt_save_state(const char *path, const TrainState *s) {
     atomic_commit(&af);
 }
 
+// The steps a state file may say: step in [0, STATE_MAX_STEPS] (the most --steps accepts), and
+// not past total_steps when the file records it (ckpt_save_training leaves it 0: unknown).
+// Anything else is a damaged file, or one not written by this lab: refused, not trained from.
+#define STATE_MAX_STEPS 1000000000
+static int state_steps_why(int32_t step, int32_t total, char *err, size_t errlen) {
+    if (step < 0 || step > STATE_MAX_STEPS) {
+        snprintf(err, errlen, "the state says step %d, which no run reaches (valid: 0 .. %d, the "
+                 "range of --steps): damaged, or not written by this lab", step, STATE_MAX_STEPS);
+        return -1;
+    }
+    if (total < 0 || total > STATE_MAX_STEPS || (total > 0 && step > total)) {
+        snprintf(err, errlen, "the state says step %d of a %d-step run, which cannot be: "
+                 "damaged, or not written by this lab", step, total);
+        return -1;
+    }
+    return 0;
+}
+
+int ckpt_state_peek(const char *path, int *step, int *total_steps, char *err, size_t errlen) {
+    uint8_t hdr[STATE_HEADER_BYTES];
+    FILE *f = fopen(path, "rb");
+    if (!f) {
+        snprintf(err, errlen, "cannot open it: %s", strerror(errno));
+        return -1;
+    }
+    size_t got = fread(hdr, 1, sizeof hdr, f);
+    fclose(f);
+    if (got != sizeof hdr || memcmp(hdr, STATE_MAGIC, 8) != 0) {
+        snprintf(err, errlen, "not a training-state checkpoint (%s; weights files go to "
+                 "--load-weights)", got != sizeof hdr ? "shorter than the header" : "wrong magic");
+        return -1;
+    }
+    int32_t version, st, sched[2];
+    memcpy(&version, hdr + 8, 4);
+    memcpy(&st, hdr + 32, 4);
+    memcpy(sched, hdr + 76, 8);
+    if (version != STATE_VERSION) {
+        snprintf(err, errlen, "unsupported version %d (this lab reads version %d)", version,
+                 STATE_VERSION);
+        return -1;
+    }
+    if (state_steps_why(st, sched[1], err, errlen) != 0) return -1;
+    *step = st;
+    *total_steps = sched[1];
+    return 0;
+}
+
 void ckpt_load_state(const char *path, const GPT2Config *expect, TrainState *s) {
     size_t size;
     FILE *f = open_for_load(path, "training state", &size);
@@ -359,6 +417,9 @@ void ckpt_load_state(const char *path, const GPT2Config *expect, TrainState *s) 
                  "was damaged after it was written", path, stored, crc);
     GPT2Config have = {.V = cfg[0], .T = cfg[1], .L = cfg[2], .NH = cfg[3], .C = cfg[4]};
     check_config(path, &have, expect);
+    char why[512];
+    if (state_steps_why(step, sched[1], why, sizeof why) != 0)
+        lab_fail("cannot load %s: %s", path, why);
     size_t expect_n = gpt2_param_count(expect);
     if ((size_t)n != expect_n)
         lab_fail("cannot load %s: it holds %llu parameters, this run expects %zu", path,

@@ -8,7 +8,10 @@
 // Training state (our format, little-endian): magic "LABSTATE", version, the config, step,
 // seeds, AdamW hyperparameters, params, Adam m, v, and a CRC32 of everything before it.
 // Every file is written to "<path>.tmp", fsync'ed, then renamed over <path>: a crash never
-// leaves a torn file, and the previous checkpoint survives until the new one is complete.
+// leaves a torn file, and the previous checkpoint survives until the new one is complete. A
+// write error (ENOSPC, or EFBIG past `ulimit -f`: SIGXFSZ is ignored so that it is an error, not
+// a kill) ends the job with a message, the tmp removed; a tmp left by a killed save is removed
+// at the next save, with a note on stderr.
 // Loads validate magic, version, sizes, config and CRC, and refuse with a clear message.
 #pragma once
 #include <stddef.h>
@@ -39,6 +42,11 @@ typedef struct TrainState {
 } TrainState;
 
 void ckpt_save_state(const char *path, const TrainState *s);
+// The step and the run length (total_steps) a training-state file holds, from its header
+// alone (cheap: flag parsing calls it on every rank; the load checks the CRC). 0 on success;
+// -1 with the reason in err when it is not a state file or its steps cannot be (step < 0,
+// beyond --steps' range, or past a recorded total_steps).
+int ckpt_state_peek(const char *path, int *step, int *total_steps, char *err, size_t errlen);
 // Fills s (params/m/v must be allocated for expect's parameter count); checks the config
 // against *expect and refuses a mismatch naming the field.
 void ckpt_load_state(const char *path, const GPT2Config *expect, TrainState *s);

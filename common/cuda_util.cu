@@ -5,10 +5,12 @@
 #include "check.h"
 #include "cuda_util.h"
 
+// Every rank runs the same calls on its own GPU, and a CUDA error (no device, a driver fault)
+// usually hits them all alike: rank 0 prints, the others follow (lab_fail_collective).
 static void cuda_check(cudaError_t err, const char *file, int line) {
     if (err != cudaSuccess)
-        lab_fail_at(file, line, "CUDA error %d: %s (is a GPU visible? try nvidia-smi)",
-                    (int)err, cudaGetErrorString(err));
+        lab_fail_collective("CUDA error %d at %s:%d: %s (is a GPU visible? try nvidia-smi)",
+                            (int)err, file, line, cudaGetErrorString(err));
 }
 #define cudaCheck(call) cuda_check((call), __FILE__, __LINE__)
 
@@ -19,10 +21,13 @@ void *lab_cuda_malloc(size_t bytes) {
     if (err != cudaSuccess) {
         size_t free_b = 0, total_b = 0;
         cudaMemGetInfo(&free_b, &total_b);
-        lab_fail_at(__FILE__, __LINE__,
-                    "cudaMalloc of %zu bytes failed: %s (GPU has %zu MiB free of %zu MiB; "
-                    "try a smaller --batch or model)",
-                    bytes, cudaGetErrorString(err), free_b >> 20, total_b >> 20);
+        if (err == cudaErrorMemoryAllocation)
+            lab_fail_collective("cudaMalloc of %zu bytes failed: %s (GPU has %zu MiB free of %zu "
+                                "MiB; try a smaller --batch or model)", bytes,
+                                cudaGetErrorString(err), free_b >> 20, total_b >> 20);
+        // not memory: no usable device, a driver problem; a smaller batch would not help
+        lab_fail_collective("cudaMalloc of %zu bytes failed: %s (is a GPU visible? try "
+                            "nvidia-smi, or use --device cpu)", bytes, cudaGetErrorString(err));
     }
     cudaCheck(cudaMemset(p, 0, bytes));
     return p;
@@ -57,6 +62,18 @@ int lab_cuda_device_count(void) {
     }
     cudaCheck(err);
     return n;
+}
+
+int lab_cuda_visible(char *why, size_t n) {
+    int count = 0;
+    cudaError_t err = cudaGetDeviceCount(&count);
+    if (err != cudaSuccess) {
+        snprintf(why, n, "cudaGetDeviceCount: %s", cudaGetErrorString(err));
+        (void)cudaGetLastError();  // clear the sticky error state
+        return 0;
+    }
+    if (count == 0) snprintf(why, n, "cudaGetDeviceCount: 0 devices");
+    return count;
 }
 
 void lab_cuda_set_device(int dev) {

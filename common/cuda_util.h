@@ -14,6 +14,9 @@ void lab_cuda_memcpy(void *dst, const void *src, size_t bytes);   // cudaMemcpyD
 void lab_cuda_memset0(void *p, size_t bytes);
 void lab_cuda_synchronize(void);
 int lab_cuda_device_count(void);
+// How many GPUs this process can use, never failing: 0 with CUDA's reason in why (no driver,
+// no device, ...) when there are none. For the user-facing --device cuda check.
+int lab_cuda_visible(char *why, size_t n);
 void lab_cuda_set_device(int dev);
 const char *lab_cuda_device_name(void);
 #ifdef __cplusplus

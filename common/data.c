@@ -65,21 +65,26 @@ void data_init_synthetic(DataSource *d, int V, uint64_t seed) {
 void data_init_file(DataSource *d, const char *path, int T, uint64_t seed) {
     LAB_CHECK(T >= 1, "sequence length %d", T);
     memset(d, 0, sizeof(*d));
-    FILE *f = fopen(path, "rb");
-    if (!f) lab_fail("cannot open the data file %s: %s", path, strerror(errno));
+    // Every rank reads the same file and meets the same problem: one message (rank 0's).
+    // stat() before fopen(): opening a FIFO would block until a writer comes.
     struct stat st;
-    if (fstat(fileno(f), &st) != 0) lab_fail("cannot read the data file %s: %s", path, strerror(errno));
-    if (!S_ISREG(st.st_mode)) lab_fail("the data file %s is not a regular file", path);
+    if (stat(path, &st) != 0)
+        lab_fail_collective("cannot use the data file %s: %s", path, strerror(errno));
+    if (!S_ISREG(st.st_mode))
+        lab_fail_collective("the data file %s is not a regular file (a directory, FIFO, socket or "
+                            "device); --data needs a regular file", path);
+    FILE *f = fopen(path, "rb");
+    if (!f) lab_fail_collective("cannot open the data file %s: %s", path, strerror(errno));
     size_t size = (size_t)st.st_size;
     size_t need = (size_t)T + 1;
     if (size < need)
-        lab_fail("the data file %s has %zu bytes; a sequence of --seq %d needs at least %zu bytes",
-                 path, size, T, need);
+        lab_fail_collective("the data file %s has %zu bytes; a sequence of --seq %d needs at least "
+                            "%zu bytes", path, size, T, need);
     d->bytes = lab_xmalloc(size);
     size_t got = fread(d->bytes, 1, size, f);
     if (got != size)
-        lab_fail("cannot read the data file %s: got %zu of %zu bytes (%s)", path, got, size,
-                 ferror(f) ? strerror(errno) : "file shrank while reading");
+        lab_fail_collective("cannot read the data file %s: got %zu of %zu bytes (%s)", path, got,
+                            size, ferror(f) ? strerror(errno) : "file shrank while reading");
     fclose(f);
     d->V = 256;  // byte-level
     d->seed = seed;
@@ -153,8 +158,8 @@ void data_batch(const DataSource *d, uint64_t step, int B, int T, int row0, int 
               "rows [%d, %d) are outside a batch of %d", row0, row0 + nrows, B);
     LAB_CHECK(T >= 1, "sequence length %d", T);
     if (d->is_file && d->nbytes < (size_t)T + 1)
-        lab_fail("the data file %s has %zu bytes; --seq %d needs at least %d", d->path, d->nbytes,
-                 T, T + 1);
+        lab_fail_collective("the data file %s has %zu bytes; --seq %d needs at least %d", d->path,
+                            d->nbytes, T, T + 1);
     int *seq = lab_xmalloc(((size_t)T + 1) * sizeof(int));
     for (int r = 0; r < nrows; r++) {
         make_row(d, step, row0 + r, T, seq);

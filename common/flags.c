@@ -15,18 +15,36 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include "check.h"
+#include "ckpt.h"
+#ifdef LAB_CUDA
+#include "cuda_util.h"
+#endif
 
 #define MAX_INT_FLAG 1000000000.0
+
+// What a FILE flag names: nothing checked, a file to read, a file to write.
+enum { FILE_NONE, FILE_IN, FILE_OUT };
 
 // A row of the table: the public FlagSpec plus what --help and the file check need.
 typedef struct Flag {
     const char *group;    // "model", "training", "hardware", "output", "reliability", "chapter"
+    unsigned mask;        // its LAB_FLAGS_* group bit (0: always taken: --help, chapter flags)
+    int taken;            // the program takes it (its group is among the program's groups)
     const char *metavar;  // "N", "X", "FILE", ... (NULL for a switch)
-    int must_exist;       // a file that must be readable when the run starts
+    int file;             // FILE_IN: a regular readable file; FILE_OUT: in a writable directory
     FlagSpec s;
 } Flag;
+
+// The rows, sized from the inputs: NSHARED shared rows + the chapter's (add() checks the room,
+// so a chapter with many flags gets a clear internal error instead of an overflow).
+#define NSHARED 32
+typedef struct Table {
+    Flag *rows;
+    int n, cap;
+} Table;
 
 static const char *GROUPS[] = {"model", "training", "hardware", "output", "reliability", "chapter"};
 #define NGROUPS ((int)(sizeof(GROUPS) / sizeof(GROUPS[0])))
@@ -88,64 +106,90 @@ void lab_args_data(const LabArgs *a, DataSource *d) {
 
 // ---- the table ----------------------------------------------------------------------------
 
+static unsigned group_mask(const char *group) {
+    static const unsigned masks[] = {LAB_FLAGS_MODEL, LAB_FLAGS_TRAINING, LAB_FLAGS_HARDWARE,
+                                     LAB_FLAGS_OUTPUT, LAB_FLAGS_RELIABILITY, 0};
+    for (int g = 0; g < NGROUPS; g++)
+        if (strcmp(group, GROUPS[g]) == 0) return masks[g];
+    return 0;
+}
+
 static Flag row(const char *group, const char *name, const char *metavar, FlagKind kind, void *ptr,
                 double min, double max, const char *choices, const char *help) {
-    Flag f = {group, metavar, 0, {name, kind, ptr, min, max, choices, help}};
+    Flag f = {group, group_mask(group), 1, metavar, FILE_NONE, {name, kind, ptr, min, max, choices, help}};
     return f;
 }
 
-// The shared flags pointing into *a, then the chapter's, into out (room for 40 + nextra).
-static int build_table(LabArgs *a, const FlagSpec *extra, int nextra, Flag *out) {
-    int n = 0;
-    out[n++] = row("model", "--vocab", "N", FLAG_INT, &a->V, 8, 262144, NULL, "vocabulary size V (256 = bytes)");
-    out[n++] = row("model", "--seq", "N", FLAG_INT, &a->T, 1, 8192, NULL, "sequence length T (tokens per row)");
-    out[n++] = row("model", "--layers", "N", FLAG_INT, &a->L, 1, 256, NULL, "transformer blocks L");
-    out[n++] = row("model", "--channels", "N", FLAG_INT, &a->C, 1, 65536, NULL, "channels C (a multiple of --heads)");
-    out[n++] = row("model", "--heads", "N", FLAG_INT, &a->NH, 1, 1024, NULL, "attention heads NH");
-    out[n++] = row("training", "--batch", "N", FLAG_INT, &a->batch, 1, 1048576, NULL, "global batch B: sequences per step, all ranks together");
-    out[n++] = row("training", "--steps", "N", FLAG_INT, &a->steps, 0, MAX_INT_FLAG, NULL, "optimizer steps");
-    out[n++] = row("training", "--lr", "X", FLAG_FLOAT, &a->lr, 0, 10, NULL, "peak learning rate (AdamW)");
-    out[n++] = row("training", "--weight-decay", "X", FLAG_FLOAT, &a->weight_decay, 0, 10, NULL, "AdamW weight decay (2-D weights only)");
-    out[n++] = row("training", "--grad-clip", "X", FLAG_FLOAT, &a->grad_clip, 0, 1e6, NULL, "max global gradient L2 norm (0 = no clipping)");
-    out[n++] = row("training", "--warmup", "N", FLAG_INT, &a->warmup, 0, MAX_INT_FLAG, NULL, "linear learning-rate warmup steps");
-    out[n++] = row("training", "--seed", "N", FLAG_INT, &a->seed, 0, 2147483647.0, NULL, "model initialization seed");
-    out[n++] = row("training", "--data-seed", "N", FLAG_INT, &a->data_seed, 0, 2147483647.0, NULL, "data seed (which sequences each step sees)");
-    out[n++] = row("training", "--data", "FILE", FLAG_STRING, &a->data, 0, 0, NULL, "byte-level text file (default: the synthetic Markov source)");
-    out[n - 1].must_exist = 1;
-    out[n++] = row("hardware", "--device", "D", FLAG_CHOICE, &a->device, 0, 0, "cpu|cuda", "where the math runs");
-    out[n++] = row("hardware", "--backend", "B", FLAG_CHOICE, &a->backend, 0, 0, "mpi|nccl", "communication backend (nccl needs --device cuda)");
-    out[n++] = row("hardware", "--dtype", "T", FLAG_CHOICE, &a->dtype, 0, 0, "fp32|bf16", "parameter/activation precision (bf16: mixed precision)");
-    out[n++] = row("hardware", "--threads", "N", FLAG_INT, &a->threads, 1, 256, NULL, "BLAS threads per rank (overrides OPENBLAS_NUM_THREADS)");
-    out[n++] = row("output", "--log-every", "N", FLAG_INT, &a->log_every, 0, MAX_INT_FLAG, NULL, "progress line every N steps (0 = summary only)");
-    out[n++] = row("output", "--quiet", NULL, FLAG_BOOL, &a->quiet, 0, 1, NULL, "print only the summary");
-    out[n++] = row("output", "--trace", "FILE", FLAG_STRING, &a->trace, 0, 0, NULL, "write a Chrome/Perfetto timeline (JSON)");
-    out[n++] = row("output", "--dump", "FILE", FLAG_STRING, &a->dump, 0, 0, NULL, "write losses, final weights and counters (for tests)");
-    out[n++] = row("output", "--help", NULL, FLAG_BOOL, NULL, 0, 1, NULL, "print this help and exit");
-    out[n++] = row("reliability", "--save", "FILE", FLAG_STRING, &a->save, 0, 0, NULL, "training-state checkpoint (every --save-every steps and at the end)");
-    out[n++] = row("reliability", "--save-every", "N", FLAG_INT, &a->save_every, 0, MAX_INT_FLAG, NULL, "checkpoint period in steps (0 = only at the end)");
-    out[n++] = row("reliability", "--resume", "FILE", FLAG_STRING, &a->resume, 0, 0, NULL, "resume from a training-state checkpoint");
-    out[n - 1].must_exist = 1;
-    out[n++] = row("reliability", "--load-weights", "FILE", FLAG_STRING, &a->load_weights, 0, 0, NULL, "start from llm.c gpt2_*.bin weights");
-    out[n - 1].must_exist = 1;
-    out[n++] = row("reliability", "--save-weights", "FILE", FLAG_STRING, &a->save_weights, 0, 0, NULL, "write llm.c gpt2_*.bin weights at the end");
-    out[n++] = row("reliability", "--stop-at", "N", FLAG_INT, &a->stop_at, -1, MAX_INT_FLAG, NULL, "stop after N steps as if interrupted (to test --save/--resume; -1 = off)");
-    out[n++] = row("reliability", "--inject-nan-step", "N", FLAG_INT, &a->inject_nan_step, -1, MAX_INT_FLAG, NULL, "fault: put a NaN into a gradient at step N (-1 = off)");
-    out[n++] = row("reliability", "--kill-rank", "R", FLAG_INT, &a->kill_rank, -1, 1048576, NULL, "fault: rank R exits abruptly at --kill-step (-1 = off)");
-    out[n++] = row("reliability", "--kill-step", "N", FLAG_INT, &a->kill_step, -1, MAX_INT_FLAG, NULL, "fault: the step at which --kill-rank dies (-1 = off)");
+static void add(Table *t, Flag f) {
+    LAB_CHECK(t->n < t->cap, "flag table full at %s (%d rows): raise NSHARED in flags.c", f.s.name,
+              t->cap);
+    t->rows[t->n++] = f;
+}
+
+// The shared flags pointing into *a, then the chapter's, into a new table; a shared flag is
+// taken when its group is in `groups`.
+static Table build_table(LabArgs *a, const FlagSpec *extra, int nextra, unsigned groups) {
+    LAB_CHECK(nextra >= 0 && (nextra == 0 || extra), "chapter flags: %d rows at %p", nextra,
+              (const void *)extra);
+    Table t = {lab_xmalloc((size_t)(NSHARED + nextra) * sizeof(Flag)), 0, NSHARED + nextra};
+    Flag *out = t.rows;
+    add(&t, row("model", "--vocab", "N", FLAG_INT, &a->V, 8, 262144, NULL, "vocabulary size V (256 = bytes)"));
+    add(&t, row("model", "--seq", "N", FLAG_INT, &a->T, 1, 8192, NULL, "sequence length T (tokens per row)"));
+    add(&t, row("model", "--layers", "N", FLAG_INT, &a->L, 1, 256, NULL, "transformer blocks L"));
+    add(&t, row("model", "--channels", "N", FLAG_INT, &a->C, 1, 65536, NULL, "channels C (a multiple of --heads)"));
+    add(&t, row("model", "--heads", "N", FLAG_INT, &a->NH, 1, 1024, NULL, "attention heads NH"));
+    add(&t, row("training", "--batch", "N", FLAG_INT, &a->batch, 1, 1048576, NULL, "global batch B: sequences per step, all ranks together"));
+    add(&t, row("training", "--steps", "N", FLAG_INT, &a->steps, 0, MAX_INT_FLAG, NULL, "optimizer steps"));
+    add(&t, row("training", "--lr", "X", FLAG_FLOAT, &a->lr, 0, 10, NULL, "peak learning rate (AdamW)"));
+    add(&t, row("training", "--weight-decay", "X", FLAG_FLOAT, &a->weight_decay, 0, 10, NULL, "AdamW weight decay (2-D weights only)"));
+    add(&t, row("training", "--grad-clip", "X", FLAG_FLOAT, &a->grad_clip, 0, 1e6, NULL, "max global gradient L2 norm (0 = no clipping)"));
+    add(&t, row("training", "--warmup", "N", FLAG_INT, &a->warmup, 0, MAX_INT_FLAG, NULL, "linear learning-rate warmup steps"));
+    add(&t, row("training", "--seed", "N", FLAG_INT, &a->seed, 0, 2147483647.0, NULL, "model initialization seed"));
+    add(&t, row("training", "--data-seed", "N", FLAG_INT, &a->data_seed, 0, 2147483647.0, NULL, "data seed (which sequences each step sees)"));
+    add(&t, row("training", "--data", "FILE", FLAG_STRING, &a->data, 0, 0, NULL, "byte-level text file (default: the synthetic Markov source)"));
+    out[t.n - 1].file = FILE_IN;
+    add(&t, row("hardware", "--device", "D", FLAG_CHOICE, &a->device, 0, 0, "cpu|cuda", "where the math runs"));
+    add(&t, row("hardware", "--backend", "B", FLAG_CHOICE, &a->backend, 0, 0, "mpi|nccl", "communication backend (nccl needs --device cuda)"));
+    add(&t, row("hardware", "--dtype", "T", FLAG_CHOICE, &a->dtype, 0, 0, "fp32|bf16", "parameter/activation precision (bf16: mixed precision)"));
+    add(&t, row("hardware", "--threads", "N", FLAG_INT, &a->threads, 1, 256, NULL, "BLAS threads per rank (overrides OPENBLAS_NUM_THREADS)"));
+    add(&t, row("output", "--log-every", "N", FLAG_INT, &a->log_every, 0, MAX_INT_FLAG, NULL, "progress line every N steps (0 = summary only)"));
+    add(&t, row("output", "--quiet", NULL, FLAG_BOOL, &a->quiet, 0, 1, NULL, "print only the summary"));
+    add(&t, row("output", "--trace", "FILE", FLAG_STRING, &a->trace, 0, 0, NULL, "write a Chrome/Perfetto timeline (JSON)"));
+    out[t.n - 1].file = FILE_OUT;
+    add(&t, row("output", "--dump", "FILE", FLAG_STRING, &a->dump, 0, 0, NULL, "write losses, final weights and counters (for tests)"));
+    out[t.n - 1].file = FILE_OUT;
+    add(&t, row("output", "--help", NULL, FLAG_BOOL, NULL, 0, 1, NULL, "print this help and exit"));
+    out[t.n - 1].mask = 0;  // every program has --help
+    add(&t, row("reliability", "--save", "FILE", FLAG_STRING, &a->save, 0, 0, NULL, "training-state checkpoint (every --save-every steps and at the end)"));
+    out[t.n - 1].file = FILE_OUT;
+    add(&t, row("reliability", "--save-every", "N", FLAG_INT, &a->save_every, 0, MAX_INT_FLAG, NULL, "checkpoint period in steps (0 = only at the end)"));
+    add(&t, row("reliability", "--resume", "FILE", FLAG_STRING, &a->resume, 0, 0, NULL, "resume from a training-state checkpoint"));
+    out[t.n - 1].file = FILE_IN;
+    add(&t, row("reliability", "--load-weights", "FILE", FLAG_STRING, &a->load_weights, 0, 0, NULL, "start from llm.c gpt2_*.bin weights"));
+    out[t.n - 1].file = FILE_IN;
+    add(&t, row("reliability", "--save-weights", "FILE", FLAG_STRING, &a->save_weights, 0, 0, NULL, "write llm.c gpt2_*.bin weights at the end"));
+    out[t.n - 1].file = FILE_OUT;
+    add(&t, row("reliability", "--stop-at", "N", FLAG_INT, &a->stop_at, -1, MAX_INT_FLAG, NULL, "stop after N steps as if interrupted (to test --save/--resume; -1 = off)"));
+    add(&t, row("reliability", "--inject-nan-step", "N", FLAG_INT, &a->inject_nan_step, -1, MAX_INT_FLAG, NULL, "fault: put a NaN into a gradient in step N (counted from 1, as the progress lines; -1 = off)"));
+    add(&t, row("reliability", "--kill-rank", "R", FLAG_INT, &a->kill_rank, -1, 1048576, NULL, "fault: rank R exits abruptly at --kill-step (-1 = off)"));
+    out[t.n - 1].mask = LAB_FLAGS_KILL;
+    add(&t, row("reliability", "--kill-step", "N", FLAG_INT, &a->kill_step, -1, MAX_INT_FLAG, NULL, "fault: --kill-rank dies after N completed steps (-1 = off)"));
+    out[t.n - 1].mask = LAB_FLAGS_KILL;
     for (int i = 0; i < nextra; i++) {
         const FlagSpec *e = &extra[i];
         LAB_CHECK(e->name && strncmp(e->name, "--", 2) == 0, "chapter flag %d: name '%s' must start with --",
                   i, e->name ? e->name : "(null)");
         LAB_CHECK(e->ptr != NULL, "chapter flag %s has no ptr", e->name);
         LAB_CHECK(e->kind != FLAG_CHOICE || e->choices, "chapter flag %s: a choice needs choices", e->name);
-        for (int j = 0; j < n; j++)
+        for (int j = 0; j < t.n; j++)
             LAB_CHECK(strcmp(out[j].s.name, e->name) != 0, "chapter flag %s is defined twice", e->name);
         const char *mv = e->kind == FLAG_INT ? "N" : e->kind == FLAG_FLOAT ? "X"
                        : e->kind == FLAG_BOOL ? NULL : e->kind == FLAG_CHOICE ? "C" : "S";
-        Flag f = {"chapter", mv, 0, *e};
-        out[n++] = f;
+        Flag f = {"chapter", 0, 1, mv, FILE_NONE, *e};
+        add(&t, f);
     }
-    return n;
+    for (int i = 0; i < t.n; i++) out[i].taken = out[i].mask == 0 || (out[i].mask & groups) != 0;
+    return t;
 }
 
 // ---- messages -------------------------------------------------------------------------------
@@ -205,7 +249,8 @@ static void describe_valid(const Flag *f, char *buf, size_t n) {
     case FLAG_CHOICE: snprintf(buf, n, "%s", f->s.choices); break;
     case FLAG_BOOL: snprintf(buf, n, "switch"); break;
     case FLAG_STRING:
-        snprintf(buf, n, "%s", f->must_exist ? "existing file"
+        snprintf(buf, n, "%s", f->file == FILE_IN ? "existing file"
+                               : f->file == FILE_OUT ? "writable path"
                                : f->metavar && strcmp(f->metavar, "FILE") == 0 ? "path" : "text");
         break;
     }
@@ -246,6 +291,7 @@ LAB_NORETURN static void fail_unknown(const char *name, const Flag *flags, int n
     const char *best = NULL;
     int best_d = 1000;
     for (int i = 0; i < nflags; i++) {
+        if (!flags[i].taken) continue;
         int dist = edit_distance(name, flags[i].s.name);
         if (dist < best_d) { best_d = dist; best = flags[i].s.name; }
     }
@@ -254,6 +300,47 @@ LAB_NORETURN static void fail_unknown(const char *name, const Flag *flags, int n
     if (best && best_d < len && best_d <= (len > 6 ? len / 3 : 2))
         flag_fail("unknown flag %s (did you mean %s?); run with --help to list every flag", name, best);
     flag_fail("unknown flag %s; run with --help to list every flag", name);
+}
+
+// ---- files ----------------------------------------------------------------------------------
+
+// A file to read: a regular file, checked with stat() BEFORE any open, since opening a FIFO
+// blocks until a writer comes (the run would hang in flag parsing).
+static void check_input_file(const char *name, const char *path) {
+    struct stat st;
+    if (stat(path, &st) != 0)
+        flag_fail("%s %s: cannot use this file: %s", name, path, strerror(errno));
+    if (S_ISDIR(st.st_mode))
+        flag_fail("%s %s: is a directory, expected a file", name, path);
+    if (!S_ISREG(st.st_mode))
+        flag_fail("%s %s: is not a regular file (a FIFO, socket or device); valid: a regular file",
+                  name, path);
+    FILE *fp = fopen(path, "rb");
+    if (!fp) flag_fail("%s %s: cannot read this file: %s", name, path, strerror(errno));
+    fclose(fp);
+}
+
+// A file to write at the end of the run (or every --save-every steps): its directory must exist
+// and be writable now, so that a typo is found before the training, not after it. (The writer
+// creates "<path>.tmp" next to it and renames it over <path>: the directory is what matters.)
+static void check_output_path(const char *name, const char *path) {
+    struct stat st;
+    if (stat(path, &st) == 0 && S_ISDIR(st.st_mode))
+        flag_fail("%s %s: is a directory; valid: a file path in a writable directory", name, path);
+    char dir[4096];
+    const char *slash = strrchr(path, '/');
+    if (!slash) snprintf(dir, sizeof dir, ".");
+    else if (slash == path) snprintf(dir, sizeof dir, "/");
+    else snprintf(dir, sizeof dir, "%.*s", (int)(slash - path), path);
+    if (stat(dir, &st) != 0)
+        flag_fail("%s %s: the directory %s does not exist (%s); create it or pick another path",
+                  name, path, dir, strerror(errno));
+    if (!S_ISDIR(st.st_mode))
+        flag_fail("%s %s: %s is not a directory; valid: a file path in a writable directory", name,
+                  path, dir);
+    if (access(dir, W_OK | X_OK) != 0)
+        flag_fail("%s %s: cannot write in the directory %s (%s); pick a writable directory", name,
+                  path, dir, strerror(errno));
 }
 
 // ---- values ---------------------------------------------------------------------------------
@@ -304,16 +391,8 @@ static void set_value(const Flag *f, const char *value) {
     }
     case FLAG_STRING: {
         if (!*value) flag_fail("%s needs a non-empty value", name);
-        if (f->must_exist) {
-            struct stat st;
-            if (stat(value, &st) != 0)
-                flag_fail("%s %s: cannot use this file: %s", name, value, strerror(errno));
-            if (S_ISDIR(st.st_mode))
-                flag_fail("%s %s: is a directory, expected a file", name, value);
-            FILE *fp = fopen(value, "rb");
-            if (!fp) flag_fail("%s %s: cannot read this file: %s", name, value, strerror(errno));
-            fclose(fp);
-        }
+        if (f->file == FILE_IN) check_input_file(name, value);
+        if (f->file == FILE_OUT) check_output_path(name, value);
         *(const char **)f->s.ptr = value;
         break;
     }
@@ -325,14 +404,16 @@ static void set_value(const Flag *f, const char *value) {
 
 // ---- help -----------------------------------------------------------------------------------
 
-void lab_print_flags(FILE *out, const LabArgs *a, const FlagSpec *extra, int nextra) {
+void lab_print_flags_for(unsigned groups, FILE *out, const LabArgs *a, const FlagSpec *extra,
+                         int nextra) {
     LabArgs copy = *a;  // the table points into it; values are only read here
-    Flag *flags = lab_xmalloc((size_t)(40 + nextra) * sizeof(Flag));
-    int n = build_table(&copy, extra, nextra, flags);
+    Table t = build_table(&copy, extra, nextra, groups);
+    const Flag *flags = t.rows;
     // Column widths: flag (with metavar), default, valid.
     char def[128], valid[160], left[96];
     int wl = 4, wd = 7, wv = 5;
-    for (int i = 0; i < n; i++) {
+    for (int i = 0; i < t.n; i++) {
+        if (!flags[i].taken) continue;
         snprintf(left, sizeof(left), "%s%s%s", flags[i].s.name, flags[i].metavar ? " " : "",
                  flags[i].metavar ? flags[i].metavar : "");
         describe_default(&flags[i], def, sizeof(def));
@@ -344,8 +425,8 @@ void lab_print_flags(FILE *out, const LabArgs *a, const FlagSpec *extra, int nex
     fprintf(out, "  %-*s  %-*s  %-*s  %s\n", wl, "flag", wd, "default", wv, "valid", "meaning");
     for (int g = 0; g < NGROUPS; g++) {
         int printed = 0;
-        for (int i = 0; i < n; i++) {
-            if (strcmp(flags[i].group, GROUPS[g]) != 0) continue;
+        for (int i = 0; i < t.n; i++) {
+            if (!flags[i].taken || strcmp(flags[i].group, GROUPS[g]) != 0) continue;
             if (!printed) fprintf(out, "%s\n", GROUPS[g]);
             printed = 1;
             snprintf(left, sizeof(left), "%s%s%s", flags[i].s.name, flags[i].metavar ? " " : "",
@@ -356,17 +437,22 @@ void lab_print_flags(FILE *out, const LabArgs *a, const FlagSpec *extra, int nex
                     flags[i].s.help ? flags[i].s.help : "");
         }
     }
-    free(flags);
+    free(t.rows);
 }
 
-LAB_NORETURN static void print_help_and_exit(const LabArgs *a, const FlagSpec *extra, int nextra,
+void lab_print_flags(FILE *out, const LabArgs *a, const FlagSpec *extra, int nextra) {
+    lab_print_flags_for(LAB_FLAGS_ALL, out, a, extra, nextra);
+}
+
+LAB_NORETURN static void print_help_and_exit(unsigned groups, const LabArgs *a,
+                                             const FlagSpec *extra, int nextra,
                                              const char *program, const char *usage) {
     int world = 1;
     if (flags_rank(&world) == 0) {
         if (usage && *usage) printf("%s%s", usage, usage[strlen(usage) - 1] == '\n' ? "" : "\n");
         else printf("%s\n", program ? program : "");
         printf("\nflags (--flag VALUE or --flag=VALUE):\n");
-        lab_print_flags(stdout, a, extra, nextra);
+        lab_print_flags_for(groups, stdout, a, extra, nextra);
     }
     fflush(stdout);
     int up = 0, down = 0;
@@ -377,6 +463,62 @@ LAB_NORETURN static void print_help_and_exit(const LabArgs *a, const FlagSpec *e
 }
 
 // ---- parsing --------------------------------------------------------------------------------
+
+// A shared flag of a group this program does not take: it would have no effect.
+LAB_NORETURN static void fail_not_taken(const Flag *f, const char *program) {
+    char prog[128];
+    // "01_primitives: the communication primitives" -> "01_primitives"
+    snprintf(prog, sizeof prog, "%s", program && *program ? program : "this program");
+    prog[strcspn(prog, ": ")] = '\0';
+    if (f->mask == LAB_FLAGS_KILL)
+        flag_fail("%s: %s runs on one rank and takes no --kill-rank/--kill-step (no other rank "
+                  "would notice the kill); run with --help to list its flags", f->s.name, prog);
+    flag_fail("%s: %s takes no %s flags (it would have no effect here); run with --help to list "
+              "its flags", f->s.name, prog, f->group);
+}
+
+// --device cuda needs a CUDA build and a visible GPU: said here, once, as the user's mistake,
+// before anything tries to allocate on a device that is not there.
+static void check_cuda_visible(void) {
+#ifdef LAB_CUDA
+    char why[256];
+    if (lab_cuda_visible(why, sizeof why) == 0)
+        flag_fail("--device cuda: no CUDA GPU is visible (%s); use --device cpu", why);
+#else
+    flag_fail("--device cuda needs a CUDA build: rebuild with `make CUDA=1` on a machine with "
+              "nvcc, or use --device cpu");
+#endif
+}
+
+// A --data file shorter than one sequence (T inputs + 1 target) cannot give a single row.
+static void check_data_length(const char *path, int T) {
+    struct stat st;
+    if (stat(path, &st) == 0 && (long long)st.st_size < (long long)T + 1)
+        flag_fail("--data %s has %lld bytes; a sequence of --seq %d needs at least %d (T inputs "
+                  "and the next byte as target); use a longer file or a smaller --seq", path,
+                  (long long)st.st_size, T, T + 1);
+}
+
+// A state to resume must have steps left to run (else the run does nothing and rewrites the
+// file under a wrong label), and the fault flags must come after it.
+static void check_resume(const LabArgs *a, int end) {
+    int step = 0, total = 0;
+    char why[512];
+    if (ckpt_state_peek(a->resume, &step, &total, why, sizeof why) != 0)
+        flag_fail("--resume %s: %s", a->resume, why);
+    if (step >= a->steps)
+        flag_fail("--resume %s: the state is at step %d, --steps %d: nothing to do; pass "
+                  "--steps > %d", a->resume, step, a->steps, step);
+    if (end <= step)
+        flag_fail("--resume %s: the state is at step %d, --stop-at %d: nothing to do; pass "
+                  "--stop-at > %d (or -1)", a->resume, step, end, step);
+    if (a->kill_step >= 0 && a->kill_step < step)
+        flag_fail("--kill-step %d: the run resumes after step %d, so rank %d would never be "
+                  "killed; valid: %d .. %d", a->kill_step, step, a->kill_rank, step, end - 1);
+    if (a->inject_nan_step >= 0 && a->inject_nan_step < step)
+        flag_fail("--inject-nan-step %d: the run resumes after step %d, so no NaN would be "
+                  "injected; valid: %d .. %d", a->inject_nan_step + 1, step, step + 1, end);
+}
 
 // Checks that involve more than one flag.
 static void check_combinations(const LabArgs *a) {
@@ -392,6 +534,7 @@ static void check_combinations(const LabArgs *a) {
     }
     if (a->data && a->V != 256)
         flag_fail("--data %s is read as bytes, so --vocab must be 256 (got %d)", a->data, a->V);
+    if (strcmp(a->device, "cuda") == 0) check_cuda_visible();
     if (strcmp(a->backend, "nccl") == 0 && strcmp(a->device, "cuda") != 0)
         flag_fail("--backend nccl needs --device cuda (NCCL moves GPU buffers); use --backend mpi "
                   "with --device %s", a->device);
@@ -408,17 +551,32 @@ static void check_combinations(const LabArgs *a) {
     if (a->kill_rank >= world)
         flag_fail("--kill-rank %d: this job has %d ranks; valid: 0 .. %d", a->kill_rank, world,
                   world - 1);
+    if (a->data) check_data_length(a->data, a->T);
+    // Fault flags that name a step this run never reaches would silently do nothing.
+    const int end = lab_args_end_step(a);
+    char ends[96];
+    if (end < a->steps) snprintf(ends, sizeof ends, "--stop-at %d", end);
+    else snprintf(ends, sizeof ends, "--steps %d", a->steps);
+    if (a->kill_step >= end)
+        flag_fail("--kill-step %d: this run ends after %d steps (%s), so rank %d would never be "
+                  "killed; valid: 0 .. %d (the kill comes after that many completed steps)",
+                  a->kill_step, end, ends, a->kill_rank, end - 1);
+    if (a->inject_nan_step >= end)
+        flag_fail("--inject-nan-step %d: this run has %d steps (%s), so no NaN would be injected; "
+                  "valid: 1 .. %d", a->inject_nan_step + 1, end, ends, end);
+    if (a->resume) check_resume(a, end);
 }
 
-void lab_parse_args(int argc, char **argv, LabArgs *a, const FlagSpec *extra, int nextra,
-                    const char *program, const char *usage) {
+void lab_parse_args_for(unsigned groups, int argc, char **argv, LabArgs *a, const FlagSpec *extra,
+                        int nextra, const char *program, const char *usage) {
     // --help anywhere wins, so that it works even next to a mistake.
     for (int i = 1; i < argc; i++)
         if (strcmp(argv[i], "--help") == 0 || strcmp(argv[i], "-h") == 0)
-            print_help_and_exit(a, extra, nextra, program, usage);
+            print_help_and_exit(groups, a, extra, nextra, program, usage);
 
-    Flag *flags = lab_xmalloc((size_t)(40 + nextra) * sizeof(Flag));
-    int n = build_table(a, extra, nextra, flags);
+    Table t = build_table(a, extra, nextra, groups);
+    const Flag *flags = t.rows;
+    const int n = t.n;
     for (int i = 1; i < argc; i++) {
         const char *arg = argv[i];
         if (strncmp(arg, "--", 2) != 0 || arg[2] == '\0')
@@ -435,6 +593,7 @@ void lab_parse_args(int argc, char **argv, LabArgs *a, const FlagSpec *extra, in
         for (int j = 0; j < n && !f; j++)
             if (strcmp(flags[j].s.name, name) == 0) f = &flags[j];
         if (!f) fail_unknown(name, flags, n);
+        if (!f->taken) fail_not_taken(f, program);
         if (f->s.kind == FLAG_BOOL) {
             if (eq) flag_fail("%s is a switch and takes no value (got '%s'); write just %s", name,
                               eq + 1, name);
@@ -456,9 +615,19 @@ void lab_parse_args(int argc, char **argv, LabArgs *a, const FlagSpec *extra, in
         }
         set_value(f, value);
     }
-    free(flags);
+    free(t.rows);
+    // --inject-nan-step counts steps from 1 like the progress lines; the field is the index.
+    if (a->inject_nan_step == 0)
+        flag_fail("--inject-nan-step 0: steps count from 1 (as the progress lines print them); "
+                  "valid: 1 .. %d, or -1 (off)", lab_args_end_step(a));
+    if (a->inject_nan_step > 0) a->inject_nan_step--;
     check_combinations(a);
     GPT2Config cfg = lab_args_config(a);
     gpt2_config_check(&cfg);
     kernels_set_threads(a->threads);   // BLAS threads of this rank (--threads)
+}
+
+void lab_parse_args(int argc, char **argv, LabArgs *a, const FlagSpec *extra, int nextra,
+                    const char *program, const char *usage) {
+    lab_parse_args_for(LAB_FLAGS_ALL, argc, argv, a, extra, nextra, program, usage);
 }

@@ -51,9 +51,10 @@ typedef struct LabArgs {
     const char *load_weights;  // llm.c gpt2_*.bin weights to start from
     const char *save_weights;  // write llm.c gpt2_*.bin weights at the end
     int stop_at;          // stop after this many steps as if interrupted (-1: run all --steps)
-    int inject_nan_step;  // fault injection: put a NaN into a gradient at this step (-1: off)
+    int inject_nan_step;  // fault injection: a NaN into a gradient in the step of this index
+                          // (counted from 0; the flag counts from 1 like the progress lines; -1: off)
     int kill_rank;        // fault injection: this rank exits abruptly ...
-    int kill_step;        // ... at this step (-1: off)
+    int kill_step;        // ... at the start of the step of this index (counted from 0; -1: off)
 } LabArgs;
 
 LabArgs lab_args_defaults(void);
@@ -64,11 +65,37 @@ AdamW lab_args_adamw(const LabArgs *a);                // --lr --weight-decay --
 void lab_args_data(const LabArgs *a, DataSource *d);   // --data FILE, or the synthetic source
 int lab_args_end_step(const LabArgs *a);               // --steps, or --stop-at when earlier
 
-// Parse argv into *a (pre-filled with defaults) and the chapter's extra flags.
+// The groups of shared flags a program takes. A shared flag of a group it does not take is
+// refused with a message naming the program (a flag with no effect must not be accepted
+// silently); --help lists only the groups it takes. --help itself is always there.
+enum {
+    LAB_FLAGS_MODEL = 1 << 0,        // --vocab --seq --layers --channels --heads
+    LAB_FLAGS_TRAINING = 1 << 1,     // --batch --steps --lr ... --data
+    LAB_FLAGS_HARDWARE = 1 << 2,     // --device --backend --dtype --threads
+    LAB_FLAGS_OUTPUT = 1 << 3,       // --log-every --quiet --trace --dump
+    LAB_FLAGS_RELIABILITY = 1 << 4,  // --save --save-every --resume --load-weights --save-weights
+                                     // --stop-at --inject-nan-step
+    LAB_FLAGS_KILL = 1 << 5,         // --kill-rank --kill-step (a rank dies: multi-rank programs)
+    LAB_FLAGS_NONE = 0,              // only the program's own flags (01, 04: nothing to train)
+    LAB_FLAGS_ALL = (1 << 6) - 1,    // every shared flag (a multi-rank training chapter)
+    LAB_FLAGS_SINGLE = LAB_FLAGS_ALL & ~LAB_FLAGS_KILL,  // a single-device training run (00)
+};
+
+// Parse argv into *a (pre-filled with defaults) and the chapter's extra flags; every shared
+// group is taken (lab_parse_args_for with LAB_FLAGS_ALL).
 // `usage` is the chapter's --help text (what it shows, how to run it). --help prints it, then
 // every flag with its default and valid range, on rank 0, and exits 0 on every rank.
+// Checked here, before the first step, so that a mistake does not cost a run: input files
+// (--data --resume --load-weights) are regular readable files (a FIFO would block), output
+// paths (--save --save-weights --trace --dump) are in a writable directory, a --resume state
+// has steps left to run, fault flags name a step and rank of this run, --device cuda has a GPU.
 void lab_parse_args(int argc, char **argv, LabArgs *a, const FlagSpec *extra, int nextra,
                     const char *program, const char *usage);
+// The same, taking only the shared flag groups in `groups` (LAB_FLAGS_*).
+void lab_parse_args_for(unsigned groups, int argc, char **argv, LabArgs *a, const FlagSpec *extra,
+                        int nextra, const char *program, const char *usage);
 
-// Print the flags as a table (used by --help).
+// Print the flags as a table (used by --help): every shared group, or those in `groups`.
 void lab_print_flags(FILE *out, const LabArgs *a, const FlagSpec *extra, int nextra);
+void lab_print_flags_for(unsigned groups, FILE *out, const LabArgs *a, const FlagSpec *extra,
+                         int nextra);

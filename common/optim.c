@@ -40,11 +40,13 @@ float adamw_lr(const AdamW *h, int step) {
 
 float adamw_clip_scale(const AdamW *h, double global_norm_sq, int step) {
     if (!isfinite(global_norm_sq))
-        lab_fail("NaN/Inf in the gradients at step %d (global norm^2 = %g): the update would "
-                 "destroy the weights, so training stops before it. Usual causes: a learning "
-                 "rate too high (try a lower --lr or a --warmup), or a fault injected with "
-                 "--inject-nan-step",
-                 step, global_norm_sq);
+        // step + 1: counted from 1, as the progress lines; every rank that steps sees the same
+        // averaged gradient, so one message (rank 0's)
+        lab_fail_collective("NaN/Inf in the gradients at step %d (global norm^2 = %g): the "
+                            "update would destroy the weights, so training stops before it. "
+                            "Usual causes: a learning rate too high (try a lower --lr or a "
+                            "--warmup), or a fault injected with --inject-nan-step",
+                            step + 1, global_norm_sq);
     if (h->grad_clip <= 0.0f) return 1.0f;
     double norm = sqrt(global_norm_sq);
     return norm > (double)h->grad_clip ? (float)((double)h->grad_clip / norm) : 1.0f;

@@ -6,6 +6,8 @@
 //
 //   mpi_flags parse-before-init [flags]   parses before dist_init instead (the order a program
 //                                         may use when it needs a flag to set up MPI)
+//   mpi_flags no-training [flags]         takes no shared flag group (LAB_FLAGS_NONE), as 01/04
+//   mpi_flags single [flags]              takes every group but --kill-* (LAB_FLAGS_SINGLE), as 00
 #include <stdio.h>
 #include <string.h>
 
@@ -18,13 +20,16 @@ static const char *USAGE =
     "  mpirun -np 4 build/tests/mpi_flags --steps 5 --micro 8\n";
 
 int main(int argc, char **argv) {
-    int before = argc > 1 && strcmp(argv[1], "parse-before-init") == 0;
-    if (before) {  // drop the mode word: the rest is the command line under test
+    const char *mode = argc > 1 ? argv[1] : "";
+    int before = strcmp(mode, "parse-before-init") == 0;
+    unsigned groups = strcmp(mode, "no-training") == 0 ? LAB_FLAGS_NONE
+                    : strcmp(mode, "single") == 0      ? LAB_FLAGS_SINGLE
+                                                       : LAB_FLAGS_ALL;
+    if (!before) dist_init(&argc, &argv);
+    if (before || groups != LAB_FLAGS_ALL) {  // drop the mode word: the rest is the command line
         argv[1] = argv[0];
         argv++;
         argc--;
-    } else {
-        dist_init(&argc, &argv);
     }
 
     // A chapter's own flags, one of each kind.
@@ -39,7 +44,8 @@ int main(int argc, char **argv) {
         {"--tag", FLAG_STRING, &tag, 0, 0, NULL, "a free-form label"},
     };
     LabArgs a = lab_args_defaults();
-    lab_parse_args(argc, argv, &a, extra, (int)(sizeof(extra) / sizeof(extra[0])), "mpi_flags", USAGE);
+    lab_parse_args_for(groups, argc, argv, &a, extra, (int)(sizeof(extra) / sizeof(extra[0])),
+                       "mpi_flags", USAGE);
     if (before) dist_init(&argc, &argv);
 
     if (dist_rank() == 0) {

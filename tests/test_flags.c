@@ -10,7 +10,12 @@
 #include <string.h>
 #include <time.h>
 
+#include "ckpt.h"
+#include "flags.h"
 #include "harness.h"
+
+#include <sys/stat.h>
+#include <unistd.h>
 
 // Generous: an error ends the job in ~1-2 s (non-root ranks wait 1 s so rank 0's message
 // gets out first); mpirun's start on a loaded 2-core machine can take a few seconds more.
@@ -31,7 +36,7 @@ static int count(const char *hay, const char *needle) {
 
 // Runs mpi_flags with args on np ranks; returns the exit status, output in *out.
 static int run_flags(int np, const char *args, char **out, double *seconds) {
-    char cmd[2048];
+    char cmd[4096];
     snprintf(cmd, sizeof(cmd), "%s/tests/mpi_flags %s", harness_build_dir(), args);
     double t0 = now();
     int rc = harness_mpirun(np, cmd, out, TIMEOUT_S);
@@ -141,18 +146,34 @@ Test(flags, defaults_are_the_tiny_config) {
     free(out);
 }
 
+// A training-state file at `step` (a tiny model: flag parsing reads only the header).
+static const char *state_at(int step) {
+    static char path[128];
+    snprintf(path, sizeof path, "/tmp/lab_flags_%d_state_%d.bin", (int)getpid(), step);
+    GPT2Config cfg = {.V = 8, .T = 4, .L = 1, .C = 8, .NH = 2};
+    size_t n = gpt2_param_count(&cfg);
+    float *zeros = calloc(n, sizeof(float));
+    TrainState st = {.cfg = cfg, .step = step, .n = n, .params = zeros, .m = zeros, .v = zeros};
+    ckpt_save_state(path, &st);
+    free(zeros);
+    return path;
+}
+
 Test(flags, good_values_parse_on_4_ranks) {
     // Both spellings, negative numbers, every kind; --data/--resume need files that exist.
-    const char *args =
+    char args[1024];
+    snprintf(args, sizeof args,
         "--vocab 256 --seq=32 --layers 2 --channels 64 --heads=8 --batch 8 --steps 7 --lr=3e-3 "
         "--weight-decay 0 --grad-clip 0.5 --warmup 2 --seed 5 --data-seed=6 --data Makefile "
         "--device cpu --backend=mpi --dtype bf16 --threads 2 --log-every 0 --quiet "
-        "--trace t.json --dump d.bin --save s.bin --save-every 5 --resume Makefile "
+        "--trace t.json --dump d.bin --save s.bin --save-every 5 --resume %s "
         "--save-weights w.bin --inject-nan-step -1 --kill-rank 3 --kill-step 4 "
-        "--bucket-mb=2.5 --micro 8 --schedule gpipe --verbose --tag hello";
+        "--bucket-mb=2.5 --micro 8 --schedule gpipe --verbose --tag hello", state_at(3));
     char *out = NULL;
     double secs;
     int rc = run_flags(4, args, &out, &secs);
+    const char *state = state_at(3);
+    unlink(state);
     cr_assert_eq(rc, 0, "good flags were refused:\n%s", out);
     const char *want[][2] = {
         {"world", "4"}, {"vocab", "256"}, {"seq", "32"}, {"layers", "2"}, {"channels", "64"},
@@ -160,7 +181,7 @@ Test(flags, good_values_parse_on_4_ranks) {
         {"grad-clip", "0.5"}, {"warmup", "2"}, {"seed", "5"}, {"data-seed", "6"},
         {"data", "Makefile"}, {"device", "cpu"}, {"backend", "mpi"}, {"dtype", "bf16"},
         {"threads", "2"}, {"log-every", "0"}, {"quiet", "1"}, {"trace", "t.json"},
-        {"dump", "d.bin"}, {"save", "s.bin"}, {"save-every", "5"}, {"resume", "Makefile"},
+        {"dump", "d.bin"}, {"save", "s.bin"}, {"save-every", "5"}, {"resume", state},
         {"save-weights", "w.bin"}, {"inject-nan-step", "-1"}, {"kill-rank", "3"},
         {"kill-step", "4"}, {"bucket-mb", "2.5"}, {"micro", "8"}, {"schedule", "gpipe"},
         {"verbose", "1"}, {"tag", "hello"},
@@ -204,4 +225,137 @@ Test(flags, help_lists_every_flag_once_and_exits_0) {
     check_help("--help");
     check_help("--steps 5 --help --bogus");    // --help wins over a mistake next to it
     check_help("parse-before-init --help");   // before dist_init as well
+}
+
+// ---- what issue 12 found accepted: each case was seen to pass before its check existed -------
+
+// A FIFO opened for reading blocks until a writer comes: the parse must refuse it from stat().
+// Seen to catch: the old check (stat, then fopen): every case hung until the harness's 30 s.
+Test(flags, input_files_must_be_regular_files, .timeout = 200) {
+    char fifo[128], args[3][256];
+    snprintf(fifo, sizeof fifo, "/tmp/lab_flags_%d.fifo", (int)getpid());
+    unlink(fifo);
+    cr_assert_eq(mkfifo(fifo, 0600), 0, "mkfifo %s failed", fifo);
+    const char *flag[3] = {"--data", "--resume", "--load-weights"};
+    BadCase c[3];
+    for (int i = 0; i < 3; i++) {
+        snprintf(args[i], sizeof args[i], "%s %s", flag[i], fifo);
+        c[i] = (BadCase){args[i], {flag[i], "is not a regular file", "valid: a regular file"}};
+    }
+    check_refused(c, 3);
+    unlink(fifo);
+}
+
+// Output paths are checked before the first step, not when written at the end.
+// Seen to catch: without check_output_path every case was accepted (exit 0).
+Test(flags, output_paths_are_checked_before_the_run, .timeout = 200) {
+    BadCase c[] = {
+        {"--save /tmp/lab_no_such_dir/s.ckpt", {"--save /tmp/lab_no_such_dir/s.ckpt", "/tmp/lab_no_such_dir does not exist"}},
+        {"--save-weights /tmp/lab_no_such_dir/w.bin", {"--save-weights", "does not exist"}},
+        {"--trace /tmp/lab_no_such_dir/t.json", {"--trace", "does not exist"}},
+        {"--dump /tmp", {"--dump /tmp", "is a directory", "writable directory"}},
+        {"--save Makefile/s.ckpt", {"--save", "Makefile is not a directory"}},
+    };
+    check_refused(c, (int)(sizeof(c) / sizeof(c[0])));
+}
+
+// A state with no steps left would do nothing, exit 0 and rewrite the file under a wrong
+// label; a state whose step cannot be (valid CRC, step -5 or 2e9) was trained from.
+// Seen to catch: without check_resume / state_steps_why all four were accepted (exit 0).
+Test(flags, resume_needs_steps_left_and_a_possible_step, .timeout = 200) {
+    char a0[256], a1[256], a2[256], a3[256];
+    snprintf(a0, sizeof a0, "--steps 2 --resume %s", state_at(3));
+    snprintf(a1, sizeof a1, "--steps 5 --stop-at 3 --resume %s", state_at(3));
+    snprintf(a2, sizeof a2, "--steps 5 --resume %s", state_at(-5));
+    snprintf(a3, sizeof a3, "--steps 5 --resume %s", state_at(2000000000));
+    BadCase c[] = {
+        {a0, {"the state is at step 3, --steps 2: nothing to do", "pass --steps > 3"}},
+        {a1, {"the state is at step 3, --stop-at 3: nothing to do", "pass --stop-at > 3"}},
+        {a2, {"the state says step -5", "valid: 0 .. 1000000000"}},
+        {a3, {"the state says step 2000000000", "valid: 0 .. 1000000000"}},
+    };
+    check_refused(c, (int)(sizeof(c) / sizeof(c[0])));
+    const int steps[] = {3, -5, 2000000000};
+    for (int i = 0; i < 3; i++) unlink(state_at(steps[i]));
+}
+
+// Fault flags that name a step or rank the run never reaches did nothing, silently.
+// Seen to catch: without the checks in check_combinations, the --kill-step 20 and
+// --inject-nan-step 21 cases ran to the end (exit 0).
+Test(flags, fault_flags_must_be_able_to_fire, .timeout = 200) {
+    BadCase c[] = {
+        {"--kill-rank 0 --kill-step 20", {"--kill-step 20: this run ends after 20 steps", "valid: 0 .. 19"}},
+        {"--kill-rank 0", {"--kill-rank and --kill-step go together"}},
+        {"--inject-nan-step 21", {"--inject-nan-step 21", "valid: 1 .. 20"}},
+        {"--inject-nan-step 0", {"steps count from 1", "valid: 1 .. 20"}},
+    };
+    check_refused(c, (int)(sizeof(c) / sizeof(c[0])));
+}
+
+// A program states the shared groups it takes; a flag of another group is refused by name.
+// Seen to catch: with lab_parse_args_for ignoring `groups` (every row taken) all were accepted.
+Test(flags, a_program_refuses_the_groups_it_does_not_take, .timeout = 200) {
+    BadCase c[] = {
+        {"no-training --steps 5", {"--steps: mpi_flags takes no training flags", "--help"}},
+        {"no-training --quiet", {"--quiet: mpi_flags takes no output flags"}},
+        {"single --kill-rank 0 --kill-step 1", {"--kill-rank: mpi_flags runs on one rank"}},
+    };
+    check_refused(c, (int)(sizeof(c) / sizeof(c[0])));
+    // its own flags still work, and --help lists only what it takes
+    char *out = NULL;
+    double secs;
+    cr_assert_eq(run_flags(1, "no-training --micro 2", &out, &secs), 0, "%s", out);
+    free(out);
+    cr_assert_eq(run_flags(1, "no-training --help", &out, &secs), 0, "%s", out);
+    cr_assert(harness_contains(out, "\n  --micro ") && !harness_contains(out, "\n  --steps "),
+              "--help of a program without training flags:\n%s", out);
+    free(out);
+}
+
+// --device cuda without a GPU (or in a CPU build): the user's mistake, said once, at parse time.
+// Seen to catch: without check_cuda_visible the run died later in "internal error at
+// common/cuda_util.cu ... (try a smaller --batch or model)" (CUDA build) or at the first
+// allocation (CPU build), once per rank.
+Test(flags, device_cuda_without_a_gpu_is_one_user_message, .timeout = 200) {
+    if (getenv("LAB_TEST_GPU")) cr_skip_test("a GPU is visible here (LAB_TEST_GPU)");
+    BadCase c[] = {
+        {"--device cuda", {"--device cuda", "use --device cpu"}},
+        {"--device cuda --backend nccl", {"--device cuda", "use --device cpu"}},
+    };
+    check_refused(c, (int)(sizeof(c) / sizeof(c[0])));
+}
+
+// A --data file shorter than one sequence: refused at parse time, once (the chapters found it
+// when they opened the data, and printed it from every rank). Seen to catch: without
+// check_data_length it was accepted (exit 0: mpi_flags opens no data).
+Test(flags, short_data_file_is_refused_once, .timeout = 200) {
+    char path[128], args[256];
+    snprintf(path, sizeof path, "/tmp/lab_flags_%d_short.txt", (int)getpid());
+    FILE *f = fopen(path, "w");
+    cr_assert(f);
+    fputs("0123456789abcdef", f);  // 16 bytes
+    fclose(f);
+    snprintf(args, sizeof args, "--seq 16 --data %s", path);
+    BadCase c[] = {{args, {"has 16 bytes", "--seq 16 needs at least 17"}}};
+    check_refused(c, 1);
+    unlink(path);
+}
+
+// The table has room for any number of chapter flags (chapters 05-09 add many): sized from
+// the inputs, with a bounds check (add()). Seen to catch: with NSHARED one below the shared
+// rows, build_table stopped at its LAB_CHECK ("flag table full") and this test crashed.
+static FlagSpec many[100];
+static int many_vals[100];
+static char many_names[100][16];
+Test(flags, a_chapter_may_have_a_hundred_flags) {
+    for (int i = 0; i < 100; i++) {
+        snprintf(many_names[i], sizeof many_names[i], "--f%d", i);
+        many[i] = (FlagSpec){many_names[i], FLAG_INT, &many_vals[i], 0, 1000, NULL, "a flag"};
+    }
+    char *argv[] = {"prog", "--f99", "7", "--f0", "3", "--steps", "4", NULL};
+    LabArgs a = lab_args_defaults();
+    lab_parse_args_for(LAB_FLAGS_ALL, 7, argv, &a, many, 100, "prog", "prog: a test");
+    cr_assert_eq(many_vals[99], 7);
+    cr_assert_eq(many_vals[0], 3);
+    cr_assert_eq(a.steps, 4);
 }

@@ -1,13 +1,20 @@
 #!/usr/bin/env bash
 # deps.sh <debian packages...>: make sure the lab's build tools are installed.
 #
-# Checks for an MPI compiler and launcher, Criterion, CBLAS from OpenBLAS and pkg-config.
+# Checks for an MPI compiler (and its mpi.h) and launcher, Criterion, CBLAS from OpenBLAS and pkg-config.
 # Quiet when all are present. Otherwise installs the given packages with apt-get (as root, or
 # through passwordless sudo), or says what to run and fails.
 set -uo pipefail
 
 missing=()
-command -v mpicc >/dev/null 2>&1 || missing+=("mpicc")
+if command -v mpicc >/dev/null 2>&1; then
+  # mpicc can outlive the headers (openmpi-bin without libopenmpi-dev): look for mpi.h too
+  mpi_h=0
+  for d in $(mpicc -showme:incdirs 2>/dev/null); do [ -f "$d/mpi.h" ] && mpi_h=1; done
+  [ $mpi_h = 1 ] || missing+=("mpi.h")
+else
+  missing+=("mpicc")
+fi
 command -v mpirun >/dev/null 2>&1 || missing+=("mpirun")
 command -v pkg-config >/dev/null 2>&1 || missing+=("pkg-config")
 [ -f /usr/include/criterion/criterion.h ] || missing+=("criterion/criterion.h")
