@@ -149,6 +149,7 @@ static void train(const LabArgs *args, const DpFlags *f) {
     GPT2 *model = &s.model;
     int start = master ? session_load_or_init(&s, (uint64_t)args->seed) : 0;
     dist_broadcast(&start, 1, DIST_I32, 0, s.world);
+    s.start = start;  // (the workers learn it from the master)
     // The master makes the whole global batch, and receives gradients to add.
     int *all_inputs = master ? mem_alloc((size_t)B * T * sizeof(int), MEM_COMM, DEV_CPU) : NULL;
     int *all_targets = master ? mem_alloc((size_t)B * T * sizeof(int), MEM_COMM, DEV_CPU) : NULL;
