@@ -358,8 +358,8 @@ Test(ddp03, trace_shows_all_reduce_overlapping_backward, .timeout = 120) {
 // (0, 100] % when buckets are launched inside backward (a bucket launched after a piece is in
 // flight before backward ends, so more than 0), and not a number at all on one rank. With
 // --overlap-steps 2, so the calibration runs as well. Seen failing with the old formula
-// 100 (1 - (step - compute only) / comm only) put back: --no-overlap gave 5245 % and -78 %
-// on two runs, never exactly 0.
+// 100 (1 - (step - compute only) / comm only) put back: --no-overlap gave -368 %, -158 % and
+// -1766 % on three runs, never exactly 0.
 static double overlap_pct_of(int np, const char *flags) {
     RunResults r;
     char *log = NULL;
