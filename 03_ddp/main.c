@@ -87,7 +87,7 @@ int main(int argc, char **argv) {
         {"--check-no-sync", FLAG_BOOL, &f.check_no_sync, 0, 1, NULL,
          "compare gradients across ranks after each micro-step (differ, then agree)"},
         {"--overlap-steps", FLAG_INT, &f.overlap_steps, 0, 1000, NULL,
-         "extra steps timed compute-only and comm-only to measure overlap (0 = skip)"},
+         "extra steps timed compute-only and comm-only: what each costs alone (0 = skip)"},
         {"--progress", FLAG_CHOICE, &f.progress, 0, 0, "thread|poll",
          "bucket all-reduces run on a communication thread, or non-blocking MPI polled between "
          "backward pieces"},
