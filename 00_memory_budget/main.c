@@ -19,7 +19,6 @@
 
 #include "calc.h"
 #include "check.h"
-#include "ckpt.h"
 #include "data.h"
 #include "dist.h"
 #include "flags.h"

@@ -18,10 +18,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <unistd.h>
 
 #include "check.h"
-#include "ckpt.h"
 #include "data.h"
 #include "dist.h"
 #include "dp_master.h"

@@ -16,14 +16,14 @@
 // (PyTorch's no_sync). With --dtype bf16 the weights and gradients are bf16 and the gradients
 // travel in bf16; every rank keeps fp32 master weights for AdamW (common/train.h). On one rank
 // this program is single-device training (chapter 00's loop).
+// The report says how much of the communication backward hid, from the timeline (overlap.c);
+// the setup and reporting every training chapter shares are in common/session.c.
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <unistd.h>
 
 #include "check.h"
-#include "ckpt.h"
 #include "data.h"
 #include "ddp_buckets.h"
 #include "dist.h"
@@ -410,10 +410,11 @@ static void train(const LabArgs *args, const DdpFlags *f) {
                 else dist_all_reduce(train_grads(model), train_grads(model), s.n, s.dt, DIST_AVG,
                                      s.world);
                 trace_end(tok);
-                double iv[1][2] = {{tw, lab_now()}};  // --no-overlap's all-reduce
-                t_sync += iv[0][1] - tw;
-                if (overlap) overlap_add_ddp_step(&meter, b0, b1, &ddp);
-                else overlap_add_step(&meter, b0, b1, iv, 1);
+                double tw1 = lab_now();
+                t_sync += tw1 - tw;
+                // the timeline of this step, for the share of communication hidden (overlap.c)
+                if (overlap) overlap_add_ddp_step(&meter, b0, b1, &ddp);  // every bucket's
+                else overlap_add_step(&meter, b0, b1, (double[1][2]){{tw, tw1}}, 1);  // the one
             }
             grad_sent += (double)(dist_bytes_sent() - sent0);  // launched in backward or here
             if (f->check_no_sync) check_no_sync(&nosync, model, s.world, micro < K - 1);
