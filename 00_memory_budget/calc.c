@@ -625,9 +625,9 @@ const char *calc_cost_check(const CalcCostSpec *c) {
                                      "(e.g. --tokens 15T)");
     if (!(c->peak_flops > 0))
         return msg("--peak-tflops: the GPU's peak must be positive (or pick a --gpu preset)");
-    if (!(c->mfu > 0 && c->mfu <= 1))
-        return msg("--mfu %g: model FLOPs utilization must be in (0, 1] (40-55%% is excellent, "
-                   "e.g. --mfu 0.45)", c->mfu);
+    if (!(c->mfu >= CALC_MFU_MIN && c->mfu <= 1))
+        return msg("--mfu %g: model FLOPs utilization must be in [%g, 1] (40-55%% is excellent, "
+                   "e.g. --mfu 0.45)", c->mfu, CALC_MFU_MIN);
     if (c->gpus < 1) return msg("--gpus %d: must be a positive number of GPUs", c->gpus);
     if (!(c->price >= 0)) return msg("--price %g: dollars per GPU-hour must be >= 0", c->price);
     return NULL;

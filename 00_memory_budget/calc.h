@@ -195,6 +195,9 @@ typedef struct CalcCost {
     double dollars;
 } CalcCost;
 
+// The smallest MFU accepted (0.1 %): a utilization must be > 0, and one flag range, one check
+// and one --help line say the same [CALC_MFU_MIN, 1].
+#define CALC_MFU_MIN 0.001
 const char *calc_cost_check(const CalcCostSpec *c);
 CalcCost calc_cost(const CalcCostSpec *c);
 void calc_print_cost(FILE *out, const CalcCostSpec *c, const CalcCost *r, const char *gpu_label);

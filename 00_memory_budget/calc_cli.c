@@ -71,8 +71,8 @@ const FlagSpec *calc_cli_flags(CalcCliArgs *a, int *n) {
         "training cost: GPU-hours = 6 N tokens / (peak x MFU), days, dollars"};
     f[k++] = (FlagSpec){"--tokens", FLAG_STRING, &a->tokens, 0, 0, NULL,
         "training tokens for --cost: 15T, 1e12, 300B"};
-    f[k++] = (FlagSpec){"--mfu", FLAG_FLOAT, &a->mfu, 0, 1, NULL,
-        "model FLOPs utilization in (0, 1]"};
+    f[k++] = (FlagSpec){"--mfu", FLAG_FLOAT, &a->mfu, CALC_MFU_MIN, 1, NULL,
+        "model FLOPs utilization (must be > 0; 0.40-0.55 is excellent)"};
     f[k++] = (FlagSpec){"--gpus", FLAG_INT, &a->gpus, 1, 1 << 24, NULL,
         "GPUs for --cost's wall clock and for --plan"};
     f[k++] = (FlagSpec){"--price", FLAG_FLOAT, &a->price, 0, 1e6, NULL, "dollars per GPU-hour"};
@@ -179,36 +179,24 @@ int calc_cli_run(const CalcCliArgs *a, const LabArgs *lab) {
     double capacity = a->gpu_mem > 0 ? a->gpu_mem * 1e9 : gpu ? gpu->mem_bytes : 0;
     const char *label = a->gpu_mem > 0 ? "--gpu-mem" : gpu ? gpu->label : NULL;
 
-    CalcBreakdown b = calc_memory(&model, &s);
-    calc_print_memory(stdout, &model, &s, &b);
-    if (is_lab || strcmp(model.name, "tiny") == 0) {
-        GPT2Config cfg = {model.V, model.T, model.L, model.C, model.NH};
-        int T = s.seq_len > 0 ? s.seq_len : model.T;
-        int bf16 = s.dtype == CALC_BF16;
-        printf("  this lab's runtime keeps every activation llm.c keeps (%s), and the gradients of "
-               "one block's: %.3f MB for B=%d T=%d (README: the real run)\n",
-               bf16 ? "bf16, one layer in fp32" : "fp32",
-               calc_activation_bytes_lab(&cfg, s.micro_batch, T, bf16 ? GPT2_BF16 : GPT2_FP32) / 1e6,
-               s.micro_batch, T);
-    }
-    calc_print_bars(stdout, &b, label, capacity);
-
-    // --cost and --plan need a GPU: the preset given, else an H100.
-    const CalcGpu *hw = gpu ? gpu : calc_gpu_preset("h100");
+    // Every flag is checked before the first line of output: a mistake in --cost or --plan
+    // must not hide below a table.
+    const CalcGpu *hw = gpu ? gpu : calc_gpu_preset("h100");  // --cost and --plan need a GPU
     const char *hw_label = a->gpu_mem > 0 || a->peak_tflops > 0 ? "custom" : hw->label;
     double peak = a->peak_tflops > 0 ? a->peak_tflops * 1e12 : hw->peak_flops;
+    if (a->tokens && !a->cost)
+        lab_fail_collective("--tokens %s has no effect without --cost (add --cost for the training "
+                            "cost)", a->tokens);
+    CalcCostSpec c = {(double)model.nparams, 0, peak, a->mfu, a->gpus, a->price};
     if (a->cost) {
         if (!a->tokens) lab_fail_collective("--cost needs --tokens N (e.g. --tokens 15T)");
-        CalcCostSpec c = {(double)model.nparams, 0, peak, a->mfu, a->gpus, a->price};
         err = calc_parse_count(a->tokens, "--tokens", &c.tokens);
         if (!err) err = calc_cost_check(&c);
         if (err) lab_fail_collective("%s", err);
-        CalcCost r = calc_cost(&c);
-        calc_print_cost(stdout, &c, &r, hw_label);
     }
+    CalcPlanSpec p;
+    memset(&p, 0, sizeof p);
     if (a->plan) {
-        CalcPlanSpec p;
-        memset(&p, 0, sizeof p);
         p.gpus = a->gpus;
         p.gpus_per_node = a->gpus_per_node;
         p.global_batch = a->global_batch;
@@ -223,6 +211,26 @@ int calc_cli_run(const CalcCliArgs *a, const LabArgs *lab) {
         p.latency = a->latency_us * 1e-6;
         err = calc_plan_check(&model, &p);
         if (err) lab_fail_collective("%s", err);
+    }
+
+    CalcBreakdown b = calc_memory(&model, &s);
+    calc_print_memory(stdout, &model, &s, &b);
+    if (is_lab || strcmp(model.name, "tiny") == 0) {
+        GPT2Config cfg = {model.V, model.T, model.L, model.C, model.NH};
+        int T = s.seq_len > 0 ? s.seq_len : model.T;
+        int bf16 = s.dtype == CALC_BF16;
+        printf("  this lab's runtime keeps every activation llm.c keeps (%s), and the gradients of "
+               "one block's: %.3f MB for B=%d T=%d (README: the real run)\n",
+               bf16 ? "bf16, one layer in fp32" : "fp32",
+               calc_activation_bytes_lab(&cfg, s.micro_batch, T, bf16 ? GPT2_BF16 : GPT2_FP32) / 1e6,
+               s.micro_batch, T);
+    }
+    calc_print_bars(stdout, &b, label, capacity);
+    if (a->cost) {
+        CalcCost r = calc_cost(&c);
+        calc_print_cost(stdout, &c, &r, hw_label);
+    }
+    if (a->plan) {
         CalcPlanResult r = calc_plan(&model, &p);
         calc_print_plan(stdout, &model, &p, &r, a->top, hw_label);
         if (r.nfit == 0 && r.min_gpus > 0) {   // show what the smallest fitting count offers

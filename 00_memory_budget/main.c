@@ -19,7 +19,6 @@
 
 #include "calc.h"
 #include "check.h"
-#include "ckpt.h"
 #include "data.h"
 #include "dist.h"
 #include "flags.h"
@@ -27,6 +26,7 @@
 #include "mem.h"
 #include "optim.h"
 #include "results.h"
+#include "session.h"
 #include "trace.h"
 #include "train.h"
 
@@ -51,27 +51,32 @@ static const char *USAGE =
 
 // Chapter flags of the training run (the calculator's are in calc_cli.c).
 typedef struct TrainFlags {
-    int train;     // run the real training instead of the calculator
+    int train;            // run the real training instead of the calculator
+    float mem_limit_mib;  // refuse a run predicted to need more (0: MemAvailable)
 } TrainFlags;
 
+static void refuse_if_it_cannot_fit(const LabArgs *args, const TrainFlags *tf);
 static void train(const LabArgs *args);
 
 int main(int argc, char **argv) {
     dist_init(&argc, &argv);
     LabArgs args = lab_args_defaults();
-    TrainFlags tf = {.train = 0};
+    TrainFlags tf = {.train = 0, .mem_limit_mib = 0};
     CalcCliArgs calc = calc_cli_defaults();
 
     FlagSpec train_flags[] = {
         {"--train", FLAG_BOOL, &tf.train, 0, 1, NULL,
          "train the tiny GPT on one device; print measured vs predicted memory"},
+        {"--mem-limit", FLAG_FLOAT, &tf.mem_limit_mib, 0, 1e9, NULL,
+         "--train: refuse a run predicted to need more MiB than this (0: MemAvailable)"},
     };
     int ncalc = 0;
     const FlagSpec *calc_flags = calc_cli_flags(&calc, &ncalc);
-    int nextra = 1 + ncalc;
+    const int ntrain = (int)(sizeof train_flags / sizeof train_flags[0]);
+    int nextra = ntrain + ncalc;
     FlagSpec *extra = lab_xcalloc((size_t)nextra, sizeof(FlagSpec));
     memcpy(extra, train_flags, sizeof(train_flags));
-    memcpy(extra + 1, calc_flags, (size_t)ncalc * sizeof(FlagSpec));
+    memcpy(extra + ntrain, calc_flags, (size_t)ncalc * sizeof(FlagSpec));
     lab_parse_args_for(LAB_FLAGS_SINGLE, argc, argv, &args, extra, nextra, "00_memory_budget/run", USAGE);
     free(extra);
 
@@ -79,6 +84,7 @@ int main(int argc, char **argv) {
         if (dist_size() != 1)
             lab_fail_collective("00_memory_budget --train is the single-device run: launch it "
                                 "with -np 1 (or without mpirun), not with %d ranks", dist_size());
+        refuse_if_it_cannot_fit(&args, &tf);
         train(&args);
     } else if (dist_rank() == 0) {
         calc_cli_run(&calc, &args);
@@ -128,143 +134,122 @@ static void print_measured_vs_predicted(const GPT2Config *cfg, int B, int T, int
                "  them, the embedding's and head's activations and all gradients stay fp32)\n");
 }
 
-static void train(const LabArgs *args) {
+static void print_header(const Session *s) {
+    char buf[32], model[128];
+    printf("tiny %s (%s %s), batch %d x %d, device %s\n", session_model_line(s, model, sizeof model),
+           mem_format(buf, sizeof buf, (double)s->n * (s->bf16 ? 2 : 4)),
+           s->bf16 ? "bf16" : "fp32", s->args->batch, s->T, s->model.k->name);
+    if (!s->args->data)
+        printf("data: synthetic Markov source, entropy rate %.4f nats/token; loss floor for T=%d: "
+               "%.4f (ln V = %.4f at init)\n", data_entropy_rate(&s->data), s->T,
+               data_loss_floor(&s->data, s->T), log((double)s->cfg.V));
+}
+
+// The memory this run will allocate, predicted by the calculator before anything is allocated:
+// the model state, the activations this runtime keeps for (B, T), and the batch buffers.
+// *state: the model state's share (params, grads, master, Adam m and v).
+static double predicted_run_bytes(const GPT2Config *cfg, int B, int T, int bf16, double *state) {
+    CalcModel cm = calc_model_from_gpt2(cfg);
+    CalcSetup cs = calc_setup_default();
+    cs.dtype = bf16 ? CALC_BF16 : CALC_FP32;
+    cs.micro_batch = B;
+    cs.seq_len = T;
+    CalcBreakdown b = calc_memory(&cm, &cs);
+    *state = b.params + b.grads + b.master + b.m + b.v;
+    return *state + calc_activation_bytes_lab(cfg, B, T, bf16 ? GPT2_BF16 : GPT2_FP32) +
+           2.0 * (double)B * T * sizeof(int);
+}
+
+// MemAvailable of /proc/meminfo in bytes (what the kernel can give without swapping), or 0.
+static double mem_available_bytes(void) {
+    FILE *f = fopen("/proc/meminfo", "r");
+    if (!f) return 0;
+    char line[256];
+    double kib = 0;
+    while (fgets(line, sizeof line, f))
+        if (sscanf(line, "MemAvailable: %lf kB", &kib) == 1) break;
+    fclose(f);
+    return kib * 1024.0;
+}
+
+// A run that cannot fit is refused before the first allocation, with the numbers: the
+// chapter that predicts memory predicts this too (else the OOM killer ends it, silently).
+// Only on the CPU: --device cuda allocates on the GPU, whose memory the runtime reports itself.
+static void refuse_if_it_cannot_fit(const LabArgs *args, const TrainFlags *tf) {
+    if (strcmp(args->device, "cpu") != 0) return;
     GPT2Config cfg = lab_args_config(args);
-    Device dev = lab_args_device(args);
-    const int bf16 = strcmp(args->dtype, "bf16") == 0;  // mixed precision
-    const int B = args->batch, T = cfg.T;
-    trace_init(args->trace);
-
-    // The model: parameters initialized from --seed, gradients, activations for (B, T).
-    GPT2 model;
-    gpt2_build_dtype(&model, cfg, dev, bf16 ? GPT2_BF16 : GPT2_FP32);
-    gpt2_alloc_grads(&model);
-    gpt2_alloc_acts(&model, B, T);
-    const Kernels *k = model.k;
-    const size_t n = model.num_params;
-    GPT2Param *plist = lab_xcalloc((size_t)gpt2_params(&cfg, NULL), sizeof(GPT2Param));
-    int nplist = gpt2_params(&cfg, plist);
-
-    // The weights AdamW updates. fp32: the parameters themselves. bf16: an fp32 master copy
-    // (4 more bytes per parameter), because an update smaller than half a bf16 step (1/256 of
-    // the weight) would round away if added to the bf16 weights directly.
-    // (common/train.h holds these steps, shared with the data-parallel chapters.)
-    float *master = train_master_alloc(&model);
-
-    // The optimizer state: Adam's m and v, one float per parameter each.
-    float *opt_m = mem_alloc(n * sizeof(float), MEM_OPT_M, dev);
-    float *opt_v = mem_alloc(n * sizeof(float), MEM_OPT_V, dev);
-    AdamW opt = lab_args_adamw(args);
-
-    // The starting weights, into `master`: resumed, loaded, or fresh from --seed.
-    int start = 0;
-    if (args->resume) {
-        start = ckpt_resume_training(args->resume, &cfg, master, opt_m, opt_v, n);
-        printf("resumed from %s at step %d\n", args->resume, start);
-    } else if (args->load_weights) {
-        ckpt_load_weights_into(args->load_weights, &cfg, master, n);
-    } else {
-        train_master_init(&model, master, (uint64_t)args->seed);
+    const int bf16 = strcmp(args->dtype, "bf16") == 0;
+    double limit = tf->mem_limit_mib > 0 ? tf->mem_limit_mib * 1048576.0 : mem_available_bytes();
+    const char *what = tf->mem_limit_mib > 0 ? "--mem-limit" : "MemAvailable in /proc/meminfo";
+    double state = 0, st = 0;
+    double need = predicted_run_bytes(&cfg, args->batch, cfg.T, bf16, &state);
+    if (limit <= 0 || need <= limit) return;
+    int fit = 0;  // the largest batch that fits: the prediction grows with B
+    for (int lo = 1, hi = args->batch - 1; lo <= hi;) {
+        int mid = lo + (hi - lo) / 2;
+        if (predicted_run_bytes(&cfg, mid, cfg.T, bf16, &st) <= limit) { fit = mid; lo = mid + 1; }
+        else hi = mid - 1;
     }
-    // bf16: the weights the forward pass reads are the master rounded to nearest even.
-    train_master_to_model(&model, master);
+    char a[32], b[32], c[32], d[32];
+    if (fit > 0)
+        lab_fail("--train --batch %d: predicted memory %s (model state %s + activations and batch "
+                 "%s for %d x %d) exceeds the %s available (%s); use --batch %d or less",
+                 args->batch, mem_format(a, sizeof a, need), mem_format(b, sizeof b, state),
+                 mem_format(c, sizeof c, need - state), args->batch, cfg.T,
+                 mem_format(d, sizeof d, limit), what, fit);
+    lab_fail("--train --batch %d: predicted memory %s (model state %s + activations and batch %s "
+             "for %d x %d) exceeds the %s available (%s), even with --batch 1; use a smaller "
+             "model", args->batch, mem_format(a, sizeof a, need), mem_format(b, sizeof b, state),
+             mem_format(c, sizeof c, need - state), args->batch, cfg.T,
+             mem_format(d, sizeof d, limit), what);
+}
 
-    // The data: the global batch of step s is a pure function of (data seed, s).
-    DataSource data;
-    lab_args_data(args, &data);
-    int *inputs = mem_alloc((size_t)B * T * sizeof(int), MEM_OTHER, DEV_CPU);
-    int *targets = mem_alloc((size_t)B * T * sizeof(int), MEM_OTHER, DEV_CPU);
+static void train(const LabArgs *args) {
+    // The model (parameters initialized from --seed, gradients, activations for (B, T)), the
+    // optimizer (fp32: AdamW updates the parameters themselves; bf16: an fp32 master copy, 4
+    // more bytes per parameter, because an update smaller than half a bf16 step would round
+    // away in the bf16 weights), Adam's m and v, the data (the global batch of step s is a
+    // pure function of (data seed, s)): common/session.c; the steps: common/train.c.
+    Session s;
+    session_init(&s, args, args->batch, 1);
+    const int B = args->batch, T = s.T;
+    int start = session_load_or_init(&s, (uint64_t)args->seed);  // resumed, loaded or fresh
+    if (!args->quiet) print_header(&s);
 
-    if (!args->quiet) {
-        char buf[32];
-        printf("tiny GPT-2: V=%d T=%d L=%d C=%d NH=%d, %zu parameters (%s %s), batch %d x %d, "
-               "device %s\n", cfg.V, cfg.T, cfg.L, cfg.C, cfg.NH, n,
-               mem_format(buf, sizeof buf, (double)n * (bf16 ? 2 : 4)), bf16 ? "bf16" : "fp32",
-               B, T, k->name);
-        if (!args->data)
-            printf("data: synthetic Markov source, entropy rate %.4f nats/token; loss floor for "
-                   "T=%d: %.4f (ln V = %.4f at init)\n", data_entropy_rate(&data), T,
-                   data_loss_floor(&data, T), log((double)cfg.V));
-    }
-
-    const int end = lab_args_end_step(args);
-    float *losses = lab_xcalloc((size_t)args->steps, sizeof(float));   // NaN: not run here
-    for (int s = 0; s < args->steps; s++) losses[s] = NAN;
-    double t_start = lab_now(), t_last = t_start;
-    for (int step = start; step < end; step++) {
+    for (int step = start; step < s.end; step++) {
+        session_step_begin(&s, step);  // (fault injection: --kill-rank 0 --kill-step)
         // 1. the batch of this step
-        data_batch(&data, (uint64_t)step, B, T, 0, B, inputs, targets);
+        data_batch(&s.data, (uint64_t)step, B, T, 0, B, s.inputs, s.targets);
         // 2. forward: mean cross-entropy over the B*T positions
         int tok = trace_begin("forward", TRACE_COMPUTE);
-        gpt2_zero_grad(&model);
-        float loss = gpt2_forward(&model, inputs, targets);
+        gpt2_zero_grad(&s.model);
+        float loss = gpt2_forward(&s.model, s.inputs, s.targets);
         trace_end(tok);
         // 3. backward: d(mean loss)/d(loss at a position) = 1/(B*T)
         tok = trace_begin("backward", TRACE_COMPUTE);
-        gpt2_backward(&model, 1.0f / (float)(B * T));
+        gpt2_backward(&s.model, 1.0f / (float)(B * T));
         trace_end(tok);
-        if (step == args->inject_nan_step) train_inject_nan(&model);  // fault injection
+        session_inject_nan(&s, step, 0);  // fault injection: --inject-nan-step
         // 4. clip the global gradient norm (fails the run on NaN/Inf), then AdamW on the master.
         //    bf16: the gradients are widened to fp32 a chunk at a time, AdamW updates the fp32
         //    master, then the bf16 weights become the master rounded to nearest even.
         tok = trace_begin("optimizer", TRACE_COMPUTE);
-        train_adamw_step(&opt, &model, step, master, opt_m, opt_v, plist, nplist);
+        train_adamw_step(&s.opt, &s.model, step, s.master, s.opt_m, s.opt_v, s.plist, s.nplist);
         trace_end(tok);
-        losses[step] = loss;
-
-        double now = lab_now();
-        int last = step == end - 1;
-        if (!args->quiet && args->log_every > 0 && (step % args->log_every == 0 || last)) {
-            double per_step = (now - t_start) / (step - start + 1);
-            printf("step %5d/%d  loss %.4f  lr %.2e  %8.0f tok/s  ETA %5.1f s\n", step + 1,
-                   args->steps, loss, adamw_lr(&opt, step), (double)B * T / (now - t_last),
-                   per_step * (args->steps - step - 1));
-            fflush(stdout);
-        }
-        t_last = now;
-        if (args->save && args->save_every > 0 && (step + 1) % args->save_every == 0 && !last) {
-            // periodic checkpoint (the final one is written after the loop); bf16: the state
-            // holds the fp32 master weights, so a resume is exact
-            ckpt_save_training(args->save, &cfg, step + 1, (uint64_t)args->seed,
-                               (uint64_t)args->data_seed, master, opt_m, opt_v, n);
-        }
+        session_step_end(&s, step, loss);  // progress line, periodic --save
     }
-    double elapsed = lab_now() - t_start;
 
-    // Checkpoints and results: host copies of the parameters (bf16: the weights the forward
-    // pass reads, widened to fp32; the training state keeps the fp32 master instead).
-    float *host_params = lab_xmalloc(n * sizeof(float));
-    train_params_to_host(&model, host_params);
-    if (args->save) {
-        ckpt_save_training(args->save, &cfg, end, (uint64_t)args->seed, (uint64_t)args->data_seed,
-                           master, opt_m, opt_v, n);
-        if (!args->quiet) printf("saved training state (step %d) to %s\n", end, args->save);
+    session_finish(&s);  // final --save, --save-weights, --trace
+    int nrun = session_steps_run(&s);
+    if (!args->quiet && nrun > 0) {
+        double elapsed = session_elapsed(&s);
+        printf("%d steps in %.2f s: %.0f tokens/s\n", nrun, elapsed, (double)B * T * nrun / elapsed);
+        print_measured_vs_predicted(&s.cfg, B, T, s.bf16);
     }
-    if (args->save_weights) ckpt_save_weights(args->save_weights, &cfg, host_params);
-
-    if (!args->quiet && end > start) {
-        printf("%d steps in %.2f s: %.0f tokens/s\n", end - start, elapsed,
-               (double)B * T * (end - start) / elapsed);
-        print_measured_vs_predicted(&cfg, B, T, bf16);
-    }
-    if (args->dump) {   // for the test harness: losses, final weights, measured memory
+    if (args->dump) {  // for the test harness: losses, final weights, measured memory
         RunResults out;
-        results_init(&out, end, n);
-        memcpy(out.losses, losses, (size_t)end * sizeof(float));
-        memcpy(out.params, host_params, n * sizeof(float));
-        results_set_memory(&out);
-        results_write(args->dump, &out);
-        results_free(&out);
+        session_dump_open(&s, &out);
+        session_dump_close(&s, &out);
     }
-    trace_finish();
-    free(host_params);
-    free(losses);
-    free(plist);
-    data_free(&data);
-    train_master_free(&model, master);  // before gpt2_free: in fp32 it is the parameters
-    gpt2_free(&model);
-    mem_free(opt_m);
-    mem_free(opt_v);
-    mem_free(inputs);
-    mem_free(targets);
+    session_free(&s);
 }

@@ -76,9 +76,9 @@ const char *calc_plan_check(const CalcModel *m, const CalcPlanSpec *p) {
         return plan_error("--gpu-mem %g: the GPU's memory must be positive (GB)", p->mem_bytes / 1e9);
     if (!(p->peak_flops > 0))
         return plan_error("--peak-tflops %g: must be positive", p->peak_flops / 1e12);
-    if (!(p->mfu > 0 && p->mfu <= 1))
-        return plan_error("--mfu %g: model FLOPs utilization must be in (0, 1] (e.g. --mfu 0.45)",
-                          p->mfu);
+    if (!(p->mfu >= CALC_MFU_MIN && p->mfu <= 1))
+        return plan_error("--mfu %g: model FLOPs utilization must be in [%g, 1] (e.g. --mfu 0.45)",
+                          p->mfu, CALC_MFU_MIN);
     if (!(p->bw_intra > 0)) return plan_error("--bw-intra %g GB/s: must be positive", p->bw_intra / 1e9);
     if (!(p->bw_inter > 0)) return plan_error("--bw-inter %g GB/s: must be positive", p->bw_inter / 1e9);
     if (!(p->latency >= 0)) return plan_error("--latency-us %g: must be >= 0", p->latency * 1e6);

@@ -16,14 +16,14 @@
 // (PyTorch's no_sync). With --dtype bf16 the weights and gradients are bf16 and the gradients
 // travel in bf16; every rank keeps fp32 master weights for AdamW (common/train.h). On one rank
 // this program is single-device training (chapter 00's loop).
+// The report says how much of the communication backward hid, from the timeline (overlap.c);
+// the setup and reporting every training chapter shares are in common/session.c.
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <unistd.h>
 
 #include "check.h"
-#include "ckpt.h"
 #include "data.h"
 #include "ddp_buckets.h"
 #include "dist.h"
@@ -31,7 +31,9 @@
 #include "gpt2.h"
 #include "mem.h"
 #include "optim.h"
+#include "overlap.h"
 #include "results.h"
+#include "session.h"
 #include "trace.h"
 #include "train.h"
 
@@ -85,7 +87,7 @@ int main(int argc, char **argv) {
         {"--check-no-sync", FLAG_BOOL, &f.check_no_sync, 0, 1, NULL,
          "compare gradients across ranks after each micro-step (differ, then agree)"},
         {"--overlap-steps", FLAG_INT, &f.overlap_steps, 0, 1000, NULL,
-         "extra steps timed compute-only and comm-only to measure overlap (0 = skip)"},
+         "extra steps timed compute-only and comm-only: what each costs alone (0 = skip)"},
         {"--progress", FLAG_CHOICE, &f.progress, 0, 0, "thread|poll",
          "bucket all-reduces run on a communication thread, or non-blocking MPI polled between "
          "backward pieces"},
@@ -180,41 +182,167 @@ static double replica_max_diff(const GPT2 *m, const float *master, DistGroup *g)
     return worst;
 }
 
-// What each rank reports at the end, gathered to rank 0 as doubles.
-enum { R_COMPUTE, R_WAIT, R_STEP, R_SENT, R_RECV, R_PARAMS, R_GRADS, R_OPT, R_COMM, R_TOTAL,
-       R_T_TRAIN, R_T_COMP, R_T_COMM, R_CT_BUSY, R_CT_CPU, R_CAL_BUSY, R_CAL_CPU, R_NFIELDS };
+// --check-no-sync's tally: inside no_sync gradients must differ across ranks, after it agree.
+typedef struct NoSyncCheck {
+    int nosync_checks, nosync_differ, sync_checks, sync_agree;
+    double sent, recv;  // the bytes the comparisons moved (left out of the per-step figures)
+} NoSyncCheck;
 
-static void print_rank_table(const double *all, int N) {
-    char s[7][32];
-    printf("\nPer rank (per step; every rank does the same work: no master)\n");
-    printf("  %4s %10s %12s %10s %11s %11s %10s %10s %10s %10s %10s\n", "rank", "compute",
-           "wait (comm)", "step", "sent", "recv", "params", "grads", "adam m+v", "buckets",
-           "peak mem");
-    for (int r = 0; r < N; r++) {
-        const double *v = all + (size_t)r * R_NFIELDS;
-        printf("  %4d %7.1f ms %9.1f ms %7.1f ms %11s %11s %10s %10s %10s %10s %10s\n", r,
-               1e3 * v[R_COMPUTE], 1e3 * v[R_WAIT], 1e3 * v[R_STEP],
-               mem_format(s[0], 32, v[R_SENT]), mem_format(s[1], 32, v[R_RECV]),
-               mem_format(s[2], 32, v[R_PARAMS]), mem_format(s[3], 32, v[R_GRADS]),
-               mem_format(s[4], 32, v[R_OPT]), mem_format(s[5], 32, v[R_COMM]),
-               mem_format(s[6], 32, v[R_TOTAL]));
+static void check_no_sync(NoSyncCheck *c, GPT2 *m, DistGroup *g, int inside_no_sync) {
+    uint64_t s0 = dist_bytes_sent(), r0 = dist_bytes_recv();
+    int agree = grads_agree_across_ranks(m, g);
+    if (inside_no_sync) { c->nosync_checks++; c->nosync_differ += !agree; }
+    else { c->sync_checks++; c->sync_agree += agree; }
+    c->sent += (double)(dist_bytes_sent() - s0);
+    c->recv += (double)(dist_bytes_recv() - r0);
+}
+
+// 2. The gradient buckets, in reverse module order, started by a communication thread unless
+// --progress poll, all-reduced in place unless --pack-buckets.
+static void make_buckets(Ddp *ddp, Session *s, const DdpFlags *f) {
+    GPT2Param *order = lab_xcalloc((size_t)s->nplist, sizeof(GPT2Param));
+    ddp_module_order(&s->cfg, order);
+    for (int i = 0, j = s->nplist - 1; i < j; i++, j--) {  // reverse: roughly backward's order
+        GPT2Param t = order[i]; order[i] = order[j]; order[j] = t;
     }
+    size_t *bytes = lab_xcalloc((size_t)s->nplist, sizeof(size_t));
+    for (int i = 0; i < s->nplist; i++) bytes[i] = order[i].size * s->e;
+    int *bucket_of = lab_xcalloc((size_t)s->nplist, sizeof(int));
+    ddp_assign_buckets(bytes, s->nplist, (size_t)((double)f->first_bucket_mb * 1048576.0),
+                       (size_t)((double)f->bucket_mb * 1048576.0), bucket_of);
+    ddp_init(ddp, &s->model, order, s->nplist, bucket_of, s->world);
+    free(order); free(bytes); free(bucket_of);
+    if (strcmp(f->progress, "thread") == 0) dist_comm_thread_start(s->world);
+    if (!f->pack_buckets) ddp_use_views(ddp);
+}
+
+static void print_header(const Session *s, const DdpFlags *f, const Ddp *ddp, int Bl, int Bm) {
+    char buf[32], model[128];
+    const int K = f->grad_accum;
+    printf("DDP on %d rank%s: %s (%s %s gradients), device %s\n", s->N, s->N > 1 ? "s" : "",
+           session_model_line(s, model, sizeof model), mem_format(buf, sizeof buf,
+           (double)(s->n * s->e)), s->bf16 ? "bf16" : "fp32", s->model.k->name);
+    printf("global batch %d x %d: rank r takes rows [r*%d, (r+1)*%d)", s->args->batch, s->T, Bl,
+           Bl);
+    if (K > 1) printf(" as %d micro-batches of %d (no_sync on the first %d)", K, Bm, K - 1);
+    printf("\nweights: rank r initialized from seed %d + r, then rank 0's broadcast to all "
+           "(%s%s)\n", s->args->seed, mem_format(buf, sizeof buf, (double)s->n * 4),
+           s->bf16 ? " of fp32 master weights" : "");
+    if (!f->no_overlap) {
+        printf("gradient buckets (cap %g MiB, first %g MiB), launched %s, %s, run by %s:\n",
+               (double)f->bucket_mb, (double)f->first_bucket_mb,
+               f->launch_late ? "after the whole backward" : "as soon as complete",
+               f->pack_buckets ? "packed into their own buffers" : "all-reduced in place",
+               s->world->thread ? "a communication thread"
+                                : "non-blocking MPI polled between backward pieces");
+        ddp_print_buckets(ddp, stdout);
+    } else {
+        printf("--no-overlap: one all-reduce of all %s of gradients after the whole backward\n",
+               mem_format(buf, sizeof buf, (double)(s->n * s->e)));
+    }
+}
+
+// 1. Every rank has built its own replica from ITS OWN seed (seed + rank), and rank 0 resumes
+// or loads; then rank 0's weights overwrite everyone's (bf16: the fp32 master travels, so that
+// every rank's optimizer starts from rank 0's). Returns the first step, on every rank.
+static int broadcast_replica(Session *s) {
+    const LabArgs *args = s->args;
+    int start = 0;
+    if (s->rank == 0) start = session_load_or_init(s, (uint64_t)args->seed);
+    else train_master_init(&s->model, s->master, (uint64_t)args->seed + (uint64_t)s->rank);
+    int tok = trace_begin("broadcast weights", TRACE_COMM);
+    dist_broadcast(s->master, s->n, DIST_F32, 0, s->world);
+    train_master_to_model(&s->model, s->master);
+    if (args->resume) {  // the optimizer state and the step travel too
+        dist_broadcast(s->opt_m, s->n, DIST_F32, 0, s->world);
+        dist_broadcast(s->opt_v, s->n, DIST_F32, 0, s->world);
+        dist_broadcast(&start, 1, DIST_I32, 0, s->world);
+    }
+    trace_end(tok);
+    s->start = start;
+    return start;
+}
+
+// What each rank reports at the end, gathered to rank 0 as doubles (then the overlap's).
+enum { R_COMPUTE, R_WAIT, R_STEP, R_SENT, R_RECV, R_GRAD_SENT, R_PARAMS, R_GRADS, R_OPT,
+       R_COMM, R_TOTAL, R_OVERLAP, R_NFIELDS = R_OVERLAP + OVERLAP_NFIELDS };
+
+// The run's figures (rank 0): the per-rank table (every rank the same: no master), the no_sync
+// check, the overlap, the --dump file. mine: this rank's fields (the memory ones filled here).
+static void report(Session *s, const DdpFlags *f, const Ddp *ddp, const NoSyncCheck *c,
+                   double *mine, double bcast_sent, double bcast_recv, double replica_diff) {
+    const int N = s->N, nrun = session_steps_run(s), overlap = !f->no_overlap;
+    mine[R_PARAMS] = (double)mem_peak(MEM_PARAMS);
+    mine[R_GRADS] = (double)mem_peak(MEM_GRADS);
+    mine[R_OPT] = (double)(mem_peak(MEM_OPT_M) + mem_peak(MEM_OPT_V));
+    mine[R_COMM] = (double)mem_peak(MEM_COMM);
+    mine[R_TOTAL] = (double)mem_total_peak();
+    double *all = session_gather_report(s, mine, R_NFIELDS);
+    if (s->rank != 0) return;
+    double overlap_pct = overlap_percent(all + R_OVERLAP, N, R_NFIELDS);
+
+    if (!s->args->quiet && nrun > 0) {
+        double elapsed = session_elapsed(s);
+        printf("%d steps in %.2f s: %.0f tokens/s (all ranks), %.1f ms per step\n", nrun,
+               elapsed, (double)s->args->batch * s->T * nrun / elapsed, 1e3 * elapsed / nrun);
+        static const SessionColumn cols[] = {
+            {"compute", R_COMPUTE, COL_MS}, {"wait (comm)", R_WAIT, COL_MS},
+            {"step", R_STEP, COL_MS}, {"sent", R_SENT, COL_BYTES}, {"recv", R_RECV, COL_BYTES},
+            {"params", R_PARAMS, COL_BYTES}, {"grads", R_GRADS, COL_BYTES},
+            {"adam m+v", R_OPT, COL_BYTES}, {"buckets", R_COMM, COL_BYTES},
+            {"peak mem", R_TOTAL, COL_BYTES}};
+        session_print_rank_table("Per rank (per step; every rank does the same work: no master)",
+                                 cols, (int)(sizeof cols / sizeof cols[0]), all, N, R_NFIELDS,
+                                 NULL);
+        printf("  sent per step = 2(N-1)/N x %zu gradient bytes (+ the loss) = %.0f B on every "
+               "rank: no rank is special\n", s->n * s->e, mine[R_SENT]);
+        if (f->check_no_sync)
+            printf("\nno_sync check: inside no_sync gradients differed across ranks in %d of %d "
+                   "micro-steps; after the sync they agreed in %d of %d steps\n",
+                   c->nosync_differ, c->nosync_checks, c->sync_agree, c->sync_checks);
+        overlap_print(all + R_OVERLAP, N, R_NFIELDS, overlap, s->world->thread != NULL,
+                      N > 1 ? f->overlap_steps : 0);
+        char b1[32];
+        printf("\nEvery rank holds the full model state: %s = 16 B x %zu = %s per rank%s\n",
+               s->bf16 ? "bf16 params + grads (2 + 2 B) + fp32 master (4 B) + Adam m, v (4 + 4 B)"
+                       : "params + grads + Adam m, v", s->n,
+               mem_format(b1, sizeof b1, 16.0 * (double)s->n),
+               overlap && f->pack_buckets ? (s->bf16 ? ", plus the bucket buffers (2 B/param)"
+                                                     : ", plus the bucket buffers (4 B/param)")
+                                          : "");
+    }
+    if (s->args->dump) {
+        RunResults out;
+        session_dump_open(s, &out);
+        results_set(&out, "world_size", N);
+        results_set(&out, "bytes_sent_per_step", mine[R_SENT]);
+        results_set(&out, "bytes_recv_per_step", mine[R_RECV]);
+        results_set(&out, "grad_bytes_sent_per_step", mine[R_GRAD_SENT]);
+        results_set(&out, "bytes_sent_broadcast", bcast_sent);
+        results_set(&out, "bytes_recv_broadcast", bcast_recv);
+        results_set(&out, "buckets", overlap ? ddp->nbuckets : 0);
+        for (int b = 0; overlap && b < ddp->nbuckets && b < 16; b++) {
+            char key[48];
+            snprintf(key, sizeof key, "bucket_bytes_%d", b);
+            results_set(&out, key, (double)(ddp->buckets[b].numel * s->e));
+        }
+        results_set(&out, "replica_max_diff", replica_diff);
+        results_set(&out, "nosync_checks", c->nosync_checks);
+        results_set(&out, "nosync_differ", c->nosync_differ);
+        results_set(&out, "sync_checks", c->sync_checks);
+        results_set(&out, "sync_agree", c->sync_agree);
+        if (overlap_pct >= 0) results_set(&out, "overlap_pct", overlap_pct);  // else unmeasured
+        session_dump_close(s, &out);
+    }
+    free(all);
 }
 
 // ---------------------------------------------------------------------------------------------
 // training
 
 static void train(const LabArgs *args, const DdpFlags *f) {
-    GPT2Config cfg = lab_args_config(args);
-    Device dev = lab_args_device(args);
-    const int bf16 = strcmp(args->dtype, "bf16") == 0;  // mixed precision (see common/train.h)
-    // NCCL (GPU buffers; flags.c checks --device cuda) picks this rank's GPU: before allocating
-    if (strcmp(args->backend, "nccl") == 0) dist_set_backend(DIST_BACKEND_NCCL);
-    DistGroup *world = dist_world();
-    const int rank = world->rank, N = world->size;
-    const int B = args->batch, T = cfg.T, K = f->grad_accum;
-    const int overlap = !f->no_overlap;
-
+    const int rank = dist_rank(), N = dist_size();
+    const int B = args->batch, K = f->grad_accum, overlap = !f->no_overlap;
     // DistributedSampler: this rank's rows [row0, row0 + Bl) of the global batch, processed
     // as K micro-batches of Bm rows.
     int row0, Bl;
@@ -224,126 +352,38 @@ static void train(const LabArgs *args, const DdpFlags *f) {
                             "do not split into %d equal micro-batches; use a --batch that is a "
                             "multiple of %d (ranks x micro-batches)", K, Bl, B, N, K, N * K);
     const int Bm = Bl / K;
-    trace_init(args->trace);
 
-    // 1. Every rank builds its own replica, from ITS OWN seed (seed + rank)...
-    GPT2 model;
-    gpt2_build_dtype(&model, cfg, dev, bf16 ? GPT2_BF16 : GPT2_FP32);
-    gpt2_alloc_grads(&model);
-    gpt2_alloc_acts(&model, Bm, T);
-    const Kernels *k = model.k;
-    const size_t n = model.num_params;
-    const DistDtype dt = train_dtype(&model);  // the gradients' type: DIST_F32 or DIST_BF16
-    const size_t e = dist_dtype_size(dt);      // bytes per gradient: 4, or 2 in bf16
-    // The weights AdamW updates. fp32: the parameters themselves. bf16: an fp32 master copy (4
-    // more bytes per parameter); the forward pass reads them rounded to bf16.
-    float *master = train_master_alloc(&model);
-    train_master_init(&model, master, (uint64_t)args->seed + (uint64_t)rank);
-    GPT2Param *plist = lab_xcalloc((size_t)gpt2_params(&cfg, NULL), sizeof(GPT2Param));
-    int nplist = gpt2_params(&cfg, plist);
-
-    // The optimizer state: every rank keeps a full copy (DDP's memory redundancy).
-    float *opt_m = mem_alloc(n * sizeof(float), MEM_OPT_M, dev);
-    float *opt_v = mem_alloc(n * sizeof(float), MEM_OPT_V, dev);
-    AdamW opt = lab_args_adamw(args);
-
-    // ...then rank 0's weights (fresh, loaded or resumed) overwrite everyone's.
-    int start = 0;
-    if (rank == 0 && args->resume) {
-        start = ckpt_resume_training(args->resume, &cfg, master, opt_m, opt_v, n);
-        if (!args->quiet) printf("resumed from %s at step %d\n", args->resume, start);
-    } else if (rank == 0 && args->load_weights) {
-        ckpt_load_weights_into(args->load_weights, &cfg, master, n);
-    }
-    // (bf16: the fp32 master travels, so that every rank's optimizer starts from rank 0's)
-    int tok = trace_begin("broadcast weights", TRACE_COMM);
-    dist_broadcast(master, n, DIST_F32, 0, world);
-    train_master_to_model(&model, master);
-    if (args->resume) {  // the optimizer state and the step travel too
-        dist_broadcast(opt_m, n, DIST_F32, 0, world);
-        dist_broadcast(opt_v, n, DIST_F32, 0, world);
-        dist_broadcast(&start, 1, DIST_I32, 0, world);
-    }
-    trace_end(tok);
+    // 1. Every rank builds its own replica (model, a full optimizer state: DDP's redundancy),
+    //    then takes rank 0's weights.
+    Session s;
+    session_init(&s, args, Bm, 1);
+    GPT2 *model = &s.model;
+    const int T = s.T, start = broadcast_replica(&s);
     double bcast_sent = (double)dist_bytes_sent(), bcast_recv = (double)dist_bytes_recv();
-
-    // 2. The gradient buckets, in reverse module order (none with --no-overlap).
+    // 2. The gradient buckets (none with --no-overlap).
     Ddp ddp;
     memset(&ddp, 0, sizeof ddp);
-    if (overlap) {
-        GPT2Param *order = lab_xcalloc((size_t)nplist, sizeof(GPT2Param));
-        ddp_module_order(&cfg, order);
-        for (int i = 0, j = nplist - 1; i < j; i++, j--) {  // reverse: roughly backward's order
-            GPT2Param t = order[i]; order[i] = order[j]; order[j] = t;
-        }
-        size_t *bytes = lab_xcalloc((size_t)nplist, sizeof(size_t));
-        for (int i = 0; i < nplist; i++) bytes[i] = order[i].size * e;
-        int *bucket_of = lab_xcalloc((size_t)nplist, sizeof(int));
-        ddp_assign_buckets(bytes, nplist, (size_t)((double)f->first_bucket_mb * 1048576.0),
-                           (size_t)((double)f->bucket_mb * 1048576.0), bucket_of);
-        ddp_init(&ddp, &model, order, nplist, bucket_of, world);
-        free(order); free(bytes); free(bucket_of);
-        if (strcmp(f->progress, "thread") == 0) dist_comm_thread_start(world);
-        if (!f->pack_buckets) ddp_use_views(&ddp);
-    }
+    if (overlap) make_buckets(&ddp, &s, f);
+    if (!args->quiet && rank == 0) print_header(&s, f, &ddp, Bl, Bm);
 
-    DataSource data;
-    lab_args_data(args, &data);
-    int *inputs = mem_alloc((size_t)Bm * T * sizeof(int), MEM_OTHER, DEV_CPU);
-    int *targets = mem_alloc((size_t)Bm * T * sizeof(int), MEM_OTHER, DEV_CPU);
-
-    if (!args->quiet && rank == 0) {
-        char buf[32];
-        printf("DDP on %d rank%s: GPT-2 V=%d T=%d L=%d C=%d NH=%d, %zu parameters (%s %s "
-               "gradients), device %s\n", N, N > 1 ? "s" : "", cfg.V, cfg.T, cfg.L, cfg.C, cfg.NH,
-               n, mem_format(buf, sizeof buf, (double)(n * e)), bf16 ? "bf16" : "fp32", k->name);
-        printf("global batch %d x %d: rank r takes rows [r*%d, (r+1)*%d)", B, T, Bl, Bl);
-        if (K > 1) printf(" as %d micro-batches of %d (no_sync on the first %d)", K, Bm, K - 1);
-        printf("\nweights: rank r initialized from seed %d + r, then rank 0's broadcast to all "
-               "(%s%s)\n", args->seed, mem_format(buf, sizeof buf, (double)n * 4),
-               bf16 ? " of fp32 master weights" : "");
-        if (overlap) {
-            printf("gradient buckets (cap %g MiB, first %g MiB), launched %s, "
-                   "%s, run by %s:\n", (double)f->bucket_mb, (double)f->first_bucket_mb,
-                   f->launch_late ? "after the whole backward" : "as soon as complete",
-                   f->pack_buckets ? "packed into their own buffers" : "all-reduced in place",
-                   world->thread ? "a communication thread" : "non-blocking MPI polled between "
-                   "backward pieces");
-            ddp_print_buckets(&ddp, stdout);
-        } else {
-            printf("--no-overlap: one all-reduce of all %s of gradients after the whole "
-                   "backward\n", mem_format(buf, sizeof buf, (double)(n * e)));
-        }
-    }
-
-    const int end = lab_args_end_step(args);
-    float *losses = lab_xcalloc((size_t)args->steps, sizeof(float));
-    for (int s = 0; s < args->steps; s++) losses[s] = NAN;
-    double *t_train = lab_xcalloc((size_t)(end > start ? end - start : 1), sizeof(double));
-    double t_compute = 0, t_wait = 0;
-    double grad_sent = 0, check_sent = 0, check_recv = 0;
-    int nosync_checks = 0, nosync_differ = 0, sync_checks = 0, sync_agree = 0;
+    double *t_train = lab_xcalloc((size_t)(s.end > start ? s.end - start : 1), sizeof(double));
+    double t_compute = 0, t_wait = 0, grad_sent = 0;
+    NoSyncCheck nosync = {0, 0, 0, 0, 0, 0};
+    OverlapMeter meter = {0, 0};
     dist_counters_reset();
     double ct_busy0, ct_cpu0;  // the communication thread's times so far (0 without one)
-    dist_comm_thread_times(world, &ct_busy0, &ct_cpu0);
-
-    double t_start = lab_now(), t_last = t_start;
-    for (int step = start; step < end; step++) {
-        if (step == args->kill_step && rank == args->kill_rank) {  // fault injection
-            fprintf(stderr, "[rank %d] --kill-rank: exiting abruptly at step %d\n", rank, step);
-            fflush(stderr);
-            _exit(1);
-        }
+    dist_comm_thread_times(s.world, &ct_busy0, &ct_cpu0);
+    for (int step = start; step < s.end; step++) {
+        session_step_begin(&s, step);  // (fault injection: --kill-rank, --kill-step)
         double t0 = lab_now(), t_sync = 0;
-        gpt2_zero_grad(&model);
-        if (step == args->inject_nan_step && rank == N - 1)  // a NaN in one rank's gradient
-            train_inject_nan(&model);
+        gpt2_zero_grad(model);
+        session_inject_nan(&s, step, N - 1);  // a NaN in one rank's gradient
         float loss = 0.0f;
         for (int micro = 0; micro < K; micro++) {
             // 3. this rank's micro-batch, forward
-            data_batch(&data, (uint64_t)step, B, T, row0 + micro * Bm, Bm, inputs, targets);
-            tok = trace_begin("forward", TRACE_COMPUTE);
-            loss += gpt2_forward(&model, inputs, targets) / (float)K;
+            data_batch(&s.data, (uint64_t)step, B, T, row0 + micro * Bm, Bm, s.inputs, s.targets);
+            int tok = trace_begin("forward", TRACE_COMPUTE);
+            loss += gpt2_forward(model, s.inputs, s.targets) / (float)K;
             trace_end(tok);
 
             // 4. backward; the last micro-step's all-reduces start inside it, bucket by bucket
@@ -356,234 +396,65 @@ static void train(const LabArgs *args, const DdpFlags *f) {
             dloss = 1.0f / ((float)Bm * (float)T * (float)K);
             // END EXERCISE 03.3
             uint64_t sent0 = dist_bytes_sent();
-            backward(&model, dloss, sync && overlap && !f->launch_late ? &ddp : NULL);
+            double b0 = lab_now();
+            backward(model, dloss, sync && overlap && !f->launch_late ? &ddp : NULL);
+            double b1 = lab_now();
             if (sync && overlap && f->launch_late)  // every bucket now, in order: no overlap
                 for (int b = 0; b < ddp.nbuckets; b++) ddp_launch(&ddp, b);
 
             // 5. wait for the gradients of every rank: the averaged gradient, everywhere
             if (sync) {
                 double tw = lab_now();
-                tok = trace_begin("wait for all-reduce", TRACE_COMPUTE);
+                int tok = trace_begin("wait for all-reduce", TRACE_COMPUTE);
                 if (overlap) ddp_wait(&ddp);
-                else dist_all_reduce(train_grads(&model), train_grads(&model), n, dt, DIST_AVG,
-                                     world);
+                else dist_all_reduce(train_grads(model), train_grads(model), s.n, s.dt, DIST_AVG,
+                                     s.world);
                 trace_end(tok);
-                t_sync += lab_now() - tw;
+                double tw1 = lab_now();
+                t_sync += tw1 - tw;
+                // the timeline of this step, for the share of communication hidden (overlap.c)
+                if (overlap) overlap_add_ddp_step(&meter, b0, b1, &ddp);  // every bucket's
+                else overlap_add_step(&meter, b0, b1, (double[1][2]){{tw, tw1}}, 1);  // the one
             }
             grad_sent += (double)(dist_bytes_sent() - sent0);  // launched in backward or here
-            if (f->check_no_sync) {  // debug: gradients differ inside no_sync, agree after
-                uint64_t s0 = dist_bytes_sent(), r0 = dist_bytes_recv();
-                int agree = grads_agree_across_ranks(&model, world);
-                if (micro < K - 1) { nosync_checks++; nosync_differ += !agree; }
-                else { sync_checks++; sync_agree += agree; }
-                check_sent += (double)(dist_bytes_sent() - s0);
-                check_recv += (double)(dist_bytes_recv() - r0);
-            }
+            if (f->check_no_sync) check_no_sync(&nosync, model, s.world, micro < K - 1);
         }
         t_train[step - start] = lab_now() - t0;  // forward + backward + exposed communication
         t_wait += t_sync;
         // the loss of the step: the mean over every rank's micro-batches
-        dist_all_reduce(&loss, &loss, 1, DIST_F32, DIST_AVG, world);
+        dist_all_reduce(&loss, &loss, 1, DIST_F32, DIST_AVG, s.world);
 
         // 6. the same update on every rank: clip (the norm of the averaged gradient) + AdamW
         double t_opt = lab_now();
-        tok = trace_begin("optimizer", TRACE_COMPUTE);
-        train_adamw_step(&opt, &model, step, master, opt_m, opt_v, plist, nplist);
+        int tok = trace_begin("optimizer", TRACE_COMPUTE);
+        train_adamw_step(&s.opt, model, step, s.master, s.opt_m, s.opt_v, s.plist, s.nplist);
         trace_end(tok);
-        double now = lab_now();
-        t_compute += (t_train[step - start] - t_sync) + (now - t_opt);
-        losses[step] = loss;
-
-        int last = step == end - 1;
-        if (!args->quiet && rank == 0 && args->log_every > 0 && (step % args->log_every == 0 || last)) {
-            double per_step = (now - t_start) / (step - start + 1);
-            printf("step %5d/%d  loss %.4f  lr %.2e  %8.0f tok/s  ETA %5.1f s\n", step + 1,
-                   args->steps, loss, adamw_lr(&opt, step), (double)B * T / (now - t_last),
-                   per_step * (args->steps - step - 1));
-            fflush(stdout);
-        }
-        t_last = now;
-        if (rank == 0 && args->save && args->save_every > 0 && (step + 1) % args->save_every == 0 &&
-            !last)
-            ckpt_save_training(args->save, &cfg, step + 1, (uint64_t)args->seed,
-                               (uint64_t)args->data_seed, master, opt_m, opt_v, n);
+        t_compute += (t_train[step - start] - t_sync) + (lab_now() - t_opt);
+        session_step_end(&s, step, loss);  // progress line, periodic --save (rank 0)
     }
-    double elapsed = lab_now() - t_start;
-    const int nrun = end > start ? end - start : 0;
+    const int nrun = session_steps_run(&s);
     double ct_busy, ct_cpu;
-    dist_comm_thread_times(world, &ct_busy, &ct_cpu);
+    dist_comm_thread_times(s.world, &ct_busy, &ct_cpu);
+    double mine[R_NFIELDS] = {0};  // per step, without the --check-no-sync comparisons
+    mine[R_SENT] = nrun ? ((double)dist_bytes_sent() - nosync.sent) / nrun : 0;
+    mine[R_RECV] = nrun ? ((double)dist_bytes_recv() - nosync.recv) / nrun : 0;
+    mine[R_GRAD_SENT] = nrun ? grad_sent / nrun : 0;
+    double replica_diff = args->dump ? replica_max_diff(model, s.master, s.world) : 0.0;
+    session_finish(&s);  // final --save, --save-weights (rank 0; every rank holds the same)
 
-    // Communication per step, without the --check-no-sync comparisons.
-    double sent_step = nrun ? ((double)dist_bytes_sent() - check_sent) / nrun : 0;
-    double recv_step = nrun ? ((double)dist_bytes_recv() - check_recv) / nrun : 0;
-    double grad_sent_step = nrun ? grad_sent / nrun : 0;
-
-    // Checkpoint (every rank holds the same state: rank 0 writes it) and final weights.
-    if (rank == 0 && args->save) {
-        ckpt_save_training(args->save, &cfg, end, (uint64_t)args->seed,
-                           (uint64_t)args->data_seed, master, opt_m, opt_v, n);
-        if (!args->quiet) printf("saved training state (step %d) to %s\n", end, args->save);
-    }
-    // the weights the forward pass reads (bf16: widened; the training state keeps the master)
-    float *host_params = lab_xmalloc(n * sizeof(float));
-    train_params_to_host(&model, host_params);
-    if (rank == 0 && args->save_weights) ckpt_save_weights(args->save_weights, &cfg, host_params);
-    double replica_diff = args->dump ? replica_max_diff(&model, master, world) : 0.0;
-    trace_finish();
-
-    // 7. How much communication did backward hide? A few more steps, timed twice more in the
-    //    same run: compute only (no all-reduce) and communication only (the same all-reduces,
-    //    no compute). overlap % = 100 (1 - (t_step - t_compute_only) / t_comm_only).
+    // 7. What communication and compute cost alone: a few more steps (overlap.c).
     int ncal = N > 1 ? f->overlap_steps : 0;
-    double *t_comp_only = lab_xcalloc((size_t)(ncal ? ncal : 1), sizeof(double));
-    double *t_comm_only = lab_xcalloc((size_t)(ncal ? ncal : 1), sizeof(double));
-    double cal_busy = 0, cal_cpu = 0;  // the thread's times in the communication-only runs
-    for (int i = 0; i < ncal; i++) {
-        double t0 = lab_now();
-        gpt2_zero_grad(&model);
-        for (int micro = 0; micro < K; micro++) {
-            data_batch(&data, 0, B, T, row0 + micro * Bm, Bm, inputs, targets);
-            gpt2_forward(&model, inputs, targets);
-            backward(&model, 1.0f / ((float)Bm * (float)T * (float)K), NULL);
-        }
-        t_comp_only[i] = lab_now() - t0;
-        dist_barrier(world);  // start together: time the transfer, not the other ranks' compute
-        t0 = lab_now();
-        double b0, c0, b1, c1;
-        dist_comm_thread_times(world, &b0, &c0);
-        if (overlap) ddp_all_buckets_now(&ddp);
-        else dist_all_reduce(train_grads(&model), train_grads(&model), n, dt, DIST_AVG, world);
-        t_comm_only[i] = lab_now() - t0;
-        dist_comm_thread_times(world, &b1, &c1);
-        if (i == 0 || b1 - b0 < cal_busy) { cal_busy = b1 - b0; cal_cpu = c1 - c0; }
-    }
-
-    // Per-rank report, gathered to rank 0.
-    double mine[R_NFIELDS] = {0};
+    OverlapCalibration cal = overlap_calibrate(model, &s.data, B, row0, Bm, K,
+                                               overlap ? &ddp : NULL, s.world, ncal);
     mine[R_COMPUTE] = nrun ? t_compute / nrun : 0;
     mine[R_WAIT] = nrun ? t_wait / nrun : 0;
-    mine[R_STEP] = nrun ? elapsed / nrun : 0;
-    mine[R_SENT] = sent_step;
-    mine[R_RECV] = recv_step;
-    mine[R_PARAMS] = (double)mem_peak(MEM_PARAMS);
-    mine[R_GRADS] = (double)mem_peak(MEM_GRADS);
-    mine[R_OPT] = (double)(mem_peak(MEM_OPT_M) + mem_peak(MEM_OPT_V));
-    mine[R_COMM] = (double)mem_peak(MEM_COMM);
-    mine[R_TOTAL] = (double)mem_total_peak();
-    mine[R_T_TRAIN] = fastest(t_train, nrun);
-    mine[R_T_COMP] = fastest(t_comp_only, ncal);
-    mine[R_T_COMM] = fastest(t_comm_only, ncal);
-    mine[R_CT_BUSY] = nrun ? (ct_busy - ct_busy0) / nrun : 0;
-    mine[R_CT_CPU] = nrun ? (ct_cpu - ct_cpu0) / nrun : 0;
-    mine[R_CAL_BUSY] = cal_busy;
-    mine[R_CAL_CPU] = cal_cpu;
-    double *all = rank == 0 ? lab_xcalloc((size_t)N * R_NFIELDS, sizeof(double)) : NULL;
-    dist_gather(mine, all, R_NFIELDS, DIST_F64, 0, world);
+    mine[R_STEP] = nrun ? session_elapsed(&s) / nrun : 0;
+    overlap_pack(&meter, nrun, fastest(t_train, nrun), ct_busy - ct_busy0, ct_cpu - ct_cpu0, &cal,
+                 mine + R_OVERLAP);
+    report(&s, f, &ddp, &nosync, mine, bcast_sent, bcast_recv, replica_diff);
 
-    double overlap_pct = 0.0, step_max = 0, comp_max = 0, comm_max = 0;
-    if (rank == 0) {
-        // A step ends when the slowest rank's gradients arrive: take each time's max over ranks.
-        for (int r = 0; r < N; r++) {
-            const double *v = all + (size_t)r * R_NFIELDS;
-            step_max = fmax(step_max, v[R_T_TRAIN]);
-            comp_max = fmax(comp_max, v[R_T_COMP]);
-            comm_max = fmax(comm_max, v[R_T_COMM]);
-        }
-        if (ncal > 0 && comm_max > 0) overlap_pct = 100.0 * (1.0 - (step_max - comp_max) / comm_max);
-        if (!args->quiet && nrun > 0) {
-            printf("%d steps in %.2f s: %.0f tokens/s (all ranks), %.1f ms per step\n", nrun,
-                   elapsed, (double)B * T * nrun / elapsed, 1e3 * elapsed / nrun);
-            print_rank_table(all, N);
-            printf("  sent per step = 2(N-1)/N x %zu gradient bytes (+ the loss) = %.0f B on "
-                   "every rank: no rank is special\n", n * e, sent_step);
-            if (f->check_no_sync)
-                printf("\nno_sync check: inside no_sync gradients differed across ranks in %d of "
-                       "%d micro-steps; after the sync they agreed in %d of %d steps\n",
-                       nosync_differ, nosync_checks, sync_agree, sync_checks);
-            if (ncal > 0) {
-                printf("\nOverlap (fastest step of the run and of %d extra steps each; the slowest "
-                       "rank):\n", ncal);
-                printf("  step (fwd+bwd+exposed comm) %8.1f ms\n", 1e3 * step_max);
-                printf("  compute only (fwd+bwd)      %8.1f ms\n", 1e3 * comp_max);
-                printf("  communication only          %8.1f ms\n", 1e3 * comm_max);
-                printf("  overlap = 1 - (step - compute) / comm = %.0f%% of the communication "
-                       "hidden behind backward%s\n", overlap_pct,
-                       overlap ? "" : " (--no-overlap: expect ~0%)");
-                for (int r = 0; overlap && world->thread && r < N; r++) {
-                    const double *v = all + (size_t)r * R_NFIELDS;
-                    printf("  rank %d communication thread: %.1f ms per step in all-reduces, of "
-                           "which %.1f ms on a core (the rest waiting for the peer or a core); "
-                           "alone: %.1f ms, %.1f ms on a core\n",
-                           r, 1e3 * v[R_CT_BUSY], 1e3 * v[R_CT_CPU], 1e3 * v[R_CAL_BUSY],
-                           1e3 * v[R_CAL_CPU]);
-                }
-                long cores = sysconf(_SC_NPROCESSORS_ONLN);
-                if (cores > 0 && N > cores)
-                    printf("  (%d ranks share %ld cores: each rank's times include waiting for a "
-                           "core, so this figure means little; use at most one rank per core)\n",
-                           N, cores);
-                else if (overlap_pct < -10 || overlap_pct > 110)
-                    printf("  (outside 0..100%%: the timing noise of this machine is larger than "
-                           "the communication; try more --overlap-steps, more --steps, or a wider "
-                           "model)\n");
-            }
-            char b1[32];
-            if (bf16)
-                printf("\nEvery rank holds the full model state: bf16 params + grads (2 + 2 B) + "
-                       "fp32 master (4 B) + Adam m, v (4 + 4 B) = 16 B x %zu = %s per rank", n,
-                       mem_format(b1, sizeof b1, 16.0 * (double)n));
-            else
-                printf("\nEvery rank holds the full model state: params + grads + Adam m, v = "
-                       "16 B x %zu = %s per rank", n, mem_format(b1, sizeof b1, 16.0 * (double)n));
-            printf("%s\n", overlap && f->pack_buckets
-                               ? (bf16 ? ", plus the bucket buffers (2 B/param)"
-                                       : ", plus the bucket buffers (4 B/param)")
-                               : "");
-        }
-    }
-
-    if (rank == 0 && args->dump) {
-        RunResults out;
-        results_init(&out, end, n);
-        memcpy(out.losses, losses, (size_t)end * sizeof(float));
-        memcpy(out.params, host_params, n * sizeof(float));
-        results_set(&out, "world_size", N);
-        results_set(&out, "bytes_sent_per_step", sent_step);
-        results_set(&out, "bytes_recv_per_step", recv_step);
-        results_set(&out, "grad_bytes_sent_per_step", grad_sent_step);
-        results_set(&out, "bytes_sent_broadcast", bcast_sent);
-        results_set(&out, "bytes_recv_broadcast", bcast_recv);
-        results_set(&out, "buckets", overlap ? ddp.nbuckets : 0);
-        for (int b = 0; overlap && b < ddp.nbuckets && b < 16; b++) {
-            char key[48];
-            snprintf(key, sizeof key, "bucket_bytes_%d", b);
-            results_set(&out, key, (double)(ddp.buckets[b].numel * e));
-        }
-        results_set(&out, "replica_max_diff", replica_diff);
-        results_set(&out, "nosync_checks", nosync_checks);
-        results_set(&out, "nosync_differ", nosync_differ);
-        results_set(&out, "sync_checks", sync_checks);
-        results_set(&out, "sync_agree", sync_agree);
-        results_set(&out, "overlap_pct", overlap_pct);
-        results_set_memory(&out);
-        results_write(args->dump, &out);
-        results_free(&out);
-    }
-
-    free(all);
-    free(t_comp_only);
-    free(t_comm_only);
     free(t_train);
-    free(host_params);
-    free(losses);
-    free(plist);
     if (overlap) ddp_free(&ddp);
-    dist_comm_thread_stop(world);
-    data_free(&data);
-    train_master_free(&model, master);  // (before gpt2_free: in fp32 it is the parameters)
-    gpt2_free(&model);
-    mem_free(opt_m);
-    mem_free(opt_v);
-    mem_free(inputs);
-    mem_free(targets);
+    dist_comm_thread_stop(s.world);
+    session_free(&s);
 }

@@ -11,6 +11,7 @@
 #include <unistd.h>
 
 #include "calc.h"
+#include "check.h"
 #include "ckpt.h"
 #include "data.h"
 #include "gpt2.h"
@@ -135,5 +136,52 @@ Test(train00, refuses_several_ranks) {
     cr_assert_neq(rc, 0);
     cr_assert_neq(rc, 124, "hung");
     cr_assert(harness_contains(out, "-np 1"), "message should say how to launch it:\n%s", out);
+    free(out);
+}
+
+// --train with a batch whose predicted memory exceeds what is available is refused at once,
+// with the predicted numbers, before allocating (not killed by the OOM killer minutes later).
+// With --mem-limit, so that the outcome does not depend on this machine: the prediction for
+// --batch 512 (about 1.9 GiB) exceeds 100 MiB; --batch 4 (about 30 MiB) fits. Seen failing with
+// refuse_if_it_cannot_fit() not called (the run trained: rc 0, no message).
+Test(train00, run_predicted_not_to_fit_is_refused_before_allocating, .timeout = 60) {
+    char *out = NULL;
+    double t0 = lab_now();
+    int rc = harness_run(RUN00 " --steps 1 --batch 512 --mem-limit 100", &out, 30);
+    double took = lab_now() - t0;
+    cr_assert(rc != 0 && rc != 124, "must be refused (rc %d):\n%s", rc, out);
+    cr_assert(harness_contains(out, "predicted memory") && harness_contains(out, "--mem-limit") &&
+              harness_contains(out, "100.00 MiB") && harness_contains(out, "--batch 23 or less"),
+              "the message names the prediction, the limit and a batch that fits:\n%s", out);
+    cr_assert_lt(took, 20.0, "refused only after %.1f s: it must not allocate and train", took);
+    free(out);
+    rc = harness_run(RUN00 " --steps 1 --batch 4 --mem-limit 100", &out, 60);
+    cr_assert_eq(rc, 0, "a run that fits is not refused:\n%s", out);
+    free(out);
+}
+
+// The case, on this machine's MemAvailable: --batch 8192 (about 30 GiB predicted).
+// Where MemAvailable is larger than the prediction the run would not be refused, and this test
+// checks instead that the prediction is below what /proc/meminfo says (and does not run it).
+Test(train00, batch_8192_refused_against_memavailable, .timeout = 60) {
+    GPT2Config cfg = gpt2_config_tiny();
+    double need = calc_activation_bytes_lab(&cfg, 8192, cfg.T, GPT2_FP32);
+    FILE *f = fopen("/proc/meminfo", "r");
+    cr_assert(f, "/proc/meminfo");
+    char line[256];
+    double avail_kib = 0;
+    while (fgets(line, sizeof line, f))
+        if (sscanf(line, "MemAvailable: %lf kB", &avail_kib) == 1) break;
+    fclose(f);
+    if (need <= avail_kib * 1024.0) {
+        cr_log_warn("MemAvailable %.1f GiB holds --batch 8192's %.1f GiB: not run", avail_kib / 1048576.0,
+                    need / 1073741824.0);
+        return;
+    }
+    char *out = NULL;
+    int rc = harness_run(RUN00 " --steps 1 --batch 8192", &out, 30);
+    cr_assert(rc != 0 && rc != 124, "must be refused at once (rc %d):\n%s", rc, out);
+    cr_assert(harness_contains(out, "predicted memory") && harness_contains(out, "MemAvailable"),
+              "the message names the prediction and MemAvailable:\n%s", out);
     free(out);
 }

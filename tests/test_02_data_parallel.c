@@ -197,6 +197,31 @@ Test(dp02, resume_is_bit_exact, .timeout = 240) {
 
 // A NaN in the last rank's gradient reaches the master through the reduce: the job stops with
 // a message naming the step, and the last checkpoint survives.
+// A resumed run's per-step figures count the steps run in it, on every rank: the workers learn
+// the resume step from the master (they read no checkpoint). Bytes per step are the same every
+// step, so a run resumed at step 4 of 6 reports what a fresh run reports. Seen failing with
+// the workers' session start left at 0 (rank 1 divided 2 steps' bytes by 6: 1/3 of the truth).
+Test(dp02, resumed_run_reports_per_step_figures_of_the_steps_it_ran, .timeout = 120) {
+    char ck[256], flags[512];
+    snprintf(ck, sizeof ck, "/tmp/lab_test02_%d_resume_figs.ckpt", (int)getpid());
+    RunResults fresh, first, resumed;
+    run_dp(2, SMALL, &fresh);
+    snprintf(flags, sizeof flags, SMALL " --stop-at 4 --save %s", ck);
+    run_dp(2, flags, &first);
+    snprintf(flags, sizeof flags, SMALL " --resume %s", ck);
+    run_dp(2, flags, &resumed);
+    const char *keys[] = {"bytes_sent_per_step", "bytes_recv_per_step",
+                          "rank1_bytes_sent_per_step", "rank1_bytes_recv_per_step"};
+    for (size_t i = 0; i < sizeof keys / sizeof keys[0]; i++)
+        cr_assert_eq(results_get(&resumed, keys[i], -1), results_get(&fresh, keys[i], -2),
+                     "%s: resumed %g, fresh %g", keys[i], results_get(&resumed, keys[i], -1),
+                     results_get(&fresh, keys[i], -2));
+    unlink(ck);
+    results_free(&fresh);
+    results_free(&first);
+    results_free(&resumed);
+}
+
 Test(dp02, nan_fails_cleanly_and_keeps_the_checkpoint, .timeout = 120) {
     GPT2Config cfg = {.V = 256, .T = 32, .L = 2, .C = 64, .NH = 4};  // SMALL
     harness_assert_nan_fails_cleanly(DP, 3, SMALL " --steps 10", &cfg);

@@ -327,7 +327,8 @@ Test(ddp03, trace_shows_all_reduce_overlapping_backward, .timeout = 120) {
              path);
     int rc = harness_mpirun(2, cmd, &out, 120);
     cr_assert_eq(rc, 0, "%s", out);
-    cr_assert(harness_contains(out, "overlap = "), "the overlap %% is printed:\n%s", out);
+    cr_assert(harness_contains(out, "communication hidden behind backward = "),
+              "the share hidden is printed:\n%s", out);
     FILE *f = fopen(path, "r");
     cr_assert_not_null(f, "no trace file %s", path);
     double comm[512][2], comp[512][2];
@@ -349,6 +350,42 @@ Test(ddp03, trace_shows_all_reduce_overlapping_backward, .timeout = 120) {
         for (int j = 0; j < np; j++)
             if (comm[i][0] < comp[j][1] && comp[j][0] < comm[i][1]) overlapping++;
     cr_assert(overlapping > 0, "no all-reduce span overlaps a backward block on rank 0");
+    free(out);
+}
+
+// The share of communication hidden behind backward (overlap.c) means what it says: exactly 0
+// when nothing is launched before backward ends (--no-overlap, --launch-after-backward), within
+// (0, 100] % when buckets are launched inside backward (a bucket launched after a piece is in
+// flight before backward ends, so more than 0), and not a number at all on one rank. With
+// --overlap-steps 2, so the calibration runs as well. Seen failing with the old formula
+// 100 (1 - (step - compute only) / comm only) put back: --no-overlap gave -368 %, -158 % and
+// -1766 % on three runs, never exactly 0.
+static double overlap_pct_of(int np, const char *flags) {
+    RunResults r;
+    char *log = NULL;
+    int rc = harness_run_dump("./03_ddp/run --quiet --overlap-steps 2", np, flags, &r, &log, 120);
+    cr_assert_eq(rc, 0, "03_ddp -np %d %s failed:\n%s", np, flags, log);
+    free(log);
+    double pct = results_get(&r, "overlap_pct", -1000.0);
+    results_free(&r);
+    return pct;
+}
+
+Test(ddp03, overlap_share_is_0_without_overlap_and_within_0_100_with_it, .timeout = 180) {
+    double none = overlap_pct_of(2, SMALL " --steps 3 --no-overlap");
+    cr_assert_eq(none, 0.0, "--no-overlap: %g %% hidden, 0 by construction", none);
+    double late = overlap_pct_of(3, SMALL " --steps 3 --launch-after-backward " SEVERAL_BUCKETS);
+    cr_assert_eq(late, 0.0, "--launch-after-backward: %g %% hidden, 0 by construction", late);
+    double on = overlap_pct_of(2, SMALL " --steps 3 " PER_PARAM_BUCKETS);
+    cr_assert(on > 0.0 && on <= 100.0, "overlap: %g %% hidden, want (0, 100]", on);
+    double poll = overlap_pct_of(2, SMALL " --steps 3 --progress poll " SEVERAL_BUCKETS);
+    cr_assert(poll > 0.0 && poll <= 100.0, "--progress poll: %g %% hidden, want (0, 100]", poll);
+    double one = overlap_pct_of(1, SMALL " --steps 2");
+    cr_assert_eq(one, -1000.0, "one rank communicates nothing: no figure, got %g", one);
+    char *out = NULL;
+    int rc = harness_mpirun(1, "./03_ddp/run " SMALL " --steps 2", &out, 60);
+    cr_assert(rc == 0 && harness_contains(out, "cannot be measured on this run: one rank"),
+              "one rank says why there is no figure:\n%s", out);
     free(out);
 }
 

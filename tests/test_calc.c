@@ -10,6 +10,7 @@
 
 #include "calc.h"
 #include "gpt2.h"
+#include "harness.h"
 
 #define GB 1e9
 #define GIB (1024.0 * 1024.0 * 1024.0)
@@ -518,12 +519,12 @@ Test(calc, bad_cost_refused) {
     CalcCostSpec c = ok;
     c.mfu = 1.0;
     cr_assert_null(calc_cost_check(&c), "MFU 1 is allowed");
-    double bad_mfu[] = {0, -0.1, 1.5, NAN};
+    double bad_mfu[] = {0, 0.0005, -0.1, 1.5, NAN};  // 0.0005: below CALC_MFU_MIN
     for (size_t i = 0; i < sizeof bad_mfu / sizeof bad_mfu[0]; i++) {
         c = ok;
         c.mfu = bad_mfu[i];
         assert_msg(calc_cost_check(&c), "--mfu");
-        assert_msg(calc_cost_check(&c), "(0, 1]");
+        assert_msg(calc_cost_check(&c), "[0.001, 1]");  // what --help prints as the range
     }
     c = ok;
     c.tokens = 0;
@@ -581,4 +582,55 @@ Test(calc, bad_plans_refused) {
     p = h100_spec(8, 512);
     CalcModel raw = calc_model_raw(7000000000LL);
     assert_msg(calc_plan_check(&raw, &p), "--dims");
+}
+
+// ---------------------------------------------------------------------------------------------
+// the command line: every flag checked before the first line of output
+
+#define CALC_RUN "./00_memory_budget/run --model 70b"
+
+// A refused run prints its one message and no table: the mistake must not hide below 21 lines.
+// Seen failing with the checks moved back after calc_print_memory ("Memory per GPU" printed
+// first) and with the --tokens-without---cost check removed (exit 0).
+static void assert_refused_before_output(const char *flags, const char *msg) {
+    char cmd[512], *out = NULL;
+    snprintf(cmd, sizeof cmd, CALC_RUN " %s", flags);
+    int rc = harness_run(cmd, &out, 30);
+    cr_assert(rc != 0 && rc != 124, "%s: must be refused (rc %d):\n%s", cmd, rc, out);
+    cr_assert(harness_contains(out, msg), "%s: the message should say '%s':\n%s", cmd, msg, out);
+    cr_assert(!harness_contains(out, "Memory per GPU"), "%s: a table came before the error:\n%s",
+              cmd, out);
+    free(out);
+}
+
+Test(calc_cli, cost_and_plan_flags_checked_before_any_table, .timeout = 60) {
+    assert_refused_before_output("--cost", "--cost needs --tokens");
+    assert_refused_before_output("--cost --tokens 15Q", "--tokens");
+    assert_refused_before_output("--tokens 15T", "no effect without --cost");
+    assert_refused_before_output("--cost --tokens 15T --mfu 0", "[0.001, 1]");
+    assert_refused_before_output("--plan --gpus 12", "whole number of nodes");
+}
+
+// --help's range for --mfu is the range the checks accept: its lower end is accepted, 0 is not.
+// Seen failing with the flag's range back at [0, 1] (help "[0, 1]", then 0 refused by the check).
+Test(calc_cli, mfu_help_range_is_what_is_accepted, .timeout = 60) {
+    char *out = NULL;
+    int rc = harness_run("./00_memory_budget/run --help", &out, 30);
+    cr_assert_eq(rc, 0, "%s", out);
+    char want[64];
+    snprintf(want, sizeof want, "[%g, 1]", CALC_MFU_MIN);
+    const char *line = strstr(out, "--mfu X");
+    cr_assert(line, "--help lists --mfu:\n%s", out);
+    const char *eol = strchr(line, '\n');
+    cr_assert(strstr(line, want) && strstr(line, want) < eol, "--help's --mfu range is not %s:\n%.*s",
+              want, (int)(eol - line), line);
+    free(out);
+    char cmd[256];
+    snprintf(cmd, sizeof cmd, CALC_RUN " --cost --tokens 15T --mfu %g", CALC_MFU_MIN);
+    rc = harness_run(cmd, &out, 30);
+    cr_assert_eq(rc, 0, "the lower end of the help's range is accepted:\n%s", out);
+    free(out);
+    rc = harness_run(CALC_RUN " --cost --tokens 15T --mfu 0", &out, 30);
+    cr_assert(rc != 0 && harness_contains(out, want), "--mfu 0 refused, naming %s:\n%s", want, out);
+    free(out);
 }

@@ -56,7 +56,8 @@ run() {
     printf '%s\n' "$out" | awk '
         /tokens\/s \(all ranks\)/ { for (i = 1; i <= NF; i++) { if ($(i+1) == "tokens/s") tok = $i;
                                                               if ($(i+1) == "ms") ms = $i } }
-        /^  overlap = / { for (i = 1; i <= NF; i++) if ($i ~ /%$/) { ov = $i; sub(/%/, "", ov) } }
+        /^  communication hidden behind backward = / {
+            for (i = 1; i <= NF; i++) if ($i ~ /%$/) { ov = $i; sub(/%/, "", ov); break } }
         END { printf "%s %s %s\n", tok ? tok : 0, ms ? ms : 0, ov != "" ? ov : "-" }'
 }
 ratio() { awk -v a="$1" -v b="$2" 'BEGIN { if (b > 0) printf "%.2f", a / b; else printf "n/a" }'; }
