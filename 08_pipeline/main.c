@@ -1,0 +1,628 @@
+// 08_pipeline: pipeline parallelism. The model is cut by layers; each rank holds one stage
+// (or v chunks of layers, --chunks v), micro-batches flow forward through the stages and their
+// gradients flow back, point to point.
+//
+//   make 08_pipeline && mpirun -np 4 ./08_pipeline/run --schedule 1f1b --micro-batches 8
+//
+// One step:
+//   - the schedule is a TABLE (schedule.c): for this rank, the ordered list of F(micro-batch,
+//     chunk), B and W ops. The executor below runs it: F receives the stage's input (or embeds
+//     the tokens), runs its blocks, sends its output on; B receives the gradient of the output
+//     (or starts from the loss), runs backward, sends the gradient of its input back; W (the
+//     zero-bubble schedule only) computes the weight gradients later, in what would be idle time.
+//     Each micro-batch in flight has its own activation set (GPT2Acts), freed after its B (W);
+//   - every micro-batch's loss counts 1/m: the gradient is that of the mean over the batch;
+//   - the tied wte: the first stage's embedding and the last stage's output layer each hold a
+//     copy; their gradients are summed between the two before the step, so both copies stay equal;
+//   - clipping uses the GLOBAL gradient norm (the squares summed over stages, wte counted once),
+//     and a NaN anywhere stops every rank; then each stage steps its own weights with AdamW.
+// On one rank with one micro-batch this is chapter 00's single-device step, op for op.
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "check.h"
+#include "data.h"
+#include "dist.h"
+#include "flags.h"
+#include "gpt2.h"
+#include "kernels.h"
+#include "mem.h"
+#include "optim.h"
+#include "results.h"
+#include "schedule.h"
+#include "trace.h"
+#include "train.h"
+
+static const char *USAGE =
+    "08_pipeline: pipeline parallelism. Each rank holds a stage of consecutive blocks; the batch\n"
+    "is cut into micro-batches that flow through the stages; a schedule (a table of forward,\n"
+    "backward and weight-gradient ops per stage) decides who computes what when.\n"
+    "\n"
+    "  mpirun -np 4 ./08_pipeline/run --schedule gpipe --micro-batches 8   all forwards, then all\n"
+    "                                                     backwards: m activation sets alive\n"
+    "  mpirun -np 4 ./08_pipeline/run --schedule 1f1b --micro-batches 8    one forward, one\n"
+    "                                                     backward: at most p-r sets on stage r\n"
+    "  mpirun -np 2 ./08_pipeline/run --schedule interleaved --chunks 2 --micro-batches 4\n"
+    "                                                     v chunks of layers per rank: a smaller bubble\n"
+    "  mpirun -np 4 ./08_pipeline/run --schedule zb --micro-batches 8      ZB-H1: backward split\n"
+    "                                                     into B and W, W fills the bubbles\n"
+    "  ./08_pipeline/run --compare --stages 4 --micro-batches 8   the four schedules side by side\n"
+    "                                                     (simulated; no training, one process)\n"
+    "The picture: one row per stage, time to the right; F3 = forward of micro-batch 3, B3 its\n"
+    "backward, W3 its weight gradients (lower case: chunk 1 of interleaved), '.' = idle (bubble).\n"
+    "Needs: --layers divisible by ranks x chunks, --batch divisible by --micro-batches.\n";
+
+typedef struct PipeFlags {
+    const char *schedule;
+    int m;          // micro-batches per step
+    int v;          // chunks per rank
+    int compare;    // print the four schedules simulated, then exit
+    int stages;     // --compare: p
+    int picture_cols;
+} PipeFlags;
+
+// One chunk of layers on this rank: a partial model (gpt2_build_stage), its optimizer state,
+// and the activation sets of the micro-batches in flight.
+typedef struct Chunk {
+    GPT2 model;
+    int vs;               // virtual stage: chunk * p + rank
+    float *master, *opt_m, *opt_v;
+    GPT2Acts **acts;      // (m) NULL when micro-batch i is not in flight on this chunk
+} Chunk;
+
+// ---------------------------------------------------------------------------------------------
+// the four schedules side by side (simulated)
+
+static const SchedTimes UNIT_TIMES = {1.0, 1.0, 1.0, 0.0, 0.0, 0.0};  // tf = tb = tw
+
+static void print_schedule(const Schedule *s, const SchedTimes *t, int cols, int picture) {
+    SimResult r;
+    char err[256];
+    if (sched_check(s, err, sizeof err) != 0) lab_fail("schedule %s: %s", s->name, err);
+    if (sched_simulate(s, t, &r) != 0) lab_fail("schedule %s: %s", s->name, r.err);
+    if (picture) sched_print(stdout, s, r.start, r.end, t->tf / s->v / 2.0, cols);
+    double worst = 0;
+    int peak = 0;
+    for (int k = 0; k < s->p; k++) worst = fmax(worst, r.bubble[k]), peak = peak > r.peak_inflight[k] ? peak : r.peak_inflight[k];
+    printf("  %-12s v=%d  makespan %6.2f  bubble %6.2f %%  theory %6.2f %%  peak sets (stage 0) %d, "
+           "most on any stage %d\n", s->name, s->v, r.makespan, 100 * worst,
+           100 * sched_theory_bubble(s, t), r.peak_inflight[0], peak);
+    sim_free(&r);
+}
+
+static void compare(const PipeFlags *f) {
+    const char *names[4] = {"gpipe", "1f1b", "interleaved", "zb"};
+    printf("the four schedules, p = %d stages, m = %d micro-batches, simulated with tf = tb = tw "
+           "(1F1B's B = tb + tw), free communication:\n", f->stages, f->m);
+    for (int i = 0; i < 4; i++) {
+        Schedule s;
+        int v = i == 2 ? (f->v > 1 ? f->v : 2) : 1;
+        if (i == 2 && f->m % f->stages != 0) {
+            printf("  %-12s (skipped: m = %d is not a multiple of p = %d)\n", names[i], f->m, f->stages);
+            continue;
+        }
+        sched_make(&s, names[i], f->stages, v, f->m);
+        printf("\n");
+        print_schedule(&s, &UNIT_TIMES, f->picture_cols, 1);
+        sched_free(&s);
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// the executor
+
+typedef struct Exec {
+    const Schedule *s;
+    Chunk *ch;
+    DistGroup *g;
+    int rank, p, S, m, Bm, T;
+    size_t BTC;
+    float **sendbuf;      // [(dir * v + chunk) * m + mb]: the message F or B sent (MEM_COMM)
+    DistWork *works;      // pending isends
+    int nworks;
+    double *op_start, *op_end;  // this step's measured times of each op (from lab_now)
+    size_t acts_base, acts_peak;  // MEM_ACTS live at the step's start; the most above it
+    int live, live_peak;          // activation sets alive, and the most at once
+} Exec;
+
+static int tag_of(const Exec *x, int dir, int vs, int mb) { return (dir * x->S + vs) * x->m + mb; }
+
+// The rank and chunk of virtual stage vs.
+static int rank_of(const Exec *x, int vs) { return vs % x->p; }
+
+// Receives the (B, T, C) message of micro-batch mb for virtual stage vs into dst: dir 0 the
+// activation from vs-1, dir 1 the gradient from vs+1 (a chunk on this same rank: a copy).
+static void recv_msg(Exec *x, int dir, int vs, int mb, float *dst) {
+    int from = dir == 0 ? vs - 1 : vs + 1;
+    if (rank_of(x, from) == x->rank) {
+        mem_copy(dst, x->sendbuf[((size_t)dir * x->s->v + from / x->p) * x->m + mb],
+                 x->BTC * sizeof(float));
+        return;
+    }
+    int tok = trace_begin(dir == 0 ? "recv activation" : "recv gradient", TRACE_COMM);
+    dist_recv(dst, x->BTC, DIST_F32, rank_of(x, from), tag_of(x, dir, vs, mb), x->g);
+    trace_end(tok);
+}
+
+static void send_msg(Exec *x, int dir, int vs, int mb) {
+    int to = dir == 0 ? vs + 1 : vs - 1;
+    if (rank_of(x, to) == x->rank) return;  // the receiver copies it from sendbuf
+    float *buf = x->sendbuf[((size_t)dir * x->s->v + vs / x->p) * x->m + mb];
+    x->works[x->nworks++] = dist_isend(buf, x->BTC, DIST_F32, rank_of(x, to), tag_of(x, dir, to, mb), x->g);
+}
+
+static void acts_track(Exec *x, int delta) {
+    x->live += delta;
+    if (x->live > x->live_peak) x->live_peak = x->live;
+    size_t now = mem_current(MEM_ACTS) - x->acts_base;
+    if (now > x->acts_peak) x->acts_peak = now;
+}
+
+// Runs this rank's ops of the table for one step. Returns the sum of the micro-batch losses
+// (last stage; else 0).
+static double run_table(Exec *x, const DataSource *data, int step, int B, int *inputs, int *targets) {
+    const Schedule *s = x->s;
+    const float dloss = 1.0f / ((float)x->Bm * (float)x->T * (float)x->m);
+    double loss_sum = 0;
+    x->nworks = 0;
+    for (int j = 0; j < s->nops[x->rank]; j++) {
+        PipeOp o = s->ops[x->rank][j];
+        Chunk *c = &x->ch[o.chunk];
+        GPT2 *md = &c->model;
+        const int vs = c->vs;
+        char name[32];
+        snprintf(name, sizeof name, "%c%d chunk %d", "FBW"[o.kind], o.mb, o.chunk);
+        x->op_start[j] = lab_now();
+        if (o.kind == PIPE_F) {
+            GPT2Acts *a = lab_xcalloc(1, sizeof(GPT2Acts));
+            gpt2_acts_alloc(a, md, x->Bm, x->T);
+            if (s->split) gpt2_acts_alloc_split(a, md);
+            c->acts[o.mb] = a;
+            acts_track(x, 1);
+            // micro-batch mb is rows [mb*Bm, (mb+1)*Bm) of the step's global batch
+            data_batch(data, (uint64_t)step, B, x->T, o.mb * x->Bm, x->Bm, inputs, targets);
+            if (vs > 0) recv_msg(x, 0, vs, o.mb, gpt2_acts_input(a));
+            double t0 = lab_now();
+            int tok = trace_begin(name, TRACE_COMPUTE);
+            float loss = gpt2_forward_acts(md, a, inputs, md->has_head ? targets : NULL);
+            trace_end(tok);
+            x->op_start[j] = t0;  // busy time excludes the wait for the message
+            if (md->has_head) loss_sum += loss;
+            if (vs < x->S - 1) {
+                gpt2_acts_output(md, a, x->sendbuf[(size_t)o.chunk * x->m + o.mb]);
+                send_msg(x, 0, vs, o.mb);
+            }
+        } else if (o.kind == PIPE_B) {
+            GPT2Acts *a = c->acts[o.mb];
+            LAB_CHECK(a, "B(%d) of chunk %d before its F", o.mb, o.chunk);
+            if (vs < x->S - 1) recv_msg(x, 1, vs, o.mb, gpt2_acts_doutput(a));
+            x->op_start[j] = lab_now();
+            int tok = trace_begin(name, TRACE_COMPUTE);
+            if (!s->split) {
+                gpt2_backward_acts(md, a, dloss);
+            } else {  // B: the input gradient only; the blocks' weight gradients wait for W
+                if (md->has_head) gpt2_head_backward_w(md, a, dloss, NULL, NULL, NULL, NULL);
+                for (int l = md->l1 - 1; l >= md->l0; l--) gpt2_block_backward_input(md, a, l, NULL);
+                if (md->has_embed) gpt2_embed_backward_w(md, a, NULL);
+            }
+            trace_end(tok);
+            if (vs > 0) {
+                mem_copy(x->sendbuf[((size_t)s->v + o.chunk) * x->m + o.mb], gpt2_acts_dinput(a),
+                         x->BTC * sizeof(float));
+                send_msg(x, 1, vs, o.mb);
+            }
+            if (!s->split) {
+                gpt2_acts_free(a);
+                free(a);
+                c->acts[o.mb] = NULL;
+                acts_track(x, -1);
+            }
+        } else {
+            GPT2Acts *a = c->acts[o.mb];
+            LAB_CHECK(a, "W(%d) of chunk %d before its B", o.mb, o.chunk);
+            int tok = trace_begin(name, TRACE_COMPUTE);
+            for (int l = md->l1 - 1; l >= md->l0; l--) gpt2_block_backward_weights(md, a, l, NULL);
+            trace_end(tok);
+            gpt2_acts_free(a);
+            free(a);
+            c->acts[o.mb] = NULL;
+            acts_track(x, -1);
+        }
+        x->op_end[j] = lab_now();
+    }
+    dist_wait_all(x->works, x->nworks);
+    return loss_sum;
+}
+
+// ---------------------------------------------------------------------------------------------
+// gradients across stages
+
+// Element offset of the wte the chunk holds (embedding: 0; the head's copy: wte_offset); -1 if none.
+static long wte_of(const GPT2 *m, int want_head) {
+    if (want_head) return m->has_head ? (long)m->wte_offset : -1;
+    return m->has_embed ? 0 : -1;
+}
+
+// gsum := a + b, elementwise, in the model's precision (bf16: widened, added, rounded). The two
+// holders compute the same sum (IEEE addition commutes), so their copies stay identical.
+static void add_wte(const GPT2 *m, void *mine, const void *theirs, size_t n) {
+    if (m->dtype == GPT2_FP32) {
+        float *a = mine;
+        const float *b = theirs;
+        for (size_t i = 0; i < n; i++) a[i] = a[i] + b[i];
+        return;
+    }
+    float *a = lab_xmalloc(n * sizeof(float)), *b = lab_xmalloc(n * sizeof(float));
+    kernels_cpu.bf16_to_f32(a, mine, n);
+    kernels_cpu.bf16_to_f32(b, theirs, n);
+    for (size_t i = 0; i < n; i++) a[i] = a[i] + b[i];
+    kernels_cpu.f32_to_bf16(mine, a, n);
+    free(a), free(b);
+}
+
+// The tied embedding: the first chunk's wte gradient (embedding lookups) and the last chunk's
+// (output layer) are summed; both holders end with the sum.
+static void sync_tied_wte(Chunk *ch, int v, int rank, int p, DistGroup *g) {
+    Chunk *first = rank == 0 ? &ch[0] : NULL, *last = rank == p - 1 ? &ch[v - 1] : NULL;
+    if (first && last && first == last) return;  // one model holds both uses: one buffer
+    const GPT2 *any = first ? &first->model : last ? &last->model : NULL;
+    if (!any) return;
+    const size_t n = (size_t)any->cfg.V * any->cfg.C, e = any->dtype == GPT2_BF16 ? 2 : 4;
+    const DistDtype dt = train_dtype(any);
+    char *tmp_mine = lab_xmalloc(n * e), *tmp_other = lab_xmalloc(n * e);
+    if (first && last) {  // both on this rank (p = 1, v > 1): add locally
+        char *ga = (char *)train_grads(&first->model) + (size_t)wte_of(&first->model, 0) * e;
+        char *gb = (char *)train_grads(&last->model) + (size_t)wte_of(&last->model, 1) * e;
+        mem_copy(tmp_mine, ga, n * e);
+        mem_copy(tmp_other, gb, n * e);
+        add_wte(any, tmp_mine, tmp_other, n);
+        mem_copy(ga, tmp_mine, n * e);
+        mem_copy(gb, tmp_mine, n * e);
+    } else {
+        Chunk *c = first ? first : last;
+        char *gw = (char *)train_grads(&c->model) + (size_t)wte_of(&c->model, first == NULL) * e;
+        mem_copy(tmp_mine, gw, n * e);
+        int peer = first ? p - 1 : 0;
+        int tok = trace_begin("sum tied wte gradient", TRACE_COMM);
+        dist_sendrecv(tmp_mine, n, peer, tmp_other, n, peer, dt, 30000, g);
+        trace_end(tok);
+        add_wte(any, tmp_mine, tmp_other, n);
+        mem_copy(gw, tmp_mine, n * e);
+    }
+    free(tmp_mine), free(tmp_other);
+}
+
+// Σ g² over this rank's gradients, the head's copy of wte left out (the first stage counts wte).
+static double local_norm_sq(Chunk *ch, int v) {
+    double sum = 0;
+    for (int c = 0; c < v; c++) {
+        GPT2 *m = &ch[c].model;
+        size_t n = m->has_head && !m->has_embed ? m->wte_offset : m->num_params;
+        if (m->dtype == GPT2_FP32) sum += m->k->sum_squares(m->grads, n);
+        else sum += bf16_sum_squares(m->k, m->grads_bf16, n, m->work_grads, m->work_size);
+    }
+    return sum;
+}
+
+static void adamw_all(const AdamW *h, Chunk *ch, int v, int step, float scale) {
+    for (int c = 0; c < v; c++) {
+        GPT2 *m = &ch[c].model;
+        if (m->dtype == GPT2_FP32)
+            adamw_step(h, m->k, step, ch[c].master, m->grads, ch[c].opt_m, ch[c].opt_v, 0,
+                       m->num_params, m->plist, m->nplist, scale);
+        else
+            adamw_step_bf16(h, m->k, step, ch[c].master, m->params_bf16, m->grads_bf16,
+                            ch[c].opt_m, ch[c].opt_v, 0, m->num_params, m->plist, m->nplist,
+                            scale, m->work_grads, m->work_size);
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// figures
+
+// Bytes of one activation set of chunk m (fp32: the activations and their gradients, plus W's
+// saved gradients when split), from the size formulas of gpt2.h.
+static double set_bytes_formula(const GPT2 *m, int Bm, int T, int split) {
+    size_t a[GPT2_NUM_ACTS], d[GPT2_NUM_ACTS];
+    int nb = m->l1 - m->l0;
+    gpt2_act_sizes_range(&m->cfg, nb, m->has_head, Bm, T, a);
+    gpt2_dact_sizes_range(&m->cfg, nb, m->has_head, Bm, T, d);
+    double floats = 0;
+    for (int i = 0; i < GPT2_NUM_ACTS; i++) floats += (double)a[i] + (double)d[i];
+    if (split) floats += 10.0 * nb * Bm * T * m->cfg.C;
+    return floats * 4.0;
+}
+
+// The peak bytes of activation sets alive at once when the table runs, from the formula per
+// set: the walk of sched_peak_inflight, weighted by each chunk's set size.
+static double peak_bytes_formula(const Schedule *s, int rank, const Chunk *ch, int Bm, int T) {
+    double live = 0, peak = 0;
+    for (int j = 0; j < s->nops[rank]; j++) {
+        PipeOp o = s->ops[rank][j];
+        double b = set_bytes_formula(&ch[o.chunk].model, Bm, T, s->split);
+        if (o.kind == PIPE_F) live += b;
+        else if (o.kind == (s->split ? PIPE_W : PIPE_B)) live -= b;
+        peak = fmax(peak, live);
+    }
+    return peak;
+}
+
+// Bytes this rank sends per step by the formula: one (Bm, T, C) fp32 message per micro-batch
+// for every boundary a chunk has with a chunk on another rank (forward: to the next virtual
+// stage, backward: to the previous one).
+static double sent_formula(int rank, int p, int v, int m, size_t BTC) {
+    const int S = p * v;
+    double msgs = 0;
+    for (int c = 0; c < v; c++) {
+        int vs = c * p + rank;
+        if (vs < S - 1 && p > 1) msgs += m;
+        if (vs > 0 && p > 1) msgs += m;
+    }
+    return msgs * (double)BTC * 4.0;
+}
+
+enum { F_BUBBLE, F_BUBBLE_SIM, F_PEAK_SETS, F_PEAK_SETS_SCHED, F_PEAK_BYTES, F_PEAK_BYTES_FORMULA,
+       F_SENT, F_SENT_FORMULA, F_L0, F_L1, F_NFIELDS };
+
+// ---------------------------------------------------------------------------------------------
+// training
+
+static void train(const LabArgs *args, const PipeFlags *f) {
+    DistGroup *g = dist_world();
+    const int rank = g->rank, p = g->size, v = f->v, m = f->m, S = p * v;
+    const GPT2Config cfg = lab_args_config(args);
+    const int L = cfg.L, B = args->batch, T = cfg.T;
+    if (S > L)
+        lab_fail_collective("pipeline: %d ranks x %d chunks = %d stages, but the model has only "
+                            "%d layers; use at most %d ranks x chunks (or more --layers)", p, v, S,
+                            L, L);
+    if (L % S != 0)
+        lab_fail_collective("pipeline: --layers %d is not divisible by %d ranks x %d chunks = %d "
+                            "stages; every stage must hold the same number of blocks: use --layers "
+                            "%d, %d, ...", L, p, v, S, S, 2 * S);
+    if (B % m != 0)
+        lab_fail_collective("--micro-batches %d does not divide --batch %d; micro-batches must be "
+                            "equal: use a --batch that is a multiple of %d", m, B, m);
+    const int Bm = B / m;
+    Schedule s;
+    sched_make(&s, f->schedule, p, v, m);
+    char err[256];
+    if (sched_check(&s, err, sizeof err) != 0) lab_fail_collective("schedule %s: %s", s.name, err);
+    SimResult sim;
+    if (sched_simulate(&s, &UNIT_TIMES, &sim) != 0)
+        lab_fail_collective("schedule %s: %s", s.name, sim.err);
+
+    trace_init(args->trace);
+    if (strcmp(args->backend, "nccl") == 0) dist_set_backend(DIST_BACKEND_NCCL);
+    const Device dev = lab_args_device(args);
+    const GPT2Dtype dtype = strcmp(args->dtype, "bf16") == 0 ? GPT2_BF16 : GPT2_FP32;
+    const int per = L / S;
+    Chunk *ch = lab_xcalloc((size_t)v, sizeof(Chunk));
+    for (int c = 0; c < v; c++) {
+        Chunk *k = &ch[c];
+        k->vs = c * p + rank;
+        gpt2_build_stage(&k->model, cfg, dev, dtype, k->vs * per, (k->vs + 1) * per);
+        gpt2_alloc_grads(&k->model);
+        k->master = train_master_alloc(&k->model);
+        k->opt_m = mem_alloc(k->model.num_params * sizeof(float), MEM_OPT_M, dev);
+        k->opt_v = mem_alloc(k->model.num_params * sizeof(float), MEM_OPT_V, dev);
+        // every stage's weights are the slice of the full model's init (the copy of wte too)
+        train_master_init(&k->model, k->master, (uint64_t)args->seed);
+        k->acts = lab_xcalloc((size_t)m, sizeof(GPT2Acts *));
+    }
+    const AdamW opt = lab_args_adamw(args);
+    DataSource data;
+    lab_args_data(args, &data);
+    int *inputs = mem_alloc((size_t)Bm * T * sizeof(int), MEM_OTHER, DEV_CPU);
+    int *targets = mem_alloc((size_t)Bm * T * sizeof(int), MEM_OTHER, DEV_CPU);
+
+    Exec x = {.s = &s, .ch = ch, .g = g, .rank = rank, .p = p, .S = S, .m = m, .Bm = Bm, .T = T,
+              .BTC = (size_t)Bm * T * cfg.C};
+    LAB_CHECK(tag_of(&x, 1, S - 1, m - 1) < 30000, "too many micro-batches x stages for MPI tags");
+    x.sendbuf = lab_xcalloc((size_t)2 * v * m, sizeof(float *));
+    for (int i = 0; i < 2 * v * m; i++) x.sendbuf[i] = mem_alloc(x.BTC * sizeof(float), MEM_COMM, dev);
+    x.works = lab_xcalloc((size_t)2 * v * m + 1, sizeof(DistWork));
+    x.op_start = lab_xcalloc((size_t)s.nops[rank] + 1, sizeof(double));
+    x.op_end = lab_xcalloc((size_t)s.nops[rank] + 1, sizeof(double));
+
+    if (!args->quiet && rank == 0) {
+        printf("pipeline: %d stage%s x %d chunk%s = %d virtual stages of %d block%s; GPT-2 V=%d "
+               "T=%d L=%d C=%d NH=%d, %s, device %s\n", p, p > 1 ? "s" : "", v, v > 1 ? "s" : "",
+               S, per, per > 1 ? "s" : "", cfg.V, T, L, cfg.C, cfg.NH, args->dtype,
+               ch[0].model.k->name);
+        printf("schedule %s, %d micro-batches of %d x %d (batch %d); each micro-batch's loss "
+               "counts 1/%d\n", s.name, m, Bm, T, B, m);
+        printf("\nthe table, simulated with tf = tb = tw (unit: half a chunk's forward):\n");
+        sched_print(stdout, &s, sim.start, sim.end, UNIT_TIMES.tf / v / 2.0, f->picture_cols);
+    }
+
+    float *losses = lab_xcalloc((size_t)args->steps, sizeof(float));
+    const int end = lab_args_end_step(args);
+    double bubble_sum = 0, sent_sum = 0;
+    int bubble_n = 0;
+    double *pic_start = NULL, *pic_end = NULL;  // the last step's measured timeline (rank 0)
+    dist_counters_reset();
+    for (int step = 0; step < end; step++) {
+        for (int c = 0; c < v; c++) gpt2_zero_grad(&ch[c].model);
+        dist_barrier(g);  // the stages start the step together: the timeline's zero
+        double t0 = lab_now();
+        x.acts_base = mem_current(MEM_ACTS);
+        x.live = 0;
+        uint64_t sent0 = dist_counters()->sent[OP_SEND];
+        double loss_sum = run_table(&x, &data, step, B, inputs, targets);
+        sent_sum += (double)(dist_counters()->sent[OP_SEND] - sent0);
+        // the bubble of this step: idle share of the span from the first stage's start to the
+        // last stage's end (all ranks share one monotonic clock on one machine)
+        double busy = 0, tend = x.op_end[s.nops[rank] - 1];
+        for (int j = 0; j < s.nops[rank]; j++) busy += x.op_end[j] - x.op_start[j];
+        double span[2] = {-t0, tend};  // the max of -t0 is -(the earliest start)
+        dist_all_reduce(span, span, 2, DIST_F64, DIST_MAX, g);
+        double tmin = -span[0], tmax = span[1];
+        if (step > 0 || end == 1) {  // the first step warms caches and allocators
+            bubble_sum += 1.0 - busy / (tmax - tmin);
+            bubble_n++;
+        }
+        if (step == end - 1) {
+            pic_start = lab_xcalloc((size_t)s.nops[rank] + 1, sizeof(double));
+            pic_end = lab_xcalloc((size_t)s.nops[rank] + 1, sizeof(double));
+            for (int j = 0; j < s.nops[rank]; j++)
+                pic_start[j] = x.op_start[j] - tmin, pic_end[j] = x.op_end[j] - tmin;
+        }
+
+        // the tied wte, then the global norm (NaN check) and every stage's AdamW step
+        sync_tied_wte(ch, v, rank, p, g);
+        double norm_sq = local_norm_sq(ch, v);
+        dist_all_reduce(&norm_sq, &norm_sq, 1, DIST_F64, DIST_SUM, g);
+        float scale = adamw_clip_scale(&opt, norm_sq, step);
+        adamw_all(&opt, ch, v, step, scale);
+        for (int c = 0; c < v; c++) train_master_to_model(&ch[c].model, ch[c].master);
+
+        float loss = (float)(loss_sum / m);
+        dist_broadcast(&loss, 1, DIST_F32, p - 1, g);
+        losses[step] = loss;
+        if (!args->quiet && rank == 0 && args->log_every > 0 &&
+            (step % args->log_every == 0 || step == end - 1))
+            printf("step %5d/%d  loss %.4f  lr %.2e  %.1f ms\n", step + 1, args->steps, loss,
+                   adamw_lr(&opt, step), 1e3 * (lab_now() - t0));
+    }
+
+    // the final weights, in llm.c's order, on rank 0 (each element from the one rank holding it)
+    const size_t n = gpt2_param_count(&cfg);
+    float *full = lab_xcalloc(n, sizeof(float));
+    for (int c = 0; c < v; c++) {
+        GPT2 *md = &ch[c].model;
+        float *h = lab_xmalloc(md->num_params * sizeof(float));
+        train_params_to_host(md, h);
+        for (int i = 0; i < md->nplist; i++) {
+            const GPT2Param *q = &md->plist[i];
+            if (!q->tied_copy) memcpy(full + q->llmc_offset, h + q->offset, q->size * sizeof(float));
+        }
+        free(h);
+    }
+    dist_reduce(full, full, n, DIST_F32, DIST_SUM, 0, g);  // zeros elsewhere: exact
+
+    // the figures of every rank, to rank 0
+    double mine[F_NFIELDS] = {0};
+    mine[F_BUBBLE] = bubble_n ? bubble_sum / bubble_n : 0;
+    mine[F_BUBBLE_SIM] = sim.bubble[rank];
+    mine[F_PEAK_SETS] = x.live_peak;
+    mine[F_PEAK_SETS_SCHED] = sched_peak_inflight(&s, rank);
+    mine[F_PEAK_BYTES] = (double)x.acts_peak;
+    mine[F_PEAK_BYTES_FORMULA] = dtype == GPT2_FP32 ? peak_bytes_formula(&s, rank, ch, Bm, T) : -1;
+    mine[F_SENT] = end ? sent_sum / end : 0;
+    mine[F_SENT_FORMULA] = sent_formula(rank, p, v, m, x.BTC);
+    mine[F_L0] = ch[0].model.l0;
+    mine[F_L1] = ch[v - 1].model.l1;
+    double *all = rank == 0 ? lab_xcalloc((size_t)p * F_NFIELDS, sizeof(double)) : NULL;
+    dist_gather(mine, all, F_NFIELDS, DIST_F64, 0, g);
+    // the measured timeline of the last step, for the picture
+    int maxops = 0;
+    for (int r = 0; r < p; r++) maxops = s.nops[r] > maxops ? s.nops[r] : maxops;
+    double *tl = lab_xcalloc((size_t)2 * maxops, sizeof(double)), *tl_all = NULL;
+    memcpy(tl, pic_start, (size_t)s.nops[rank] * sizeof(double));
+    memcpy(tl + maxops, pic_end, (size_t)s.nops[rank] * sizeof(double));
+    if (rank == 0) tl_all = lab_xcalloc((size_t)p * 2 * maxops, sizeof(double));
+    dist_gather(tl, tl_all, (size_t)2 * maxops, DIST_F64, 0, g);
+    trace_finish();
+
+    if (rank == 0) {
+        const double theory = sched_theory_bubble(&s, &UNIT_TIMES);
+        if (!args->quiet && end > 0) {
+            double *st[SCHED_MAX_STAGES], *en[SCHED_MAX_STAGES], fsum = 0;
+            int fn = 0;
+            for (int r = 0; r < p; r++) {
+                st[r] = tl_all + (size_t)r * 2 * maxops;
+                en[r] = st[r] + maxops;
+                for (int j = 0; j < s.nops[r]; j++)
+                    if (s.ops[r][j].kind == PIPE_F) fsum += en[r][j] - st[r][j], fn++;
+            }
+            printf("\nthe last step as it ran (unit: half the mean forward, %.2f ms):\n",
+                   1e3 * fsum / fn / 2);
+            sched_print(stdout, &s, st, en, fsum / fn / 2, f->picture_cols);
+            printf("\n  %-6s %-8s %9s %9s %9s %11s %12s %12s %12s %12s\n", "stage", "blocks",
+                   "bubble", "simulated", "theory", "sets sched", "acts peak", "formula",
+                   "sent/step", "formula");
+            for (int r = 0; r < p; r++) {
+                const double *a = all + (size_t)r * F_NFIELDS;
+                char b1[32], b2[32], b3[32], b4[32], blk[16];
+                snprintf(blk, sizeof blk, "[%d,%d)", (int)a[F_L0], (int)a[F_L1]);
+                printf("  %-6d %-8s %8.1f%% %8.1f%% %8.1f%% %5d/%-5d %12s %12s %12s %12s\n", r,
+                       v > 1 ? "chunks" : blk, 100 * a[F_BUBBLE], 100 * a[F_BUBBLE_SIM],
+                       100 * theory, (int)a[F_PEAK_SETS], (int)a[F_PEAK_SETS_SCHED],
+                       mem_format(b1, sizeof b1, a[F_PEAK_BYTES]),
+                       a[F_PEAK_BYTES_FORMULA] >= 0 ? mem_format(b2, sizeof b2, a[F_PEAK_BYTES_FORMULA]) : "-",
+                       mem_format(b3, sizeof b3, a[F_SENT]), mem_format(b4, sizeof b4, a[F_SENT_FORMULA]));
+            }
+            printf("  bubble: measured per stage = 1 - (time in ops) / (first start .. last end), "
+                   "mean over steps 2..; simulated: tf = tb = tw, free links\n");
+            printf("  sets: activation sets alive at once, measured / from the table; acts peak: "
+                   "MEM_ACTS above the step's start\n");
+        }
+        if (args->dump) {
+            RunResults out;
+            results_init(&out, end, n);
+            memcpy(out.losses, losses, (size_t)end * sizeof(float));
+            memcpy(out.params, full, n * sizeof(float));
+            results_set(&out, "stages", p);
+            results_set(&out, "chunks", v);
+            results_set(&out, "micro_batches", m);
+            results_set(&out, "bubble_theory", theory);
+            static const char *keys[F_NFIELDS] = {"bubble", "bubble_sim", "peak_sets",
+                "peak_sets_sched", "peak_act_bytes", "peak_act_bytes_formula", "sent_per_step",
+                "sent_per_step_formula", "l0", "l1"};
+            for (int r = 0; r < p && r < 4; r++)
+                for (int k = 0; k < F_NFIELDS; k++) {
+                    char key[48];
+                    snprintf(key, sizeof key, "%s_r%d", keys[k], r);
+                    results_set(&out, key, all[(size_t)r * F_NFIELDS + k]);
+                }
+            results_write(args->dump, &out);
+            results_free(&out);
+        }
+    }
+    free(all), free(tl), free(tl_all), free(pic_start), free(pic_end), free(full), free(losses);
+    for (int i = 0; i < 2 * v * m; i++) mem_free(x.sendbuf[i]);
+    free(x.sendbuf), free(x.works), free(x.op_start), free(x.op_end);
+    mem_free(inputs), mem_free(targets);
+    data_free(&data);
+    for (int c = 0; c < v; c++) {
+        train_master_free(&ch[c].model, ch[c].master);
+        mem_free(ch[c].opt_m), mem_free(ch[c].opt_v);
+        free(ch[c].acts);
+        gpt2_free(&ch[c].model);
+    }
+    free(ch);
+    sim_free(&sim);
+    sched_free(&s);
+}
+
+int main(int argc, char **argv) {
+    dist_init(&argc, &argv);
+    LabArgs args = lab_args_defaults();
+    PipeFlags f = {.schedule = "1f1b", .m = 4, .v = 1, .compare = 0, .stages = 4, .picture_cols = 160};
+    FlagSpec extra[] = {
+        {"--schedule", FLAG_CHOICE, &f.schedule, 0, 0, "gpipe|1f1b|interleaved|zb",
+         "the pipeline schedule (the table of ops per stage)"},
+        {"--micro-batches", FLAG_INT, &f.m, 1, 10000, NULL,
+         "m: micro-batches per step (must divide --batch)"},
+        {"--chunks", FLAG_INT, &f.v, 1, 64, NULL,
+         "v: chunks of layers per rank (--schedule interleaved)"},
+        {"--compare", FLAG_BOOL, &f.compare, 0, 1, NULL,
+         "print the four schedules simulated for --stages and --micro-batches, and exit"},
+        {"--stages", FLAG_INT, &f.stages, 1, SCHED_MAX_STAGES, NULL, "p for --compare"},
+        {"--picture-cols", FLAG_INT, &f.picture_cols, 10, 100000, NULL,
+         "width of the schedule pictures in columns"},
+    };
+    lab_parse_args_for(LAB_FLAGS_MODEL | LAB_FLAGS_TRAINING | LAB_FLAGS_HARDWARE | LAB_FLAGS_OUTPUT,
+                       argc, argv, &args, extra, (int)(sizeof extra / sizeof extra[0]),
+                       "08_pipeline/run", USAGE);
+    if (f.compare) {
+        if (dist_rank() == 0) compare(&f);
+    } else {
+        train(&args, &f);
+    }
+    dist_finalize();
+    return 0;
+}
