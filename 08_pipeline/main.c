@@ -494,8 +494,9 @@ static void train(const LabArgs *args, const PipeFlags *f) {
     for (int c = 0; c < v; c++) {
         GPT2 *md = &ch[c].model;
         float *h = lab_xmalloc(md->num_params * sizeof(float));
-        train_params_to_host(md, h);
-        for (int i = 0; i < md->nplist; i++) {
+        train_params_to_host(md, h);  // the full model's in llm.c's order, a stage's in its own
+        if (md->l0 == 0 && md->l1 == L) memcpy(full, h, n * sizeof(float));
+        else for (int i = 0; i < md->nplist; i++) {
             const GPT2Param *q = &md->plist[i];
             if (!q->tied_copy) memcpy(full + q->llmc_offset, h + q->offset, q->size * sizeof(float));
         }
