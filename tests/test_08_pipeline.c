@@ -136,8 +136,8 @@ Test(pipe08, bf16_matches_single_device_bf16, .timeout = 180) {
 // Peak activation sets per stage: measured (sets alive while the table ran) == the table's
 // count; GPipe m, 1F1B min(p-r, m); measured MEM_ACTS peak == the table's walk of one set's
 // bytes (gpt2.h's size formulas); bytes sent per step == one (Bm,T,C) fp32 message per
-// micro-batch and boundary per direction. Seen to fail: freeing a set at W instead of B in a
-// non-split table (peak sets m instead of min(p-r, m)); counting the sends to self (p=1).
+// micro-batch and boundary per direction. Seen to fail: every set freed at the end of the step
+// instead of after its B ("1f1b np 4: stage 0 had 8 sets alive, the table says 4").
 static void check_figures(int np, const char *sched, int m, int v, const char *model) {
     char f[512];
     snprintf(f, sizeof f, "%s --schedule %s --micro-batches %d --chunks %d", model, sched, m, v);
