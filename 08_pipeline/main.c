@@ -122,7 +122,9 @@ typedef struct Exec {
     float **sendbuf;      // [(dir * v + chunk) * m + mb]: the message F or B sent (MEM_COMM)
     DistWork *works;      // pending isends
     int nworks;
-    double *op_start, *op_end;  // this step's measured times of each op (from lab_now)
+    double *op_start, *op_end;  // this step's measured times of each op (from lab_now), the
+                                // wait for its message left out (op_start is after it)
+    double wait;                // seconds the current op waited in receives
     size_t acts_base, acts_peak;  // MEM_ACTS live at the step's start; the most above it
     int live, live_peak;          // activation sets alive, and the most at once
 } Exec;
@@ -141,9 +143,11 @@ static void recv_msg(Exec *x, int dir, int vs, int mb, float *dst) {
                  x->BTC * sizeof(float));
         return;
     }
+    double t0 = lab_now();
     int tok = trace_begin(dir == 0 ? "recv activation" : "recv gradient", TRACE_COMM);
     dist_recv(dst, x->BTC, DIST_F32, rank_of(x, from), tag_of(x, dir, vs, mb), x->g);
     trace_end(tok);
+    x->wait += lab_now() - t0;  // idle: the stage has nothing to compute until it arrives
 }
 
 static void send_msg(Exec *x, int dir, int vs, int mb) {
@@ -175,6 +179,7 @@ static double run_table(Exec *x, const DataSource *data, int step, int B, int *i
         char name[32];
         snprintf(name, sizeof name, "%c%d chunk %d", "FBW"[o.kind], o.mb, o.chunk);
         x->op_start[j] = lab_now();
+        x->wait = 0;
         if (o.kind == PIPE_F) {
             GPT2Acts *a = lab_xcalloc(1, sizeof(GPT2Acts));
             gpt2_acts_alloc(a, md, x->Bm, x->T);
@@ -184,11 +189,9 @@ static double run_table(Exec *x, const DataSource *data, int step, int B, int *i
             // micro-batch mb is rows [mb*Bm, (mb+1)*Bm) of the step's global batch
             data_batch(data, (uint64_t)step, B, x->T, o.mb * x->Bm, x->Bm, inputs, targets);
             if (vs > 0) recv_msg(x, 0, vs, o.mb, gpt2_acts_input(a));
-            double t0 = lab_now();
             int tok = trace_begin(name, TRACE_COMPUTE);
             float loss = gpt2_forward_acts(md, a, inputs, md->has_head ? targets : NULL);
             trace_end(tok);
-            x->op_start[j] = t0;  // busy time excludes the wait for the message
             if (md->has_head) loss_sum += loss;
             if (vs < x->S - 1) {
                 gpt2_acts_output(md, a, x->sendbuf[(size_t)o.chunk * x->m + o.mb]);
@@ -198,7 +201,6 @@ static double run_table(Exec *x, const DataSource *data, int step, int B, int *i
             GPT2Acts *a = c->acts[o.mb];
             LAB_CHECK(a, "B(%d) of chunk %d before its F", o.mb, o.chunk);
             if (vs < x->S - 1) recv_msg(x, 1, vs, o.mb, gpt2_acts_doutput(a));
-            x->op_start[j] = lab_now();
             int tok = trace_begin(name, TRACE_COMPUTE);
             if (!s->split) {
                 gpt2_backward_acts(md, a, dloss);
@@ -231,6 +233,7 @@ static double run_table(Exec *x, const DataSource *data, int step, int B, int *i
             acts_track(x, -1);
         }
         x->op_end[j] = lab_now();
+        x->op_start[j] += x->wait;  // the op's busy time: all but the wait for its message
     }
     dist_wait_all(x->works, x->nworks);
     return loss_sum;
@@ -556,8 +559,9 @@ static void train(const LabArgs *args, const PipeFlags *f) {
                        a[F_PEAK_BYTES_FORMULA] >= 0 ? mem_format(b2, sizeof b2, a[F_PEAK_BYTES_FORMULA]) : "-",
                        mem_format(b3, sizeof b3, a[F_SENT]), mem_format(b4, sizeof b4, a[F_SENT_FORMULA]));
             }
-            printf("  bubble: measured per stage = 1 - (time in ops) / (first start .. last end), "
-                   "mean over steps 2..; simulated: tf = tb = tw, free links\n");
+            printf("  bubble: measured per stage = 1 - (time in its ops, waits for messages left "
+                   "out) / (first stage's start .. last stage's end), mean over steps 2..;\n"
+                   "          simulated and theory: tf = tb = tw, free links\n");
             printf("  sets: activation sets alive at once, measured / from the table; acts peak: "
                    "MEM_ACTS above the step's start\n");
         }
