@@ -3,11 +3,15 @@
 // (SIGTERM, SIGKILL) inside a save leaves the old checkpoint intact and loadable, an injected
 // NaN stops the run with one message naming the step. Chapters 05-09 add one Test() here.
 //
-// Seen to catch (each break made, the test seen failing, restored):
-//   - signal(SIGXFSZ...) is not this; for save-signal: ckpt.c's atomic_commit renaming the tmp
-//     BEFORE its stall (a torn new file in place of the old one): "changed under signal";
-//   - lab_fail instead of lab_fail_collective for the NaN (optim.c): "printed 3 times" on 02/03;
-//   - the NaN message counting from 0 (step, not step + 1): "does not name NaN and step 5".
+// Seen to catch (each break made, the test seen failing, then restored):
+//   - a non-atomic save (ckpt.c writing <path> itself instead of <path>.tmp): on 00,
+//     "save-signal: ... changed under signal 15 in a save" (and 9);
+//   - the NaN failing with lab_fail instead of lab_fail_collective (optim.c): on 03,
+//     "nan: the error is printed 2 times, not once";
+//   - the NaN message counting steps from 0 (step, not step + 1): on 02, "nan: the message does
+//     not name NaN and step 5";
+//   - the killed rank of 03 sleeping 20 s before its _exit: "kill: the job took 21.1 s to end
+//     after rank 1 died (from its message; limit 10 s)".
 #include <criterion/criterion.h>
 
 #include "gpt2.h"
