@@ -174,8 +174,8 @@ Test(train00, batch_8192_refused_against_memavailable, .timeout = 60) {
         if (sscanf(line, "MemAvailable: %lf kB", &avail_kib) == 1) break;
     fclose(f);
     if (need <= avail_kib * 1024.0) {
-        cr_log_warn("MemAvailable %.1f GiB holds --batch 8192's %.1f GiB: not run", avail_kib / 1048576.0,
-                    need / 1073741824.0);
+        cr_log_warn("MemAvailable %.1f GiB holds --batch 8192's %.1f GiB: not run",
+                    avail_kib / 1048576.0, need / 1073741824.0);
         return;
     }
     char *out = NULL;
