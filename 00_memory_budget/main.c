@@ -146,17 +146,15 @@ static void print_header(const Session *s) {
                data_loss_floor(&s->data, s->T), log((double)s->cfg.V));
 }
 
-// The memory this run will allocate, predicted by the calculator before anything is allocated:
-// the model state, the activations this runtime keeps for (B, T), and the batch buffers.
-// *state: the model state's share (params, grads, master, Adam m and v).
+// The memory this run will allocate, predicted before anything is allocated: the model state
+// (parameters and gradients in the model's type, bf16's fp32 master, Adam's m and v in fp32:
+// what session_init allocates; the calculator's calc_bytes_per_param says the same, but it is
+// exercise 00.1, and this oracle run must not depend on a student's stub), the activations this
+// runtime keeps for (B, T) (calc_activation_bytes_lab), and the batch buffers.
+// *state: the model state's share.
 static double predicted_run_bytes(const GPT2Config *cfg, int B, int T, int bf16, double *state) {
-    CalcModel cm = calc_model_from_gpt2(cfg);
-    CalcSetup cs = calc_setup_default();
-    cs.dtype = bf16 ? CALC_BF16 : CALC_FP32;
-    cs.micro_batch = B;
-    cs.seq_len = T;
-    CalcBreakdown b = calc_memory(&cm, &cs);
-    *state = b.params + b.grads + b.master + b.m + b.v;
+    double w = bf16 ? 2.0 : 4.0;  // bytes per parameter and per gradient
+    *state = (double)gpt2_param_count(cfg) * (w + w + (bf16 ? 4.0 : 0.0) + 4.0 + 4.0);
     return *state + calc_activation_bytes_lab(cfg, B, T, bf16 ? GPT2_BF16 : GPT2_FP32) +
            2.0 * (double)B * T * sizeof(int);
 }

@@ -16,6 +16,7 @@
 #include "data.h"
 #include "gpt2.h"
 #include "harness.h"
+#include "mem.h"
 
 #define RUN00 "./00_memory_budget/run --train --quiet"
 
@@ -154,9 +155,19 @@ Test(train00, run_predicted_not_to_fit_is_refused_before_allocating, .timeout = 
               harness_contains(out, "100.00 MiB") && harness_contains(out, "--batch 23 or less"),
               "the message names the prediction, the limit and a batch that fits:\n%s", out);
     cr_assert_lt(took, 20.0, "refused only after %.1f s: it must not allocate and train", took);
-    free(out);
-    rc = harness_run(RUN00 " --steps 1 --batch 4 --mem-limit 100", &out, 60);
-    cr_assert_eq(rc, 0, "a run that fits is not refused:\n%s", out);
+    // The predicted model state is what a run that fits really allocates (measured, mem.h).
+    RunResults r;
+    char *log = NULL;
+    rc = harness_run_dump(RUN00, 1, "--steps 1 --batch 4 --mem-limit 100", &r, &log, 60);
+    cr_assert_eq(rc, 0, "a run that fits is not refused:\n%s", log);
+    double state = results_get(&r, "mem_params", -1) + results_get(&r, "mem_grads", -1) +
+                   results_get(&r, "mem_master", -1) + results_get(&r, "mem_opt_m", -1) +
+                   results_get(&r, "mem_opt_v", -1);
+    char want[64], sz[32];
+    snprintf(want, sizeof want, "model state %s", mem_format(sz, sizeof sz, state));
+    cr_assert(harness_contains(out, want), "the refusal should say '%s' (measured):\n%s", want, out);
+    results_free(&r);
+    free(log);
     free(out);
 }
 
