@@ -29,3 +29,41 @@ Test(tp, equals_the_full_model_on_tp_4_and_2, .timeout = 300) { mpi_tp_passes(4,
 Test(tp, equals_the_full_model_on_tp_2_and_1, .timeout = 300) { mpi_tp_passes(2, "equiv"); }
 Test(tp, loss_makes_three_all_reduces_of_BT_floats, .timeout = 300) { mpi_tp_passes(4, "count"); }
 Test(tp, each_known_bug_is_caught_on_tp_4_and_2, .timeout = 300) { mpi_tp_passes(4, "mutants"); }
+
+// The vocabulary split, by hand: V = 250 on 4 ranks pads to 252, 63 rows each; rank 3 holds
+// rows [189, 252), of which 250 - 189 = 61 are real. On 2 ranks 125 each, no padding.
+Test(tp, vocab_is_padded_to_a_multiple_of_tp) {
+    TpVocab a = tp_vocab(250, 4, 3);
+    cr_expect(a.Vp == 252 && a.Vl == 63 && a.v0 == 189 && a.nvalid == 61,
+              "V=250 tp=4 rank 3: Vp %d Vl %d v0 %d nvalid %d, want 252 63 189 61", a.Vp, a.Vl, a.v0, a.nvalid);
+    TpVocab b = tp_vocab(250, 4, 0);
+    cr_expect(b.v0 == 0 && b.nvalid == 63, "V=250 tp=4 rank 0: v0 %d nvalid %d, want 0 63", b.v0, b.nvalid);
+    TpVocab c = tp_vocab(250, 2, 1);
+    cr_expect(c.Vp == 250 && c.Vl == 125 && c.v0 == 125 && c.nvalid == 125,
+              "V=250 tp=2 rank 1: Vp %d Vl %d v0 %d nvalid %d, want 250 125 125 125", c.Vp, c.Vl, c.v0, c.nvalid);
+    TpVocab d = tp_vocab(5, 4, 3);  // 8 rows: rank 3 holds [6, 8), none of them real
+    cr_expect(d.Vp == 8 && d.v0 == 6 && d.nvalid == 0, "V=5 tp=4 rank 3: Vp %d v0 %d nvalid %d, want 8 6 0",
+              d.Vp, d.v0, d.nvalid);
+}
+
+// A shard's tensor sizes, by hand for C = 32, tp = 4 (Cl = 8, Hl = 32).
+Test(tp, shard_sizes) {
+    size_t s[TP_BLOCK_TENSORS], want[TP_BLOCK_TENSORS] = {32, 32, 24 * 32, 24, 32 * 8, 32, 32, 32, 32 * 32, 32, 32 * 32, 32};
+    tp_block_sizes(32, 4, s);
+    for (int i = 0; i < TP_BLOCK_TENSORS; i++) cr_expect(s[i] == want[i], "tensor %d: %zu, want %zu", i, s[i], want[i]);
+    // tp = 1: a full block unit, 12C² + 13C
+    cr_expect(tp_block_count(32, 1) == 12 * 32 * 32 + 13 * 32, "full block: %zu", tp_block_count(32, 1));
+}
+
+static void check_tp3(void *arg) {
+    (void)arg;
+    GPT2Config cfg = gpt2_config_tiny();  // NH = 4
+    tp_check_config(&cfg, 3);
+}
+// Bad input: 3 ranks cannot split 4 heads; the message names the valid degrees.
+Test(tp, a_degree_that_does_not_divide_the_heads_is_refused) {
+    const char *msg = harness_expect_fail(check_tp3, NULL);
+    cr_assert(msg != NULL, "tp_check_config accepted tp=3 for 4 heads");
+    cr_expect(harness_contains(msg, "tensor-parallel degree 3") && harness_contains(msg, "1, 2, 4"),
+              "message does not name the problem and the valid degrees: %s", msg);
+}
