@@ -10,7 +10,7 @@
 // ---- communication ------------------------------------------------------------------------------
 
 static const char *site_names[TP_NSITES] = {
-    "embed", "attn g", "mlp g", "attn f", "mlp f", "loss max", "loss sumexp", "loss target", "other",
+    "embed", "attn g", "mlp g", "attn f", "mlp f", "loss max", "loss sumexp", "loss target", "head f", "other",
 };
 const char *tp_site_name(TpSite s) { return s >= 0 && s < TP_NSITES ? site_names[s] : "?"; }
 
@@ -370,4 +370,43 @@ void tp_crossentropy_backward(const Kernels *k, const TpVocab *tv, float *dlogit
                               const TpLossStats *st, const float *logits, const int *targets,
                               float dloss, int N) {
     k->vocab_ce_backward(dlogits, logits, st->maxes, st->sums, targets, dloss, tv->v0, tv->nvalid, N, tv->Vl);
+}
+
+// ---- the head ---------------------------------------------------------------------------------------
+
+void tp_head_acts_alloc(TpHeadActs *h, int N, int C, const TpVocab *tv, Device dev) {
+    size_t n = (size_t)N, c = (size_t)C, vl = (size_t)tv->Vl;
+    size_t total = 2 * n * c + 3 * n + 2 * n * vl;
+    memset(h, 0, sizeof *h);
+    h->N = N, h->C = C;
+    h->mem = mem_alloc(total * sizeof(float), MEM_ACTS, dev);
+    float *at = h->mem;
+    h->lnf = take(&at, n * c), h->lnf_mean = take(&at, n), h->lnf_rstd = take(&at, n);
+    h->logits = take(&at, n * vl), h->dlogits = take(&at, n * vl);
+    h->losses = take(&at, n), h->dlnf = take(&at, n * c);
+    LAB_CHECK(at == h->mem + total, "tp_head_acts_alloc: sizes do not add up");
+    tp_loss_stats_alloc(&h->st, N, dev);
+}
+void tp_head_acts_free(TpHeadActs *h) {
+    tp_loss_stats_free(&h->st);
+    mem_free(h->mem);
+    memset(h, 0, sizeof *h);
+}
+
+void tp_head_forward(const Kernels *k, TpComm *c, const TpVocab *tv, TpHeadActs *h, const float *x,
+                     const float *lnfw, const float *lnfb, const float *wte_local, const int *targets) {
+    int N = h->N, C = h->C;
+    k->layernorm_forward(h->lnf, h->lnf_mean, h->lnf_rstd, x, lnfw, lnfb, N, C);
+    k->matmul_forward(h->logits, h->lnf, wte_local, NULL, N, C, tv->Vl);  // column-parallel (tied wte)
+    tp_crossentropy_forward(k, c, tv, h->losses, &h->st, h->logits, targets, N);
+}
+
+void tp_head_backward(const Kernels *k, TpComm *c, const TpVocab *tv, TpHeadActs *h, const float *x,
+                      const float *lnfw, const float *wte_local, float *dlnfw, float *dlnfb,
+                      float *dwte_local, const int *targets, float dloss, float *dx) {
+    int N = h->N, C = h->C;
+    tp_crossentropy_backward(k, tv, h->dlogits, &h->st, h->logits, targets, dloss, N);
+    k->matmul_backward(h->dlnf, dwte_local, NULL, h->dlogits, h->lnf, wte_local, N, C, tv->Vl);
+    tp_all_reduce(c, h->dlnf, (size_t)N * C, TP_SUM, TP_SITE_HEAD_F);  // this rank's columns only
+    k->layernorm_backward(dx, dlnfw, dlnfb, h->dlnf, NULL, x, lnfw, h->lnf_mean, h->lnf_rstd, N, C);
 }

@@ -50,7 +50,8 @@ typedef enum {
     TP_SITE_CE_MAX,      // the loss: global max of the logits          (B·T, MAX)
     TP_SITE_CE_SUMEXP,   // the loss: Σ exp(logit - max)                (B·T)
     TP_SITE_CE_TARGET,   // the loss: the target's logit                (B·T)
-    TP_SITE_OTHER,       // the caller's own (e.g. f at the head's input)
+    TP_SITE_HEAD_F,      // f's backward at the head's input (lnf)      (B·T·C)
+    TP_SITE_OTHER,       // the caller's own
     TP_NSITES
 } TpSite;
 const char *tp_site_name(TpSite s);  // "embed", "attn g", ...
@@ -203,3 +204,26 @@ void tp_crossentropy_forward(const Kernels *k, TpComm *c, const TpVocab *tv, flo
 void tp_crossentropy_backward(const Kernels *k, const TpVocab *tv, float *dlogits,
                               const TpLossStats *st, const float *logits, const int *targets,
                               float dloss, int N);
+
+// ---- the head: final LayerNorm, logits on the local wte rows (tied), the loss -------------------
+
+typedef struct TpHeadActs {
+    int N, C;
+    float *lnf, *lnf_mean, *lnf_rstd;  // (N,C), (N), (N)
+    float *logits, *dlogits;           // (N,Vl): this rank's vocabulary columns
+    float *losses;                     // (N) per position, the same on every rank
+    float *dlnf;                       // (N,C) scratch of the backward
+    TpLossStats st;
+    float *mem;
+} TpHeadActs;
+void tp_head_acts_alloc(TpHeadActs *h, int N, int C, const TpVocab *tv, Device dev);
+void tp_head_acts_free(TpHeadActs *h);
+// x (N,C): the last block's output (replicated) -> h->losses. f sits at the head's input (the
+// identity forward); the loss makes its three all-reduces.
+void tp_head_forward(const Kernels *k, TpComm *c, const TpVocab *tv, TpHeadActs *h, const float *x,
+                     const float *lnfw, const float *lnfb, const float *wte_local, const int *targets);
+// dloss: d objective / d loss at each position (1/N for the mean). dx (N,C) = the gradient of x,
+// whole after f's all-reduce (one of N·C); dlnfw, dlnfb, dwte_local +=.
+void tp_head_backward(const Kernels *k, TpComm *c, const TpVocab *tv, TpHeadActs *h, const float *x,
+                      const float *lnfw, const float *wte_local, float *dlnfw, float *dlnfb,
+                      float *dwte_local, const int *targets, float dloss, float *dx);
