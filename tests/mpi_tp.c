@@ -26,6 +26,14 @@
 // not of the result: we allow 1e-4 of the largest |value| of each compared tensor (measured:
 // below 1e-6; each mutant below moves them by 0.4 or more, and padding columns counted in
 // the CPU kernel's sum of exp moved the loss by 1.4e-3).
+// Seen failing (each break made in common/ by hand, then restored):
+//   equiv    f's all-reduce at the attention half removed from tp_block_backward (block 0's
+//            gradients off by ~1); the loss's sum-of-exp all-reduce removed (losses off by 0.25);
+//            the CPU vocab_ce_sums summing the padded columns too (losses off by 1.4e-3 on
+//            tp = 4); the qkv shard taking rank r+1's rows (block 0's output off by 0.2).
+//   count    one extra (numerically harmless) all-reduce of the max in the loss: 4 calls, 384
+//            bytes instead of 3 and 288, while equiv still passed.
+//   mutants  each mutant is such a break, made at run time; the test fails if it goes unseen.
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
