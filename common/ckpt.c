@@ -377,16 +377,34 @@ void ckpt_load_state(const char *path, const GPT2Config *expect, TrainState *s) 
     fclose(f);
 }
 
+// The three functions below take the model's buffers (memory order: block-major, gpt2.h);
+// every file holds llm.c's order, so a file does not depend on the memory layout.
+static float *to_file_order(const GPT2Config *cfg, const float *dev, size_t n) {
+    LAB_CHECK(n == gpt2_param_count(cfg), "checkpoint of %zu elements, the full model has %zu", n,
+              gpt2_param_count(cfg));
+    float *mem = lab_xmalloc(n * sizeof(float)), *file = lab_xmalloc(n * sizeof(float));
+    mem_copy(mem, dev, n * sizeof(float));
+    gpt2_to_llmc(cfg, mem, file);
+    free(mem);
+    return file;
+}
+
+static void from_file_order(const GPT2Config *cfg, const float *file, float *dev, size_t n) {
+    LAB_CHECK(n == gpt2_param_count(cfg), "checkpoint of %zu elements, the full model has %zu", n,
+              gpt2_param_count(cfg));
+    float *mem = lab_xmalloc(n * sizeof(float));
+    gpt2_from_llmc(cfg, file, mem);
+    mem_copy(dev, mem, n * sizeof(float));
+    free(mem);
+}
+
 void ckpt_save_training(const char *path, const GPT2Config *cfg, int step, uint64_t seed,
                         uint64_t data_seed, const float *params, const float *m, const float *v,
                         size_t n) {
     TrainState st = {.cfg = *cfg, .step = step, .seed = seed, .data_seed = data_seed, .n = n};
-    st.params = lab_xmalloc(n * sizeof(float));
-    st.m = lab_xmalloc(n * sizeof(float));
-    st.v = lab_xmalloc(n * sizeof(float));
-    mem_copy(st.params, params, n * sizeof(float));
-    mem_copy(st.m, m, n * sizeof(float));
-    mem_copy(st.v, v, n * sizeof(float));
+    st.params = to_file_order(cfg, params, n);
+    st.m = to_file_order(cfg, m, n);
+    st.v = to_file_order(cfg, v, n);
     ckpt_save_state(path, &st);
     free(st.params);
     free(st.m);
@@ -399,9 +417,9 @@ int ckpt_resume_training(const char *path, const GPT2Config *cfg, float *params,
                      .v = lab_xmalloc(n * sizeof(float))};
     ckpt_load_state(path, cfg, &st);
     LAB_CHECK(st.n == n, "%s holds %zu parameters, the model has %zu", path, st.n, n);
-    mem_copy(params, st.params, n * sizeof(float));
-    mem_copy(m, st.m, n * sizeof(float));
-    mem_copy(v, st.v, n * sizeof(float));
+    from_file_order(cfg, st.params, params, n);
+    from_file_order(cfg, st.m, m, n);
+    from_file_order(cfg, st.v, v, n);
     free(st.params);
     free(st.m);
     free(st.v);
@@ -411,6 +429,6 @@ int ckpt_resume_training(const char *path, const GPT2Config *cfg, float *params,
 void ckpt_load_weights_into(const char *path, const GPT2Config *cfg, float *params, size_t n) {
     float *w = lab_xmalloc(n * sizeof(float));
     ckpt_load_weights(path, cfg, w);
-    mem_copy(params, w, n * sizeof(float));
+    from_file_order(cfg, w, params, n);
     free(w);
 }

@@ -21,7 +21,7 @@ uint32_t crc32_of(const void *data, size_t n);
 // Write all of buf to path atomically (tmp + fsync + rename). Fails the job on error.
 void file_write_atomic(const char *path, const void *buf, size_t n);
 
-// Weights (host params, num_params floats, the model's flat layout).
+// Weights (host params, num_params floats, llm.c's order).
 void ckpt_save_weights(const char *path, const GPT2Config *cfg, const float *params);
 // Reads header and checks it; if expect != NULL the config must match it exactly.
 // Returns the config and fills params (allocated by the caller with gpt2_param_count floats).
@@ -43,8 +43,11 @@ void ckpt_save_state(const char *path, const TrainState *s);
 // against *expect and refuses a mismatch naming the field.
 void ckpt_load_state(const char *path, const GPT2Config *expect, TrainState *s);
 
+// ckpt_save_weights .. ckpt_load_state work on host arrays in the FILE order (llm.c's stacked
+// order, as train_params_to_host gives). The three below take the model's own buffers, in
+// memory order (block-major, gpt2.h), and convert.
 // The training-state round trip every chapter does, in one place. params, m, v are n floats on
-// any device (copied through the host). save: the state after `step` completed steps.
+// any device (copied through the host), n = the full model's parameter count. save: the state after `step` completed steps.
 // resume: loads the state, checks it against *cfg, fills params/m/v, returns the step to
 // continue from.
 void ckpt_save_training(const char *path, const GPT2Config *cfg, int step, uint64_t seed,
@@ -52,5 +55,5 @@ void ckpt_save_training(const char *path, const GPT2Config *cfg, int step, uint6
                         size_t n);
 int ckpt_resume_training(const char *path, const GPT2Config *cfg, float *params, float *m,
                          float *v, size_t n);
-// llm.c weights from path into params (n floats on any device); the config must match.
+// llm.c weights from path into params (n floats on any device, memory order); the config must match.
 void ckpt_load_weights_into(const char *path, const GPT2Config *cfg, float *params, size_t n);

@@ -1,5 +1,6 @@
-// gpt2.c: GPT-2 as DESIGN.md specifies it: one flat parameter buffer with named views, the
-// activations of a (B,T) batch, and forward/backward in pieces (embedding, block l, head).
+// gpt2.c: GPT-2 as DESIGN.md specifies it: one flat, block-major parameter buffer (units), the
+// activations of a (B,T) micro-batch as objects, and forward/backward in pieces (embedding,
+// block l, head) that read their weights from any address.
 //
 // All tensor work goes through the kernel table m->k, so the same code runs on CPU and GPU;
 // the buffers live on m->dev and are only touched here through mem_copy/mem_zero.
@@ -7,6 +8,7 @@
 
 #include <math.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "check.h"
@@ -17,12 +19,6 @@
 static const char *tensor_names[GPT2_NUM_TENSORS] = {
     "wte", "wpe", "ln1w", "ln1b", "qkvw", "qkvb", "attprojw", "attprojb",
     "ln2w", "ln2b", "fcw", "fcb", "fcprojw", "fcprojb", "lnfw", "lnfb",
-};
-
-// Tensor indices, in llm.c's order.
-enum {
-    T_WTE, T_WPE, T_LN1W, T_LN1B, T_QKVW, T_QKVB, T_ATTPROJW, T_ATTPROJB,
-    T_LN2W, T_LN2B, T_FCW, T_FCB, T_FCPROJW, T_FCPROJB, T_LNFW, T_LNFB
 };
 
 const char *gpt2_tensor_name(int tensor) {
@@ -53,22 +49,22 @@ GPT2Config gpt2_config_tiny(void) {
 
 void gpt2_param_sizes(const GPT2Config *cfg, size_t sizes[GPT2_NUM_TENSORS]) {
     size_t V = (size_t)cfg->V, T = (size_t)cfg->T, L = (size_t)cfg->L, C = (size_t)cfg->C;
-    sizes[T_WTE] = V * C;
-    sizes[T_WPE] = T * C;
-    sizes[T_LN1W] = L * C;
-    sizes[T_LN1B] = L * C;
-    sizes[T_QKVW] = L * (3 * C) * C;
-    sizes[T_QKVB] = L * (3 * C);
-    sizes[T_ATTPROJW] = L * C * C;
-    sizes[T_ATTPROJB] = L * C;
-    sizes[T_LN2W] = L * C;
-    sizes[T_LN2B] = L * C;
-    sizes[T_FCW] = L * (4 * C) * C;
-    sizes[T_FCB] = L * (4 * C);
-    sizes[T_FCPROJW] = L * C * (4 * C);
-    sizes[T_FCPROJB] = L * C;
-    sizes[T_LNFW] = C;
-    sizes[T_LNFB] = C;
+    sizes[GPT2_WTE] = V * C;
+    sizes[GPT2_WPE] = T * C;
+    sizes[GPT2_LN1W] = L * C;
+    sizes[GPT2_LN1B] = L * C;
+    sizes[GPT2_QKVW] = L * (3 * C) * C;
+    sizes[GPT2_QKVB] = L * (3 * C);
+    sizes[GPT2_ATTPROJW] = L * C * C;
+    sizes[GPT2_ATTPROJB] = L * C;
+    sizes[GPT2_LN2W] = L * C;
+    sizes[GPT2_LN2B] = L * C;
+    sizes[GPT2_FCW] = L * (4 * C) * C;
+    sizes[GPT2_FCB] = L * (4 * C);
+    sizes[GPT2_FCPROJW] = L * C * (4 * C);
+    sizes[GPT2_FCPROJB] = L * C;
+    sizes[GPT2_LNFW] = C;
+    sizes[GPT2_LNFB] = C;
 }
 
 size_t gpt2_param_count(const GPT2Config *cfg) {
@@ -80,43 +76,177 @@ size_t gpt2_param_count(const GPT2Config *cfg) {
 
 // 2-D weight matrices: the ones AdamW decays.
 static int is_matrix(int tensor) {
-    return tensor == T_WTE || tensor == T_WPE || tensor == T_QKVW || tensor == T_ATTPROJW ||
-           tensor == T_FCW || tensor == T_FCPROJW;
+    return tensor == GPT2_WTE || tensor == GPT2_WPE || tensor == GPT2_QKVW ||
+           tensor == GPT2_ATTPROJW || tensor == GPT2_FCW || tensor == GPT2_FCPROJW;
 }
 
-int gpt2_params(const GPT2Config *cfg, GPT2Param *out) {
-    size_t sizes[GPT2_NUM_TENSORS];
+static int is_block_tensor(int tensor) { return tensor >= GPT2_LN1W && tensor <= GPT2_FCPROJB; }
+
+GPT2BlockDims gpt2_block_dims(const GPT2Config *cfg) {
+    GPT2BlockDims d = {.C = cfg->C, .NH = cfg->NH, .ATT = cfg->C, .FC = 4 * cfg->C};
+    return d;
+}
+
+size_t gpt2_block_layout(const GPT2BlockDims *d, size_t offset[GPT2_BLOCK_TENSORS],
+                         size_t size[GPT2_BLOCK_TENSORS]) {
+    size_t C = (size_t)d->C, A = (size_t)d->ATT, F = (size_t)d->FC;
+    size_t s[GPT2_BLOCK_TENSORS] = {C, C, 3 * A * C, 3 * A, C * A, C, C, C, F * C, F, C * F, C};
+    size_t at = 0;
+    for (int i = 0; i < GPT2_BLOCK_TENSORS; i++) {
+        if (offset) offset[i] = at;
+        if (size) size[i] = s[i];
+        at += s[i];
+    }
+    return at;
+}
+
+GPT2BlockWeights gpt2_block_weights(const GPT2BlockDims *d, float *unit) {
+    size_t o[GPT2_BLOCK_TENSORS];
+    gpt2_block_layout(d, o, NULL);
+    GPT2BlockWeights w = {unit + o[0], unit + o[1], unit + o[2],  unit + o[3],
+                          unit + o[4], unit + o[5], unit + o[6],  unit + o[7],
+                          unit + o[8], unit + o[9], unit + o[10], unit + o[11]};
+    return w;
+}
+
+// Offset of tensor t of layer l (-1 for the unstacked ones) in llm.c's stacked file order.
+static size_t llmc_offset(const GPT2Config *cfg, int t, int l) {
+    size_t sizes[GPT2_NUM_TENSORS], offset = 0;
     gpt2_param_sizes(cfg, sizes);
-    int count = 0;
-    size_t offset = 0;
-    for (int t = 0; t < GPT2_NUM_TENSORS; t++) {
-        int per_layer = !(t == T_WTE || t == T_WPE || t == T_LNFW || t == T_LNFB);
-        int nlayers = per_layer ? cfg->L : 1;
-        size_t size = sizes[t] / (size_t)nlayers;
-        for (int l = 0; l < nlayers; l++) {
-            if (out) {
-                GPT2Param *p = &out[count];
-                if (per_layer) snprintf(p->name, sizeof p->name, "h.%d.%s", l, tensor_names[t]);
-                else snprintf(p->name, sizeof p->name, "%s", tensor_names[t]);
-                p->tensor = t;
-                p->layer = per_layer ? l : -1;
-                p->offset = offset;
-                p->size = size;
-                p->decay = is_matrix(t);
-            }
-            offset += size;
-            count++;
+    for (int i = 0; i < t; i++) offset += sizes[i];
+    if (is_block_tensor(t)) offset += (size_t)l * (sizes[t] / (size_t)cfg->L);
+    return offset;
+}
+
+static void check_stage(const GPT2Config *cfg, int l0, int l1) {
+    if (l0 < 0 || l1 > cfg->L || l0 >= l1)
+        lab_fail_collective("model stage: blocks [%d, %d) of a model with L = %d: a stage holds "
+                            "blocks [l0, l1) with 0 <= l0 < l1 <= L", l0, l1, cfg->L);
+}
+
+int gpt2_stage_units(const GPT2Config *cfg, int l0, int l1, GPT2Unit *out) {
+    check_stage(cfg, l0, l1);
+    GPT2BlockDims d = gpt2_block_dims(cfg);
+    size_t V = (size_t)cfg->V, T = (size_t)cfg->T, C = (size_t)cfg->C;
+    size_t embed = V * C + T * C, block = gpt2_block_layout(&d, NULL, NULL);
+    int n = 0;
+    size_t at = 0;
+#define UNIT(K, LAYER, GLOBAL, SIZE)                                                  \
+    do {                                                                              \
+        if (out) out[n] = (GPT2Unit){(K), (LAYER), at, (GLOBAL), (SIZE)};             \
+        at += (SIZE);                                                                 \
+        n++;                                                                          \
+    } while (0)
+    if (l0 == 0) UNIT(GPT2_UNIT_EMBED, -1, 0, embed);
+    for (int l = l0; l < l1; l++) UNIT(GPT2_UNIT_BLOCK, l, embed + (size_t)l * block, block);
+    if (l1 == cfg->L) {
+        UNIT(GPT2_UNIT_HEAD, -1, embed + (size_t)cfg->L * block, 2 * C);
+        if (l0 > 0) UNIT(GPT2_UNIT_TIED_WTE, -1, 0, V * C);
+    }
+#undef UNIT
+    return n;
+}
+
+int gpt2_stage_params(const GPT2Config *cfg, int l0, int l1, GPT2Param *out) {
+    GPT2Unit *units = lab_xcalloc((size_t)(l1 - l0 + 3), sizeof(GPT2Unit));
+    int nu = gpt2_stage_units(cfg, l0, l1, units);
+    GPT2BlockDims d = gpt2_block_dims(cfg);
+    size_t boff[GPT2_BLOCK_TENSORS], bsize[GPT2_BLOCK_TENSORS];
+    gpt2_block_layout(&d, boff, bsize);
+    size_t V = (size_t)cfg->V, T = (size_t)cfg->T, C = (size_t)cfg->C;
+    int n = 0;
+    for (int u = 0; u < nu; u++) {
+        const GPT2Unit *un = &units[u];
+        int tensors[GPT2_BLOCK_TENSORS], nt = 0;
+        size_t within[GPT2_BLOCK_TENSORS], size[GPT2_BLOCK_TENSORS];
+        switch (un->kind) {
+        case GPT2_UNIT_EMBED:
+            tensors[0] = GPT2_WTE, within[0] = 0, size[0] = V * C;
+            tensors[1] = GPT2_WPE, within[1] = V * C, size[1] = T * C;
+            nt = 2;
+            break;
+        case GPT2_UNIT_BLOCK:
+            for (nt = 0; nt < GPT2_BLOCK_TENSORS; nt++)
+                tensors[nt] = GPT2_LN1W + nt, within[nt] = boff[nt], size[nt] = bsize[nt];
+            break;
+        case GPT2_UNIT_HEAD:
+            tensors[0] = GPT2_LNFW, within[0] = 0, size[0] = C;
+            tensors[1] = GPT2_LNFB, within[1] = C, size[1] = C;
+            nt = 2;
+            break;
+        case GPT2_UNIT_TIED_WTE:
+            tensors[0] = GPT2_WTE, within[0] = 0, size[0] = V * C;
+            nt = 1;
+            break;
+        }
+        for (int i = 0; i < nt; i++, n++) {
+            if (!out) continue;
+            GPT2Param *p = &out[n];
+            int t = tensors[i];
+            memset(p, 0, sizeof *p);
+            if (un->kind == GPT2_UNIT_BLOCK) snprintf(p->name, sizeof p->name, "h.%d.%s", un->layer, tensor_names[t]);
+            else snprintf(p->name, sizeof p->name, "%s", tensor_names[t]);
+            p->tensor = t;
+            p->layer = un->layer;
+            p->offset = un->offset + within[i];
+            p->global_offset = un->global_offset + within[i];
+            p->llmc_offset = llmc_offset(cfg, t, un->layer);
+            p->size = size[i];
+            p->decay = is_matrix(t);
+            p->tied_copy = un->kind == GPT2_UNIT_TIED_WTE;
         }
     }
-    return count;
+    free(units);
+    return n;
 }
+
+int gpt2_params(const GPT2Config *cfg, GPT2Param *out) { return gpt2_stage_params(cfg, 0, cfg->L, out); }
+
+size_t gpt2_stage_param_count(const GPT2Config *cfg, int l0, int l1) {
+    GPT2Unit *units = lab_xcalloc((size_t)(l1 - l0 + 3), sizeof(GPT2Unit));
+    int nu = gpt2_stage_units(cfg, l0, l1, units);
+    size_t n = units[nu - 1].offset + units[nu - 1].size;
+    free(units);
+    return n;
+}
+
+const GPT2Unit *gpt2_block_unit(const GPT2 *m, int l) {
+    LAB_CHECK(l >= m->l0 && l < m->l1, "block %d is not in this model's blocks [%d, %d)", l, m->l0, m->l1);
+    const GPT2Unit *u = &m->units[m->has_embed + (l - m->l0)];
+    LAB_CHECK(u->kind == GPT2_UNIT_BLOCK && u->layer == l, "unit table out of order at block %d", l);
+    return u;
+}
+
+size_t gpt2_tensor_offset(const GPT2 *m, int tensor, int layer) {
+    for (int i = 0; i < m->nplist; i++)
+        if (m->plist[i].tensor == tensor && m->plist[i].layer == layer) return m->plist[i].offset;
+    lab_fail("gpt2_tensor_offset: this model holds no %s of layer %d (blocks [%d, %d))",
+             gpt2_tensor_name(tensor), layer, m->l0, m->l1);
+}
+
+// The full model's buffer <-> llm.c's stacked order: each parameter is one contiguous range in both.
+static void permute(const GPT2Config *cfg, const float *from, float *to, int to_llmc) {
+    int n = gpt2_params(cfg, NULL);
+    GPT2Param *p = lab_xcalloc((size_t)n, sizeof(GPT2Param));
+    gpt2_params(cfg, p);
+    for (int i = 0; i < n; i++) {
+        size_t src = to_llmc ? p[i].offset : p[i].llmc_offset;
+        size_t dst = to_llmc ? p[i].llmc_offset : p[i].offset;
+        memcpy(to + dst, from + src, p[i].size * sizeof(float));
+    }
+    free(p);
+}
+
+void gpt2_to_llmc(const GPT2Config *cfg, const float *mem, float *llmc) { permute(cfg, mem, llmc, 1); }
+void gpt2_from_llmc(const GPT2Config *cfg, const float *llmc, float *mem) { permute(cfg, llmc, mem, 0); }
 
 // Indices of the first and last per-layer tensor in ActTensors order (encoded is 0).
 enum { ACT_LN1 = 1, ACT_RESIDUAL3 = 16 };
 
-void gpt2_act_sizes(const GPT2Config *cfg, int B, int T, size_t sizes[GPT2_NUM_ACTS]) {
-    size_t L = (size_t)cfg->L, C = (size_t)cfg->C, NH = (size_t)cfg->NH, V = (size_t)cfg->V;
-    size_t BT = (size_t)B * (size_t)T;
+void gpt2_act_sizes_range(const GPT2Config *cfg, int nblocks, int head, int B, int T,
+                          size_t sizes[GPT2_NUM_ACTS]) {
+    size_t L = (size_t)nblocks, C = (size_t)cfg->C, NH = (size_t)cfg->NH, V = (size_t)cfg->V;
+    size_t BT = (size_t)B * (size_t)T, H = head ? 1 : 0;
     size_t i = 0;
     sizes[i++] = BT * C;                          // encoded
     sizes[i++] = L * BT * C;                      // ln1
@@ -135,20 +265,25 @@ void gpt2_act_sizes(const GPT2Config *cfg, int B, int T, size_t sizes[GPT2_NUM_A
     sizes[i++] = L * BT * 4 * C;                  // fch_gelu
     sizes[i++] = L * BT * C;                      // fcproj
     sizes[i++] = L * BT * C;                      // residual3
-    sizes[i++] = BT * C;                          // lnf
-    sizes[i++] = BT;                              // lnf_mean
-    sizes[i++] = BT;                              // lnf_rstd
-    sizes[i++] = BT * V;                          // logits
-    sizes[i++] = BT * V;                          // probs
-    sizes[i++] = BT;                              // losses
+    sizes[i++] = H * BT * C;                      // lnf
+    sizes[i++] = H * BT;                          // lnf_mean
+    sizes[i++] = H * BT;                          // lnf_rstd
+    sizes[i++] = H * BT * V;                      // logits
+    sizes[i++] = H * BT * V;                      // probs
+    sizes[i++] = H * BT;                          // losses
     LAB_CHECK(i == GPT2_NUM_ACTS, "gpt2_act_sizes: %zu sizes for %d tensors", i, GPT2_NUM_ACTS);
 }
 
-void gpt2_dact_sizes(const GPT2Config *cfg, int B, int T, size_t sizes[GPT2_NUM_ACTS]) {
-    size_t L = (size_t)cfg->L, C = (size_t)cfg->C, NH = (size_t)cfg->NH, V = (size_t)cfg->V;
-    size_t BT = (size_t)B * (size_t)T;
+void gpt2_act_sizes(const GPT2Config *cfg, int B, int T, size_t sizes[GPT2_NUM_ACTS]) {
+    gpt2_act_sizes_range(cfg, cfg->L, 1, B, T, sizes);
+}
+
+void gpt2_dact_sizes_range(const GPT2Config *cfg, int nblocks, int head, int B, int T,
+                           size_t sizes[GPT2_NUM_ACTS]) {
+    size_t L = (size_t)nblocks, C = (size_t)cfg->C, NH = (size_t)cfg->NH, V = (size_t)cfg->V;
+    size_t BT = (size_t)B * (size_t)T, H = head ? 1 : 0;
     size_t i = 0;
-    sizes[i++] = BT * C;                          // encoded: the gradient of block 0's input
+    sizes[i++] = BT * C;                          // encoded: the gradient of block l0's input
     sizes[i++] = BT * C;                          // ln1        \.
     sizes[i++] = 0;                               // ln1_mean    |
     sizes[i++] = 0;                               // ln1_rstd    |
@@ -156,7 +291,7 @@ void gpt2_dact_sizes(const GPT2Config *cfg, int B, int T, size_t sizes[GPT2_NUM_
     sizes[i++] = BT * C;                          // atty        |
     sizes[i++] = (size_t)B * NH * T * T;          // preatt      |
     sizes[i++] = (size_t)B * NH * T * T;          // att         |  one layer of scratch,
-    sizes[i++] = 0;                               // attproj     |  shared by all L blocks
+    sizes[i++] = 0;                               // attproj     |  shared by all blocks
     sizes[i++] = BT * C;                          // residual2   |
     sizes[i++] = BT * C;                          // ln2         |
     sizes[i++] = 0;                               // ln2_mean    |
@@ -164,29 +299,22 @@ void gpt2_dact_sizes(const GPT2Config *cfg, int B, int T, size_t sizes[GPT2_NUM_
     sizes[i++] = BT * 4 * C;                      // fch         |
     sizes[i++] = BT * 4 * C;                      // fch_gelu    |
     sizes[i++] = 0;                               // fcproj     /
-    sizes[i++] = L * BT * C;                      // residual3: every block's output, L layers
-    sizes[i++] = BT * C;                          // lnf
+    sizes[i++] = L * BT * C;                      // residual3: every block's output
+    sizes[i++] = H * BT * C;                      // lnf
     sizes[i++] = 0;                               // lnf_mean
     sizes[i++] = 0;                               // lnf_rstd
-    sizes[i++] = BT * V;                          // logits
+    sizes[i++] = H * BT * V;                      // logits
     sizes[i++] = 0;                               // probs
     sizes[i++] = 0;                               // losses
     LAB_CHECK(i == GPT2_NUM_ACTS, "gpt2_dact_sizes: %zu sizes for %d tensors", i, GPT2_NUM_ACTS);
 }
 
-// Point the named views into a flat buffer, in struct order (the same order as the sizes);
-// a tensor of size 0 gets NULL.
-static void point_params(ParamTensors *p, float *base, const size_t sizes[GPT2_NUM_TENSORS]) {
-    float **views[GPT2_NUM_TENSORS] = {
-        &p->wte, &p->wpe, &p->ln1w, &p->ln1b, &p->qkvw, &p->qkvb, &p->attprojw, &p->attprojb,
-        &p->ln2w, &p->ln2b, &p->fcw, &p->fcb, &p->fcprojw, &p->fcprojb, &p->lnfw, &p->lnfb,
-    };
-    for (int i = 0; i < GPT2_NUM_TENSORS; i++) {
-        *views[i] = base;
-        base += sizes[i];
-    }
+void gpt2_dact_sizes(const GPT2Config *cfg, int B, int T, size_t sizes[GPT2_NUM_ACTS]) {
+    gpt2_dact_sizes_range(cfg, cfg->L, 1, B, T, sizes);
 }
 
+// Point the named views into a flat buffer, in struct order (the same order as the sizes);
+// a tensor of size 0 gets NULL.
 static void point_acts(ActTensors *a, float *base, const size_t sizes[GPT2_NUM_ACTS]) {
     float **views[GPT2_NUM_ACTS] = {
         &a->encoded, &a->ln1, &a->ln1_mean, &a->ln1_rstd, &a->qkv, &a->atty, &a->preatt,
@@ -201,8 +329,8 @@ static void point_acts(ActTensors *a, float *base, const size_t sizes[GPT2_NUM_A
 }
 
 // ----------------------------------------------------------------------------------------------
-// Initialization: a counter-based random generator, so that element i of the flat buffer is a
-// pure function of (seed, i) and any slice can be drawn without drawing what comes before it.
+// Initialization: a counter-based random generator, so that the element with llm.c index i is a
+// pure function of (seed, i) and any slice, in any layout, can be drawn alone.
 
 // splitmix64's finalizer: a bijective 64-bit mix with good avalanche.
 static uint64_t mix64(uint64_t z) {
@@ -222,31 +350,41 @@ static double normal_at(uint64_t seed, size_t i) {
     return sqrt(-2.0 * log(u1)) * cos(2.0 * M_PI * u2);
 }
 
+// Elements [from, from + n) of parameter p, into out.
+static void init_param(const GPT2Config *cfg, uint64_t seed, const GPT2Param *p, size_t from,
+                       size_t n, float *out) {
+    int t = p->tensor;
+    if (is_matrix(t)) {
+        // residual projections add into the residual stream once per layer: scale their init so
+        // the stream's variance does not grow with depth (GPT-2 paper); the FULL model's L
+        double residual_scale = 1.0 / sqrt(2.0 * cfg->L);
+        double std = 0.02 * (t == GPT2_ATTPROJW || t == GPT2_FCPROJW ? residual_scale : 1.0);
+        size_t base = p->llmc_offset + from;
+        for (size_t i = 0; i < n; i++) out[i] = (float)(std * normal_at(seed, base + i));
+    } else {
+        float value = (t == GPT2_LN1W || t == GPT2_LN2W || t == GPT2_LNFW) ? 1.0f : 0.0f;  // LN weight 1, biases 0
+        for (size_t i = 0; i < n; i++) out[i] = value;
+    }
+}
+
 void gpt2_init_slice(const GPT2Config *cfg, uint64_t seed, size_t begin, size_t end, float *out_host) {
-    size_t sizes[GPT2_NUM_TENSORS];
-    gpt2_param_sizes(cfg, sizes);
     size_t total = gpt2_param_count(cfg);
     LAB_CHECK(begin <= end && end <= total, "gpt2_init_slice: range [%zu, %zu) outside the %zu parameters",
               begin, end, total);
-    // residual projections add into the residual stream once per layer: scale their init so the
-    // stream's variance does not grow with depth (GPT-2 paper)
-    double residual_scale = 1.0 / sqrt(2.0 * cfg->L);
-    size_t offset = 0;
-    for (int t = 0; t < GPT2_NUM_TENSORS; t++) {
-        size_t lo = offset > begin ? offset : begin;
-        size_t hi = offset + sizes[t] < end ? offset + sizes[t] : end;
-        offset += sizes[t];
-        if (lo >= hi) continue;
-        float *out = out_host + (lo - begin);
-        size_t n = hi - lo;
-        if (is_matrix(t)) {
-            double std = 0.02 * (t == T_ATTPROJW || t == T_FCPROJW ? residual_scale : 1.0);
-            for (size_t i = 0; i < n; i++) out[i] = (float)(std * normal_at(seed, lo + i));
-        } else {
-            float value = (t == T_LN1W || t == T_LN2W || t == T_LNFW) ? 1.0f : 0.0f;  // LN weight 1, biases 0
-            for (size_t i = 0; i < n; i++) out[i] = value;
-        }
+    int n = gpt2_params(cfg, NULL);
+    GPT2Param *p = lab_xcalloc((size_t)n, sizeof(GPT2Param));
+    gpt2_params(cfg, p);
+    for (int i = 0; i < n; i++) {
+        size_t lo = p[i].offset > begin ? p[i].offset : begin;
+        size_t hi = p[i].offset + p[i].size < end ? p[i].offset + p[i].size : end;
+        if (lo < hi) init_param(cfg, seed, &p[i], lo - p[i].offset, hi - lo, out_host + (lo - begin));
     }
+    free(p);
+}
+
+void gpt2_init_local(const GPT2 *m, uint64_t seed, float *out_host) {
+    for (int i = 0; i < m->nplist; i++)
+        init_param(&m->cfg, seed, &m->plist[i], 0, m->plist[i].size, out_host + m->plist[i].offset);
 }
 
 // ----------------------------------------------------------------------------------------------
@@ -254,24 +392,41 @@ void gpt2_init_slice(const GPT2Config *cfg, uint64_t seed, size_t begin, size_t 
 
 void gpt2_build(GPT2 *m, GPT2Config cfg, Device dev) { gpt2_build_dtype(m, cfg, dev, GPT2_FP32); }
 
+void gpt2_build_dtype(GPT2 *m, GPT2Config cfg, Device dev, GPT2Dtype dtype) {
+    gpt2_config_check(&cfg);
+    gpt2_build_stage(m, cfg, dev, dtype, 0, cfg.L);
+}
+
 // The largest piece, in floats: the embedding (wte, wpe), one block, or the head (wte, lnf).
 static size_t largest_piece(const GPT2Config *cfg) {
     size_t V = (size_t)cfg->V, T = (size_t)cfg->T, C = (size_t)cfg->C;
-    size_t embed = V * C + T * C, head = V * C + 2 * C, block = 12 * C * C + 13 * C;
+    GPT2BlockDims d = gpt2_block_dims(cfg);
+    size_t embed = V * C + T * C, head = V * C + 2 * C, block = gpt2_block_layout(&d, NULL, NULL);
     size_t most = embed > head ? embed : head;
     return most > block ? most : block;
 }
 
-void gpt2_build_dtype(GPT2 *m, GPT2Config cfg, Device dev, GPT2Dtype dtype) {
+void gpt2_build_stage(GPT2 *m, GPT2Config cfg, Device dev, GPT2Dtype dtype, int l0, int l1) {
     gpt2_config_check(&cfg);
+    check_stage(&cfg, l0, l1);
     memset(m, 0, sizeof *m);
     m->cfg = cfg;
     m->dev = dev;
     // bf16 models may multiply on tensor cores in TF32 (kernels.h): it keeps more bits than bf16
     m->k = dtype == GPT2_BF16 ? kernels_get_tf32(dev) : kernels_get(dev);
     m->dtype = dtype;
-    gpt2_param_sizes(&cfg, m->param_sizes);
-    m->num_params = gpt2_param_count(&cfg);
+    m->l0 = l0;
+    m->l1 = l1;
+    m->has_embed = l0 == 0;
+    m->has_head = l1 == cfg.L;
+    m->nplist = gpt2_stage_params(&cfg, l0, l1, NULL);
+    m->plist = lab_xcalloc((size_t)m->nplist, sizeof(GPT2Param));
+    gpt2_stage_params(&cfg, l0, l1, m->plist);
+    m->nunits = gpt2_stage_units(&cfg, l0, l1, NULL);
+    m->units = lab_xcalloc((size_t)m->nunits, sizeof(GPT2Unit));
+    gpt2_stage_units(&cfg, l0, l1, m->units);
+    m->num_params = gpt2_stage_param_count(&cfg, l0, l1);
+    m->wte_offset = m->has_embed ? 0 : m->units[m->nunits - 1].offset;  // the TIED_WTE unit
     if (dtype == GPT2_BF16) {
         m->params_bf16 = mem_alloc(m->num_params * sizeof(uint16_t), MEM_PARAMS, dev);
         m->work_size = largest_piece(&cfg);
@@ -279,14 +434,13 @@ void gpt2_build_dtype(GPT2 *m, GPT2Config cfg, Device dev, GPT2Dtype dtype) {
         return;
     }
     m->params = mem_alloc(m->num_params * sizeof(float), MEM_PARAMS, dev);
-    point_params(&m->p, m->params, m->param_sizes);
 }
 
 void gpt2_init_params(GPT2 *m, uint64_t seed) {
     if (m->dtype == GPT2_BF16) {  // draw in fp32, store rounded to bf16
         float *host = mem_alloc(m->num_params * sizeof(float), MEM_OTHER, DEV_CPU);
         uint16_t *host16 = mem_alloc(m->num_params * sizeof(uint16_t), MEM_OTHER, DEV_CPU);
-        gpt2_init_slice(&m->cfg, seed, 0, m->num_params, host);
+        gpt2_init_local(m, seed, host);
         kernels_cpu.f32_to_bf16(host16, host, m->num_params);
         mem_copy(m->params_bf16, host16, m->num_params * sizeof(uint16_t));
         mem_free(host);
@@ -294,11 +448,11 @@ void gpt2_init_params(GPT2 *m, uint64_t seed) {
         return;
     }
     if (m->dev == DEV_CPU) {
-        gpt2_init_slice(&m->cfg, seed, 0, m->num_params, m->params);
+        gpt2_init_local(m, seed, m->params);
         return;
     }
     float *host = mem_alloc(m->num_params * sizeof(float), MEM_OTHER, DEV_CPU);
-    gpt2_init_slice(&m->cfg, seed, 0, m->num_params, host);
+    gpt2_init_local(m, seed, host);
     mem_copy(m->params, host, m->num_params * sizeof(float));
     mem_free(host);
 }
@@ -312,73 +466,91 @@ void gpt2_alloc_grads(GPT2 *m) {
     }
     if (m->grads) return;
     m->grads = mem_alloc(m->num_params * sizeof(float), MEM_GRADS, m->dev);
-    point_params(&m->g, m->grads, m->param_sizes);
-}
-
-static void free_acts(GPT2 *m) {
-    mem_free(m->acts);
-    mem_free(m->acts_bf16);
-    mem_free(m->block_in);
-    mem_free(m->dacts);
-    mem_free(m->inputs);
-    mem_free(m->targets);
-    mem_free(m->host_losses);
-    m->acts = m->dacts = m->host_losses = m->block_in = NULL;
-    m->acts_bf16 = NULL;
-    m->inputs = m->targets = NULL;
-    memset(&m->a, 0, sizeof m->a);
-    memset(&m->da, 0, sizeof m->da);
 }
 
 // The activations: fp32, all of them in acts. bf16: the per-layer ones (ln1 .. residual3 of
-// every block) stored rounded in acts_bf16, and acts in fp32 with ONE layer of them (where a
-// block computes, and where its backward widens its stored layer) plus the embedding's and the
+// every block held) stored rounded in acts_bf16, and acts in fp32 with ONE layer of them (where
+// a block computes, and where its backward widens its stored layer) plus the embedding's and the
 // head's. The activation gradients (dacts): da.X is the gradient of a.X, laid out by
-// gpt2_dact_sizes, fp32 in both precisions.
+// gpt2_dact_sizes_range, fp32 in both precisions.
+void gpt2_acts_alloc(GPT2Acts *a, const GPT2 *m, int B, int T) {
+    if (B < 1) lab_fail("batch size B = %d: it must be at least 1", B);
+    if (T < 1 || T > m->cfg.T)
+        lab_fail("sequence length T = %d: it must be between 1 and the model's maximum T = %d", T,
+                 m->cfg.T);
+    memset(a, 0, sizeof *a);
+    a->B = B;
+    a->T = T;
+    a->l0 = m->l0;
+    a->l1 = m->l1;
+    a->dtype = m->dtype;
+    int nb = m->l1 - m->l0;
+    gpt2_act_sizes_range(&m->cfg, m->dtype == GPT2_BF16 ? 1 : nb, m->has_head, B, T, a->act_sizes);
+    gpt2_dact_sizes_range(&m->cfg, nb, m->has_head, B, T, a->dact_sizes);
+    for (int i = 0; i < GPT2_NUM_ACTS; i++) {
+        a->num_acts += a->act_sizes[i];
+        a->num_dacts += a->dact_sizes[i];
+    }
+    a->acts = mem_alloc(a->num_acts * sizeof(float), MEM_ACTS, m->dev);
+    a->dacts = mem_alloc(a->num_dacts * sizeof(float), MEM_ACTS, m->dev);
+    point_acts(&a->a, a->acts, a->act_sizes);
+    point_acts(&a->da, a->dacts, a->dact_sizes);
+    size_t BT = (size_t)B * T;
+    if (m->dtype == GPT2_BF16) {
+        // one layer's activations: the 16 tensors from ln1 to residual3, contiguous in acts
+        for (int i = ACT_LN1; i <= ACT_RESIDUAL3; i++) a->layer_act_size += a->act_sizes[i];
+        a->acts_bf16 = mem_alloc((size_t)nb * a->layer_act_size * sizeof(uint16_t), MEM_ACTS, m->dev);
+        a->block_in = mem_alloc(BT * (size_t)m->cfg.C * sizeof(float), MEM_ACTS, m->dev);
+    }
+    a->inputs = mem_alloc(BT * sizeof(int), MEM_OTHER, m->dev);
+    a->targets = mem_alloc(BT * sizeof(int), MEM_OTHER, m->dev);
+    a->host_losses = mem_alloc(BT * sizeof(float), MEM_OTHER, DEV_CPU);
+}
+
+// What a block's W needs from its B: the gradients of ln1, qkv, residual2, ln2, fch.
+static size_t wsave_floats(const GPT2BlockDims *d, size_t BT) {
+    return BT * ((size_t)d->C * 3 + 3 * (size_t)d->ATT + (size_t)d->FC);
+}
+
+void gpt2_acts_alloc_split(GPT2Acts *a, const GPT2 *m) {
+    LAB_CHECK(a->acts, "gpt2_acts_alloc_split before gpt2_acts_alloc");
+    if (a->wsave) return;
+    GPT2BlockDims d = gpt2_block_dims(&m->cfg);
+    a->wsave_per_block = wsave_floats(&d, (size_t)a->B * a->T);
+    a->wsave = mem_alloc((size_t)(a->l1 - a->l0) * a->wsave_per_block * sizeof(float), MEM_ACTS, m->dev);
+}
+
+void gpt2_acts_free(GPT2Acts *a) {
+    mem_free(a->acts);
+    mem_free(a->acts_bf16);
+    mem_free(a->block_in);
+    mem_free(a->dacts);
+    mem_free(a->wsave);
+    mem_free(a->inputs);
+    mem_free(a->targets);
+    mem_free(a->host_losses);
+    memset(a, 0, sizeof *a);
+}
+
 void gpt2_alloc_acts(GPT2 *m, int B, int T) {
     if (B < 1) lab_fail("batch size B = %d: it must be at least 1", B);
     if (T < 1 || T > m->cfg.T)
         lab_fail("sequence length T = %d: it must be between 1 and the model's maximum T = %d", T,
                  m->cfg.T);
-    if (m->acts) free_acts(m);
-    m->B = B;
-    m->T = T;
-    GPT2Config one_layer = m->cfg;
-    one_layer.L = 1;
-    gpt2_act_sizes(m->dtype == GPT2_BF16 ? &one_layer : &m->cfg, B, T, m->act_sizes);
-    gpt2_dact_sizes(&m->cfg, B, T, m->dact_sizes);
-    m->num_acts = m->num_dacts = 0;
-    for (int i = 0; i < GPT2_NUM_ACTS; i++) {
-        m->num_acts += m->act_sizes[i];
-        m->num_dacts += m->dact_sizes[i];
-    }
-    m->acts = mem_alloc(m->num_acts * sizeof(float), MEM_ACTS, m->dev);
-    m->dacts = mem_alloc(m->num_dacts * sizeof(float), MEM_ACTS, m->dev);
-    point_acts(&m->a, m->acts, m->act_sizes);
-    point_acts(&m->da, m->dacts, m->dact_sizes);
-    size_t BT = (size_t)B * T;
-    if (m->dtype == GPT2_BF16) {
-        // one layer's activations: the 16 tensors from ln1 to residual3, contiguous in acts
-        m->layer_act_size = 0;
-        for (int i = ACT_LN1; i <= ACT_RESIDUAL3; i++) m->layer_act_size += m->act_sizes[i];
-        m->acts_bf16 = mem_alloc((size_t)m->cfg.L * m->layer_act_size * sizeof(uint16_t),
-                                 MEM_ACTS, m->dev);
-        m->block_in = mem_alloc(BT * (size_t)m->cfg.C * sizeof(float), MEM_ACTS, m->dev);
-    }
-    m->inputs = mem_alloc(BT * sizeof(int), MEM_OTHER, m->dev);
-    m->targets = mem_alloc(BT * sizeof(int), MEM_OTHER, m->dev);
-    m->host_losses = mem_alloc(BT * sizeof(float), MEM_OTHER, DEV_CPU);
-    m->has_targets = 0;
+    if (m->act.acts) gpt2_acts_free(&m->act);
+    gpt2_acts_alloc(&m->act, m, B, T);
 }
 
 void gpt2_free(GPT2 *m) {
-    free_acts(m);
+    gpt2_acts_free(&m->act);
     mem_free(m->params);
     mem_free(m->grads);
     mem_free(m->params_bf16);
     mem_free(m->grads_bf16);
     mem_free(m->work);
     mem_free(m->work_grads);
+    free(m->plist);
+    free(m->units);
     memset(m, 0, sizeof *m);
 }
 
@@ -389,191 +561,250 @@ static void check_tokens(const int *tokens, size_t n, int V, const char *what) {
                      tokens[i], i, V);
 }
 
-void gpt2_set_batch(GPT2 *m, const int *inputs, const int *targets) {
-    LAB_CHECK(m->acts, "gpt2_set_batch before gpt2_alloc_acts");
-    size_t BT = (size_t)m->B * m->T;
-    check_tokens(inputs, BT, m->cfg.V, "input");
-    mem_copy(m->inputs, inputs, BT * sizeof(int));
-    m->has_targets = targets != NULL;
+static GPT2Acts *acts_of(GPT2 *m, GPT2Acts *a) { return a ? a : &m->act; }
+
+void gpt2_acts_set_batch(const GPT2 *m, GPT2Acts *a, const int *inputs, const int *targets) {
+    if (!a) a = (GPT2Acts *)&m->act;
+    LAB_CHECK(a->acts, "gpt2_set_batch before gpt2_alloc_acts");
+    size_t BT = (size_t)a->B * a->T;
+    if (inputs) {
+        check_tokens(inputs, BT, m->cfg.V, "input");
+        mem_copy(a->inputs, inputs, BT * sizeof(int));
+    }
+    a->has_targets = targets != NULL;
     if (targets) {
         check_tokens(targets, BT, m->cfg.V, "target");
-        mem_copy(m->targets, targets, BT * sizeof(int));
+        mem_copy(a->targets, targets, BT * sizeof(int));
     }
 }
 
+void gpt2_set_batch(GPT2 *m, const int *inputs, const int *targets) {
+    LAB_CHECK(inputs, "gpt2_set_batch: inputs is NULL");
+    gpt2_acts_set_batch(m, &m->act, inputs, targets);
+}
+
+float *gpt2_acts_input(GPT2Acts *a) { return a->a.encoded; }
+float *gpt2_acts_dinput(GPT2Acts *a) { return a->da.encoded; }
+float *gpt2_acts_doutput(GPT2Acts *a) {
+    size_t BTC = a->act_sizes[0];  // encoded: (B,T,C)
+    return a->da.residual3 + (size_t)(a->l1 - a->l0 - 1) * BTC;
+}
+
 // ----------------------------------------------------------------------------------------------
-// Views of one block: layer l's slice of every stacked tensor.
-
-typedef struct LayerParams {
-    float *ln1w, *ln1b;          // (C)
-    float *qkvw, *qkvb;          // (3C, C), (3C)
-    float *attprojw, *attprojb;  // (C, C), (C)
-    float *ln2w, *ln2b;          // (C)
-    float *fcw, *fcb;            // (4C, C), (4C)
-    float *fcprojw, *fcprojb;    // (C, 4C), (C)
-} LayerParams;
-
+// Views of one block's activations: layer li's slice (li = l - l0, local) of every stacked
+// tensor of an activation set, with the widths of GPT2BlockDims.
 
 typedef struct LayerActs {
     float *ln1, *ln1_mean, *ln1_rstd;  // (B,T,C), (B,T), (B,T)
-    float *qkv;                        // (B,T,3C)
-    float *atty;                       // (B,T,C)
+    float *qkv;                        // (B,T,3ATT)
+    float *atty;                       // (B,T,ATT)
     float *preatt, *att;               // (B,NH,T,T)
     float *attproj, *residual2;        // (B,T,C)
     float *ln2, *ln2_mean, *ln2_rstd;  // (B,T,C), (B,T), (B,T)
-    float *fch, *fch_gelu;             // (B,T,4C)
+    float *fch, *fch_gelu;             // (B,T,FC)
     float *fcproj, *residual3;         // (B,T,C)
 } LayerActs;
 
-static LayerActs layer_acts(const ActTensors *a, int B, int T, int C, int NH, int l) {
-    size_t BT = (size_t)B * T, c = (size_t)C, L = (size_t)l;
-    size_t att = (size_t)B * NH * T * T;
+static LayerActs layer_acts(const ActTensors *a, const GPT2BlockDims *dm, int B, int T, int li) {
+    size_t BT = (size_t)B * T, c = (size_t)dm->C, A = (size_t)dm->ATT, F = (size_t)dm->FC;
+    size_t L = (size_t)li, att = (size_t)B * dm->NH * T * T;
     LayerActs x = {
         a->ln1 + L * BT * c, a->ln1_mean + L * BT, a->ln1_rstd + L * BT,
-        a->qkv + L * BT * 3 * c,
-        a->atty + L * BT * c,
+        a->qkv + L * BT * 3 * A,
+        a->atty + L * BT * A,
         a->preatt + L * att, a->att + L * att,
         a->attproj + L * BT * c, a->residual2 + L * BT * c,
         a->ln2 + L * BT * c, a->ln2_mean + L * BT, a->ln2_rstd + L * BT,
-        a->fch + L * BT * 4 * c, a->fch_gelu + L * BT * 4 * c,
+        a->fch + L * BT * F, a->fch_gelu + L * BT * F,
         a->fcproj + L * BT * c, a->residual3 + L * BT * c,
     };
     return x;
 }
 
 // The gradient scratch of one block (gpt2_dact_sizes): the same buffers for every layer, except
-// residual3, the gradient of block l's own output. attproj, fcproj are never materialized.
-static LayerActs layer_dacts(const ActTensors *da, size_t BTC, int l) {
+// residual3, the gradient of block li's own output. attproj, fcproj are never materialized.
+// With split (wsave != NULL), the gradients W reads (ln1, qkv, residual2, ln2, fch) are the
+// block's own slice of wsave instead, so they survive until its W.
+static LayerActs layer_dacts(const GPT2Acts *acts, const GPT2BlockDims *dm, int li, int split) {
+    const ActTensors *da = &acts->da;
+    size_t BT = (size_t)acts->B * acts->T, BTC = BT * (size_t)dm->C;
     LayerActs x = {
         da->ln1, NULL, NULL, da->qkv, da->atty, da->preatt, da->att, NULL, da->residual2,
-        da->ln2, NULL, NULL, da->fch, da->fch_gelu, NULL, da->residual3 + (size_t)l * BTC,
+        da->ln2, NULL, NULL, da->fch, da->fch_gelu, NULL, da->residual3 + (size_t)li * BTC,
     };
+    if (split) {
+        float *w = acts->wsave + (size_t)li * acts->wsave_per_block;
+        x.ln1 = w;
+        x.qkv = x.ln1 + BTC;
+        x.residual2 = x.qkv + BT * 3 * (size_t)dm->ATT;
+        x.ln2 = x.residual2 + BTC;
+        x.fch = x.ln2 + BTC;
+    }
     return x;
 }
 
-// The residual stream entering block l: the embedding for block 0, else block l-1's output.
-// (Used for the gradients, and for the activations in fp32; see piece_input.)
-static float *block_input(const ActTensors *a, size_t BTC, int l) {
-    return l == 0 ? a->encoded : a->residual3 + (size_t)(l - 1) * BTC;
+// The residual stream entering local block li: the set's input for li = 0, else block li-1's
+// output. (Used for the gradients, and for the activations in fp32; see piece_input.)
+static float *block_input(const ActTensors *a, size_t BTC, int li) {
+    return li == 0 ? a->encoded : a->residual3 + (size_t)(li - 1) * BTC;
 }
 
-// The input of block l (l = L: of the head), in fp32. bf16: block l-1's output as stored,
+// The input of block l (l = l1: of the head), in fp32. bf16: block l-1's output as stored,
 // rounded to bf16, widened into block_in, so that the next piece reads exactly the stored
 // values, in its forward and again in its backward (on a GPU the activations are bf16 tensors).
-static const float *piece_input(GPT2 *m, int l) {
-    size_t BTC = (size_t)m->B * m->T * m->cfg.C;
-    if (m->dtype == GPT2_FP32 || l == 0) return block_input(&m->a, BTC, l);
+static const float *piece_input(const GPT2 *m, GPT2Acts *a, int l) {
+    size_t BTC = (size_t)a->B * a->T * m->cfg.C;
+    int li = l - a->l0;
+    if (m->dtype == GPT2_FP32 || li == 0) return block_input(&a->a, BTC, li);
     // residual3 is the last tensor of a stored layer
-    const uint16_t *out = m->acts_bf16 + (size_t)l * m->layer_act_size - BTC;
-    m->k->bf16_to_f32(m->block_in, out, BTC);
-    return m->block_in;
+    const uint16_t *out = a->acts_bf16 + (size_t)li * a->layer_act_size - BTC;
+    m->k->bf16_to_f32(a->block_in, out, BTC);
+    return a->block_in;
 }
 
-// Layer l's activations: in place (fp32), or the one-layer fp32 scratch (bf16).
-static LayerActs block_acts(const GPT2 *m, int l) {
-    return layer_acts(&m->a, m->B, m->T, m->cfg.C, m->cfg.NH, m->dtype == GPT2_BF16 ? 0 : l);
+void gpt2_acts_output(const GPT2 *m, GPT2Acts *a, float *out) {
+    size_t BTC = (size_t)a->B * a->T * m->cfg.C;
+    int nb = a->l1 - a->l0;
+    if (m->dtype == GPT2_FP32) mem_copy(out, a->a.residual3 + (size_t)(nb - 1) * BTC, BTC * sizeof(float));
+    else m->k->bf16_to_f32(out, a->acts_bf16 + (size_t)nb * a->layer_act_size - BTC, BTC);
+}
+
+// Block l's activations: in place (fp32), or the one-layer fp32 scratch (bf16).
+static LayerActs block_acts(const GPT2 *m, const GPT2Acts *a, const GPT2BlockDims *dm, int l) {
+    return layer_acts(&a->a, dm, a->B, a->T, m->dtype == GPT2_BF16 ? 0 : l - a->l0);
+}
+
+// bf16: widen block l's stored layer into the fp32 scratch.
+static void widen_layer(const GPT2 *m, GPT2Acts *a, int l) {
+    if (m->dtype == GPT2_BF16)
+        m->k->bf16_to_f32(a->a.ln1, a->acts_bf16 + (size_t)(l - a->l0) * a->layer_act_size,
+                          a->layer_act_size);
+}
+
+static void check_block(const GPT2 *m, const GPT2Acts *a, int l, const char *fn) {
+    LAB_CHECK(l >= m->l0 && l < m->l1, "%s: block %d, but the model holds blocks [%d, %d)", fn, l,
+              m->l0, m->l1);
+    LAB_CHECK(a->acts, "%s before gpt2_alloc_acts / gpt2_acts_alloc", fn);
+    LAB_CHECK(a->l0 == m->l0 && a->l1 == m->l1, "%s: activation set of blocks [%d, %d) on a model "
+              "of blocks [%d, %d)", fn, a->l0, a->l1, m->l0, m->l1);
 }
 
 // ----------------------------------------------------------------------------------------------
-// The weights of one piece. A piece reads a few ranges of the flat parameter buffer: the
-// embedding wte and wpe; block l its layer's slice of the 12 stacked tensors; the head wte,
-// lnfw and lnfb. In fp32 they are read in place. In bf16 they are widened into m->work before
-// the piece runs, its gradients are accumulated in fp32 in m->work_grads, and rounded once
-// into grads_bf16 when its backward is done.
+// The weights of one piece: one or two contiguous spans (the embedding: its unit; a block: its
+// unit; the head: wte and its unit), each at any address, in the model's dtype. In fp32 they
+// are read in place. In bf16 they are widened into m->work before the piece runs, its gradients
+// are accumulated in fp32 in m->work_grads, and rounded once into the bf16 gradient spans when
+// its backward is done.
 
-#define PIECE_MAX 12
 typedef struct Piece {
-    int n;                     // ranges
-    size_t offset[PIECE_MAX];  // element offset in the flat buffer
-    size_t size[PIECE_MAX];    // elements
+    size_t n;              // spans
+    const void *w[2];      // weights of each span (float or uint16_t)
+    void *g[2];            // gradients of each span (NULL: not needed)
+    size_t size[2];        // elements
 } Piece;
 
-static void piece_add(Piece *pc, const GPT2 *m, int t, int l) {
-    size_t offset = 0;
-    for (int i = 0; i < t; i++) offset += m->param_sizes[i];
-    int per_layer = l >= 0;
-    size_t size = m->param_sizes[t] / (per_layer ? (size_t)m->cfg.L : 1);
-    pc->offset[pc->n] = offset + (per_layer ? (size_t)l * size : 0);
+static size_t esize(const GPT2 *m) { return m->dtype == GPT2_BF16 ? sizeof(uint16_t) : sizeof(float); }
+
+// m's own weights / gradients at element offset off (a span in place).
+static const void *own_w(const GPT2 *m, size_t off) {
+    const char *base = m->dtype == GPT2_BF16 ? (const char *)m->params_bf16 : (const char *)m->params;
+    return base + off * esize(m);
+}
+static void *own_g(const GPT2 *m, size_t off) {
+    char *base = m->dtype == GPT2_BF16 ? (char *)m->grads_bf16 : (char *)m->grads;
+    LAB_CHECK(base, "a backward into the model's own gradients before gpt2_alloc_grads");
+    return base + off * esize(m);
+}
+
+static void piece_add(Piece *pc, const void *w, void *g, size_t size) {
+    LAB_CHECK(pc->n < 2, "a piece has at most 2 spans");
+    pc->w[pc->n] = w;
+    pc->g[pc->n] = g;
     pc->size[pc->n] = size;
     pc->n++;
 }
 
-static Piece piece_embed(const GPT2 *m) {  // wte, wpe
-    Piece pc = {0};
-    piece_add(&pc, m, T_WTE, -1);
-    piece_add(&pc, m, T_WPE, -1);
-    return pc;
-}
-
-static Piece piece_head(const GPT2 *m) {   // wte, lnfw, lnfb
-    Piece pc = {0};
-    piece_add(&pc, m, T_WTE, -1);
-    piece_add(&pc, m, T_LNFW, -1);
-    piece_add(&pc, m, T_LNFB, -1);
-    return pc;
-}
-
-static Piece piece_block(const GPT2 *m, int l) {  // ln1w .. fcprojb of layer l
-    Piece pc = {0};
-    for (int t = T_LN1W; t <= T_FCPROJB; t++) piece_add(&pc, m, t, l);
-    return pc;
-}
-
-// Pointers to the piece's fp32 weights, one per range.
-static void piece_weights(GPT2 *m, const Piece *pc, float *w[PIECE_MAX]) {
+// Pointers to the piece's fp32 weights, one per span.
+static void piece_weights(GPT2 *m, const Piece *pc, float *w[2]) {
     size_t at = 0;
-    for (int i = 0; i < pc->n; i++) {
+    for (size_t i = 0; i < pc->n && i < 2; i++) {
         if (m->dtype == GPT2_FP32) {
-            w[i] = m->params + pc->offset[i];
+            w[i] = (float *)pc->w[i];  // read only: the kernels take const weights
             continue;
         }
         w[i] = m->work + at;
-        m->k->bf16_to_f32(w[i], m->params_bf16 + pc->offset[i], pc->size[i]);
+        m->k->bf16_to_f32(w[i], pc->w[i], pc->size[i]);
         at += pc->size[i];
     }
 }
 
 // Pointers to the piece's fp32 weight gradients. bf16 widens the gradient accumulated so far
 // (the backward kernels add into it: += in fp32).
-static void piece_grads(GPT2 *m, const Piece *pc, float *g[PIECE_MAX]) {
+static void piece_grads(GPT2 *m, const Piece *pc, float *g[2]) {
+    LAB_CHECK(m->dtype == GPT2_FP32 || m->work_grads, "a bf16 backward before gpt2_alloc_grads");
     size_t at = 0;
-    for (int i = 0; i < pc->n; i++) {
+    for (size_t i = 0; i < pc->n && i < 2; i++) {
         if (m->dtype == GPT2_FP32) {
-            g[i] = m->grads + pc->offset[i];
+            g[i] = pc->g[i];
             continue;
         }
         g[i] = m->work_grads + at;
-        m->k->bf16_to_f32(g[i], m->grads_bf16 + pc->offset[i], pc->size[i]);
+        m->k->bf16_to_f32(g[i], pc->g[i], pc->size[i]);
         at += pc->size[i];
     }
 }
 
-// After the piece's backward: bf16 rounds its fp32 gradients back into grads_bf16.
+// After the piece's backward: bf16 rounds its fp32 gradients back into their spans.
 static void piece_grads_done(GPT2 *m, const Piece *pc) {
     if (m->dtype == GPT2_FP32) return;
     size_t at = 0;
-    for (int i = 0; i < pc->n; i++) {
-        m->k->f32_to_bf16(m->grads_bf16 + pc->offset[i], m->work_grads + at, pc->size[i]);
+    for (size_t i = 0; i < pc->n && i < 2; i++) {
+        m->k->f32_to_bf16(pc->g[i], m->work_grads + at, pc->size[i]);
         at += pc->size[i];
     }
 }
 
-// A block's 12 ranges, named.
-static LayerParams layer_params(float *v[PIECE_MAX]) {
-    LayerParams w = {v[0], v[1], v[2], v[3], v[4], v[5], v[6], v[7], v[8], v[9], v[10], v[11]};
-    return w;
+static size_t wte_size(const GPT2 *m) { return (size_t)m->cfg.V * m->cfg.C; }
+
+static void piece_embed(Piece *pc, const GPT2 *m, const void *w, void *g, int need_grads) {
+    LAB_CHECK(m->has_embed, "the embedding runs on the first stage only (this one holds blocks [%d, %d))",
+              m->l0, m->l1);
+    const GPT2Unit *u = &m->units[0];
+    memset(pc, 0, sizeof *pc);
+    piece_add(pc, w ? w : own_w(m, u->offset), need_grads ? (g ? g : own_g(m, u->offset)) : NULL,
+              u->size);
 }
 
-static int has_grads(const GPT2 *m) { return m->grads != NULL || m->grads_bf16 != NULL; }
+static void piece_block(Piece *pc, const GPT2 *m, int l, const void *w, void *g, int need_w, int need_grads) {
+    const GPT2Unit *u = gpt2_block_unit(m, l);
+    memset(pc, 0, sizeof *pc);
+    piece_add(pc, need_w ? (w ? w : own_w(m, u->offset)) : NULL,
+              need_grads ? (g ? g : own_g(m, u->offset)) : NULL, u->size);
+}
+
+static void piece_head(Piece *pc, const GPT2 *m, const void *wte, const void *w, void *dwte, void *g,
+                        int need_grads) {
+    LAB_CHECK(m->has_head, "the head runs on the last stage only (this one holds blocks [%d, %d))",
+              m->l0, m->l1);
+    const GPT2Unit *u = &m->units[m->has_embed + (m->l1 - m->l0)];
+    LAB_CHECK(u->kind == GPT2_UNIT_HEAD, "unit table: no head after the blocks");
+    memset(pc, 0, sizeof *pc);
+    piece_add(pc, wte ? wte : own_w(m, m->wte_offset),
+              need_grads ? (dwte ? dwte : own_g(m, m->wte_offset)) : NULL, wte_size(m));
+    piece_add(pc, w ? w : own_w(m, u->offset), need_grads ? (g ? g : own_g(m, u->offset)) : NULL,
+              u->size);
+}
 
 // ----------------------------------------------------------------------------------------------
 // Forward
 
-void gpt2_embed_forward(GPT2 *m) {
-    Piece pc = piece_embed(m);
-    float *w[PIECE_MAX];  // wte, wpe
+void gpt2_embed_forward_w(GPT2 *m, GPT2Acts *acts, const void *embed_w) {
+    GPT2Acts *a = acts_of(m, acts);
+    Piece pc = {0};
+    piece_embed(&pc, m, embed_w, NULL, 0);
+    float *w[2] = {0};  // the unit: wte (V,C) then wpe (T,C)
     piece_weights(m, &pc, w);
-    m->k->encoder_forward(m->a.encoded, m->inputs, w[0], w[1], m->B, m->T, m->cfg.C);
+    m->k->encoder_forward(a->a.encoded, a->inputs, w[0], w[0] + wte_size(m), a->B, a->T, m->cfg.C);
 }
 
 // A block works on its rows in chunks of a few whole sequences (attention mixes only the rows of
@@ -584,24 +815,26 @@ void gpt2_embed_forward(GPT2 *m) {
 // wants the opposite, kernels as large as possible: one chunk of B sequences.
 #define CPU_CHUNK_ROWS 256  // rows per chunk on a CPU: fch is 256 x 4C floats = 512 KiB at C=128
 
-static int chunk_seqs(const GPT2 *m) {
-    if (m->dev != DEV_CPU) return m->B;
-    int seqs = CPU_CHUNK_ROWS / m->T;
-    return seqs < 1 ? 1 : seqs > m->B ? m->B : seqs;
+
+static int chunk_seqs(const GPT2 *m, const GPT2Acts *a) {
+    if (m->dev != DEV_CPU) return a->B;
+    int seqs = CPU_CHUNK_ROWS / a->T;
+    return seqs < 1 ? 1 : seqs > a->B ? a->B : seqs;
 }
 
 // A block's views moved to the chunk that starts at row r (= sequence r/T); NULL stays NULL.
 static float *rows_from(float *p, size_t r, size_t width) { return p ? p + r * width : NULL; }
-static LayerActs layer_rows(LayerActs x, size_t r, int C, int NH, int T) {
-    size_t c = (size_t)C, att = (size_t)NH * T;  // a sequence's T rows own NH·T·T scores
+static LayerActs layer_rows(LayerActs x, size_t r, const GPT2BlockDims *dm, int T) {
+    size_t c = (size_t)dm->C, A = (size_t)dm->ATT, F = (size_t)dm->FC;
+    size_t att = (size_t)dm->NH * T;  // a sequence's T rows own NH·T·T scores
     LayerActs y = {
         rows_from(x.ln1, r, c), rows_from(x.ln1_mean, r, 1), rows_from(x.ln1_rstd, r, 1),
-        rows_from(x.qkv, r, 3 * c),
-        rows_from(x.atty, r, c),
+        rows_from(x.qkv, r, 3 * A),
+        rows_from(x.atty, r, A),
         rows_from(x.preatt, r, att), rows_from(x.att, r, att),
         rows_from(x.attproj, r, c), rows_from(x.residual2, r, c),
         rows_from(x.ln2, r, c), rows_from(x.ln2_mean, r, 1), rows_from(x.ln2_rstd, r, 1),
-        rows_from(x.fch, r, 4 * c), rows_from(x.fch_gelu, r, 4 * c),
+        rows_from(x.fch, r, F), rows_from(x.fch_gelu, r, F),
         rows_from(x.fcproj, r, c), rows_from(x.residual3, r, c),
     };
     return y;
@@ -609,175 +842,234 @@ static LayerActs layer_rows(LayerActs x, size_t r, int C, int NH, int T) {
 
 // Forward of one block on Bc sequences (BT = Bc·T rows): residual is their input rows, a their
 // rows of the block's activations.
-static void block_forward_rows(const Kernels *k, const LayerParams *wp, const LayerActs *ap,
-                               const float *residual, int Bc, int T, int C, int NH) {
-    const LayerParams w = *wp;
+static void block_forward_rows(const Kernels *k, const GPT2BlockWeights *wp, const LayerActs *ap,
+                               const float *residual, int Bc, int T, const GPT2BlockDims *dm) {
+    const GPT2BlockWeights w = *wp;
     const LayerActs a = *ap;
-    int BT = Bc * T;
+    int BT = Bc * T, C = dm->C, A = dm->ATT, F = dm->FC;
     // x = x + attn(ln1(x))
     k->layernorm_forward(a.ln1, a.ln1_mean, a.ln1_rstd, residual, w.ln1w, w.ln1b, BT, C);
-    k->matmul_forward(a.qkv, a.ln1, w.qkvw, w.qkvb, BT, C, 3 * C);
-    k->attention_forward(a.atty, a.preatt, a.att, a.qkv, Bc, T, C, NH);
-    k->matmul_forward(a.attproj, a.atty, w.attprojw, w.attprojb, BT, C, C);
+    k->matmul_forward(a.qkv, a.ln1, w.qkvw, w.qkvb, BT, C, 3 * A);
+    k->attention_forward(a.atty, a.preatt, a.att, a.qkv, Bc, T, A, dm->NH);
+    k->matmul_forward(a.attproj, a.atty, w.attprojw, w.attprojb, BT, A, C);
     k->residual_forward(a.residual2, residual, a.attproj, (size_t)BT * C);
     // x = x + mlp(ln2(x))
     k->layernorm_forward(a.ln2, a.ln2_mean, a.ln2_rstd, a.residual2, w.ln2w, w.ln2b, BT, C);
-    k->matmul_forward(a.fch, a.ln2, w.fcw, w.fcb, BT, C, 4 * C);
-    k->gelu_forward(a.fch_gelu, a.fch, (size_t)BT * 4 * C);
-    k->matmul_forward(a.fcproj, a.fch_gelu, w.fcprojw, w.fcprojb, BT, 4 * C, C);
+    k->matmul_forward(a.fch, a.ln2, w.fcw, w.fcb, BT, C, F);
+    k->gelu_forward(a.fch_gelu, a.fch, (size_t)BT * F);
+    k->matmul_forward(a.fcproj, a.fch_gelu, w.fcprojw, w.fcprojb, BT, F, C);
     k->residual_forward(a.residual3, a.residual2, a.fcproj, (size_t)BT * C);
 }
 
-void gpt2_block_forward(GPT2 *m, int l) {
-    int B = m->B, T = m->T, C = m->cfg.C, NH = m->cfg.NH;
-    LAB_CHECK(l >= 0 && l < m->cfg.L, "gpt2_block_forward: block %d of %d", l, m->cfg.L);
-    Piece pc = piece_block(m, l);
-    float *wv[PIECE_MAX];
+void gpt2_block_forward_w(GPT2 *m, GPT2Acts *acts, int l, const void *block_w) {
+    GPT2Acts *a = acts_of(m, acts);
+    check_block(m, a, l, "gpt2_block_forward");
+    int B = a->B, T = a->T;
+    GPT2BlockDims dm = gpt2_block_dims(&m->cfg);
+    Piece pc = {0};
+    piece_block(&pc, m, l, block_w, NULL, 1, 0);
+    float *wv[2] = {0};
     piece_weights(m, &pc, wv);
-    LayerParams w = layer_params(wv);
-    LayerActs a = block_acts(m, l);
-    const float *residual = piece_input(m, l);  // (B,T,C)
-    int step = chunk_seqs(m);
+    GPT2BlockWeights w = gpt2_block_weights(&dm, wv[0]);
+    LayerActs la = block_acts(m, a, &dm, l);
+    const float *residual = piece_input(m, a, l);  // (B,T,C)
+    int step = chunk_seqs(m, a);
     for (int b0 = 0; b0 < B; b0 += step) {
         int Bc = B - b0 < step ? B - b0 : step;
         size_t r = (size_t)b0 * T;  // first row of the chunk
-        LayerActs ac = layer_rows(a, r, C, NH, T);
-        block_forward_rows(m->k, &w, &ac, residual + r * C, Bc, T, C, NH);
+        LayerActs ac = layer_rows(la, r, &dm, T);
+        block_forward_rows(m->k, &w, &ac, residual + r * dm.C, Bc, T, &dm);
     }
     // bf16: store the layer rounded to nearest even (backward widens it again)
     if (m->dtype == GPT2_BF16)
-        m->k->f32_to_bf16(m->acts_bf16 + (size_t)l * m->layer_act_size, a.ln1, m->layer_act_size);
+        m->k->f32_to_bf16(a->acts_bf16 + (size_t)(l - a->l0) * a->layer_act_size, la.ln1,
+                          a->layer_act_size);
 }
 
-float gpt2_head_forward(GPT2 *m) {
+float gpt2_head_forward_w(GPT2 *m, GPT2Acts *acts, const void *wte, const void *head_w) {
+    GPT2Acts *a = acts_of(m, acts);
     const Kernels *k = m->k;
-    int BT = m->B * m->T, C = m->cfg.C, V = m->cfg.V;
-    const float *residual = piece_input(m, m->cfg.L);  // last block's output
-    Piece pc = piece_head(m);
-    float *w[PIECE_MAX];  // wte, lnfw, lnfb
+    int BT = a->B * a->T, C = m->cfg.C, V = m->cfg.V;
+    Piece pc = {0};
+    piece_head(&pc, m, wte, head_w, NULL, NULL, 0);
+    const float *residual = piece_input(m, a, m->l1);  // last block's output
+    float *w[2] = {0};  // wte; the head unit: lnfw, lnfb
     piece_weights(m, &pc, w);
-    k->layernorm_forward(m->a.lnf, m->a.lnf_mean, m->a.lnf_rstd, residual, w[1], w[2], BT, C);
+    k->layernorm_forward(a->a.lnf, a->a.lnf_mean, a->a.lnf_rstd, residual, w[1], w[1] + C, BT, C);
     // logits (B,T,V) = lnf (B,T,C) · wte (V,C)ᵀ: the output layer is the embedding, transposed
-    k->matmul_forward(m->a.logits, m->a.lnf, w[0], NULL, BT, C, V);
-    k->softmax_forward(m->a.probs, m->a.logits, BT, V);
-    if (!m->has_targets) return -1.0f;
-    k->crossentropy_forward(m->a.losses, m->a.probs, m->targets, BT, V);
-    mem_copy(m->host_losses, m->a.losses, (size_t)BT * sizeof(float));
+    k->matmul_forward(a->a.logits, a->a.lnf, w[0], NULL, BT, C, V);
+    k->softmax_forward(a->a.probs, a->a.logits, BT, V);
+    if (!a->has_targets) return -1.0f;
+    k->crossentropy_forward(a->a.losses, a->a.probs, a->targets, BT, V);
+    mem_copy(a->host_losses, a->a.losses, (size_t)BT * sizeof(float));
     double sum = 0.0;  // in position order: the same bits on every run
-    for (int i = 0; i < BT; i++) sum += m->host_losses[i];
+    for (int i = 0; i < BT; i++) sum += a->host_losses[i];
     return (float)(sum / BT);
 }
 
+float gpt2_forward_acts(GPT2 *m, GPT2Acts *acts, const int *inputs, const int *targets) {
+    GPT2Acts *a = acts_of(m, acts);
+    if (inputs || targets) gpt2_acts_set_batch(m, a, inputs, targets);  // none: the batch already set
+    if (m->has_embed) gpt2_embed_forward_w(m, a, NULL);
+    for (int l = m->l0; l < m->l1; l++) gpt2_block_forward_w(m, a, l, NULL);
+    return m->has_head ? gpt2_head_forward_w(m, a, NULL, NULL) : -1.0f;
+}
+
+void gpt2_embed_forward(GPT2 *m) { gpt2_embed_forward_w(m, NULL, NULL); }
+void gpt2_block_forward(GPT2 *m, int l) { gpt2_block_forward_w(m, NULL, l, NULL); }
+float gpt2_head_forward(GPT2 *m) { return gpt2_head_forward_w(m, NULL, NULL, NULL); }
+
 float gpt2_forward(GPT2 *m, const int *inputs, const int *targets) {
     if (inputs) gpt2_set_batch(m, inputs, targets);  // NULL: use the batch already set
-    gpt2_embed_forward(m);
-    for (int l = 0; l < m->cfg.L; l++) gpt2_block_forward(m, l);
-    return gpt2_head_forward(m);
+    return gpt2_forward_acts(m, NULL, NULL, NULL);
 }
 
 // ----------------------------------------------------------------------------------------------
 // Backward. Parameter gradients accumulate (+=). Activation gradients need no zeroing: every
 // kernel overwrites the input gradients it computes (kernels.h). A block reads the gradient of
 // its output (da.residual3 of that block) and never writes it, so a pipeline stage can write
-// the gradient it receives there before calling gpt2_block_backward; it writes the gradient of
-// its input (da.residual3 of block l-1, or da.encoded).
+// the gradient it receives there (gpt2_acts_doutput) before the backward of its last block; it
+// writes the gradient of its input (da.residual3 of block l-1, or da.encoded for block l0).
 
 void gpt2_zero_grad(GPT2 *m) {
-    LAB_CHECK(has_grads(m), "gpt2_zero_grad before gpt2_alloc_grads");
+    LAB_CHECK(m->grads || m->grads_bf16, "gpt2_zero_grad before gpt2_alloc_grads");
     if (m->dtype == GPT2_BF16) mem_zero(m->grads_bf16, m->num_params * sizeof(uint16_t));
     else mem_zero(m->grads, m->num_params * sizeof(float));
 }
 
-void gpt2_head_backward(GPT2 *m, float dloss) {
+void gpt2_head_backward_w(GPT2 *m, GPT2Acts *acts, float dloss, const void *wte,
+                          const void *head_w, void *dwte, void *dhead_w) {
+    GPT2Acts *a = acts_of(m, acts);
     const Kernels *k = m->k;
-    int BT = m->B * m->T, C = m->cfg.C, V = m->cfg.V, L = m->cfg.L;
-    LAB_CHECK(has_grads(m), "gpt2_head_backward before gpt2_alloc_grads");
-    LAB_CHECK(m->has_targets, "gpt2_head_backward: the batch has no targets (no loss to differentiate)");
-    const float *residual = piece_input(m, L);
-    float *dresidual = block_input(&m->da, (size_t)BT * C, L);
-    Piece pc = piece_head(m);
-    float *w[PIECE_MAX], *dw[PIECE_MAX];  // wte, lnfw, lnfb
+    int BT = a->B * a->T, C = m->cfg.C, V = m->cfg.V;
+    LAB_CHECK(a->has_targets, "gpt2_head_backward: the batch has no targets (no loss to differentiate)");
+    Piece pc = {0};
+    piece_head(&pc, m, wte, head_w, dwte, dhead_w, 1);
+    const float *residual = piece_input(m, a, m->l1);
+    float *dresidual = block_input(&a->da, (size_t)BT * C, m->l1 - m->l0);
+    float *w[2] = {0}, *dw[2] = {0};  // wte; lnfw, lnfb
     piece_weights(m, &pc, w);
     piece_grads(m, &pc, dw);
-    k->crossentropy_softmax_backward(m->da.logits, m->a.probs, m->targets, dloss, BT, V);
-    k->matmul_backward(m->da.lnf, dw[0], NULL, m->da.logits, m->a.lnf, w[0], BT, C, V);
-    k->layernorm_backward(dresidual, dw[1], dw[2], m->da.lnf, NULL, residual, w[1],
-                          m->a.lnf_mean, m->a.lnf_rstd, BT, C);
+    k->crossentropy_softmax_backward(a->da.logits, a->a.probs, a->targets, dloss, BT, V);
+    k->matmul_backward(a->da.lnf, dw[0], NULL, a->da.logits, a->a.lnf, w[0], BT, C, V);
+    k->layernorm_backward(dresidual, dw[1], dw[1] + C, a->da.lnf, NULL, residual, w[1],
+                          a->a.lnf_mean, a->a.lnf_rstd, BT, C);
     piece_grads_done(m, &pc);
 }
 
+// What a pass of a block's backward computes: the input gradient (B), the weight gradients (W),
+// or both (the two interleaved op by op, as one backward).
+enum { BACK_INPUT = 1, BACK_WEIGHTS = 2, BACK_BOTH = 3 };
+
 // Backward of one block on Bc sequences, the chunk's rows of everything (see
-// block_forward_rows). Reads d.residual3 (the gradient of the block's output); writes dresidual
-// (that of its input); adds into the weight gradients dw.
-static void block_backward_rows(const Kernels *k, const LayerParams *wp, const LayerParams *dwp,
-                                const LayerActs *ap, const LayerActs *dp, const float *residual,
-                                float *dresidual, int Bc, int T, int C, int NH) {
-    const LayerParams w = *wp, dw = *dwp;
+// block_forward_rows). Reads d.residual3 (the gradient of the block's output). BACK_INPUT
+// writes dresidual (that of its input) and the intermediate gradients; BACK_WEIGHTS adds into
+// the weight gradients dw from the intermediate gradients already there. Each kernel call of
+// BACK_BOTH is made by one of the two passes with the same operands, so B then W == BOTH.
+static void block_backward_rows(const Kernels *k, const GPT2BlockWeights *wp,
+                                const GPT2BlockWeights *dwp, const LayerActs *ap,
+                                const LayerActs *dp, const float *residual, float *dresidual,
+                                int Bc, int T, const GPT2BlockDims *dm, int pass) {
+    const GPT2BlockWeights w = *wp, dw = *dwp;
     const LayerActs a = *ap, d = *dp;
-    int BT = Bc * T;
-    size_t BTC = (size_t)BT * C;
+    int BT = Bc * T, C = dm->C, A = dm->ATT, F = dm->FC;
+    int in = pass & BACK_INPUT, wt = pass & BACK_WEIGHTS;
+#define IN(x) (in ? (x) : NULL)
+#define WT(x) (wt ? (x) : NULL)
     // MLP: residual3 = residual2 + fcproj(gelu(fc(ln2(residual2)))). A sum passes its gradient
     // unchanged to both terms, so the fcproj backward reads d.residual3 directly (d.fcproj is
     // not materialized), and d.residual2 = d.residual3 (the skip path) + ln2's backward.
-    k->matmul_backward(d.fch_gelu, dw.fcprojw, dw.fcprojb, d.residual3, a.fch_gelu, w.fcprojw, BT, 4 * C, C);
-    k->gelu_backward(d.fch, a.fch, d.fch_gelu, BTC * 4);
-    k->matmul_backward(d.ln2, dw.fcw, dw.fcb, d.fch, a.ln2, w.fcw, BT, C, 4 * C);
-    k->layernorm_backward(d.residual2, dw.ln2w, dw.ln2b, d.ln2, d.residual3, a.residual2, w.ln2w,
-                          a.ln2_mean, a.ln2_rstd, BT, C);
+    k->matmul_backward(IN(d.fch_gelu), WT(dw.fcprojw), WT(dw.fcprojb), d.residual3, a.fch_gelu,
+                       w.fcprojw, BT, F, C);
+    if (in) k->gelu_backward(d.fch, a.fch, d.fch_gelu, (size_t)BT * F);
+    k->matmul_backward(IN(d.ln2), WT(dw.fcw), WT(dw.fcb), d.fch, a.ln2, w.fcw, BT, C, F);
+    k->layernorm_backward(IN(d.residual2), WT(dw.ln2w), WT(dw.ln2b), d.ln2, d.residual3,
+                          a.residual2, w.ln2w, a.ln2_mean, a.ln2_rstd, BT, C);
 
     // Attention: residual2 = residual + attproj(attention(qkv(ln1(residual)))); same trick.
-    k->matmul_backward(d.atty, dw.attprojw, dw.attprojb, d.residual2, a.atty, w.attprojw, BT, C, C);
-    k->attention_backward(d.qkv, d.preatt, d.att, d.atty, a.qkv, a.att, Bc, T, C, NH);
-    k->matmul_backward(d.ln1, dw.qkvw, dw.qkvb, d.qkv, a.ln1, w.qkvw, BT, C, 3 * C);
-    k->layernorm_backward(dresidual, dw.ln1w, dw.ln1b, d.ln1, d.residual2, residual, w.ln1w,
-                          a.ln1_mean, a.ln1_rstd, BT, C);
+    k->matmul_backward(IN(d.atty), WT(dw.attprojw), WT(dw.attprojb), d.residual2, a.atty,
+                       w.attprojw, BT, A, C);
+    if (in) k->attention_backward(d.qkv, d.preatt, d.att, d.atty, a.qkv, a.att, Bc, T, A, dm->NH);
+    k->matmul_backward(IN(d.ln1), WT(dw.qkvw), WT(dw.qkvb), d.qkv, a.ln1, w.qkvw, BT, C, 3 * A);
+    k->layernorm_backward(IN(dresidual), WT(dw.ln1w), WT(dw.ln1b), d.ln1, d.residual2, residual,
+                          w.ln1w, a.ln1_mean, a.ln1_rstd, BT, C);
+#undef IN
+#undef WT
 }
 
-// Reads da.residual3 of block l (the gradient of its output); writes the gradient of its
-// input (da.residual3 of block l-1, or da.encoded for block 0).
-void gpt2_block_backward(GPT2 *m, int l) {
-    int B = m->B, T = m->T, C = m->cfg.C, NH = m->cfg.NH;
-    size_t BTC = (size_t)B * T * C;
-    LAB_CHECK(l >= 0 && l < m->cfg.L, "gpt2_block_backward: block %d of %d", l, m->cfg.L);
-    LAB_CHECK(has_grads(m), "gpt2_block_backward before gpt2_alloc_grads");
-    Piece pc = piece_block(m, l);
-    float *wv[PIECE_MAX], *dwv[PIECE_MAX];
-    piece_weights(m, &pc, wv);
-    piece_grads(m, &pc, dwv);
-    LayerParams w = layer_params(wv);
-    LayerParams dw = layer_params(dwv);
-    LayerActs a = block_acts(m, l);
-    LayerActs d = layer_dacts(&m->da, BTC, l);
-    // bf16: widen the stored layer into the fp32 scratch
-    if (m->dtype == GPT2_BF16)
-        m->k->bf16_to_f32(a.ln1, m->acts_bf16 + (size_t)l * m->layer_act_size, m->layer_act_size);
-    const float *residual = piece_input(m, l);
-    float *dresidual = block_input(&m->da, BTC, l);
-    int step = chunk_seqs(m);
+// One backward pass over block l's rows, chunk by chunk (the same chunks as the forward: the
+// weight gradients get their chunks' contributions in the same order in every pass).
+static void block_backward(GPT2 *m, GPT2Acts *a, int l, const void *block_w, void *dblock_w,
+                           int pass, const char *fn) {
+    check_block(m, a, l, fn);
+    int split = pass != BACK_BOTH;
+    LAB_CHECK(!split || a->wsave, "%s: the split backward needs gpt2_acts_alloc_split", fn);
+    int B = a->B, T = a->T;
+    GPT2BlockDims dm = gpt2_block_dims(&m->cfg);
+    size_t BTC = (size_t)B * T * dm.C;
+    Piece pc = {0};
+    piece_block(&pc, m, l, block_w, dblock_w, pass & BACK_INPUT, pass & BACK_WEIGHTS);
+    GPT2BlockWeights w = {0}, dw = {0};  // W needs no weights, B no weight gradients
+    float *wv[2] = {0}, *dwv[2] = {0};
+    if (pass & BACK_INPUT) {
+        piece_weights(m, &pc, wv);
+        w = gpt2_block_weights(&dm, wv[0]);
+    }
+    if (pass & BACK_WEIGHTS) {
+        piece_grads(m, &pc, dwv);
+        dw = gpt2_block_weights(&dm, dwv[0]);
+    }
+    LayerActs la = block_acts(m, a, &dm, l);
+    LayerActs d = layer_dacts(a, &dm, l - a->l0, split);
+    widen_layer(m, a, l);  // bf16: the stored layer into the fp32 scratch
+    const float *residual = piece_input(m, a, l);
+    float *dresidual = block_input(&a->da, BTC, l - a->l0);
+    int step = chunk_seqs(m, a);
     for (int b0 = 0; b0 < B; b0 += step) {
         int Bc = B - b0 < step ? B - b0 : step;
         size_t r = (size_t)b0 * T;
-        LayerActs ac = layer_rows(a, r, C, NH, T), dc = layer_rows(d, r, C, NH, T);
-        block_backward_rows(m->k, &w, &dw, &ac, &dc, residual + r * C, dresidual + r * C, Bc, T,
-                            C, NH);
+        LayerActs ac = layer_rows(la, r, &dm, T), dc = layer_rows(d, r, &dm, T);
+        block_backward_rows(m->k, &w, &dw, &ac, &dc, residual + r * dm.C, dresidual + r * dm.C,
+                            Bc, T, &dm, pass);
     }
-    piece_grads_done(m, &pc);
+    if (pass & BACK_WEIGHTS) piece_grads_done(m, &pc);
 }
 
-void gpt2_embed_backward(GPT2 *m) {
-    LAB_CHECK(has_grads(m), "gpt2_embed_backward before gpt2_alloc_grads");
-    Piece pc = piece_embed(m);
-    float *dw[PIECE_MAX];  // wte, wpe
+void gpt2_block_backward_w(GPT2 *m, GPT2Acts *acts, int l, const void *block_w, void *dblock_w) {
+    block_backward(m, acts_of(m, acts), l, block_w, dblock_w, BACK_BOTH, "gpt2_block_backward");
+}
+
+void gpt2_block_backward_input(GPT2 *m, GPT2Acts *acts, int l, const void *block_w) {
+    block_backward(m, acts_of(m, acts), l, block_w, NULL, BACK_INPUT, "gpt2_block_backward_input");
+}
+
+void gpt2_block_backward_weights(GPT2 *m, GPT2Acts *acts, int l, void *dblock_w) {
+    block_backward(m, acts_of(m, acts), l, NULL, dblock_w, BACK_WEIGHTS,
+                   "gpt2_block_backward_weights");
+}
+
+void gpt2_embed_backward_w(GPT2 *m, GPT2Acts *acts, void *dembed_w) {
+    GPT2Acts *a = acts_of(m, acts);
+    Piece pc = {0};
+    piece_embed(&pc, m, NULL, dembed_w, 1);
+    float *dw[2] = {0};  // the unit: wte then wpe
     piece_grads(m, &pc, dw);
-    m->k->encoder_backward(dw[0], dw[1], m->da.encoded, m->inputs, m->B, m->T, m->cfg.C);
+    m->k->encoder_backward(dw[0], dw[0] + wte_size(m), a->da.encoded, a->inputs, a->B, a->T,
+                           m->cfg.C);
     piece_grads_done(m, &pc);
 }
 
-void gpt2_backward(GPT2 *m, float dloss) {
-    gpt2_head_backward(m, dloss);
-    for (int l = m->cfg.L - 1; l >= 0; l--) gpt2_block_backward(m, l);
-    gpt2_embed_backward(m);
+void gpt2_backward_acts(GPT2 *m, GPT2Acts *acts, float dloss) {
+    GPT2Acts *a = acts_of(m, acts);
+    if (m->has_head) gpt2_head_backward_w(m, a, dloss, NULL, NULL, NULL, NULL);
+    for (int l = m->l1 - 1; l >= m->l0; l--) gpt2_block_backward_w(m, a, l, NULL, NULL);
+    if (m->has_embed) gpt2_embed_backward_w(m, a, NULL);
 }
+
+void gpt2_head_backward(GPT2 *m, float dloss) { gpt2_head_backward_w(m, NULL, dloss, NULL, NULL, NULL, NULL); }
+void gpt2_block_backward(GPT2 *m, int l) { gpt2_block_backward_w(m, NULL, l, NULL, NULL); }
+void gpt2_embed_backward(GPT2 *m) { gpt2_embed_backward_w(m, NULL, NULL); }
+void gpt2_backward(GPT2 *m, float dloss) { gpt2_backward_acts(m, NULL, dloss); }
 
 // ----------------------------------------------------------------------------------------------
 // Model FLOPs of one training step, the convention of MFU (PaLM paper, appendix B):

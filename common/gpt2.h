@@ -1,49 +1,79 @@
-// gpt2.h: GPT-2, exactly as DESIGN.md specifies it, in fp32, on one device.
+// gpt2.h: GPT-2, exactly as DESIGN.md specifies it, in fp32 or bf16, on one device.
 //
-// Parameters live in ONE flat buffer in llm.c's order (wte, wpe, ln1w, ln1b, qkvw, qkvb,
-// attprojw, attprojb, ln2w, ln2b, fcw, fcb, fcprojw, fcprojb, lnfw, lnfb); per-layer tensors are
-// stacked over L (ln1w is (L,C), qkvw is (L,3C,C), ...). Gradients mirror that layout.
+// Parameters live in ONE flat buffer, BLOCK-MAJOR (each block's parameters one contiguous
+// range, a "unit"):
+//     [wte wpe] [block 0] [block 1] ... [block L-1] [lnfw lnfb]
+//      unit 0    unit 1                  unit L      unit L+1
+// a block unit is its 12 tensors in llm.c's tensor order (ln1w ln1b qkvw qkvb attprojw attprojb
+// ln2w ln2b fcw fcb fcprojw fcprojb). Gradients mirror that layout. llm.c's stacked order
+// (wte, wpe, then each kind of tensor for all L layers, lnfw, lnfb) exists only in FILES:
+// gpt2_to_llmc / gpt2_from_llmc convert, and ckpt.c's device-level functions and
+// train_params_to_host use them, so weights, training states and --dump files are
+// layout-independent. Initialization is a pure function of (seed, the element's index in llm.c's
+// order): every layout (and every slice of one) starts from the same numbers.
+//
 // Forward and backward are exposed per piece (embedding, block l, head) so that a chapter can
-// act between blocks: launch a bucket's all-reduce, gather the next shard, send to a stage.
+// act between blocks: launch a bucket's all-reduce, gather the next unit, send to a stage. Every
+// piece can run with weights supplied by the caller (the _w functions: a gathered FSDP unit, a
+// copy anywhere), on an activation set of the caller's (GPT2Acts: one per micro-batch, several
+// alive at once), and a block's backward can be split into its input gradient (B) and its
+// weight gradient (W), as zero-bubble pipelines schedule them.
+//
+// Partial models (pipeline stages) hold blocks [l0, l1) only; see gpt2_build_stage.
 #pragma once
 #include <stddef.h>
 #include <stdint.h>
 #include "kernels.h"
 #include "mem.h"
 
-#define GPT2_NUM_TENSORS 16
+// Tensor kinds, in llm.c's order (the order of files, and of the tensors inside a block unit).
+enum {
+    GPT2_WTE, GPT2_WPE,
+    GPT2_LN1W, GPT2_LN1B, GPT2_QKVW, GPT2_QKVB, GPT2_ATTPROJW, GPT2_ATTPROJB,
+    GPT2_LN2W, GPT2_LN2B, GPT2_FCW, GPT2_FCB, GPT2_FCPROJW, GPT2_FCPROJB,
+    GPT2_LNFW, GPT2_LNFB,
+    GPT2_NUM_TENSORS
+};
+#define GPT2_BLOCK_TENSORS 12  // GPT2_LN1W .. GPT2_FCPROJB: block tensor i is kind GPT2_LN1W + i
 
 typedef struct GPT2Config {
     int V;   // vocabulary size (256 = bytes)
     int T;   // maximum sequence length
-    int L;   // number of blocks
+    int L;   // number of blocks (of the FULL model, also in a partial one)
     int C;   // channels
     int NH;  // heads (C % NH == 0)
 } GPT2Config;
 
-typedef struct ParamTensors {
-    float *wte;      // (V, C)     tied with the output layer
-    float *wpe;      // (T, C)
-    float *ln1w;     // (L, C)
-    float *ln1b;     // (L, C)
-    float *qkvw;     // (L, 3C, C) rows ordered [Q; K; V]
-    float *qkvb;     // (L, 3C)
-    float *attprojw; // (L, C, C)
-    float *attprojb; // (L, C)
-    float *ln2w;     // (L, C)
-    float *ln2b;     // (L, C)
-    float *fcw;      // (L, 4C, C)
-    float *fcb;      // (L, 4C)
-    float *fcprojw;  // (L, C, 4C)
-    float *fcprojb;  // (L, C)
-    float *lnfw;     // (C)
-    float *lnfb;     // (C)
-} ParamTensors;
+// The widths inside one block, from ONE place: every block kernel call takes its shapes from
+// here, so a tensor-parallel shard (fewer heads, fewer hidden units) can shrink them.
+typedef struct GPT2BlockDims {
+    int C;    // residual stream width (in and out of the block)
+    int NH;   // attention heads computed here
+    int ATT;  // attention width NH * (C / cfg.NH): qkv rows are 3*ATT, attproj's input ATT
+    int FC;   // MLP hidden units (4C in the full block)
+} GPT2BlockDims;
+GPT2BlockDims gpt2_block_dims(const GPT2Config *cfg);  // the full block: {C, NH, C, 4C}
+// Element offsets and sizes of the 12 tensors inside a block unit of these widths; returns the
+// unit's size. (ln1w C, ln1b C, qkvw 3ATT*C, qkvb 3ATT, attprojw C*ATT, attprojb C, ln2w C,
+// ln2b C, fcw FC*C, fcb FC, fcprojw C*FC, fcprojb C)
+size_t gpt2_block_layout(const GPT2BlockDims *d, size_t offset[GPT2_BLOCK_TENSORS],
+                         size_t size[GPT2_BLOCK_TENSORS]);
+
+// One block's weights (or weight gradients) by name: views into one block unit.
+typedef struct GPT2BlockWeights {
+    float *ln1w, *ln1b;          // (C)
+    float *qkvw, *qkvb;          // (3ATT, C), (3ATT)   rows [Q; K; V]
+    float *attprojw, *attprojb;  // (C, ATT), (C)
+    float *ln2w, *ln2b;          // (C)
+    float *fcw, *fcb;            // (FC, C), (FC)
+    float *fcprojw, *fcprojb;    // (C, FC), (C)
+} GPT2BlockWeights;
+GPT2BlockWeights gpt2_block_weights(const GPT2BlockDims *d, float *unit);
 
 #define GPT2_NUM_ACTS 23
 typedef struct ActTensors {
-    float *encoded;   // (B, T, C)
-    float *ln1;       // (L, B, T, C)
+    float *encoded;   // (B, T, C)  the input of the first block held (embedding, or received)
+    float *ln1;       // (L, B, T, C)      L: the blocks the activation set holds
     float *ln1_mean;  // (L, B, T)
     float *ln1_rstd;  // (L, B, T)
     float *qkv;       // (L, B, T, 3C)
@@ -59,7 +89,7 @@ typedef struct ActTensors {
     float *fch_gelu;  // (L, B, T, 4C)
     float *fcproj;    // (L, B, T, C)
     float *residual3; // (L, B, T, C)
-    float *lnf;       // (B, T, C)
+    float *lnf;       // (B, T, C)    the head's: NULL on a stage without the head
     float *lnf_mean;  // (B, T)
     float *lnf_rstd;  // (B, T)
     float *logits;    // (B, T, V)
@@ -68,15 +98,30 @@ typedef struct ActTensors {
 } ActTensors;
 
 // One parameter in the PyTorch sense: a tensor, or one layer's slice of a stacked tensor.
-// These are the units DDP buckets and FSDP units are made of.
+// These are the units DDP buckets are made of. Listed in MEMORY order.
 typedef struct GPT2Param {
-    char name[32];    // "h.2.qkvw", "wte", ...
-    int tensor;       // 0..15, index in llm.c's order
-    int layer;        // block index, or -1 for wte, wpe, lnfw, lnfb
-    size_t offset;    // element offset in the flat parameter buffer
-    size_t size;      // elements
-    int decay;        // 1 for 2-D weight matrices (AdamW weight decay applies), else 0
+    char name[32];        // "h.2.qkvw", "wte", ...
+    int tensor;           // GPT2_WTE .. GPT2_LNFB
+    int layer;            // block index (of the full model), or -1 for wte, wpe, lnfw, lnfb
+    size_t offset;        // element offset in THIS model's flat buffer
+    size_t size;          // elements
+    int decay;            // 1 for 2-D weight matrices (AdamW weight decay applies), else 0
+    size_t global_offset; // element offset in the FULL model's flat buffer (== offset there)
+    size_t llmc_offset;   // element offset in llm.c's stacked order (files)
+    int tied_copy;        // 1: a last stage's copy of wte (see gpt2_build_stage), else 0
 } GPT2Param;
+
+// A unit: a contiguous range of the flat buffer that one piece reads (FSDP/ZeRO-3 gather one
+// unit as one range). The full model has L+2: 0 = EMBED (wte, wpe), 1..L = BLOCK l-1,
+// L+1 = HEAD (lnfw, lnfb; the head also reads wte, the EMBED unit's first V*C elements).
+typedef enum { GPT2_UNIT_EMBED, GPT2_UNIT_BLOCK, GPT2_UNIT_HEAD, GPT2_UNIT_TIED_WTE } GPT2UnitKind;
+typedef struct GPT2Unit {
+    GPT2UnitKind kind;
+    int layer;            // BLOCK: the block's index in the full model; else -1
+    size_t offset;        // element offset in this model's buffer
+    size_t global_offset; // in the full model's buffer (TIED_WTE: 0, where wte is)
+    size_t size;          // elements
+} GPT2Unit;
 
 // Storage precision. GPT2_BF16 is mixed precision: the parameters, their gradients and the
 // activations the blocks save for backward are stored in bf16 (2 bytes each, rounded to
@@ -85,55 +130,100 @@ typedef struct GPT2Param {
 // caller. On CUDA its matmuls run on tensor cores in TF32 (kernels_get_tf32).
 typedef enum { GPT2_FP32 = 0, GPT2_BF16 = 1 } GPT2Dtype;
 
-typedef struct GPT2 {
-    GPT2Config cfg;
-    Device dev;
-    const Kernels *k;
-    size_t param_sizes[GPT2_NUM_TENSORS];
-    size_t num_params;
-    float *params;      // flat, num_params (MEM_PARAMS)
-    ParamTensors p;     // views into params
-    float *grads;       // flat, num_params (MEM_GRADS), NULL until gpt2_alloc_grads
-    ParamTensors g;
-    int B, T;           // activation shape, set by gpt2_alloc_acts
+// One micro-batch's activations over the blocks [l0, l1) of the model it was made for: the
+// forward activations, their gradients, the batch (inputs, targets) and the losses. Several can
+// be alive at once (a pipeline stage keeps one per micro-batch in flight); each is freed when
+// its backward is done. Every byte of the activations is tagged MEM_ACTS.
+// Pipeline boundaries: a.encoded is the input of block l0 (the embedding's output on the first
+// stage; a stage l0 > 0 writes the activation it receives there, gpt2_acts_input);
+// da.encoded is the gradient of that input (computed by block l0's backward: to send back);
+// the gradient of the stage's output goes to gpt2_acts_doutput (block l1-1 reads it).
+typedef struct GPT2Acts {
+    int B, T;
+    int l0, l1;               // the blocks whose activations are held (the model's)
+    GPT2Dtype dtype;
     size_t act_sizes[GPT2_NUM_ACTS];  // of acts (bf16: one layer of the per-layer tensors)
     size_t num_acts;
-    float *acts;        // fp32 activations (MEM_ACTS); bf16: see acts_bf16
-    ActTensors a;       // views into acts
+    float *acts;              // fp32 activations (MEM_ACTS); bf16: see acts_bf16
+    ActTensors a;             // views into acts
     size_t dact_sizes[GPT2_NUM_ACTS];  // gpt2_dact_sizes
     size_t num_dacts;
-    float *dacts;       // gradients of the activations (MEM_ACTS), see gpt2_dact_sizes
-    ActTensors da;      // views into dacts; NULL for the gradients never materialized
-    int *inputs;        // (B, T) on dev (MEM_OTHER)
-    int *targets;       // (B, T) on dev (MEM_OTHER)
+    float *dacts;             // gradients of the activations (MEM_ACTS), see gpt2_dact_sizes
+    ActTensors da;            // views into dacts; NULL for the gradients never materialized
+    int *inputs;              // (B, T) on dev (MEM_OTHER)
+    int *targets;             // (B, T) on dev (MEM_OTHER)
     int has_targets;
-    float *host_losses; // (B, T) host copy of the per-position losses
-    // Mixed precision (dtype GPT2_BF16). Then params, grads and the views p, g are NULL.
+    float *host_losses;       // (B, T) host copy of the per-position losses (head only)
+    // bf16: the per-layer activations (ln1 .. residual3) of every block held are stored here,
+    // rounded; acts holds ONE layer of them in fp32 (a block computes there, and its backward
+    // widens its stored layer back there) and the embedding's and head's.
+    uint16_t *acts_bf16;      // (l1-l0) * layer_act_size (MEM_ACTS, 2 bytes each)
+    size_t layer_act_size;    // elements of one layer's activations
+    float *block_in;          // bf16: (B,T,C) widened input of the piece running now (MEM_ACTS)
+    // Split backward (gpt2_acts_alloc_split): what a block's W needs from its B, per block:
+    // the gradients of ln1 (BTC), qkv (3BTC), residual2 (BTC), ln2 (BTC), fch (4BTC) =
+    // 10*B*T*C floats per block held (MEM_ACTS). NULL until allocated.
+    float *wsave;
+    size_t wsave_per_block;   // floats per block: 10 * B * T * C
+} GPT2Acts;
+
+typedef struct GPT2 {
+    GPT2Config cfg;     // the FULL model's config (cfg.L counts all blocks, also on a stage)
+    Device dev;
+    const Kernels *k;
     GPT2Dtype dtype;
+    int l0, l1;         // the blocks held: [l0, l1) ([0, L) for the full model)
+    int has_embed;      // l0 == 0: wte and wpe, the embedding
+    int has_head;       // l1 == L: lnfw, lnfb and the output layer (wte, or its tied copy)
+    size_t num_params;  // elements held (the full model: gpt2_param_count)
+    int nplist;         // parameters held, in memory order
+    GPT2Param *plist;   // (gpt2_stage_params)
+    int nunits;
+    GPT2Unit *units;    // in memory order (gpt2_stage_units)
+    size_t wte_offset;  // where the wte the head reads starts (0, or the tied copy's offset)
+    float *params;      // flat, num_params (MEM_PARAMS); NULL in bf16
+    float *grads;       // flat, num_params (MEM_GRADS), NULL until gpt2_alloc_grads or in bf16
+    // Mixed precision (dtype GPT2_BF16). Then params and grads are NULL.
     uint16_t *params_bf16; // flat, num_params (MEM_PARAMS, 2 bytes each)
     uint16_t *grads_bf16;  // flat, num_params (MEM_GRADS), NULL until gpt2_alloc_grads
     size_t work_size;      // floats in the largest piece: max(embed, one block, head)
     float *work;           // fp32 weights of the piece running now (MEM_OTHER)
     float *work_grads;     // fp32 gradients of that piece (MEM_OTHER), with the grads
-    // bf16 activations (GPT2_BF16): the per-layer activations (ln1 .. residual3) of every block
-    // are stored here, rounded; acts holds ONE layer of them in fp32 (a block computes there,
-    // and its backward widens its stored layer back there) and the embedding's and head's.
-    uint16_t *acts_bf16;   // L * layer_act_size, layer after layer (MEM_ACTS, 2 bytes each)
-    size_t layer_act_size; // elements of one layer's activations
-    float *block_in;       // (B,T,C): the widened input of the piece running now (MEM_ACTS)
+    GPT2Acts act;          // the default activation set (gpt2_alloc_acts); NULL acts use it
 } GPT2;
 
 // Config helpers. gpt2_config_check fails the job with a message naming the bad field.
 void gpt2_config_check(const GPT2Config *cfg);
 GPT2Config gpt2_config_tiny(void);             // V=256 T=64 L=4 C=128 NH=4
+// Element counts of the 16 tensor kinds, stacked over L (llm.c's file layout).
 void gpt2_param_sizes(const GPT2Config *cfg, size_t sizes[GPT2_NUM_TENSORS]);
 size_t gpt2_param_count(const GPT2Config *cfg);
 const char *gpt2_tensor_name(int tensor);      // "wte", "wpe", "ln1w", ...
-// The parameters in llm.c memory order: wte, wpe, then per tensor kind per layer, lnfw, lnfb.
+// The full model's parameters in MEMORY order (wte, wpe, block 0's twelve, ..., lnfw, lnfb).
 // Fills out (if not NULL) and returns the count, 4 + 12 * L.
 int gpt2_params(const GPT2Config *cfg, GPT2Param *out);
-// Activation element counts for (B, T).
+// The same for a stage holding blocks [l0, l1) (see gpt2_build_stage): local offsets, global
+// offsets into the full model. Returns the count.
+int gpt2_stage_params(const GPT2Config *cfg, int l0, int l1, GPT2Param *out);
+// The units of a stage [l0, l1) ([0, L): the full model's L+2) in memory order; returns the count.
+int gpt2_stage_units(const GPT2Config *cfg, int l0, int l1, GPT2Unit *out);
+// Elements a stage holds (gpt2_param_count for [0, L)).
+size_t gpt2_stage_param_count(const GPT2Config *cfg, int l0, int l1);
+// The unit of block l (of the full model) in m; fails if m does not hold it.
+const GPT2Unit *gpt2_block_unit(const GPT2 *m, int l);
+// Local element offset of tensor `tensor` of block `layer` (-1: wte, wpe, lnfw, lnfb) in m.
+size_t gpt2_tensor_offset(const GPT2 *m, int tensor, int layer);
+
+// The full model's flat buffer (memory order) <-> llm.c's stacked order, on the host
+// (num_params floats each; not in place).
+void gpt2_to_llmc(const GPT2Config *cfg, const float *mem, float *llmc);
+void gpt2_from_llmc(const GPT2Config *cfg, const float *llmc, float *mem);
+
+// Activation element counts for (B, T) of a set over nblocks blocks, with or without the head.
+// gpt2_act_sizes / gpt2_dact_sizes: the full model's (nblocks = cfg->L, head).
 void gpt2_act_sizes(const GPT2Config *cfg, int B, int T, size_t sizes[GPT2_NUM_ACTS]);
+void gpt2_act_sizes_range(const GPT2Config *cfg, int nblocks, int head, int B, int T,
+                          size_t sizes[GPT2_NUM_ACTS]);
 // Element counts of the activation GRADIENTS (dacts), in ActTensors order. The activations are
 // kept for every layer until backward; a block's internal gradients live only during its own
 // backward, so ONE layer of them serves all L blocks (less memory, and it stays in cache):
@@ -143,6 +233,8 @@ void gpt2_act_sizes(const GPT2Config *cfg, int B, int T, size_t sizes[GPT2_NUM_A
 // materialized: attproj and fcproj (a sum passes its gradient through unchanged), the LayerNorm
 // means and rstds, probs and losses (the loss backward goes to the logits directly).
 void gpt2_dact_sizes(const GPT2Config *cfg, int B, int T, size_t sizes[GPT2_NUM_ACTS]);
+void gpt2_dact_sizes_range(const GPT2Config *cfg, int nblocks, int head, int B, int T,
+                           size_t sizes[GPT2_NUM_ACTS]);
 
 // Lifecycle. gpt2_build allocates the parameters (zeroed) on dev; gpt2_init_params fills them.
 void gpt2_build(GPT2 *m, GPT2Config cfg, Device dev);
@@ -158,19 +250,76 @@ void gpt2_build(GPT2 *m, GPT2Config cfg, Device dev);
 // what was stored. The embedding's output, the head's activations (LayerNorm, logits, probs,
 // losses: the loss is computed in fp32) and all activation gradients stay fp32.
 void gpt2_build_dtype(GPT2 *m, GPT2Config cfg, Device dev, GPT2Dtype dtype);
+// A partial model (pipeline stage) holding blocks [l0, l1), 0 <= l0 < l1 <= cfg.L, with the
+// embedding unit if l0 == 0 and the head unit if l1 == L. Memory order: [wte wpe] (first
+// stage) [blocks l0..l1-1] [lnfw lnfb] (last stage) [wte] (last stage that is not the first).
+// The tied wte: the embedding and the output layer share it. A stage that has both holds it
+// once; otherwise the first stage holds wte (in its EMBED unit) and the last stage holds a COPY
+// (its TIED_WTE unit, tied_copy = 1 in its parameter list) for the output layer. Both start from
+// the same init; each gets only its own part of the gradient, so the chapter must sum the two
+// wte gradients (all-reduce between first and last stage) before the optimizer step, and count
+// wte once in the clipping norm. gpt2_build_stage(m, cfg, dev, dtype, 0, cfg.L) ==
+// gpt2_build_dtype.
+void gpt2_build_stage(GPT2 *m, GPT2Config cfg, Device dev, GPT2Dtype dtype, int l0, int l1);
 // Initialization: N(0, 0.02) weights, residual projections (attprojw, fcprojw) scaled by
-// 1/sqrt(2L), biases 0, LayerNorm weights 1. Element i's value is a pure function of
-// (seed, cfg, i): any shard can be initialized alone and equals the slice of the full init.
+// 1/sqrt(2L) (the FULL L, also on a stage), biases 0, LayerNorm weights 1. Each element's value
+// is a pure function of (seed, cfg, its index in llm.c's order): a stage, a shard, any layout
+// holds exactly the slice of the full init.
 void gpt2_init_params(GPT2 *m, uint64_t seed);
+// Elements [begin, end) of the FULL model's flat buffer (memory order) as initialized.
 void gpt2_init_slice(const GPT2Config *cfg, uint64_t seed, size_t begin, size_t end, float *out_host);
+// m's own parameters (num_params, its memory order) as initialized, on the host.
+void gpt2_init_local(const GPT2 *m, uint64_t seed, float *out_host);
 void gpt2_alloc_grads(GPT2 *m);
-void gpt2_alloc_acts(GPT2 *m, int B, int T);
+void gpt2_alloc_acts(GPT2 *m, int B, int T);   // (re)allocates m->act
 void gpt2_free(GPT2 *m);
 
-// Copy a (B,T) batch to the device. targets may be NULL (inference: no loss).
+// Activation sets. gpt2_acts_alloc: one (B, T) micro-batch over m's blocks [l0, l1), in m's
+// precision, on m's device. gpt2_acts_alloc_split adds the storage the split backward needs
+// (GPT2Acts.wsave). gpt2_acts_free releases every byte (and zeroes the struct).
+void gpt2_acts_alloc(GPT2Acts *a, const GPT2 *m, int B, int T);
+void gpt2_acts_alloc_split(GPT2Acts *a, const GPT2 *m);
+void gpt2_acts_free(GPT2Acts *a);
+// Copy a (B,T) batch to the device. targets may be NULL (inference: no loss). acts NULL: m->act.
+void gpt2_acts_set_batch(const GPT2 *m, GPT2Acts *a, const int *inputs, const int *targets);
+// Pipeline boundaries (fp32, (B,T,C) on the device): where a stage l0 > 0 writes its input; the
+// gradient of that input after block l0's backward; where the gradient of the stage's output
+// goes before block l1-1's backward; and the stage's output copied into out (bf16: the stored,
+// rounded values widened, exactly what the next block of the full model would read).
+float *gpt2_acts_input(GPT2Acts *a);
+float *gpt2_acts_dinput(GPT2Acts *a);
+float *gpt2_acts_doutput(GPT2Acts *a);
+void gpt2_acts_output(const GPT2 *m, GPT2Acts *a, float *out);
+
+// Copy a (B,T) batch into m->act. targets may be NULL (inference: no loss).
 void gpt2_set_batch(GPT2 *m, const int *inputs, const int *targets);
 
-// Forward in pieces...
+// Pieces with caller-supplied weights and activation set. acts NULL: m->act. Weights: one unit
+// in the model's dtype (fp32 floats or bf16 words) at ANY address (NULL: m's own, in place):
+// embed_w the EMBED unit (wte then wpe), block_w a BLOCK unit, head_w the HEAD unit (lnfw then
+// lnfb), wte the (V, C) output-layer weights. Gradients: a unit-shaped buffer of the same dtype
+// (NULL: m's own), ACCUMULATED into (+=).
+void gpt2_embed_forward_w(GPT2 *m, GPT2Acts *acts, const void *embed_w);
+void gpt2_block_forward_w(GPT2 *m, GPT2Acts *acts, int l, const void *block_w);
+float gpt2_head_forward_w(GPT2 *m, GPT2Acts *acts, const void *wte, const void *head_w);
+void gpt2_head_backward_w(GPT2 *m, GPT2Acts *acts, float dloss, const void *wte,
+                          const void *head_w, void *dwte, void *dhead_w);
+void gpt2_block_backward_w(GPT2 *m, GPT2Acts *acts, int l, const void *block_w, void *dblock_w);
+void gpt2_embed_backward_w(GPT2 *m, GPT2Acts *acts, void *dembed_w);
+// The split backward of block l (needs gpt2_acts_alloc_split). B: the gradient of the block's
+// input (through every op), keeping what W needs in acts->wsave; W, any time later (before the
+// next forward of this acts' block l): the 12 weight gradients. B then W gives exactly the bits
+// of gpt2_block_backward_w (the same kernels on the same operands, in the same order per output).
+void gpt2_block_backward_input(GPT2 *m, GPT2Acts *acts, int l, const void *block_w);
+void gpt2_block_backward_weights(GPT2 *m, GPT2Acts *acts, int l, void *dblock_w);
+
+// Whole passes over m's blocks on one activation set (a stage: embedding only if it has it,
+// head only if it has it; a stage without the head returns -1 and its backward starts from the
+// gradient in gpt2_acts_doutput).
+float gpt2_forward_acts(GPT2 *m, GPT2Acts *acts, const int *inputs, const int *targets);
+void gpt2_backward_acts(GPT2 *m, GPT2Acts *acts, float dloss);
+
+// The original API, on m->act and m's own weights.
 void gpt2_embed_forward(GPT2 *m);
 void gpt2_block_forward(GPT2 *m, int l);
 float gpt2_head_forward(GPT2 *m);   // final LayerNorm, logits, softmax, loss; returns mean loss

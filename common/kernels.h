@@ -33,7 +33,9 @@ typedef struct Kernels {
                               const float *w, const float *b, int N, int C);
     // dinp = dskip + (gradient through the LayerNorm); dw, db +=. A LayerNorm's input is a
     // residual stream that also flows past it through the skip connection: dskip (N,C) is the
-    // gradient arriving that way (NULL: none), so the sum needs no separate pass.
+    // gradient arriving that way (NULL: none), so the sum needs no separate pass. A split
+    // backward computes the two halves at different times: dinp NULL (dw and db only) or dw and
+    // db NULL (dinp only); each half gives exactly the bits of the call that computes both.
     void (*layernorm_backward)(float *dinp, float *dw, float *db, const float *dout,
                                const float *dskip, const float *inp, const float *w,
                                const float *mean, const float *rstd, int N, int C);

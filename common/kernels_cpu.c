@@ -170,9 +170,17 @@ static void layernorm_backward(float *restrict dinp, float *restrict dw, float *
     for (int n = 0; n < N; n++) {
         const float *x = inp + (size_t)n * C;
         const float *d = dout + (size_t)n * C;
+        float m = mean[n], s = rstd[n];
+        if (!dinp) {  // the weight gradients alone (a split backward's W): the same sums
+            for (int i = 0; i < C; i++) {
+                float xhat = (x[i] - m) * s;
+                dw[i] += d[i] * xhat;
+                db[i] += d[i];
+            }
+            continue;
+        }
         const float *skip = dskip ? dskip + (size_t)n * C : NULL;
         float *dx = dinp + (size_t)n * C;
-        float m = mean[n], s = rstd[n];
         float acc_g[NACC] = {0}, acc_gx[NACC] = {0}, tail_g = 0.0f, tail_gx = 0.0f;
         int i = 0;
         for (; i + NACC <= C; i += NACC)
@@ -189,6 +197,14 @@ static void layernorm_backward(float *restrict dinp, float *restrict dw, float *
         }
         float g_mean = (sum_partials(acc_g) + tail_g) / (float)C;
         float gx_mean = (sum_partials(acc_gx) + tail_gx) / (float)C;
+        if (!dw) {  // the input gradient alone (a split backward's B)
+            for (i = 0; i < C; i++) {
+                float xhat = (x[i] - m) * s;
+                float g = d[i] * w[i];
+                dx[i] = (skip ? skip[i] : 0.0f) + s * (g - g_mean - xhat * gx_mean);
+            }
+            continue;
+        }
         for (i = 0; i < C; i++) {
             float xhat = (x[i] - m) * s;
             float g = d[i] * w[i];

@@ -3,6 +3,7 @@
 
 #include <math.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "check.h"
 #include "mem.h"
@@ -24,7 +25,7 @@ void train_master_to_model(GPT2 *m, const float *master) {
 
 void train_master_init(GPT2 *m, float *master, uint64_t seed) {
     float *w = lab_xmalloc(m->num_params * sizeof(float));
-    gpt2_init_slice(&m->cfg, seed, 0, m->num_params, w);
+    gpt2_init_local(m, seed, w);
     mem_copy(master, w, m->num_params * sizeof(float));
     free(w);
     train_master_to_model(m, master);
@@ -45,17 +46,22 @@ void train_adamw_step(const AdamW *h, GPT2 *m, int step, float *master, float *o
                     nplist, scale, m->work_grads, m->work_size);
 }
 
-// n values of the model's precision (fp32 or bf16 storage) -> fp32 on the host
+// n values of the model's precision (fp32 or bf16 storage) -> fp32 on the host, in llm.c's
+// order for the full model (a stage: its own memory order)
 static void to_host_f32(const GPT2 *m, float *host, const float *f32, const uint16_t *b16) {
     const size_t n = m->num_params;
+    float *mem = lab_xmalloc(n * sizeof(float));
     if (m->dtype == GPT2_FP32) {
-        mem_copy(host, f32, n * sizeof(float));
-        return;
+        mem_copy(mem, f32, n * sizeof(float));
+    } else {
+        uint16_t *h16 = lab_xmalloc(n * sizeof(uint16_t));
+        mem_copy(h16, b16, n * sizeof(uint16_t));
+        kernels_cpu.bf16_to_f32(mem, h16, n);
+        free(h16);
     }
-    uint16_t *h16 = lab_xmalloc(n * sizeof(uint16_t));
-    mem_copy(h16, b16, n * sizeof(uint16_t));
-    kernels_cpu.bf16_to_f32(host, h16, n);
-    free(h16);
+    if (m->l0 == 0 && m->l1 == m->cfg.L) gpt2_to_llmc(&m->cfg, mem, host);
+    else memcpy(host, mem, n * sizeof(float));
+    free(mem);
 }
 
 void train_params_to_host(const GPT2 *m, float *host) {

@@ -34,8 +34,10 @@ void train_adamw_step(const AdamW *h, GPT2 *m, int step, float *master, float *o
 
 // The model's weights as fp32 on the host (n floats): checkpoints and results. bf16: the
 // weights the forward pass reads, widened (the training state keeps the master instead).
+// The full model's come in llm.c's order (the order of weights files and --dump files, the
+// same for every memory layout); a stage's (gpt2_build_stage) in its own memory order.
 void train_params_to_host(const GPT2 *m, float *host);
-// The model's gradients as fp32 on the host (n floats); bf16 widened.
+// The model's gradients as fp32 on the host (n floats); bf16 widened; ordered as above.
 void train_grads_to_host(const GPT2 *m, float *host);
 
 // The model's gradient buffer and its type on the wire: grads (DIST_F32) or grads_bf16

@@ -156,18 +156,18 @@ Test(bf16, blocks_read_the_stored_rounded_activations) {
     gpt2_zero_grad(&m);
     gpt2_forward(&m, x, y);
     size_t BTC = (size_t)B * T * cfg.C, rounded_away = 0;
-    const float *out = m.a.residual3;  // the last block's output, fp32, before rounding
+    const float *out = m.act.a.residual3;  // the last block's output, fp32, before rounding
     for (size_t i = 0; i < BTC; i++) {
         float want = bf16_to_f32(bf16_from_f32(out[i]));
-        cr_assert_eq(m.block_in[i], want, "head input [%zu] = %.9g, want bf16(%.9g) = %.9g", i,
-                     (double)m.block_in[i], (double)out[i], (double)want);
+        cr_assert_eq(m.act.block_in[i], want, "head input [%zu] = %.9g, want bf16(%.9g) = %.9g", i,
+                     (double)m.act.block_in[i], (double)out[i], (double)want);
         rounded_away += out[i] != want;
     }
     cr_assert_gt(rounded_away, BTC / 2, "the last block's output was already rounded");
     gpt2_backward(&m, 1.0f / (float)(B * T));
     size_t not_bf16 = 0;
-    for (size_t i = 0; i < m.layer_act_size; i++)
-        not_bf16 += bf16_to_f32(bf16_from_f32(m.a.ln1[i])) != m.a.ln1[i];
+    for (size_t i = 0; i < m.act.layer_act_size; i++)
+        not_bf16 += bf16_to_f32(bf16_from_f32(m.act.a.ln1[i])) != m.act.a.ln1[i];
     cr_assert_eq(not_bf16, 0, "%zu of block 0's widened activations are not bf16 values", not_bf16);
     gpt2_free(&m);
 }

@@ -60,34 +60,56 @@ Test(gpt2, parameter_counts) {
                      sizes[i], want[i]);
 }
 
-Test(gpt2, param_list_covers_the_buffer_once_in_llmc_order) {
+// The memory layout is block-major (gpt2.h): the list walks the buffer in that order, and each
+// parameter also knows where llm.c's stacked file order puts it.
+Test(gpt2, param_list_covers_the_buffer_once_block_major) {
     GPT2Config s = small_cfg();  // L = 2
     int n = gpt2_params(&s, NULL);
     cr_assert_eq(n, 4 + 12 * 2);
     GPT2Param p[4 + 12 * 2];
     cr_assert_eq(gpt2_params(&s, p), n);
-    const char *names[] = {
-        "wte", "wpe", "h.0.ln1w", "h.1.ln1w", "h.0.ln1b", "h.1.ln1b", "h.0.qkvw", "h.1.qkvw",
-        "h.0.qkvb", "h.1.qkvb", "h.0.attprojw", "h.1.attprojw", "h.0.attprojb", "h.1.attprojb",
-        "h.0.ln2w", "h.1.ln2w", "h.0.ln2b", "h.1.ln2b", "h.0.fcw", "h.1.fcw", "h.0.fcb",
-        "h.1.fcb", "h.0.fcprojw", "h.1.fcprojw", "h.0.fcprojb", "h.1.fcprojb", "lnfw", "lnfb",
-    };
+    const char *kinds[] = {"ln1w", "ln1b", "qkvw", "qkvb", "attprojw", "attprojb",
+                           "ln2w", "ln2b", "fcw", "fcb", "fcprojw", "fcprojb"};
+    // llm.c's order by hand (sizes of the small config: wte 128, wpe 32, then per layer
+    // ln1w 8, ln1b 8, qkvw 192, qkvb 24, attprojw 64, attprojb 8, ln2w 8, ln2b 8, fcw 256,
+    // fcb 32, fcprojw 256, fcprojb 8, each stacked over the 2 layers; lnfw 8, lnfb 8)
+    size_t per_layer[12] = {8, 8, 192, 24, 64, 8, 8, 8, 256, 32, 256, 8};
     size_t next = 0;
     for (int i = 0; i < n; i++) {
-        cr_assert_str_eq(p[i].name, names[i]);
+        char want[32];
+        int l = (i - 2) / 12, k = (i - 2) % 12;
+        if (i == 0) snprintf(want, sizeof want, "wte");
+        else if (i == 1) snprintf(want, sizeof want, "wpe");
+        else if (i == n - 2) snprintf(want, sizeof want, "lnfw");
+        else if (i == n - 1) snprintf(want, sizeof want, "lnfb");
+        else snprintf(want, sizeof want, "h.%d.%s", l, kinds[k]);
+        cr_assert_str_eq(p[i].name, want);
         cr_assert_eq(p[i].offset, next, "%s starts at %zu, want %zu (no gap, no overlap)",
                      p[i].name, p[i].offset, next);
+        cr_assert_eq(p[i].global_offset, p[i].offset, "%s: the full model's own offsets", p[i].name);
+        cr_assert_eq(p[i].tied_copy, 0);
         next += p[i].size;
         int t = p[i].tensor;
-        cr_assert_str_eq(gpt2_tensor_name(t), i < 2 ? names[i] : i >= n - 2 ? names[i] : names[i] + 4);
-        cr_assert_eq(p[i].layer, (i < 2 || i >= n - 2) ? -1 : (i - 2) % 2);
+        int block = i >= 2 && i < n - 2;
+        cr_assert_eq(p[i].layer, block ? l : -1);
+        if (block) {
+            cr_assert_str_eq(gpt2_tensor_name(t), kinds[k]);
+            size_t llmc = 160;  // after wte, wpe
+            for (int j = 0; j < k; j++) llmc += 2 * per_layer[j];
+            llmc += (size_t)l * per_layer[k];
+            cr_assert_eq(p[i].llmc_offset, llmc, "%s: llm.c offset %zu, want %zu", p[i].name,
+                         p[i].llmc_offset, llmc);
+        } else {
+            size_t llmc = i == 0 ? 0 : i == 1 ? 128 : i == n - 2 ? 1904 : 1912;
+            cr_assert_eq(p[i].llmc_offset, llmc, "%s: llm.c offset %zu", p[i].name, p[i].llmc_offset);
+        }
         int matrix = !strcmp(gpt2_tensor_name(t), "wte") || !strcmp(gpt2_tensor_name(t), "wpe") ||
                      !strcmp(gpt2_tensor_name(t), "qkvw") || !strcmp(gpt2_tensor_name(t), "attprojw") ||
                      !strcmp(gpt2_tensor_name(t), "fcw") || !strcmp(gpt2_tensor_name(t), "fcprojw");
         cr_assert_eq(p[i].decay, matrix, "%s: decay %d", p[i].name, p[i].decay);
     }
     cr_assert_eq(next, gpt2_param_count(&s));
-    cr_assert_eq(p[6].size, (size_t)3 * 8 * 8);  // one layer's qkvw: (3C, C)
+    cr_assert_eq(p[4].size, (size_t)3 * 8 * 8);  // one layer's qkvw: (3C, C)
 }
 
 Test(gpt2, flops_per_step) {
@@ -118,11 +140,18 @@ Test(gpt2, init_statistics) {
     GPT2Config cfg = gpt2_config_tiny();
     gpt2_build(&m, cfg, DEV_CPU);
     gpt2_init_params(&m, 1234);
+    // the tensors, stacked as llm.c stores them (gpt2_to_llmc), so each is one range
+    float *f = malloc(m.num_params * sizeof(float));
+    gpt2_to_llmc(&cfg, m.params, f);
+    size_t param_sizes[GPT2_NUM_TENSORS];
+    gpt2_param_sizes(&cfg, param_sizes);
+    const float *t[GPT2_NUM_TENSORS];
+    for (int i = 0, at = 0; i < GPT2_NUM_TENSORS; at += (int)param_sizes[i], i++) t[i] = f + at;
     double proj_std = 0.02 / sqrt(2.0 * cfg.L);
     struct { const float *x; size_t n; double std; const char *name; } w[] = {
-        {m.p.wte, m.param_sizes[0], 0.02, "wte"},           {m.p.wpe, m.param_sizes[1], 0.02, "wpe"},
-        {m.p.qkvw, m.param_sizes[4], 0.02, "qkvw"},         {m.p.attprojw, m.param_sizes[6], proj_std, "attprojw"},
-        {m.p.fcw, m.param_sizes[10], 0.02, "fcw"},          {m.p.fcprojw, m.param_sizes[12], proj_std, "fcprojw"},
+        {t[GPT2_WTE], param_sizes[0], 0.02, "wte"},           {t[GPT2_WPE], param_sizes[1], 0.02, "wpe"},
+        {t[GPT2_QKVW], param_sizes[4], 0.02, "qkvw"},         {t[GPT2_ATTPROJW], param_sizes[6], proj_std, "attprojw"},
+        {t[GPT2_FCW], param_sizes[10], 0.02, "fcw"},          {t[GPT2_FCPROJW], param_sizes[12], proj_std, "fcprojw"},
     };
     size_t within_1sd = 0, total = 0;
     for (size_t i = 0; i < sizeof w / sizeof w[0]; i++) {
@@ -137,16 +166,17 @@ Test(gpt2, init_statistics) {
     // normal, not merely the right variance: P(|z| < 1) = 0.6827
     cr_assert(fabs((double)within_1sd / total - 0.6827) < 0.005, "P(|z|<1) = %.4f",
               (double)within_1sd / total);
-    const float *ones[] = {m.p.ln1w, m.p.ln2w, m.p.lnfw};
-    size_t nones[] = {m.param_sizes[2], m.param_sizes[8], m.param_sizes[14]};
+    const float *ones[] = {t[GPT2_LN1W], t[GPT2_LN2W], t[GPT2_LNFW]};
+    size_t nones[] = {param_sizes[2], param_sizes[8], param_sizes[14]};
     for (int i = 0; i < 3; i++)
         for (size_t j = 0; j < nones[i]; j++) cr_assert_eq(ones[i][j], 1.0f);
     int biases[] = {3, 5, 7, 9, 11, 13, 15};
-    const float *bias_ptr[] = {m.p.ln1b, m.p.qkvb, m.p.attprojb, m.p.ln2b, m.p.fcb, m.p.fcprojb, m.p.lnfb};
+    const float *bias_ptr[] = {t[GPT2_LN1B], t[GPT2_QKVB], t[GPT2_ATTPROJB], t[GPT2_LN2B], t[GPT2_FCB], t[GPT2_FCPROJB], t[GPT2_LNFB]};
     for (int i = 0; i < 7; i++)
-        for (size_t j = 0; j < m.param_sizes[biases[i]]; j++)
+        for (size_t j = 0; j < param_sizes[biases[i]]; j++)
             cr_assert_eq(bias_ptr[i][j], 0.0f, "%s[%zu] = %g", gpt2_tensor_name(biases[i]), j,
                          (double)bias_ptr[i][j]);
+    free(f);
     gpt2_free(&m);
 }
 
@@ -223,9 +253,9 @@ Test(gpt2, output_layer_is_tied_to_wte) {
     for (int n = 0; n < 8; n++)
         for (int v = 0; v < cfg.V; v++) {
             double s = 0;
-            for (int c = 0; c < cfg.C; c++) s += (double)m.a.lnf[n * cfg.C + c] * m.p.wte[v * cfg.C + c];
-            cr_assert(fabs(m.a.logits[n * cfg.V + v] - s) < 1e-5, "logit (%d, %d) = %g, lnf·wte = %g",
-                      n, v, (double)m.a.logits[n * cfg.V + v], s);
+            for (int c = 0; c < cfg.C; c++) s += (double)m.act.a.lnf[n * cfg.C + c] * m.params[v * cfg.C + c];
+            cr_assert(fabs(m.act.a.logits[n * cfg.V + v] - s) < 1e-5, "logit (%d, %d) = %g, lnf·wte = %g",
+                      n, v, (double)m.act.a.logits[n * cfg.V + v], s);
         }
     gpt2_free(&m);
 }
@@ -249,15 +279,15 @@ Test(gpt2, forward_in_pieces_equals_whole) {
     random_tokens(x, 12, cfg.V);
     random_tokens(y, 12, cfg.V);
     float whole = gpt2_forward(&m, x, y);
-    float *acts = malloc(m.num_acts * sizeof(float));
-    memcpy(acts, m.acts, m.num_acts * sizeof(float));
-    memset(m.acts, 0, m.num_acts * sizeof(float));
+    float *acts = malloc(m.act.num_acts * sizeof(float));
+    memcpy(acts, m.act.acts, m.act.num_acts * sizeof(float));
+    memset(m.act.acts, 0, m.act.num_acts * sizeof(float));
     gpt2_set_batch(&m, x, y);
     gpt2_embed_forward(&m);
     for (int l = 0; l < cfg.L; l++) gpt2_block_forward(&m, l);
     float pieces = gpt2_head_forward(&m);
     cr_assert_eq(pieces, whole);
-    cr_assert(memcmp(acts, m.acts, m.num_acts * sizeof(float)) == 0, "activations differ");
+    cr_assert(memcmp(acts, m.act.acts, m.act.num_acts * sizeof(float)) == 0, "activations differ");
     free(acts);
     gpt2_free(&m);
 }
@@ -328,7 +358,7 @@ Test(gpt2, backward_in_pieces_equals_whole) {
     float *whole = malloc(m.num_params * sizeof(float));
     memcpy(whole, m.grads, m.num_params * sizeof(float));
     // scribble on the activation gradients: the pieces must not depend on what was there
-    for (size_t i = 0; i < m.num_dacts; i++) m.dacts[i] = 1e3f;
+    for (size_t i = 0; i < m.act.num_dacts; i++) m.act.dacts[i] = 1e3f;
     gpt2_zero_grad(&m);
     gpt2_head_backward(&m, 0.125f);
     for (int l = cfg.L - 1; l >= 0; l--) gpt2_block_backward(&m, l);
@@ -411,7 +441,7 @@ Test(gpt2, chunked_batch_equals_sequences_one_by_one) {
     gpt2_forward(&m, x, y);
     gpt2_backward(&m, dloss);
     float *losses = malloc(B * T * sizeof(float)), *full = malloc(m.num_params * sizeof(float));
-    memcpy(losses, m.host_losses, B * T * sizeof(float));
+    memcpy(losses, m.act.host_losses, B * T * sizeof(float));
     memcpy(full, m.grads, m.num_params * sizeof(float));
 
     gpt2_alloc_acts(&m, 1, T);
@@ -420,7 +450,7 @@ Test(gpt2, chunked_batch_equals_sequences_one_by_one) {
         gpt2_forward(&m, x + b * T, y + b * T);
         gpt2_backward(&m, dloss);
         for (int t = 0; t < T; t++) {
-            float want = m.host_losses[t], got = losses[b * T + t];
+            float want = m.act.host_losses[t], got = losses[b * T + t];
             cr_assert(fabsf(got - want) <= 1e-5f * want, "sequence %d position %d: loss %.8g in "
                       "the batch, %.8g alone", b, t, (double)got, (double)want);
         }

@@ -20,9 +20,9 @@
 #define NP 3
 #define N 30
 static const GPT2Param PARAMS[NP] = {
-    {"h.0.w", 4, 0, 0, 10, 1},   // elements [0, 10): a 2-D weight, decayed
-    {"h.0.b", 5, 0, 10, 7, 0},   // [10, 17): a bias, not decayed
-    {"h.0.w2", 6, 0, 17, 13, 1}, // [17, 30): decayed
+    {.name = "h.0.w", .tensor = 4, .offset = 0, .size = 10, .decay = 1},    // [0, 10): a 2-D weight, decayed
+    {.name = "h.0.b", .tensor = 5, .offset = 10, .size = 7, .decay = 0},    // [10, 17): a bias, not decayed
+    {.name = "h.0.w2", .tensor = 6, .offset = 17, .size = 13, .decay = 1},  // [17, 30): decayed
 };
 
 // Deterministic values in [-1, 1).

@@ -426,7 +426,7 @@ static float trainer_forward_backward(Trainer *tr, const int *inputs, const int 
     GPT2 *m = &tr->model;
     gpt2_zero_grad(m);
     float loss = gpt2_forward(m, inputs, targets);
-    gpt2_backward(m, 1.0f / (float)(m->B * m->T));
+    gpt2_backward(m, 1.0f / (float)(m->act.B * m->act.T));
     return loss;
 }
 
@@ -478,14 +478,20 @@ static void check_training(void) {
         loss_c[step] = trainer_forward_backward(&cpu, inputs, targets);
         loss_g[step] = trainer_forward_backward(&gpu, inputs, targets);
         if (step == 0) {
-            float *gc = cpu.model.grads, *gg = to_host(gpu.model.grads, gpu.model.num_params);
+            // per tensor kind, stacked over the layers: llm.c's order (train_grads_to_host)
+            size_t n = cpu.model.num_params, sizes[GPT2_NUM_TENSORS];
+            float *gc = malloc(n * sizeof(float)), *gg = malloc(n * sizeof(float));
+            train_grads_to_host(&cpu.model, gc);
+            train_grads_to_host(&gpu.model, gg);
+            gpt2_param_sizes(&cfg, sizes);
             size_t off = 0;
             for (int t = 0; t < GPT2_NUM_TENSORS; t++) {
                 char name[40];
                 snprintf(name, sizeof name, "grad %s", gpt2_tensor_name(t));
-                report(name, "grad", gc + off, gg + off, cpu.model.param_sizes[t], TOL_MATMUL);
-                off += cpu.model.param_sizes[t];
+                report(name, "grad", gc + off, gg + off, sizes[t], TOL_MATMUL);
+                off += sizes[t];
             }
+            free(gc);
             free(gg);
         }
         trainer_update(&cpu, &h, step, plist, np);
