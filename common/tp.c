@@ -53,35 +53,40 @@ void tp_check_config(const GPT2Config *cfg, int tp) {
 
 // ---- a block's shard --------------------------------------------------------------------------------
 
-// TpBlock's fields in order, and the name gpt2 gives each tensor (to find it in gpt2_params).
-static const char *block_tensor_names[TP_BLOCK_TENSORS] = {
-    "ln1w", "ln1b", "qkvw", "qkvb", "attprojw", "attprojb",
-    "ln2w", "ln2b", "fcw", "fcb", "fcprojw", "fcprojb",
+// Block tensor i (TpBlock's field order) is gpt2's tensor kind GPT2_LN1W + i; the sharded ones:
+enum {
+    QKVW = GPT2_QKVW - GPT2_LN1W, QKVB = GPT2_QKVB - GPT2_LN1W, ATTPROJW = GPT2_ATTPROJW - GPT2_LN1W,
+    FCW = GPT2_FCW - GPT2_LN1W, FCB = GPT2_FCB - GPT2_LN1W, FCPROJW = GPT2_FCPROJW - GPT2_LN1W,
 };
 static float **field(TpBlock *v, int i) { return &v->ln1w + i; }
 static float *cfield(const TpBlock *v, int i) { return (&v->ln1w)[i]; }
 
+GPT2BlockDims tp_block_dims(int C, int NH, int tp) {
+    LAB_CHECK(tp >= 1 && C % tp == 0 && NH % tp == 0, "tp_block_dims: C=%d NH=%d do not split over tp=%d", C, NH, tp);
+    GPT2BlockDims d = {.C = C, .NH = NH / tp, .ATT = C / tp, .FC = 4 * C / tp};
+    return d;
+}
+
+// The layout is gpt2's (gpt2_block_layout), at the shard's widths; NH does not enter it.
+static GPT2BlockDims layout_dims(int C, int tp) {
+    LAB_CHECK(tp >= 1 && C % tp == 0, "tp: C=%d is not divisible by tp=%d", C, tp);
+    GPT2BlockDims d = {.C = C, .NH = 0, .ATT = C / tp, .FC = 4 * C / tp};
+    return d;
+}
+
 void tp_block_sizes(int C, int tp, size_t sizes[TP_BLOCK_TENSORS]) {
-    LAB_CHECK(tp >= 1 && C % tp == 0, "tp_block_sizes: C=%d is not divisible by tp=%d", C, tp);
-    size_t c = (size_t)C, cl = c / (size_t)tp, hl = 4 * c / (size_t)tp;
-    size_t s[TP_BLOCK_TENSORS] = {c, c, 3 * cl * c, 3 * cl, c * cl, c, c, c, hl * c, hl, c * hl, c};
-    memcpy(sizes, s, sizeof s);
+    GPT2BlockDims d = layout_dims(C, tp);
+    gpt2_block_layout(&d, NULL, sizes);
 }
 
 size_t tp_block_count(int C, int tp) {
-    size_t sizes[TP_BLOCK_TENSORS], n = 0;
-    tp_block_sizes(C, tp, sizes);
-    for (int i = 0; i < TP_BLOCK_TENSORS; i++) n += sizes[i];
-    return n;
+    GPT2BlockDims d = layout_dims(C, tp);
+    return gpt2_block_layout(&d, NULL, NULL);
 }
 
 void tp_block_views(TpBlock *v, float *base, int C, int tp) {
-    size_t sizes[TP_BLOCK_TENSORS], off = 0;
-    tp_block_sizes(C, tp, sizes);
-    for (int i = 0; i < TP_BLOCK_TENSORS; i++) {
-        *field(v, i) = base + off;
-        off += sizes[i];
-    }
+    GPT2BlockDims d = layout_dims(C, tp);
+    *v = gpt2_block_weights(&d, base);
 }
 
 // Offsets of block l's 12 tensors in the model's flat buffer, from gpt2_params.
@@ -92,9 +97,8 @@ static void block_offsets(const GPT2Config *cfg, int l, size_t off[TP_BLOCK_TENS
     for (int i = 0; i < TP_BLOCK_TENSORS; i++) {
         off[i] = SIZE_MAX;
         for (int j = 0; j < n; j++)
-            if (list[j].layer == l && strcmp(gpt2_tensor_name(list[j].tensor), block_tensor_names[i]) == 0)
-                off[i] = list[j].offset;
-        LAB_CHECK(off[i] != SIZE_MAX, "no h.%d.%s in the model (L=%d)", l, block_tensor_names[i], cfg->L);
+            if (list[j].layer == l && list[j].tensor == GPT2_LN1W + i) off[i] = list[j].offset;
+        LAB_CHECK(off[i] != SIZE_MAX, "no h.%d.%s in the model (L=%d)", l, gpt2_tensor_name(GPT2_LN1W + i), cfg->L);
     }
     free(list);
 }
@@ -116,20 +120,20 @@ typedef struct { size_t full, shard, n; } Run;
 static int run(int i, size_t j, int C, int tp, int r, Run *out) {
     size_t c = (size_t)C, cl = c / (size_t)tp, hl = 4 * c / (size_t)tp, rr = (size_t)r;
     switch (i) {
-    case 2: case 3: {  // qkvw (3C, C) / qkvb (3C): rows j·C + [r·Cl, (r+1)·Cl), j = Q, K, V
-        size_t in = i == 2 ? c : 1;
+    case QKVW: case QKVB: {  // qkvw (3C, C) / qkvb (3C): rows j·C + [r·Cl, (r+1)·Cl), j = Q, K, V
+        size_t in = i == QKVW ? c : 1;
         if (j >= 3) return 0;
         *out = (Run){(j * c + rr * cl) * in, j * cl * in, cl * in};
         return 1;
     }
-    case 8: case 9: {  // fcw (4C, C) / fcb (4C): rows [r·Hl, (r+1)·Hl)
-        size_t in = i == 8 ? c : 1;
+    case FCW: case FCB: {  // fcw (4C, C) / fcb (4C): rows [r·Hl, (r+1)·Hl)
+        size_t in = i == FCW ? c : 1;
         if (j >= 1) return 0;
         *out = (Run){rr * hl * in, 0, hl * in};
         return 1;
     }
-    case 4: case 10: {  // attprojw (C, C) / fcprojw (C, 4C): row j's columns of rank r
-        size_t w = i == 4 ? cl : hl;
+    case ATTPROJW: case FCPROJW: {  // attprojw (C, C) / fcprojw (C, 4C): row j's columns of rank r
+        size_t w = i == ATTPROJW ? cl : hl;
         if (j >= c) return 0;
         *out = (Run){j * w * (size_t)tp + rr * w, j * w, w};
         return 1;
@@ -140,7 +144,9 @@ static int run(int i, size_t j, int C, int tp, int r, Run *out) {
         return 1;
     }
 }
-static int is_replicated(int i) { return !(i == 2 || i == 3 || i == 4 || i == 8 || i == 9 || i == 10); }
+static int is_replicated(int i) {
+    return !(i == QKVW || i == QKVB || i == ATTPROJW || i == FCW || i == FCB || i == FCPROJW);
+}
 
 void tp_block_shard(TpBlock *shard, const TpBlock *full, int C, int tp, int r) {
     LAB_CHECK(r >= 0 && r < tp, "tp_block_shard: rank %d outside [0, %d)", r, tp);
@@ -323,7 +329,7 @@ void tp_wte_init(float *wte_local, const GPT2Config *cfg, uint64_t seed, const T
     gpt2_params(cfg, list);
     size_t base = SIZE_MAX, c = (size_t)cfg->C;
     for (int j = 0; j < n; j++)
-        if (strcmp(gpt2_tensor_name(list[j].tensor), "wte") == 0) base = list[j].offset;
+        if (list[j].tensor == GPT2_WTE) base = list[j].offset;
     free(list);
     LAB_CHECK(base != SIZE_MAX, "tp_wte_init: the model has no wte");
     size_t lo = base + (size_t)tv->v0 * c;

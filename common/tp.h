@@ -25,9 +25,14 @@
 // all-reduces; the loss never gathers the logits: three all-reduces of B·T floats (the max, the
 // sum of exp, the target logit).
 //
-// A shard of a block has the layout of a full block unit (the 12 tensors above, in that order,
-// contiguous): with tp = 1 a "shard" IS the full block, so tp_block_views(.., C, 1) reads a
-// block unit of the model in place. Shard / unshard / init work on host memory.
+// A shard of a block is a gpt2 block unit (gpt2_block_layout: the 12 tensors above in llm.c's
+// tensor order, contiguous) at the shard's widths (tp_block_dims): with tp = 1 a "shard" IS a
+// block unit of the model, so tp_block_views(&v, m->params + gpt2_block_unit(m, l)->offset, C, 1)
+// reads block l in place (also in a pipeline stage). Shard / unshard / init work on host memory
+// (a GPU run shards on the host and uploads). fp32 only: the bf16 storage of gpt2.h is not
+// wired into these pieces (a bf16 chapter would widen a shard into fp32 as gpt2's work buffer
+// does). Sequence parallelism composes the halves below with its own reduce-scatter /
+// all-gather in place of tp_block_forward's all-reduces.
 #pragma once
 #include <stddef.h>
 #include <stdint.h>
@@ -79,27 +84,20 @@ void tp_check_config(const GPT2Config *cfg, int tp);
 
 // ---- a block's shard ------------------------------------------------------------------------------
 
-#define TP_BLOCK_TENSORS 12
-typedef struct TpBlock {
-    float *ln1w, *ln1b;     // (C)
-    float *qkvw;            // (3Cl, C)
-    float *qkvb;            // (3Cl)
-    float *attprojw;        // (C, Cl)
-    float *attprojb;        // (C)
-    float *ln2w, *ln2b;     // (C)
-    float *fcw;             // (Hl, C)
-    float *fcb;             // (Hl)
-    float *fcprojw;         // (C, Hl)
-    float *fcprojb;         // (C)
-} TpBlock;
+#define TP_BLOCK_TENSORS GPT2_BLOCK_TENSORS
+// A shard's tensors by name: gpt2.h's block views, at the shard's widths (tp_block_dims):
+//   ln1w ln1b (C), qkvw (3Cl, C), qkvb (3Cl), attprojw (C, Cl), attprojb (C), ln2w ln2b (C),
+//   fcw (Hl, C), fcb (Hl), fcprojw (C, Hl), fcprojb (C)
+typedef GPT2BlockWeights TpBlock;
+// The widths of rank r's block: {C, NH/tp, C/tp, 4C/tp} (the same for every rank).
+GPT2BlockDims tp_block_dims(int C, int NH, int tp);
 // Element counts of the 12 tensors of one rank's shard, in TpBlock order, and their sum.
 void tp_block_sizes(int C, int tp, size_t sizes[TP_BLOCK_TENSORS]);
 size_t tp_block_count(int C, int tp);
 // Points v's 12 tensors into base (tp_block_count(C, tp) floats, on any device).
 void tp_block_views(TpBlock *v, float *base, int C, int tp);
-// Block l of a full model (any layout whose (tensor, layer) slices are contiguous (out, in)
-// arrays, as gpt2_params describes them) as a tp = 1 view: params is the model's flat buffer
-// (or its gradients).
+// Block l of the FULL model as a tp = 1 view, from gpt2_params' offsets: params is the full
+// model's flat buffer (or its gradients; on any device).
 void tp_block_of_model(TpBlock *v, const GPT2Config *cfg, float *params, int l);
 
 // Host memory. shard := rank r's slices of full (a tp = 1 view), replicated tensors copied.

@@ -101,6 +101,11 @@ static void full_run(Full *f, GPT2Config cfg) {
     gpt2_backward(&f->m, 1.0f / (B_ * T_));
 }
 
+// The full model's non-block tensors (wte, wpe, lnfw, lnfb), weights and gradients.
+static size_t off(const GPT2 *m, int tensor) { return gpt2_tensor_offset(m, tensor, -1); }
+static float *W(const GPT2 *m, int tensor) { return m->params + off(m, tensor); }
+static float *G(const GPT2 *m, int tensor) { return m->grads + off(m, tensor); }
+
 // ---- one rank's TP model ------------------------------------------------------------------------------
 
 typedef struct {
@@ -146,17 +151,17 @@ static void tp_model_build(TpModel *t, const Full *f, TpComm *c, int vocab_as_if
     }
     t->wte = zeros(Vl * C), t->dwte = zeros(Vl * C);
     TpVocab real = tp_vocab(cfg.V, c->tp, c->rank);  // the padded rows are zero in any case
-    tp_wte_shard(t->wte, f->m.p.wte, &real, C);
+    tp_wte_shard(t->wte, W(&f->m, GPT2_WTE), &real, C);
     float *alone = zeros(Vl * C);
     tp_wte_init(alone, &cfg, SEED, &real);
     mpi_check(memcmp(alone, t->wte, Vl * C * sizeof(float)) == 0,
               "tp=%d rank %d: wte rows initialized alone != the slice of the full init", c->tp, c->rank);
     free(alone);
     t->wpe = zeros((size_t)T_ * C), t->dwpe = zeros((size_t)T_ * C);
-    memcpy(t->wpe, f->m.p.wpe, (size_t)T_ * C * sizeof(float));
+    memcpy(t->wpe, W(&f->m, GPT2_WPE), (size_t)T_ * C * sizeof(float));
     t->lnfw = zeros(C), t->lnfb = zeros(C), t->dlnfw = zeros(C), t->dlnfb = zeros(C);
-    memcpy(t->lnfw, f->m.p.lnfw, C * sizeof(float));
-    memcpy(t->lnfb, f->m.p.lnfb, C * sizeof(float));
+    memcpy(t->lnfw, W(&f->m, GPT2_LNFW), C * sizeof(float));
+    memcpy(t->lnfb, W(&f->m, GPT2_LNFB), C * sizeof(float));
     for (int l = 0; l < cfg.L; l++) tp_block_acts_alloc(&t->a[l], B_, T_, C, cfg.NH, c->tp, DEV_CPU);
     tp_scratch_alloc(&t->s, B_, T_, C, cfg.NH, c->tp, DEV_CPU);
     tp_head_acts_alloc(&t->h, N, C, &t->tv, DEV_CPU);
@@ -208,9 +213,9 @@ static float tp_model_worst(const TpModel *t, const Full *f, DistGroup *g, int r
     char name[96];
     for (int l = 0; l < t->cfg.L; l++) {
         snprintf(name, sizeof name, "block %d's output", l);
-        SEE(name, rel_err(t->a[l].out, m->a.residual3 + (size_t)l * N * C, (size_t)N * C));
+        SEE(name, rel_err(t->a[l].out, m->act.a.residual3 + (size_t)l * N * C, (size_t)N * C));
     }
-    SEE("the per-position losses", rel_err(t->h.losses, m->host_losses, N));
+    SEE("the per-position losses", rel_err(t->h.losses, m->act.host_losses, N));
     double sum = 0.0;
     for (int i = 0; i < N; i++) sum += t->h.losses[i];
     float mean = (float)(sum / N);
@@ -236,16 +241,16 @@ static float tp_model_worst(const TpModel *t, const Full *f, DistGroup *g, int r
     TpVocab real = tp_vocab(t->cfg.V, tp, r);
     size_t Vl = (size_t)t->tv.Vl;
     float *wref = zeros(Vl * C);
-    tp_wte_shard(wref, m->g.wte, &real, C);
+    tp_wte_shard(wref, G(m, GPT2_WTE), &real, C);
     SEE("the wte gradient (shard)", rel_err(t->dwte, wref, Vl * C));
     free(wref);
     int pad_clean = 1;
     for (size_t i = (size_t)real.nvalid * C; i < Vl * C; i++) pad_clean &= t->dwte[i] == 0.0f;
     if (report) mpi_check(pad_clean, "tp=%d rank %d V=%d: a padded wte row got a gradient", tp, r, t->cfg.V);
     if (!pad_clean) worst = INFINITY;
-    SEE("the wpe gradient", rel_err(t->dwpe, m->g.wpe, (size_t)T_ * C));
-    SEE("the lnfw gradient", rel_err(t->dlnfw, m->g.lnfw, C));
-    SEE("the lnfb gradient", rel_err(t->dlnfb, m->g.lnfb, C));
+    SEE("the wpe gradient", rel_err(t->dwpe, G(m, GPT2_WPE), (size_t)T_ * C));
+    SEE("the lnfw gradient", rel_err(t->dlnfw, G(m, GPT2_LNFW), C));
+    SEE("the lnfb gradient", rel_err(t->dlnfb, G(m, GPT2_LNFB), C));
 
     // Gathered back: every rank writes its slices into a zeroed full-size buffer (the
     // replicated tensors from rank 0 only), the group sums them: the whole gradient.
@@ -255,12 +260,12 @@ static float tp_model_worst(const TpModel *t, const Full *f, DistGroup *g, int r
         tp_block_of_model(&full, &t->cfg, all, l);
         tp_block_unshard(&full, &t->dw[l], C, tp, r, r == 0);
     }
-    float *wte_all = all + (m->g.wte - m->grads);
+    float *wte_all = all + (off(m, GPT2_WTE));
     tp_wte_unshard(wte_all, t->dwte, &real, C);
     if (r == 0) {
-        memcpy(all + (m->g.wpe - m->grads), t->dwpe, (size_t)T_ * C * sizeof(float));
-        memcpy(all + (m->g.lnfw - m->grads), t->dlnfw, C * sizeof(float));
-        memcpy(all + (m->g.lnfb - m->grads), t->dlnfb, C * sizeof(float));
+        memcpy(all + (off(m, GPT2_WPE)), t->dwpe, (size_t)T_ * C * sizeof(float));
+        memcpy(all + (off(m, GPT2_LNFW)), t->dlnfw, C * sizeof(float));
+        memcpy(all + (off(m, GPT2_LNFB)), t->dlnfb, C * sizeof(float));
     }
     dist_all_reduce(all, all, m->num_params, DIST_F32, DIST_SUM, g);
     GPT2Param list[64];
