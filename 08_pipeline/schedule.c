@@ -111,6 +111,9 @@ void sched_interleaved(Schedule *s, int p, int v, int m) {
 // op times (tf = tb = tw = 1) and letting each free stage pick, in order of priority: a B
 // whose gradient has arrived; else an F whose input has arrived, if fewer than p-r micro-batches
 // are between their F and B (1F1B's limit); else the oldest deferred W; else it idles.
+// Memory: a deferred W keeps its micro-batch's activation set alive, so a stage may hold up to m
+// sets (the paper keeps 1F1B's peak by storing only what W reads; this runtime's W reads the
+// whole set).
 void sched_zb_h1(Schedule *s, int p, int m) {
     sched_alloc(s, "zb", p, 1, m, 1);
     // finish time of F(i) / B(i) on stage r, -1 while not run; unit op times

@@ -45,7 +45,7 @@ typedef struct Schedule {
 void sched_gpipe(Schedule *s, int p, int m);
 void sched_1f1b(Schedule *s, int p, int m);
 void sched_interleaved(Schedule *s, int p, int v, int m);  // needs m a multiple of p
-void sched_zb_h1(Schedule *s, int p, int m);
+void sched_zb_h1(Schedule *s, int p, int m);  // W deferred: up to m sets alive (see schedule.c)
 // By name: "gpipe" | "1f1b" | "interleaved" | "zb" (v is used by "interleaved" only).
 void sched_make(Schedule *s, const char *name, int p, int v, int m);
 void sched_free(Schedule *s);
@@ -94,7 +94,8 @@ int sched_peak_inflight(const Schedule *s, int rank);
 // The theory: bubble fraction of a stage under equal op times and free communication.
 //   gpipe, 1f1b:  (p-1) / (m + p - 1)
 //   interleaved:  (p-1) / (v*m + p - 1)
-//   zb (ZB-H1):   (p-1)(tf + tb - tw) / (m(tf + tb + tw) + (p-1)(tf + tb - tw))
+//   zb (ZB-H1):   (p-1)(tf + tb - tw) / (m(tf + tb + tw) + (p-1)(tf + tb - tw))   for m >= p
+//                 (with fewer micro-batches there are not enough W's to fill the bubbles)
 double sched_theory_bubble(const Schedule *s, const SchedTimes *t);
 
 // The picture: one row per stage, time as columns (one column per `unit` of time), each op
