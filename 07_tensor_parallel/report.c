@@ -178,6 +178,7 @@ void tp7_results(const Tp7Figures *f, RunResults *out) {
     results_set(out, "want_tp_sent_per_step", f->want_tp_sent);
     results_set(out, "mem_params", f->params);
     results_set(out, "want_mem_params", f->want_params);
+    results_set(out, "mem_grads", (double)mem_peak(MEM_GRADS));
     results_set(out, "mem_acts", f->acts);
     results_set(out, "want_mem_acts", f->want_acts);
 }

@@ -78,3 +78,140 @@ Test(tp07, a_vocabulary_tp_does_not_divide_is_padded, .timeout = 180) {
 Test(tp07, tp_groups_as_data_parallel_replicas, .timeout = 180) {
     check_equivalent(4, "--tp 2", "");  // 2 TP groups of 2, each half of the batch
 }
+
+// ---- negative checks: each mechanism broken on purpose (--mutate) must be seen -------------------
+
+// The run with the bug must differ from the oracle by 10x the tolerance or more.
+static void check_caught(int np, const char *tpflags, const char *bug) {
+    char flags[256], what[256];
+    RunResults o, r;
+    run(ORACLE, 1, SMALL, &o);
+    snprintf(flags, sizeof flags, "%s %s --mutate %s", SMALL, tpflags, bug);
+    run(TP, np, flags, &r);
+    snprintf(what, sizeof what, "-np %d %s --mutate %s", np, tpflags, bug);
+    float dl, dp;
+    diffs(what, &r, &o, &dl, &dp);
+    cr_assert(dl > 10 * LOSS_RTOL || dp > 10 * PARAM_ATOL,
+              "%s: the bug went unseen (losses within %g, weights within %g)", what, (double)dl,
+              (double)dp);
+    results_free(&o);
+    results_free(&r);
+}
+
+// Measured (6 steps, SMALL; printed on stderr by every run): see the figures in the README's
+// "negative checks" table. Each of these is a real bug of TP implementations.
+Test(tp07, f_backward_all_reduce_missing_is_caught, .timeout = 120) {
+    check_caught(2, "--tp 2", "attn-f");  // the attention half's input gradient stays partial
+    check_caught(4, "--tp 4", "mlp-f");   // the MLP half's
+}
+
+Test(tp07, cross_entropy_normalised_by_the_local_vocab_is_caught, .timeout = 120) {
+    check_caught(2, "--tp 2", "ce-sumexp");
+}
+
+Test(tp07, heads_assigned_to_the_wrong_rank_are_caught, .timeout = 120) {
+    check_caught(2, "--tp 2", "heads");
+}
+
+// ---- communication: calls and bytes per step == the formula --------------------------------------
+
+// The formula, written here from the shapes: per block 2 forward (g) + 2 backward (f)
+// all-reduces of B·T·C floats, one for the embedding and one for f at the head's input, three
+// of B·T floats in the loss (max, sum of exp, target logit) and none other; each all-reduce of
+// S bytes moves 2(t-1)/t·S per rank (dist's ring model, rounded down per call), plus the clip
+// norm's all-reduce of one double. Seen failing: an extra all-reduce of the max in
+// tp_crossentropy_forward (calls_ce_max 2, want 1).
+static void check_bytes(int np, int tp, int B, int T, int C, int L) {
+    char flags[256];
+    snprintf(flags, sizeof flags, "--layers %d --channels %d --heads 4 --seq %d --batch %d --steps 2 --tp %d",
+             L, C, T, B, tp);
+    RunResults r;
+    run(TP, np, flags, &r);
+    const int dp = np / tp;
+    const double N = (double)(B / dp) * T, NC = N * C;
+    struct { const char *site; double calls, floats; } want[] = {
+        {"embed", 1, NC},  {"attn_g", L, L * NC}, {"mlp_g", L, L * NC},   {"attn_f", L, L * NC},
+        {"mlp_f", L, L * NC}, {"ce_max", 1, N}, {"ce_sumexp", 1, N}, {"ce_target", 1, N},
+        {"head_f", 1, NC}, {"other", 0, 0}};
+    double bytes = 0;
+    for (size_t i = 0; i < sizeof want / sizeof want[0]; i++) {
+        char k[48];
+        snprintf(k, sizeof k, "calls_%s", want[i].site);
+        cr_assert_eq(results_get(&r, k, -1), want[i].calls, "tp=%d %s: %g all-reduces per step, want %g",
+                     tp, k, results_get(&r, k, -1), want[i].calls);
+        snprintf(k, sizeof k, "floats_%s", want[i].site);
+        cr_assert_eq(results_get(&r, k, -1), want[i].floats, "tp=%d %s: %g floats per step, want %g",
+                     tp, k, results_get(&r, k, -1), want[i].floats);
+        if (want[i].calls > 0) {
+            unsigned long long S = (unsigned long long)(want[i].floats / want[i].calls) * 4;
+            bytes += want[i].calls * (double)(2ull * (tp - 1) * S / tp);
+        }
+    }
+    bytes += (double)(2ull * (tp - 1) * 8 / tp);
+    cr_assert_eq(results_get(&r, "tp_sent_per_step", -1), bytes,
+                 "tp=%d: %g bytes sent per step in the TP group, formula %g", tp,
+                 results_get(&r, "tp_sent_per_step", -1), bytes);
+    cr_assert_eq(results_get(&r, "tp_recv_per_step", -1), bytes, "tp=%d: recv %g, formula %g", tp,
+                 results_get(&r, "tp_recv_per_step", -1), bytes);
+    results_free(&r);
+}
+
+Test(tp07, bytes_per_step_are_the_formula_and_the_loss_makes_three, .timeout = 120) {
+    check_bytes(2, 2, 4, 16, 32, 2);
+    check_bytes(4, 4, 2, 8, 64, 3);
+    check_bytes(4, 2, 4, 8, 32, 1);  // dp x tp: the TP group's traffic only
+}
+
+// ---- memory: weights Ψ/t for the sliced tensors + the replicated rest; activations -------------
+
+// The formulas, written here from the shapes (fp32): weights: the sliced tensors (wte padded
+// to Vp = t·ceil(V/t) rows, qkvw, qkvb, attprojw, fcw, fcb, fcprojw) over t, the replicated
+// ones (wpe, lnf, and per block ln1, ln2, attprojb, fcprojb) whole. Activations (N = B·T):
+// per block 6NC + 4N + 12NC/t + 2·B·(NH/t)·T² floats, the backward's scratch
+// 2NC + 12NC/t + 2·B·(NH/t)·T², the head 2NC + 6N + 2N·Vp/t, the embedding's output and its
+// gradient 2NC. Seen failing: the sliced tensors allocated at full size (tp_block_count(C, 1)).
+Test(tp07, memory_per_rank_is_the_formula, .timeout = 120) {
+    const int V = 250, T = 16, C = 32, L = 2, NH = 4, B = 4;
+    for (int tp = 1; tp <= 4; tp *= 2) {
+        char flags[256];
+        snprintf(flags, sizeof flags, "--vocab %d --layers %d --channels %d --heads %d --seq %d "
+                 "--batch %d --steps 1 --tp %d", V, L, C, NH, T, B, tp);
+        RunResults r;
+        run(TP, tp, flags, &r);
+        double Vp = tp * ((V + tp - 1) / tp), c = C;
+        double sliced = Vp * c + L * (3 * c * c + 3 * c + c * c + 4 * c * c + 4 * c + 4 * c * c);
+        double replicated = T * c + 2 * c + L * 6 * c;
+        double want_w = 4 * (sliced / tp + replicated);
+        cr_assert_eq(results_get(&r, "mem_params", -1), want_w, "tp=%d: weights %g B, formula %g",
+                     tp, results_get(&r, "mem_params", -1), want_w);
+        cr_assert_eq(results_get(&r, "mem_grads", -1), want_w, "tp=%d: gradients %g B, formula %g",
+                     tp, results_get(&r, "mem_grads", -1), want_w);
+        double N = B * T, NC = N * c, att = (double)B * (NH / tp) * T * T;
+        double acts = L * (6 * NC + 4 * N + 12 * NC / tp + 2 * att) + (2 * NC + 12 * NC / tp + 2 * att) +
+                      (2 * NC + 6 * N + 2 * N * Vp / tp) + 2 * NC;
+        cr_assert_eq(results_get(&r, "mem_acts", -1), 4 * acts, "tp=%d: activations %g B, formula %g",
+                     tp, results_get(&r, "mem_acts", -1), 4 * acts);
+        results_free(&r);
+    }
+}
+
+// ---- bad input: one clear message, every rank exits --------------------------------------------
+
+static void check_refused(int np, const char *flags, const char *needle) {
+    char cmd[256], *out = NULL;
+    snprintf(cmd, sizeof cmd, "%s %s", TP, flags);
+    int rc = harness_mpirun(np, cmd, &out, 30);
+    cr_assert(rc != 0 && rc != 124, "-np %d %s: exit status %d, want a refusal:\n%s", np, flags, rc, out);
+    cr_assert(harness_contains(out, needle), "-np %d %s: the message does not say \"%s\":\n%s", np,
+              flags, needle, out);
+    const char *first = strstr(out, needle);
+    cr_assert(strstr(first + 1, needle) == NULL, "-np %d %s: the message is printed more than once:\n%s",
+              np, flags, out);
+    free(out);
+}
+
+Test(tp07, bad_tp_is_refused_with_what_would_be_valid, .timeout = 120) {
+    check_refused(3, "--tp 3 --steps 1", "valid degrees for NH=4 are 1, 2, 4");
+    check_refused(2, "--tp 4 --steps 1", "larger than the 2 ranks");
+    check_refused(3, "--tp 2 --steps 1", "does not divide the 3 ranks");
+}
