@@ -1,0 +1,168 @@
+// mpi_07_tp.c: chapter 07's exercises, each piece alone against the full model of gpt2.h.
+//
+// Launched by tests/test_07_tp.c (suites ex07_1 .. ex07_3) as
+//   mpirun -np N build/tests/mpi_07_tp <what>...
+// and run (mpitest.h) on the world and on a split group. Each kind calls ONE exercise's code and
+// nothing of another exercise, so that it grades that exercise alone:
+//   block    (07.1, tp_block_forward: g) block 0 of the TP model, from the full model's
+//            embedding output, == the full model's block 0 output (residual3), every rank.
+//   mlp      (07.2, tp_mlp_forward: column- then row-parallel linear) this rank's partial
+//            fcproj, summed over the group here, == the full MLP's fcproj; this rank's fch ==
+//            its hidden units' columns of the full fch.
+//   ce       (07.3, tp_crossentropy_forward) the per-position losses from this rank's columns of
+//            the full model's logits == the full model's losses, on V = 250 and 251 (padded).
+// Tolerance: 1e-4 of the largest |value| compared, as mpi_tp (sums of t partial dot products in
+// another order; measured below 1e-6).
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "check.h"
+#include "dist.h"
+#include "gpt2.h"
+#include "kernels.h"
+#include "mpitest.h"
+#include "tp.h"
+
+#define TOL 1e-4f
+#define B_ 2
+#define T_ 8
+static const uint64_t SEED = 77;
+
+static GPT2Config config(int V) { return (GPT2Config){.V = V, .T = T_, .L = 1, .C = 32, .NH = 4}; }
+
+static float rel_err(const float *a, const float *b, size_t n) {
+    float d = 0.0f, m = 0.0f;
+    for (size_t i = 0; i < n; i++) {
+        float e = fabsf(a[i] - b[i]);
+        if (!(e <= d)) d = e;  // NaN counts as the worst
+        if (fabsf(b[i]) > m) m = fabsf(b[i]);
+    }
+    return m > 0.0f ? d / m : d;
+}
+
+// The full model, one forward (its activations are the truth).
+static void full(GPT2 *m, int V) {
+    int inp[B_ * T_], tgt[B_ * T_];
+    uint32_t s = 4242;
+    for (int i = 0; i < B_ * T_; i++) {
+        s = s * 1664525u + 1013904223u;
+        inp[i] = (int)((s >> 8) % (uint32_t)V);
+        s = s * 1664525u + 1013904223u;
+        tgt[i] = (int)((s >> 8) % (uint32_t)V);
+    }
+    tgt[0] = V - 1, tgt[1] = 0;  // the last (on a padded vocab: next to the padding) and the first
+    gpt2_build(m, config(V), DEV_CPU);
+    gpt2_init_params(m, SEED);
+    gpt2_alloc_acts(m, B_, T_);
+    gpt2_forward(m, inp, tgt);
+}
+
+static void shard_of(TpBlock *w, float **buf, const GPT2 *m, DistGroup *g) {
+    int C = m->cfg.C;
+    *buf = lab_xcalloc(tp_block_count(C, g->size), sizeof(float));
+    tp_block_views(w, *buf, C, g->size);
+    TpBlock fb;
+    tp_block_of_model(&fb, &m->cfg, m->params, 0);
+    tp_block_shard(w, &fb, C, g->size, g->rank);
+}
+
+static void run_block(DistGroup *g) {
+    GPT2 m;
+    full(&m, 250);
+    TpBlock w;
+    float *buf;
+    shard_of(&w, &buf, &m, g);
+    TpBlockActs a;
+    tp_block_acts_alloc(&a, B_, T_, m.cfg.C, m.cfg.NH, g->size, DEV_CPU);
+    TpComm c = tp_comm_group(g);
+    tp_block_forward(kernels_get(DEV_CPU), &c, &w, &a, m.act.a.encoded);
+    float e = rel_err(a.out, m.act.a.residual3, (size_t)B_ * T_ * m.cfg.C);
+    mpi_check(e <= TOL, "tp=%d rank %d: the TP block's output differs from the full block's by %.3g "
+              "(tolerance %g)", g->size, g->rank, (double)e, (double)TOL);
+    mpi_check(c.calls[TP_SITE_ATTN_G] == 1 && c.calls[TP_SITE_MLP_G] == 1,
+              "tp=%d: the block forward made %llu + %llu all-reduces (g), want 1 + 1", g->size,
+              (unsigned long long)c.calls[TP_SITE_ATTN_G], (unsigned long long)c.calls[TP_SITE_MLP_G]);
+    tp_block_acts_free(&a);
+    free(buf);
+    gpt2_free(&m);
+}
+
+static void run_mlp(DistGroup *g) {
+    GPT2 m;
+    full(&m, 250);
+    TpBlock w;
+    float *buf;
+    shard_of(&w, &buf, &m, g);
+    const int C = m.cfg.C, N = B_ * T_, tp = g->size, Hl = 4 * C / tp;
+    TpBlockActs a;
+    tp_block_acts_alloc(&a, B_, T_, C, m.cfg.NH, tp, DEV_CPU);
+    tp_mlp_forward(kernels_get(DEV_CPU), &w, &a, m.act.a.ln2);
+    // this rank's hidden units are columns [r·Hl, (r+1)·Hl) of the full (N, 4C) fch
+    float *want = lab_xcalloc((size_t)N * Hl, sizeof(float));
+    for (int i = 0; i < N; i++)
+        memcpy(want + (size_t)i * Hl, m.act.a.fch + (size_t)i * 4 * C + (size_t)g->rank * Hl, Hl * sizeof(float));
+    float e = rel_err(a.fch, want, (size_t)N * Hl);
+    mpi_check(e <= TOL, "tp=%d rank %d: fch (column-parallel) differs from the full fch's columns by %.3g",
+              tp, g->rank, (double)e);
+    // the partial sums of the row-parallel fcproj add up to the full one (without its bias)
+    dist_all_reduce(a.fcproj, a.fcproj, (size_t)N * C, DIST_F32, DIST_SUM, g);
+    TpBlock fb;
+    tp_block_of_model(&fb, &m.cfg, m.params, 0);
+    for (int i = 0; i < N; i++)
+        for (int j = 0; j < C; j++) a.fcproj[(size_t)i * C + j] += fb.fcprojb[j];
+    e = rel_err(a.fcproj, m.act.a.fcproj, (size_t)N * C);
+    mpi_check(e <= TOL, "tp=%d rank %d: the summed partial fcproj (row-parallel) differs from the full "
+              "one by %.3g", tp, g->rank, (double)e);
+    free(want);
+    tp_block_acts_free(&a);
+    free(buf);
+    gpt2_free(&m);
+}
+
+static void run_ce(DistGroup *g) {
+    int Vs[2] = {250, 251};
+    for (int v = 0; v < 2; v++) {
+        GPT2 m;
+        full(&m, Vs[v]);
+        const int N = B_ * T_, V = Vs[v];
+        TpVocab tv = tp_vocab(V, g->size, g->rank);
+        // this rank's columns of the full logits; the padded columns hold garbage (masked)
+        float *logits = lab_xcalloc((size_t)N * tv.Vl, sizeof(float));
+        for (int i = 0; i < N; i++)
+            for (int j = 0; j < tv.Vl; j++)
+                logits[(size_t)i * tv.Vl + j] =
+                    j < tv.nvalid ? m.act.a.logits[(size_t)i * V + tv.v0 + j] : 1e3f;
+        float *losses = lab_xcalloc((size_t)N, sizeof(float));
+        TpLossStats st;
+        tp_loss_stats_alloc(&st, N, DEV_CPU);
+        TpComm c = tp_comm_group(g);
+        int tgt[B_ * T_];
+        memcpy(tgt, m.act.targets, sizeof tgt);
+        tp_crossentropy_forward(kernels_get(DEV_CPU), &c, &tv, losses, &st, logits, tgt, N);
+        float e = rel_err(losses, m.act.host_losses, (size_t)N);
+        mpi_check(e <= TOL, "tp=%d rank %d V=%d: the vocab-parallel losses differ from the full ones "
+                  "by %.3g", g->size, g->rank, V, (double)e);
+        uint64_t calls = 0;
+        for (int s = 0; s < TP_NSITES; s++) calls += c.calls[s];
+        mpi_check(calls == 3, "tp=%d: the loss made %llu all-reduces, want 3", g->size, (unsigned long long)calls);
+        tp_loss_stats_free(&st);
+        free(losses);
+        free(logits);
+        gpt2_free(&m);
+    }
+}
+
+static const char *const kinds[] = {"block", "mlp", "ce"};
+
+static void run(int kind, DistGroup *g) {
+    if (config(250).NH % g->size != 0) return;  // 3 ranks do not split 4 heads
+    if (kind == 0) run_block(g);
+    if (kind == 1) run_mlp(g);
+    if (kind == 2) run_ce(g);
+}
+
+int main(int argc, char **argv) {
+    return mpi_test_main(argc, argv, "mpi_07_tp", "usage: mpi_07_tp block|mlp|ce...", kinds, 3, run);
+}
