@@ -33,7 +33,7 @@ void tp7_print_layout(const TpModel *m, int world, int dp) {
     int w = c->NH <= 64 ? c->NH : 64;
     snprintf(label, sizeof label, "attention heads (NH=%d)", c->NH);
     picture_row(label, c->NH, c->NH, tp, w);
-    snprintf(label, sizeof label, "  qkv rows of Q, K, V (C=%d)", c->C);
+    snprintf(label, sizeof label, "  q, k, v rows (C=%d each)", c->C);
     picture_row(label, c->C, c->C, tp, 64);
     snprintf(label, sizeof label, "  attproj columns (C=%d)", c->C);
     picture_row(label, c->C, c->C, tp, 64);
