@@ -165,6 +165,7 @@ static void train(const LabArgs *args, const TpFlags *f) {
     trace_finish();  // --trace: the timeline (collective)
     // 9. --dump: the full model's weights gathered back (rank 0 of each group; world rank 0
     //    writes), the losses, the figures.
+    double replicated_diff = args->dump ? tpm_replicated_max_diff(&m, tpg) : 0.0;
     float *full = tpg->rank == 0 ? lab_xmalloc(gpt2_param_count(&cfg) * sizeof(float)) : NULL;
     if (args->dump) tpm_gather_full(&m, tpg, full);
     if (args->dump && rank == 0) {
@@ -176,6 +177,7 @@ static void train(const LabArgs *args, const TpFlags *f) {
         results_set(&out, "world_size", world);
         results_set(&out, "tp", tp);
         results_set(&out, "dp", dp);
+        results_set(&out, "replicated_max_diff", replicated_diff);
         results_write(args->dump, &out);
         results_free(&out);
     }

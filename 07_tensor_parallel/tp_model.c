@@ -180,6 +180,25 @@ void tpm_gather_full(const TpModel *m, DistGroup *g, float *full) {
     free(mine);
 }
 
+double tpm_replicated_max_diff(const TpModel *m, DistGroup *g) {
+    double worst = 0.0;
+    for (int i = 0; i < m->nplist; i++) {
+        if (m->sharded[i]) continue;
+        size_t n = m->plist[i].size;
+        const float *mine = m->params + m->plist[i].offset;
+        float *ref = lab_xmalloc(n * sizeof(float));
+        memcpy(ref, mine, n * sizeof(float));
+        dist_broadcast(ref, n, DIST_F32, 0, g);
+        for (size_t j = 0; j < n; j++) {
+            double d = fabs((double)mine[j] - (double)ref[j]);
+            if (!(d <= worst)) worst = d;  // NaN counts as the worst
+        }
+        free(ref);
+    }
+    dist_all_reduce(&worst, &worst, 1, DIST_F64, DIST_MAX, g);
+    return worst;
+}
+
 size_t tpm_block_act_floats(const TpModel *m) {
     const size_t N = (size_t)m->B * m->T, C = (size_t)m->cfg.C, t = (size_t)m->tp;
     const size_t att = (size_t)m->B * (size_t)(m->cfg.NH / m->tp) * m->T * m->T;

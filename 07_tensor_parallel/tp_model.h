@@ -63,6 +63,10 @@ void tpm_adamw_step(TpModel *m, const AdamW *h, int step, DistGroup *g);
 // (x + 0 == x: exact). Collective over g.
 void tpm_gather_full(const TpModel *m, DistGroup *g, float *full);
 
+// Largest |w - w on group rank 0| over the replicated tensors (LayerNorms, wpe, the row-parallel
+// biases): 0 when every rank applied the same updates to them. Collective over g.
+double tpm_replicated_max_diff(const TpModel *m, DistGroup *g);
+
 // Bytes of one block's saved activations on this rank (what tp_block_acts_alloc allocates),
 // and of the whole model's weights (the flat buffer: sharded part + replicated part).
 size_t tpm_block_act_floats(const TpModel *m);
