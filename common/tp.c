@@ -250,19 +250,19 @@ void tp_attn_backward(const Kernels *k, const TpBlock *w, TpBlock *dw, const TpB
 
 void tp_mlp_forward(const Kernels *k, const TpBlock *w, TpBlockActs *a, const float *inp) {
     int N = a->B * a->T, C = a->C, Hl = 4 * C / a->tp;
-    // EXERCISE 07.2 Column and row parallel MLP -> 07_tensor_parallel/README.md#exercise-072-column-and-row-parallel-mlp
     k->matmul_forward(a->fch, inp, w->fcw, w->fcb, N, C, Hl);       // column-parallel
     k->gelu_forward(a->fch_gelu, a->fch, (size_t)N * Hl);
     k->matmul_forward(a->fcproj, a->fch_gelu, w->fcprojw, NULL, N, Hl, C);  // row-parallel, partial
-    // END EXERCISE 07.2
 }
 
 void tp_mlp_backward(const Kernels *k, const TpBlock *w, TpBlock *dw, const TpBlockActs *a,
                      TpScratch *s, const float *inp, const float *dout, float *dinp) {
     int N = a->B * a->T, C = a->C, Hl = 4 * C / a->tp;
+    // EXERCISE 07.2 Column and row parallel MLP backward -> 07_tensor_parallel/README.md#exercise-072-column-and-row-parallel-mlp-backward
     k->matmul_backward(s->dfch_gelu, dw->fcprojw, NULL, dout, a->fch_gelu, w->fcprojw, N, Hl, C);
     k->gelu_backward(s->dfch, a->fch, s->dfch_gelu, (size_t)N * Hl);
     k->matmul_backward(dinp, dw->fcw, dw->fcb, s->dfch, inp, w->fcw, N, C, Hl);
+    // END EXERCISE 07.2
 }
 
 // ---- the block --------------------------------------------------------------------------------------
