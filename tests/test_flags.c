@@ -317,9 +317,9 @@ Test(flags, a_program_refuses_the_groups_it_does_not_take, .timeout = 200) {
 }
 
 // --device cuda without a GPU (or in a CPU build): the user's mistake, said once, at parse time.
-// Seen to catch: without check_cuda_visible the run died later in "internal error at
-// common/cuda_util.cu ... (try a smaller --batch or model)" (CUDA build) or at the first
-// allocation (CPU build), once per rank.
+// Seen to catch: without check_cuda_visible both cases were accepted here (exit 0: mpi_flags
+// allocates nothing); a chapter then died in "internal error at common/cuda_util.cu ... (try a
+// smaller --batch or model)" (CUDA build) or at its first allocation (CPU build), once per rank.
 Test(flags, device_cuda_without_a_gpu_is_one_user_message, .timeout = 200) {
     if (getenv("LAB_TEST_GPU")) cr_skip_test("a GPU is visible here (LAB_TEST_GPU)");
     BadCase c[] = {
