@@ -11,7 +11,7 @@
 #                two processes now; on a shared machine it can be far below 2x) and the share
 #                of that ceiling DDP reaches.
 #   2. overlap   step time with --no-overlap / with overlap (> 1: the default is faster), and the
-#                overlap % each run reports, on the tiny config and on a wide model with little
+#                % hidden each run reports (timeline: 0 with --no-overlap), tiny and wide model with little
 #                compute per parameter, where communication is a visible share of the step.
 #                Overlap is 03_ddp's default (communication thread, buckets all-reduced in
 #                place). On the wide model also: the same buckets all started after backward
