@@ -182,10 +182,11 @@ Test(zero05, one_rank_every_stage_is_single_device_training_bit_exact, .timeout 
     results_free(&o);
 }
 
-// Breaks seen to fail here (each restored after): the gradient reduce-scatter of stage 1 with
-// DIST_SUM instead of DIST_AVG (gradients not averaged: losses off by 4e-3, clipping bites);
-// stage 1's all-gather of the parameters skipped (a stale shard: 2e-3); the clipping norm's
-// all-reduce skipped (clipping on the local shard only: 1e-4).
+// Breaks seen to fail here (each restored after): stage 1's gradient reduce-scatter with
+// DIST_SUM instead of DIST_AVG (gradients not averaged: losses off by 3.0e-4 relative, weights
+// by 2.9e-4); stage 1's all-gather of the updated parameters skipped (a stale parameter shard
+// on every other rank: losses off by 1.4e-2, weights by 4.3e-3). The clipping norm's all-reduce
+// skipped is caught here only by the byte counts: see clipping_counts_every_element_once.
 Test(zero05, every_stage_on_2_ranks_matches_and_meets_the_formulas, .timeout = 150) {
     RunResults o;
     run_oracle(SMALL, &o);
@@ -193,9 +194,12 @@ Test(zero05, every_stage_on_2_ranks_matches_and_meets_the_formulas, .timeout = 1
     results_free(&o);
 }
 
-// 3 ranks: every unit's pieces are uneven (18,432 = 3 x 6,144 even, 49,984 and 128 are not).
-// Break seen to fail here: the last rank's piece of every unit shortened by one element in
-// zero_layout_init (an uneven last shard dropped: its elements never updated).
+// 3 ranks: the pieces are uneven (49,984 and 128 are not multiples of 3). Breaks seen to fail
+// here: the last rank's piece of every unit one element short in zero_layout_init (an uneven
+// last shard dropped: those elements never updated, weights off by 3.3e-2); rank 0's piece one
+// element too long (overlapping rank 1's: that element double-counted in the clipping norm and
+// stepped twice): training stays within tolerance (4 elements of 118,528) but the memory
+// formulas catch it (adam m 158,060 B measured vs 158,044 B).
 Test(zero05, every_stage_on_3_ranks_uneven_pieces_matches_and_meets_the_formulas, .timeout = 150) {
     RunResults o;
     run_oracle(SMALL, &o);
@@ -203,9 +207,9 @@ Test(zero05, every_stage_on_3_ranks_uneven_pieces_matches_and_meets_the_formulas
     results_free(&o);
 }
 
-// Breaks seen to fail here: stage 3 without the all-gather before backward (the forward's
-// buffers reused: a unit freed and read again); stage 2 with its unit gradient buffers not
-// zeroed (a unit's gradient counted twice).
+// Breaks seen to fail here: stage 3 with the head's gathered unit kept after its backward
+// (never gathered again: a stale parameter shard, losses off by 4.9e-5); stage 2 with the
+// head's gradient never reduce-scattered (its pieces' gradients stay 0: weights off by 3.7e-3).
 Test(zero05, every_stage_on_4_ranks_matches_and_meets_the_formulas, .timeout = 150) {
     RunResults o;
     run_oracle(SMALL, &o);
@@ -218,6 +222,18 @@ Test(zero05, stages_1_2_3_on_8_ranks_match_and_meet_the_formulas, .timeout = 200
     run_oracle(SMALL_CFG " --batch 16 --steps 3", &o);
     for (int stage = 1; stage <= 3; stage++)
         check_stage(&o, 8, stage, SMALL_CFG " --batch 16 --steps 3", 0);
+    results_free(&o);
+}
+
+// Clipping from pieces: Σ g² over my pieces, summed over the ranks. With --grad-clip 0.05 the
+// clipping bites (the default 1.0 does not in these 6 steps: the break below passes there), so a norm
+// computed wrongly changes every update. Break seen to fail here: the all-reduce of Σ g²
+// skipped (clipping on the local shard only: losses off by 3.7e-5 relative, weights by 4.6e-4); the SMALL runs above
+// do not catch it, their gradient norm stays under the default clip of 1.
+Test(zero05, clipping_counts_every_element_once, .timeout = 150) {
+    RunResults o;
+    run_oracle(SMALL " --grad-clip 0.05", &o);
+    for (int stage = 1; stage <= 3; stage++) check_stage(&o, 3, stage, SMALL " --grad-clip 0.05", 0);
     results_free(&o);
 }
 
@@ -286,7 +302,8 @@ Test(zero05, resume_is_exact_on_the_same_layout, .timeout = 150) {
 
 // Saved on ZeRO-3 x 4 after 3 steps, resumed on ZeRO-1 x 2, on ZeRO-2 x 3 and on one rank: the
 // continued losses and the final weights are the oracle's (uninterrupted) within the tolerance.
-// Break seen to fail here: save_state writing rank 0's pieces only (the others' left 0).
+// Break seen to fail here: save_state not gathering Adam's m (left 0 in the file): losses of
+// the resumed run off by 6.7e-3.
 Test(zero05, resume_across_stages_and_world_sizes, .timeout = 200) {
     RunResults o;
     run_oracle(SMALL " --steps 8", &o);
