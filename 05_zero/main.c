@@ -99,11 +99,8 @@ static void gather_issue(Zero *zz, int u) {
     if (zz->stage < 3 || zz->ag_live[u]) return;
     const ZeroPiece *p = &zz->z.p[u];
     zz->wbuf[u] = mem_alloc(p->unit_size * zz->e, MEM_COMM, zz->s->dev);
-    // EXERCISE 05.3 ZeRO-3 gather of a unit -> 05_zero/README.md#exercise-053-zero-3-gather-and-free-of-a-unit
-    // every rank sends its piece; the whole unit lands in wbuf[u], each piece at its place
-    zz->ag[u] = dist_iall_gather_n(piece_ptr(zz, zz->param_shard, u), zz->wbuf[u], p->unit_size,
-                                   zz->s->dt, zz->s->world);
-    // END EXERCISE 05.3
+    zz->ag[u] = zero_gather_unit(&zz->z, u, zz->param_shard, zz->wbuf[u], zz->s->dt,
+                                 zz->s->world);
     zz->ag_live[u] = 1;
 }
 
@@ -223,24 +220,14 @@ static void backward(Zero *zz, float dloss) {
 // ---------------------------------------------------------------------------------------------
 // The step after backward
 
-// The gradients the step reads: my pieces, averaged over the ranks.
+// Stage 0: the whole gradient averaged on every rank (DDP). Stage 1 reduce-scatters in its step
+// (zero1_step), stages 2 and 3 during backward.
 static void average_gradients(Zero *zz) {
     Session *s = zz->s;
-    if (zz->stage >= 2) return;  // reduce-scattered during backward
+    if (zz->stage != 0 || s->N == 1) return;
     void *g = train_grads(zz->m);
-    int tok = trace_begin(zz->stage == 0 ? "all-reduce grads" : "reduce-scatter grads",
-                          TRACE_COMM);
-    if (zz->stage == 0) {
-        dist_all_reduce(g, g, s->n, s->dt, DIST_AVG, s->world);
-    } else {
-        // EXERCISE 05.2 ZeRO-1 reduce-scatter -> 05_zero/README.md#exercise-052-zero-1-reduce-scatter-shard-update-all-gather
-        // every unit's gradient summed over the ranks and divided by N; my piece lands in place
-        for (int u = 0; u < zz->nunits; u++)
-            dist_reduce_scatter_n(unit_ptr(zz, g, u),
-                                  (char *)unit_ptr(zz, g, u) + zz->z.p[u].begin * zz->e,
-                                  zz->z.p[u].unit_size, s->dt, DIST_AVG, s->world);
-        // END EXERCISE 05.2
-    }
+    int tok = trace_begin("all-reduce grads", TRACE_COMM);
+    dist_all_reduce(g, g, s->n, s->dt, DIST_AVG, s->world);
     trace_end(tok);
 }
 
@@ -270,15 +257,20 @@ static void gather_params(Zero *zz) {
     Session *s = zz->s;
     void *p = train_params(zz->m);
     int tok = trace_begin("all-gather params", TRACE_COMM);
-    // EXERCISE 05.2b ZeRO-1 all-gather -> 05_zero/README.md#exercise-052-zero-1-reduce-scatter-shard-update-all-gather
     for (int u = 0; u < zz->nunits; u++)
         dist_all_gather_n((char *)unit_ptr(zz, p, u) + zz->z.p[u].begin * zz->e,
                           unit_ptr(zz, p, u), zz->z.p[u].unit_size, s->dt, s->world);
-    // END EXERCISE 05.2b
     trace_end(tok);
 }
 
 static void optimizer_step(Zero *zz, int step) {
+    if (zz->stage == 1) {  // reduce-scatter, my pieces' update, all-gather: zero.c
+        int tok = trace_begin("ZeRO-1 step: reduce-scatter, update, all-gather", TRACE_COMM);
+        zero1_step(&zz->z, zz->m, &zz->s->opt, step, zz->master, zz->master_full, zz->opt_m,
+                   zz->opt_v, zz->s->plist, zz->s->nplist, zz->s->world);
+        trace_end(tok);
+        return;
+    }
     int gfull, pfull;
     const void *g = step_grads(zz, &gfull);
     void *p = step_params(zz, &pfull);

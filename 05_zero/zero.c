@@ -7,6 +7,7 @@
 #include "check.h"
 #include "mem.h"
 #include "shard.h"
+#include "train.h"
 
 void zero_layout_init(ZeroLayout *z, const GPT2 *m, int N, int r) {
     LAB_CHECK(m->l0 == 0 && m->l1 == m->cfg.L, "ZeRO partitions the full model");
@@ -90,6 +91,50 @@ void zero_adamw_step(const ZeroLayout *z, const AdamW *h, GPT2 *m, int step, flo
                             nplist, scale, m->work_grads, m->work_size);
         }
     }
+}
+
+void zero1_step(const ZeroLayout *z, GPT2 *m, const AdamW *h, int step, float *master,
+                int master_full, float *opt_m, float *opt_v, const GPT2Param *plist, int nplist,
+                DistGroup *g) {
+    char *grads = train_grads(m), *params = train_params(m);
+    const DistDtype dt = train_dtype(m);
+    const size_t e = dist_dtype_size(dt);
+    float scale = 1.0f;
+    // EXERCISE 05.2 ZeRO-1 reduce-scatter, shard update, all-gather -> 05_zero/README.md#exercise-052-zero-1-reduce-scatter-shard-update-all-gather
+    // 1. every unit's gradient summed over the ranks and divided by N; my piece lands in place
+    for (int u = 0; u < z->nunits; u++) {
+        const ZeroPiece *p = &z->p[u];
+        char *unit = grads + p->unit_offset * e;
+        dist_reduce_scatter_n(unit, unit + p->begin * e, p->unit_size, dt, DIST_AVG, g);
+    }
+    // 2. the global norm from the pieces (each element is in exactly one rank's pieces), then
+    //    AdamW on my pieces only
+    double sq = zero_local_sum_squares(z, m, grads, 1);
+    if (z->N > 1) dist_all_reduce(&sq, &sq, 1, DIST_F64, DIST_SUM, g);
+    scale = adamw_clip_scale(h, sq, step);
+    zero_adamw_step(z, h, m, step, master, master_full, params, 1, grads, 1, opt_m, opt_v, plist,
+                    nplist, scale);
+    // 3. every rank's updated piece to every rank: the whole parameters, in place
+    for (int u = 0; u < z->nunits; u++) {
+        const ZeroPiece *p = &z->p[u];
+        char *unit = params + p->unit_offset * e;
+        if (z->N > 1) dist_all_gather_n(unit + p->begin * e, unit, p->unit_size, dt, g);
+    }
+    // END EXERCISE 05.2
+    (void)scale;
+}
+
+DistWork zero_gather_unit(const ZeroLayout *z, int u, const void *shard, void *out, DistDtype dt,
+                          DistGroup *g) {
+    DistWork w;
+    memset(&w, 0, sizeof w);
+    // EXERCISE 05.3 ZeRO-3 gather of a unit -> 05_zero/README.md#exercise-053-zero-3-gather-of-a-unit
+    // every rank sends its piece of unit u; the whole unit lands in out, each piece at its place
+    const ZeroPiece *p = &z->p[u];
+    w = dist_iall_gather_n((const char *)shard + p->local * dist_dtype_size(dt), out, p->unit_size,
+                           dt, g);
+    // END EXERCISE 05.3
+    return w;
 }
 
 void zero_gather_full(const ZeroLayout *z, const float *shard, float *full, DistGroup *g) {

@@ -53,6 +53,19 @@ void zero_adamw_step(const ZeroLayout *z, const AdamW *h, GPT2 *m, int step, flo
                      int grads_full, float *opt_m, float *opt_v, const GPT2Param *plist,
                      int nplist, float scale);
 
+// ZeRO-1's step after backward, on the model's full gradient and parameter buffers (its dtype):
+// reduce-scatter every unit's gradient (average) so that my piece of it lands in place, clip
+// from the pieces (Σ g² over mine, summed over g), AdamW on my pieces only, then all-gather
+// every unit's parameters in place: every rank holds the whole updated model again.
+void zero1_step(const ZeroLayout *z, GPT2 *m, const AdamW *h, int step, float *master,
+                int master_full, float *opt_m, float *opt_v, const GPT2Param *plist, int nplist,
+                DistGroup *g);
+
+// ZeRO-3: start the all-gather of unit u's parameters from my piece (shard: my pieces, in the
+// model's dtype dt) into out (the whole unit). Non-blocking: dist_wait the result before use.
+DistWork zero_gather_unit(const ZeroLayout *z, int u, const void *shard, void *out, DistDtype dt,
+                          DistGroup *g);
+
 // Whole-model fp32 arrays <-> this rank's shard buffer (host or device, memory order).
 // gather: every rank passes its shard; rank 0's full (n floats) receives all pieces.
 void zero_gather_full(const ZeroLayout *z, const float *shard, float *full, DistGroup *g);
