@@ -359,3 +359,81 @@ Test(zero05, a_checkpoint_of_another_model_is_refused, .timeout = 90) {
     free(out);
     unlink(ck);
 }
+
+// ---------------------------------------------------------------------------------------------
+// exercises: each suite runs only its own exercise's code (05.2 and 05.3 on a partition written
+// in tests/mpi_05_zero.c, not on zero_layout_init)
+
+#include "zero.h"
+
+// 05.1: zero_layout_init's pieces for N = 1..9 and every rank, against the convention written
+// out here: piece q of a unit of n elements starts at q*(n/N) + min(q, n%N); the pieces tile
+// the unit, a rank's pieces sit one after the other in its shard, and shard_n is their sum.
+static void layout_matches(const GPT2Config *cfg) {
+    GPT2 m;
+    gpt2_build(&m, *cfg, DEV_CPU);
+    for (int N = 1; N <= 9; N++) {
+        for (int r = 0; r < N; r++) {
+            ZeroLayout z;
+            zero_layout_init(&z, &m, N, r);
+            size_t local = 0;
+            cr_assert_eq(z.nunits, m.nunits);
+            for (int u = 0; u < m.nunits; u++) {
+                size_t n = m.units[u].size, q = n / (size_t)N, x = n % (size_t)N;
+                size_t begin = (size_t)r * q + ((size_t)r < x ? (size_t)r : x);
+                size_t count = q + ((size_t)r < x ? 1 : 0);
+                cr_expect_eq(z.p[u].unit_offset, m.units[u].offset);
+                cr_expect_eq(z.p[u].unit_size, n);
+                cr_expect_eq(z.p[u].begin, begin, "N %d rank %d unit %d: piece begins at %zu, "
+                             "want %zu", N, r, u, z.p[u].begin, begin);
+                cr_expect_eq(z.p[u].count, count, "N %d rank %d unit %d: piece of %zu, want %zu",
+                             N, r, u, z.p[u].count, count);
+                cr_expect_eq(z.p[u].local, local);
+                local += count;
+            }
+            cr_expect_eq(z.shard_n, local);
+            zero_layout_free(&z);
+        }
+    }
+    gpt2_free(&m);
+}
+
+Test(ex05_1, pieces_of_the_small_model_for_1_to_9_ranks) {
+    GPT2Config cfg = {.V = 256, .T = 32, .L = 2, .C = 64, .NH = 4};
+    layout_matches(&cfg);
+}
+
+// A model whose head (2C = 6 elements) has fewer elements than ranks: empty pieces.
+Test(ex05_1, units_smaller_than_the_world_give_empty_pieces) {
+    GPT2Config cfg = {.V = 5, .T = 3, .L = 1, .C = 3, .NH = 1};
+    layout_matches(&cfg);
+}
+
+// mpirun -np N mpi_05_zero <what> for N = 1..5: exit 0, checks run, none failed.
+static void mpi_zero_passes(const char *what, int max_np) {
+    for (int np = 1; np <= max_np; np++) {
+        char cmd[512], *out = NULL;
+        snprintf(cmd, sizeof cmd, "%s/tests/mpi_05_zero %s", harness_build_dir(), what);
+        int rc = harness_mpirun(np, cmd, &out, 60);
+        int checks = -1, failed = -1, ranks = -1;
+        const char *line = out ? strstr(out, "mpi_05_zero: ") : NULL;
+        const char *on = line ? strstr(line, " on ") : NULL;
+        if (on) sscanf(on, " on %d ranks: %d checks, %d failed", &ranks, &checks, &failed);
+        cr_expect(rc == 0 && ranks == np && checks > 0 && failed == 0,
+                  "mpi_05_zero %s on %d ranks: exit %d, summary: %d ranks %d checks %d failed\n%s",
+                  what, np, rc, ranks, checks, failed, out ? out : "(no output)");
+        free(out);
+        if (rc != 0) break;
+    }
+}
+
+// Breaks seen to fail: DIST_SUM instead of DIST_AVG; the norm's all-reduce left out; the
+// all-gather left out.
+Test(ex05_2, zero1_step_is_one_device_step_on_1_to_5_ranks, .timeout = 120) {
+    mpi_zero_passes("zero1-step", 5);
+}
+
+// Break seen to fail: the piece sent from the shard's start instead of its own place (local).
+Test(ex05_3, unit_gather_gives_every_rank_the_whole_unit_on_1_to_5_ranks, .timeout = 120) {
+    mpi_zero_passes("gather-unit", 5);
+}
