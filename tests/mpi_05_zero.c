@@ -7,7 +7,8 @@
 //   zero1-step    zero1_step (exercise 05.2) on a small GPT-2's full gradient buffer: the
 //                 parameters every rank ends with and the Adam m, v of its pieces equal one
 //                 AdamW step of a single device on the averaged gradient, with clipping that
-//                 bites (so the norm must be the global one)
+//                 that bites (so the norm must be the global one) and without clipping (so the
+//                 gradient must be the average, not the sum)
 //   gather-unit   zero_gather_unit (exercise 05.3) on units of 0, 1, N-1, N+1, 37 and 3N+2
 //                 elements: every rank ends with the whole unit, each piece at its place
 // on the world and on a split group. Prints "mpi_05_zero: <what> on N ranks: C checks, F failed".
@@ -55,7 +56,7 @@ static void hand_layout(ZeroLayout *z, const size_t *offset, const size_t *size,
 // Gradient element i on rank r: multiples of 1/64, so sums over ranks are exact in fp32.
 static float grad_of(int r, size_t i) { return (float)((int)((i * 7 + (size_t)r * 5) % 17) - 8) / 64.0f; }
 
-static void test_zero1_step(DistGroup *g) {
+static void test_zero1_step(DistGroup *g, float grad_clip) {
     const int N = g->size;
     GPT2Config cfg = {.V = 32, .T = 8, .L = 2, .C = 16, .NH = 2};
     GPT2 m;
@@ -70,7 +71,7 @@ static void test_zero1_step(DistGroup *g) {
     GPT2Param *plist = lab_xcalloc((size_t)gpt2_params(&cfg, NULL), sizeof(GPT2Param));
     int nplist = gpt2_params(&cfg, plist);
     AdamW h = adamw_defaults();
-    h.grad_clip = 0.05f;  // the averaged gradient's norm is far above: clipping bites
+    h.grad_clip = grad_clip;
     h.warmup_steps = 0;
     h.total_steps = 10;
 
@@ -87,7 +88,8 @@ static void test_zero1_step(DistGroup *g) {
     double sq = 0.0;
     for (size_t i = 0; i < n; i++) sq += (double)ref_g[i] * (double)ref_g[i];
     float scale = adamw_clip_scale(&h, sq, 0);
-    mpi_check(scale < 0.5f, "the test's clipping does not bite (scale %g)", (double)scale);
+    if (grad_clip > 0)
+        mpi_check(scale < 0.5f, "the test's clipping does not bite (scale %g)", (double)scale);
     adamw_step(&h, m.k, 0, ref_p, ref_g, ref_m, ref_v, 0, n, plist, nplist, scale);
 
     float *opt_m = lab_xcalloc(z.shard_n + 1, sizeof(float));
@@ -148,7 +150,9 @@ static void test_gather_unit(DistGroup *g) {
 static const char *const KINDS[] = {"zero1-step", "gather-unit"};
 
 static void run_kind(int kind, DistGroup *g) {
-    if (kind == 0) test_zero1_step(g);
+    // clipping that bites (the norm must be global; it hides the average's 1/N, which clipping
+    // removes), then none (Adam's m and v see the average itself)
+    if (kind == 0) { test_zero1_step(g, 0.05f); test_zero1_step(g, 0.0f); }
     else test_gather_unit(g);
 }
 
