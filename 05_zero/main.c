@@ -481,24 +481,30 @@ static void report(Zero *zz, double *mine, const LabArgs *args) {
         printf("%d steps in %.2f s: %.0f tokens/s (all ranks), %.1f ms per step\n", nrun, elapsed,
                (double)args->batch * s->T * nrun / elapsed, 1e3 * elapsed / nrun);
         static const char *names[] = {"params", "grads", "master", "adam m", "adam v"};
-        printf("\nMemory per rank, measured peak (mem.h) / formula, %s:\n  %-6s", STAGE_NAME[zz->stage],
-               "rank");
-        for (int c = 0; c < 5; c++) printf(" %23s", names[c]);
+        printf("\nMemory per rank: measured peak (mem.h), '=' where it equals the formula, %s:\n"
+               "  %-8s", STAGE_NAME[zz->stage], "rank");
+        for (int c = 0; c < 5; c++) printf(" %13s", names[c]);
         printf(" %11s %11s %11s\n", "acts", "comm bufs", "peak total");
         for (int r = 0; r < N; r++) {
             const double *a = all + (size_t)r * F_NFIELDS;
-            printf("  %-6d", r);
+            printf("  %-8d", r);
             for (int c = 0; c < 5; c++) {
-                char b1[32], b2[32], cell[80];
-                snprintf(cell, sizeof cell, "%s / %s%s", mem_format(b1, sizeof b1, a[F_PARAMS + c]),
-                         mem_format(b2, sizeof b2, a[X_PARAMS + c]),
-                         a[F_PARAMS + c] == a[X_PARAMS + c] ? "" : " !");
-                printf(" %23s", cell);
+                char b1[32], cell[48];
+                snprintf(cell, sizeof cell, "%s %s", mem_format(b1, sizeof b1, a[F_PARAMS + c]),
+                         a[F_PARAMS + c] == a[X_PARAMS + c] ? "=" : "!=");
+                printf(" %13s", cell);
             }
             char b1[32], b2[32], b3[32];
             printf(" %11s %11s %11s\n", mem_format(b1, sizeof b1, a[F_ACTS]),
                    mem_format(b2, sizeof b2, a[F_COMM]), mem_format(b3, sizeof b3, a[F_TOTAL]));
         }
+        printf("  %-8s", "formula");
+        for (int c = 0; c < 5; c++) {
+            char b1[32], cell[48];
+            snprintf(cell, sizeof cell, "%s  ", mem_format(b1, sizeof b1, all[X_PARAMS + c]));
+            printf(" %13s", cell);
+        }
+        printf("   (rank 0's)\n");
         const char *K = s->bf16 ? "2+2+12" : "4+4+8";
         static const char *fm[4][2] = {
             {"(2+2+K)Ψ", "(4+4+8)Ψ"}, {"2Ψ+2Ψ+KΨ/N", "4Ψ+4Ψ+8Ψ/N"},
@@ -522,15 +528,28 @@ static void report(Zero *zz, double *mine, const LabArgs *args) {
                "all-reduced%s)\n", mult, e, mem_format(b1, sizeof b1, mult * n * (N - 1) / N * e),
                zz->stage == 3 ? "; the head is gathered once, its forward and backward run back "
                                 "to back" : "");
-        // bar picture of one rank's state
-        printf("\nModel state per rank (rank 0), one # = 1/40 of DDP's:\n");
-        double ddp = n * (2 * e + (s->bf16 ? 12 : 8));
+        // the four stages side by side: the formula for this model on N ranks (rank 0's
+        // pieces), one bar each, and this run's measured figure beside its own
+        size_t mine0 = 0;
+        for (int u = 0; u < zz->nunits; u++) mine0 += shard_count(zz->z.p[u].unit_size, N, 0);
+        const double sh = (double)mine0, kb = s->bf16 ? 12.0 : 8.0;
+        const double per_stage[4] = {n * (2 * e + kb), n * 2 * e + kb * sh, n * e + (e + kb) * sh,
+                                     (2 * e + kb) * sh};
         const double *a0 = all;
         double held = a0[F_PARAMS] + a0[F_GRADS] + a0[F_MASTER] + a0[F_OPT_M] + a0[F_OPT_V];
-        int bars = (int)lround(40.0 * held / ddp);
-        printf("  %-12s |", STAGE_NAME[zz->stage]);
-        for (int i = 0; i < bars; i++) putchar('#');
-        printf("%*s| %s\n", 40 - bars > 0 ? 40 - bars : 0, "", mem_format(b1, sizeof b1, held));
+        printf("\nModel state per rank (params + grads + master + Adam m, v) on %d ranks, rank 0; "
+               "one # = 1/40 of DDP's:\n", N);
+        for (int st = 0; st < 4; st++) {
+            int bars = (int)lround(40.0 * per_stage[st] / per_stage[0]);
+            printf("  %-12s |", STAGE_NAME[st]);
+            for (int i = 0; i < 40; i++) putchar(i < bars ? '#' : ' ');
+            char b2[32];
+            printf("| %10s formula", mem_format(b1, sizeof b1, per_stage[st]));
+            if (st == zz->stage) printf("   <- this run: %s measured", mem_format(b2, sizeof b2, held));
+            printf("\n");
+        }
+        printf("  (activations, %s per rank here, are not sharded by ZeRO: every rank runs its own "
+               "rows through the whole model)\n", mem_format(b1, sizeof b1, a0[F_ACTS]));
     }
     if (args->dump) {
         RunResults out;
@@ -654,7 +673,7 @@ static void train(const LabArgs *args, const ZeroFlags *f) {
 int main(int argc, char **argv) {
     dist_init(&argc, &argv);
     LabArgs args = lab_args_defaults();
-    ZeroFlags f = {.stage = 1, .in_flight = 2};
+    ZeroFlags f = {.stage = 1, .in_flight = 1};
     FlagSpec extra[] = {
         {"--zero", FLAG_INT, &f.stage, 0, 3, NULL,
          "ZeRO stage: 0 DDP, 1 shard optimizer state, 2 + gradients, 3 + parameters"},
