@@ -136,26 +136,25 @@ static void print_measured_vs_predicted(const GPT2Config *cfg, int B, int T, int
 
 static void print_header(const Session *s) {
     char buf[32], model[128];
-    printf("tiny %s (%s %s), batch %d x %d, device %s\n", session_model_line(s, model, sizeof model),
-           mem_format(buf, sizeof buf, (double)s->n * (s->bf16 ? 2 : 4)),
-           s->bf16 ? "bf16" : "fp32", s->args->batch, s->T, s->model.k->name);
+    printf("tiny %s (%s %s), batch %d x %d, device %s\n",
+           session_model_line(s, model, sizeof model),
+           mem_format(buf, sizeof buf, (double)s->n * (s->bf16 ? 2 : 4)), s->bf16 ? "bf16" : "fp32",
+           s->args->batch, s->T, s->model.k->name);
     if (!s->args->data)
         printf("data: synthetic Markov source, entropy rate %.4f nats/token; loss floor for T=%d: "
                "%.4f (ln V = %.4f at init)\n", data_entropy_rate(&s->data), s->T,
                data_loss_floor(&s->data, s->T), log((double)s->cfg.V));
 }
 
-// The memory this run will allocate, predicted by the calculator before anything is allocated:
-// the model state, the activations this runtime keeps for (B, T), and the batch buffers.
-// *state: the model state's share (params, grads, master, Adam m and v).
+// The memory this run will allocate, predicted before anything is allocated: the model state
+// (parameters and gradients in the model's type, bf16's fp32 master, Adam's m and v in fp32:
+// what session_init allocates; the calculator's calc_bytes_per_param says the same, but it is
+// exercise 00.1, and this oracle run must not depend on a student's stub), the activations this
+// runtime keeps for (B, T) (calc_activation_bytes_lab), and the batch buffers.
+// *state: the model state's share.
 static double predicted_run_bytes(const GPT2Config *cfg, int B, int T, int bf16, double *state) {
-    CalcModel cm = calc_model_from_gpt2(cfg);
-    CalcSetup cs = calc_setup_default();
-    cs.dtype = bf16 ? CALC_BF16 : CALC_FP32;
-    cs.micro_batch = B;
-    cs.seq_len = T;
-    CalcBreakdown b = calc_memory(&cm, &cs);
-    *state = b.params + b.grads + b.master + b.m + b.v;
+    double w = bf16 ? 2.0 : 4.0;  // bytes per parameter and per gradient
+    *state = (double)gpt2_param_count(cfg) * (w + w + (bf16 ? 4.0 : 0.0) + 4.0 + 4.0);
     return *state + calc_activation_bytes_lab(cfg, B, T, bf16 ? GPT2_BF16 : GPT2_FP32) +
            2.0 * (double)B * T * sizeof(int);
 }
@@ -181,27 +180,23 @@ static void refuse_if_it_cannot_fit(const LabArgs *args, const TrainFlags *tf) {
     const int bf16 = strcmp(args->dtype, "bf16") == 0;
     double limit = tf->mem_limit_mib > 0 ? tf->mem_limit_mib * 1048576.0 : mem_available_bytes();
     const char *what = tf->mem_limit_mib > 0 ? "--mem-limit" : "MemAvailable in /proc/meminfo";
-    double state = 0, st = 0;
+    double state = 0, ignored = 0;
     double need = predicted_run_bytes(&cfg, args->batch, cfg.T, bf16, &state);
     if (limit <= 0 || need <= limit) return;
     int fit = 0;  // the largest batch that fits: the prediction grows with B
     for (int lo = 1, hi = args->batch - 1; lo <= hi;) {
         int mid = lo + (hi - lo) / 2;
-        if (predicted_run_bytes(&cfg, mid, cfg.T, bf16, &st) <= limit) { fit = mid; lo = mid + 1; }
+        if (predicted_run_bytes(&cfg, mid, cfg.T, bf16, &ignored) <= limit) fit = mid, lo = mid + 1;
         else hi = mid - 1;
     }
-    char a[32], b[32], c[32], d[32];
-    if (fit > 0)
-        lab_fail("--train --batch %d: predicted memory %s (model state %s + activations and batch "
-                 "%s for %d x %d) exceeds the %s available (%s); use --batch %d or less",
-                 args->batch, mem_format(a, sizeof a, need), mem_format(b, sizeof b, state),
-                 mem_format(c, sizeof c, need - state), args->batch, cfg.T,
-                 mem_format(d, sizeof d, limit), what, fit);
+    char a[32], b[32], c[32], d[32], hint[64];
+    if (fit > 0) snprintf(hint, sizeof hint, "use --batch %d or less", fit);
+    else snprintf(hint, sizeof hint, "even --batch 1 does not fit: use a smaller model");
     lab_fail("--train --batch %d: predicted memory %s (model state %s + activations and batch %s "
-             "for %d x %d) exceeds the %s available (%s), even with --batch 1; use a smaller "
-             "model", args->batch, mem_format(a, sizeof a, need), mem_format(b, sizeof b, state),
+             "for %d x %d) exceeds the %s available (%s); %s", args->batch,
+             mem_format(a, sizeof a, need), mem_format(b, sizeof b, state),
              mem_format(c, sizeof c, need - state), args->batch, cfg.T,
-             mem_format(d, sizeof d, limit), what);
+             mem_format(d, sizeof d, limit), what, hint);
 }
 
 static void train(const LabArgs *args) {
@@ -243,7 +238,8 @@ static void train(const LabArgs *args) {
     int nrun = session_steps_run(&s);
     if (!args->quiet && nrun > 0) {
         double elapsed = session_elapsed(&s);
-        printf("%d steps in %.2f s: %.0f tokens/s\n", nrun, elapsed, (double)B * T * nrun / elapsed);
+        printf("%d steps in %.2f s: %.0f tokens/s\n", nrun, elapsed,
+               (double)B * T * nrun / elapsed);
         print_measured_vs_predicted(&s.cfg, B, T, s.bf16);
     }
     if (args->dump) {  // for the test harness: losses, final weights, measured memory

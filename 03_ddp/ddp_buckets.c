@@ -9,23 +9,20 @@
 #include "trace.h"
 #include "train.h"
 
-// llm.c's tensor indices (gpt2.h lists the same order).
-enum { WTE = 0, WPE = 1, LNFW = 14, LNFB = 15 };
-
 int ddp_module_order(const GPT2Config *cfg, GPT2Param *out) {
     int n = gpt2_params(cfg, NULL);
     GPT2Param *flat = lab_xcalloc((size_t)n, sizeof(GPT2Param));
-    gpt2_params(cfg, flat);  // llm.c order: tensor kind first, then layer
+    gpt2_params(cfg, flat);  // memory order (block-major), which is already module order
     int k = 0;
     // embeddings, then each block's twelve tensors, then the final LayerNorm
     for (int i = 0; i < n; i++)
-        if (flat[i].tensor == WTE || flat[i].tensor == WPE) out[k++] = flat[i];
+        if (flat[i].tensor == GPT2_WTE || flat[i].tensor == GPT2_WPE) out[k++] = flat[i];
     for (int l = 0; l < cfg->L; l++)
         for (int t = 0; t < GPT2_NUM_TENSORS; t++)
             for (int i = 0; i < n; i++)
                 if (flat[i].layer == l && flat[i].tensor == t) out[k++] = flat[i];
     for (int i = 0; i < n; i++)
-        if (flat[i].tensor == LNFW || flat[i].tensor == LNFB) out[k++] = flat[i];
+        if (flat[i].tensor == GPT2_LNFW || flat[i].tensor == GPT2_LNFB) out[k++] = flat[i];
     LAB_CHECK(k == n, "ddp_module_order: placed %d of %d parameters", k, n);
     free(flat);
     return n;
@@ -35,7 +32,7 @@ int ddp_num_pieces(const GPT2Config *cfg) { return cfg->L + 2; }
 
 int ddp_ready_piece(const GPT2Param *p, int L) {
     if (p->layer >= 0) return 1 + (L - 1 - p->layer);  // block l's backward
-    if (p->tensor == LNFW || p->tensor == LNFB) return 0;  // the head's backward
+    if (p->tensor == GPT2_LNFW || p->tensor == GPT2_LNFB) return 0;  // the head's backward
     return L + 1;  // wte, wpe: the embedding's backward (wte also gets the head's share first)
 }
 

@@ -89,7 +89,21 @@ static void atomic_write(AtomicFile *af, const void *buf, size_t n) {
     af->crc = crc32_update(af->crc, buf, n);
 }
 
+// Fault injection for the tests: LAB_SAVE_STALL_S=N makes every save stop for N seconds with
+// its tmp written but not yet renamed, after saying on stderr which process is inside the save,
+// so that a test can send it a signal there (tests/harness.h, harness_save_signal_is_safe).
+static void stall_if_asked(const AtomicFile *af) {
+    const char *s = getenv("LAB_SAVE_STALL_S");
+    if (!s || atoi(s) <= 0) return;
+    fflush(af->f);
+    fprintf(stderr, "[pid %d] LAB_SAVE_STALL_S: stalling in the save of %s (%s written)\n",
+            (int)getpid(), af->path, af->tmp);
+    fflush(stderr);
+    sleep((unsigned)atoi(s));
+}
+
 static void atomic_commit(AtomicFile *af) {
+    stall_if_asked(af);
     if (fflush(af->f) != 0) atomic_fail(af, "flushing", errno);
     if (fsync(fileno(af->f)) != 0) atomic_fail(af, "fsync of", errno);
     FILE *f = af->f;

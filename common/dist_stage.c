@@ -26,7 +26,11 @@ static void extents(const DistCall *c, const DistGroup *g, size_t *s_bytes, size
     switch (c->kind) {
     case OP_ALL_REDUCE: s = rb = out = n; break;
     case OP_BROADCAST: rb = n; out = root ? 0 : n; break;
-    case OP_REDUCE: s = n; rb = out = root ? n : 0; break;
+    case OP_REDUCE:  // a non-root's input is in recv when in place
+        s = n;
+        rb = (root || c->send == NULL || c->send == c->recv) ? n : 0;
+        out = root ? n : 0;
+        break;
     case OP_REDUCE_SCATTER:
         s = total;
         rb = (c->send == NULL || c->send == c->recv) ? total : mine;

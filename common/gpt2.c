@@ -109,6 +109,10 @@ GPT2BlockWeights gpt2_block_weights(const GPT2BlockDims *d, float *unit) {
     return w;
 }
 
+// The widths m's blocks compute with: the ONE place every block kernel call takes its shapes
+// from (a tensor-parallel shard would shrink them here, together with its units' sizes).
+static GPT2BlockDims block_dims(const GPT2 *m) { return gpt2_block_dims(&m->cfg); }
+
 // Offset of tensor t of layer l (-1 for the unstacked ones) in llm.c's stacked file order.
 static size_t llmc_offset(const GPT2Config *cfg, int t, int l) {
     size_t sizes[GPT2_NUM_TENSORS], offset = 0;
@@ -515,7 +519,7 @@ static size_t wsave_floats(const GPT2BlockDims *d, size_t BT) {
 void gpt2_acts_alloc_split(GPT2Acts *a, const GPT2 *m) {
     LAB_CHECK(a->acts, "gpt2_acts_alloc_split before gpt2_acts_alloc");
     if (a->wsave) return;
-    GPT2BlockDims d = gpt2_block_dims(&m->cfg);
+    GPT2BlockDims d = block_dims(m);
     a->wsave_per_block = wsave_floats(&d, (size_t)a->B * a->T);
     a->wsave = mem_alloc((size_t)(a->l1 - a->l0) * a->wsave_per_block * sizeof(float), MEM_ACTS, m->dev);
 }
@@ -865,7 +869,7 @@ void gpt2_block_forward_w(GPT2 *m, GPT2Acts *acts, int l, const void *block_w) {
     GPT2Acts *a = acts_of(m, acts);
     check_block(m, a, l, "gpt2_block_forward");
     int B = a->B, T = a->T;
-    GPT2BlockDims dm = gpt2_block_dims(&m->cfg);
+    GPT2BlockDims dm = block_dims(m);
     Piece pc = {0};
     piece_block(&pc, m, l, block_w, NULL, 1, 0);
     float *wv[2] = {0};
@@ -1005,7 +1009,7 @@ static void block_backward(GPT2 *m, GPT2Acts *a, int l, const void *block_w, voi
     int split = pass != BACK_BOTH;
     LAB_CHECK(!split || a->wsave, "%s: the split backward needs gpt2_acts_alloc_split", fn);
     int B = a->B, T = a->T;
-    GPT2BlockDims dm = gpt2_block_dims(&m->cfg);
+    GPT2BlockDims dm = block_dims(m);
     size_t BTC = (size_t)B * T * dm.C;
     Piece pc = {0};
     piece_block(&pc, m, l, block_w, dblock_w, pass & BACK_INPUT, pass & BACK_WEIGHTS);

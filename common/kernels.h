@@ -84,6 +84,37 @@ typedef struct Kernels {
     // bf16 storage: round to nearest even; NaN stays NaN.
     void (*f32_to_bf16)(uint16_t *out, const float *in, size_t n);
     void (*bf16_to_f32)(float *out, const uint16_t *in, size_t n);
+
+    // ---- tensor parallelism (common/tp.h) ----------------------------------------------------
+    // A row-parallel layer's output is a sum of partial products; its bias is added once, after
+    // the all-reduce, together with the residual: out (N,C) = resid + x + bias[c]. (Backward:
+    // the gradient passes to resid and x unchanged; dbias = matmul_backward's column sums.)
+    void (*tp_bias_residual_forward)(float *out, const float *resid, const float *x,
+                                     const float *bias, int N, int C);
+    // Vocab-parallel embedding: this rank holds rows [v0, v0 + Vl) of wte as wte_local (Vl,C).
+    // out (B,T,C) = (inp in range ? wte_local[inp - v0] : 0) + (wpe ? wpe[t] : 0); summed over
+    // the group it is wte[inp] + wpe[t] (pass wpe on ONE rank only).
+    void (*vocab_embed_forward)(float *out, const int *inp, const float *wte_local,
+                                const float *wpe, int v0, int Vl, int B, int T, int C);
+    // dwte_local += rows of the in-range tokens; dwpe += Σ_b dout (skipped when NULL).
+    void (*vocab_embed_backward)(float *dwte_local, float *dwpe, const float *dout,
+                                 const int *inp, int v0, int Vl, int B, int T, int C);
+    // Vocab-parallel cross-entropy on local logits (N,Vl) of vocabulary rows [v0, v0 + Vl), of
+    // which the first nvalid are real (the rest: padding, never part of the softmax).
+    // maxes (N) = max over the valid local logits (-inf when nvalid == 0).
+    void (*vocab_ce_max)(float *maxes, const float *logits, int nvalid, int N, int Vl);
+    // With maxes already the GLOBAL max: sums (N) = Σ_valid exp(logit - max); tlogits (N) =
+    // logit of the target when this rank owns it (v0 <= target < v0 + nvalid), else 0.
+    void (*vocab_ce_sums)(float *sums, float *tlogits, const float *logits, const float *maxes,
+                          const int *targets, int v0, int nvalid, int N, int Vl);
+    // With global sums and target logits: losses (N) = log(sum) + max - target logit.
+    void (*vocab_ce_loss)(float *losses, const float *sums, const float *maxes,
+                          const float *tlogits, int N);
+    // dlogits (N,Vl) = (exp(logit - max) / sum - onehot(target)) * dloss on the valid columns,
+    // 0 on the padded ones. Overwrites dlogits.
+    void (*vocab_ce_backward)(float *dlogits, const float *logits, const float *maxes,
+                              const float *sums, const int *targets, float dloss, int v0,
+                              int nvalid, int N, int Vl);
 } Kernels;
 
 // The table for a device. DEV_CUDA in a build without CUDA fails with a clear message.

@@ -566,6 +566,83 @@ static void bf16_to_f32_array(float *out, const uint16_t *in, size_t n) {
     for (size_t i = 0; i < n; i++) out[i] = bf16_to_f32(in[i]);
 }
 
+// ---- tensor parallelism (common/tp.h) ----------------------------------------------------------
+
+static void tp_bias_residual_forward(float *out, const float *resid, const float *x,
+                                     const float *bias, int N, int C) {
+    for (int n = 0; n < N; n++) {
+        size_t row = (size_t)n * C;
+        for (int c = 0; c < C; c++) out[row + c] = resid[row + c] + x[row + c] + bias[c];
+    }
+}
+
+static void vocab_embed_forward(float *out, const int *inp, const float *wte_local,
+                                const float *wpe, int v0, int Vl, int B, int T, int C) {
+    for (int b = 0; b < B; b++) {
+        for (int t = 0; t < T; t++) {
+            float *o = out + ((size_t)b * T + t) * C;
+            int local = inp[b * T + t] - v0;
+            // The same sum as encoder_forward (wte + wpe), so the owning rank's row is exact.
+            const float *e = local >= 0 && local < Vl ? wte_local + (size_t)local * C : NULL;
+            const float *p = wpe ? wpe + (size_t)t * C : NULL;
+            for (int i = 0; i < C; i++) o[i] = (e ? e[i] : 0.0f) + (p ? p[i] : 0.0f);
+        }
+    }
+}
+
+static void vocab_embed_backward(float *dwte_local, float *dwpe, const float *dout,
+                                 const int *inp, int v0, int Vl, int B, int T, int C) {
+    for (int b = 0; b < B; b++) {
+        for (int t = 0; t < T; t++) {
+            const float *d = dout + ((size_t)b * T + t) * C;
+            int local = inp[b * T + t] - v0;
+            if (local >= 0 && local < Vl) {
+                float *de = dwte_local + (size_t)local * C;
+                for (int i = 0; i < C; i++) de[i] += d[i];
+            }
+            if (dwpe) {
+                float *dp = dwpe + (size_t)t * C;
+                for (int i = 0; i < C; i++) dp[i] += d[i];
+            }
+        }
+    }
+}
+
+static void vocab_ce_max(float *maxes, const float *logits, int nvalid, int N, int Vl) {
+    for (int n = 0; n < N; n++) maxes[n] = nvalid > 0 ? max_f32(logits + (size_t)n * Vl, nvalid) : -INFINITY;
+}
+
+static void vocab_ce_sums(float *sums, float *tlogits, const float *logits, const float *maxes,
+                          const int *targets, int v0, int nvalid, int N, int Vl) {
+    for (int n = 0; n < N; n++) {
+        const float *x = logits + (size_t)n * Vl;
+        float s = 0.0f;
+        for (int v = 0; v < nvalid; v++) s += exp_approx(x[v] - maxes[n]);  // softmax's exp
+        sums[n] = s;
+        int local = targets[n] - v0;
+        tlogits[n] = local >= 0 && local < nvalid ? x[local] : 0.0f;
+    }
+}
+
+static void vocab_ce_loss(float *losses, const float *sums, const float *maxes,
+                          const float *tlogits, int N) {
+    for (int n = 0; n < N; n++) losses[n] = logf(sums[n]) + maxes[n] - tlogits[n];
+}
+
+static void vocab_ce_backward(float *dlogits, const float *logits, const float *maxes,
+                              const float *sums, const int *targets, float dloss, int v0,
+                              int nvalid, int N, int Vl) {
+    for (int n = 0; n < N; n++) {
+        const float *x = logits + (size_t)n * Vl;
+        float *dl = dlogits + (size_t)n * Vl;
+        float inv = 1.0f / sums[n];  // as softmax_forward: e * (1/sum), then * dloss
+        for (int v = 0; v < nvalid; v++) dl[v] = exp_approx(x[v] - maxes[n]) * inv * dloss;
+        for (int v = nvalid; v < Vl; v++) dl[v] = 0.0f;  // padding: no gradient
+        int local = targets[n] - v0;
+        if (local >= 0 && local < nvalid) dl[local] -= dloss;
+    }
+}
+
 // ----------------------------------------------------------------------------------------------
 
 const Kernels kernels_cpu = {
@@ -590,6 +667,13 @@ const Kernels kernels_cpu = {
     .scale = scale,
     .f32_to_bf16 = f32_to_bf16,
     .bf16_to_f32 = bf16_to_f32_array,
+    .tp_bias_residual_forward = tp_bias_residual_forward,
+    .vocab_embed_forward = vocab_embed_forward,
+    .vocab_embed_backward = vocab_embed_backward,
+    .vocab_ce_max = vocab_ce_max,
+    .vocab_ce_sums = vocab_ce_sums,
+    .vocab_ce_loss = vocab_ce_loss,
+    .vocab_ce_backward = vocab_ce_backward,
 };
 
 #ifdef LAB_CUDA

@@ -668,6 +668,146 @@ static void bf16_to_f32_dev(float *out, const uint16_t *in, size_t n) {
     launchCheck();
 }
 
+// ---- tensor parallelism (common/tp.h) --------------------------------------------------------------
+// The same formulas as kernels_cpu.c's section of that name; see kernels.h for the shapes.
+
+// out (N,C) = resid + x + bias[c]
+__global__ static void tp_bias_residual_forward_kernel(float *out, const float *resid,
+                                                       const float *x, const float *bias, int N,
+                                                       int C) {
+    size_t n = (size_t)N * C;
+    for (size_t i = thread_index(); i < n; i += thread_count())
+        out[i] = resid[i] + x[i] + bias[i % C];
+}
+
+// out (B,T,C) = (inp in [v0, v0 + Vl) ? wte_local[inp - v0] : 0) + (wpe ? wpe[t] : 0)
+__global__ static void vocab_embed_forward_kernel(float *out, const int *inp,
+                                                  const float *wte_local, const float *wpe,
+                                                  int v0, int Vl, int B, int T, int C) {
+    size_t n = (size_t)B * T * C;
+    for (size_t i = thread_index(); i < n; i += thread_count()) {
+        size_t bt = i / C, c = i % C, t = bt % T;
+        int local = inp[bt] - v0;
+        float e = local >= 0 && local < Vl ? wte_local[(size_t)local * C + c] : 0.0f;
+        out[i] = e + (wpe ? wpe[t * C + c] : 0.0f);
+    }
+}
+
+// dwte_local: as encoder_backward_wte_kernel (the block of a token's first position adds all
+// its positions in order), for the in-range tokens only.
+__global__ static void vocab_embed_backward_wte_kernel(float *dwte_local, const float *dout,
+                                                       const int *inp, int v0, int Vl, int N,
+                                                       int C) {
+    int i = (int)blockIdx.x;
+    int ix = inp[i];
+    if (ix - v0 < 0 || ix - v0 >= Vl) return;  // another rank's token
+    for (int j = 0; j < i; j++)
+        if (inp[j] == ix) return;
+    float *row = dwte_local + (size_t)(ix - v0) * C;
+    for (int c = (int)threadIdx.x; c < C; c += (int)blockDim.x) {
+        float acc = row[c];
+        for (int j = i; j < N; j++)
+            if (inp[j] == ix) acc += dout[(size_t)j * C + c];
+        row[c] = acc;
+    }
+}
+
+// One warp per row: max over the first nvalid logits.
+__global__ static void vocab_ce_max_kernel(float *maxes, const float *logits, int nvalid, int N,
+                                           int Vl) {
+    size_t n = warp_row();
+    if (n >= (size_t)N) return;
+    const float *x = logits + n * Vl;
+    float m = -INFINITY;
+    for (int v = lane_id(); v < nvalid; v += WARP) m = fmaxf(m, x[v]);
+    m = warp_max(m);
+    if (lane_id() == 0) maxes[n] = m;
+}
+
+// One warp per row: Σ_valid exp(logit - max), and the target logit if this rank owns it.
+__global__ static void vocab_ce_sums_kernel(float *sums, float *tlogits, const float *logits,
+                                            const float *maxes, const int *targets, int v0,
+                                            int nvalid, int N, int Vl) {
+    size_t n = warp_row();
+    if (n >= (size_t)N) return;
+    const float *x = logits + n * Vl;
+    float s = 0.0f;
+    for (int v = lane_id(); v < nvalid; v += WARP) s += expf(x[v] - maxes[n]);
+    s = warp_sum(s);
+    if (lane_id() == 0) {
+        int local = targets[n] - v0;
+        sums[n] = s;
+        tlogits[n] = local >= 0 && local < nvalid ? x[local] : 0.0f;
+    }
+}
+
+__global__ static void vocab_ce_loss_kernel(float *losses, const float *sums, const float *maxes,
+                                            const float *tlogits, int N) {
+    for (size_t n = thread_index(); n < (size_t)N; n += thread_count())
+        losses[n] = logf(sums[n]) + maxes[n] - tlogits[n];
+}
+
+__global__ static void vocab_ce_backward_kernel(float *dlogits, const float *logits,
+                                                const float *maxes, const float *sums,
+                                                const int *targets, float dloss, int v0,
+                                                int nvalid, int N, int Vl) {
+    size_t total = (size_t)N * Vl;
+    for (size_t i = thread_index(); i < total; i += thread_count()) {
+        size_t n = i / Vl;
+        int v = (int)(i % Vl);
+        float d = 0.0f;  // padding: no gradient
+        if (v < nvalid) {
+            d = expf(logits[i] - maxes[n]) * (1.0f / sums[n]) * dloss;
+            if (v == targets[n] - v0) d -= dloss;
+        }
+        dlogits[i] = d;
+    }
+}
+
+static void tp_bias_residual_forward(float *out, const float *resid, const float *x,
+                                     const float *bias, int N, int C) {
+    tp_bias_residual_forward_kernel<<<grid_for((size_t)N * C), BLOCK>>>(out, resid, x, bias, N, C);
+    launchCheck();
+}
+static void vocab_embed_forward(float *out, const int *inp, const float *wte_local,
+                                const float *wpe, int v0, int Vl, int B, int T, int C) {
+    vocab_embed_forward_kernel<<<grid_for((size_t)B * T * C), BLOCK>>>(out, inp, wte_local, wpe, v0,
+                                                                      Vl, B, T, C);
+    launchCheck();
+}
+static void vocab_embed_backward(float *dwte_local, float *dwpe, const float *dout,
+                                 const int *inp, int v0, int Vl, int B, int T, int C) {
+    if (B * T == 0) return;
+    if (dwpe) {
+        encoder_backward_wpe_kernel<<<grid_for((size_t)T * C), BLOCK>>>(dwpe, dout, B, T, C);
+        launchCheck();
+    }
+    vocab_embed_backward_wte_kernel<<<B * T, BLOCK>>>(dwte_local, dout, inp, v0, Vl, B * T, C);
+    launchCheck();
+}
+static void vocab_ce_max(float *maxes, const float *logits, int nvalid, int N, int Vl) {
+    vocab_ce_max_kernel<<<grid_for_rows((size_t)N), BLOCK>>>(maxes, logits, nvalid, N, Vl);
+    launchCheck();
+}
+static void vocab_ce_sums(float *sums, float *tlogits, const float *logits, const float *maxes,
+                          const int *targets, int v0, int nvalid, int N, int Vl) {
+    vocab_ce_sums_kernel<<<grid_for_rows((size_t)N), BLOCK>>>(sums, tlogits, logits, maxes, targets,
+                                                            v0, nvalid, N, Vl);
+    launchCheck();
+}
+static void vocab_ce_loss(float *losses, const float *sums, const float *maxes,
+                          const float *tlogits, int N) {
+    vocab_ce_loss_kernel<<<grid_for((size_t)N), BLOCK>>>(losses, sums, maxes, tlogits, N);
+    launchCheck();
+}
+static void vocab_ce_backward(float *dlogits, const float *logits, const float *maxes,
+                              const float *sums, const int *targets, float dloss, int v0,
+                              int nvalid, int N, int Vl) {
+    vocab_ce_backward_kernel<<<grid_for((size_t)N * Vl), BLOCK>>>(dlogits, logits, maxes, sums,
+                                                                targets, dloss, v0, nvalid, N, Vl);
+    launchCheck();
+}
+
 // ---- the table ----------------------------------------------------------------------------------------
 
 extern "C" const Kernels kernels_cuda = {
@@ -692,6 +832,13 @@ extern "C" const Kernels kernels_cuda = {
     .scale = scale,
     .f32_to_bf16 = f32_to_bf16,
     .bf16_to_f32 = bf16_to_f32_dev,
+    .tp_bias_residual_forward = tp_bias_residual_forward,
+    .vocab_embed_forward = vocab_embed_forward,
+    .vocab_embed_backward = vocab_embed_backward,
+    .vocab_ce_max = vocab_ce_max,
+    .vocab_ce_sums = vocab_ce_sums,
+    .vocab_ce_loss = vocab_ce_loss,
+    .vocab_ce_backward = vocab_ce_backward,
 };
 
 // ---- the table of bf16 models: the same kernels, matmuls on tensor cores in TF32 -------------------

@@ -57,7 +57,8 @@ typedef struct Session {
 } Session;
 
 // Everything the loop needs, allocated in the order the chapters always did: model (with
-// gradients and activations for `rows` rows), optimizer state if has_optimizer, data, batch
+// gradients and activations for `rows` rows), optimizer state if has_optimizer (0: this rank
+// has none, like 02's workers, or the chapter allocates its own, e.g. a shard), data, batch
 // buffers. Selects the NCCL backend first when --backend nccl (it picks the rank's GPU).
 void session_init(Session *s, const LabArgs *args, int rows, int has_optimizer);
 // The starting weights into s->master (then into the model): --resume (weights, Adam state and

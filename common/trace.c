@@ -8,6 +8,7 @@
 #include "trace.h"
 
 #include <mpi.h>
+#include <signal.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
@@ -102,6 +103,8 @@ static void write_json(const char *path, const Span *all, const int *counts, int
     static const char *track_names[3] = {"compute", "communication", "other"};
     char tmp[4096];
     snprintf(tmp, sizeof tmp, "%s.tmp", path);
+    // Past `ulimit -f` a write gets EFBIG (and the message below) instead of a SIGXFSZ kill.
+    signal(SIGXFSZ, SIG_IGN);
     FILE *f = fopen(tmp, "w");
     if (!f) lab_fail("--trace %s: cannot create %s (does the directory exist?)", path, tmp);
     fprintf(f, "{\"traceEvents\":[\n");

@@ -7,6 +7,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -92,10 +93,20 @@ int harness_run(const char *cmd, char **output, int timeout_s) {
     return rc;
 }
 
+// The lab's mpirun line; env: "NAME=VALUE" set for every rank, or NULL.
+static char *mpirun_cmd(int np, const char *env, const char *prog_and_args) {
+    char *xenv = env ? str_printf("%s ", env) : str_printf("%s", "");
+    char *xflag = env ? str_printf("-x %.*s ", (int)strcspn(env, "="), env) : str_printf("%s", "");
+    char *cmd = str_printf("%smpirun --allow-run-as-root --oversubscribe --bind-to none --mca btl self,vader "
+                           "--mca mpi_yield_when_idle 1 -x OPENBLAS_NUM_THREADS=1 %s-np %d %s",
+                           xenv, xflag, np, prog_and_args);
+    free(xenv);
+    free(xflag);
+    return cmd;
+}
+
 int harness_mpirun(int np, const char *prog_and_args, char **output, int timeout_s) {
-    char *cmd = str_printf("mpirun --allow-run-as-root --oversubscribe --bind-to none --mca btl self,vader "
-                           "--mca mpi_yield_when_idle 1 -x OPENBLAS_NUM_THREADS=1 -np %d %s",
-                           np, prog_and_args);
+    char *cmd = mpirun_cmd(np, NULL, prog_and_args);
     int rc = harness_run(cmd, output, timeout_s);
     free(cmd);
     return rc;
@@ -273,6 +284,12 @@ int harness_resume_is_exact(const char *prog, int np, const char *flags, int sto
     return ok;
 }
 
+static int count_of(const char *hay, const char *needle) {
+    int n = 0;
+    for (const char *p = hay; p && (p = strstr(p, needle)); p += strlen(needle)) n++;
+    return n;
+}
+
 int harness_nan_fails_cleanly(const char *prog, int np, const char *flags, const GPT2Config *cfg) {
     char ck[256], cmd[1024], *out = NULL;
     harness_tmp(ck, sizeof ck, "nan.ckpt");
@@ -283,6 +300,10 @@ int harness_nan_fails_cleanly(const char *prog, int np, const char *flags, const
         ok = 0;
     } else if (!harness_contains(out, "NaN") || !harness_contains(out, "step 5")) {
         fprintf(stderr, "nan: the message does not name NaN and step 5:\n%s\n", out ? out : "");
+        ok = 0;
+    } else if (count_of(out, "error:") != 1) {  // every rank sees the averaged NaN: say it once
+        fprintf(stderr, "nan: the error is printed %d times, not once:\n%s\n", count_of(out, "error:"),
+                out ? out : "");
         ok = 0;
     } else {
         size_t n = gpt2_param_count(cfg);
@@ -296,5 +317,178 @@ int harness_nan_fails_cleanly(const char *prog, int np, const char *flags, const
     }
     free(out);
     unlink(ck);
+    return ok;
+}
+
+// ---- watching a run line by line (kill, signal during a save) ------------------------------------
+
+// Runs cmd (output captured into *output like harness_run) and reads its output as it comes.
+// At the first line containing `trigger`, records the time since the start in *t_trigger
+// (else -1) and, when sig > 0, sends sig to the process named "[pid N]" in that line.
+// *t_end: when the output ended. Returns the exit status (124 on timeout).
+static int run_watch(const char *cmd, int timeout_s, const char *trigger, int sig, char **output,
+                     double *t_trigger, double *t_end) {
+    char *quoted = shell_quote(cmd);
+    char *full = str_printf("timeout -k 5 %d sh -c %s </dev/null 2>&1", timeout_s, quoted);
+    free(quoted);
+    fflush(stdout);
+    fflush(stderr);
+    double t0 = lab_now();
+    *t_trigger = -1.0;
+    FILE *p = popen(full, "r");
+    free(full);
+    if (!p) {
+        *output = str_printf("(popen failed)");
+        *t_end = 0;
+        return -1;
+    }
+    size_t cap = 4096, len = 0;
+    char *buf = lab_xmalloc(cap), line[4096];
+    buf[0] = '\0';
+    while (fgets(line, sizeof line, p)) {
+        size_t n = strlen(line);
+        if (len + n + 1 > cap) {
+            while (len + n + 1 > cap) cap *= 2;
+            char *grown = realloc(buf, cap);
+            if (!grown) lab_fail("run_watch: out of memory capturing output of %s", cmd);
+            buf = grown;
+        }
+        memcpy(buf + len, line, n + 1);
+        len += n;
+        if (*t_trigger < 0 && strstr(line, trigger)) {
+            *t_trigger = lab_now() - t0;
+            const char *at = strstr(line, "[pid ");
+            if (sig > 0 && at) kill((pid_t)atoi(at + 5), sig);
+        }
+    }
+    int status = pclose(p);
+    *t_end = lab_now() - t0;
+    int rc = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + (WIFSIGNALED(status) ? WTERMSIG(status) : 0);
+    if ((rc == 124 || rc == 137) && *t_end >= timeout_s) rc = 124;
+    *output = buf;
+    return rc;
+}
+
+int harness_kill_ends_promptly(const char *prog, int np, const char *flags) {
+    char cmd[1024], *out = NULL;
+    // many steps: if the job outlived its killed rank, it would run into the timeout
+    snprintf(cmd, sizeof cmd, "%s %s --steps 1000 --kill-rank %d --kill-step 2", prog, flags, np - 1);
+    char *mp = mpirun_cmd(np, NULL, cmd);
+    double t_kill, t_end;
+    int rc = run_watch(mp, 120, "--kill-rank", 0, &out, &t_kill, &t_end), ok = 1;
+    free(mp);
+    double since = t_kill >= 0 ? t_end - t_kill : t_end;
+    if (rc == 0 || rc == 124) {
+        fprintf(stderr, "kill: the job %s after rank %d died:\n%s\n", rc == 0 ? "succeeded" : "hung",
+                np - 1, out);
+        ok = 0;
+    } else if (since > HARNESS_PROMPT_S) {
+        fprintf(stderr, "kill: the job took %.1f s to end after rank %d died (%s; limit %.0f s):\n%s\n",
+                since, np - 1, t_kill >= 0 ? "from its message" : "from the launch: no message seen",
+                HARNESS_PROMPT_S, out);
+        ok = 0;
+    }
+    free(out);
+    return ok;
+}
+
+// What a test thread reads back from a TrainState file (failures caught, not fatal).
+static const char *g_load_path;
+static const GPT2Config *g_load_cfg;
+static TrainState *g_load_state;
+static void load_state_fn(void *arg) {
+    (void)arg;
+    ckpt_load_state(g_load_path, g_load_cfg, g_load_state);
+}
+
+static unsigned char *slurp(const char *path, size_t *n) {
+    *n = 0;
+    FILE *f = fopen(path, "rb");
+    if (!f) return NULL;
+    fseek(f, 0, SEEK_END);
+    long size = ftell(f);
+    rewind(f);
+    unsigned char *b = lab_xmalloc((size_t)(size > 0 ? size : 1));
+    *n = fread(b, 1, (size_t)(size > 0 ? size : 0), f);
+    fclose(f);
+    return b;
+}
+
+int harness_save_signal_is_safe(const char *prog, int np, const char *flags, const GPT2Config *cfg,
+                                int sig) {
+    char ck[256], tmp[300], cmd[1024], *out = NULL;
+    harness_tmp(ck, sizeof ck, "sig.ckpt");
+    snprintf(tmp, sizeof tmp, "%s.tmp", ck);
+    unlink(ck);
+    unlink(tmp);
+    int ok = 1;
+    // 1. the checkpoint to keep: the state after 2 steps
+    snprintf(cmd, sizeof cmd, "%s %s --steps 2 --save %s", prog, flags, ck);
+    if (harness_mpirun(np, cmd, &out, 120) != 0) {
+        fprintf(stderr, "save-signal: the first run failed:\n%s\n", out ? out : "");
+        free(out);
+        return 0;
+    }
+    free(out);
+    size_t n0;
+    unsigned char *before = slurp(ck, &n0);
+    // 2. a run whose first save stalls, its tmp written, until the signal comes
+    snprintf(cmd, sizeof cmd, "%s %s --steps 4 --save %s --save-every 1", prog, flags, ck);
+    char *mp = mpirun_cmd(np, "LAB_SAVE_STALL_S=60", cmd);
+    double t_sig, t_end;
+    int rc = run_watch(mp, 120, "LAB_SAVE_STALL_S: stalling", sig, &out, &t_sig, &t_end);
+    free(mp);
+    size_t n1;
+    unsigned char *after = slurp(ck, &n1);
+    if (t_sig < 0) {
+        fprintf(stderr, "save-signal: the run never stalled in a save (LAB_SAVE_STALL_S):\n%s\n", out);
+        ok = 0;
+    } else if (rc == 0 || rc == 124 || t_end - t_sig > HARNESS_PROMPT_S) {
+        fprintf(stderr, "save-signal: after signal %d in the save the job %s (%.1f s):\n%s\n", sig,
+                rc == 0 ? "succeeded" : rc == 124 ? "hung" : "took too long", t_end - t_sig, out);
+        ok = 0;
+    } else if (!before || !after || n0 != n1 || memcmp(before, after, n0) != 0) {
+        fprintf(stderr, "save-signal: %s changed under signal %d in a save (%zu -> %zu bytes)\n", ck,
+                sig, n0, n1);
+        ok = 0;
+    } else {
+        size_t n = gpt2_param_count(cfg);
+        TrainState st = {.params = lab_xmalloc(n * 4), .m = lab_xmalloc(n * 4), .v = lab_xmalloc(n * 4)};
+        g_load_path = ck, g_load_cfg = cfg, g_load_state = &st;
+        const char *why = harness_expect_fail(load_state_fn, NULL);
+        if (why || st.step != 2) {
+            fprintf(stderr, "save-signal: the kept %s %s\n", ck, why ? why : "is not the state after step 2");
+            ok = 0;
+        }
+        free(st.params), free(st.m), free(st.v);
+    }
+    free(out);
+    out = NULL;
+    free(before);
+    free(after);
+    // 3. the next save replaces the tmp the signal left behind
+    if (ok) {
+        snprintf(cmd, sizeof cmd, "%s %s --steps 3 --resume %s --save %s", prog, flags, ck, ck);
+        rc = harness_mpirun(np, cmd, &out, 120);
+        if (rc != 0 || access(tmp, F_OK) == 0) {
+            fprintf(stderr, "save-signal: resuming from the kept checkpoint %s:\n%s\n",
+                    rc != 0 ? "failed" : "left the stale tmp behind", out ? out : "");
+            ok = 0;
+        }
+        free(out);
+    }
+    unlink(ck);
+    unlink(tmp);
+    return ok;
+}
+
+int harness_reliability_holds(const char *prog, int np, const char *flags, const GPT2Config *cfg) {
+    int ok = 1;
+    if (np > 1 && !harness_kill_ends_promptly(prog, np, flags)) ok = 0;
+    if (!harness_save_signal_is_safe(prog, np, flags, cfg, SIGTERM)) ok = 0;
+    if (!harness_save_signal_is_safe(prog, np, flags, cfg, SIGKILL)) ok = 0;
+    char nan_flags[1024];
+    snprintf(nan_flags, sizeof nan_flags, "%s --steps 10", flags);
+    if (!harness_nan_fails_cleanly(prog, np, nan_flags, cfg)) ok = 0;
     return ok;
 }

@@ -48,7 +48,8 @@ int harness_results_match(const char *what, const RunResults *a, const RunResult
 //   resume: `flags --stop-at K --save F`, then `flags --resume F`, on np ranks: the losses of
 //           steps K.. and the final weights are bit-identical with one uninterrupted run.
 //   nan:    `flags --save F --save-every 2 --inject-nan-step 5` on np ranks: the job fails
-//           promptly (no hang) naming NaN and step 5, and F holds the state after step 4
+//           promptly (no hang) with one message (not one per rank) naming NaN and step 5 (the
+//           5th step, as the progress lines count), and F holds the state after step 4
 //           (cfg: the model of flags, to read F).
 int harness_resume_is_exact(const char *prog, int np, const char *flags, int stop_at);
 int harness_nan_fails_cleanly(const char *prog, int np, const char *flags, const GPT2Config *cfg);
@@ -58,6 +59,27 @@ int harness_nan_fails_cleanly(const char *prog, int np, const char *flags, const
 #define harness_assert_nan_fails_cleanly(prog, np, flags, cfg)                                    \
     cr_assert(harness_nan_fails_cleanly((prog), (np), (flags), (cfg)),                            \
               "%s -np %d: a NaN did not end the run cleanly (details above on stderr)", (prog), (np))
+
+// The reliability every training chapter owes, present and future, each check on np ranks;
+// prog: the program and its fixed flags, flags: the model flags WITHOUT --steps (each check
+// adds its own: the last --steps given wins). 1 when it holds; otherwise prints why (stderr).
+//   kill:        --kill-rank np-1 --kill-step 2 of a 1000-step run: the job ends with a non-zero
+//                status within HARNESS_PROMPT_S of the rank's message (no survivor waits forever).
+//   save-signal: a 2-step run saves F; a second run (LAB_SAVE_STALL_S: its first save stalls
+//                with the tmp written) gets `sig` inside that save: the job ends non-zero within
+//                HARNESS_PROMPT_S, F is byte-for-byte the 2-step state and loads; resuming from
+//                it then works and leaves no <F>.tmp behind.
+//   reliability: all of them (kill only when np > 1, as one rank has nobody to notice), the
+//                save-signal check with SIGTERM and with SIGKILL, and the NaN check
+//                (harness_nan_fails_cleanly, with --steps 10). One call per chapter.
+#define HARNESS_PROMPT_S 10.0
+int harness_kill_ends_promptly(const char *prog, int np, const char *flags);
+int harness_save_signal_is_safe(const char *prog, int np, const char *flags, const GPT2Config *cfg,
+                                int sig);
+int harness_reliability_holds(const char *prog, int np, const char *flags, const GPT2Config *cfg);
+#define harness_assert_reliable(prog, np, flags, cfg)                                             \
+    cr_assert(harness_reliability_holds((prog), (np), (flags), (cfg)),                            \
+              "%s -np %d: a reliability check failed (details above on stderr)", (prog), (np))
 
 // Does `haystack` contain `needle`? (NULL haystack: no.)
 int harness_contains(const char *haystack, const char *needle);

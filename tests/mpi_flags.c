@@ -8,6 +8,8 @@
 //                                         may use when it needs a flag to set up MPI)
 //   mpi_flags no-training [flags]         takes no shared flag group (LAB_FLAGS_NONE), as 01/04
 //   mpi_flags single [flags]              takes every group but --kill-* (LAB_FLAGS_SINGLE), as 00
+//   mpi_flags fail-on-last [flags]        after parsing, only the last rank (not rank 0) calls
+//                                         lab_fail_collective: its message must not be lost
 #include <stdio.h>
 #include <string.h>
 
@@ -22,11 +24,12 @@ static const char *USAGE =
 int main(int argc, char **argv) {
     const char *mode = argc > 1 ? argv[1] : "";
     int before = strcmp(mode, "parse-before-init") == 0;
+    int fail_last = strcmp(mode, "fail-on-last") == 0;
     unsigned groups = strcmp(mode, "no-training") == 0 ? LAB_FLAGS_NONE
                     : strcmp(mode, "single") == 0      ? LAB_FLAGS_SINGLE
                                                        : LAB_FLAGS_ALL;
     if (!before) dist_init(&argc, &argv);
-    if (before || groups != LAB_FLAGS_ALL) {  // drop the mode word: the rest is the command line
+    if (before || fail_last || groups != LAB_FLAGS_ALL) {  // drop the mode word: the rest is the command line
         argv[1] = argv[0];
         argv++;
         argc--;
@@ -47,6 +50,8 @@ int main(int argc, char **argv) {
     lab_parse_args_for(groups, argc, argv, &a, extra, (int)(sizeof(extra) / sizeof(extra[0])),
                        "mpi_flags", USAGE);
     if (before) dist_init(&argc, &argv);
+    if (strcmp(mode, "fail-on-last") == 0 && dist_rank() == dist_size() - 1 && dist_size() > 1)
+        lab_fail_collective("only rank %d met this error", dist_rank());
 
     if (dist_rank() == 0) {
 #define S(x) ((x) ? (x) : "(null)")

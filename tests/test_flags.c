@@ -359,3 +359,18 @@ Test(flags, a_chapter_may_have_a_hundred_flags) {
     cr_assert_eq(many_vals[0], 3);
     cr_assert_eq(a.steps, 4);
 }
+
+// lab_fail_collective when only some ranks meet the error (a rank's own data, a rank's GPU):
+// rank 0 is not there to print it, so the rank itself must, once, and the job must still end.
+// Seen to catch: the old lab_fail_collective (other ranks slept 1 s and aborted silently): the
+// job ended with no message at all.
+Test(flags, a_collective_error_met_by_one_rank_is_not_lost, .timeout = 60) {
+    char *out = NULL;
+    double secs;
+    int rc = run_flags(4, "fail-on-last", &out, &secs);
+    cr_assert(rc != 0 && rc != 124, "exit %d:\n%s", rc, out);
+    cr_assert(harness_contains(out, "[rank 3] error: only rank 3 met this error"), "message lost:\n%s", out);
+    cr_assert_eq(count(out, "error:"), 1, "printed %d times:\n%s", count(out, "error:"), out);
+    cr_assert(secs < PROMPT_S, "took %.1f s", secs);
+    free(out);
+}

@@ -97,7 +97,7 @@ Test(units, init_is_the_old_llmc_init_permuted) {
 
 // A block's 12 tensors are one unit; the units tile the buffer in order; a stage's parameters
 // carry their global offsets, and the tied copy of wte points at wte.
-// Seen to fail: a unit offset off by one tensor (units[2].offset += C).
+// Seen to fail: a block unit's global offset off by one element.
 Test(units, units_tile_the_buffer) {
     GPT2Config c = cfg3();
     GPT2 m;
@@ -137,7 +137,8 @@ Test(units, units_tile_the_buffer) {
 // load into today's model and training continues exactly: resuming the old step-2 state for
 // two more steps gives the old 4-step run's losses and weights bit for bit (fp32 and bf16),
 // and the old step-2 weights file equals the old state's weights.
-// Seen to fail: ckpt_resume_training without the from-llm.c mapping (loss of step 3 differs).
+// Seen to fail: ckpt_resume_training copying the state's weights without the llm.c mapping
+// (the resumed step 2 loss differs, fp32 and bf16).
 static void resume_old(const char *dtype, const char *state, const char *dump) {
     RunResults want, got;
     char err[256];
@@ -266,12 +267,12 @@ Test(units, external_weights_equal_in_place_bf16) { external_equals_in_place(GPT
 // offset, the same gradients, BIT-EXACT, except wte: the full model adds the head's and the
 // embedding's part into one buffer, the stages each hold one part and the chapter sums them,
 // so the sum is the same terms in another order: fp32 within 1e-6 of the largest |wte grad|;
-// bf16 within 2^-7 relative per element (each part is rounded to bf16 once before the sum,
-// the full model rounds once after it: 2 roundings of 2^-9 each, plus the sum's own) .
+// bf16 within 2^-7 of |head part| + |embedding part| per element (each part is rounded to
+// bf16 once before the sum, the full model rounds after each part: a few roundings of 2^-9).
 // The stages' initial weights are the slices of the full init (bit-exact, the copy of wte too).
-// Seen to fail: residual_scale from the stage's own block count (init differs); the stage
-// input not used by block l1 (reads zeros: loss differs); gpt2_acts_doutput pointing at the
-// wrong block (gradients of stage 0 differ).
+// Seen to fail: residual_scale from the stage's own block count (init differs);
+// gpt2_acts_input pointing at da.encoded (block l1 does not read what was received: loss
+// differs); gpt2_acts_doutput pointing at block l0 instead of l1-1 (stage 0's gradients differ).
 static void stages_equal_full(GPT2Dtype dt, int l1) {
     GPT2Config c = cfg3();
     int BT = BATCH * c.T;

@@ -207,6 +207,28 @@ Test(kernels, layernorm_backward_adds_the_skip_gradient) {
     check_grad("ln dinp (with dskip)", c.inp, dinp, (size_t)N * C, ln_obj, &c);
 }
 
+// A split backward calls the LayerNorm backward twice: dinp only (dw = db = NULL), later dw and
+// db only (dinp = NULL). Each half must give exactly the bits of the call that computes both
+// (gpt2.h: B then W == the full backward). The weight half accumulates (+=) like the full call.
+// Seen to fail: the dinp-only half skipping the skip gradient; the weight half using
+// dout * w instead of dout for db.
+Test(kernels, layernorm_backward_halves_equal_the_whole) {
+    LnCtx c;
+    ln_setup(&c);
+    c.S = rand_buf((size_t)N * C, 1.0f);
+    ln_obj(&c);
+    float *dinp = garbage((size_t)N * C), *dw = rand_buf(C, 1.0f), *db = rand_buf(C, 1.0f);
+    float *dinp2 = garbage((size_t)N * C), *dw2 = zeros(C), *db2 = zeros(C);
+    memcpy(dw2, dw, C * sizeof(float));  // both start from the same accumulated values
+    memcpy(db2, db, C * sizeof(float));
+    K()->layernorm_backward(dinp, dw, db, c.R, c.S, c.inp, c.w, c.mean, c.rstd, N, C);
+    K()->layernorm_backward(dinp2, NULL, NULL, c.R, c.S, c.inp, c.w, c.mean, c.rstd, N, C);
+    K()->layernorm_backward(NULL, dw2, db2, c.R, c.S, c.inp, c.w, c.mean, c.rstd, N, C);
+    cr_assert(memcmp(dinp, dinp2, (size_t)N * C * sizeof(float)) == 0, "dinp of the B half differs");
+    cr_assert(memcmp(dw, dw2, C * sizeof(float)) == 0, "dw of the W half differs");
+    cr_assert(memcmp(db, db2, C * sizeof(float)) == 0, "db of the W half differs");
+}
+
 // ---- matmul ------------------------------------------------------------------------------------
 
 enum { MC = 24, MOC = 20 };

@@ -1,6 +1,7 @@
 // gpu_check.c: is the CUDA path right? It runs every CUDA kernel and the matching CPU kernel
 // on the same random inputs and compares the outputs, then trains a tiny GPT-2 for a few
-// steps on both devices and compares gradients, losses and weights. Needs one GPU.
+// steps on both devices and compares gradients, losses and weights, and checks the model's
+// pieces on CUDA (external units, split backward, chained stages). Needs one GPU.
 //
 //   make BUILD=build-cuda CUDA=1 build-cuda/tools/gpu_check && ./build-cuda/tools/gpu_check
 //
@@ -606,6 +607,129 @@ static void check_training_bf16(void) {
     free(plist), free(inputs), free(targets);
 }
 
+// ---- the pieces of gpt2.h on CUDA ----------------------------------------------------------------
+
+// A model's weights or gradients (a device buffer of n values of its dtype) as host fp32.
+static float *host_f32(const GPT2 *m, const void *dev, size_t n) {
+    float *h = lab_xmalloc(n * sizeof(float));
+    if (m->dtype == GPT2_FP32) {
+        mem_copy(h, dev, n * sizeof(float));
+        return h;
+    }
+    uint16_t *h16 = lab_xmalloc(n * sizeof(uint16_t));
+    mem_copy(h16, dev, n * sizeof(uint16_t));
+    kernels_cpu.bf16_to_f32(h, h16, n);
+    free(h16);
+    return h;
+}
+
+// On CUDA, against the same model's plain forward and backward ON CUDA: every piece fed a copy
+// of its unit in another device buffer (gradients into one too) with the split backward (all
+// B, then the embedding, then all W), and two chained stages [0,1) + [1,2). The same kernels run
+// on the same operands, so the results must be the same bits; the stages' wte gradients are
+// two parts summed in another order (fp32: within 1e-6 of the largest; bf16: 2^-7 relative).
+static void check_pieces(GPT2Dtype dt) {
+    GPT2Config cfg = {.V = 64, .T = 16, .L = 2, .C = 32, .NH = 4};
+    const int B = 3;
+    const int BT = B * cfg.T;
+    const size_t BTC = (size_t)BT * cfg.C, es = dt == GPT2_BF16 ? 2 : 4;
+    int *x = host_tokens((size_t)BT, cfg.V), *y = host_tokens((size_t)BT, cfg.V);
+    float d = 1.0f / (float)BT;
+    GPT2 ref, m, s0, s1;
+    GPT2 *all[4] = {&ref, &m, &s0, &s1};
+    gpt2_build_dtype(&ref, cfg, DEV_CUDA, dt);
+    gpt2_build_dtype(&m, cfg, DEV_CUDA, dt);
+    gpt2_build_stage(&s0, cfg, DEV_CUDA, dt, 0, 1);
+    gpt2_build_stage(&s1, cfg, DEV_CUDA, dt, 1, 2);
+    for (int i = 0; i < 4; i++) {
+        gpt2_init_params(all[i], 5);
+        gpt2_alloc_grads(all[i]);
+        gpt2_zero_grad(all[i]);
+    }
+    gpt2_alloc_acts(&ref, B, cfg.T);
+    float loss_ref = gpt2_forward(&ref, x, y);
+    gpt2_backward(&ref, d);
+    size_t n = ref.num_params;
+    float *g_ref = host_f32(&ref, train_grads(&ref), n);
+
+    // external units + split backward
+    char *w = mem_alloc(n * es, MEM_OTHER, DEV_CUDA), *g = mem_alloc(n * es, MEM_OTHER, DEV_CUDA);
+    mem_copy(w, train_params(&m), n * es);
+    mem_zero(g, n * es);
+    mem_zero(train_params(&m), n * es);  // the model's own weights: zeros, so reading them shows
+    GPT2Acts a;
+    gpt2_acts_alloc(&a, &m, B, cfg.T);
+    gpt2_acts_alloc_split(&a, &m);
+    const GPT2Unit *emb = &m.units[0], *head = &m.units[m.nunits - 1];
+#define AT(buf, off) ((buf) + (off) * es)
+    gpt2_acts_set_batch(&m, &a, x, y);
+    gpt2_embed_forward_w(&m, &a, AT(w, emb->offset));
+    for (int l = 0; l < cfg.L; l++) gpt2_block_forward_w(&m, &a, l, AT(w, gpt2_block_unit(&m, l)->offset));
+    float loss_ext = gpt2_head_forward_w(&m, &a, AT(w, 0), AT(w, head->offset));
+    gpt2_head_backward_w(&m, &a, d, AT(w, 0), AT(w, head->offset), AT(g, 0), AT(g, head->offset));
+    for (int l = cfg.L - 1; l >= 0; l--)
+        gpt2_block_backward_input(&m, &a, l, AT(w, gpt2_block_unit(&m, l)->offset));
+    gpt2_embed_backward_w(&m, &a, AT(g, emb->offset));
+    for (int l = 0; l < cfg.L; l++) gpt2_block_backward_weights(&m, &a, l, AT(g, gpt2_block_unit(&m, l)->offset));
+#undef AT
+    float *g_ext = host_f32(&m, g, n);
+    printf("\n%s pieces on CUDA: loss in place %.7f, external units %.7f: %s\n", dt == GPT2_BF16 ? "bf16" : "fp32",
+           loss_ref, loss_ext, loss_ref == loss_ext ? "OK" : "FAIL");
+    if (loss_ref != loss_ext) nfail++;
+    report("external + split (B, W)", "grads", g_ref, g_ext, n, EXACT);
+
+    // two chained stages
+    GPT2Acts a0, a1;
+    gpt2_acts_alloc(&a0, &s0, B, cfg.T);
+    gpt2_acts_alloc(&a1, &s1, B, cfg.T);
+    gpt2_forward_acts(&s0, &a0, x, NULL);
+    gpt2_acts_output(&s0, &a0, gpt2_acts_input(&a1));
+    float loss_st = gpt2_forward_acts(&s1, &a1, NULL, y);
+    gpt2_backward_acts(&s1, &a1, d);
+    mem_copy(gpt2_acts_doutput(&a0), gpt2_acts_dinput(&a1), BTC * sizeof(float));
+    gpt2_backward_acts(&s0, &a0, d);
+    printf("%s stages [0,1) + [1,2) on CUDA: loss %.7f: %s\n", dt == GPT2_BF16 ? "bf16" : "fp32",
+           loss_st, loss_st == loss_ref ? "OK" : "FAIL");
+    if (loss_st != loss_ref) nfail++;
+    size_t V = (size_t)cfg.V * cfg.C;
+    float *wte = lab_xcalloc(V, sizeof(float)), *parts = lab_xcalloc(V, sizeof(float));
+    float *g_st = lab_xcalloc(n, sizeof(float));  // the stages' gradients at their global offsets
+    const GPT2 *st[2] = {&s0, &s1};
+    for (int k = 0; k < 2; k++) {
+        float *gs = host_f32(st[k], train_grads((GPT2 *)st[k]), st[k]->num_params);
+        for (int i = 0; i < st[k]->nplist; i++) {
+            const GPT2Param *p = &st[k]->plist[i];
+            for (size_t j = 0; j < p->size; j++) {
+                if (p->tensor == GPT2_WTE) {
+                    wte[j] += gs[p->offset + j];
+                    parts[j] += fabsf(gs[p->offset + j]);
+                } else {
+                    g_st[p->global_offset + j] = gs[p->offset + j];
+                }
+            }
+        }
+        free(gs);
+    }
+    memcpy(g_st, g_ref, V * sizeof(float));  // wte: checked below with its own bound
+    report("stages chained (not wte)", "grads", g_ref, g_st, n, EXACT);
+    double gmax = 0, worst = 0;
+    int wte_ok = 1;
+    for (size_t j = 0; j < V; j++) gmax = fmax(gmax, fabs(g_ref[j]));
+    for (size_t j = 0; j < V; j++) {
+        double diff = fabs((double)wte[j] - g_ref[j]);
+        double tol = dt == GPT2_FP32 ? 1e-6 * gmax : 0x1p-7 * parts[j];
+        worst = fmax(worst, diff);
+        if (!(diff <= tol)) wte_ok = 0;
+    }
+    printf("stages chained: wte gradient (two parts summed): max diff %.3e: %s\n", worst,
+           wte_ok ? "OK" : "FAIL");
+    if (!wte_ok) nfail++;
+    gpt2_acts_free(&a), gpt2_acts_free(&a0), gpt2_acts_free(&a1);
+    mem_free(w), mem_free(g);
+    for (int i = 0; i < 4; i++) gpt2_free(all[i]);
+    free(g_ref), free(g_ext), free(g_st), free(wte), free(parts), free(x), free(y);
+}
+
 // ---- --compare-dumps: a chapter run on each device -------------------------------------------------
 
 // Tolerances: losses relative, final weights absolute (defaults 1e-4 and 1e-3 = lr: fp32 on two
@@ -688,6 +812,9 @@ int main(int argc, char **argv) {
     if (!kernels_only) {
         check_training();
         check_training_bf16();
+        print_header("gpt2.h pieces on CUDA: external units, split backward, stages");
+        check_pieces(GPT2_FP32);
+        check_pieces(GPT2_BF16);
     }
 
     lab_cuda_synchronize();

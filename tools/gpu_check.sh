@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # gpu_check.sh: checks the CUDA path on a machine with one GPU, in a few minutes (issue #7):
 #   1. builds with CUDA=1 (into $BUILD, default build-cuda)
-#   2. tools/gpu_check: every CUDA kernel against the CPU kernel on the same random inputs,
+#   2. tools/gpu_check: every CUDA kernel against the CPU kernel on the same random inputs
+#      (tools/gpu_check_tp: those of tensor parallelism, and common/tp.h's block on both),
 #      then a tiny GPT-2 trained for 10 steps on both devices in fp32 and in bf16 (gradients,
 #      losses, weights; bf16 with TF32 matmuls on the GPU)
 #   3. chapter 00's single-device training, 20 steps, --device cpu vs --device cuda:
@@ -42,12 +43,13 @@ step "1/6 build: make BUILD=$BUILD CUDA=1"
 command -v nvcc >/dev/null 2>&1 ||
     { echo "nvcc not found: put the CUDA toolkit's bin directory on PATH (e.g. /usr/local/cuda/bin)"; exit 1; }
 if command -v nvidia-smi >/dev/null 2>&1; then nvidia-smi -L; else echo "(nvidia-smi not found)"; fi
-make -j"$(nproc)" BUILD="$BUILD" CUDA=1 all "$BUILD/tools/gpu_check" "$BUILD/tools/nccl_check" \
+make -j"$(nproc)" BUILD="$BUILD" CUDA=1 all "$BUILD/tools/gpu_check" "$BUILD/tools/gpu_check_tp" "$BUILD/tools/nccl_check" \
     "$BUILD/tools/bench_gpu" >"$tmp/build.log" 2>&1 || { tail -30 "$tmp/build.log"; exit 1; }
 echo "built"
 
 step "2/6 CUDA kernels vs CPU kernels, and a tiny GPT-2 on both ($BUILD/tools/gpu_check)"
 timeout 240 "$BUILD/tools/gpu_check" || fail "gpu_check"
+timeout 120 "$BUILD/tools/gpu_check_tp" || fail "gpu_check_tp (tensor-parallel kernels and pieces)"
 
 step "3/6 chapter 00: single-device training, --device cpu vs --device cuda, fp32 and bf16"
 for dt in fp32 bf16; do

@@ -4,6 +4,7 @@
 # CPU kernels on a machine without a GPU. Slow (every GPU thread is a coroutine); a few minutes.
 #
 #   bash tests/cuda_emu/run.sh [gpu_check arguments, e.g. --kernels-only]
+#   EMU_TOOL=gpu_check_tp bash tests/cuda_emu/run.sh   the tensor-parallel kernels (common/tp.h)
 #   EMU_TOOL=bench_gpu bash tests/cuda_emu/run.sh --model tiny --batch 1 --steps 1 --peak-tflops 1
 #                       another tools/*.c program instead of gpu_check (here: a bf16 training
 #                       step of tiny GPT-2 through the CUDA path, TF32 matmuls included)

@@ -1,0 +1,34 @@
+// test_reliability.c: the reliability every training chapter owes, one harness call each
+// (tests/harness.h, harness_assert_reliable): a killed rank ends the job within 10 s, a signal
+// (SIGTERM, SIGKILL) inside a save leaves the old checkpoint intact and loadable, an injected
+// NaN stops the run with one message naming the step. Chapters 05-09 add one Test() here.
+//
+// Seen to catch (each break made, the test seen failing, then restored):
+//   - a non-atomic save (ckpt.c writing <path> itself instead of <path>.tmp): on 00,
+//     "save-signal: ... changed under signal 15 in a save" (and 9);
+//   - the NaN failing with lab_fail instead of lab_fail_collective (optim.c): on 03,
+//     "nan: the error is printed 2 times, not once";
+//   - the NaN message counting steps from 0 (step, not step + 1): on 02, "nan: the message does
+//     not name NaN and step 5";
+//   - the killed rank of 03 sleeping 20 s before its _exit: "kill: the job took 21.1 s to end
+//     after rank 1 died (from its message; limit 10 s)".
+#include <criterion/criterion.h>
+
+#include "gpt2.h"
+#include "harness.h"
+
+// A small model (~120k parameters): each run takes a second or two.
+#define MODEL "--layers 2 --channels 64 --heads 4 --seq 32 --batch 24"
+static const GPT2Config CFG = {.V = 256, .T = 32, .L = 2, .C = 64, .NH = 4};
+
+Test(reliability, chapter_00_single_device, .timeout = 400) {
+    harness_assert_reliable("./00_memory_budget/run --train --quiet", 1, MODEL, &CFG);
+}
+
+Test(reliability, chapter_02_data_parallel, .timeout = 400) {
+    harness_assert_reliable("./02_data_parallel/run --quiet", 3, MODEL, &CFG);
+}
+
+Test(reliability, chapter_03_ddp, .timeout = 400) {
+    harness_assert_reliable("./03_ddp/run --quiet --overlap-steps 0", 2, MODEL, &CFG);
+}

@@ -1,0 +1,282 @@
+// gpu_check_tp.c: are the CUDA kernels of tensor parallelism (kernels.h's "tensor parallelism"
+// section, used by common/tp.c) right? Each one runs on the CPU and on the GPU with the same
+// random inputs and the outputs are compared, as tools/gpu_check does for the other kernels;
+// then tp.h's halves (a tp = 2 shard, rank 1) and a whole TP block (tp = 1, one rank: every
+// all-reduce the identity) run on both devices, forward and backward.
+//
+//   make BUILD=build-cuda CUDA=1 build-cuda/tools/gpu_check_tp && ./build-cuda/tools/gpu_check_tp
+//   EMU_TOOL=gpu_check_tp bash tests/cuda_emu/run.sh      (on a CPU: the CUDA code emulated)
+//
+// Comparison: rel = max |cuda - cpu| / max |cpu| over the tensor, within a tolerance per kind:
+// 1e-6 for one formula per element (the GPU's expf against the CPU's exp_approx included),
+// 1e-5 for sums in another order, 1e-4 for what goes through matmuls (cuBLAS vs CBLAS). "exact"
+// where both devices do the same float operations in the same order. Exit status 0 when every
+// check passes; in a build without CUDA it says so and exits 0.
+#include <stdio.h>
+
+#ifndef LAB_CUDA
+int main(void) {
+    printf("gpu_check_tp: built without CUDA (rebuild with `make CUDA=1`); nothing to check\n");
+    return 0;
+}
+#else
+
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "check.h"
+#include "cuda_util.h"
+#include "kernels.h"
+#include "mem.h"
+#include "tp.h"
+
+#define EXACT 0.0
+#define TOL_ELEMENTWISE 1e-6
+#define TOL_REDUCTION 1e-5
+#define TOL_MATMUL 1e-4
+
+static const Kernels *kc, *kg;
+static int nfail = 0;
+
+static uint64_t rng_state = 0x2545F4914F6CDD1Dull;
+static uint32_t rng_u32(void) {
+    rng_state ^= rng_state << 13;
+    rng_state ^= rng_state >> 7;
+    rng_state ^= rng_state << 17;
+    return (uint32_t)(rng_state >> 32);
+}
+static float *host_rand(size_t n, float lo, float hi) {
+    float *x = lab_xmalloc((n ? n : 1) * sizeof(float));
+    for (size_t i = 0; i < n; i++) x[i] = lo + (hi - lo) * (float)(rng_u32() >> 8) / 16777216.0f;
+    return x;
+}
+static int *host_tokens(size_t n, int V) {
+    int *x = lab_xmalloc(n * sizeof(int));
+    for (size_t i = 0; i < n; i++) x[i] = (int)(rng_u32() % (uint32_t)V);
+    return x;
+}
+
+// Device copies, freed together at the end of each check.
+#define MAX_LIVE 64
+static void *live[MAX_LIVE];
+static int nlive = 0;
+static void *dev_upload(const void *host, size_t bytes) {
+    LAB_CHECK(nlive < MAX_LIVE, "gpu_check_tp: more than %d live device buffers", MAX_LIVE);
+    void *d = lab_cuda_malloc(bytes);
+    if (host) lab_cuda_memcpy(d, host, bytes);
+    live[nlive++] = d;
+    return d;
+}
+static float *dev_f32(const float *host, size_t n) { return dev_upload(host, n * sizeof(float)); }
+static void dev_free_all(void) {
+    for (int i = 0; i < nlive; i++) lab_cuda_free(live[i]);
+    nlive = 0;
+}
+
+// Compares n floats of a device buffer with the CPU's; one table row.
+static void check(const char *what, const char *output, const float *cpu, const float *dev, size_t n, double tol) {
+    float *got = lab_xmalloc((n ? n : 1) * sizeof(float));
+    lab_cuda_memcpy(got, dev, n * sizeof(float));
+    double err = 0.0, scale = 0.0;
+    for (size_t i = 0; i < n; i++) {
+        double a = cpu[i], b = got[i];
+        if (a == b) continue;                        // equal infinities too
+        double d = isnan(a) || isnan(b) ? INFINITY : fabs(a - b);
+        if (d > err) err = d;
+    }
+    for (size_t i = 0; i < n; i++)
+        if (isfinite(cpu[i]) && fabs(cpu[i]) > scale) scale = fabs(cpu[i]);
+    double rel = err == 0.0 ? 0.0 : scale > 0.0 ? err / scale : INFINITY;
+    int ok = tol == EXACT ? err == 0.0 : rel <= tol;
+    char tol_s[16];
+    if (tol == EXACT) snprintf(tol_s, sizeof tol_s, "exact");
+    else snprintf(tol_s, sizeof tol_s, "%.0e", tol);
+    printf("%-32s %-10s %9zu %12.3e %12.3e %10s  %s\n", what, output, n, err, rel, tol_s, ok ? "OK" : "FAIL");
+    if (!ok) nfail++;
+    free(got);
+}
+
+// ---- the kernels ----------------------------------------------------------------------------------
+// Awkward shapes, as gpu_check's: T, Vl not multiples of a warp, more rows than one block; this
+// rank's vocabulary rows [v0, v0 + Vl) = [134, 201) of which 61 are real (the last 6: padding).
+enum { B = 3, T = 37, C = 72, N = B * T, V = 300, VL = 67, V0 = 134, NVALID = 61 };
+
+static void check_kernels(void) {
+    // bias + residual after the reduce
+    float *r = host_rand((size_t)N * C, -1, 1), *x = host_rand((size_t)N * C, -1, 1), *b = host_rand(C, -1, 1);
+    float *out = lab_xcalloc((size_t)N * C, sizeof(float)), *d_out = dev_f32(NULL, (size_t)N * C);
+    kc->tp_bias_residual_forward(out, r, x, b, N, C);
+    kg->tp_bias_residual_forward(d_out, dev_f32(r, (size_t)N * C), dev_f32(x, (size_t)N * C), dev_f32(b, C), N, C);
+    check("tp_bias_residual_forward", "out", out, d_out, (size_t)N * C, EXACT);  // (r + x) + b on both
+
+    // masked embedding, with and without wpe
+    float *wte = host_rand((size_t)VL * C, -1, 1), *wpe = host_rand((size_t)T * C, -1, 1);
+    int *inp = host_tokens(N, V), *d_inp = dev_upload(inp, N * sizeof(int));
+    float *d_wte = dev_f32(wte, (size_t)VL * C), *d_wpe = dev_f32(wpe, (size_t)T * C);
+    kc->vocab_embed_forward(out, inp, wte, wpe, V0, VL, B, T, C);
+    kg->vocab_embed_forward(d_out, d_inp, d_wte, d_wpe, V0, VL, B, T, C);
+    check("vocab_embed_forward", "out", out, d_out, (size_t)N * C, EXACT);
+    kc->vocab_embed_forward(out, inp, wte, NULL, V0, VL, B, T, C);
+    kg->vocab_embed_forward(d_out, d_inp, d_wte, NULL, V0, VL, B, T, C);
+    check("vocab_embed_forward (no wpe)", "out", out, d_out, (size_t)N * C, EXACT);
+
+    // its backward: the parameter gradients start random (checks +=)
+    float *dout = host_rand((size_t)N * C, -1, 1);
+    float *dwte = host_rand((size_t)VL * C, -1, 1), *dwpe = host_rand((size_t)T * C, -1, 1);
+    float *d_dwte = dev_f32(dwte, (size_t)VL * C), *d_dwpe = dev_f32(dwpe, (size_t)T * C);
+    float *d_dout = dev_f32(dout, (size_t)N * C);
+    kc->vocab_embed_backward(dwte, dwpe, dout, inp, V0, VL, B, T, C);
+    kg->vocab_embed_backward(d_dwte, d_dwpe, d_dout, d_inp, V0, VL, B, T, C);
+    check("vocab_embed_backward", "dwte", dwte, d_dwte, (size_t)VL * C, TOL_REDUCTION);
+    check("vocab_embed_backward", "dwpe", dwpe, d_dwpe, (size_t)T * C, TOL_REDUCTION);
+    kc->vocab_embed_backward(dwte, NULL, dout, inp, V0, VL, B, T, C);
+    kg->vocab_embed_backward(d_dwte, NULL, d_dout, d_inp, V0, VL, B, T, C);
+    check("vocab_embed_backward (no wpe)", "dwte", dwte, d_dwte, (size_t)VL * C, TOL_REDUCTION);
+
+    // the cross-entropy pieces. Logits of a wide range; the padded columns hold a huge value
+    // that would win the max and swamp the sum if either kernel looked at them.
+    float *logits = host_rand((size_t)N * VL, -10, 10);
+    for (int n = 0; n < N; n++)
+        for (int v = NVALID; v < VL; v++) logits[(size_t)n * VL + v] = 1e4f;
+    int *tgt = host_tokens(N, V), *d_tgt = dev_upload(tgt, N * sizeof(int));
+    float *d_logits = dev_f32(logits, (size_t)N * VL);
+    float *mx = lab_xcalloc(N, sizeof(float)), *d_mx = dev_f32(NULL, N);
+    kc->vocab_ce_max(mx, logits, NVALID, N, VL);
+    kg->vocab_ce_max(d_mx, d_logits, NVALID, N, VL);
+    check("vocab_ce_max", "maxes", mx, d_mx, N, EXACT);
+    float *none = lab_xcalloc(N, sizeof(float));
+    kc->vocab_ce_max(none, logits, 0, N, VL);
+    kg->vocab_ce_max(d_mx, d_logits, 0, N, VL);
+    check("vocab_ce_max (no real rows)", "maxes", none, d_mx, N, EXACT);  // -inf on both
+    // as after the MAX all-reduce: a global max at least the local one
+    for (int n = 0; n < N; n++) mx[n] += (float)(n % 3);
+    d_mx = dev_f32(mx, N);
+    float *sums = lab_xcalloc(N, sizeof(float)), *tl = lab_xcalloc(N, sizeof(float));
+    float *d_sums = dev_f32(NULL, N), *d_tl = dev_f32(NULL, N);
+    kc->vocab_ce_sums(sums, tl, logits, mx, tgt, V0, NVALID, N, VL);
+    kg->vocab_ce_sums(d_sums, d_tl, d_logits, d_mx, d_tgt, V0, NVALID, N, VL);
+    check("vocab_ce_sums", "sums", sums, d_sums, N, TOL_REDUCTION);
+    check("vocab_ce_sums", "tlogits", tl, d_tl, N, EXACT);
+    float *losses = lab_xcalloc(N, sizeof(float)), *d_losses = dev_f32(NULL, N);
+    d_sums = dev_f32(sums, N);  // the CPU's statistics on both sides from here on
+    d_tl = dev_f32(tl, N);
+    kc->vocab_ce_loss(losses, sums, mx, tl, N);
+    kg->vocab_ce_loss(d_losses, d_sums, d_mx, d_tl, N);
+    check("vocab_ce_loss", "losses", losses, d_losses, N, TOL_ELEMENTWISE);
+    float *dl = host_rand((size_t)N * VL, -1, 1), *d_dl = dev_f32(dl, (size_t)N * VL);  // overwritten
+    kc->vocab_ce_backward(dl, logits, mx, sums, tgt, 1.0f / N, V0, NVALID, N, VL);
+    kg->vocab_ce_backward(d_dl, d_logits, d_mx, d_sums, d_tgt, 1.0f / N, V0, NVALID, N, VL);
+    check("vocab_ce_backward", "dlogits", dl, d_dl, (size_t)N * VL, TOL_ELEMENTWISE);
+
+    void *h[] = {r, x, b, out, wte, wpe, inp, dout, dwte, dwpe, logits, tgt, mx, none, sums, tl, losses, dl};
+    for (size_t i = 0; i < sizeof h / sizeof h[0]; i++) free(h[i]);
+    dev_free_all();
+}
+
+// ---- the pieces ---------------------------------------------------------------------------------------
+
+enum { PB = 2, PT = 17, PC = 72, PNH = 4, PN = PB * PT };  // head size 18
+
+// A block's weights and gradients on both devices (random, LayerNorm weights near 1).
+typedef struct { float *h, *d; TpBlock vh, vd; size_t n; } Both;
+static void both(Both *x, int tp, int random) {
+    x->n = tp_block_count(PC, tp);
+    x->h = random ? host_rand(x->n, -0.3f, 0.3f) : lab_xcalloc(x->n, sizeof(float));
+    x->d = mem_alloc(x->n * sizeof(float), MEM_PARAMS, DEV_CUDA);
+    tp_block_views(&x->vh, x->h, PC, tp);
+    tp_block_views(&x->vd, x->d, PC, tp);
+    if (random)
+        for (int c = 0; c < PC; c++) x->vh.ln1w[c] += 1.0f, x->vh.ln2w[c] += 1.0f;
+    mem_copy(x->d, x->h, x->n * sizeof(float));
+}
+static void both_free(Both *x) {
+    free(x->h);
+    mem_free(x->d);
+}
+
+// The halves of rank 1 of tp = 2 (no communication): partial outputs and partial input
+// gradients, and the weight gradients of the shard.
+static void check_halves(void) {
+    int tp = 2;
+    Both w, dw;
+    both(&w, tp, 1), both(&dw, tp, 0);
+    TpBlockActs ah, ad;
+    TpScratch sh, sd;
+    tp_block_acts_alloc(&ah, PB, PT, PC, PNH, tp, DEV_CPU), tp_block_acts_alloc(&ad, PB, PT, PC, PNH, tp, DEV_CUDA);
+    tp_scratch_alloc(&sh, PB, PT, PC, PNH, tp, DEV_CPU), tp_scratch_alloc(&sd, PB, PT, PC, PNH, tp, DEV_CUDA);
+    size_t NC = (size_t)PN * PC;
+    float *inp = host_rand(NC, -1, 1), *dout = host_rand(NC, -1, 1), *dinp = lab_xcalloc(NC, sizeof(float));
+    float *d_inp = dev_f32(inp, NC), *d_dout = dev_f32(dout, NC), *d_dinp = dev_f32(NULL, NC);
+
+    tp_attn_forward(kc, &w.vh, &ah, inp);
+    tp_attn_forward(kg, &w.vd, &ad, d_inp);
+    check("tp_attn_forward (tp 2, rank 1)", "qkv", ah.qkv, ad.qkv, (size_t)PN * 3 * PC / tp, TOL_MATMUL);
+    check("tp_attn_forward (tp 2, rank 1)", "partial", ah.attproj, ad.attproj, NC, TOL_MATMUL);
+    tp_attn_backward(kc, &w.vh, &dw.vh, &ah, &sh, inp, dout, dinp);
+    tp_attn_backward(kg, &w.vd, &dw.vd, &ad, &sd, d_inp, d_dout, d_dinp);
+    check("tp_attn_backward (tp 2, rank 1)", "dinp", dinp, d_dinp, NC, TOL_MATMUL);
+    check("tp_attn_backward (tp 2, rank 1)", "dqkvw", dw.vh.qkvw, dw.vd.qkvw, 3 * PC / tp * PC, TOL_MATMUL);
+    check("tp_attn_backward (tp 2, rank 1)", "dattprojw", dw.vh.attprojw, dw.vd.attprojw, PC * PC / tp, TOL_MATMUL);
+
+    tp_mlp_forward(kc, &w.vh, &ah, inp);
+    tp_mlp_forward(kg, &w.vd, &ad, d_inp);
+    check("tp_mlp_forward (tp 2, rank 1)", "partial", ah.fcproj, ad.fcproj, NC, TOL_MATMUL);
+    tp_mlp_backward(kc, &w.vh, &dw.vh, &ah, &sh, inp, dout, dinp);
+    tp_mlp_backward(kg, &w.vd, &dw.vd, &ad, &sd, d_inp, d_dout, d_dinp);
+    check("tp_mlp_backward (tp 2, rank 1)", "dinp", dinp, d_dinp, NC, TOL_MATMUL);
+    check("tp_mlp_backward (tp 2, rank 1)", "dfcw", dw.vh.fcw, dw.vd.fcw, 4 * PC / tp * PC, TOL_MATMUL);
+    check("tp_mlp_backward (tp 2, rank 1)", "dfcprojw", dw.vh.fcprojw, dw.vd.fcprojw, PC * 4 * PC / tp, TOL_MATMUL);
+
+    tp_block_acts_free(&ah), tp_block_acts_free(&ad), tp_scratch_free(&sh), tp_scratch_free(&sd);
+    both_free(&w), both_free(&dw);
+    free(inp), free(dout), free(dinp);
+    dev_free_all();
+}
+
+// A whole block on one rank (tp = 1): its output, input gradient and every weight gradient.
+static void check_block(void) {
+    Both w, dw;
+    both(&w, 1, 1), both(&dw, 1, 0);
+    TpBlockActs ah, ad;
+    TpScratch sh, sd;
+    tp_block_acts_alloc(&ah, PB, PT, PC, PNH, 1, DEV_CPU), tp_block_acts_alloc(&ad, PB, PT, PC, PNH, 1, DEV_CUDA);
+    tp_scratch_alloc(&sh, PB, PT, PC, PNH, 1, DEV_CPU), tp_scratch_alloc(&sd, PB, PT, PC, PNH, 1, DEV_CUDA);
+    size_t NC = (size_t)PN * PC;
+    float *inp = host_rand(NC, -1, 1), *dout = host_rand(NC, -1, 1), *dinp = lab_xcalloc(NC, sizeof(float));
+    float *d_inp = dev_f32(inp, NC), *d_dout = dev_f32(dout, NC), *d_dinp = dev_f32(NULL, NC);
+    TpComm c = tp_comm_single();
+    tp_block_forward(kc, &c, &w.vh, &ah, inp);
+    tp_block_forward(kg, &c, &w.vd, &ad, d_inp);
+    check("tp_block_forward (tp 1)", "out", ah.out, ad.out, NC, TOL_MATMUL);
+    tp_block_backward(kc, &c, &w.vh, &dw.vh, &ah, &sh, inp, dout, dinp);
+    tp_block_backward(kg, &c, &w.vd, &dw.vd, &ad, &sd, d_inp, d_dout, d_dinp);
+    check("tp_block_backward (tp 1)", "dinp", dinp, d_dinp, NC, TOL_MATMUL);
+    check("tp_block_backward (tp 1)", "dweights", dw.h, dw.d, dw.n, TOL_MATMUL);
+    tp_block_acts_free(&ah), tp_block_acts_free(&ad), tp_scratch_free(&sh), tp_scratch_free(&sd);
+    both_free(&w), both_free(&dw);
+    free(inp), free(dout), free(dinp);
+    dev_free_all();
+}
+
+int main(void) {
+    if (lab_cuda_device_count() == 0)
+        lab_fail("gpu_check_tp: no CUDA GPU is visible (nvidia-smi lists the GPUs; CUDA_VISIBLE_DEVICES may hide them)");
+    lab_cuda_set_device(0);
+    printf("gpu_check_tp: tensor-parallel kernels and pieces, CUDA vs CPU on %s\n", lab_cuda_device_name());
+    printf("rel err = max |cuda - cpu| / max |cpu| over the tensor\n\n");
+    printf("%-32s %-10s %9s %12s %12s %10s  %s\n", "kernel / piece", "output", "elements", "max abs err", "rel err",
+           "tolerance", "result");
+    kc = kernels_get(DEV_CPU);
+    kg = kernels_get(DEV_CUDA);
+    check_kernels();
+    check_halves();
+    check_block();
+    lab_cuda_synchronize();
+    if (nfail) printf("\nFAIL: %d check(s) failed\n", nfail);
+    else printf("\nOK: every check passed\n");
+    return nfail ? 1 : 0;
+}
+
+#endif  // LAB_CUDA
