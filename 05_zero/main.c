@@ -41,12 +41,14 @@ static const char *USAGE =
     "gradients too (stage 2), of the parameters too (stage 3); the same training as one device.\n"
     "\n"
     "  mpirun -np 4 ./05_zero/run --zero 0        DDP inside this chapter: the baseline\n"
-    "  mpirun -np 4 ./05_zero/run --zero 1        shard Adam m, v (and the fp32 master): 2Ψ wire\n"
+    "  mpirun -np 4 ./05_zero/run --zero 1        shard Adam m, v (and bf16's fp32 master): 2Ψ\n"
     "  mpirun -np 4 ./05_zero/run --zero 2        shard the gradients too, reduce-scattered\n"
     "                                             unit by unit during backward: 2Ψ wire\n"
     "  mpirun -np 4 ./05_zero/run --zero 3        shard the parameters too, gathered unit by\n"
     "                                             unit for forward and again for backward: 3Ψ\n"
-    "  mpirun -np 3 ./05_zero/run --zero 3        uneven pieces (834,304 parameters on 3 ranks)\n"
+    "  mpirun -np 3 ./05_zero/run --zero 3 --batch 18\n"
+    "                                             uneven pieces (834,304 parameters on 3 ranks;\n"
+    "                                             the batch must split evenly over the ranks)\n"
     "  mpirun -np 4 ./05_zero/run --zero 2 --dtype bf16\n"
     "                                             bf16 params and grads on the wire, fp32 master\n"
     "                                             and Adam sharded: the notes' 2 + 2 + 12 bytes\n"
@@ -85,7 +87,17 @@ typedef struct Zero {
     void **wbuf;          // (nunits)
     DistWork *ag;         // (nunits)
     int *ag_live;         // 0 none, 1 issued, 2 ready
+    double *ag_t0, *rs_t0;  // when each unit's all-gather / reduce-scatter was started (--trace)
 } Zero;
+
+// --trace: a collective as a span on the communication track, from its start to the moment its
+// wait returned (it ran on the communication thread somewhere in between).
+static void trace_in_flight(const char *what, int u, double t0) {
+    if (!trace_enabled()) return;
+    char name[48];
+    snprintf(name, sizeof name, "%s unit %d", what, u);
+    trace_span(name, TRACE_COMM, t0, lab_now());
+}
 
 static void *unit_ptr(const Zero *zz, void *base, int u) {
     return (char *)base + zz->z.p[u].unit_offset * zz->e;
@@ -99,6 +111,7 @@ static void gather_issue(Zero *zz, int u) {
     if (zz->stage < 3 || zz->ag_live[u]) return;
     const ZeroPiece *p = &zz->z.p[u];
     zz->wbuf[u] = mem_alloc(p->unit_size * zz->e, MEM_COMM, zz->s->dev);
+    zz->ag_t0[u] = lab_now();
     zz->ag[u] = zero_gather_unit(&zz->z, u, zz->param_shard, zz->wbuf[u], zz->s->dt,
                                  zz->s->world);
     zz->ag_live[u] = 1;
@@ -111,9 +124,10 @@ static const void *unit_weights(Zero *zz, int u, int next) {
     gather_issue(zz, u);
     if (next >= 0) gather_issue(zz, next);  // in flight while unit u computes
     if (zz->ag_live[u] == 1) {
-        int tok = trace_begin("wait all-gather", TRACE_COMM);
+        int tok = trace_begin("wait all-gather", TRACE_COMPUTE);
         dist_wait(&zz->ag[u]);
         trace_end(tok);
+        trace_in_flight("all-gather", u, zz->ag_t0[u]);
         zz->ag_live[u] = 2;
     }
     return zz->wbuf[u];
@@ -138,9 +152,10 @@ static void *unit_grads(Zero *zz, int u) {
 
 static void rs_wait_oldest(Zero *zz) {
     int u = zz->rs_order[zz->rs_done++];
-    int tok = trace_begin("wait reduce-scatter", TRACE_COMM);
+    int tok = trace_begin("wait reduce-scatter", TRACE_COMPUTE);
     dist_wait(&zz->rs[u]);
     trace_end(tok);
+    trace_in_flight("reduce-scatter", u, zz->rs_t0[u]);
     mem_free(zz->gbuf[u]);
     zz->gbuf[u] = NULL;
 }
@@ -150,6 +165,7 @@ static void rs_wait_oldest(Zero *zz) {
 static void unit_grads_done(Zero *zz, int u) {
     if (zz->stage < 2) return;
     const ZeroPiece *p = &zz->z.p[u];
+    zz->rs_t0[u] = lab_now();
     zz->rs[u] = dist_ireduce_scatter_n(zz->gbuf[u], piece_ptr(zz, zz->grad_shard, u),
                                        p->unit_size, zz->s->dt, DIST_AVG, zz->s->world);
     zz->rs_order[zz->nrs++] = u;
@@ -319,6 +335,8 @@ static void alloc_state(Zero *zz, const ZeroFlags *f) {
     zz->wbuf = lab_xcalloc((size_t)zz->nunits, sizeof(void *));
     zz->ag = lab_xcalloc((size_t)zz->nunits, sizeof(DistWork));
     zz->ag_live = lab_xcalloc((size_t)zz->nunits, sizeof(int));
+    zz->ag_t0 = lab_xcalloc((size_t)zz->nunits, sizeof(double));
+    zz->rs_t0 = lab_xcalloc((size_t)zz->nunits, sizeof(double));
 }
 
 // My pieces of a whole fp32 array (host, memory order) into a shard buffer of mine.
@@ -436,7 +454,7 @@ static void free_state(Zero *zz) {
     mem_free(zz->param_shard);
     (void)s;
     free(zz->gbuf); free(zz->rs); free(zz->rs_order);
-    free(zz->wbuf); free(zz->ag); free(zz->ag_live);
+    free(zz->wbuf); free(zz->ag); free(zz->ag_live); free(zz->ag_t0); free(zz->rs_t0);
     zero_layout_free(&zz->z);
 }
 
