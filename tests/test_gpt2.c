@@ -1,6 +1,6 @@
 // test_gpt2.c: the model as a whole, on the CPU.
 //
-//   - sizes and layout: parameter counts, the parameter list in llm.c's order, FLOPs;
+//   - sizes and layout: parameter counts, the parameter list (block-major, with llm.c offsets), FLOPs;
 //   - initialization: statistics, determinism, and any slice == that slice of the full init;
 //   - a whole-model gradient check: finite differences of gpt2_forward's loss vs gpt2_backward,
 //     on a sample of elements from every parameter;
