@@ -249,11 +249,15 @@ Test(zero05, every_stage_on_4_ranks_matches_00_and_03_and_meets_the_formulas, .t
     results_free(&d);
 }
 
-Test(zero05, stages_1_2_3_on_8_ranks_match_and_meet_the_formulas, .timeout = 200) {
+Test(zero05, stages_1_2_3_on_8_ranks_match_and_meet_the_formulas_fp32_and_bf16, .timeout = 240) {
     RunResults o;
     run_oracle(SMALL_CFG " --batch 16 --steps 3", &o);
     for (int stage = 1; stage <= 3; stage++)
         check_stage(&o, 8, stage, SMALL_CFG " --batch 16 --steps 3", 0);
+    results_free(&o);
+    // and bf16 (2-byte params and grads, fp32 master) at stage 3 on 8 ranks
+    run_oracle(SMALL_CFG " --batch 16 --steps 3 --dtype bf16", &o);
+    check_stage(&o, 8, 3, SMALL_CFG " --batch 16 --steps 3 --dtype bf16", 1);
     results_free(&o);
 }
 
