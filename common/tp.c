@@ -258,9 +258,11 @@ void tp_mlp_forward(const Kernels *k, const TpBlock *w, TpBlockActs *a, const fl
 void tp_mlp_backward(const Kernels *k, const TpBlock *w, TpBlock *dw, const TpBlockActs *a,
                      TpScratch *s, const float *inp, const float *dout, float *dinp) {
     int N = a->B * a->T, C = a->C, Hl = 4 * C / a->tp;
+    // EXERCISE 07.2 Column and row parallel MLP backward -> 07_tensor_parallel/README.md#exercise-072-column-and-row-parallel-mlp-backward
     k->matmul_backward(s->dfch_gelu, dw->fcprojw, NULL, dout, a->fch_gelu, w->fcprojw, N, Hl, C);
     k->gelu_backward(s->dfch, a->fch, s->dfch_gelu, (size_t)N * Hl);
     k->matmul_backward(dinp, dw->fcw, dw->fcb, s->dfch, inp, w->fcw, N, C, Hl);
+    // END EXERCISE 07.2
 }
 
 // ---- the block --------------------------------------------------------------------------------------
@@ -269,6 +271,7 @@ void tp_block_forward(const Kernels *k, TpComm *c, const TpBlock *w, TpBlockActs
     LAB_CHECK(c->tp == a->tp, "tp_block_forward: activations for tp=%d on a group of %d", a->tp, c->tp);
     int N = a->B * a->T, C = a->C;
     size_t NC = (size_t)N * C;
+    // EXERCISE 07.1 The TP block forward and its g all-reduces -> 07_tensor_parallel/README.md#exercise-071-the-tp-block-forward-and-its-g-all-reduces
     k->layernorm_forward(a->ln1, a->ln1_mean, a->ln1_rstd, inp, w->ln1w, w->ln1b, N, C);
     tp_attn_forward(k, w, a, a->ln1);                            // f: identity forward
     tp_all_reduce(c, a->attproj, NC, TP_SUM, TP_SITE_ATTN_G);    // g
@@ -277,6 +280,7 @@ void tp_block_forward(const Kernels *k, TpComm *c, const TpBlock *w, TpBlockActs
     tp_mlp_forward(k, w, a, a->ln2);
     tp_all_reduce(c, a->fcproj, NC, TP_SUM, TP_SITE_MLP_G);
     k->tp_bias_residual_forward(a->out, a->residual2, a->fcproj, w->fcprojb, N, C);
+    // END EXERCISE 07.1
 }
 
 void tp_block_backward(const Kernels *k, TpComm *c, const TpBlock *w, TpBlock *dw,
@@ -363,6 +367,7 @@ void tp_crossentropy_forward(const Kernels *k, TpComm *c, const TpVocab *tv, flo
                              TpLossStats *st, const float *logits, const int *targets, int N) {
     // 1. the global max (so that no exp overflows on any rank), 2. Σ exp(logit - max) over the
     // whole vocabulary, 3. the target's logit, which one rank has (the others add 0).
+    // EXERCISE 07.3 Vocab parallel cross entropy -> 07_tensor_parallel/README.md#exercise-073-vocab-parallel-cross-entropy
     k->vocab_ce_max(st->maxes, logits, tv->nvalid, N, tv->Vl);
     tp_all_reduce(c, st->maxes, (size_t)N, TP_MAX, TP_SITE_CE_MAX);
     k->vocab_ce_sums(st->sums, st->tlogits, logits, st->maxes, targets, tv->v0, tv->nvalid, N, tv->Vl);
@@ -370,6 +375,7 @@ void tp_crossentropy_forward(const Kernels *k, TpComm *c, const TpVocab *tv, flo
     tp_all_reduce(c, st->tlogits, (size_t)N, TP_SUM, TP_SITE_CE_TARGET);
     // -log softmax_target = log Σ exp(logit - max) + max - logit_target
     k->vocab_ce_loss(losses, st->sums, st->maxes, st->tlogits, N);
+    // END EXERCISE 07.3
 }
 
 void tp_crossentropy_backward(const Kernels *k, const TpVocab *tv, float *dlogits,

@@ -52,7 +52,12 @@ static char *shell_quote(const char *cmd) {
     return q;
 }
 
-int harness_run(const char *cmd, char **output, int timeout_s) {
+// Runs cmd (stdout and stderr captured into *output) and reads its output as it comes. With a
+// trigger (not NULL), at the first line containing it, records the time since the start in *t_trigger
+// (else -1) and, when sig > 0, sends sig to the process named "[pid N]" in that line.
+// *t_end: when the output ended. Returns the exit status (124 on timeout).
+static int run_watch(const char *cmd, int timeout_s, const char *trigger, int sig, char **output,
+                     double *t_trigger, double *t_end) {
     char *quoted = shell_quote(cmd);
     // timeout signals its whole process group, so mpirun and every rank go too.
     char *full = str_printf("timeout -k 5 %d sh -c %s </dev/null 2>&1", timeout_s, quoted);
@@ -60,36 +65,47 @@ int harness_run(const char *cmd, char **output, int timeout_s) {
     fflush(stdout);
     fflush(stderr);
     double t0 = lab_now();
+    *t_trigger = -1.0;
     FILE *p = popen(full, "r");
+    free(full);
     if (!p) {
-        fprintf(stderr, "harness_run: popen failed for: %s\n", full);
-        free(full);
-        if (output) *output = str_printf("(popen failed)");
+        *output = str_printf("(popen failed)");
+        *t_end = 0;
         return -1;
     }
     size_t cap = 4096, len = 0;
-    char *buf = lab_xmalloc(cap);
-    size_t got;
-    while ((got = fread(buf + len, 1, cap - len - 1, p)) > 0) {
-        len += got;
-        if (cap - len - 1 == 0) {
-            cap *= 2;
+    char *buf = lab_xmalloc(cap), line[4096];
+    buf[0] = '\0';
+    while (fgets(line, sizeof line, p)) {
+        size_t n = strlen(line);
+        if (len + n + 1 > cap) {
+            while (len + n + 1 > cap) cap *= 2;
             char *grown = realloc(buf, cap);
-            if (!grown) lab_fail("harness_run: out of memory capturing output of %s", cmd);
+            if (!grown) lab_fail("run_watch: out of memory capturing output of %s", cmd);
             buf = grown;
         }
+        memcpy(buf + len, line, n + 1);
+        len += n;
+        if (trigger && *t_trigger < 0 && strstr(line, trigger)) {
+            *t_trigger = lab_now() - t0;
+            const char *at = strstr(line, "[pid ");
+            if (sig > 0 && at) kill((pid_t)atoi(at + 5), sig);
+        }
     }
-    buf[len] = '\0';
     int status = pclose(p);
-    double elapsed = lab_now() - t0;
-    free(full);
-    int rc;
-    if (WIFEXITED(status)) rc = WEXITSTATUS(status);
-    else rc = 128 + (WIFSIGNALED(status) ? WTERMSIG(status) : 0);
-    // timeout exits 124 (or 137 when it had to KILL); either way the command ran out of time
-    if ((rc == 124 || rc == 137) && elapsed >= timeout_s) rc = 124;
-    if (output) *output = buf;
-    else free(buf);
+    *t_end = lab_now() - t0;
+    int rc = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + (WIFSIGNALED(status) ? WTERMSIG(status) : 0);
+    if ((rc == 124 || rc == 137) && *t_end >= timeout_s) rc = 124;
+    *output = buf;
+    return rc;
+}
+
+int harness_run(const char *cmd, char **output, int timeout_s) {
+    double t_trigger, t_end;
+    char *out = NULL;
+    int rc = run_watch(cmd, timeout_s, NULL, 0, &out, &t_trigger, &t_end);
+    if (output) *output = out;
+    else free(out);
     return rc;
 }
 
@@ -321,53 +337,6 @@ int harness_nan_fails_cleanly(const char *prog, int np, const char *flags, const
 }
 
 // ---- watching a run line by line (kill, signal during a save) ------------------------------------
-
-// Runs cmd (output captured into *output like harness_run) and reads its output as it comes.
-// At the first line containing `trigger`, records the time since the start in *t_trigger
-// (else -1) and, when sig > 0, sends sig to the process named "[pid N]" in that line.
-// *t_end: when the output ended. Returns the exit status (124 on timeout).
-static int run_watch(const char *cmd, int timeout_s, const char *trigger, int sig, char **output,
-                     double *t_trigger, double *t_end) {
-    char *quoted = shell_quote(cmd);
-    char *full = str_printf("timeout -k 5 %d sh -c %s </dev/null 2>&1", timeout_s, quoted);
-    free(quoted);
-    fflush(stdout);
-    fflush(stderr);
-    double t0 = lab_now();
-    *t_trigger = -1.0;
-    FILE *p = popen(full, "r");
-    free(full);
-    if (!p) {
-        *output = str_printf("(popen failed)");
-        *t_end = 0;
-        return -1;
-    }
-    size_t cap = 4096, len = 0;
-    char *buf = lab_xmalloc(cap), line[4096];
-    buf[0] = '\0';
-    while (fgets(line, sizeof line, p)) {
-        size_t n = strlen(line);
-        if (len + n + 1 > cap) {
-            while (len + n + 1 > cap) cap *= 2;
-            char *grown = realloc(buf, cap);
-            if (!grown) lab_fail("run_watch: out of memory capturing output of %s", cmd);
-            buf = grown;
-        }
-        memcpy(buf + len, line, n + 1);
-        len += n;
-        if (*t_trigger < 0 && strstr(line, trigger)) {
-            *t_trigger = lab_now() - t0;
-            const char *at = strstr(line, "[pid ");
-            if (sig > 0 && at) kill((pid_t)atoi(at + 5), sig);
-        }
-    }
-    int status = pclose(p);
-    *t_end = lab_now() - t0;
-    int rc = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + (WIFSIGNALED(status) ? WTERMSIG(status) : 0);
-    if ((rc == 124 || rc == 137) && *t_end >= timeout_s) rc = 124;
-    *output = buf;
-    return rc;
-}
 
 int harness_kill_ends_promptly(const char *prog, int np, const char *flags) {
     char cmd[1024], *out = NULL;

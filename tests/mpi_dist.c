@@ -25,6 +25,7 @@
 #include "check.h"
 #include "dist.h"
 #include "mem.h"
+#include "mpitest.h"
 #include "results.h"
 #include "trace.h"
 
@@ -120,42 +121,7 @@ static void *xbuf(size_t bytes) {
     return p;
 }
 
-// --device cuda: every op runs on device copies of the test's host buffers (the MPI backend
-// stages them through host memory). mirror() makes the device copy, D() maps a host pointer
-// (or one inside a buffer) to its device twin, unmirror() copies the results back.
-static int use_device = 0;
-typedef struct Mirror {
-    char *host, *dev;
-    size_t bytes;
-} Mirror;
-static Mirror mirrors[8];
-static int nmirrors = 0;
-
-static void mirror(void *host, size_t bytes) {
-    if (!use_device) return;
-    LAB_CHECK(nmirrors < 8, "too many mirrored buffers");
-    Mirror *m = &mirrors[nmirrors++];
-    m->host = host;
-    m->bytes = bytes + 16;  // xbuf's slack too
-    m->dev = mem_alloc(m->bytes, MEM_COMM, DEV_CUDA);
-    mem_copy(m->dev, m->host, m->bytes);
-}
-
-static void *D(const void *p) {
-    if (!use_device || p == NULL) return (void *)p;
-    for (int i = 0; i < nmirrors; i++)
-        if ((const char *)p >= mirrors[i].host && (const char *)p < mirrors[i].host + mirrors[i].bytes)
-            return mirrors[i].dev + ((const char *)p - mirrors[i].host);
-    lab_fail_at(__FILE__, __LINE__, "pointer %p is in no mirrored buffer", p);
-}
-
-static void unmirror(void) {
-    for (int i = 0; i < nmirrors; i++) {
-        mem_copy(mirrors[i].host, mirrors[i].dev, mirrors[i].bytes);
-        mem_free(mirrors[i].dev);
-    }
-    nmirrors = 0;
-}
+// --device: the ops run on device twins of the buffers (mpi_mirror, mpitest.h).
 
 // Element-wise bit comparison; reports the first mismatch.
 static void compare(const void *got, const void *want, DistDtype dt, size_t n, const char *label) {
@@ -247,16 +213,16 @@ static void test_all_reduce(const Group *G, int nonblocking) {
                         memcpy(recv, send, n * es);
                         s = mode == 1 ? recv : NULL;
                     }
-                    mirror(send, n * es);
-                    mirror(recv, n * es);
+                    mpi_mirror(send, n * es + 16);
+                    mpi_mirror(recv, n * es + 16);
                     dist_counters_reset();
                     if (nonblocking) {
-                        DistWork w = dist_iall_reduce(D(s), D(recv), n, dt, (DistOp)op, G->g);
+                        DistWork w = dist_iall_reduce(mpi_dev(s), mpi_dev(recv), n, dt, (DistOp)op, G->g);
                         dist_wait(&w);
                     } else {
-                        dist_all_reduce(D(s), D(recv), n, dt, (DistOp)op, G->g);
+                        dist_all_reduce(mpi_dev(s), mpi_dev(recv), n, dt, (DistOp)op, G->g);
                     }
-                    unmirror();
+                    mpi_unmirror();
                     compare(recv, ref, dt, n, label);
                     uint64_t S = n * es;
                     check_counters(OP_ALL_REDUCE, 2 * (N - 1) * S / N, 2 * (N - 1) * S / N, label);
@@ -284,15 +250,15 @@ static void test_broadcast(const Group *G, int nonblocking) {
                 void *buf = xbuf(n * es), *ref = xbuf(n * es);
                 fill(ref, dt, n, G->members[root], 0);
                 if (G->r == root) fill(buf, dt, n, wrank, 0);
-                mirror(buf, n * es);
+                mpi_mirror(buf, n * es + 16);
                 dist_counters_reset();
                 if (nonblocking) {
-                    DistWork w = dist_ibroadcast(D(buf), n, dt, root, G->g);
+                    DistWork w = dist_ibroadcast(mpi_dev(buf), n, dt, root, G->g);
                     dist_wait(&w);
                 } else {
-                    dist_broadcast(D(buf), n, dt, root, G->g);
+                    dist_broadcast(mpi_dev(buf), n, dt, root, G->g);
                 }
-                unmirror();
+                mpi_unmirror();
                 compare(buf, ref, dt, n, label);
                 uint64_t S = n * es;
                 // the root sends S (nothing in a group of one), every other rank receives S
@@ -332,11 +298,11 @@ static void test_reduce(const Group *G) {
                         } else if (G->r != root) {
                             r = NULL;  // non-roots need no receive buffer
                         }
-                        mirror(send, n * es);
-                        mirror(recv, n * es);
+                        mpi_mirror(send, n * es + 16);
+                        mpi_mirror(recv, n * es + 16);
                         dist_counters_reset();
-                        dist_reduce(D(s), D(r), n, dt, (DistOp)op, root, G->g);
-                        unmirror();
+                        dist_reduce(mpi_dev(s), mpi_dev(r), n, dt, (DistOp)op, root, G->g);
+                        mpi_unmirror();
                         uint64_t S = n * es;
                         if (G->r == root) {
                             compare(recv, ref, dt, n, label);
@@ -375,16 +341,16 @@ static void test_reduce_scatter(const Group *G, int nonblocking) {
                     if (mode == 1) { s = send; r = send; result = send; }
                     if (mode == 2) { s = NULL; r = send; result = send; }
                     if (mode == 3) { r = (char *)send + (size_t)G->r * n * es; result = r; }
-                    mirror(send, whole * es);
-                    mirror(recv, n * es);
+                    mpi_mirror(send, whole * es + 16);
+                    mpi_mirror(recv, n * es + 16);
                     dist_counters_reset();
                     if (nonblocking) {
-                        DistWork w = dist_ireduce_scatter(D(s), D(r), n, dt, (DistOp)op, G->g);
+                        DistWork w = dist_ireduce_scatter(mpi_dev(s), mpi_dev(r), n, dt, (DistOp)op, G->g);
                         dist_wait(&w);
                     } else {
-                        dist_reduce_scatter(D(s), D(r), n, dt, (DistOp)op, G->g);
+                        dist_reduce_scatter(mpi_dev(s), mpi_dev(r), n, dt, (DistOp)op, G->g);
                     }
-                    unmirror();
+                    mpi_unmirror();
                     compare(result, ref, dt, n, label);
                     uint64_t S = whole * es;
                     check_counters(OP_REDUCE_SCATTER, (N - 1) * S / N, (N - 1) * S / N, label);
@@ -417,16 +383,16 @@ static void test_all_gather(const Group *G, int nonblocking) {
                 if (mode == 1) { memcpy(mine, send, n * es); s = NULL; }
                 if (mode == 2) { memcpy(mine, send, n * es); s = mine; }
                 if (mode == 3) { memcpy(recv, send, n * es); s = recv; }
-                mirror(send, n * es);
-                mirror(recv, whole * es);
+                mpi_mirror(send, n * es + 16);
+                mpi_mirror(recv, whole * es + 16);
                 dist_counters_reset();
                 if (nonblocking) {
-                    DistWork w = dist_iall_gather(D(s), D(recv), n, dt, G->g);
+                    DistWork w = dist_iall_gather(mpi_dev(s), mpi_dev(recv), n, dt, G->g);
                     dist_wait(&w);
                 } else {
-                    dist_all_gather(D(s), D(recv), n, dt, G->g);
+                    dist_all_gather(mpi_dev(s), mpi_dev(recv), n, dt, G->g);
                 }
-                unmirror();
+                mpi_unmirror();
                 compare(recv, ref, dt, whole, label);
                 uint64_t S = whole * es;
                 check_counters(OP_ALL_GATHER, (N - 1) * S / N, (N - 1) * S / N, label);
@@ -461,11 +427,11 @@ static void test_scatter(const Group *G) {
                     if (is_root && mode == 1) { r = NULL; result = (char *)send + (size_t)root * n * es; }
                     if (is_root && mode == 2) { r = (char *)send + (size_t)root * n * es; result = r; }
                     if (is_root && mode == 3) { r = send; result = send; }
-                    mirror(send, whole * es);
-                    mirror(recv, n * es);
+                    mpi_mirror(send, whole * es + 16);
+                    mpi_mirror(recv, n * es + 16);
                     dist_counters_reset();
-                    dist_scatter(is_root ? D(send) : NULL, D(r), n, dt, root, G->g);
-                    unmirror();
+                    dist_scatter(is_root ? mpi_dev(send) : NULL, mpi_dev(r), n, dt, root, G->g);
+                    mpi_unmirror();
                     compare(result, ref, dt, n, label);
                     uint64_t block = n * es;
                     if (is_root) check_counters(OP_SCATTER, (uint64_t)(G->N - 1) * block, 0, label);
@@ -502,11 +468,11 @@ static void test_gather(const Group *G) {
                     if (is_root && mode == 1) { memcpy(mine, send, n * es); s = NULL; }
                     if (is_root && mode == 2) { memcpy(mine, send, n * es); s = mine; }
                     if (is_root && mode == 3) { memcpy(recv, send, n * es); s = recv; }
-                    mirror(send, n * es);
-                    mirror(recv, whole * es);
+                    mpi_mirror(send, n * es + 16);
+                    mpi_mirror(recv, whole * es + 16);
                     dist_counters_reset();
-                    dist_gather(D(s), is_root ? D(recv) : NULL, n, dt, root, G->g);
-                    unmirror();
+                    dist_gather(mpi_dev(s), is_root ? mpi_dev(recv) : NULL, n, dt, root, G->g);
+                    mpi_unmirror();
                     uint64_t block = n * es;
                     if (is_root) {
                         compare(recv, ref, dt, whole, label);
@@ -553,28 +519,28 @@ static void test_point_to_point(const Group *G) {
                 void *send = xbuf(n * es), *recv = xbuf(n * es), *ref = xbuf(n * es);
                 fill(send, dt, n, wrank, 0);
                 fill(ref, dt, n, G->members[src], 0);
-                mirror(send, n * es);
-                mirror(recv, n * es);
+                mpi_mirror(send, n * es + 16);
+                mpi_mirror(recv, n * es + 16);
                 dist_counters_reset();
                 if (kind == 0) {
                     // even ranks send first, odd ranks receive first: no deadlock at any size
                     if (G->r % 2 == 0) {
-                        dist_send(D(send), n, dt, dst, 7, G->g);
-                        dist_recv(D(recv), n, dt, src, 7, G->g);
+                        dist_send(mpi_dev(send), n, dt, dst, 7, G->g);
+                        dist_recv(mpi_dev(recv), n, dt, src, 7, G->g);
                     } else {
-                        dist_recv(D(recv), n, dt, src, 7, G->g);
-                        dist_send(D(send), n, dt, dst, 7, G->g);
+                        dist_recv(mpi_dev(recv), n, dt, src, 7, G->g);
+                        dist_send(mpi_dev(send), n, dt, dst, 7, G->g);
                     }
                 } else if (kind == 1) {
-                    dist_sendrecv(D(send), n, dst, D(recv), n, src, dt, 8, G->g);
+                    dist_sendrecv(mpi_dev(send), n, dst, mpi_dev(recv), n, src, dt, 8, G->g);
                 } else {
                     DistWork w[2];
-                    w[0] = dist_irecv(D(recv), n, dt, src, 9, G->g);
-                    w[1] = dist_isend(D(send), n, dt, dst, 9, G->g);
+                    w[0] = dist_irecv(mpi_dev(recv), n, dt, src, 9, G->g);
+                    w[1] = dist_isend(mpi_dev(send), n, dt, dst, 9, G->g);
                     dist_wait_all(w, 2);
                     check(!w[0].active && !w[1].active, "%s: work still active after dist_wait_all", label);
                 }
-                unmirror();
+                mpi_unmirror();
                 compare(recv, ref, dt, n, label);
                 check_sendrecv_counters(n * es, n * es, label);
                 free(send);
@@ -605,22 +571,22 @@ static void test_overlapping(const Group *G) {
         put_reduced(dref, i, DIST_F64, DIST_MAX, G->members, G->N, i);
     }
     for (int m = 0; m < G->N; m++) fill(cref + (size_t)m * n, DIST_I32, n, G->members[m], 0);
-    mirror(a, n * 2);
-    mirror(b, n * (size_t)G->N * 4);
-    mirror(c, n * (size_t)G->N * 4);
-    mirror(dd, n * 8);
+    mpi_mirror(a, n * 2 + 16);
+    mpi_mirror(b, n * (size_t)G->N * 4 + 16);
+    mpi_mirror(c, n * (size_t)G->N * 4 + 16);
+    mpi_mirror(dd, n * 8 + 16);
     DistWork w[3];
-    w[0] = dist_iall_reduce(D(a), D(a), n, DIST_BF16, DIST_AVG, G->g);
-    w[1] = dist_ireduce_scatter(D(b), D(b + (size_t)G->r * n), n, DIST_F32, DIST_SUM, G->g);
-    w[2] = dist_iall_gather(NULL, D(c), n, DIST_I32, G->g);
-    DistWork wd = dist_iall_reduce(D(dd), D(dd), n, DIST_F64, DIST_MAX, G->g);
+    w[0] = dist_iall_reduce(mpi_dev(a), mpi_dev(a), n, DIST_BF16, DIST_AVG, G->g);
+    w[1] = dist_ireduce_scatter(mpi_dev(b), mpi_dev(b + (size_t)G->r * n), n, DIST_F32, DIST_SUM, G->g);
+    w[2] = dist_iall_gather(NULL, mpi_dev(c), n, DIST_I32, G->g);
+    DistWork wd = dist_iall_reduce(mpi_dev(dd), mpi_dev(dd), n, DIST_F64, DIST_MAX, G->g);
     dist_wait(&w[2]);
     DistWork rest[2] = {w[1], w[0]};
     dist_wait_all(rest, 2);
     long spins = 0;
     while (!dist_test(&wd)) spins++;
     check(dist_test(&wd) == 1, "%s: dist_test on a finished work must say 1", label);
-    unmirror();
+    mpi_unmirror();
     compare(a, aref, DIST_BF16, n, label);
     compare(b + (size_t)G->r * n, bref, DIST_F32, n, label);
     compare(c, cref, DIST_I32, n * (size_t)G->N, label);
@@ -668,7 +634,7 @@ int main(int argc, char **argv) {
 
     if (argc >= 3 && strcmp(argv[1], "--device") == 0) {
         LAB_CHECK(strcmp(argv[2], "cuda") == 0 || strcmp(argv[2], "cpu") == 0, "--device cpu|cuda");
-        use_device = strcmp(argv[2], "cuda") == 0;
+        mpi_use_device = strcmp(argv[2], "cuda") == 0;
         if (wrank == 0) printf("mpi_dist: buffers on %s\n", argv[2]);
     }
     if (argc >= 3 && strcmp(argv[1], "--fail-rank") == 0) {

@@ -119,42 +119,7 @@ static void compare(const void *got, const void *want, size_t n, DistDtype dt, c
     mpi_check(1, "%s", label);
 }
 
-// --device: every op runs on device twins of the test's host buffers. mirror() makes the twin
-// (guard bytes included), D() maps a host pointer (or one inside a buffer) to its twin,
-// unmirror() copies the results back and frees the twins.
-static int use_device = 0;
-typedef struct Mirror {
-    char *host, *dev;
-    size_t bytes;
-} Mirror;
-static Mirror mirrors[4];
-static int nmirrors = 0;
-
-static void mirror(void *host, size_t bytes) {
-    if (!use_device) return;
-    LAB_CHECK(nmirrors < 4, "too many mirrored buffers");
-    Mirror *m = &mirrors[nmirrors++];
-    m->host = host;
-    m->bytes = bytes + GUARD;
-    m->dev = mem_alloc(m->bytes, MEM_COMM, DEV_CUDA);
-    mem_copy(m->dev, m->host, m->bytes);
-}
-
-static void *D(const void *p) {
-    if (!use_device || p == NULL) return (void *)p;
-    for (int i = 0; i < nmirrors; i++)
-        if ((const char *)p >= mirrors[i].host && (const char *)p < mirrors[i].host + mirrors[i].bytes)
-            return mirrors[i].dev + ((const char *)p - mirrors[i].host);
-    lab_fail_at(__FILE__, __LINE__, "pointer %p is in no mirrored buffer", p);
-}
-
-static void unmirror(void) {
-    for (int i = 0; i < nmirrors; i++) {
-        mem_copy(mirrors[i].host, mirrors[i].dev, mirrors[i].bytes);
-        mem_free(mirrors[i].dev);
-    }
-    nmirrors = 0;
-}
+// --device: the ops run on device twins of the buffers (mpi_mirror, mpitest.h).
 
 // ---------------------------------------------------------------------------------------------
 // modes: how the op is started
@@ -190,7 +155,7 @@ static void test_rs(DistGroup *g) {
     size_t counts[NCOUNTS];
     counts_for(N, counts);
     static const char *forms[] = {"separate", "send==NULL", "recv==send+begin"};
-    for (int mode = 0; mode < (use_device ? THREAD : NMODES); mode++) {  // device buffers are never queued
+    for (int mode = 0; mode < (mpi_use_device ? THREAD : NMODES); mode++) {  // device buffers are never queued
         begin_mode(mode, g);
         for (int di = 0; di < 2; di++)
             for (int oi = 0; oi < 2; oi++)
@@ -210,16 +175,16 @@ static void test_rs(DistGroup *g) {
                         size_t recv_extent = len * e;
                         if (form == 1) { send = NULL; recv = result = in; recv_extent = n * e; }
                         if (form == 2) { recv = result = in + begin * e; recv_extent = len * e; }
-                        mirror(in, n * e);
-                        mirror(out, len * e);
+                        mpi_mirror(in, n * e + GUARD);
+                        mpi_mirror(out, len * e + GUARD);
                         if (mode == BLOCKING) {
-                            dist_reduce_scatter_n(D(send), D(recv), n, dt, op, g);
+                            dist_reduce_scatter_n(mpi_dev(send), mpi_dev(recv), n, dt, op, g);
                         } else {
-                            DistWork w = dist_ireduce_scatter_n(D(send), D(recv), n, dt, op, g);
+                            DistWork w = dist_ireduce_scatter_n(mpi_dev(send), mpi_dev(recv), n, dt, op, g);
                             mpi_check(mode != THREAD || w.task != NULL, "rs: not queued on the thread");
                             dist_wait(&w);
                         }
-                        unmirror();
+                        mpi_unmirror();
                         char label[160];
                         snprintf(label, sizeof label, "reduce_scatter_n %s %s %s n=%zu %s", mode_name[mode],
                                  dt == DIST_BF16 ? "bf16" : "f32", op == DIST_AVG ? "avg" : "sum", n, forms[form]);
@@ -245,7 +210,7 @@ static void test_ag(DistGroup *g) {
     size_t counts[NCOUNTS];
     counts_for(N, counts);
     static const char *forms[] = {"separate", "send==NULL", "send==recv"};
-    for (int mode = 0; mode < (use_device ? THREAD : NMODES); mode++) {  // device buffers are never queued
+    for (int mode = 0; mode < (mpi_use_device ? THREAD : NMODES); mode++) {  // device buffers are never queued
         begin_mode(mode, g);
         for (int di = 0; di < 2; di++)
             for (int ci = 0; ci < NCOUNTS; ci++)
@@ -266,16 +231,16 @@ static void test_ag(DistGroup *g) {
                     const void *send = mine;
                     if (form == 1) { memcpy(out + begin * e, mine, len * e); send = NULL; }
                     if (form == 2) { memcpy(out, mine, len * e); send = out; }
-                    if (send == mine) mirror(mine, len * e);
-                    mirror(out, n * e);
+                    if (send == mine) mpi_mirror(mine, len * e + GUARD);
+                    mpi_mirror(out, n * e + GUARD);
                     if (mode == BLOCKING) {
-                        dist_all_gather_n(D(send), D(out), n, dt, g);
+                        dist_all_gather_n(mpi_dev(send), mpi_dev(out), n, dt, g);
                     } else {
-                        DistWork w = dist_iall_gather_n(D(send), D(out), n, dt, g);
+                        DistWork w = dist_iall_gather_n(mpi_dev(send), mpi_dev(out), n, dt, g);
                         mpi_check(mode != THREAD || w.task != NULL, "ag: not queued on the thread");
                         dist_wait(&w);
                     }
-                    unmirror();
+                    mpi_unmirror();
                     char label[160];
                     snprintf(label, sizeof label, "all_gather_n %s %s n=%zu %s", mode_name[mode],
                              dt == DIST_BF16 ? "bf16" : "f32", n, forms[form]);
@@ -320,10 +285,10 @@ static void test_gather(DistGroup *g) {
                     memcpy(before, out, n * e + GUARD);
                     const void *send = mine;
                     if (form == 1 && r == root) { memcpy(out + begin * e, mine, len * e); send = NULL; }
-                    if (send == mine) mirror(mine, len * e);
-                    if (r == root) mirror(out, n * e);
-                    dist_gather_n(D(send), r == root ? D(out) : NULL, n, dt, root, g);
-                    unmirror();
+                    if (send == mine) mpi_mirror(mine, len * e + GUARD);
+                    if (r == root) mpi_mirror(out, n * e + GUARD);
+                    dist_gather_n(mpi_dev(send), r == root ? mpi_dev(out) : NULL, n, dt, root, g);
+                    mpi_unmirror();
                     char label[160];
                     snprintf(label, sizeof label, "gather_n root %d %s n=%zu %s", root, dt == DIST_BF16 ? "bf16" : "f32",
                              n, form ? "in place" : "separate");
@@ -555,20 +520,20 @@ static void run_with_backend(int kind, DistGroup *g) {
         if (want_nccl) dist_set_backend(DIST_BACKEND_NCCL);
         backend_set = 1;
     }
-    LAB_CHECK(!use_device || kind <= 2, "--device runs rs, ag and gather only");
+    LAB_CHECK(!mpi_use_device || kind <= 2, "--device runs rs, ag and gather only");
     run(kind, g);
 }
 
 int main(int argc, char **argv) {
     static const char *const kinds[] = {"rs", "ag", "gather", "counters", "thread"};
     while (argc > 1 && (strcmp(argv[1], "--device") == 0 || strcmp(argv[1], "--nccl") == 0)) {
-        if (strcmp(argv[1], "--device") == 0) use_device = 1;
+        if (strcmp(argv[1], "--device") == 0) mpi_use_device = 1;
         else want_nccl = 1;
         argv[1] = argv[0];
         argv++;
         argc--;
     }
-    const char *prog = want_nccl ? "mpi_uneven (nccl)" : use_device ? "mpi_uneven (device, staged)" : "mpi_uneven";
+    const char *prog = want_nccl ? "mpi_uneven (nccl)" : mpi_use_device ? "mpi_uneven (device, staged)" : "mpi_uneven";
     return mpi_test_main(argc, argv, prog,
                          "usage: mpi_uneven [--device [--nccl]] {rs|ag|gather|counters|thread}...", kinds, 5,
                          run_with_backend);

@@ -1,5 +1,6 @@
 // mpitest.c: the check counter and main() of the MPI test programs (see mpitest.h).
 #include "mpitest.h"
+#include "mem.h"
 
 #include <stdarg.h>
 #include <stdio.h>
@@ -62,4 +63,41 @@ int mpi_test_main(int argc, char **argv, const char *prog, const char *usage, co
     dist_group_free(half);
     dist_finalize();
     return counts[1] ? 1 : 0;
+}
+
+// ---------------------------------------------------------------------------------------------
+// device twins of host buffers
+
+int mpi_use_device = 0;
+typedef struct Mirror {
+    char *host, *dev;
+    size_t bytes;
+} Mirror;
+static Mirror mirrors[8];
+static int nmirrors = 0;
+
+void mpi_mirror(void *host, size_t bytes) {
+    if (!mpi_use_device) return;
+    LAB_CHECK(nmirrors < 8, "too many mirrored buffers");
+    Mirror *m = &mirrors[nmirrors++];
+    m->host = host;
+    m->bytes = bytes;
+    m->dev = mem_alloc(m->bytes, MEM_COMM, DEV_CUDA);
+    mem_copy(m->dev, m->host, m->bytes);
+}
+
+void *mpi_dev(const void *p) {
+    if (!mpi_use_device || p == NULL) return (void *)p;
+    for (int i = 0; i < nmirrors; i++)
+        if ((const char *)p >= mirrors[i].host && (const char *)p < mirrors[i].host + mirrors[i].bytes)
+            return mirrors[i].dev + ((const char *)p - mirrors[i].host);
+    lab_fail_at(__FILE__, __LINE__, "pointer %p is in no mirrored buffer", p);
+}
+
+void mpi_unmirror(void) {
+    for (int i = 0; i < nmirrors; i++) {
+        mem_copy(mirrors[i].host, mirrors[i].dev, mirrors[i].bytes);
+        mem_free(mirrors[i].dev);
+    }
+    nmirrors = 0;
 }

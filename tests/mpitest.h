@@ -31,3 +31,13 @@ void mpi_check_bytes(const char *what, size_t count, uint64_t want_sent, uint64_
 // with `usage`. Returns the exit status (0: no check failed).
 int mpi_test_main(int argc, char **argv, const char *prog, const char *usage, const char *const *kinds, int nkinds,
                   void (*run)(int kind, DistGroup *g));
+
+// Device twins of host buffers (tests that run the dist ops on device memory: --device).
+// While mpi_use_device is 0 these do nothing and mpi_dev(p) is p. mpi_mirror(host, bytes) makes
+// a device copy of host[0, bytes) (pass the buffer's guard bytes too: they are compared after
+// the op); mpi_dev(p) maps a host pointer, or one inside a mirrored buffer, to its twin;
+// mpi_unmirror() copies every twin back to its host buffer and frees it.
+extern int mpi_use_device;
+void mpi_mirror(void *host, size_t bytes);
+void *mpi_dev(const void *p);
+void mpi_unmirror(void);

@@ -11,7 +11,8 @@
 #                two processes now; on a shared machine it can be far below 2x) and the share
 #                of that ceiling DDP reaches.
 #   2. overlap   step time with --no-overlap / with overlap (> 1: the default is faster), and the
-#                overlap % each run reports, on the tiny config and on a wide model with little
+#                share of communication hidden each run reports (from its timeline: 0 with
+#                --no-overlap), on the tiny config and on a wide model with little
 #                compute per parameter, where communication is a visible share of the step.
 #                Overlap is 03_ddp's default (communication thread, buckets all-reduced in
 #                place). On the wide model also: the same buckets all started after backward
@@ -30,7 +31,7 @@ while [ $# -gt 0 ]; do
     case $1 in
         --steps) steps=$2; shift 2 ;;
         --np) np=$2; shift 2 ;;
-        -h|--help) sed -n '3,23p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; exit 0 ;;
+        -h|--help) sed -n '3,24p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; exit 0 ;;
         *) echo "bench_ddp: unknown option $1 (see --help)" >&2; exit 2 ;;
     esac
 done

@@ -35,7 +35,7 @@ $CC $CFLAGS tools/nccl_check.c "${objs[@]}" $BLAS_LIBS $MPI_LIBS -lm -lpthread $
 # tests/mpi_dist.c --device cuda: every op on device buffers staged through host memory
 $CC $CFLAGS -Itests tests/mpi_uneven.c tests/mpitest.c "${objs[@]}" $BLAS_LIBS $MPI_LIBS -lm -lpthread $SAN \
     -o "$OUT/mpi_uneven"
-$CC $CFLAGS -Itests tests/mpi_dist.c "${objs[@]}" $BLAS_LIBS $MPI_LIBS -lm -lpthread $SAN -o "$OUT/mpi_dist"
+$CC $CFLAGS -Itests tests/mpi_dist.c tests/mpitest.c "${objs[@]}" $BLAS_LIBS $MPI_LIBS -lm -lpthread $SAN -o "$OUT/mpi_dist"
 echo "built $OUT/nccl_check, $OUT/mpi_uneven and $OUT/mpi_dist (NCCL emulated over MPI)"
 
 failed=0

@@ -13,6 +13,7 @@ void lab_cuda_memcpy(void *dst, const void *src, size_t bytes) { memmove(dst, sr
 void lab_cuda_memset0(void *p, size_t bytes) { memset(p, 0, bytes); }
 void lab_cuda_synchronize(void) {}
 int lab_cuda_device_count(void) { return 1; }
+int lab_cuda_visible(char *why, size_t n) { (void)why; (void)n; return 1; }  // the emulated GPU
 void lab_cuda_set_device(int dev) { LAB_CHECK(dev == 0, "emulated GPU %d: only GPU 0 exists", dev); }
 const char *lab_cuda_device_name(void) { return "NCCL emulator (host memory)"; }
 

@@ -1,0 +1,706 @@
+// 05_zero: ZeRO stages 1, 2 and 3 (and 0 = DDP), the way DeepSpeed shards the model state.
+//
+//   make 05_zero && mpirun -np 4 ./05_zero/run --zero 1|2|3
+//
+// DDP (chapter 03) keeps the whole model state on every rank: for Ψ parameters in mixed
+// precision 2Ψ + 2Ψ + 12Ψ bytes, most of it redundant. ZeRO cuts the state into N pieces
+// (zero.h: rank r owns piece r of every unit) and keeps on each rank only what it owns:
+//   --zero 0  nothing sharded (DDP): all-reduce the gradients, every rank steps everything
+//   --zero 1  optimizer state sharded: reduce-scatter the gradients after backward (average),
+//             AdamW on my pieces only, all-gather the updated parameters          2Ψ on the wire
+//   --zero 2  + gradients sharded: each unit's gradient is reduce-scattered as soon as backward
+//             has produced it (on the communication thread, overlapping the rest of backward);
+//             the rank keeps only its piece and the few unit buffers in flight      2Ψ
+//   --zero 3  + parameters sharded: each unit is all-gathered just before its forward (the
+//             next one prefetched), freed after, gathered again for its backward, its gradient
+//             reduce-scattered and freed                                               3Ψ
+// Every stage runs the same global clipping (Σ g² over my pieces, all-reduced: each element
+// counted once) and the same AdamW, so every stage trains the same model as one device.
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "check.h"
+#include "ckpt.h"
+#include "data.h"
+#include "dist.h"
+#include "flags.h"
+#include "gpt2.h"
+#include "mem.h"
+#include "optim.h"
+#include "results.h"
+#include "session.h"
+#include "shard.h"
+#include "trace.h"
+#include "train.h"
+#include "zero.h"
+
+static const char *USAGE =
+    "05_zero: ZeRO. Each rank keeps only its piece of the optimizer state (stage 1), of the\n"
+    "gradients too (stage 2), of the parameters too (stage 3); the same training as one device.\n"
+    "\n"
+    "  mpirun -np 4 ./05_zero/run --zero 0        DDP inside this chapter: the baseline\n"
+    "  mpirun -np 4 ./05_zero/run --zero 1        shard Adam m, v (and bf16's fp32 master): 2Ψ\n"
+    "  mpirun -np 4 ./05_zero/run --zero 2        shard the gradients too, reduce-scattered\n"
+    "                                             unit by unit during backward: 2Ψ wire\n"
+    "  mpirun -np 4 ./05_zero/run --zero 3        shard the parameters too, gathered unit by\n"
+    "                                             unit for forward and again for backward: 3Ψ\n"
+    "  mpirun -np 3 ./05_zero/run --zero 3 --batch 18\n"
+    "                                             uneven pieces (834,304 parameters on 3 ranks;\n"
+    "                                             the batch must split evenly over the ranks)\n"
+    "  mpirun -np 4 ./05_zero/run --zero 2 --dtype bf16\n"
+    "                                             bf16 params and grads on the wire, fp32 master\n"
+    "                                             and Adam sharded: the notes' 2 + 2 + 12 bytes\n"
+    "  mpirun -np 4 ./05_zero/run --zero 3 --save z.ckpt; mpirun -np 2 ./05_zero/run --zero 1\n"
+    "      --resume z.ckpt                        checkpoints hold the model, not the layout\n"
+    "  mpirun -np 4 ./05_zero/run --zero 3 --trace zero3.json   gathers and reduce-scatters\n"
+    "                                             on the timeline (open at ui.perfetto.dev)\n";
+
+typedef struct ZeroFlags {
+    int stage;       // 0..3
+    int in_flight;   // ZeRO-2/3: unit gradient buffers whose reduce-scatter may be in flight
+} ZeroFlags;
+
+// ---------------------------------------------------------------------------------------------
+// The state of one rank
+
+typedef struct Zero {
+    int stage;
+    Session *s;
+    GPT2 *m;
+    ZeroLayout z;
+    int L, nunits;
+    size_t e;             // bytes per element of params/grads (4 fp32, 2 bf16)
+    // fp32 pieces the optimizer updates (master), Adam m, v: z.shard_n floats each, except
+    // fp32 with stage < 3, where the master IS the full parameter buffer (master_full)
+    float *master, *opt_m, *opt_v;
+    int master_full;
+    void *param_shard;    // stage 3: my pieces of the parameters (model dtype), else NULL
+    void *grad_shard;     // stage >= 2: my pieces of the averaged gradients, else NULL
+    // stage >= 2: unit gradient buffers (MEM_COMM) and their reduce-scatters in flight
+    void **gbuf;          // (nunits)
+    DistWork *rs;         // (nunits)
+    int *rs_order, nrs, rs_done;  // launch order, launched, waited
+    int in_flight;
+    // stage 3: gathered unit weights (MEM_COMM) and their all-gathers
+    void **wbuf;          // (nunits)
+    DistWork *ag;         // (nunits)
+    int *ag_live;         // 0 none, 1 issued, 2 ready
+    double *ag_t0, *rs_t0;  // when each unit's all-gather / reduce-scatter was started (--trace)
+} Zero;
+
+// --trace: a collective as a span on the communication track, from its start to the moment its
+// wait returned (it ran on the communication thread somewhere in between).
+static void trace_in_flight(const char *what, int u, double t0) {
+    if (!trace_enabled()) return;
+    char name[48];
+    snprintf(name, sizeof name, "%s unit %d", what, u);
+    trace_span(name, TRACE_COMM, t0, lab_now());
+}
+
+static void *unit_ptr(const Zero *zz, void *base, int u) {
+    return (char *)base + zz->z.p[u].unit_offset * zz->e;
+}
+static void *piece_ptr(const Zero *zz, void *shard, int u) {
+    return (char *)shard + zz->z.p[u].local * zz->e;
+}
+
+// Stage 3: start the all-gather of unit u (if not yet), into a fresh buffer.
+static void gather_issue(Zero *zz, int u) {
+    if (zz->stage < 3 || zz->ag_live[u]) return;
+    const ZeroPiece *p = &zz->z.p[u];
+    zz->wbuf[u] = mem_alloc(p->unit_size * zz->e, MEM_COMM, zz->s->dev);
+    zz->ag_t0[u] = lab_now();
+    zz->ag[u] = zero_gather_unit(&zz->z, u, zz->param_shard, zz->wbuf[u], zz->s->dt,
+                                 zz->s->world);
+    zz->ag_live[u] = 1;
+}
+
+// The weights of unit u for the piece about to run: stage < 3 NULL (the model's own, full);
+// stage 3 the gathered unit (waits for its all-gather), with unit `next` prefetched first.
+static const void *unit_weights(Zero *zz, int u, int next) {
+    if (zz->stage < 3) return NULL;
+    gather_issue(zz, u);
+    if (next >= 0) gather_issue(zz, next);  // in flight while unit u computes
+    if (zz->ag_live[u] == 1) {
+        int tok = trace_begin("wait all-gather", TRACE_COMPUTE);
+        dist_wait(&zz->ag[u]);
+        trace_end(tok);
+        trace_in_flight("all-gather", u, zz->ag_t0[u]);
+        zz->ag_live[u] = 2;
+    }
+    return zz->wbuf[u];
+}
+
+// Stage 3: the unit's gathered weights are freed after use: only the pieces stay.
+static void unit_release(Zero *zz, int u) {
+    if (zz->stage < 3) return;
+    LAB_CHECK(zz->ag_live[u] == 2, "unit %d released before it was gathered", u);
+    mem_free(zz->wbuf[u]);
+    zz->wbuf[u] = NULL;
+    zz->ag_live[u] = 0;
+}
+
+// The gradient buffer unit u's backward accumulates into: stage < 2 NULL (the model's full
+// gradient); stage >= 2 a fresh zeroed unit buffer (in flight until its reduce-scatter is done).
+static void *unit_grads(Zero *zz, int u) {
+    if (zz->stage < 2) return NULL;
+    if (!zz->gbuf[u]) zz->gbuf[u] = mem_alloc(zz->z.p[u].unit_size * zz->e, MEM_COMM, zz->s->dev);
+    return zz->gbuf[u];
+}
+
+static void rs_wait_oldest(Zero *zz) {
+    int u = zz->rs_order[zz->rs_done++];
+    int tok = trace_begin("wait reduce-scatter", TRACE_COMPUTE);
+    dist_wait(&zz->rs[u]);
+    trace_end(tok);
+    trace_in_flight("reduce-scatter", u, zz->rs_t0[u]);
+    mem_free(zz->gbuf[u]);
+    zz->gbuf[u] = NULL;
+}
+
+// Stage >= 2: unit u's gradient is complete: reduce-scatter it (average) into my piece, on the
+// communication thread; keep at most in_flight buffers alive.
+static void unit_grads_done(Zero *zz, int u) {
+    if (zz->stage < 2) return;
+    const ZeroPiece *p = &zz->z.p[u];
+    zz->rs_t0[u] = lab_now();
+    zz->rs[u] = dist_ireduce_scatter_n(zz->gbuf[u], piece_ptr(zz, zz->grad_shard, u),
+                                       p->unit_size, zz->s->dt, DIST_AVG, zz->s->world);
+    zz->rs_order[zz->nrs++] = u;
+    while (zz->nrs - zz->rs_done > zz->in_flight) rs_wait_oldest(zz);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Forward and backward, unit by unit
+
+// Units: 0 = embedding (wte, wpe), 1 + l = block l, L + 1 = head (lnfw, lnfb); the head reads
+// wte from unit 0. Gather order (stage 3): forward 0, 1..L, then 0 and L+1 for the head, which
+// stay for the head's backward; backward L..1.
+static float forward(Zero *zz) {
+    GPT2 *m = zz->m;
+    const int L = zz->L, H = L + 1;
+    gpt2_set_batch(m, zz->s->inputs, zz->s->targets);
+    int tok = trace_begin("forward embedding", TRACE_COMPUTE);
+    gpt2_embed_forward_w(m, NULL, unit_weights(zz, 0, 1));
+    trace_end(tok);
+    unit_release(zz, 0);
+    for (int l = 0; l < L; l++) {
+        char name[32];
+        snprintf(name, sizeof name, "forward block %d", l);
+        const void *w = unit_weights(zz, 1 + l, l + 1 < L ? 2 + l : 0);
+        tok = trace_begin(name, TRACE_COMPUTE);
+        gpt2_block_forward_w(m, NULL, l, w);
+        trace_end(tok);
+        unit_release(zz, 1 + l);
+    }
+    const void *wte = unit_weights(zz, 0, H), *wh = unit_weights(zz, H, -1);
+    tok = trace_begin("forward head", TRACE_COMPUTE);
+    float loss = gpt2_head_forward_w(m, NULL, wte, wh);
+    trace_end(tok);
+    return loss;
+}
+
+static void backward(Zero *zz, float dloss) {
+    GPT2 *m = zz->m;
+    const int L = zz->L, H = L + 1;
+    zz->nrs = zz->rs_done = 0;
+    const void *wte = unit_weights(zz, 0, -1), *wh = unit_weights(zz, H, -1);
+    if (L > 0) gather_issue(zz, L);  // the last block's weights arrive during the head
+    void *dembed = unit_grads(zz, 0), *dhead = unit_grads(zz, H);
+    int tok = trace_begin("backward head", TRACE_COMPUTE);
+    gpt2_head_backward_w(m, NULL, dloss, wte, wh, dembed, dhead);
+    trace_end(tok);
+    unit_release(zz, 0);
+    unit_release(zz, H);
+    unit_grads_done(zz, H);
+    for (int l = L - 1; l >= 0; l--) {
+        char name[32];
+        snprintf(name, sizeof name, "backward block %d", l);
+        const void *w = unit_weights(zz, 1 + l, l > 0 ? l : -1);
+        void *dw = unit_grads(zz, 1 + l);
+        tok = trace_begin(name, TRACE_COMPUTE);
+        gpt2_block_backward_w(m, NULL, l, w, dw);
+        trace_end(tok);
+        unit_release(zz, 1 + l);
+        unit_grads_done(zz, 1 + l);
+    }
+    tok = trace_begin("backward embedding", TRACE_COMPUTE);
+    gpt2_embed_backward_w(m, NULL, dembed);
+    trace_end(tok);
+    unit_grads_done(zz, 0);
+    while (zz->rs_done < zz->nrs) rs_wait_oldest(zz);  // every piece averaged
+}
+
+// ---------------------------------------------------------------------------------------------
+// The step after backward
+
+// Stage 0: the whole gradient averaged on every rank (DDP). Stage 1 reduce-scatters in its step
+// (zero1_step), stages 2 and 3 during backward.
+static void average_gradients(Zero *zz) {
+    Session *s = zz->s;
+    if (zz->stage != 0 || s->N == 1) return;
+    void *g = train_grads(zz->m);
+    int tok = trace_begin("all-reduce grads", TRACE_COMM);
+    dist_all_reduce(g, g, s->n, s->dt, DIST_AVG, s->world);
+    trace_end(tok);
+}
+
+// Where the step reads my gradient pieces, and whether at their global offsets.
+static const void *step_grads(Zero *zz, int *full) {
+    *full = zz->stage < 2;
+    return zz->stage < 2 ? train_grads(zz->m) : zz->grad_shard;
+}
+static void *step_params(Zero *zz, int *full) {
+    *full = zz->stage < 3;
+    return zz->stage < 3 ? train_params(zz->m) : zz->param_shard;
+}
+
+// Global clipping from pieces: Σ g² over my pieces, summed over the ranks (each element is in
+// exactly one rank's pieces, so it is counted once). Stage 0 owns everything: no sum needed.
+static float clip_scale(Zero *zz, int step) {
+    int full;
+    const void *g = step_grads(zz, &full);
+    double sq = zero_local_sum_squares(&zz->z, zz->m, g, full);
+    if (zz->z.N > 1) dist_all_reduce(&sq, &sq, 1, DIST_F64, DIST_SUM, zz->s->world);
+    return adamw_clip_scale(&zz->s->opt, sq, step);
+}
+
+// Stage 1, 2: every rank needs the whole updated parameters: all-gather the pieces in place.
+static void gather_params(Zero *zz) {
+    if (zz->stage == 0 || zz->stage == 3 || zz->z.N == 1) return;
+    Session *s = zz->s;
+    void *p = train_params(zz->m);
+    int tok = trace_begin("all-gather params", TRACE_COMM);
+    for (int u = 0; u < zz->nunits; u++)
+        dist_all_gather_n((char *)unit_ptr(zz, p, u) + zz->z.p[u].begin * zz->e,
+                          unit_ptr(zz, p, u), zz->z.p[u].unit_size, s->dt, s->world);
+    trace_end(tok);
+}
+
+static void optimizer_step(Zero *zz, int step) {
+    if (zz->stage == 1) {  // reduce-scatter, my pieces' update, all-gather: zero.c
+        int tok = trace_begin("ZeRO-1 step: reduce-scatter, update, all-gather", TRACE_COMM);
+        zero1_step(&zz->z, zz->m, &zz->s->opt, step, zz->master, zz->master_full, zz->opt_m,
+                   zz->opt_v, zz->s->plist, zz->s->nplist, zz->s->world);
+        trace_end(tok);
+        return;
+    }
+    int gfull, pfull;
+    const void *g = step_grads(zz, &gfull);
+    void *p = step_params(zz, &pfull);
+    float scale = clip_scale(zz, step);
+    int tok = trace_begin("optimizer (my pieces)", TRACE_COMPUTE);
+    zero_adamw_step(&zz->z, &zz->s->opt, zz->m, step, zz->master, zz->master_full, p, pfull, g,
+                    gfull, zz->opt_m, zz->opt_v, zz->s->plist, zz->s->nplist, scale);
+    trace_end(tok);
+    gather_params(zz);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Setup: the sharded state, initialized, loaded or resumed
+
+static void alloc_state(Zero *zz, const ZeroFlags *f) {
+    Session *s = zz->s;
+    GPT2 *m = zz->m;
+    const int N = s->N;
+    zz->stage = f->stage;
+    zz->in_flight = f->in_flight;
+    zz->L = s->cfg.L;
+    zz->nunits = m->nunits;
+    zz->e = s->e;
+    // stage 0 is the layout of one part: every rank owns everything
+    zero_layout_init(&zz->z, m, f->stage == 0 ? 1 : N, f->stage == 0 ? 0 : s->rank);
+    const size_t sn = zz->z.shard_n;
+    zz->master_full = !s->bf16 && zz->stage < 3;
+    if (zz->master_full) zz->master = m->params;
+    else if (s->bf16) zz->master = mem_alloc(sn * sizeof(float), MEM_MASTER, s->dev);
+    zz->opt_m = mem_alloc(sn * sizeof(float), MEM_OPT_M, s->dev);
+    zz->opt_v = mem_alloc(sn * sizeof(float), MEM_OPT_V, s->dev);
+    if (zz->stage >= 2) {  // the full gradient goes; my pieces stay
+        if (s->bf16) { mem_free(m->grads_bf16); m->grads_bf16 = NULL; }
+        else { mem_free(m->grads); m->grads = NULL; }
+        zz->grad_shard = mem_alloc(sn * zz->e, MEM_GRADS, s->dev);
+    }
+    if (zz->stage == 3) {  // the full parameters go too
+        if (s->bf16) { mem_free(m->params_bf16); m->params_bf16 = NULL; }
+        else { mem_free(m->params); m->params = NULL; }
+        zz->param_shard = mem_alloc(sn * zz->e, MEM_PARAMS, s->dev);
+        if (!s->bf16) zz->master = zz->param_shard;  // fp32: the pieces ARE the master
+    }
+    zz->gbuf = lab_xcalloc((size_t)zz->nunits, sizeof(void *));
+    zz->rs = lab_xcalloc((size_t)zz->nunits, sizeof(DistWork));
+    zz->rs_order = lab_xcalloc((size_t)zz->nunits, sizeof(int));
+    zz->wbuf = lab_xcalloc((size_t)zz->nunits, sizeof(void *));
+    zz->ag = lab_xcalloc((size_t)zz->nunits, sizeof(DistWork));
+    zz->ag_live = lab_xcalloc((size_t)zz->nunits, sizeof(int));
+    zz->ag_t0 = lab_xcalloc((size_t)zz->nunits, sizeof(double));
+    zz->rs_t0 = lab_xcalloc((size_t)zz->nunits, sizeof(double));
+}
+
+// My pieces of a whole fp32 array (host, memory order) into a shard buffer of mine.
+static void take(Zero *zz, const float *full, float *dst, int dst_full) {
+    if (dst_full) {
+        for (int u = 0; u < zz->nunits; u++) {
+            const ZeroPiece *p = &zz->z.p[u];
+            size_t at = p->unit_offset + p->begin;
+            mem_copy(dst + at, full + at, p->count * sizeof(float));
+        }
+    } else {
+        zero_take_pieces(&zz->z, full, dst);
+    }
+}
+
+// The weights the forward pass reads, from my master pieces: bf16 rounds them; then stages 1, 2
+// all-gather the whole parameters (stage 0 holds them all, stage 3 only ever its pieces).
+static void params_from_master(Zero *zz) {
+    Session *s = zz->s;
+    if (s->bf16) {
+        int full;
+        void *p = step_params(zz, &full);
+        for (int u = 0; u < zz->nunits; u++) {
+            const ZeroPiece *q = &zz->z.p[u];
+            size_t at = full ? q->unit_offset + q->begin : q->local;
+            zz->m->k->f32_to_bf16((uint16_t *)p + at, zz->master + q->local, q->count);
+        }
+    }
+    gather_params(zz);
+}
+
+// --resume (rank 0 reads the whole state and every rank takes its pieces: any stage and world
+// size resumes any other's checkpoint), --load-weights, or fresh: each rank initializes only its
+// own pieces (gpt2_init_slice: a piece is exactly that slice of the full initialization).
+static int load_or_init(Zero *zz, const LabArgs *args) {
+    Session *s = zz->s;
+    const size_t n = s->n;
+    int start = 0;
+    if (args->resume || args->load_weights) {
+        float *w = lab_xcalloc(n, sizeof(float));
+        float *mm = args->resume ? lab_xcalloc(n, sizeof(float)) : NULL;
+        float *vv = args->resume ? lab_xcalloc(n, sizeof(float)) : NULL;
+        if (s->rank == 0) {
+            if (args->resume) start = ckpt_resume_training(args->resume, &s->cfg, w, mm, vv, n);
+            else ckpt_load_weights_into(args->load_weights, &s->cfg, w, n);
+        }
+        dist_broadcast(w, n, DIST_F32, 0, s->world);
+        take(zz, w, zz->master, zz->master_full);
+        if (args->resume) {
+            dist_broadcast(mm, n, DIST_F32, 0, s->world);
+            dist_broadcast(vv, n, DIST_F32, 0, s->world);
+            dist_broadcast(&start, 1, DIST_I32, 0, s->world);
+            zero_take_pieces(&zz->z, mm, zz->opt_m);
+            zero_take_pieces(&zz->z, vv, zz->opt_v);
+            if (!args->quiet && s->rank == 0)
+                printf("resumed from %s at step %d\n", args->resume, start);
+        }
+        free(w); free(mm); free(vv);
+    } else {
+        for (int u = 0; u < zz->nunits; u++) {
+            const ZeroPiece *p = &zz->z.p[u];
+            size_t at = p->unit_offset + p->begin;
+            float *piece = lab_xcalloc(p->count ? p->count : 1, sizeof(float));
+            gpt2_init_slice(&s->cfg, (uint64_t)args->seed, at, at + p->count, piece);
+            mem_copy(zz->master + (zz->master_full ? at : p->local), piece,
+                     p->count * sizeof(float));
+            free(piece);
+        }
+    }
+    params_from_master(zz);
+    s->start = start;
+    return start;
+}
+
+// --save: rank 0 writes the WHOLE state (gathered from the pieces) in the lab's usual format.
+static void save_state(Zero *zz, const LabArgs *args, int step) {
+    Session *s = zz->s;
+    const size_t n = s->n;
+    float *w = s->rank == 0 ? lab_xcalloc(n, sizeof(float)) : NULL;
+    float *mm = s->rank == 0 ? lab_xcalloc(n, sizeof(float)) : NULL;
+    float *vv = s->rank == 0 ? lab_xcalloc(n, sizeof(float)) : NULL;
+    if (zz->master_full) {  // fp32, stages 0-2: every rank holds the whole parameters
+        if (s->rank == 0) mem_copy(w, zz->master, n * sizeof(float));
+    } else {
+        zero_gather_full(&zz->z, zz->master, w, s->world);
+    }
+    zero_gather_full(&zz->z, zz->opt_m, mm, s->world);
+    zero_gather_full(&zz->z, zz->opt_v, vv, s->world);
+    if (s->rank == 0)
+        ckpt_save_training(args->save, &s->cfg, step, (uint64_t)args->seed,
+                           (uint64_t)args->data_seed, w, mm, vv, n);
+    free(w); free(mm); free(vv);
+}
+
+// Stage 3 at the end: the session reports the final weights from the model's own buffer, so
+// the whole parameters come back once (after every figure is taken; tagged MEM_OTHER).
+static void unshard_for_report(Zero *zz) {
+    if (zz->stage < 3) return;
+    Session *s = zz->s;
+    GPT2 *m = zz->m;
+    void *full = mem_alloc(s->n * zz->e, MEM_OTHER, s->dev);
+    for (int u = 0; u < zz->nunits; u++)
+        dist_all_gather_n(piece_ptr(zz, zz->param_shard, u), unit_ptr(zz, full, u),
+                          zz->z.p[u].unit_size, s->dt, s->world);
+    if (s->bf16) m->params_bf16 = full;
+    else m->params = full;
+}
+
+static void free_state(Zero *zz) {
+    Session *s = zz->s;
+    if (!zz->master_full && zz->master != zz->param_shard) mem_free(zz->master);
+    mem_free(zz->opt_m);
+    mem_free(zz->opt_v);
+    mem_free(zz->grad_shard);
+    mem_free(zz->param_shard);
+    (void)s;
+    free(zz->gbuf); free(zz->rs); free(zz->rs_order);
+    free(zz->wbuf); free(zz->ag); free(zz->ag_live); free(zz->ag_t0); free(zz->rs_t0);
+    zero_layout_free(&zz->z);
+}
+
+// ---------------------------------------------------------------------------------------------
+// What each rank reports
+
+enum { F_PARAMS, F_GRADS, F_MASTER, F_OPT_M, F_OPT_V, F_ACTS, F_COMM, F_TOTAL,
+       X_PARAMS, X_GRADS, X_MASTER, X_OPT_M, X_OPT_V,  // the formulas
+       F_RS_SENT, F_RS_RECV, F_AG_SENT, F_AG_RECV, F_AR_SENT, F_AR_RECV, F_SENT, F_RECV,
+       F_STEP, F_NFIELDS };
+
+static const char *STAGE_NAME[4] = {"ZeRO-0 (DDP)", "ZeRO-1", "ZeRO-2", "ZeRO-3"};
+
+// Bytes per rank per category by the formulas: Ψ elements, s = my shard's elements, e bytes per
+// param/grad element, fp32 master only in bf16 (in fp32 the parameters are the master).
+static void formulas(const Zero *zz, double *x) {
+    const double n = (double)zz->s->n, sh = (double)zz->z.shard_n, e = (double)zz->e;
+    const int st = zz->stage;
+    x[X_PARAMS - X_PARAMS] = e * (st >= 3 ? sh : n);
+    x[X_GRADS - X_PARAMS] = e * (st >= 2 ? sh : n);
+    x[X_MASTER - X_PARAMS] = zz->s->bf16 ? 4.0 * sh : 0.0;
+    x[X_OPT_M - X_PARAMS] = 4.0 * sh;
+    x[X_OPT_V - X_PARAMS] = 4.0 * sh;
+}
+
+static void report(Zero *zz, double *mine, const LabArgs *args) {
+    Session *s = zz->s;
+    const int N = s->N;
+    static const MemCategory cats[] = {MEM_PARAMS, MEM_GRADS, MEM_MASTER, MEM_OPT_M, MEM_OPT_V,
+                                       MEM_ACTS, MEM_COMM};
+    for (int i = 0; i < 7; i++) mine[F_PARAMS + i] = (double)mem_peak(cats[i]);
+    mine[F_TOTAL] = (double)mem_total_peak();
+    formulas(zz, mine + X_PARAMS);
+    double *all = session_gather_report(s, mine, F_NFIELDS);
+    unshard_for_report(zz);
+    session_finish(s);
+    if (s->rank != 0) { free(all); return; }
+    const double n = (double)s->n, e = (double)zz->e;
+    const int nrun = session_steps_run(s);
+    if (!args->quiet && nrun > 0) {
+        double elapsed = session_elapsed(s);
+        printf("%d steps in %.2f s: %.0f tokens/s (all ranks), %.1f ms per step\n", nrun, elapsed,
+               (double)args->batch * s->T * nrun / elapsed, 1e3 * elapsed / nrun);
+        static const char *names[] = {"params", "grads", "master", "adam m", "adam v"};
+        printf("\nMemory per rank: measured peak (mem.h), '=' where it equals the formula, %s:\n"
+               "  %-8s", STAGE_NAME[zz->stage], "rank");
+        for (int c = 0; c < 5; c++) printf(" %13s", names[c]);
+        printf(" %11s %11s %11s\n", "acts", "comm bufs", "peak total");
+        for (int r = 0; r < N; r++) {
+            const double *a = all + (size_t)r * F_NFIELDS;
+            printf("  %-8d", r);
+            for (int c = 0; c < 5; c++) {
+                char b1[32], cell[48];
+                snprintf(cell, sizeof cell, "%s %s", mem_format(b1, sizeof b1, a[F_PARAMS + c]),
+                         a[F_PARAMS + c] == a[X_PARAMS + c] ? "=" : "!=");
+                printf(" %13s", cell);
+            }
+            char b1[32], b2[32], b3[32];
+            printf(" %11s %11s %11s\n", mem_format(b1, sizeof b1, a[F_ACTS]),
+                   mem_format(b2, sizeof b2, a[F_COMM]), mem_format(b3, sizeof b3, a[F_TOTAL]));
+        }
+        printf("  %-8s", "formula");
+        for (int c = 0; c < 5; c++) {
+            char b1[32], cell[48];
+            snprintf(cell, sizeof cell, "%s  ", mem_format(b1, sizeof b1, all[X_PARAMS + c]));
+            printf(" %13s", cell);
+        }
+        printf("   (rank 0's)\n");
+        const char *K = s->bf16 ? "2+2+12" : "4+4+8";
+        static const char *fm[4][2] = {
+            {"(2+2+K)Ψ", "(4+4+8)Ψ"}, {"2Ψ+2Ψ+KΨ/N", "4Ψ+4Ψ+8Ψ/N"},
+            {"2Ψ+(2+K)Ψ/N", "4Ψ+(4+8)Ψ/N"}, {"(2+2+K)Ψ/N", "(4+4+8)Ψ/N"}};
+        printf("  formula %s with bytes %s per parameter (N = %d; pieces uneven when N does not "
+               "divide a unit)\n", fm[zz->stage][s->bf16 ? 0 : 1], K, zz->stage ? N : 1);
+
+        printf("\nBytes on the wire per rank per step (dist counters), %s:\n", STAGE_NAME[zz->stage]);
+        printf("  %-6s %13s %13s %13s %13s %13s\n", "rank", "reduce-scat", "all-gather",
+               "all-reduce", "sent", "received");
+        for (int r = 0; r < N; r++) {
+            const double *a = all + (size_t)r * F_NFIELDS;
+            char b[5][32];
+            printf("  %-6d %13s %13s %13s %13s %13s\n", r, mem_format(b[0], 32, a[F_RS_SENT]),
+                   mem_format(b[1], 32, a[F_AG_SENT]), mem_format(b[2], 32, a[F_AR_SENT]),
+                   mem_format(b[3], 32, a[F_SENT]), mem_format(b[4], 32, a[F_RECV]));
+        }
+        double mult = zz->stage == 3 ? 3.0 : 2.0;
+        char b1[32];
+        printf("  formula: %gΨ(N-1)/N x %g B = %s per rank (+ the loss and the clipping norm, "
+               "all-reduced%s)\n", mult, e, mem_format(b1, sizeof b1, mult * n * (N - 1) / N * e),
+               zz->stage == 3 ? "; the head is gathered once, its forward and backward run back "
+                                "to back" : "");
+        // the four stages side by side: the formula for this model on N ranks (rank 0's
+        // pieces), one bar each, and this run's measured figure beside its own
+        size_t mine0 = 0;
+        for (int u = 0; u < zz->nunits; u++) mine0 += shard_count(zz->z.p[u].unit_size, N, 0);
+        const double sh = (double)mine0, kb = s->bf16 ? 12.0 : 8.0;
+        const double per_stage[4] = {n * (2 * e + kb), n * 2 * e + kb * sh, n * e + (e + kb) * sh,
+                                     (2 * e + kb) * sh};
+        const double *a0 = all;
+        double held = a0[F_PARAMS] + a0[F_GRADS] + a0[F_MASTER] + a0[F_OPT_M] + a0[F_OPT_V];
+        printf("\nModel state per rank (params + grads + master + Adam m, v) on %d ranks, rank 0; "
+               "one # = 1/40 of DDP's:\n", N);
+        for (int st = 0; st < 4; st++) {
+            int bars = (int)lround(40.0 * per_stage[st] / per_stage[0]);
+            printf("  %-12s |", STAGE_NAME[st]);
+            for (int i = 0; i < 40; i++) putchar(i < bars ? '#' : ' ');
+            char b2[32];
+            printf("| %10s formula", mem_format(b1, sizeof b1, per_stage[st]));
+            if (st == zz->stage) printf("   <- this run: %s measured", mem_format(b2, sizeof b2, held));
+            printf("\n");
+        }
+        printf("  (activations, %s per rank here, are not sharded by ZeRO: every rank runs its own "
+               "rows through the whole model)\n", mem_format(b1, sizeof b1, a0[F_ACTS]));
+    }
+    if (args->dump) {
+        RunResults out;
+        session_dump_open(s, &out);
+        results_set(&out, "world_size", N);
+        results_set(&out, "stage", zz->stage);
+        static const char *keys[] = {"params", "grads", "master", "opt_m", "opt_v", "acts", "comm"};
+        const int who[2] = {0, N - 1};
+        for (int i = 0; i < 2; i++) {
+            const double *a = all + (size_t)who[i] * F_NFIELDS;
+            const char *tag = i == 0 ? "first" : "last";
+            char key[48];
+            for (int c = 0; c < 7; c++) {
+                snprintf(key, sizeof key, "%s_%s", tag, keys[c]);
+                results_set(&out, key, a[F_PARAMS + c]);
+            }
+            static const char *bk[] = {"rs_sent", "rs_recv", "ag_sent", "ag_recv", "ar_sent",
+                                       "ar_recv", "sent", "recv"};
+            for (int c = 0; c < 8; c++) {
+                snprintf(key, sizeof key, "%s_%s", tag, bk[c]);
+                results_set(&out, key, a[F_RS_SENT + c]);
+            }
+        }
+        session_dump_close(s, &out);
+    }
+    free(all);
+}
+
+// ---------------------------------------------------------------------------------------------
+// training
+
+static void train(const LabArgs *args, const ZeroFlags *f) {
+    const int rank = dist_rank(), N = dist_size();
+    int row0, Bl;
+    data_slice(args->batch, rank, N, &row0, &Bl);
+    if (Bl == 0)
+        lab_fail_collective("--batch %d over %d ranks leaves rank %d without rows; use --batch "
+                            ">= %d (one sequence per rank at least)", args->batch, N, N - 1, N);
+    // The session never writes checkpoints here: its state would be the whole model on rank 0;
+    // this chapter gathers the pieces and saves them itself (save_state).
+    LabArgs sargs = *args;
+    sargs.save = NULL;
+    Session s;
+    session_init(&s, &sargs, Bl, 0);
+    Zero zz;
+    memset(&zz, 0, sizeof zz);
+    zz.s = &s;
+    zz.m = &s.model;
+    alloc_state(&zz, f);
+    const int start = load_or_init(&zz, args);
+    if (f->stage >= 2 && N > 1) dist_comm_thread_start(s.world);
+    if (!args->quiet && rank == 0) {
+        char model[128], b1[32];
+        printf("%s on %d rank%s: %s (%s), device %s\n", STAGE_NAME[f->stage], N, N > 1 ? "s" : "",
+               session_model_line(&s, model, sizeof model), s.bf16 ? "bf16" : "fp32",
+               s.model.k->name);
+        printf("partition: every unit (embedding, %d blocks, head) cut in %d pieces by "
+               "shard_range; rank r owns piece r of each: %zu elements on rank 0 (%s of fp32)\n",
+               s.cfg.L, zz.z.N, zz.z.shard_n, mem_format(b1, sizeof b1, 4.0 * (double)zz.z.shard_n));
+    }
+    mem_reset_peaks();  // the session built a whole model first; what a stage holds from here on
+    dist_counters_reset();
+    const float dloss = 1.0f / ((float)Bl * (float)s.T);
+    int saves = 0;
+    DistCounters save_cost;
+    memset(&save_cost, 0, sizeof save_cost);
+    for (int step = start; step < s.end; step++) {
+        session_step_begin(&s, step);
+        if (zz.stage < 2) gpt2_zero_grad(zz.m);
+        if (zz.stage < 2) session_inject_nan(&s, step, N - 1);
+        data_batch(&s.data, (uint64_t)step, args->batch, s.T, row0, Bl, s.inputs, s.targets);
+        float loss = forward(&zz);
+        backward(&zz, dloss);
+        if (zz.stage >= 2 && step == args->inject_nan_step && rank == N - 1 && zz.z.shard_n) {
+            float nan = NAN;  // a NaN into my averaged gradient piece
+            if (s.bf16) { uint16_t h = 0x7fc0; mem_copy(zz.grad_shard, &h, 2); }
+            else mem_copy(zz.grad_shard, &nan, 4);
+        }
+        average_gradients(&zz);
+        dist_all_reduce(&loss, &loss, 1, DIST_F32, DIST_AVG, s.world);
+        optimizer_step(&zz, step);
+        session_step_end(&s, step, loss);
+        int last = step == s.end - 1;
+        if (args->save && (last || (args->save_every > 0 && (step + 1) % args->save_every == 0))) {
+            DistCounters before = *dist_counters();
+            save_state(&zz, args, step + 1);
+            const DistCounters *after = dist_counters();
+            for (int k = 0; k < OP_NKINDS; k++) {
+                save_cost.sent[k] += after->sent[k] - before.sent[k];
+                save_cost.recv[k] += after->recv[k] - before.recv[k];
+            }
+            saves++;
+            if (last && !args->quiet && rank == 0)
+                printf("saved training state (step %d) to %s\n", step + 1, args->save);
+        }
+    }
+    if (zz.stage >= 2 && N > 1) dist_comm_thread_stop(s.world);
+    const int nrun = session_steps_run(&s);
+    double mine[F_NFIELDS] = {0};
+    const DistCounters *c = dist_counters();
+    double d = nrun > 0 ? nrun : 1;
+#define PER_STEP(kind, dir) (((double)c->dir[kind] - (double)save_cost.dir[kind]) / d)
+    mine[F_RS_SENT] = PER_STEP(OP_REDUCE_SCATTER, sent);
+    mine[F_RS_RECV] = PER_STEP(OP_REDUCE_SCATTER, recv);
+    mine[F_AG_SENT] = PER_STEP(OP_ALL_GATHER, sent);
+    mine[F_AG_RECV] = PER_STEP(OP_ALL_GATHER, recv);
+    mine[F_AR_SENT] = PER_STEP(OP_ALL_REDUCE, sent);
+    mine[F_AR_RECV] = PER_STEP(OP_ALL_REDUCE, recv);
+    for (int k = 0; k < OP_NKINDS; k++) {
+        mine[F_SENT] += ((double)c->sent[k] - (double)save_cost.sent[k]) / d;
+        mine[F_RECV] += ((double)c->recv[k] - (double)save_cost.recv[k]) / d;
+    }
+#undef PER_STEP
+    mine[F_STEP] = nrun ? session_elapsed(&s) / nrun : 0;
+    (void)saves;
+    report(&zz, mine, args);
+    free_state(&zz);
+    session_free(&s);
+}
+
+int main(int argc, char **argv) {
+    dist_init(&argc, &argv);
+    LabArgs args = lab_args_defaults();
+    ZeroFlags f = {.stage = 1, .in_flight = 1};
+    FlagSpec extra[] = {
+        {"--zero", FLAG_INT, &f.stage, 0, 3, NULL,
+         "ZeRO stage: 0 DDP, 1 shard optimizer state, 2 + gradients, 3 + parameters"},
+        {"--in-flight", FLAG_INT, &f.in_flight, 1, 1000, NULL,
+         "ZeRO-2/3: unit gradient buffers whose reduce-scatter may still be in flight"},
+    };
+    lab_parse_args(argc, argv, &args, extra, (int)(sizeof extra / sizeof extra[0]), "05_zero/run",
+                   USAGE);
+    train(&args, &f);
+    dist_finalize();
+    return 0;
+}

@@ -1,0 +1,73 @@
+// zero.h: the ZeRO partition of the model state and the pieces of a sharded step.
+//
+// The partition. The flat parameter buffer is block-major: units [embed] [block 0] ... [block
+// L-1] [head], each one contiguous range (common/gpt2.h). Each unit is cut into N contiguous
+// pieces by shard_range (common/shard.h: uneven when N does not divide the unit's size); rank r
+// owns piece r of EVERY unit, and stores its pieces one after the other in its shard buffers
+// (master weights, Adam m and v; the gradients from ZeRO-2; the parameters from ZeRO-3). This
+// is how DeepSpeed's ZeRO-3 partitions each parameter and FSDP each unit's flat parameter, and
+// it makes every collective of every stage ONE uneven op on ONE contiguous unit:
+//   reduce-scatter of unit u's gradient: dist_ireduce_scatter_n(grad_u, my piece, size_u)
+//   all-gather of unit u's parameters:   dist_iall_gather_n(my piece, params_u, size_u)
+// A layout with N = 1 owns everything: stage 0 (DDP) is that layout with an all-reduce.
+#pragma once
+#include <stddef.h>
+
+#include "dist.h"
+#include "gpt2.h"
+#include "optim.h"
+
+typedef struct ZeroPiece {
+    size_t unit_offset;   // the unit in the full flat buffer (memory order)
+    size_t unit_size;     // elements of the unit
+    size_t begin, count;  // this rank's piece inside the unit: shard_range(unit_size, N, r)
+    size_t local;         // where the piece starts in this rank's shard buffers
+} ZeroPiece;
+
+typedef struct ZeroLayout {
+    int N, r;             // parts, and the part this rank owns
+    int nunits;           // the model's units (L + 2), in memory order
+    ZeroPiece *p;         // (nunits)
+    size_t shard_n;       // elements this rank owns: the sum of its pieces' counts
+    size_t n;             // elements of the whole model
+} ZeroLayout;
+
+// The layout of model m (full model) over N parts, as seen by part r.
+void zero_layout_init(ZeroLayout *z, const GPT2 *m, int N, int r);
+void zero_layout_free(ZeroLayout *z);
+// Elements part q owns (any q in [0, N)): the formula side of the memory tables.
+size_t zero_shard_elems(const ZeroLayout *z, int q);
+
+// Σ g² of this rank's gradient pieces, in double. `g` holds dtype elements; full: g is the whole
+// flat buffer (the pieces are read at their global offsets), else g is the shard buffer.
+// Pieces adjacent in memory are summed as one run (so one part = one sum over everything, op for
+// op the single-device clipping norm).
+double zero_local_sum_squares(const ZeroLayout *z, const GPT2 *m, const void *g, int full);
+
+// One AdamW step on this rank's pieces. master/opt_m/opt_v: shard buffers (fp32). param: the
+// model-dtype weights the step rounds into (bf16) — params_full ? the full flat buffer : the
+// shard buffer; grad likewise (grads_full). fp32: master is the fp32 parameters themselves
+// (then param is ignored; master may point into the full buffer: master_full).
+void zero_adamw_step(const ZeroLayout *z, const AdamW *h, GPT2 *m, int step, float *master,
+                     int master_full, void *param, int params_full, const void *grad,
+                     int grads_full, float *opt_m, float *opt_v, const GPT2Param *plist,
+                     int nplist, float scale);
+
+// ZeRO-1's step after backward, on the model's full gradient and parameter buffers (its dtype):
+// reduce-scatter every unit's gradient (average) so that my piece of it lands in place, clip
+// from the pieces (Σ g² over mine, summed over g), AdamW on my pieces only, then all-gather
+// every unit's parameters in place: every rank holds the whole updated model again.
+void zero1_step(const ZeroLayout *z, GPT2 *m, const AdamW *h, int step, float *master,
+                int master_full, float *opt_m, float *opt_v, const GPT2Param *plist, int nplist,
+                DistGroup *g);
+
+// ZeRO-3: start the all-gather of unit u's parameters from my piece (shard: my pieces, in the
+// model's dtype dt) into out (the whole unit). Non-blocking: dist_wait the result before use.
+DistWork zero_gather_unit(const ZeroLayout *z, int u, const void *shard, void *out, DistDtype dt,
+                          DistGroup *g);
+
+// Whole-model fp32 arrays <-> this rank's shard buffer (host or device, memory order).
+// gather: every rank passes its shard; rank 0's full (n floats) receives all pieces.
+void zero_gather_full(const ZeroLayout *z, const float *shard, float *full, DistGroup *g);
+// scatter: every rank holds the same full array (after a broadcast) and copies its pieces.
+void zero_take_pieces(const ZeroLayout *z, const float *full, float *shard);

@@ -1,0 +1,212 @@
+// 07_tensor_parallel: Megatron-LM tensor parallelism (Shoeybi et al. 2019).
+//
+//   make 07_tensor_parallel && mpirun -np 4 ./07_tensor_parallel/run --tp 4
+//
+// The world is split into TP groups of --tp consecutive ranks (and, when --tp < world, the
+// groups are data-parallel replicas of each other). Inside a group every rank holds:
+//   - its heads of every block's attention: the q, k, v rows of those heads (column-parallel)
+//     and the attention projection's matching columns (row-parallel);
+//   - its hidden units of every block's MLP: fc's rows (column-parallel), fcproj's columns
+//     (row-parallel);
+//   - its rows of the tied wte (the vocabulary split: V/tp rows, padded when tp does not
+//     divide V);
+//   - all of the rest (LayerNorms, wpe, the row-parallel layers' biases): replicated.
+// One step: the embedding all-reduces the rows each rank looked up; per block, each half
+// (attention, MLP) computes on its own shard and g all-reduces the partial outputs; the loss is
+// computed from the local logits with three all-reduces of B·T floats (max, sum of exp, target
+// logit) and never gathers the logits; backward mirrors it: f at each half's input all-reduces
+// the gradient. Every rank then updates its own slice of the weights with AdamW (the norm for
+// clipping summed over the group). The pieces are common/tp.h's; tp_model.c lays them out in one
+// flat buffer; this file is the training loop and the report (report.c).
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "check.h"
+#include "data.h"
+#include "dist.h"
+#include "flags.h"
+#include "gpt2.h"
+#include "mem.h"
+#include "optim.h"
+#include "report.h"
+#include "results.h"
+#include "tp.h"
+#include "tp_model.h"
+#include "trace.h"
+
+static const char *USAGE =
+    "07_tensor_parallel: Megatron tensor parallelism. Every block's attention is split by heads\n"
+    "and its MLP by hidden units over the --tp ranks of a group; the partial results meet in\n"
+    "all-reduces (4 per block per step); the loss never gathers the logits.\n"
+    "\n"
+    "  mpirun -np 4 ./07_tensor_parallel/run --tp 4           4-way TP: 1 head of 4 per rank\n"
+    "  mpirun -np 2 ./07_tensor_parallel/run --tp 2 --vocab 251\n"
+    "                                                          a vocabulary tp does not divide:\n"
+    "                                                          padded to 252 rows, 126 per rank\n"
+    "  mpirun -np 4 ./07_tensor_parallel/run --tp 2           2 TP groups of 2, data-parallel\n"
+    "  mpirun -np 1 ./07_tensor_parallel/run --tp 1           one rank: chapter 00's training\n"
+    "\n"
+    "--tp must divide the number of heads (whole heads per rank) and the number of ranks.\n"
+    "It prints which rank holds which heads, hidden units and vocabulary rows, the all-reduces\n"
+    "of one step with their sizes against the formula, and the memory of each rank.\n";
+
+typedef struct TpFlags {
+    int tp;               // ranks per TP group (0: all ranks)
+    const char *mutate;   // break one mechanism on purpose (the tests' negative checks)
+} TpFlags;
+
+// --mutate: the comm that forgets one all-reduce (the bugs the tests must catch).
+static TpSite skipped = TP_NSITES;  // none
+static void all_reduce_maybe(TpComm *c, float *buf, size_t n, TpOp op, TpSite site) {
+    if (site == skipped) return;
+    int tok = trace_begin(tp_site_name(site), TRACE_COMM);
+    dist_all_reduce(buf, buf, n, DIST_F32, op == TP_MAX ? DIST_MAX : DIST_SUM, (DistGroup *)c->ctx);
+    trace_end(tok);
+}
+
+// --mutate heads: every block's q, k, v rows are the next rank's heads, while the projection
+// keeps this rank's columns (a shard / unshard index bug).
+static void mutate_heads(TpModel *m, uint64_t seed) {
+    TpBlock other;
+    float *buf = lab_xcalloc(tp_block_count(m->cfg.C, m->tp), sizeof(float));
+    tp_block_views(&other, buf, m->cfg.C, m->tp);
+    size_t rows = (size_t)3 * m->cfg.C / m->tp;
+    for (int l = 0; l < m->cfg.L; l++) {
+        tp_block_init(&other, &m->cfg, seed, l, m->tp, (m->r + 1) % m->tp);
+        memcpy(m->w[l].qkvw, other.qkvw, rows * m->cfg.C * sizeof(float));
+        memcpy(m->w[l].qkvb, other.qkvb, rows * sizeof(float));
+    }
+    free(buf);
+}
+
+static void train(const LabArgs *args, const TpFlags *f) {
+    const int rank = dist_rank(), world = dist_size();
+    const GPT2Config cfg = lab_args_config(args);
+    // 1. The groups: TP = consecutive ranks (inside a node), DP = the same place in each group.
+    const int tp = f->tp ? f->tp : world;
+    if (tp > world)
+        lab_fail_collective("--tp %d: larger than the %d rank%s of the job; valid: a divisor of "
+                            "%d (and of the %d heads)", tp, world, world > 1 ? "s" : "", world,
+                            cfg.NH);
+    if (world % tp != 0)
+        lab_fail_collective("--tp %d does not divide the %d ranks into whole TP groups; valid: "
+                            "a divisor of %d (and of the %d heads)", tp, world, world, cfg.NH);
+    tp_check_config(&cfg, tp);  // whole heads per rank
+    const int dp = world / tp;
+    if (args->batch % dp != 0)
+        lab_fail_collective("--batch %d does not split over %d data-parallel groups; use a "
+                            "multiple of %d", args->batch, dp, dp);
+    DistGroup *tpg = dist_split(dist_world(), rank / tp, rank % tp, "tp");
+    DistGroup *dpg = dist_split(dist_world(), rank % tp, rank / tp, "dp");
+    int row0, Bl;  // this group's rows of the global batch (every rank of a group: the same)
+    data_slice(args->batch, dpg->rank, dp, &row0, &Bl);
+
+    // 2. This rank's share of the model, initialized slice by slice from --seed.
+    TpModel m;
+    tpm_build(&m, cfg, tp, tpg->rank, Bl, cfg.T, (uint64_t)args->seed);
+    if (strcmp(f->mutate, "heads") == 0) mutate_heads(&m, (uint64_t)args->seed);
+    if (strcmp(f->mutate, "attn-f") == 0) skipped = TP_SITE_ATTN_F;
+    if (strcmp(f->mutate, "mlp-f") == 0) skipped = TP_SITE_MLP_F;
+    if (strcmp(f->mutate, "ce-sumexp") == 0) skipped = TP_SITE_CE_SUMEXP;
+    TpComm comm = tp_comm_group(tpg);
+    comm.all_reduce = all_reduce_maybe;
+    AdamW opt = lab_args_adamw(args);
+    DataSource data;
+    lab_args_data(args, &data);
+    int *inputs = mem_alloc((size_t)Bl * cfg.T * sizeof(int), MEM_OTHER, DEV_CPU);
+    int *targets = mem_alloc((size_t)Bl * cfg.T * sizeof(int), MEM_OTHER, DEV_CPU);
+    const int steps = lab_args_end_step(args);
+    float *losses = lab_xcalloc((size_t)args->steps, sizeof(float));
+    if (!args->quiet && rank == 0) tp7_print_layout(&m, world, dp);
+
+    trace_init(args->trace);
+    dist_counters_reset();
+    dist_group_counters_reset(tpg);
+    dist_group_counters_reset(dpg);
+    double t0 = lab_now(), t_last = t0;
+    for (int step = 0; step < steps; step++) {
+        // 3. The group's batch: every rank of the group reads the same rows.
+        data_batch(&data, (uint64_t)step, args->batch, cfg.T, row0, Bl, inputs, targets);
+        // 4. Forward: embedding (1 all-reduce), L blocks (2 each: g), loss (3 of B·T).
+        int tok = trace_begin("forward", TRACE_COMPUTE);
+        float loss = tpm_forward(&m, &comm, inputs, targets);
+        trace_end(tok);
+        // 5. Backward: head (f: 1), L blocks (f: 2 each); the mean over this group's rows.
+        tpm_zero_grad(&m);
+        tok = trace_begin("backward", TRACE_COMPUTE);
+        tpm_backward(&m, &comm, inputs, targets, 1.0f / ((float)Bl * (float)cfg.T));
+        trace_end(tok);
+        // 6. Data parallel across groups (--tp < world): average the slices rank r of every
+        //    group holds (the same slices), and the loss.
+        if (dp > 1) {
+            dist_all_reduce(m.grads, m.grads, m.n, DIST_F32, DIST_AVG, dpg);
+            dist_all_reduce(&loss, &loss, 1, DIST_F32, DIST_AVG, dpg);
+        }
+        // 7. Every rank updates its own slice; the replicated tensors get the same update
+        //    everywhere (same gradients, same clip scale).
+        tok = trace_begin("optimizer", TRACE_COMPUTE);
+        tpm_adamw_step(&m, &opt, step, tpg);
+        trace_end(tok);
+        losses[step] = loss;
+        double now = lab_now();
+        if (!args->quiet && rank == 0 && args->log_every > 0 &&
+            (step % args->log_every == 0 || step == steps - 1))
+            printf("step %5d/%d  loss %.4f  lr %.2e  %8.0f tok/s\n", step + 1, args->steps, loss,
+                   adamw_lr(&opt, step), (double)args->batch * cfg.T / (now - t_last));
+        t_last = now;
+    }
+    double elapsed = lab_now() - t0;
+
+    // 8. The report: communication per step against the formula, memory per rank.
+    Tp7Figures fig;
+    tp7_measure(&fig, &m, &comm, tpg, steps, elapsed, args->batch);
+    if (!args->quiet) tp7_print_report(&fig, &m, tpg, world);
+    trace_finish();  // --trace: the timeline (collective)
+    // 9. --dump: the full model's weights gathered back (rank 0 of each group; world rank 0
+    //    writes), the losses, the figures.
+    double replicated_diff = args->dump ? tpm_replicated_max_diff(&m, tpg) : 0.0;
+    float *full = tpg->rank == 0 ? lab_xmalloc(gpt2_param_count(&cfg) * sizeof(float)) : NULL;
+    if (args->dump) tpm_gather_full(&m, tpg, full);
+    if (args->dump && rank == 0) {
+        RunResults out;
+        results_init(&out, steps, gpt2_param_count(&cfg));
+        memcpy(out.losses, losses, (size_t)steps * sizeof(float));
+        memcpy(out.params, full, gpt2_param_count(&cfg) * sizeof(float));
+        tp7_results(&fig, &out);
+        results_set(&out, "world_size", world);
+        results_set(&out, "tp", tp);
+        results_set(&out, "dp", dp);
+        results_set(&out, "replicated_max_diff", replicated_diff);
+        results_write(args->dump, &out);
+        results_free(&out);
+    }
+    free(full);
+    free(losses);
+    mem_free(inputs);
+    mem_free(targets);
+    data_free(&data);
+    tpm_free(&m);
+    dist_group_free(dpg);
+    dist_group_free(tpg);
+}
+
+int main(int argc, char **argv) {
+    dist_init(&argc, &argv);
+    LabArgs args = lab_args_defaults();
+    TpFlags f = {.tp = 0, .mutate = "none"};
+    FlagSpec extra[] = {
+        {"--tp", FLAG_INT, &f.tp, 0, 1 << 20, NULL,
+         "ranks per tensor-parallel group (0: all ranks); must divide the heads and the ranks"},
+        {"--mutate", FLAG_CHOICE, &f.mutate, 0, 0, "none|attn-f|mlp-f|ce-sumexp|heads",
+         "break one mechanism on purpose (what the tests must catch): forget f's backward "
+         "all-reduce at the attention / MLP input, normalise the softmax by the local vocabulary "
+         "only, or give each rank the next rank's heads"},
+    };
+    lab_parse_args_for(LAB_FLAGS_MODEL | LAB_FLAGS_TRAINING | LAB_FLAGS_OUTPUT, argc, argv, &args,
+                       extra, (int)(sizeof extra / sizeof extra[0]), "07_tensor_parallel/run",
+                       USAGE);
+    train(&args, &f);
+    dist_finalize();
+    return 0;
+}

@@ -1,0 +1,184 @@
+// report.c: chapter 07's picture, communication table and memory table (see report.h).
+#include "report.h"
+
+#include <stdio.h>
+#include <string.h>
+
+#include "check.h"
+#include "mem.h"
+#include "session.h"
+
+// One row of the picture: `n` items drawn as `width` characters, each the digit of the rank
+// that holds the item under it (items split in tp equal contiguous blocks; a '.' marks padding).
+static void picture_row(const char *label, int n, int nvalid, int tp, int width) {
+    printf("  %-28s ", label);
+    for (int i = 0; i < width; i++) {
+        int item = (int)((long)i * n / width);
+        int r = item / (n / tp);
+        putchar(item >= nvalid ? '.' : (char)('0' + r % 10));
+    }
+    printf("\n");
+}
+
+void tp7_print_layout(const TpModel *m, int world, int dp) {
+    const GPT2Config *c = &m->cfg;
+    const int tp = m->tp, Cl = c->C / tp, Hl = 4 * c->C / tp;
+    char b[32];
+    printf("Tensor parallel: %d rank%s = %d TP group%s of %d%s; GPT-2 V=%d T=%d L=%d C=%d NH=%d, "
+           "%zu parameters\n", world, world > 1 ? "s" : "", dp, dp > 1 ? "s" : "", tp,
+           dp > 1 ? " (data-parallel replicas of each other)" : "", c->V, c->T, c->L, c->C, c->NH,
+           gpt2_param_count(c));
+    printf("\nWho holds what in every block (a digit = the rank of the group holding it):\n");
+    char label[64];
+    int w = c->NH <= 64 ? c->NH : 64;
+    snprintf(label, sizeof label, "attention heads (NH=%d)", c->NH);
+    picture_row(label, c->NH, c->NH, tp, w);
+    snprintf(label, sizeof label, "  q, k, v rows (C=%d each)", c->C);
+    picture_row(label, c->C, c->C, tp, 64);
+    snprintf(label, sizeof label, "  attproj columns (C=%d)", c->C);
+    picture_row(label, c->C, c->C, tp, 64);
+    snprintf(label, sizeof label, "MLP hidden units (4C=%d)", 4 * c->C);
+    picture_row(label, 4 * c->C, 4 * c->C, tp, 64);
+    printf("  %-28s %s\n", "  = fc rows, fcproj columns", "(the same split)");
+    snprintf(label, sizeof label, "wte rows (V=%d, padded %d)", c->V, m->tv.Vp);
+    picture_row(label, m->tv.Vp, c->V, tp, 64);
+    printf("  %-28s every rank (replicated)\n", "ln1, ln2, lnf, wpe, biases*");
+    printf("  * of the row-parallel layers (attprojb, fcprojb), added once after the all-reduce;"
+           " qkvb and fcb\n    are split with their rows\n");
+    printf("per rank: %d head%s = %d of C's channels, %d hidden units, %d vocabulary rows "
+           "(%d real); weights %s\n\n", c->NH / tp, c->NH / tp > 1 ? "s" : "", Cl, Hl, m->tv.Vl,
+           m->tv.nvalid, mem_format(b, sizeof b, (double)m->n * 4));
+}
+
+void tp7_measure(Tp7Figures *f, const TpModel *m, const TpComm *comm, DistGroup *tpg, int steps,
+                 double elapsed, int global_batch) {
+    memset(f, 0, sizeof *f);
+    const GPT2Config *c = &m->cfg;
+    const int tp = m->tp, L = c->L;
+    const double N = (double)m->B * m->T, NC = N * c->C, s = steps > 0 ? steps : 1;
+    f->tp = tp, f->steps = steps;
+    for (int i = 0; i < TP_NSITES; i++)
+        f->calls[i] = (double)comm->calls[i] / s, f->floats[i] = (double)comm->floats[i] / s;
+    // The formula: per block 2 forward (g) + 2 backward (f) all-reduces of B·T·C; one for the
+    // embedding, one for f at the head's input; three of B·T in the loss.
+    const double want[TP_NSITES][2] = {
+        [TP_SITE_EMBED] = {1, NC}, [TP_SITE_ATTN_G] = {L, L * NC}, [TP_SITE_MLP_G] = {L, L * NC},
+        [TP_SITE_ATTN_F] = {L, L * NC}, [TP_SITE_MLP_F] = {L, L * NC},
+        [TP_SITE_CE_MAX] = {1, N}, [TP_SITE_CE_SUMEXP] = {1, N}, [TP_SITE_CE_TARGET] = {1, N},
+        [TP_SITE_HEAD_F] = {1, NC}, [TP_SITE_OTHER] = {0, 0}};
+    // On the wire (dist's model of a ring): 2(t-1)/t of each all-reduce's bytes, rounded down
+    // per call; plus the clip's one all-reduce of a double (the norm over the group).
+    f->want_tp_sent = 0;
+    for (int i = 0; i < TP_NSITES; i++) {
+        f->want_calls[i] = want[i][0], f->want_floats[i] = want[i][1];
+        if (want[i][0] > 0) {
+            uint64_t S = (uint64_t)(want[i][1] / want[i][0]) * sizeof(float);
+            f->want_tp_sent += want[i][0] * (double)(2 * (uint64_t)(tp - 1) * S / (uint64_t)tp);
+        }
+    }
+    f->want_tp_sent += (double)(2 * (uint64_t)(tp - 1) * 8 / (uint64_t)tp);
+    const DistCounters *g = dist_group_counters(tpg);
+    for (int k = 0; k < OP_NKINDS; k++)
+        f->tp_sent += (double)g->sent[k] / s, f->tp_recv += (double)g->recv[k] / s;
+    const uint64_t S = (uint64_t)NC * sizeof(float);
+    f->want_layer_sent = 4.0 * (double)(2 * (uint64_t)(tp - 1) * S / (uint64_t)tp);
+    f->layer_sent = (f->calls[TP_SITE_ATTN_G] + f->calls[TP_SITE_MLP_G] + f->calls[TP_SITE_ATTN_F] +
+                     f->calls[TP_SITE_MLP_F]) / (L ? L : 1) *
+                    (double)(2 * (uint64_t)(tp - 1) * S / (uint64_t)tp);
+
+    // Memory. Weights: the sliced tensors of the full model over t (the vocabulary padded to a
+    // multiple of t), the rest whole. Counted from the full model's shapes, not from our layout.
+    size_t sh, rep;
+    tpm_weight_split(m, &sh, &rep);
+    f->sharded = 4.0 * (double)sh, f->replicated = 4.0 * (double)rep;
+    const double C = c->C, V = m->tv.Vp, T = c->T;
+    double full_sharded = V * C + L * (3 * C * C + 3 * C + C * C + 4 * C * C + 4 * C + 4 * C * C);
+    double full_replicated = T * C + 2 * C + L * 6 * C;
+    f->params = (double)mem_peak(MEM_PARAMS);
+    f->want_params = 4.0 * (full_sharded / tp + full_replicated);
+    // Activations: per block (tp_block_acts) ln1, attproj, residual2, ln2, fcproj, out (N·C
+    // each, replicated), 4 LayerNorm statistics (N), qkv and atty (4N·C/t), preatt and att
+    // (2·B·NH/t·T²), fch and fch_gelu (8N·C/t); the backward's scratch (one block's worth:
+    // 2N·C + 12N·C/t + 2·B·NH/t·T²); the head (lnf, dlnf: 2N·C; 3N statistics; logits and
+    // dlogits 2N·Vl; the loss's 3N); the embedding's output and the gradient flowing down (2N·C).
+    const double att = (double)m->B * (c->NH / tp) * T * T, Vl = m->tv.Vl;
+    double block = 6 * NC + 4 * N + 12 * NC / tp + 2 * att;
+    double scratch = 2 * NC + 12 * NC / tp + 2 * att;
+    double head = 2 * NC + 3 * N + 2 * N * Vl + 3 * N;
+    f->block_acts = 4.0 * block;
+    f->want_acts = 4.0 * (L * block + scratch + head + 2 * NC);
+    f->acts = (double)mem_peak(MEM_ACTS);
+    // Megatron (Korthikanti et al. 2022, fp16 activations, 1-byte dropout masks):
+    // s·b·h·(10 + 24/t + 5·a·s/(h·t)) bytes per layer.
+    f->megatron_block_acts = T * m->B * C * (10.0 + 24.0 / tp + 5.0 * c->NH * T / (C * tp));
+    f->peak = (double)mem_total_peak();
+    f->tokens_per_s = elapsed > 0 ? (double)global_batch * T * steps / elapsed : 0;
+}
+
+enum { F_SENT, F_RECV, F_PARAMS, F_ACTS, F_OPT, F_PEAK, F_N };
+
+void tp7_print_report(const Tp7Figures *f, const TpModel *m, DistGroup *tpg, int world) {
+    double mine[F_N] = {f->tp_sent, f->tp_recv, f->params, f->acts,
+                        (double)(mem_peak(MEM_OPT_M) + mem_peak(MEM_OPT_V)), f->peak};
+    double all[F_N * 64];
+    LAB_CHECK(world <= 64, "the report gathers at most 64 ranks");
+    dist_gather(mine, all, F_N, DIST_F64, 0, dist_world());
+    if (dist_rank() != 0) return;
+    char a[32], b[32], d[32], e[32];
+    const int L = m->cfg.L, tp = m->tp;
+    printf("%d steps: %.0f tokens/s (all ranks)\n", f->steps, f->tokens_per_s);
+    printf("\nAll-reduces in the TP group per step (N = B·T = %d positions of this group, C = %d):\n",
+           m->B * m->T, m->cfg.C);
+    printf("  %-14s %8s %8s %14s %14s\n", "site", "calls", "formula", "floats each", "formula");
+    for (int i = 0; i < TP_SITE_OTHER; i++) {
+        double each = f->calls[i] > 0 ? f->floats[i] / f->calls[i] : 0;
+        double want_each = f->want_calls[i] > 0 ? f->want_floats[i] / f->want_calls[i] : 0;
+        printf("  %-14s %8.0f %8.0f %14.0f %14.0f%s\n", tp_site_name((TpSite)i), f->calls[i],
+               f->want_calls[i], each, want_each,
+               f->calls[i] == f->want_calls[i] && f->floats[i] == f->want_floats[i] ? "" : "  <-- differs");
+    }
+    printf("  per block: 2 forward (g) + 2 backward (f) of N·C floats = 4 x 2(t-1)/t x %s = %s "
+           "on the wire per rank (measured %s)\n", mem_format(a, sizeof a, 4.0 * m->B * m->T * m->cfg.C),
+           mem_format(b, sizeof b, f->want_layer_sent), mem_format(d, sizeof d, f->layer_sent));
+    printf("  whole step, TP group: sent %s per rank, formula %s (the above, each 2(t-1)/t of "
+           "its bytes, + the clip's norm)\n", mem_format(a, sizeof a, f->tp_sent),
+           mem_format(b, sizeof b, f->want_tp_sent));
+    static const SessionColumn cols[] = {
+        {"tp sent", F_SENT, COL_BYTES}, {"tp recv", F_RECV, COL_BYTES},
+        {"weights", F_PARAMS, COL_BYTES}, {"adam m+v", F_OPT, COL_BYTES},
+        {"acts", F_ACTS, COL_BYTES}, {"peak mem", F_PEAK, COL_BYTES}};
+    session_print_rank_table("Per rank (communication per step; memory peaks)", cols, 6, all,
+                             world, F_N, NULL);
+    printf("\nMemory of rank 0 against the formulas (fp32):\n");
+    printf("  weights       %10s  formula %10s = sliced %s / %d + replicated %s\n",
+           mem_format(a, sizeof a, f->params), mem_format(b, sizeof b, f->want_params),
+           mem_format(d, sizeof d, f->sharded * tp), tp, mem_format(e, sizeof e, f->replicated));
+    printf("  activations   %10s  formula %10s = %d blocks x %s + backward scratch + head + "
+           "embedding\n", mem_format(a, sizeof a, f->acts), mem_format(b, sizeof b, f->want_acts), L,
+           mem_format(d, sizeof d, f->block_acts));
+    printf("  one block saves %s here (fp32, no dropout); Megatron's sbh(10 + 24/t + 5as/(ht)) "
+           "for this shape: %s (fp16)\n", mem_format(a, sizeof a, f->block_acts),
+           mem_format(b, sizeof b, f->megatron_block_acts));
+    (void)tpg;
+}
+
+void tp7_results(const Tp7Figures *f, RunResults *out) {
+    static const char *const keys[TP_NSITES] = {
+        "embed", "attn_g", "mlp_g", "attn_f", "mlp_f", "ce_max", "ce_sumexp", "ce_target",
+        "head_f", "other"};
+    char k[48];
+    for (int i = 0; i < TP_NSITES; i++) {
+        snprintf(k, sizeof k, "calls_%s", keys[i]);
+        results_set(out, k, f->calls[i]);
+        snprintf(k, sizeof k, "floats_%s", keys[i]);
+        results_set(out, k, f->floats[i]);
+    }
+    results_set(out, "tp_sent_per_step", f->tp_sent);
+    results_set(out, "tp_recv_per_step", f->tp_recv);
+    results_set(out, "want_tp_sent_per_step", f->want_tp_sent);
+    results_set(out, "mem_params", f->params);
+    results_set(out, "want_mem_params", f->want_params);
+    results_set(out, "mem_grads", (double)mem_peak(MEM_GRADS));
+    results_set(out, "mem_acts", f->acts);
+    results_set(out, "want_mem_acts", f->want_acts);
+}

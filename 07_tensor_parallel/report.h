@@ -1,0 +1,32 @@
+// report.h: what chapter 07 prints: who holds what (an ASCII picture), the all-reduces of one
+// step against the formula, the memory of every rank against the formula.
+#pragma once
+#include <stdint.h>
+
+#include "dist.h"
+#include "results.h"
+#include "tp.h"
+#include "tp_model.h"
+
+// One run's measured figures (per step) and the formulas they are checked against.
+typedef struct Tp7Figures {
+    int tp, steps;
+    double calls[TP_NSITES], floats[TP_NSITES];           // per step, from the TpComm counters
+    double want_calls[TP_NSITES], want_floats[TP_NSITES]; // the formula
+    double tp_sent, tp_recv, want_tp_sent;  // bytes per step in the TP group (dist's counters)
+    double layer_sent, want_layer_sent;     // of one block (its 4 all-reduces), per step
+    double params, want_params;             // bytes of weights on this rank
+    double sharded, replicated;             // of which sliced / replicated (bytes)
+    double acts, want_acts;                 // peak activation bytes (MEM_ACTS) on this rank
+    double block_acts, megatron_block_acts; // one block's saved activations, and Megatron's
+                                            // sbh(10 + 24/t + 5as/(ht)) for the same shape
+    double peak, tokens_per_s;
+} Tp7Figures;
+
+void tp7_print_layout(const TpModel *m, int world, int dp);
+// Reads the counters of the run's `steps` steps (comm: the TpComm the loop used).
+void tp7_measure(Tp7Figures *f, const TpModel *m, const TpComm *comm, DistGroup *tpg, int steps,
+                 double elapsed, int global_batch);
+// Collective over the world (a per-rank table gathered to rank 0).
+void tp7_print_report(const Tp7Figures *f, const TpModel *m, DistGroup *tpg, int world);
+void tp7_results(const Tp7Figures *f, RunResults *out);

@@ -1,0 +1,162 @@
+// mpi_05_zero.c: the pieces of 05_zero's sharded step, each alone, on a partition written here
+// (not taken from zero_layout_init, exercise 05.1), against a serial reference.
+//
+// Launched by tests/test_05_zero.c as
+//   mpirun -np N build/tests/mpi_05_zero <what>...
+// with <what> among
+//   zero1-step    zero1_step (exercise 05.2) on a small GPT-2's full gradient buffer: the
+//                 parameters every rank ends with and the Adam m, v of its pieces equal one
+//                 AdamW step of a single device on the averaged gradient, with clipping that
+//                 that bites (so the norm must be the global one) and without clipping (so the
+//                 gradient must be the average, not the sum)
+//   gather-unit   zero_gather_unit (exercise 05.3) on units of 0, 1, N-1, N+1, 37 and 3N+2
+//                 elements: every rank ends with the whole unit, each piece at its place
+// on the world and on a split group. Prints "mpi_05_zero: <what> on N ranks: C checks, F failed".
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "check.h"
+#include "dist.h"
+#include "gpt2.h"
+#include "mem.h"
+#include "mpitest.h"
+#include "optim.h"
+#include "zero.h"
+
+// Written here: piece q of a unit of n elements starts at q*(n/N) + min(q, n%N).
+static size_t pstart(size_t n, int N, int q) {
+    size_t base = n / (size_t)N, extra = n % (size_t)N;
+    return (size_t)q * base + ((size_t)q < extra ? (size_t)q : extra);
+}
+
+// The partition of units [offset[u], offset[u] + size[u]) seen by group rank g->rank.
+static void hand_layout(ZeroLayout *z, const size_t *offset, const size_t *size, int nunits,
+                        DistGroup *g) {
+    memset(z, 0, sizeof *z);
+    z->N = g->size;
+    z->r = g->rank;
+    z->nunits = nunits;
+    z->p = lab_xcalloc((size_t)nunits, sizeof(ZeroPiece));
+    size_t local = 0;
+    for (int u = 0; u < nunits; u++) {
+        ZeroPiece *p = &z->p[u];
+        p->unit_offset = offset[u];
+        p->unit_size = size[u];
+        p->begin = pstart(size[u], g->size, g->rank);
+        p->count = pstart(size[u], g->size, g->rank + 1) - p->begin;
+        p->local = local;
+        local += p->count;
+        z->n = offset[u] + size[u];
+    }
+    z->shard_n = local;
+}
+
+// Gradient element i on rank r: multiples of 1/64, so sums over ranks are exact in fp32.
+static float grad_of(int r, size_t i) { return (float)((int)((i * 7 + (size_t)r * 5) % 17) - 8) / 64.0f; }
+
+static void test_zero1_step(DistGroup *g, float grad_clip) {
+    const int N = g->size;
+    GPT2Config cfg = {.V = 32, .T = 8, .L = 2, .C = 16, .NH = 2};
+    GPT2 m;
+    gpt2_build(&m, cfg, DEV_CPU);
+    gpt2_alloc_grads(&m);
+    gpt2_init_params(&m, 11);
+    const size_t n = m.num_params;
+    size_t offset[64], size[64];
+    for (int u = 0; u < m.nunits; u++) { offset[u] = m.units[u].offset; size[u] = m.units[u].size; }
+    ZeroLayout z;
+    hand_layout(&z, offset, size, m.nunits, g);
+    GPT2Param *plist = lab_xcalloc((size_t)gpt2_params(&cfg, NULL), sizeof(GPT2Param));
+    int nplist = gpt2_params(&cfg, plist);
+    AdamW h = adamw_defaults();
+    h.grad_clip = grad_clip;
+    h.warmup_steps = 0;
+    h.total_steps = 10;
+
+    // the reference: one device, the averaged gradient, the whole buffer
+    float *ref_p = lab_xmalloc(n * sizeof(float)), *ref_g = lab_xmalloc(n * sizeof(float));
+    float *ref_m = lab_xcalloc(n, sizeof(float)), *ref_v = lab_xcalloc(n, sizeof(float));
+    memcpy(ref_p, m.params, n * sizeof(float));
+    for (size_t i = 0; i < n; i++) {
+        float s = 0.0f;
+        for (int r = 0; r < N; r++) s += grad_of(r, i);
+        ref_g[i] = s / (float)N;
+        m.grads[i] = grad_of(g->rank, i);
+    }
+    double sq = 0.0;
+    for (size_t i = 0; i < n; i++) sq += (double)ref_g[i] * (double)ref_g[i];
+    float scale = adamw_clip_scale(&h, sq, 0);
+    if (grad_clip > 0)
+        mpi_check(scale < 0.5f, "the test's clipping does not bite (scale %g)", (double)scale);
+    adamw_step(&h, m.k, 0, ref_p, ref_g, ref_m, ref_v, 0, n, plist, nplist, scale);
+
+    float *opt_m = lab_xcalloc(z.shard_n + 1, sizeof(float));
+    float *opt_v = lab_xcalloc(z.shard_n + 1, sizeof(float));
+    zero1_step(&z, &m, &h, 0, m.params, 1, opt_m, opt_v, plist, nplist, g);
+
+    // every parameter on every rank; m and v of my pieces
+    size_t bad = 0, first = 0;
+    for (size_t i = 0; i < n; i++)
+        if (!(fabsf(m.params[i] - ref_p[i]) <= 1e-6f * fmaxf(1.0f, fabsf(ref_p[i])))) {
+            if (!bad) first = i;
+            bad++;
+        }
+    mpi_check(bad == 0, "zero1_step on %s (rank %d of %d): %zu parameters differ from one "
+              "device's step, first %zu: %g, want %g", g->name, g->rank, N, bad, first,
+              bad ? (double)m.params[first] : 0.0, bad ? (double)ref_p[first] : 0.0);
+    bad = 0;
+    for (int u = 0; u < z.nunits; u++)
+        for (size_t j = 0; j < z.p[u].count; j++) {
+            size_t i = z.p[u].unit_offset + z.p[u].begin + j, l = z.p[u].local + j;
+            if (!(fabsf(opt_m[l] - ref_m[i]) <= 1e-7f) || !(fabsf(opt_v[l] - ref_v[i]) <= 1e-9f)) bad++;
+        }
+    mpi_check(bad == 0, "zero1_step on %s (rank %d of %d): Adam m or v of %zu elements of my "
+              "pieces differ from one device's", g->name, g->rank, N, bad);
+    free(ref_p); free(ref_g); free(ref_m); free(ref_v);
+    free(opt_m); free(opt_v); free(plist);
+    zero_layout_free(&z);
+    gpt2_free(&m);
+}
+
+static void test_gather_unit(DistGroup *g) {
+    const int N = g->size;
+    size_t size[6] = {0, 1, (size_t)(N > 1 ? N - 1 : 2), (size_t)N + 1, 37, 3 * (size_t)N + 2};
+    size_t offset[6], at = 0;
+    for (int u = 0; u < 6; u++) { offset[u] = at; at += size[u]; }
+    ZeroLayout z;
+    hand_layout(&z, offset, size, 6, g);
+    float *shard = lab_xcalloc(z.shard_n + 1, sizeof(float));
+    for (int u = 0; u < 6; u++)
+        for (size_t j = 0; j < z.p[u].count; j++)
+            shard[z.p[u].local + j] = (float)(offset[u] + z.p[u].begin + j) + 0.5f;
+    for (int u = 0; u < 6; u++) {
+        float *out = lab_xcalloc(size[u] + 1, sizeof(float));
+        for (size_t i = 0; i < size[u]; i++) out[i] = -1.0f;
+        DistWork w = zero_gather_unit(&z, u, shard, out, DIST_F32, g);
+        dist_wait(&w);
+        size_t bad = 0;
+        for (size_t i = 0; i < size[u]; i++)
+            if (out[i] != (float)(offset[u] + i) + 0.5f) bad++;
+        mpi_check(bad == 0, "zero_gather_unit on %s (rank %d of %d): unit of %zu elements, %zu "
+                  "wrong", g->name, g->rank, N, size[u], bad);
+        free(out);
+    }
+    free(shard);
+    zero_layout_free(&z);
+}
+
+static const char *const KINDS[] = {"zero1-step", "gather-unit"};
+
+static void run_kind(int kind, DistGroup *g) {
+    // clipping that bites (the norm must be global; it hides the average's 1/N, which clipping
+    // removes), then none (Adam's m and v see the average itself)
+    if (kind == 0) { test_zero1_step(g, 0.05f); test_zero1_step(g, 0.0f); }
+    else test_gather_unit(g);
+}
+
+int main(int argc, char **argv) {
+    return mpi_test_main(argc, argv, "mpi_05_zero", "usage: mpi_05_zero <what>... (zero1-step gather-unit)",
+                         KINDS, 2, run_kind);
+}

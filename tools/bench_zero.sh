@@ -1,0 +1,60 @@
+#!/usr/bin/env bash
+# bench_zero.sh: chapter 05's speed goals, as ratios of runs made together.
+#
+#   tools/bench_zero.sh [--steps N] [--np N]
+#
+# 05_zero's tokens/s at --zero 1, 2, 3 divided by --zero 0 (DDP, the same program) on --np
+# ranks (default 2), on the tiny config and on a wide model with little compute per parameter.
+# Goals: ZeRO-1 and ZeRO-2 >= 0.9x DDP (the same bytes on the wire), ZeRO-3 >= 0.75x (1.5x the
+# bytes). Beside each, the peak memory of rank 0 (mem.h). The machines here are shared and
+# noisy: only the ratios of runs made one after the other in this script mean anything.
+# Run it under flock /tmp/lab-bench.lock on a shared machine.
+# Env: BUILD (build dir for make, default build), MPIRUN_EXTRA (more mpirun flags).
+set -uo pipefail
+here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+cd "$here/.." || exit 2
+steps=10; np=2
+while [ $# -gt 0 ]; do
+    case $1 in
+        --steps) steps=$2; shift 2 ;;
+        --np) np=$2; shift 2 ;;
+        -h|--help) sed -n '3,12p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; exit 0 ;;
+        *) echo "bench_zero: unknown option $1 (see --help)" >&2; exit 2 ;;
+    esac
+done
+make --no-print-directory BUILD="${BUILD:-build}" 05_zero >/dev/null || {
+    echo "bench_zero: build failed (run make 05_zero to see why)" >&2; exit 1; }
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OPENBLAS_NUM_THREADS=1
+# shellcheck disable=SC2206,SC2054  # MPIRUN_EXTRA splits into words; "self,vader" is one
+MPIRUN=(mpirun --oversubscribe --bind-to none --mca btl self,vader --mca mpi_yield_when_idle 1
+        ${MPIRUN_EXTRA:-})
+
+# run STAGE FLAGS...: prints "tokens/s peak_total_of_rank_0" of one run
+run() {
+    local stage=$1 out; shift
+    out=$("${MPIRUN[@]}" -np "$np" ./05_zero/run --zero "$stage" --log-every 0 "$@" 2>&1) || {
+        echo "bench_zero: --zero $stage $* failed:" >&2; printf '%s\n' "$out" | tail -5 >&2
+        echo "0 -"; return; }
+    printf '%s\n' "$out" | awk '
+        /tokens\/s \(all ranks\)/ { for (i = 1; i <= NF; i++) if ($(i+1) == "tokens/s") tok = $i }
+        /^Memory per rank/ { mem = 1; next }
+        mem && $1 == "0" { peak = $(NF-1) " " $NF; mem = 0 }
+        END { printf "%s %s\n", tok ? tok : 0, peak != "" ? peak : "-" }'
+}
+ratio() { awk -v a="$1" -v b="$2" 'BEGIN { if (b > 0) printf "%.2f", a / b; else printf "n/a" }'; }
+
+echo "bench_zero: $(nproc) cores, load $(cut -d' ' -f1-3 /proc/loadavg), $np ranks, $steps steps per run"
+for cfg in "tiny|--batch $((8 * np))" "wide|--layers 2 --channels 512 --heads 8 --seq 16 --batch $((4 * np))"; do
+    name=${cfg%%|*}; flags=${cfg#*|}
+    echo
+    echo "$name config ($flags)"
+    printf '   %-14s %12s %8s %8s %16s\n' stage tokens/s "x DDP" goal "peak mem rank 0"
+    base=0
+    for stage in 0 1 2 3; do
+        # shellcheck disable=SC2086  # flags is a list of words
+        read -r tok peak < <(run "$stage" --steps "$steps" $flags)
+        [ "$stage" = 0 ] && base=$tok
+        goal=-; [ "$stage" = 1 ] || [ "$stage" = 2 ] && goal=">= 0.90"; [ "$stage" = 3 ] && goal=">= 0.75"
+        printf '   %-14s %12s %8s %8s %16s\n' "ZeRO-$stage" "$tok" "$(ratio "$tok" "$base")" "$goal" "$peak"
+    done
+done
