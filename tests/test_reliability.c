@@ -1,7 +1,7 @@
 // test_reliability.c: the reliability every training chapter owes, one harness call each
 // (tests/harness.h, harness_assert_reliable): a killed rank ends the job within 10 s, a signal
 // (SIGTERM, SIGKILL) inside a save leaves the old checkpoint intact and loadable, an injected
-// NaN stops the run with one message naming the step. Chapters 05-09 add one Test() here.
+// NaN stops the run with one message naming the step. Each new chapter adds one Test() here.
 //
 // Seen to catch (each break made, the test seen failing, then restored):
 //   - a non-atomic save (ckpt.c writing <path> itself instead of <path>.tmp): on 00,
@@ -31,4 +31,10 @@ Test(reliability, chapter_02_data_parallel, .timeout = 400) {
 
 Test(reliability, chapter_03_ddp, .timeout = 400) {
     harness_assert_reliable("./03_ddp/run --quiet --overlap-steps 0", 2, MODEL, &CFG);
+}
+
+// ZeRO-3 on 3 ranks: every rank holds only its pieces, so the save gathers them to rank 0
+// first (05_zero/zero.c) and the NaN must be seen through the sharded clipping norm.
+Test(reliability, chapter_05_zero, .timeout = 400) {
+    harness_assert_reliable("./05_zero/run --quiet --zero 3", 3, MODEL, &CFG);
 }
