@@ -135,8 +135,15 @@ Test(units, units_tile_the_buffer) {
 
 // Weights and a training state written BEFORE the layout change (llm.c order in memory then)
 // load into today's model and training continues exactly: resuming the old step-2 state for
-// two more steps gives the old 4-step run's losses and weights bit for bit (fp32 and bf16),
-// and the old step-2 weights file equals the old state's weights.
+// two more steps gives the old 4-step run's losses and weights (fp32 and bf16), and the old
+// step-2 weights file equals the old state's weights (bit for bit: no arithmetic).
+// The old run's figures are fixtures made by the optimized build on the machine of that day;
+// another build (the sanitizer build, whose code is vectorized differently) or another CPU
+// (-march=native) may round the same sums differently, so the continued run is held to
+// 1e-6 relative on losses and 1e-6 absolute on weights: an order of magnitude above the
+// differences those builds make (0 bits in the optimized build here; last-bit drift under
+// SAN=1), far below what a layout bug makes (a weight read from the wrong place moves the
+// loss by more than 1e-3).
 // Seen to fail: ckpt_resume_training copying the state's weights without the llm.c mapping
 // (the resumed step 2 loss differs, fp32 and bf16).
 static void resume_old(const char *dtype, const char *state, const char *dump) {
@@ -151,11 +158,17 @@ static void resume_old(const char *dtype, const char *state, const char *dump) {
     cr_assert_eq(rc, 0, "run failed:\n%s", out);
     cr_assert_eq(got.nsteps, 4);
     for (int s = 2; s < 4; s++)
-        cr_assert_eq(got.losses[s], want.losses[s], "%s step %d: loss %.9g, before the change %.9g",
-                     dtype, s, (double)got.losses[s], (double)want.losses[s]);
+        cr_assert(fabs((double)got.losses[s] - want.losses[s]) <= 1e-6 * fabs(want.losses[s]),
+                  "%s step %d: loss %.9g, before the change %.9g", dtype, s,
+                  (double)got.losses[s], (double)want.losses[s]);
     cr_assert_eq(got.nparams, want.nparams);
-    cr_assert(memcmp(got.params, want.params, want.nparams * sizeof(float)) == 0,
-              "%s: final weights differ from the pre-change run", dtype);
+    double worst = 0.0;
+    for (size_t i = 0; i < want.nparams; i++) {
+        double d = fabs((double)got.params[i] - (double)want.params[i]);
+        if (!(d <= worst)) worst = d;  // NaN counts as the worst
+    }
+    cr_assert(worst <= 1e-6, "%s: final weights differ from the pre-change run by %.3g", dtype,
+              worst);
     free(out);
     results_free(&want);
     results_free(&got);
