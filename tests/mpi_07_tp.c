@@ -38,15 +38,6 @@ static const uint64_t SEED = 77;
 
 static GPT2Config config(int V) { return (GPT2Config){.V = V, .T = T_, .L = 1, .C = 32, .NH = 4}; }
 
-static float rel_err(const float *a, const float *b, size_t n) {
-    float d = 0.0f, m = 0.0f;
-    for (size_t i = 0; i < n; i++) {
-        float e = fabsf(a[i] - b[i]);
-        if (!(e <= d)) d = e;  // NaN counts as the worst
-        if (fabsf(b[i]) > m) m = fabsf(b[i]);
-    }
-    return m > 0.0f ? d / m : d;
-}
 
 // The full model, one forward (its activations are the truth).
 static void full(GPT2 *m, int V) {
@@ -92,7 +83,7 @@ static void run_block(DistGroup *g) {
     tp_block_acts_alloc(&a, B_, T_, m.cfg.C, m.cfg.NH, g->size, DEV_CPU);
     TpComm c = tp_comm_group(g);
     tp_block_forward(kernels_get(DEV_CPU), &c, &w, &a, m.act.a.encoded);
-    float e = rel_err(a.out, m.act.a.residual3, (size_t)B_ * T_ * m.cfg.C);
+    float e = mpi_rel_err(a.out, m.act.a.residual3, (size_t)B_ * T_ * m.cfg.C);
     if (g->rank == 0) printf("measured: block tp=%d: relative difference %.3g\n", g->size, (double)e);
     mpi_check(e <= TOL, "tp=%d rank %d: the TP block's output differs from the full block's by %.3g "
               "(tolerance %g)", g->size, g->rank, (double)e, (double)TOL);
@@ -143,14 +134,14 @@ static void run_mlp(DistGroup *g) {
     tp_mlp_forward(k, &w, &a, m.act.a.ln2);
     tp_mlp_backward(k, &w, &dw, &a, &sc, m.act.a.ln2, dout, dinp);
     const size_t Hl = (size_t)H / tp;
-    float e1 = rel_err(dw.fcprojw, want.fcprojw, (size_t)C * Hl);  // row-parallel: its columns
-    float e2 = rel_err(dw.fcw, want.fcw, Hl * C);                  // column-parallel: its rows
-    float e3 = rel_err(dw.fcb, want.fcb, Hl);
+    float e1 = mpi_rel_err(dw.fcprojw, want.fcprojw, (size_t)C * Hl);  // row-parallel: its columns
+    float e2 = mpi_rel_err(dw.fcw, want.fcw, Hl * C);                  // column-parallel: its rows
+    float e3 = mpi_rel_err(dw.fcb, want.fcb, Hl);
     mpi_check(e1 <= TOL && e2 <= TOL && e3 <= TOL, "tp=%d rank %d: this rank's gradient slices differ "
               "from the full ones: fcprojw %.3g, fcw %.3g, fcb %.3g", tp, g->rank, (double)e1, (double)e2,
               (double)e3);
     dist_all_reduce(dinp, dinp, NC, DIST_F32, DIST_SUM, g);
-    float e4 = rel_err(dinp, dinp_full, NC);
+    float e4 = mpi_rel_err(dinp, dinp_full, NC);
     mpi_check(e4 <= TOL, "tp=%d rank %d: the partial input gradients, summed, differ from the full one "
               "by %.3g", tp, g->rank, (double)e4);
     if (g->rank == 0)
@@ -183,7 +174,7 @@ static void run_ce(DistGroup *g) {
         int tgt[B_ * T_];
         memcpy(tgt, m.act.targets, sizeof tgt);
         tp_crossentropy_forward(kernels_get(DEV_CPU), &c, &tv, losses, &st, logits, tgt, N);
-        float e = rel_err(losses, m.act.host_losses, (size_t)N);
+        float e = mpi_rel_err(losses, m.act.host_losses, (size_t)N);
         if (g->rank == 0) printf("measured: ce tp=%d V=%d: relative difference %.3g\n", g->size, V, (double)e);
         mpi_check(e <= TOL, "tp=%d rank %d V=%d: the vocab-parallel losses differ from the full ones "
                   "by %.3g", g->size, g->rank, V, (double)e);

@@ -54,16 +54,6 @@ static const uint64_t SEED = 1234;
 
 static GPT2Config config(int V) { return (GPT2Config){.V = V, .T = T_, .L = 2, .C = 32, .NH = 4}; }
 
-// max |a - b| / max |b| (0 when both are all zero).
-static float rel_err(const float *a, const float *b, size_t n) {
-    float d = 0.0f, m = 0.0f;
-    for (size_t i = 0; i < n; i++) {
-        float e = fabsf(a[i] - b[i]);
-        if (!(e <= d)) d = e;  // NaN counts as the worst
-        if (fabsf(b[i]) > m) m = fabsf(b[i]);
-    }
-    return m > 0.0f ? d / m : d;
-}
 
 // ---- the comm, with one bug switchable ------------------------------------------------------------
 
@@ -213,13 +203,13 @@ static float tp_model_worst(const TpModel *t, const Full *f, DistGroup *g, int r
     char name[96];
     for (int l = 0; l < t->cfg.L; l++) {
         snprintf(name, sizeof name, "block %d's output", l);
-        SEE(name, rel_err(t->a[l].out, m->act.a.residual3 + (size_t)l * N * C, (size_t)N * C));
+        SEE(name, mpi_rel_err(t->a[l].out, m->act.a.residual3 + (size_t)l * N * C, (size_t)N * C));
     }
-    SEE("the per-position losses", rel_err(t->h.losses, m->act.host_losses, N));
+    SEE("the per-position losses", mpi_rel_err(t->h.losses, m->act.host_losses, N));
     double sum = 0.0;
     for (int i = 0; i < N; i++) sum += t->h.losses[i];
     float mean = (float)(sum / N);
-    SEE("the mean loss", rel_err(&mean, &f->loss, 1));
+    SEE("the mean loss", mpi_rel_err(&mean, &f->loss, 1));
 
     // Gradients on this rank's shard, against the same shard of the full gradients.
     size_t nb = tp_block_count(C, tp), sizes[TP_BLOCK_TENSORS];
@@ -233,7 +223,7 @@ static float tp_model_worst(const TpModel *t, const Full *f, DistGroup *g, int r
         size_t off = 0;
         for (int i = 0; i < TP_BLOCK_TENSORS; i++) {
             snprintf(name, sizeof name, "block %d's gradient tensor %d (shard)", l, i);
-            SEE(name, rel_err(t->dblocks[l] + off, ref + off, sizes[i]));
+            SEE(name, mpi_rel_err(t->dblocks[l] + off, ref + off, sizes[i]));
             off += sizes[i];
         }
     }
@@ -242,15 +232,15 @@ static float tp_model_worst(const TpModel *t, const Full *f, DistGroup *g, int r
     size_t Vl = (size_t)t->tv.Vl;
     float *wref = zeros(Vl * C);
     tp_wte_shard(wref, G(m, GPT2_WTE), &real, C);
-    SEE("the wte gradient (shard)", rel_err(t->dwte, wref, Vl * C));
+    SEE("the wte gradient (shard)", mpi_rel_err(t->dwte, wref, Vl * C));
     free(wref);
     int pad_clean = 1;
     for (size_t i = (size_t)real.nvalid * C; i < Vl * C; i++) pad_clean &= t->dwte[i] == 0.0f;
     if (report) mpi_check(pad_clean, "tp=%d rank %d V=%d: a padded wte row got a gradient", tp, r, t->cfg.V);
     if (!pad_clean) worst = INFINITY;
-    SEE("the wpe gradient", rel_err(t->dwpe, G(m, GPT2_WPE), (size_t)T_ * C));
-    SEE("the lnfw gradient", rel_err(t->dlnfw, G(m, GPT2_LNFW), C));
-    SEE("the lnfb gradient", rel_err(t->dlnfb, G(m, GPT2_LNFB), C));
+    SEE("the wpe gradient", mpi_rel_err(t->dwpe, G(m, GPT2_WPE), (size_t)T_ * C));
+    SEE("the lnfw gradient", mpi_rel_err(t->dlnfw, G(m, GPT2_LNFW), C));
+    SEE("the lnfb gradient", mpi_rel_err(t->dlnfb, G(m, GPT2_LNFB), C));
 
     // Gathered back: every rank writes its slices into a zeroed full-size buffer (the
     // replicated tensors from rank 0 only), the group sums them: the whole gradient.
@@ -272,7 +262,7 @@ static float tp_model_worst(const TpModel *t, const Full *f, DistGroup *g, int r
     int np = gpt2_params(&t->cfg, list);
     for (int j = 0; j < np; j++) {
         snprintf(name, sizeof name, "the gathered gradient of %.31s", list[j].name);
-        SEE(name, rel_err(all + list[j].offset, m->grads + list[j].offset, list[j].size));
+        SEE(name, mpi_rel_err(all + list[j].offset, m->grads + list[j].offset, list[j].size));
     }
     free(all);
 #undef SEE

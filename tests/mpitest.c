@@ -2,6 +2,7 @@
 #include "mpitest.h"
 #include "mem.h"
 
+#include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <string.h>
@@ -100,4 +101,14 @@ void mpi_unmirror(void) {
         mem_free(mirrors[i].dev);
     }
     nmirrors = 0;
+}
+
+float mpi_rel_err(const float *a, const float *b, size_t n) {
+    float d = 0.0f, m = 0.0f;
+    for (size_t i = 0; i < n; i++) {
+        float e = fabsf(a[i] - b[i]);
+        if (!(e <= d)) d = e;  // NaN counts as the worst
+        if (fabsf(b[i]) > m) m = fabsf(b[i]);
+    }
+    return m > 0.0f ? d / m : d;
 }

@@ -41,3 +41,7 @@ extern int mpi_use_device;
 void mpi_mirror(void *host, size_t bytes);
 void *mpi_dev(const void *p);
 void mpi_unmirror(void);
+
+// max |a - b| / max |b| over n floats (the absolute difference when b is all zero); NaN counts
+// as the worst. The tensor-parallel tests compare gathered shards with the full model by it.
+float mpi_rel_err(const float *a, const float *b, size_t n);
