@@ -4,13 +4,16 @@
 //
 // DDP (chapter 03) keeps the whole model state on every rank: for Ψ parameters in mixed
 // precision 2Ψ + 2Ψ + 12Ψ bytes, most of it redundant. ZeRO cuts the state into N pieces
-// (zero.h: rank r owns piece r of every unit) and keeps on each rank only what it owns:
+// (zero.h's flat layout: the whole flat buffer in N contiguous shards, shard_range(Ψ, N, r), as
+// DeepSpeed partitions its flat buffer) and keeps on each rank only its shard:
 //   --zero 0  nothing sharded (DDP): all-reduce the gradients, every rank steps everything
 //   --zero 1  optimizer state sharded: reduce-scatter the gradients after backward (average),
 //             AdamW on my pieces only, all-gather the updated parameters          2Ψ on the wire
-//   --zero 2  + gradients sharded: each unit's gradient is reduce-scattered as soon as backward
-//             has produced it (on the communication thread, overlapping the rest of backward);
-//             the rank keeps only its piece and the few unit buffers in flight      2Ψ
+//   --zero 2  + gradients sharded: backward's gradients are copied into fixed-size buckets of
+//             the flat gradient (--bucket-kb; contiguous ranges, in backward order, a bucket may
+//             span units), each reduce-scattered as soon as it is full (on the communication
+//             thread, overlapping the rest of backward); the rank keeps only its shard and
+//             the buckets in flight                                                      2Ψ
 //   --zero 3  + parameters sharded: each unit is all-gathered just before its forward (the
 //             next one prefetched), freed after, gathered again for its backward, its gradient
 //             reduce-scattered and freed                                               3Ψ
@@ -43,7 +46,10 @@ static const char *USAGE =
     "  mpirun -np 4 ./05_zero/run --zero 0        DDP inside this chapter: the baseline\n"
     "  mpirun -np 4 ./05_zero/run --zero 1        shard Adam m, v (and bf16's fp32 master): 2Ψ\n"
     "  mpirun -np 4 ./05_zero/run --zero 2        shard the gradients too, reduce-scattered\n"
-    "                                             unit by unit during backward: 2Ψ wire\n"
+    "                                             bucket by bucket during backward: 2Ψ wire\n"
+    "  mpirun -np 4 ./05_zero/run --zero 2 --bucket-kb 16 --in-flight 2\n"
+    "                                             small buckets: grads + comm buffers fall to\n"
+    "                                             Ψ/N + 2 buckets (+ the unit being written)\n"
     "  mpirun -np 4 ./05_zero/run --zero 3        shard the parameters too, gathered unit by\n"
     "                                             unit for forward and again for backward: 3Ψ\n"
     "  mpirun -np 3 ./05_zero/run --zero 3 --batch 18\n"
@@ -59,8 +65,14 @@ static const char *USAGE =
 
 typedef struct ZeroFlags {
     int stage;       // 0..3
-    int in_flight;   // ZeRO-2/3: unit gradient buffers whose reduce-scatter may be in flight
+    int in_flight;   // ZeRO-2: bucket buffers alive; ZeRO-3: unit gradients in flight
+    int bucket_kb;   // ZeRO-2: bucket size (KiB of the gradient's dtype)
+    const char *mutate;  // break one mechanism on purpose (the tests' negative checks)
 } ZeroFlags;
+
+// --mutate: the bugs the tests must catch (each flips one mechanism).
+enum { MUT_NONE, MUT_DROP_LAST, MUT_STALE, MUT_BUCKET_EARLY, MUT_SUM };
+static int mutation = MUT_NONE;
 
 // ---------------------------------------------------------------------------------------------
 // The state of one rank
@@ -78,11 +90,21 @@ typedef struct Zero {
     int master_full;
     void *param_shard;    // stage 3: my pieces of the parameters (model dtype), else NULL
     void *grad_shard;     // stage >= 2: my pieces of the averaged gradients, else NULL
-    // stage >= 2: unit gradient buffers (MEM_COMM) and their reduce-scatters in flight
+    // stage >= 2: unit gradient buffers backward writes into (MEM_COMM); stage 3: their
+    // reduce-scatters in flight
     void **gbuf;          // (nunits)
     DistWork *rs;         // (nunits)
     int *rs_order, nrs, rs_done;  // launch order, launched, waited
     int in_flight;
+    // stage 2: buckets of the flat gradient: bucket k = [n - (k+1)B, n - kB) (clipped at 0),
+    // numbered in backward order; a buffer (MEM_COMM) from its first copy until its
+    // reduce-scatter is done
+    size_t bucket;        // B, elements
+    int nbuckets;
+    void **bbuf;          // (nbuckets)
+    DistWork *bw;         // (nbuckets)
+    int b_launched, b_done;  // buckets launched (in order), waited
+    double *b_t0;
     // stage 3: gathered unit weights (MEM_COMM) and their all-gathers
     void **wbuf;          // (nunits)
     DistWork *ag;         // (nunits)
@@ -99,9 +121,6 @@ static void trace_in_flight(const char *what, int u, double t0) {
     trace_span(name, TRACE_COMM, t0, lab_now());
 }
 
-static void *unit_ptr(const Zero *zz, void *base, int u) {
-    return (char *)base + zz->z.p[u].unit_offset * zz->e;
-}
 static void *piece_ptr(const Zero *zz, void *shard, int u) {
     return (char *)shard + zz->z.p[u].local * zz->e;
 }
@@ -160,14 +179,83 @@ static void rs_wait_oldest(Zero *zz) {
     zz->gbuf[u] = NULL;
 }
 
-// Stage >= 2: unit u's gradient is complete: reduce-scatter it (average) into my piece, on the
-// communication thread; keep at most in_flight buffers alive.
+// Stage 2: bucket k's range of the flat gradient.
+static void bucket_range(const Zero *zz, int k, size_t *lo, size_t *hi) {
+    const size_t n = zz->z.n, top = (size_t)k * zz->bucket;
+    *hi = n - top;
+    *lo = n - top > zz->bucket ? n - top - zz->bucket : 0;
+}
+
+static void bucket_wait_oldest(Zero *zz) {
+    int k = zz->b_done++;
+    int tok = trace_begin("wait reduce-scatter", TRACE_COMPUTE);
+    dist_wait(&zz->bw[k]);
+    trace_end(tok);
+    if (trace_enabled()) {
+        char name[48];
+        snprintf(name, sizeof name, "reduce-scatter bucket %d", k);
+        trace_span(name, TRACE_COMM, zz->b_t0[k], lab_now());
+    }
+    mem_free(zz->bbuf[k]);
+    zz->bbuf[k] = NULL;
+}
+
+// Stage 2: bucket k is complete: reduce-scatter it (average) on the communication thread; rank q's
+// block is the bucket's intersection with q's shard, mine lands at its place in my shard.
+static void bucket_launch(Zero *zz, int k) {
+    size_t lo, hi, at;
+    bucket_range(zz, k, &lo, &hi);
+    size_t *counts = lab_xmalloc((size_t)zz->z.N * sizeof(size_t));
+    size_t local = zero_range_counts(&zz->z, lo, hi, counts, &at);
+    zz->b_t0[k] = lab_now();
+    zz->bw[k] = dist_ireduce_scatter_v(zz->bbuf[k], (char *)zz->grad_shard + local * zz->e, counts,
+                                       zz->s->dt, mutation == MUT_SUM ? DIST_SUM : DIST_AVG,
+                                       zz->s->world);
+    free(counts);
+    zz->b_launched = k + 1;
+}
+
+// Stage 2: unit u's gradient is complete (and so is every unit above it in memory: backward
+// finishes them top down). Copy it into the buckets that cover it, top down; a bucket's buffer
+// is made when it is first written (waiting first for the oldest reduce-scatter while in_flight
+// buffers are alive) and launched once its lowest element is in (the units below it come later).
+static void unit_into_buckets(Zero *zz, int u) {
+    const ZeroPiece *p = &zz->z.p[u];
+    const size_t ub = p->unit_offset, ue = ub + p->unit_size;
+    int tok = trace_begin("copy into buckets", TRACE_COMPUTE);
+    for (int k = zz->b_launched; k < zz->nbuckets; k++) {
+        size_t lo, hi;
+        bucket_range(zz, k, &lo, &hi);
+        if (hi <= ub) break;  // below this unit
+        if (!zz->bbuf[k]) {
+            while (k - zz->b_done >= zz->in_flight) bucket_wait_oldest(zz);
+            zz->bbuf[k] = mem_alloc((hi - lo) * zz->e, MEM_COMM, zz->s->dev);
+        }
+        size_t a = lo > ub ? lo : ub, b = hi < ue ? hi : ue;  // the unit's part of the bucket
+        mem_copy((char *)zz->bbuf[k] + (a - lo) * zz->e, (char *)zz->gbuf[u] + (a - ub) * zz->e,
+                 (b - a) * zz->e);
+        // complete once its lowest element is in; --mutate bucket-early launches a bucket as
+        // soon as a unit ends inside it (its lower part, another unit's, still missing)
+        if (lo >= ub || (mutation == MUT_BUCKET_EARLY && b == hi && lo < ub)) bucket_launch(zz, k);
+        if (lo < ub) break;  // the rest of this bucket is the next unit's
+    }
+    trace_end(tok);
+    mem_free(zz->gbuf[u]);
+    zz->gbuf[u] = NULL;
+}
+
+// Stage >= 2: unit u's gradient is complete. Stage 2: into the buckets. Stage 3: reduce-scatter
+// the unit (average) into my piece, on the communication thread; keep at most in_flight unit
+// buffers alive.
 static void unit_grads_done(Zero *zz, int u) {
     if (zz->stage < 2) return;
-    const ZeroPiece *p = &zz->z.p[u];
+    if (zz->stage == 2) {
+        unit_into_buckets(zz, u);
+        return;
+    }
     zz->rs_t0[u] = lab_now();
-    zz->rs[u] = dist_ireduce_scatter_n(zz->gbuf[u], piece_ptr(zz, zz->grad_shard, u),
-                                       p->unit_size, zz->s->dt, DIST_AVG, zz->s->world);
+    zz->rs[u] = zero_unit_reduce_scatter(&zz->z, u, zz->gbuf[u], piece_ptr(zz, zz->grad_shard, u),
+                                         zz->s->dt, DIST_AVG, 1, zz->s->world);
     zz->rs_order[zz->nrs++] = u;
     while (zz->nrs - zz->rs_done > zz->in_flight) rs_wait_oldest(zz);
 }
@@ -206,6 +294,7 @@ static void backward(Zero *zz, float dloss) {
     GPT2 *m = zz->m;
     const int L = zz->L, H = L + 1;
     zz->nrs = zz->rs_done = 0;
+    zz->b_launched = zz->b_done = 0;
     const void *wte = unit_weights(zz, 0, -1), *wh = unit_weights(zz, H, -1);
     if (L > 0) gather_issue(zz, L);  // the last block's weights arrive during the head
     void *dembed = unit_grads(zz, 0), *dhead = unit_grads(zz, H);
@@ -231,6 +320,7 @@ static void backward(Zero *zz, float dloss) {
     trace_end(tok);
     unit_grads_done(zz, 0);
     while (zz->rs_done < zz->nrs) rs_wait_oldest(zz);  // every piece averaged
+    while (zz->b_done < zz->b_launched) bucket_wait_oldest(zz);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -267,15 +357,17 @@ static float clip_scale(Zero *zz, int step) {
     return adamw_clip_scale(&zz->s->opt, sq, step);
 }
 
-// Stage 1, 2: every rank needs the whole updated parameters: all-gather the pieces in place.
+// Stage 1, 2: every rank needs the whole updated parameters: all-gather the shards in place
+// (one uneven all-gather of the flat buffer: my shard is shard_range(Ψ, N, r)). --mutate stale
+// skips every one after the first (at setup): every other rank's shard stays stale here.
 static void gather_params(Zero *zz) {
+    static int gathers = 0;
     if (zz->stage == 0 || zz->stage == 3 || zz->z.N == 1) return;
+    if (mutation == MUT_STALE && gathers++ > 0) return;
     Session *s = zz->s;
-    void *p = train_params(zz->m);
+    char *p = train_params(zz->m);
     int tok = trace_begin("all-gather params", TRACE_COMM);
-    for (int u = 0; u < zz->nunits; u++)
-        dist_all_gather_n((char *)unit_ptr(zz, p, u) + zz->z.p[u].begin * zz->e,
-                          unit_ptr(zz, p, u), zz->z.p[u].unit_size, s->dt, s->world);
+    dist_all_gather_n(p + zz->z.shard_begin * zz->e, p, zz->z.n, s->dt, s->world);
     trace_end(tok);
 }
 
@@ -301,17 +393,33 @@ static void optimizer_step(Zero *zz, int step) {
 // ---------------------------------------------------------------------------------------------
 // Setup: the sharded state, initialized, loaded or resumed
 
+// --mutate drop-last: the last shard one element short (the bug of a partition that drops the
+// remainder): on every rank the last rank's last piece loses its last element, so that element is
+// never reduce-scattered, stepped or gathered.
+static void drop_last_element(ZeroLayout *z) {
+    const int N = z->N, last = N - 1;
+    for (int u = z->nunits - 1; u >= 0; u--) {
+        size_t *c = &z->counts[(size_t)u * N + last];
+        if (*c == 0) continue;
+        (*c)--;
+        if (z->r == last) { z->p[u].count--; z->shard_n--; }
+        break;
+    }
+}
+
 static void alloc_state(Zero *zz, const ZeroFlags *f) {
     Session *s = zz->s;
     GPT2 *m = zz->m;
     const int N = s->N;
     zz->stage = f->stage;
     zz->in_flight = f->in_flight;
+    zz->bucket = (size_t)f->bucket_kb * 1024 / s->e;
     zz->L = s->cfg.L;
     zz->nunits = m->nunits;
     zz->e = s->e;
     // stage 0 is the layout of one part: every rank owns everything
-    zero_layout_init(&zz->z, m, f->stage == 0 ? 1 : N, f->stage == 0 ? 0 : s->rank);
+    zero_layout_init_flat(&zz->z, m, f->stage == 0 ? 1 : N, f->stage == 0 ? 0 : s->rank);
+    if (mutation == MUT_DROP_LAST) drop_last_element(&zz->z);
     const size_t sn = zz->z.shard_n;
     zz->master_full = !s->bf16 && zz->stage < 3;
     if (zz->master_full) zz->master = m->params;
@@ -337,6 +445,10 @@ static void alloc_state(Zero *zz, const ZeroFlags *f) {
     zz->ag_live = lab_xcalloc((size_t)zz->nunits, sizeof(int));
     zz->ag_t0 = lab_xcalloc((size_t)zz->nunits, sizeof(double));
     zz->rs_t0 = lab_xcalloc((size_t)zz->nunits, sizeof(double));
+    zz->nbuckets = zz->stage == 2 ? (int)((s->n + zz->bucket - 1) / zz->bucket) : 0;
+    zz->bbuf = lab_xcalloc((size_t)zz->nbuckets + 1, sizeof(void *));
+    zz->bw = lab_xcalloc((size_t)zz->nbuckets + 1, sizeof(DistWork));
+    zz->b_t0 = lab_xcalloc((size_t)zz->nbuckets + 1, sizeof(double));
 }
 
 // My pieces of a whole fp32 array (host, memory order) into a shard buffer of mine.
@@ -438,9 +550,7 @@ static void unshard_for_report(Zero *zz) {
     Session *s = zz->s;
     GPT2 *m = zz->m;
     void *full = mem_alloc(s->n * zz->e, MEM_OTHER, s->dev);
-    for (int u = 0; u < zz->nunits; u++)
-        dist_all_gather_n(piece_ptr(zz, zz->param_shard, u), unit_ptr(zz, full, u),
-                          zz->z.p[u].unit_size, s->dt, s->world);
+    dist_all_gather_n(zz->param_shard, full, s->n, s->dt, s->world);
     if (s->bf16) m->params_bf16 = full;
     else m->params = full;
 }
@@ -455,6 +565,7 @@ static void free_state(Zero *zz) {
     (void)s;
     free(zz->gbuf); free(zz->rs); free(zz->rs_order);
     free(zz->wbuf); free(zz->ag); free(zz->ag_live); free(zz->ag_t0); free(zz->rs_t0);
+    free(zz->bbuf); free(zz->bw); free(zz->b_t0);
     zero_layout_free(&zz->z);
 }
 
@@ -523,12 +634,36 @@ static void report(Zero *zz, double *mine, const LabArgs *args) {
             printf(" %13s", cell);
         }
         printf("   (rank 0's)\n");
+        if (zz->stage == 2) {
+            // what backward holds of the gradient: my shard, the bucket buffers alive, and the
+            // unit gradients the kernels write (the embedding's through all of backward: the
+            // tied head adds to it first; one other unit at a time)
+            char b1[32], b2[32], b3[32];
+            size_t umax = 0;
+            for (int u = 1; u < zz->nunits; u++)
+                if (zz->z.p[u].unit_size > umax) umax = zz->z.p[u].unit_size;
+            const size_t nb = (size_t)zz->nbuckets, inf = (size_t)zz->in_flight;
+            const double buckets = e * (double)(nb > inf ? inf * zz->bucket : s->n);
+            const double units = e * (double)(zz->z.p[0].unit_size + umax);
+            printf("  grads + comm bufs, ZeRO-2: formula Ψ/N + in_flight·bucket + (embedding + "
+                   "largest other unit) = %s + %d x %s + %s\n",
+                   mem_format(b1, sizeof b1, all[X_GRADS]), zz->in_flight,
+                   mem_format(b2, sizeof b2, e * (double)zz->bucket),
+                   mem_format(b3, sizeof b3, units));
+            for (int r = 0; r < N; r++) {
+                const double *a = all + (size_t)r * F_NFIELDS;
+                const double want = a[X_GRADS] + buckets + units, got = a[F_GRADS] + a[F_COMM];
+                printf("    rank %-3d measured %s %s formula %s\n", r,
+                       mem_format(b1, sizeof b1, got), got == want ? "=" : "!=",
+                       mem_format(b2, sizeof b2, want));
+            }
+        }
         const char *K = s->bf16 ? "2+2+12" : "4+4+8";
         static const char *fm[4][2] = {
             {"(2+2+K)Ψ", "(4+4+8)Ψ"}, {"2Ψ+2Ψ+KΨ/N", "4Ψ+4Ψ+8Ψ/N"},
             {"2Ψ+(2+K)Ψ/N", "4Ψ+(4+8)Ψ/N"}, {"(2+2+K)Ψ/N", "(4+4+8)Ψ/N"}};
-        printf("  formula %s with bytes %s per parameter (N = %d; pieces uneven when N does not "
-               "divide a unit)\n", fm[zz->stage][s->bf16 ? 0 : 1], K, zz->stage ? N : 1);
+        printf("  formula %s with bytes %s per parameter (N = %d; Ψ/N = shard_range(Ψ, N, r), "
+               "uneven when N does not divide Ψ)\n", fm[zz->stage][s->bf16 ? 0 : 1], K, zz->stage ? N : 1);
 
         printf("\nBytes on the wire per rank per step (dist counters), %s:\n", STAGE_NAME[zz->stage]);
         printf("  %-6s %13s %13s %13s %13s %13s\n", "rank", "reduce-scat", "all-gather",
@@ -548,9 +683,7 @@ static void report(Zero *zz, double *mine, const LabArgs *args) {
                                 "to back" : "");
         // the four stages side by side: the formula for this model on N ranks (rank 0's
         // pieces), one bar each, and this run's measured figure beside its own
-        size_t mine0 = 0;
-        for (int u = 0; u < zz->nunits; u++) mine0 += shard_count(zz->z.p[u].unit_size, N, 0);
-        const double sh = (double)mine0, kb = s->bf16 ? 12.0 : 8.0;
+        const double sh = (double)shard_count(s->n, N, 0), kb = s->bf16 ? 12.0 : 8.0;
         const double per_stage[4] = {n * (2 * e + kb), n * 2 * e + kb * sh, n * e + (e + kb) * sh,
                                      (2 * e + kb) * sh};
         const double *a0 = all;
@@ -624,9 +757,13 @@ static void train(const LabArgs *args, const ZeroFlags *f) {
         printf("%s on %d rank%s: %s (%s), device %s\n", STAGE_NAME[f->stage], N, N > 1 ? "s" : "",
                session_model_line(&s, model, sizeof model), s.bf16 ? "bf16" : "fp32",
                s.model.k->name);
-        printf("partition: every unit (embedding, %d blocks, head) cut in %d pieces by "
-               "shard_range; rank r owns piece r of each: %zu elements on rank 0 (%s of fp32)\n",
-               s.cfg.L, zz.z.N, zz.z.shard_n, mem_format(b1, sizeof b1, 4.0 * (double)zz.z.shard_n));
+        printf("partition: the flat buffer (embedding, %d blocks, head) cut in %d shards by "
+               "shard_range(Ψ, N, r): %zu elements on rank 0 (%s of fp32)", s.cfg.L, zz.z.N,
+               zz.z.shard_n, mem_format(b1, sizeof b1, 4.0 * (double)zz.z.shard_n));
+        if (f->stage == 2)
+            printf("; %d buckets of %zu elements, %d alive at most", zz.nbuckets, zz.bucket,
+                   zz.in_flight);
+        printf("\n");
     }
     mem_reset_peaks();  // the session built a whole model first; what a stage holds from here on
     dist_counters_reset();
@@ -691,15 +828,25 @@ static void train(const LabArgs *args, const ZeroFlags *f) {
 int main(int argc, char **argv) {
     dist_init(&argc, &argv);
     LabArgs args = lab_args_defaults();
-    ZeroFlags f = {.stage = 1, .in_flight = 1};
+    ZeroFlags f = {.stage = 1, .in_flight = 2, .bucket_kb = 256, .mutate = "none"};
     FlagSpec extra[] = {
         {"--zero", FLAG_INT, &f.stage, 0, 3, NULL,
          "ZeRO stage: 0 DDP, 1 shard optimizer state, 2 + gradients, 3 + parameters"},
         {"--in-flight", FLAG_INT, &f.in_flight, 1, 1000, NULL,
-         "ZeRO-2/3: unit gradient buffers whose reduce-scatter may still be in flight"},
+         "ZeRO-2: bucket buffers alive at once (filling + reducing); ZeRO-3: unit gradients "
+         "whose reduce-scatter may still be in flight"},
+        {"--bucket-kb", FLAG_INT, &f.bucket_kb, 1, 1 << 20, NULL,
+         "ZeRO-2: bucket size in KiB of the gradient (fp32 4 B, bf16 2 B an element)"},
+        {"--mutate", FLAG_CHOICE, &f.mutate, 0, 0, "none|drop-last|stale|bucket-early|sum",
+         "break one mechanism on purpose (what the tests must catch): the last shard one element "
+         "short, stages 1-2's all-gather skipped after step 1, ZeRO-2 buckets launched before "
+         "they are full, gradients summed and not averaged"},
     };
     lab_parse_args(argc, argv, &args, extra, (int)(sizeof extra / sizeof extra[0]), "05_zero/run",
                    USAGE);
+    static const char *muts[] = {"none", "drop-last", "stale", "bucket-early", "sum"};
+    for (int i = 0; i < 5; i++)
+        if (strcmp(f.mutate, muts[i]) == 0) mutation = i;
     train(&args, &f);
     dist_finalize();
     return 0;

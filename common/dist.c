@@ -22,7 +22,8 @@
 //   gather(_n) (root)     send == NULL or send == recv + (start of block root): already in
 //                         place; send == recv: root's block is at the start of recv.
 // Any other overlap of send and recv is a bug in the caller and fails with file:line.
-// (The start of block r is r * count for the even ops, shard_begin(n, N, r) for the _n ones.)
+// (The start of block r is r * count for the even ops, counts[0] + ... + counts[r-1] for the v-ops,
+// shard_begin(n, N, r) for the _n ones, which are the v-ops with shard_range counts.)
 #include "dist.h"
 
 #include <stdlib.h>
@@ -32,6 +33,7 @@
 #include "dist_backend.h"
 #include "dist_nccl.h"
 #include "mem.h"
+#include "shard.h"
 
 static DistGroup world;
 static int world_ready = 0;
@@ -305,20 +307,45 @@ void dist_sendrecv(const void *sendbuf, size_t sendcount, int dst, void *recvbuf
 }
 void dist_barrier(DistGroup *g) { submit(call(OP_BARRIER, NULL, NULL, 0, DIST_U8, DIST_SUM, 0), g, 0); }
 
+// The v-ops: block p has counts[p] elements, contiguous in rank order (c.count = their sum).
+static DistWork submit_v(DistOpKind k, const void *send, void *recv, const size_t *counts, DistDtype dt,
+                         DistOp op, int root, DistGroup *g, int nonblocking) {
+    need_init();
+    LAB_CHECK(counts != NULL, "dist %s_v: counts is NULL (one count per rank of group %s)", dist_op_kind_name(k),
+              g->name);
+    size_t n = 0;
+    for (int p = 0; p < g->size; p++) n += counts[p];
+    DistCall c = call(k, send, recv, n, dt, op, root);
+    c.counts = counts;
+    return submit(c, g, nonblocking);
+}
+
+// The _n ops ARE the v-ops, with counts[p] = shard_count(n, N, p).
+static DistWork submit_n(DistOpKind k, const void *send, void *recv, size_t n, DistDtype dt, DistOp op, int root,
+                         DistGroup *g, int nonblocking) {
+    need_init();
+    size_t *counts = lab_xmalloc((size_t)g->size * sizeof(size_t));
+    for (int p = 0; p < g->size; p++) counts[p] = shard_count(n, g->size, p);
+    DistWork w = submit_v(k, send, recv, counts, dt, op, root, g, nonblocking);
+    free(counts);  // read while the op started (dist_backend.h)
+    return w;
+}
+
 void dist_reduce_scatter_n(const void *send, void *recv, size_t n, DistDtype dt, DistOp op, DistGroup *g) {
-    DistCall c = call(OP_REDUCE_SCATTER, send, recv, n, dt, op, 0);
-    c.uneven = 1;
-    submit(c, g, 0);
+    submit_n(OP_REDUCE_SCATTER, send, recv, n, dt, op, 0, g, 0);
 }
 void dist_all_gather_n(const void *send, void *recv, size_t n, DistDtype dt, DistGroup *g) {
-    DistCall c = call(OP_ALL_GATHER, send, recv, n, dt, DIST_SUM, 0);
-    c.uneven = 1;
-    submit(c, g, 0);
+    submit_n(OP_ALL_GATHER, send, recv, n, dt, DIST_SUM, 0, g, 0);
 }
 void dist_gather_n(const void *send, void *recv, size_t n, DistDtype dt, int root, DistGroup *g) {
-    DistCall c = call(OP_GATHER, send, recv, n, dt, DIST_SUM, root);
-    c.uneven = 1;
-    submit(c, g, 0);
+    submit_n(OP_GATHER, send, recv, n, dt, DIST_SUM, root, g, 0);
+}
+void dist_reduce_scatter_v(const void *send, void *recv, const size_t *counts, DistDtype dt, DistOp op,
+                           DistGroup *g) {
+    submit_v(OP_REDUCE_SCATTER, send, recv, counts, dt, op, 0, g, 0);
+}
+void dist_all_gather_v(const void *send, void *recv, const size_t *counts, DistDtype dt, DistGroup *g) {
+    submit_v(OP_ALL_GATHER, send, recv, counts, dt, DIST_SUM, 0, g, 0);
 }
 
 DistWork dist_iall_reduce(const void *send, void *recv, size_t count, DistDtype dt, DistOp op, DistGroup *g) {
@@ -335,14 +362,17 @@ DistWork dist_iall_gather(const void *send, void *recv, size_t sendcount, DistDt
     return submit(call(OP_ALL_GATHER, send, recv, sendcount, dt, DIST_SUM, 0), g, 1);
 }
 DistWork dist_ireduce_scatter_n(const void *send, void *recv, size_t n, DistDtype dt, DistOp op, DistGroup *g) {
-    DistCall c = call(OP_REDUCE_SCATTER, send, recv, n, dt, op, 0);
-    c.uneven = 1;
-    return submit(c, g, 1);
+    return submit_n(OP_REDUCE_SCATTER, send, recv, n, dt, op, 0, g, 1);
 }
 DistWork dist_iall_gather_n(const void *send, void *recv, size_t n, DistDtype dt, DistGroup *g) {
-    DistCall c = call(OP_ALL_GATHER, send, recv, n, dt, DIST_SUM, 0);
-    c.uneven = 1;
-    return submit(c, g, 1);
+    return submit_n(OP_ALL_GATHER, send, recv, n, dt, DIST_SUM, 0, g, 1);
+}
+DistWork dist_ireduce_scatter_v(const void *send, void *recv, const size_t *counts, DistDtype dt, DistOp op,
+                                DistGroup *g) {
+    return submit_v(OP_REDUCE_SCATTER, send, recv, counts, dt, op, 0, g, 1);
+}
+DistWork dist_iall_gather_v(const void *send, void *recv, const size_t *counts, DistDtype dt, DistGroup *g) {
+    return submit_v(OP_ALL_GATHER, send, recv, counts, dt, DIST_SUM, 0, g, 1);
 }
 DistWork dist_isend(const void *buf, size_t count, DistDtype dt, int peer, int tag, DistGroup *g) {
     DistCall c = call(OP_SEND, buf, NULL, count, dt, DIST_SUM, peer);

@@ -130,6 +130,20 @@ void dist_reduce_scatter_n(const void *send, void *recv, size_t n, DistDtype dt,
 void dist_all_gather_n(const void *send, void *recv, size_t n, DistDtype dt, DistGroup *g);
 void dist_gather_n(const void *send, void *recv, size_t n, DistDtype dt, int root, DistGroup *g);
 
+// v-ops (MPI's Reduce_scatter / Allgatherv): group rank p's block has counts[p] elements (any,
+// 0 included), the blocks contiguous in rank order, n = Σ counts[p] the whole buffer; counts has
+// one entry per group rank, the same on every rank, and is read only while the call starts (the
+// non-blocking forms do not keep it). The in-place forms are the _n ones' with begin_r =
+// counts[0] + ... + counts[r-1]; the bytes are counted by the _n formulas above with c_p =
+// counts[p]. The _n ops are exactly these with counts[p] = shard_count(n, N, p): one mechanism.
+//   reduce_scatter_v  send: (n,); recv: (counts[r],) the reduced block r (AVG divides by N).
+//   all_gather_v      send: (counts[r],); recv: (n,) every block at its place.
+// ZeRO's flat partition uses them (common/zero.h): a unit's or a bucket's intersection with each
+// rank's shard of the flat buffer is that rank's block, often empty.
+void dist_reduce_scatter_v(const void *send, void *recv, const size_t *counts, DistDtype dt, DistOp op,
+                           DistGroup *g);
+void dist_all_gather_v(const void *send, void *recv, const size_t *counts, DistDtype dt, DistGroup *g);
+
 // Non-blocking variants: start now, finish at dist_wait (which also applies AVG's division).
 DistWork dist_iall_reduce(const void *send, void *recv, size_t count, DistDtype dt, DistOp op, DistGroup *g);
 DistWork dist_ibroadcast(void *buf, size_t count, DistDtype dt, int root, DistGroup *g);
@@ -137,6 +151,9 @@ DistWork dist_ireduce_scatter(const void *send, void *recv, size_t recvcount, Di
 DistWork dist_iall_gather(const void *send, void *recv, size_t sendcount, DistDtype dt, DistGroup *g);
 DistWork dist_ireduce_scatter_n(const void *send, void *recv, size_t n, DistDtype dt, DistOp op, DistGroup *g);
 DistWork dist_iall_gather_n(const void *send, void *recv, size_t n, DistDtype dt, DistGroup *g);
+DistWork dist_ireduce_scatter_v(const void *send, void *recv, const size_t *counts, DistDtype dt, DistOp op,
+                                DistGroup *g);
+DistWork dist_iall_gather_v(const void *send, void *recv, const size_t *counts, DistDtype dt, DistGroup *g);
 DistWork dist_isend(const void *buf, size_t count, DistDtype dt, int peer, int tag, DistGroup *g);
 DistWork dist_irecv(void *buf, size_t count, DistDtype dt, int peer, int tag, DistGroup *g);
 void dist_wait(DistWork *w);
@@ -147,7 +164,7 @@ void dist_wait_all(DistWork *w, int n);
 // process serves every group attached to it by dist_comm_thread_start(g) (collective over g;
 // g gets its own duplicate of its communicator there, so the thread's ops never meet the
 // caller's). Afterwards the non-blocking ops on g with host buffers (dist_iall_reduce,
-// dist_ibroadcast, dist_ireduce_scatter, dist_iall_gather and their _n forms) only count
+// dist_ibroadcast, dist_ireduce_scatter, dist_iall_gather and their _n and _v forms) only count
 // their bytes and queue the op: the thread runs the queued ops of all attached groups one
 // after the other, in the order they were started, as BLOCKING MPI calls (Open MPI's blocking
 // algorithms are faster than its non-blocking ones, and they progress without the caller

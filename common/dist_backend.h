@@ -22,8 +22,11 @@ typedef struct DistCall {
     void *recv;         // the output (broadcast: the buffer)
     size_t count;       // elements, as the public function's count argument; for sendrecv the
                         // send count
-    int uneven;         // reduce_scatter, all_gather, gather: count is the whole buffer's n and
-                        // group rank p's block is shard_range(n, N, p) (dist.h, "Uneven ops")
+    const size_t *counts;  // v-ops (reduce_scatter, all_gather, gather): group rank p's block
+                        // has counts[p] elements, the blocks contiguous in rank order, and count
+                        // is their sum; NULL: even blocks of count each. The _n ops are v-ops
+                        // with counts[p] = shard_count(n, N, p) (dist.h, "Uneven ops"). Read
+                        // while the op starts only (the communication thread keeps a copy).
     DistDtype dt;
     DistOp op;
     int peer;           // root (broadcast, reduce, scatter, gather), peer (send, recv), dst (sendrecv)
@@ -46,16 +49,26 @@ typedef struct DistBackendOps {
 extern const DistBackendOps dist_mpi_backend, dist_stage_backend, dist_nccl_backend;
 
 // --- blocks of an op whose buffer is one block per rank ----------------------------------------
-// Even: every block has c->count elements and block p starts at p * count. Uneven: block p is
-// shard_range(c->count, N, p).
+// Even: every block has c->count elements and block p starts at p * count. v-ops: block p has
+// counts[p] elements and starts after the blocks of ranks 0..p-1.
 static inline size_t call_block_begin(const DistCall *c, int N, int p) {
-    return c->uneven ? shard_begin(c->count, N, p) : (size_t)p * c->count;
+    (void)N;
+    if (!c->counts) return (size_t)p * c->count;
+    size_t b = 0;
+    for (int q = 0; q < p; q++) b += c->counts[q];
+    return b;
 }
 static inline size_t call_block_len(const DistCall *c, int N, int p) {
-    return c->uneven ? shard_count(c->count, N, p) : c->count;
+    (void)N;
+    return c->counts ? c->counts[p] : c->count;
 }
 static inline size_t call_total(const DistCall *c, int N) {
-    return c->uneven ? c->count : c->count * (size_t)N;
+    return c->counts ? c->count : c->count * (size_t)N;
+}
+static inline size_t call_max_block(const DistCall *c, int N) {
+    size_t m = 0;
+    for (int p = 0; p < N; p++) m = call_block_len(c, N, p) > m ? call_block_len(c, N, p) : m;
+    return m;
 }
 
 // Do [a, a+na) and [b, b+nb) share a byte?

@@ -123,7 +123,7 @@ static MpiAux *aux_of(DistWork *w) {
     return w->aux;
 }
 
-// Per-rank counts and displacements of an op's blocks (uneven: shard_range), for MPI's v-forms.
+// Per-rank counts and displacements of an op's blocks (c->counts), for MPI's v-forms.
 static void block_arrays(const DistCall *c, int N, int **counts, int **displs, const char *what) {
     dist_mpi_count(call_total(c, N), what);
     *counts = lab_xmalloc((size_t)N * sizeof(int));
@@ -191,9 +191,9 @@ static void reduce_scatter(const DistCall *c, DistGroup *g, DistWork *w) {
     MPI_Datatype t = mpi_type(c->dt);
     MPI_Op op = mpi_op(c->op, c->dt);
     int *counts = NULL, *displs = NULL;
-    if (c->uneven) block_arrays(c, N, &counts, &displs, "dist_reduce_scatter_n");
+    if (c->counts) block_arrays(c, N, &counts, &displs, "dist_reduce_scatter_v");
     if (w) {
-        if (c->uneven) MPI_Ireduce_scatter(s, out, counts, t, op, g->comm, &w->req);
+        if (c->counts) MPI_Ireduce_scatter(s, out, counts, t, op, g->comm, &w->req);
         else MPI_Ireduce_scatter_block(s, out, n, t, op, g->comm, &w->req);
         if (out != c->recv || counts) {
             MpiAux *a = aux_of(w);
@@ -201,7 +201,7 @@ static void reduce_scatter(const DistCall *c, DistGroup *g, DistWork *w) {
         }
         return;
     }
-    if (c->uneven) MPI_Reduce_scatter(s, out, counts, t, op, g->comm);
+    if (c->counts) MPI_Reduce_scatter(s, out, counts, t, op, g->comm);
     else MPI_Reduce_scatter_block(s, out, n, t, op, g->comm);
     free(counts);
     free(displs);
@@ -233,18 +233,18 @@ static void gather_blocks(const DistCall *c, DistGroup *g, DistWork *w, int root
         }
     }
     int *counts = NULL, *displs = NULL;
-    if (c->uneven && writes) block_arrays(c, N, &counts, &displs, what);
+    if (c->counts && writes) block_arrays(c, N, &counts, &displs, what);
     if (root < 0 && w) {
-        if (c->uneven) MPI_Iallgatherv(s, n, t, c->recv, counts, displs, t, g->comm, &w->req);
+        if (c->counts) MPI_Iallgatherv(s, n, t, c->recv, counts, displs, t, g->comm, &w->req);
         else MPI_Iallgather(s, n, t, c->recv, n, t, g->comm, &w->req);
         if (counts) *aux_of(w) = (MpiAux){NULL, NULL, 0, counts, displs};
         return;
     }
     LAB_CHECK(root < 0 || !w, "dist_gather has no non-blocking form");
     if (root < 0) {
-        if (c->uneven) MPI_Allgatherv(s, n, t, c->recv, counts, displs, t, g->comm);
+        if (c->counts) MPI_Allgatherv(s, n, t, c->recv, counts, displs, t, g->comm);
         else MPI_Allgather(s, n, t, c->recv, n, t, g->comm);
-    } else if (c->uneven) {
+    } else if (c->counts) {
         MPI_Gatherv(s, n, t, writes ? c->recv : NULL, counts, displs, t, root, g->comm);
     } else {
         MPI_Gather(s, n, t, writes ? c->recv : NULL, n, t, root, g->comm);

@@ -239,13 +239,16 @@ static void reduce(const DistCall *c, DistGroup *g) {
                          comm_stream));
 }
 
-// Uneven: NCCL's reduce-scatter needs N equal blocks, so the input is copied to a buffer of N
-// blocks of the longest shard (each shard at p * maxlen, zero padding behind it), reduced into
-// a maxlen temporary, and this rank's c_r elements copied out. The temporaries are allocated
+// v-ops (the _n ops too): NCCL's reduce-scatter needs N equal blocks, so we PAD (rather than
+// N grouped ncclReduce calls, one per block, which would each move the whole block through a
+// tree and cost N launches): the input is copied to a buffer of N blocks of the longest
+// (each block p at p * maxlen, zero padding behind it), reduced into a maxlen temporary, and
+// this rank's counts[r] elements copied out. (The all-gather side needs no padding: grouped
+// ncclSend / ncclRecv of each block, gather_blocks below.) The temporaries are allocated
 // and freed in order on the comm stream (cudaMallocAsync / cudaFreeAsync).
 static void reduce_scatter_uneven(const DistCall *c, DistGroup *g, const void *in, void *out) {
     int N = g->size, r = g->rank;
-    size_t es = dist_dtype_size(c->dt), maxlen = shard_max_count(c->count, N);
+    size_t es = dist_dtype_size(c->dt), maxlen = call_max_block(c, N);
     ncclComm_t comm = coll_comm(g);
     begin_op();
     void *padded = NULL, *block = NULL;
@@ -253,10 +256,10 @@ static void reduce_scatter_uneven(const DistCall *c, DistGroup *g, const void *i
     cudaCheck(cudaMallocAsync(&block, maxlen * es + 1, comm_stream));
     cudaCheck(cudaMemsetAsync(padded, 0, maxlen * (size_t)N * es, comm_stream));
     for (int p = 0; p < N; p++)
-        copy_on_comm_stream(at_block(padded, p, maxlen, c->dt), dist_at(in, shard_begin(c->count, N, p), c->dt),
-                            shard_count(c->count, N, p) * es);
+        copy_on_comm_stream(at_block(padded, p, maxlen, c->dt), dist_at(in, call_block_begin(c, N, p), c->dt),
+                            call_block_len(c, N, p) * es);
     ncclCheck(ncclReduceScatter(padded, block, maxlen, nccl_type(c->dt), nccl_op(c->op), comm, comm_stream));
-    copy_on_comm_stream(out, block, shard_count(c->count, N, r) * es);
+    copy_on_comm_stream(out, block, call_block_len(c, N, r) * es);
     cudaCheck(cudaFreeAsync(padded, comm_stream));
     cudaCheck(cudaFreeAsync(block, comm_stream));
 }
@@ -273,7 +276,7 @@ static void reduce_scatter(const DistCall *c, DistGroup *g) {
     char *at_r = dist_at(in, call_block_begin(c, N, r), c->dt);
     LAB_CHECK(in_place || recv == at_r || !overlaps(send, total * es, recv, mine * es),
               "dist_reduce_scatter: recv overlaps send but is neither send nor send + its block's start");
-    if (c->uneven) {
+    if (c->counts) {
         // copies the input before reducing, so any of the in-place forms is safe
         reduce_scatter_uneven(c, g, in, recv);
         return;
@@ -315,12 +318,12 @@ static void gather_blocks(const DistCall *c, DistGroup *g, int root) {
             need_device(c->send, "send", what);
             LAB_CHECK(!overlaps(c->send, mine * es, c->recv, total * es),
                       "%s: send overlaps recv but is neither recv nor recv + its block's start", what);
-            if (root >= 0 || c->uneven) copy_on_comm_stream(at, c->send, mine * es);  // the own block, placed here
+            if (root >= 0 || c->counts) copy_on_comm_stream(at, c->send, mine * es);  // the own block, placed here
         }
     } else {
         need_device(c->send, "send", what);
     }
-    if (root < 0 && !c->uneven) {
+    if (root < 0 && !c->counts) {
         ncclCheck(ncclAllGather(in, c->recv, c->count, nccl_type(c->dt), comm, comm_stream));
         return;
     }

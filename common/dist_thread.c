@@ -18,6 +18,7 @@ typedef struct Attached {  // DistGroup.thread of an attached group
 
 typedef struct CommTask {
     DistCall call;
+    size_t *counts;         // the v-ops' counts (call.counts points here): the caller's may go
     Attached *on;
     int done;               // set by the thread (under the mutex) when the op has finished
     struct CommTask *next;  // the queue, in launch order
@@ -131,6 +132,12 @@ void dist_comm_thread_times(DistGroup *g, double *busy_s, double *cpu_s) {
 void dist_thread_queue(const DistCall *c, DistGroup *g, DistWork *w) {
     CommTask *task = lab_xcalloc(1, sizeof(CommTask));
     task->call = *c;
+    if (c->counts) {
+        int N = g->size;
+        task->counts = lab_xmalloc((size_t)N * sizeof(size_t));
+        for (int p = 0; p < N; p++) task->counts[p] = c->counts[p];
+        task->call.counts = task->counts;
+    }
     task->on = g->thread;
     pthread_mutex_lock(&mu);
     if (tail) tail->next = task;
@@ -149,6 +156,7 @@ int dist_thread_finish(DistWork *w, int block) {
     int done = task->done;
     pthread_mutex_unlock(&mu);
     if (!done) return 0;
+    free(task->counts);
     free(task);
     w->task = NULL;
     w->active = 0;

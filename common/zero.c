@@ -1,4 +1,4 @@
-// zero.c: the ZeRO partition (one piece of every unit per rank) and the sharded AdamW step.
+// zero.c: the ZeRO partitions (flat, and by unit) and the sharded AdamW step.
 #include "zero.h"
 
 #include <stdlib.h>
@@ -8,6 +8,8 @@
 #include "mem.h"
 #include "shard.h"
 #include "train.h"
+
+static void fill_counts(ZeroLayout *z);
 
 void zero_layout_init(ZeroLayout *z, const GPT2 *m, int N, int r) {
     LAB_CHECK(m->l0 == 0 && m->l1 == m->cfg.L, "ZeRO partitions the full model");
@@ -22,25 +24,120 @@ void zero_layout_init(ZeroLayout *z, const GPT2 *m, int N, int r) {
         ZeroPiece *p = &z->p[u];
         p->unit_offset = m->units[u].offset;
         p->unit_size = m->units[u].size;
-        // EXERCISE 05.1 Shard ranges -> 05_zero/README.md#exercise-051-shard-ranges
         // rank r's piece of the unit: the first size % N pieces are one element longer
         shard_range(p->unit_size, N, r, &p->begin, &p->count);
-        // END EXERCISE 05.1
         p->local = local;
         local += p->count;
     }
     z->shard_n = local;
+    fill_counts(z);
+}
+
+static void fill_counts(ZeroLayout *z) {
+    const int N = z->N;
+    z->counts = lab_xcalloc((size_t)z->nunits * (size_t)N, sizeof(size_t));
+    for (int u = 0; u < z->nunits; u++) {
+        const ZeroPiece *p = &z->p[u];
+        for (int q = 0; q < N; q++) {
+            if (!z->flat) { z->counts[(size_t)u * N + q] = shard_count(p->unit_size, N, q); continue; }
+            size_t qb, qc;
+            shard_range(z->n, N, q, &qb, &qc);
+            size_t lo = p->unit_offset > qb ? p->unit_offset : qb;
+            size_t hi = p->unit_offset + p->unit_size < qb + qc ? p->unit_offset + p->unit_size : qb + qc;
+            z->counts[(size_t)u * N + q] = hi > lo ? hi - lo : 0;
+        }
+    }
+}
+
+static size_t clamp(size_t x, size_t lo, size_t hi) { return x < lo ? lo : x > hi ? hi : x; }
+
+void zero_layout_init_flat(ZeroLayout *z, const GPT2 *m, int N, int r) {
+    LAB_CHECK(m->l0 == 0 && m->l1 == m->cfg.L, "ZeRO partitions the full model");
+    memset(z, 0, sizeof *z);
+    z->N = N;
+    z->r = r;
+    z->n = m->num_params;
+    z->nunits = m->nunits;
+    z->flat = 1;
+    z->p = lab_xcalloc((size_t)m->nunits, sizeof(ZeroPiece));
+    size_t sb = 0, sc = 0;
+    for (int u = 0; u < m->nunits; u++) {
+        ZeroPiece *p = &z->p[u];
+        p->unit_offset = m->units[u].offset;
+        p->unit_size = m->units[u].size;
+    }
+    // EXERCISE 05.1 Shard ranges -> 05_zero/README.md#exercise-051-shard-ranges
+    // my shard of the whole flat buffer: the first n % N shards are one element longer
+    shard_range(z->n, N, r, &sb, &sc);
+    for (int u = 0; u < m->nunits; u++) {
+        ZeroPiece *p = &z->p[u];
+        const size_t ub = p->unit_offset, ue = ub + p->unit_size;
+        // my piece of the unit: its intersection with my shard (an empty one sits where it
+        // would begin: after the pieces of the ranks before me)
+        size_t lo = clamp(sb, ub, ue), hi = clamp(sb + sc, ub, ue);
+        p->begin = lo - ub;
+        p->count = hi - lo;
+        p->local = clamp(lo, sb, sb + sc) - sb;
+    }
+    // END EXERCISE 05.1
+    z->shard_begin = sb;
+    z->shard_n = sc;
+    fill_counts(z);
 }
 
 void zero_layout_free(ZeroLayout *z) {
     free(z->p);
+    free(z->counts);
     memset(z, 0, sizeof *z);
 }
 
 size_t zero_shard_elems(const ZeroLayout *z, int q) {
+    if (z->flat) return shard_count(z->n, z->N, q);
     size_t s = 0;
     for (int u = 0; u < z->nunits; u++) s += shard_count(z->p[u].unit_size, z->N, q);
     return s;
+}
+
+void zero_unit_counts(const ZeroLayout *z, int u, size_t *counts) {
+    for (int q = 0; q < z->N; q++)
+        counts[q] = z->counts ? z->counts[(size_t)u * z->N + q] : shard_count(z->p[u].unit_size, z->N, q);
+}
+
+size_t zero_range_counts(const ZeroLayout *z, size_t lo, size_t hi, size_t *counts, size_t *at) {
+    LAB_CHECK(z->flat && lo <= hi && hi <= z->n, "zero_range_counts: a range [%zu, %zu) of the flat "
+              "layout's buffer (of %zu elements) only", lo, hi, z->n);
+    for (int q = 0; q < z->N; q++) {
+        size_t qb, qc;
+        shard_range(z->n, z->N, q, &qb, &qc);
+        counts[q] = clamp(qb + qc, lo, hi) - clamp(qb, lo, hi);
+    }
+    const size_t sb = z->shard_begin, se = sb + z->shard_n;
+    *at = clamp(sb, lo, hi) - lo;
+    return clamp(lo, sb, se) - sb;
+}
+
+// One v-op per unit (a fresh counts array: the ops read it while they start).
+static DistWork unit_op(const ZeroLayout *z, int u, int gather, const void *send, void *recv,
+                        DistDtype dt, DistOp op, int nonblocking, DistGroup *g) {
+    size_t *counts = lab_xmalloc((size_t)z->N * sizeof(size_t));
+    zero_unit_counts(z, u, counts);
+    DistWork w;
+    memset(&w, 0, sizeof w);
+    if (gather && nonblocking) w = dist_iall_gather_v(send, recv, counts, dt, g);
+    else if (gather) dist_all_gather_v(send, recv, counts, dt, g);
+    else if (nonblocking) w = dist_ireduce_scatter_v(send, recv, counts, dt, op, g);
+    else dist_reduce_scatter_v(send, recv, counts, dt, op, g);
+    free(counts);
+    return w;
+}
+
+DistWork zero_unit_reduce_scatter(const ZeroLayout *z, int u, const void *unit_grad, void *piece,
+                                  DistDtype dt, DistOp op, int nonblocking, DistGroup *g) {
+    return unit_op(z, u, 0, unit_grad, piece, dt, op, nonblocking, g);
+}
+DistWork zero_unit_all_gather(const ZeroLayout *z, int u, const void *piece, void *unit,
+                              DistDtype dt, int nonblocking, DistGroup *g) {
+    return unit_op(z, u, 1, piece, unit, dt, DIST_SUM, nonblocking, g);
 }
 
 // Element i of this rank's piece u: global index unit_offset + begin + i, shard index local + i.
@@ -101,11 +198,17 @@ void zero1_step(const ZeroLayout *z, GPT2 *m, const AdamW *h, int step, float *m
     const size_t e = dist_dtype_size(dt);
     float scale = 1.0f;
     // EXERCISE 05.2 ZeRO-1 reduce-scatter, shard update, all-gather -> 05_zero/README.md#exercise-052-zero-1-reduce-scatter-shard-update-all-gather
-    // 1. every unit's gradient summed over the ranks and divided by N; my piece lands in place
-    for (int u = 0; u < z->nunits; u++) {
-        const ZeroPiece *p = &z->p[u];
-        char *unit = grads + p->unit_offset * e;
-        dist_reduce_scatter_n(unit, unit + p->begin * e, p->unit_size, dt, DIST_AVG, g);
+    // 1. the gradient summed over the ranks and divided by N, my pieces landing in place: flat,
+    //    the whole buffer is one reduce-scatter (my shard is shard_range(Ψ, N, r): the _n op);
+    //    by unit, one per unit (my piece of each)
+    if (z->flat) {
+        dist_reduce_scatter_n(grads, grads + z->shard_begin * e, z->n, dt, DIST_AVG, g);
+    } else {
+        for (int u = 0; u < z->nunits; u++) {
+            const ZeroPiece *p = &z->p[u];
+            char *unit = grads + p->unit_offset * e;
+            zero_unit_reduce_scatter(z, u, unit, unit + p->begin * e, dt, DIST_AVG, 0, g);
+        }
     }
     // 2. the global norm from the pieces (each element is in exactly one rank's pieces), then
     //    AdamW on my pieces only
@@ -114,11 +217,15 @@ void zero1_step(const ZeroLayout *z, GPT2 *m, const AdamW *h, int step, float *m
     scale = adamw_clip_scale(h, sq, step);
     zero_adamw_step(z, h, m, step, master, master_full, params, 1, grads, 1, opt_m, opt_v, plist,
                     nplist, scale);
-    // 3. every rank's updated piece to every rank: the whole parameters, in place
-    for (int u = 0; u < z->nunits; u++) {
-        const ZeroPiece *p = &z->p[u];
-        char *unit = params + p->unit_offset * e;
-        if (z->N > 1) dist_all_gather_n(unit + p->begin * e, unit, p->unit_size, dt, g);
+    // 3. every rank's updated pieces to every rank: the whole parameters, in place
+    if (z->N > 1 && z->flat) {
+        dist_all_gather_n(params + z->shard_begin * e, params, z->n, dt, g);
+    } else if (z->N > 1) {
+        for (int u = 0; u < z->nunits; u++) {
+            const ZeroPiece *p = &z->p[u];
+            char *unit = params + p->unit_offset * e;
+            zero_unit_all_gather(z, u, unit + p->begin * e, unit, dt, 0, g);
+        }
     }
     // END EXERCISE 05.2
     (void)scale;
@@ -129,20 +236,28 @@ DistWork zero_gather_unit(const ZeroLayout *z, int u, const void *shard, void *o
     DistWork w;
     memset(&w, 0, sizeof w);
     // EXERCISE 05.3 ZeRO-3 gather of a unit -> 05_zero/README.md#exercise-053-zero-3-gather-of-a-unit
-    // every rank sends its piece of unit u; the whole unit lands in out, each piece at its place
+    // every rank sends its piece of unit u (maybe empty); the whole unit lands in out, each
+    // piece at its place
     const ZeroPiece *p = &z->p[u];
-    w = dist_iall_gather_n((const char *)shard + p->local * dist_dtype_size(dt), out, p->unit_size,
-                           dt, g);
+    w = zero_unit_all_gather(z, u, (const char *)shard + p->local * dist_dtype_size(dt), out, dt, 1,
+                             g);
     // END EXERCISE 05.3
     return w;
 }
 
 void zero_gather_full(const ZeroLayout *z, const float *shard, float *full, DistGroup *g) {
+    if (z->N == 1) {
+        if (full) mem_copy(full, shard, z->n * sizeof(float));
+        return;
+    }
+    if (z->flat) {  // my shard is shard_range(n, N, r) of the whole buffer: one uneven gather
+        dist_gather_n(shard, full, z->n, DIST_F32, 0, g);
+        return;
+    }
     for (int u = 0; u < z->nunits; u++) {
         const ZeroPiece *p = &z->p[u];
         float *dst = full ? full + p->unit_offset : NULL;
-        if (z->N == 1) mem_copy(dst, shard + p->local, p->count * sizeof(float));
-        else dist_gather_n(shard + p->local, dst, p->unit_size, DIST_F32, 0, g);
+        dist_gather_n(shard + p->local, dst, p->unit_size, DIST_F32, 0, g);
     }
 }
 

@@ -1,14 +1,21 @@
 // zero.h: the ZeRO partition of the model state and the pieces of a sharded step.
 //
-// The partition. The flat parameter buffer is block-major: units [embed] [block 0] ... [block
-// L-1] [head], each one contiguous range (common/gpt2.h). Each unit is cut into N contiguous
-// pieces by shard_range (common/shard.h: uneven when N does not divide the unit's size); rank r
-// owns piece r of EVERY unit, and stores its pieces one after the other in its shard buffers
-// (master weights, Adam m and v; the gradients from ZeRO-2; the parameters from ZeRO-3). This
-// is how DeepSpeed's ZeRO-3 partitions each parameter and FSDP each unit's flat parameter, and
-// it makes every collective of every stage ONE uneven op on ONE contiguous unit:
-//   reduce-scatter of unit u's gradient: dist_ireduce_scatter_n(grad_u, my piece, size_u)
-//   all-gather of unit u's parameters:   dist_iall_gather_n(my piece, params_u, size_u)
+// The flat buffer is block-major: units [embed] [block 0] ... [block L-1] [head], each one
+// contiguous range (common/gpt2.h). Two partitions of it, both N contiguous pieces per unit
+// boundary-free in the collectives (every rank's piece of a unit is one range, and the pieces
+// of a unit follow each other in rank order):
+//   flat (zero_layout_init_flat: chapter 05, the way DeepSpeed partitions its flat buffer):
+//     the WHOLE buffer is cut into N shards, shard_range(Ψ, N, r) (common/shard.h); rank r's
+//     piece of unit u is the intersection of u with shard r (often empty: a unit lies in one
+//     or two shards). A rank's shard is exactly Ψ/N (± 1).
+//   by unit (zero_layout_init: FSDP's layout, chapter 06): each unit is cut into N pieces by
+//     shard_range(size_u, N, r); rank r owns piece r of EVERY unit.
+// A rank stores its pieces one after the other in its shard buffers (master weights, Adam m
+// and v; the gradients from ZeRO-2; the parameters from ZeRO-3). Every per-unit collective is
+// then ONE v-op on ONE contiguous unit, rank q's block its piece (zero_unit_counts):
+//   reduce-scatter of unit u's gradient: dist_ireduce_scatter_v(grad_u, my piece, counts_u)
+//   all-gather of unit u's parameters:   dist_iall_gather_v(my piece, params_u, counts_u)
+// and in the flat layout any range of the buffer (a bucket: zero_range_counts) is one too.
 // A layout with N = 1 owns everything: stage 0 (DDP) is that layout with an all-reduce.
 #pragma once
 #include <stddef.h>
@@ -20,7 +27,8 @@
 typedef struct ZeroPiece {
     size_t unit_offset;   // the unit in the full flat buffer (memory order)
     size_t unit_size;     // elements of the unit
-    size_t begin, count;  // this rank's piece inside the unit: shard_range(unit_size, N, r)
+    size_t begin, count;  // this rank's piece inside the unit (by unit: shard_range(unit_size, N,
+                          // r); flat: unit ∩ my shard; begin = the pieces of ranks < r before it)
     size_t local;         // where the piece starts in this rank's shard buffers
 } ZeroPiece;
 
@@ -30,11 +38,24 @@ typedef struct ZeroLayout {
     ZeroPiece *p;         // (nunits)
     size_t shard_n;       // elements this rank owns: the sum of its pieces' counts
     size_t n;             // elements of the whole model
+    int flat;             // 1: zero_layout_init_flat's partition
+    size_t shard_begin;   // flat: where my shard starts in the flat buffer (shard_range(n, N, r))
+    size_t *counts;       // (nunits * N): counts[u * N + q] = rank q's piece of unit u, or NULL
+                          // (a layout built by hand: by unit, shard_count(unit_size, N, q))
 } ZeroLayout;
 
 // The layout of model m (full model) over N parts, as seen by part r.
+// zero_layout_init: by unit (piece r of every unit); zero_layout_init_flat: the flat buffer in N
+// shards, my pieces the units' intersections with mine.
 void zero_layout_init(ZeroLayout *z, const GPT2 *m, int N, int r);
+void zero_layout_init_flat(ZeroLayout *z, const GPT2 *m, int N, int r);
 void zero_layout_free(ZeroLayout *z);
+// Rank q's piece of unit u for every q (N counts: the blocks of the unit's v-collectives).
+void zero_unit_counts(const ZeroLayout *z, int u, size_t *counts);
+// Flat layout only: rank q's part of the range [lo, hi) of the flat buffer for every q (the
+// blocks of a bucket's v-collective); returns where my part starts in my shard buffers and, in
+// *at, where it starts inside the range.
+size_t zero_range_counts(const ZeroLayout *z, size_t lo, size_t hi, size_t *counts, size_t *at);
 // Elements part q owns (any q in [0, N)): the formula side of the memory tables.
 size_t zero_shard_elems(const ZeroLayout *z, int q);
 
@@ -54,12 +75,21 @@ void zero_adamw_step(const ZeroLayout *z, const AdamW *h, GPT2 *m, int step, flo
                      int nplist, float scale);
 
 // ZeRO-1's step after backward, on the model's full gradient and parameter buffers (its dtype):
-// reduce-scatter every unit's gradient (average) so that my piece of it lands in place, clip
+// reduce-scatter every unit's gradient (average) so that my piece of it lands in place (flat:
+// the whole buffer is one range, one reduce-scatter), clip
 // from the pieces (Σ g² over mine, summed over g), AdamW on my pieces only, then all-gather
 // every unit's parameters in place: every rank holds the whole updated model again.
 void zero1_step(const ZeroLayout *z, GPT2 *m, const AdamW *h, int step, float *master,
                 int master_full, float *opt_m, float *opt_v, const GPT2Param *plist, int nplist,
                 DistGroup *g);
+
+// Unit u's v-collectives (blocks: the ranks' pieces of u), blocking or started (nonblocking: wait
+// the returned DistWork). reduce-scatter: unit_grad (the whole unit) -> my piece (AVG divides by
+// N); all-gather: my piece -> unit (the whole unit). The in-place forms of dist.h apply.
+DistWork zero_unit_reduce_scatter(const ZeroLayout *z, int u, const void *unit_grad, void *piece,
+                                  DistDtype dt, DistOp op, int nonblocking, DistGroup *g);
+DistWork zero_unit_all_gather(const ZeroLayout *z, int u, const void *piece, void *unit,
+                              DistDtype dt, int nonblocking, DistGroup *g);
 
 // ZeRO-3: start the all-gather of unit u's parameters from my piece (shard: my pieces, in the
 // model's dtype dt) into out (the whole unit). Non-blocking: dist_wait the result before use.
