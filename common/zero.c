@@ -33,23 +33,24 @@ void zero_layout_init(ZeroLayout *z, const GPT2 *m, int N, int r) {
     fill_counts(z);
 }
 
+static size_t clamp(size_t x, size_t lo, size_t hi) { return x < lo ? lo : x > hi ? hi : x; }
+
+// Rank q's piece of unit u: by unit shard_count(size_u, N, q); flat: u ∩ shard q of the buffer.
+static size_t piece_count(const ZeroLayout *z, int u, int q) {
+    const ZeroPiece *p = &z->p[u];
+    if (!z->flat) return shard_count(p->unit_size, z->N, q);
+    size_t qb, qc;
+    shard_range(z->n, z->N, q, &qb, &qc);
+    const size_t ub = p->unit_offset, ue = ub + p->unit_size;
+    return clamp(qb + qc, ub, ue) - clamp(qb, ub, ue);
+}
+
 static void fill_counts(ZeroLayout *z) {
     const int N = z->N;
     z->counts = lab_xcalloc((size_t)z->nunits * (size_t)N, sizeof(size_t));
-    for (int u = 0; u < z->nunits; u++) {
-        const ZeroPiece *p = &z->p[u];
-        for (int q = 0; q < N; q++) {
-            if (!z->flat) { z->counts[(size_t)u * N + q] = shard_count(p->unit_size, N, q); continue; }
-            size_t qb, qc;
-            shard_range(z->n, N, q, &qb, &qc);
-            size_t lo = p->unit_offset > qb ? p->unit_offset : qb;
-            size_t hi = p->unit_offset + p->unit_size < qb + qc ? p->unit_offset + p->unit_size : qb + qc;
-            z->counts[(size_t)u * N + q] = hi > lo ? hi - lo : 0;
-        }
-    }
+    for (int u = 0; u < z->nunits; u++)
+        for (int q = 0; q < N; q++) z->counts[(size_t)u * N + q] = piece_count(z, u, q);
 }
-
-static size_t clamp(size_t x, size_t lo, size_t hi) { return x < lo ? lo : x > hi ? hi : x; }
 
 void zero_layout_init_flat(ZeroLayout *z, const GPT2 *m, int N, int r) {
     LAB_CHECK(m->l0 == 0 && m->l1 == m->cfg.L, "ZeRO partitions the full model");
@@ -100,7 +101,7 @@ size_t zero_shard_elems(const ZeroLayout *z, int q) {
 
 void zero_unit_counts(const ZeroLayout *z, int u, size_t *counts) {
     for (int q = 0; q < z->N; q++)
-        counts[q] = z->counts ? z->counts[(size_t)u * z->N + q] : shard_count(z->p[u].unit_size, z->N, q);
+        counts[q] = z->counts ? z->counts[(size_t)u * z->N + q] : piece_count(z, u, q);
 }
 
 size_t zero_range_counts(const ZeroLayout *z, size_t lo, size_t hi, size_t *counts, size_t *at) {

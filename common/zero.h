@@ -41,7 +41,7 @@ typedef struct ZeroLayout {
     int flat;             // 1: zero_layout_init_flat's partition
     size_t shard_begin;   // flat: where my shard starts in the flat buffer (shard_range(n, N, r))
     size_t *counts;       // (nunits * N): counts[u * N + q] = rank q's piece of unit u, or NULL
-                          // (a layout built by hand: by unit, shard_count(unit_size, N, q))
+                          // (a layout built by hand: computed from N, n, flat and the units)
 } ZeroLayout;
 
 // The layout of model m (full model) over N parts, as seen by part r.

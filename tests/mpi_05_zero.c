@@ -11,7 +11,9 @@
 //                 gradient must be the average, not the sum)
 //   gather-unit   zero_gather_unit (exercise 05.3) on units of 0, 1, N-1, N+1, 37 and 3N+2
 //                 elements: every rank ends with the whole unit, each piece at its place
-// on the world and on a split group. Prints "mpi_05_zero: <what> on N ranks: C checks, F failed".
+//   v-ops         dist_reduce_scatter_v / dist_all_gather_v (+ dist_i*_v, + on the
+//                 communication thread) with empty blocks, in place, and their byte counters
+// on the world and on a split group, each on both partitions (by unit, and flat: 05's). Prints "mpi_05_zero: <what> on N ranks: C checks, F failed".
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -31,7 +33,9 @@ static size_t pstart(size_t n, int N, int q) {
     return (size_t)q * base + ((size_t)q < extra ? (size_t)q : extra);
 }
 
-// The partition of units [offset[u], offset[u] + size[u]) seen by group rank g->rank.
+// The partition of units [offset[u], offset[u] + size[u]) seen by group rank g->rank: by unit
+// (piece r of every unit), or flat (the whole buffer in N shards, piece = unit ∩ shard r).
+static int flat_mode = 0;
 static void hand_layout(ZeroLayout *z, const size_t *offset, const size_t *size, int nunits,
                         DistGroup *g) {
     memset(z, 0, sizeof *z);
@@ -51,6 +55,20 @@ static void hand_layout(ZeroLayout *z, const size_t *offset, const size_t *size,
         z->n = offset[u] + size[u];
     }
     z->shard_n = local;
+    if (!flat_mode) return;
+    size_t sb = pstart(z->n, g->size, g->rank), se = pstart(z->n, g->size, g->rank + 1);
+    z->flat = 1;
+    z->shard_begin = sb;
+    z->shard_n = se - sb;
+    for (int u = 0; u < nunits; u++) {
+        ZeroPiece *p = &z->p[u];
+        size_t lo = sb, hi = se, ub = offset[u], ue = offset[u] + size[u];
+        lo = lo < ub ? ub : lo > ue ? ue : lo;
+        hi = hi < ub ? ub : hi > ue ? ue : hi;
+        p->begin = lo - ub;
+        p->count = hi - lo;
+        p->local = lo < sb ? 0 : lo > se ? se - sb : lo - sb;
+    }
 }
 
 // Gradient element i on rank r: multiples of 1/64, so sums over ranks are exact in fp32.
@@ -147,16 +165,100 @@ static void test_gather_unit(DistGroup *g) {
     zero_layout_free(&z);
 }
 
-static const char *const KINDS[] = {"zero1-step", "gather-unit"};
+// dist.h's v-ops on host buffers: per-rank counts with empty blocks (patterns below), blocking
+// and non-blocking, then the same on the communication thread; results against a serial
+// reference (values exact in fp32: small integers, sums of them), the in-place forms ZeRO uses,
+// and the byte counters against the ring formulas with c_p = counts[p], computed here.
+static float val_of(int r, size_t i) { return (float)((int)((i * 3 + (size_t)r * 7) % 11) - 5); }
+
+static void test_v_ops(DistGroup *g) {
+    const int N = g->size, r = g->rank;
+    size_t counts[64];
+    for (int pat = 0; pat < 4; pat++) {
+        for (int q = 0; q < N; q++)  // 0: all 5; 1: q's count q (rank 0 empty); 2: only the last
+            counts[q] = pat == 0 ? 5 : pat == 1 ? (size_t)q : pat == 2 ? (q == N - 1 ? 9 : 0)
+                                   : (size_t)((q * 5 + 3) % 4);  // 3: mixed, some empty
+        size_t n = 0, begin = 0;
+        for (int q = 0; q < N; q++) { if (q < r) begin += counts[q]; n += counts[q]; }
+        const size_t mine = counts[r], left = counts[(r + N - 1) % N], right = counts[(r + 1) % N];
+        for (int mode = 0; mode < 3; mode++) {  // blocking, non-blocking, on the comm thread
+            if (mode == 2) dist_comm_thread_start(g);
+            float *in = lab_xmalloc((n + 1) * sizeof(float)), *out = lab_xmalloc((mine + 1) * sizeof(float));
+            for (size_t i = 0; i < n; i++) in[i] = val_of(r, i);
+            const DistCounters before = *dist_group_counters(g);
+            if (mode == 0) dist_reduce_scatter_v(in, out, counts, DIST_F32, DIST_SUM, g);
+            else { DistWork w = dist_ireduce_scatter_v(in, out, counts, DIST_F32, DIST_SUM, g); dist_wait(&w); }
+            size_t bad = 0;
+            for (size_t j = 0; j < mine; j++) {
+                float want = 0;
+                for (int q = 0; q < N; q++) want += val_of(q, begin + j);
+                if (out[j] != want) bad++;
+            }
+            mpi_check(bad == 0, "reduce_scatter_v pattern %d mode %d on %s (rank %d of %d): %zu of "
+                      "%zu wrong", pat, mode, g->name, r, N, bad, mine);
+            // in place, NCCL's form (ZeRO's): the block lands where it was, AVG
+            for (size_t i = 0; i < n; i++) in[i] = val_of(r, i) * (float)N;
+            if (mode == 0) dist_reduce_scatter_v(in, in + begin, counts, DIST_F32, DIST_AVG, g);
+            else { DistWork w = dist_ireduce_scatter_v(in, in + begin, counts, DIST_F32, DIST_AVG, g); dist_wait(&w); }
+            bad = 0;
+            for (size_t j = 0; j < mine; j++) {
+                float want = 0;
+                for (int q = 0; q < N; q++) want += val_of(q, begin + j);
+                if (in[begin + j] != want) bad++;
+            }
+            mpi_check(bad == 0, "reduce_scatter_v in place AVG pattern %d mode %d (rank %d of %d): "
+                      "%zu wrong", pat, mode, r, N, bad);
+            // all-gather in place (send = recv + begin), then from a separate buffer
+            float *all = lab_xmalloc((n + 1) * sizeof(float));
+            for (size_t i = 0; i < n; i++) all[i] = -1.0f;
+            for (size_t j = 0; j < mine; j++) all[begin + j] = (float)(begin + j);
+            if (mode == 0) dist_all_gather_v(all + begin, all, counts, DIST_F32, g);
+            else { DistWork w = dist_iall_gather_v(all + begin, all, counts, DIST_F32, g); dist_wait(&w); }
+            bad = 0;
+            for (size_t i = 0; i < n; i++) bad += all[i] != (float)i;
+            mpi_check(bad == 0, "all_gather_v in place pattern %d mode %d (rank %d of %d): %zu of %zu "
+                      "wrong", pat, mode, r, N, bad, n);
+            for (size_t j = 0; j < mine; j++) out[j] = (float)(begin + j) + 0.5f;
+            if (mode == 0) dist_all_gather_v(out, all, counts, DIST_F32, g);
+            else { DistWork w = dist_iall_gather_v(out, all, counts, DIST_F32, g); dist_wait(&w); }
+            bad = 0;
+            for (size_t i = 0; i < n; i++) bad += all[i] != (float)i + 0.5f;
+            mpi_check(bad == 0, "all_gather_v pattern %d mode %d (rank %d of %d): %zu wrong", pat,
+                      mode, r, N, bad);
+            // bytes: 2 reduce-scatters, 2 all-gathers (ring: rs sent n - c_r, recv n - c_{r-1};
+            // ag sent n - c_{r+1}, recv n - c_r), 4 B an element; nothing on one rank
+            const DistCounters *after = dist_group_counters(g);
+            uint64_t e = 4, one = N > 1;
+            uint64_t rs_s = after->sent[OP_REDUCE_SCATTER] - before.sent[OP_REDUCE_SCATTER];
+            uint64_t rs_r = after->recv[OP_REDUCE_SCATTER] - before.recv[OP_REDUCE_SCATTER];
+            uint64_t ag_s = after->sent[OP_ALL_GATHER] - before.sent[OP_ALL_GATHER];
+            uint64_t ag_r = after->recv[OP_ALL_GATHER] - before.recv[OP_ALL_GATHER];
+            mpi_check(rs_s == one * 2 * e * (n - mine) && rs_r == one * 2 * e * (n - left) &&
+                      ag_s == one * 2 * e * (n - right) && ag_r == one * 2 * e * (n - mine),
+                      "v-op bytes pattern %d mode %d (rank %d of %d): rs %llu/%llu ag %llu/%llu, "
+                      "want %llu/%llu %llu/%llu", pat, mode, r, N, (unsigned long long)rs_s,
+                      (unsigned long long)rs_r, (unsigned long long)ag_s, (unsigned long long)ag_r,
+                      (unsigned long long)(one * 2 * e * (n - mine)), (unsigned long long)(one * 2 * e * (n - left)),
+                      (unsigned long long)(one * 2 * e * (n - right)), (unsigned long long)(one * 2 * e * (n - mine)));
+            free(in); free(out); free(all);
+            if (mode == 2) dist_comm_thread_stop(g);
+        }
+    }
+}
+
+static const char *const KINDS[] = {"zero1-step", "gather-unit", "v-ops"};
 
 static void run_kind(int kind, DistGroup *g) {
     // clipping that bites (the norm must be global; it hides the average's 1/N, which clipping
     // removes), then none (Adam's m and v see the average itself)
-    if (kind == 0) { test_zero1_step(g, 0.05f); test_zero1_step(g, 0.0f); }
-    else test_gather_unit(g);
+    for (flat_mode = 0; flat_mode <= 1; flat_mode++) {
+        if (kind == 0) { test_zero1_step(g, 0.05f); test_zero1_step(g, 0.0f); }
+        else if (kind == 1) test_gather_unit(g);
+    }
+    if (kind == 2) test_v_ops(g);
 }
 
 int main(int argc, char **argv) {
-    return mpi_test_main(argc, argv, "mpi_05_zero", "usage: mpi_05_zero <what>... (zero1-step gather-unit)",
-                         KINDS, 2, run_kind);
+    return mpi_test_main(argc, argv, "mpi_05_zero", "usage: mpi_05_zero <what>... (zero1-step gather-unit v-ops)",
+                         KINDS, 3, run_kind);
 }

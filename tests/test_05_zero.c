@@ -44,10 +44,33 @@ static char *tmp_path(const char *tag) {
     return p;
 }
 
+// The whole file into *buf (malloc'd); its size, 0 when it cannot be read.
+static size_t read_all(const char *path, char **buf) {
+    *buf = NULL;
+    FILE *f = fopen(path, "rb");
+    if (!f) return 0;
+    fseek(f, 0, SEEK_END);
+    long n = ftell(f);
+    fseek(f, 0, SEEK_SET);
+    *buf = malloc(n > 0 ? (size_t)n : 1);
+    size_t got = n > 0 ? fread(*buf, 1, (size_t)n, f) : 0;
+    fclose(f);
+    return got;
+}
+
 static void run_oracle(const char *flags, RunResults *out) {
     char *log = NULL;
     int rc = harness_run_dump(ORACLE, 1, flags, out, &log, 120);
     cr_assert_eq(rc, 0, "oracle run failed (%s):\n%s", flags, log);
+    free(log);
+}
+
+// extra: 05's own flags (--bucket-kb, --mutate ...), not given to the oracle
+static void run_zero_x(int np, int stage, const char *extra, const char *flags, RunResults *out) {
+    char *log = NULL, prog[256];
+    snprintf(prog, sizeof prog, ZERO " --zero %d %s", stage, extra);
+    int rc = harness_run_dump(prog, np, flags, out, &log, 150);
+    cr_assert_eq(rc, 0, "05_zero --zero %d %s -np %d %s failed:\n%s", stage, extra, np, flags, log);
     free(log);
 }
 
@@ -79,11 +102,22 @@ static size_t total(const Units *u) {
     for (int i = 0; i < u->n; i++) s += u->size[i];
     return s;
 }
-// elements rank r owns: its piece of every unit
+// The flat partition written out here: shard q of n elements starts at q*(n/N) + min(q, n%N).
+static size_t flat_start(size_t n, int N, int q) {
+    size_t base = n / (size_t)N, extra = n % (size_t)N;
+    return (size_t)q * base + ((size_t)q < extra ? (size_t)q : extra);
+}
+// elements rank r owns: its shard of the whole flat buffer
 static size_t owned(const Units *u, int N, int r) {
-    size_t s = 0;
-    for (int i = 0; i < u->n; i++) s += shard_count(u->size[i], N, r);
-    return s;
+    return flat_start(total(u), N, r + 1) - flat_start(total(u), N, r);
+}
+// rank q's piece of unit i: the unit's intersection with shard q
+static size_t piece(const Units *u, int i, int N, int q) {
+    size_t off = 0;
+    for (int j = 0; j < i; j++) off += u->size[j];
+    size_t lo = flat_start(total(u), N, q), hi = flat_start(total(u), N, q + 1);
+    size_t a = lo > off ? lo : off, b = hi < off + u->size[i] ? hi : off + u->size[i];
+    return b > a ? b - a : 0;
 }
 
 // What one rank holds, per category, in bytes (e: bytes of a param/grad element).
@@ -97,8 +131,10 @@ static void expected_memory(const Units *u, int stage, int N, int r, int bf16, d
     x[4] = 4 * s;                           // adam v
 }
 
-// Ring counting of one uneven op on a unit (common/dist.h): reduce-scatter sent n - c_r, recv
-// n - c_{r-1}; all-gather sent n - c_{r+1}, recv n - c_r.
+// Ring counting of one v-op (common/dist.h): reduce-scatter sent n - c_r, recv n - c_{r-1};
+// all-gather sent n - c_{r+1}, recv n - c_r, with c_q rank q's block. Stages 1 and 2 move the
+// whole buffer (stage 1 in one op, stage 2 bucket by bucket: the blocks of the buckets add up to
+// the shards), stage 3 unit by unit (rank q's block of unit i: piece(u, i, N, q)).
 static void expected_bytes(const Units *u, int stage, int N, int r, int bf16, double b[6]) {
     const double e = bf16 ? 2 : 4;
     memset(b, 0, 6 * sizeof(double));  // rs sent, rs recv, ag sent, ag recv, ar sent, ar recv
@@ -110,15 +146,21 @@ static void expected_bytes(const Units *u, int stage, int N, int r, int bf16, do
         return;
     }
     b[4] = b[5] = loss + norm;
+    const double psi = (double)total(u);
+    b[0] = e * (psi - (double)owned(u, N, r));
+    b[1] = e * (psi - (double)owned(u, N, (r + N - 1) % N));
+    if (stage < 3) {
+        b[2] = e * (psi - (double)owned(u, N, (r + 1) % N));
+        b[3] = e * (psi - (double)owned(u, N, r));
+        return;
+    }
     for (int i = 0; i < u->n; i++) {
         const double n = (double)u->size[i];
-        b[0] += e * (n - (double)shard_count(u->size[i], N, r));
-        b[1] += e * (n - (double)shard_count(u->size[i], N, (r + N - 1) % N));
-        // gathers per step: stages 1, 2 once; stage 3 the embedding twice (forward, then the
-        // head's wte), every block twice (forward, backward), the head once
-        int times = stage < 3 ? 1 : (i == u->n - 1 ? 1 : 2);
-        b[2] += times * e * (n - (double)shard_count(u->size[i], N, (r + 1) % N));
-        b[3] += times * e * (n - (double)shard_count(u->size[i], N, r));
+        // gathers per step at stage 3: the embedding twice (forward, then the head's wte),
+        // every block twice (forward, backward), the head once
+        int times = i == u->n - 1 ? 1 : 2;
+        b[2] += times * e * (n - (double)piece(u, i, N, (r + 1) % N));
+        b[3] += times * e * (n - (double)piece(u, i, N, r));
     }
 }
 
@@ -151,17 +193,53 @@ static void check_formulas(const RunResults *res, const Units *u, int stage, int
     }
 }
 
-// Each stage on np ranks: the oracle's training, and the formulas.
-static void check_stage(const RunResults *oracle, int np, int stage, const char *flags, int bf16) {
+// ZeRO-2's gradient memory: my shard (grads) + the comm buffers' peak (buckets and the unit
+// gradients backward writes) against the formula Ψ/N + in_flight·bucket + (the embedding's unit,
+// alive through all of backward because the tied head adds to it first, + the largest other
+// unit, one at a time), in bytes. Holds when a unit spans in_flight buckets (bucket-kb small);
+// with in_flight >= the buckets, every bucket is alive: Ψ.
+static void check_zero2_buckets(const RunResults *res, const Units *u, int N, int bucket_kb,
+                                int in_flight, const char *what) {
+    const double e = 4, B = bucket_kb * 1024.0 / e, psi = (double)total(u);
+    const double nb = ceil(psi / B);
+    double umax = 0;
+    for (int i = 1; i < u->n; i++) umax = fmax(umax, (double)u->size[i]);
+    const double buckets = nb > in_flight ? in_flight * B : psi;
+    for (int w = 0; w < 2; w++) {
+        int r = w == 0 ? 0 : N - 1;
+        const char *tag = w == 0 ? "first" : "last";
+        char kg[32], kc[32];
+        snprintf(kg, sizeof kg, "%s_grads", tag);
+        snprintf(kc, sizeof kc, "%s_comm", tag);
+        double got = results_get(res, kg, -1) + results_get(res, kc, -1);
+        double want = e * ((double)owned(u, N, r) + buckets + (double)u->size[0] + umax);
+        cr_expect_eq(got, want, "%s rank %d: grads + comm bufs peak %.0f B, formula Ψ/N + %d x "
+                     "bucket + units = %.0f B", what, r, got, in_flight, want);
+    }
+}
+
+// Each stage on np ranks: the oracle's training, and the formulas. Stage 2 runs with small
+// buckets (extra: 05's flags) and its gradient memory is checked too.
+static void check_stage_x(const RunResults *oracle, int np, int stage, const char *extra,
+                          const char *flags, int bf16) {
     RunResults r;
-    run_zero(np, stage, flags, &r);
+    run_zero_x(np, stage, extra, flags, &r);
     char what[256];
-    snprintf(what, sizeof what, "05_zero --zero %d -np %d %s", stage, np, flags);
+    snprintf(what, sizeof what, "05_zero --zero %d %s -np %d %s", stage, extra, np, flags);
     harness_assert_results_match(what, &r, oracle, bf16 ? BF16_LOSS_RTOL : LOSS_RTOL,
                                  bf16 ? BF16_PARAM_ATOL : PARAM_ATOL);
     Units u = small_units();
     check_formulas(&r, &u, stage, np, bf16, what);
+    int kb = 0, inf = 0;
+    const char *b = strstr(extra, "--bucket-kb "), *f = strstr(extra, "--in-flight ");
+    if (stage == 2 && !bf16 && b && f && sscanf(b, "--bucket-kb %d", &kb) == 1 &&
+        sscanf(f, "--in-flight %d", &inf) == 1)
+        check_zero2_buckets(&r, &u, np, kb, inf, what);
     results_free(&r);
+}
+
+static void check_stage(const RunResults *oracle, int np, int stage, const char *flags, int bf16) {
+    check_stage_x(oracle, np, stage, stage == 2 ? "--bucket-kb 16 --in-flight 2" : "", flags, bf16);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -191,7 +269,9 @@ Test(zero05, one_rank_every_stage_is_single_device_training_bit_exact, .timeout 
 Test(zero05, stages_1_2_3_on_2_ranks_match_and_meet_the_formulas, .timeout = 150) {
     RunResults o;
     run_oracle(SMALL, &o);
-    for (int stage = 1; stage <= 3; stage++) check_stage(&o, 2, stage, SMALL, 0);
+    check_stage(&o, 2, 1, SMALL, 0);
+    check_stage_x(&o, 2, 2, "--bucket-kb 8 --in-flight 3", SMALL, 0);
+    check_stage(&o, 2, 3, SMALL, 0);
     results_free(&o);
 }
 
@@ -214,9 +294,8 @@ Test(zero05, every_stage_on_3_ranks_uneven_pieces_matches_and_meets_the_formulas
 // Also against DDP (03) on the same 4 ranks: stage 0 is 03's --no-overlap step op for op (one
 // all-reduce of the whole gradient, the same clipping and AdamW): bit-exact; stages 1-3 sum the
 // same gradients by reduce-scatters: within the fp32 tolerance (measured 7.2e-7 on weights).
-// And with N = 4 dividing every unit, the totals are the notes' formulas exactly: 2Ψ(N-1)/N
-// elements reduce-scattered + all-gathered for stages 1, 2, and 3Ψ(N-1)/N for stage 3 less the
-// head's second gather (its forward and backward run back to back, its unit stays).
+// And with N = 4 dividing Ψ, stages 1 and 2 move the notes' 2Ψ(N-1)/N elements exactly (stage 2
+// bucket by bucket adds up to the same); stage 3's unit gathers are check_formulas'.
 Test(zero05, every_stage_on_4_ranks_matches_00_and_03_and_meets_the_formulas, .timeout = 200) {
     RunResults o, d;
     run_oracle(SMALL, &o);
@@ -225,7 +304,7 @@ Test(zero05, every_stage_on_4_ranks_matches_00_and_03_and_meets_the_formulas, .t
     cr_assert_eq(rc, 0, "03_ddp failed:\n%s", log);
     free(log);
     const Units u = small_units();
-    const double psi = (double)total(&u), head = (double)u.size[u.n - 1];
+    const double psi = (double)total(&u);
     for (int stage = 0; stage <= 3; stage++) {
         RunResults r;
         run_zero(4, stage, SMALL, &r);
@@ -236,12 +315,14 @@ Test(zero05, every_stage_on_4_ranks_matches_00_and_03_and_meets_the_formulas, .t
         snprintf(what, sizeof what, "05_zero --zero %d -np 4 vs 03_ddp -np 4", stage);
         if (stage == 0) {
             harness_assert_results_match(what, &r, &d, 0.0f, 0.0f);
-        } else {
+        } else if (stage < 3) {
             harness_assert_results_match(what, &r, &d, LOSS_RTOL, PARAM_ATOL);
             double elems = (results_get(&r, "first_rs_sent", -1) + results_get(&r, "first_ag_sent", -1)) / 4;
-            double want = (stage < 3 ? 2 * psi : 3 * psi - head) * 3 / 4;
+            double want = 2 * psi * 3 / 4;
             cr_expect_eq(elems, want, "--zero %d: %.0f elements sent by collectives per step, "
                          "formula %.0f", stage, elems, want);
+        } else {  // stage 3: rank 0's share of the unit gathers is check_formulas'
+            harness_assert_results_match(what, &r, &d, LOSS_RTOL, PARAM_ATOL);
         }
         results_free(&r);
     }
@@ -321,7 +402,44 @@ Test(zero05, resume_across_stages_and_world_sizes, .timeout = 200) {
         harness_assert_results_match(what, &r, &o, LOSS_RTOL, PARAM_ATOL);
         results_free(&r);
     }
+    // --load-weights: the weights only (fresh Adam, step 0), the same as 00 --load-weights
+    RunResults lw, olw;
+    snprintf(flags, sizeof flags, SMALL_CFG " --batch 24 --steps 3 --load-weights %s", ck);
+    run_oracle(flags, &olw);
+    run_zero(3, 2, flags, &lw);
+    harness_assert_results_match("--zero 2 x 3 --load-weights", &lw, &olw, LOSS_RTOL, PARAM_ATOL);
+    cr_expect(!harness_results_match("--load-weights vs --resume", &olw, &o, LOSS_RTOL, PARAM_ATOL),
+              "--load-weights gave the same run as --resume: the weights were not loaded");
+    results_free(&lw);
+    results_free(&olw);
     unlink(ck);
+    results_free(&o);
+}
+
+// Each break of --mutate must make the equivalence test above FAIL (so it can): the last shard
+// one element short (an uneven last shard dropped: that element never stepped), stages 1-2's
+// all-gather of the parameters skipped after setup (a stale parameter shard), a ZeRO-2 bucket
+// reduce-scattered before its lower part (another unit's gradient) was copied in, and the
+// gradients summed, not averaged. One oracle, 3 steps each.
+Test(zero05, each_mutation_breaks_the_equivalence, .timeout = 150) {
+    RunResults o;
+    const char *flags = SMALL_CFG " --batch 24 --steps 3";
+    run_oracle(flags, &o);
+    static const struct { int np, stage; const char *extra; } m[] = {
+        {3, 1, "--mutate drop-last"},
+        {2, 2, "--mutate stale --bucket-kb 16"},
+        {2, 2, "--mutate bucket-early --bucket-kb 16"},
+        {2, 2, "--mutate sum --bucket-kb 16"},
+    };
+    for (size_t i = 0; i < sizeof m / sizeof m[0]; i++) {
+        RunResults r;
+        run_zero_x(m[i].np, m[i].stage, m[i].extra, flags, &r);
+        char what[128];
+        snprintf(what, sizeof what, "05_zero --zero %d %s -np %d", m[i].stage, m[i].extra, m[i].np);
+        cr_expect(!harness_results_match(what, &r, &o, LOSS_RTOL, PARAM_ATOL),
+                  "%s matched single-device training: the test cannot see this break", what);
+        results_free(&r);
+    }
     results_free(&o);
 }
 
@@ -348,11 +466,21 @@ Test(zero05, a_checkpoint_of_another_model_is_refused, .timeout = 90) {
              "--batch 8 --steps 1 --save %s", ck);
     cr_assert_eq(harness_mpirun(2, flags, &out, 60), 0, "%s", out);
     free(out);
-    snprintf(flags, sizeof flags, ZERO " --zero 3 " SMALL " --resume %s", ck);
+    char *before = NULL, *after = NULL;
+    size_t nb = read_all(ck, &before);
+    // --save to the same file: a refused resume must not write it
+    snprintf(flags, sizeof flags, ZERO " --zero 3 " SMALL " --resume %s --save %s", ck, ck);
     int rc = harness_mpirun(3, flags, &out, 30);
     cr_assert_neq(rc, 0);
-    cr_assert_neq(rc, 124, "the refused resume did not end within 30 s");
+    cr_assert_neq(rc, 124, "the refused resume did not end within 30 s (a rank left waiting)");
     cr_assert(harness_contains(out, ck), "the message does not name the file:\n%s", out);
+    cr_assert(harness_contains(out, "layers") || harness_contains(out, "L="),
+              "the message does not say which model differs:\n%s", out);
+    size_t na = read_all(ck, &after);
+    cr_expect(nb > 0 && na == nb && memcmp(before, after, nb) == 0,
+              "the checkpoint changed (%zu B before, %zu B after)", nb, na);
+    free(before);
+    free(after);
     free(out);
     unlink(ck);
 }
@@ -363,47 +491,72 @@ Test(zero05, a_checkpoint_of_another_model_is_refused, .timeout = 90) {
 
 #include "zero.h"
 
-// 05.1: zero_layout_init's pieces for N = 1..9 and every rank, against the convention written
-// out here: piece q of a unit of n elements starts at q*(n/N) + min(q, n%N); the pieces tile
-// the unit, a rank's pieces sit one after the other in its shard, and shard_n is their sum.
-static void layout_matches(const GPT2Config *cfg) {
+// 05.1: zero_layout_init_flat's pieces for N = 1..9 and every rank, against the convention
+// written out here: shard q of the flat buffer (n elements) starts at q*(n/N) + min(q, n%N);
+// rank r's piece of a unit is the unit's intersection with shard r (empty ones begin where the
+// pieces of the ranks before r end), its pieces sit one after the other in its shard, and
+// shard_n is the shard's length. Also the by-unit layout (06's: piece r of every unit).
+static void layout_matches(const GPT2Config *cfg, int flat) {
     GPT2 m;
     gpt2_build(&m, *cfg, DEV_CPU);
+    const size_t n = m.num_params;
     for (int N = 1; N <= 9; N++) {
         for (int r = 0; r < N; r++) {
             ZeroLayout z;
-            zero_layout_init(&z, &m, N, r);
-            size_t local = 0;
+            if (flat) zero_layout_init_flat(&z, &m, N, r);
+            else zero_layout_init(&z, &m, N, r);
+            size_t local = 0, sb = flat_start(n, N, r), se = flat_start(n, N, r + 1);
             cr_assert_eq(z.nunits, m.nunits);
             for (int u = 0; u < m.nunits; u++) {
-                size_t n = m.units[u].size, q = n / (size_t)N, x = n % (size_t)N;
-                size_t begin = (size_t)r * q + ((size_t)r < x ? (size_t)r : x);
-                size_t count = q + ((size_t)r < x ? 1 : 0);
-                cr_expect_eq(z.p[u].unit_offset, m.units[u].offset);
-                cr_expect_eq(z.p[u].unit_size, n);
+                size_t un = m.units[u].size, ub = m.units[u].offset, begin, count;
+                if (flat) {
+                    size_t lo = sb < ub ? ub : sb > ub + un ? ub + un : sb;
+                    size_t hi = se < ub ? ub : se > ub + un ? ub + un : se;
+                    begin = lo - ub;
+                    count = hi - lo;
+                } else {
+                    begin = flat_start(un, N, r);
+                    count = flat_start(un, N, r + 1) - begin;
+                }
+                cr_expect_eq(z.p[u].unit_offset, ub);
+                cr_expect_eq(z.p[u].unit_size, un);
                 cr_expect_eq(z.p[u].begin, begin, "N %d rank %d unit %d: piece begins at %zu, "
                              "want %zu", N, r, u, z.p[u].begin, begin);
                 cr_expect_eq(z.p[u].count, count, "N %d rank %d unit %d: piece of %zu, want %zu",
                              N, r, u, z.p[u].count, count);
-                cr_expect_eq(z.p[u].local, local);
+                if (count) cr_expect_eq(z.p[u].local, local, "N %d rank %d unit %d: local %zu, "
+                                        "want %zu", N, r, u, z.p[u].local, local);
                 local += count;
+                size_t counts[16];
+                zero_unit_counts(&z, u, counts);
+                cr_expect_eq(counts[r], count, "N %d rank %d unit %d: counts[r] %zu, want %zu", N,
+                             r, u, counts[r], count);
             }
             cr_expect_eq(z.shard_n, local);
+            if (flat) cr_expect_eq(z.shard_n, se - sb, "N %d rank %d: shard of %zu, want %zu", N, r,
+                                   z.shard_n, se - sb);
             zero_layout_free(&z);
         }
     }
     gpt2_free(&m);
 }
 
-Test(ex05_1, pieces_of_the_small_model_for_1_to_9_ranks) {
+Test(ex05_1, flat_shards_of_the_small_model_for_1_to_9_ranks) {
     GPT2Config cfg = {.V = 256, .T = 32, .L = 2, .C = 64, .NH = 4};
-    layout_matches(&cfg);
+    layout_matches(&cfg, 1);
 }
 
-// A model whose head (2C = 6 elements) has fewer elements than ranks: empty pieces.
-Test(ex05_1, units_smaller_than_the_world_give_empty_pieces) {
+// A model of 57 elements (its head 2C = 6): shards smaller than units, many empty pieces.
+Test(ex05_1, shards_smaller_than_the_units_give_empty_pieces) {
     GPT2Config cfg = {.V = 5, .T = 3, .L = 1, .C = 3, .NH = 1};
-    layout_matches(&cfg);
+    layout_matches(&cfg, 1);
+}
+
+Test(zero05, the_by_unit_layout_of_06_is_piece_r_of_every_unit) {
+    GPT2Config cfg = {.V = 256, .T = 32, .L = 2, .C = 64, .NH = 4};
+    layout_matches(&cfg, 0);
+    GPT2Config tiny = {.V = 5, .T = 3, .L = 1, .C = 3, .NH = 1};
+    layout_matches(&tiny, 0);
 }
 
 // mpirun -np N mpi_05_zero <what> for N = 1..5: exit 0, checks run, none failed.
@@ -428,6 +581,11 @@ static void mpi_zero_passes(const char *what, int max_np) {
 // all-gather left out.
 Test(ex05_2, zero1_step_is_one_device_step_on_1_to_5_ranks, .timeout = 120) {
     mpi_zero_passes("zero1-step", 5);
+}
+
+// dist.h's v-ops (05's flat partition runs on them), on 1..5 ranks.
+Test(zero05, v_collectives_with_empty_blocks_and_their_bytes_on_1_to_5_ranks, .timeout = 120) {
+    mpi_zero_passes("v-ops", 5);
 }
 
 // Break seen to fail: the piece sent from the shard's start instead of its own place (local).

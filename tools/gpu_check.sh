@@ -14,6 +14,8 @@
 #      bounds, loss bound x10 for the GPU's algorithm choice per shape); 1 rank cuda vs cpu
 #   5. NCCL backend: every dist op on device buffers, world size = number of GPUs (nccl_check),
 #      and 03_ddp --backend nccl on one rank against the MPI backend
+#      05_zero --zero 1, 2, 3 on 2 ranks: --device cuda (MPI backend, staged) against --device
+#      cpu (fp32 bounds of step 3), and with 2 GPUs --backend nccl against the staged run
 #   6. speed: tokens/s and MFU of GPT-2 124M (T=1024) training in bf16 (tools/bench_gpu)
 # Exit status: 0 when every step passed.
 #
@@ -77,6 +79,19 @@ timeout 120 "${MPIRUN[@]}" -np "$ngpu" "$BUILD/tools/nccl_check" || fail "nccl_c
 if run ddp_nccl 1 ./03_ddp/run --steps 10 --device cuda --backend nccl && [ -f "$tmp/ddp_cuda_np1.bin" ]; then
     echo "-- 1 rank: nccl vs mpi"; $COMPARE "$tmp/ddp_cuda_np1.bin" "$tmp/ddp_nccl.bin" 1e-6 1e-6 || fail "03 nccl vs mpi"
 fi
+
+for z in 1 2 3; do
+    ok=1
+    run "zero${z}_cpu" 2 ./05_zero/run --zero "$z" --steps 10 --bucket-kb 64 --device cpu || ok=0
+    run "zero${z}_cuda" 2 ./05_zero/run --zero "$z" --steps 10 --bucket-kb 64 --device cuda || ok=0
+    [ "$ok" = 1 ] && { echo "-- 05 --zero $z x 2: cpu vs cuda"
+        $COMPARE "$tmp/zero${z}_cpu.bin" "$tmp/zero${z}_cuda.bin" 1e-4 1e-3 || fail "05 --zero $z cpu vs cuda"; }
+    if [ "$ngpu" -ge 2 ] && [ "$ok" = 1 ] &&
+        run "zero${z}_nccl" 2 ./05_zero/run --zero "$z" --steps 10 --bucket-kb 64 --device cuda --backend nccl; then
+        echo "-- 05 --zero $z x 2: nccl vs mpi"
+        $COMPARE "$tmp/zero${z}_cuda.bin" "$tmp/zero${z}_nccl.bin" 1e-5 2e-4 || fail "05 --zero $z nccl vs mpi"
+    fi
+done
 
 step "6/6 speed: GPT-2 124M (V=50257 T=1024 L=12 C=768 NH=12), bf16, one GPU"
 timeout 240 "$BUILD/tools/bench_gpu" --model 124m --dtype bf16 --batch 8 --steps 10 --warmup 2 ||
