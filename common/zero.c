@@ -11,19 +11,27 @@
 
 static void fill_counts(ZeroLayout *z);
 
-void zero_layout_init(ZeroLayout *z, const GPT2 *m, int N, int r) {
+// What both layouts share: the model's units, in memory order, and no pieces yet.
+static void layout_begin(ZeroLayout *z, const GPT2 *m, int N, int r, int flat) {
     LAB_CHECK(m->l0 == 0 && m->l1 == m->cfg.L, "ZeRO partitions the full model");
     memset(z, 0, sizeof *z);
     z->N = N;
     z->r = r;
     z->n = m->num_params;
     z->nunits = m->nunits;
+    z->flat = flat;
     z->p = lab_xcalloc((size_t)m->nunits, sizeof(ZeroPiece));
+    for (int u = 0; u < m->nunits; u++) {
+        z->p[u].unit_offset = m->units[u].offset;
+        z->p[u].unit_size = m->units[u].size;
+    }
+}
+
+void zero_layout_init(ZeroLayout *z, const GPT2 *m, int N, int r) {
+    layout_begin(z, m, N, r, 0);
     size_t local = 0;
     for (int u = 0; u < m->nunits; u++) {
         ZeroPiece *p = &z->p[u];
-        p->unit_offset = m->units[u].offset;
-        p->unit_size = m->units[u].size;
         // rank r's piece of the unit: the first size % N pieces are one element longer
         shard_range(p->unit_size, N, r, &p->begin, &p->count);
         p->local = local;
@@ -53,20 +61,8 @@ static void fill_counts(ZeroLayout *z) {
 }
 
 void zero_layout_init_flat(ZeroLayout *z, const GPT2 *m, int N, int r) {
-    LAB_CHECK(m->l0 == 0 && m->l1 == m->cfg.L, "ZeRO partitions the full model");
-    memset(z, 0, sizeof *z);
-    z->N = N;
-    z->r = r;
-    z->n = m->num_params;
-    z->nunits = m->nunits;
-    z->flat = 1;
-    z->p = lab_xcalloc((size_t)m->nunits, sizeof(ZeroPiece));
+    layout_begin(z, m, N, r, 1);
     size_t sb = 0, sc = 0;
-    for (int u = 0; u < m->nunits; u++) {
-        ZeroPiece *p = &z->p[u];
-        p->unit_offset = m->units[u].offset;
-        p->unit_size = m->units[u].size;
-    }
     // EXERCISE 05.1 Shard ranges -> 05_zero/README.md#exercise-051-shard-ranges
     // my shard of the whole flat buffer: the first n % N shards are one element longer
     shard_range(z->n, N, r, &sb, &sc);
