@@ -201,8 +201,10 @@ static void issue(Fsdp *F, int u) {
 void fsdp_before_op(Fsdp *F, const FsdpPlan *p, int k) {
     const FsdpOp *o = &p->ops[k];
     // the queue of this op's phase: entries up to the last one op k needs, and `prefetch` more
-    int end = o->backward ? p->nentries : p->nfwd_entries, last = F->next - 1;
-    for (int j = F->next; j < end && p->entry_op[j] <= k; j++) last = j;
+    // (last: the last entry of the ops up to k, issued or not; the window counts from it)
+    int begin = o->backward ? p->nfwd_entries : 0, end = o->backward ? p->nentries : p->nfwd_entries;
+    int last = begin - 1;
+    for (int j = begin; j < end && p->entry_op[j] <= k; j++) last = j;
     int limit = last + F->prefetch;
     while (F->next < end && F->next <= limit) {
         int j = F->next, u = p->entry_unit[j];

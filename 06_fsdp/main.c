@@ -296,8 +296,9 @@ static void gathered_formula(const Run *r, double out[PH_N]) {
     out[PH_FWD] = out[PH_BWD] = out[PH_OPT] = 0;
     for (int k = 0; k < p->nops; k++) {
         const FsdpOp *o = &p->ops[k];
-        int end = o->backward ? p->nentries : p->nfwd_entries, last = next - 1;
-        for (int j = next; j < end && p->entry_op[j] <= k; j++) last = j;
+        int begin = o->backward ? p->nfwd_entries : 0, end = o->backward ? p->nentries : p->nfwd_entries;
+        int last = begin - 1;
+        for (int j = begin; j < end && p->entry_op[j] <= k; j++) last = j;
         while (next < end && next <= last + r->f->prefetch) {
             if (alive[p->entry_unit[next]] && p->entry_op[next] > k) break;
             alive[p->entry_unit[next++]] = 1;
