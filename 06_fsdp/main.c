@@ -448,6 +448,10 @@ static void print_tables(Run *r, const double *all, const LabArgs *args) {
         for (int i = 0; i < 40; i++) putchar(i < bars ? '#' : ' ');
         printf("| %s (rank 0)\n", mem_format(b, 32, v));
     }
+    {
+        char b[32];
+        printf("  peak memory of rank 0 (its largest phase): %s\n", mem_format(b, 32, top));
+    }
 
     printf("\nCollectives per step and rank (dist counters), '=' where the count is the formula:\n");
     printf("  %-4s %14s %14s %10s %13s %13s %13s %13s\n", "rank", "all-gathers", "red-scatters",
