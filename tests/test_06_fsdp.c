@@ -328,20 +328,8 @@ Test(fsdp06, bad_input_is_refused_with_what_would_be_valid, .timeout = 60) {
 // tests/mpi_06_fsdp.c, not by zero_layout_init)
 
 static void mpi_fsdp_passes(const char *what, int max_np) {
-    for (int np = 1; np <= max_np; np++) {
-        char cmd[512], *out = NULL;
-        snprintf(cmd, sizeof cmd, "%s/tests/mpi_06_fsdp %s", harness_build_dir(), what);
-        int rc = harness_mpirun(np, cmd, &out, 60);
-        int checks = -1, failed = -1, ranks = -1;
-        const char *line = out ? strstr(out, "mpi_06_fsdp: ") : NULL;
-        const char *on = line ? strstr(line, " on ") : NULL;
-        if (on) sscanf(on, " on %d ranks: %d checks, %d failed", &ranks, &checks, &failed);
-        cr_expect(rc == 0 && ranks == np && checks > 0 && failed == 0,
-                  "mpi_06_fsdp %s on %d ranks: exit %d, summary: %d ranks %d checks %d failed\n%s",
-                  what, np, rc, ranks, checks, failed, out ? out : "(no output)");
-        free(out);
-        if (rc != 0) break;
-    }
+    cr_expect(harness_mpi_program_passes("mpi_06_fsdp", what, max_np, 60),
+              "mpi_06_fsdp %s failed (its output above on stderr)", what);
 }
 
 // Breaks seen to fail: the piece sent from the shard's start instead of its place (local); the
