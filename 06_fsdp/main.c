@@ -592,10 +592,10 @@ static void train(const LabArgs *args, const FsdpFlags *f) {
         printf("FSDP on %d rank%s: %s (%s), device %s\n", N, N > 1 ? "s" : "",
                session_model_line(&s, model, sizeof model), s.bf16 ? "bf16" : "fp32",
                s.model.k->name);
-        printf("units: embedding, %d blocks, head, each cut in %d pieces (%s on rank 0)%s; "
+        printf("units: embedding, %d blocks, head, each cut in %d pieces (%s on rank 0); "
                "reshard after forward %d, prefetch %d", s.cfg.L, r.G,
-               mem_format(b1, sizeof b1, (double)r.z.shard_n * (double)s.e), r.R > 1 ? "" : "",
-               f->reshard, f->prefetch);
+               mem_format(b1, sizeof b1, (double)r.z.shard_n * (double)s.e), f->reshard,
+               f->prefetch);
         if (r.R > 1) printf("; HSDP: %d shard groups of %d", r.R, r.G);
         if (K > 1) printf("; %d micro-batches of %d%s", K, Bm, f->no_sync ? " (no_sync)" : "");
         printf("\n");

@@ -11,9 +11,9 @@
 //               (MEM_COMM back to what it was); a FREED unit gathers again
 //   rs-hook     fsdp_grads_done + fsdp_grads_reap (exercise 06.3): unit gradients that differ
 //               per rank end as the average over the group in my piece of the gradient shard,
-//               added to what the piece held; with a replicate group (the world split in two
-//               halves of a shard group each... here: the group's ranks as replicas of a
-//               group of one) the average is over the replicas too
+//               added to what the piece held, every unit buffer freed; and as HSDP with shard
+//               groups of one (each rank its own group, the group's ranks its replicas): the
+//               average then comes from the all-reduce over the replicas
 // on the world and on a split group. Prints "mpi_06_fsdp: <what> on N ranks: C checks, F failed".
 #include <math.h>
 #include <stdio.h>
