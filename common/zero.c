@@ -5,6 +5,7 @@
 #include <string.h>
 
 #include "check.h"
+#include "ckpt.h"
 #include "mem.h"
 #include "shard.h"
 #include "train.h"
@@ -262,5 +263,60 @@ void zero_take_pieces(const ZeroLayout *z, const float *full, float *shard) {
     for (int u = 0; u < z->nunits; u++) {
         const ZeroPiece *p = &z->p[u];
         mem_copy(shard + p->local, full + piece_global(p), p->count * sizeof(float));
+    }
+}
+
+void zero_save_training(const ZeroLayout *z, const char *path, const GPT2Config *cfg, int step,
+                        uint64_t seed, uint64_t data_seed, const float *master,
+                        const float *opt_m, const float *opt_v, DistGroup *g) {
+    const size_t n = z->n;
+    const int root = g->rank == 0;
+    float *w = root ? lab_xcalloc(n, sizeof(float)) : NULL;
+    float *mm = root ? lab_xcalloc(n, sizeof(float)) : NULL;
+    float *vv = root ? lab_xcalloc(n, sizeof(float)) : NULL;
+    zero_gather_full(z, master, w, g);
+    zero_gather_full(z, opt_m, mm, g);
+    zero_gather_full(z, opt_v, vv, g);
+    if (root) ckpt_save_training(path, cfg, step, seed, data_seed, w, mm, vv, n);
+    free(w);
+    free(mm);
+    free(vv);
+}
+
+int zero_load_training(const ZeroLayout *z, const GPT2Config *cfg, const char *resume,
+                       const char *load_weights, float *master, float *opt_m, float *opt_v,
+                       DistGroup *world) {
+    const size_t n = z->n;
+    int start = 0;
+    float *w = lab_xcalloc(n, sizeof(float));
+    float *mm = resume ? lab_xcalloc(n, sizeof(float)) : NULL;
+    float *vv = resume ? lab_xcalloc(n, sizeof(float)) : NULL;
+    if (world->rank == 0) {
+        if (resume) start = ckpt_resume_training(resume, cfg, w, mm, vv, n);
+        else ckpt_load_weights_into(load_weights, cfg, w, n);
+    }
+    dist_broadcast(w, n, DIST_F32, 0, world);
+    zero_take_pieces(z, w, master);
+    if (resume) {
+        dist_broadcast(mm, n, DIST_F32, 0, world);
+        dist_broadcast(vv, n, DIST_F32, 0, world);
+        dist_broadcast(&start, 1, DIST_I32, 0, world);
+        zero_take_pieces(z, mm, opt_m);
+        zero_take_pieces(z, vv, opt_v);
+    }
+    free(w);
+    free(mm);
+    free(vv);
+    return start;
+}
+
+void zero_init_pieces(const ZeroLayout *z, const GPT2Config *cfg, uint64_t seed, float *master) {
+    for (int u = 0; u < z->nunits; u++) {
+        const ZeroPiece *p = &z->p[u];
+        size_t at = piece_global(p);
+        float *piece = lab_xcalloc(p->count ? p->count : 1, sizeof(float));
+        gpt2_init_slice(cfg, seed, at, at + p->count, piece);
+        mem_copy(master + p->local, piece, p->count * sizeof(float));
+        free(piece);
     }
 }

@@ -101,3 +101,21 @@ DistWork zero_gather_unit(const ZeroLayout *z, int u, const void *shard, void *o
 void zero_gather_full(const ZeroLayout *z, const float *shard, float *full, DistGroup *g);
 // scatter: every rank holds the same full array (after a broadcast) and copies its pieces.
 void zero_take_pieces(const ZeroLayout *z, const float *full, float *shard);
+
+// The sharded training state (master pieces, Adam m and v pieces: z->shard_n fp32 each, host or
+// device) <-> the lab's one checkpoint format (the whole model, common/ckpt.h), so that any
+// layout resumes any other's (05 and 06 on N ranks, 03 on M). Shared by 05_zero and 06_fsdp.
+// save: collective over g (the ranks of ONE copy of the pieces, e.g. HSDP's first shard
+//   group); g's rank 0 writes path.
+void zero_save_training(const ZeroLayout *z, const char *path, const GPT2Config *cfg, int step,
+                        uint64_t seed, uint64_t data_seed, const float *master,
+                        const float *opt_m, const float *opt_v, DistGroup *g);
+// load: collective over world: world rank 0 reads --resume (weights, Adam state, step) or
+//   --load-weights (weights only; m, v untouched), broadcasts, every rank takes its pieces.
+//   Returns the step to continue from (0 for --load-weights).
+int zero_load_training(const ZeroLayout *z, const GPT2Config *cfg, const char *resume,
+                       const char *load_weights, float *master, float *opt_m, float *opt_v,
+                       DistGroup *world);
+// Fresh: each rank initializes only its own pieces (gpt2_init_slice: a piece is exactly that
+// slice of the full model's initialization), into master (z->shard_n fp32, host or device).
+void zero_init_pieces(const ZeroLayout *z, const GPT2Config *cfg, uint64_t seed, float *master);

@@ -461,3 +461,30 @@ int harness_reliability_holds(const char *prog, int np, const char *flags, const
     if (!harness_nan_fails_cleanly(prog, np, nan_flags, cfg)) ok = 0;
     return ok;
 }
+
+// (not inlined: gcc's -Wdangling-pointer then mistakes the output for harness_run's local)
+static __attribute__((noinline)) int mpirun_output(int np, const char *cmd, char **out, int timeout_s) {
+    return harness_mpirun(np, cmd, out, timeout_s);
+}
+
+int harness_mpi_program_passes(const char *prog, const char *what, int max_np, int timeout_s) {
+    char head[160];
+    snprintf(head, sizeof head, "%s: ", prog);
+    for (int np = 1; np <= max_np; np++) {
+        char cmd[512];
+        char *out = NULL;
+        snprintf(cmd, sizeof cmd, "%s/tests/%s %s", harness_build_dir(), prog, what);
+        int rc = mpirun_output(np, cmd, &out, timeout_s);
+        int checks = -1, failed = -1, ranks = -1;
+        const char *line = out ? strstr(out, head) : NULL;
+        if (line && (line = strstr(line, " on ")) != NULL)
+            sscanf(line, " on %d ranks: %d checks, %d failed", &ranks, &checks, &failed);
+        int ok = rc == 0 && ranks == np && checks > 0 && failed == 0;
+        if (!ok)
+            fprintf(stderr, "%s %s on %d ranks: exit %d, summary: %d ranks %d checks %d failed\n%s\n",
+                    prog, what, np, rc, ranks, checks, failed, out ? out : "(no output)");
+        free(out);
+        if (!ok) return 0;
+    }
+    return 1;
+}

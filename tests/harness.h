@@ -89,3 +89,9 @@ int harness_contains(const char *haystack, const char *needle);
 // (stderr is captured into a temp file meanwhile) and assert on its words. Returns the message
 // it printed if it failed through lab_fail, NULL if fn returned normally.
 const char *harness_expect_fail(void (*fn)(void *), void *arg);
+
+// An MPI test program (tests/mpi_*.c on tests/mpitest.h) on 1, 2, ... max_np ranks:
+// `<build>/tests/<prog> <what>` must exit 0 and its summary line "<prog>: <what> on N ranks:
+// C checks, F failed" report N = np, C > 0, F = 0. 1 when that holds on every rank count (it
+// stops at the first that fails); otherwise prints the run's output (stderr) and returns 0.
+int harness_mpi_program_passes(const char *prog, const char *what, int max_np, int timeout_s);

@@ -12,6 +12,7 @@
 #   4. 03_ddp with the MPI backend on 1, 2 and 4 ranks sharing the GPU (device buffers staged
 #      through host memory): 2 and 4 ranks against 1 within 1e-5 / 2e-4 (chapter 03's test
 #      bounds, loss bound x10 for the GPU's algorithm choice per shape); 1 rank cuda vs cpu
+#   4b. 06_fsdp the same way: 1 rank cuda vs cpu, 2 ranks and HSDP 2 x 2 against 1 rank
 #   5. NCCL backend: every dist op on device buffers, world size = number of GPUs (nccl_check),
 #      and 03_ddp --backend nccl on one rank against the MPI backend
 #      05_zero --zero 1, 2, 3 on 2 ranks: --device cuda (MPI backend, staged) against --device
@@ -71,6 +72,17 @@ if [ "$ok" = 1 ]; then
     echo "-- 1 rank: cpu vs cuda";  $COMPARE "$tmp/ddp_cpu.bin" "$tmp/ddp_cuda_np1.bin" || fail "03 cpu vs cuda"
     echo "-- cuda: 2 ranks vs 1";   $COMPARE "$tmp/ddp_cuda_np1.bin" "$tmp/ddp_cuda_np2.bin" 1e-5 2e-4 || fail "03 2 ranks"
     echo "-- cuda: 4 ranks vs 1";   $COMPARE "$tmp/ddp_cuda_np1.bin" "$tmp/ddp_cuda_np4.bin" 1e-5 2e-4 || fail "03 4 ranks"
+fi
+
+step "4b/6 06_fsdp, MPI backend: 1 and 2 ranks, and HSDP 2 x 2 on 4, sharing the GPU"
+ok=1
+run fsdp_cpu 1 ./06_fsdp/run --steps 10 --device cpu || ok=0
+for np in 1 2; do run "fsdp_cuda_np$np" "$np" ./06_fsdp/run --steps 10 --device cuda || ok=0; done
+run fsdp_cuda_hsdp 4 ./06_fsdp/run --steps 10 --device cuda --shard-group 2 || ok=0
+if [ "$ok" = 1 ]; then
+    echo "-- 1 rank: cpu vs cuda";  $COMPARE "$tmp/fsdp_cpu.bin" "$tmp/fsdp_cuda_np1.bin" || fail "06 cpu vs cuda"
+    echo "-- cuda: 2 ranks vs 1";   $COMPARE "$tmp/fsdp_cuda_np1.bin" "$tmp/fsdp_cuda_np2.bin" 1e-5 2e-4 || fail "06 2 ranks"
+    echo "-- cuda: HSDP 2 x 2 vs 1"; $COMPARE "$tmp/fsdp_cuda_np1.bin" "$tmp/fsdp_cuda_hsdp.bin" 1e-5 2e-4 || fail "06 HSDP"
 fi
 
 step "5/6 NCCL backend"

@@ -44,6 +44,17 @@ for f in common/*.c; do
     $CC $CFLAGS -c "$f" -o "$OUT/obj/$name.o"
     objs+=("$OUT/obj/$name.o")
 done
+# EMU_CHAPTER=NN_name [EMU_NP=N]: that chapter's program instead, run on N ranks (default 1) with
+# the arguments given, e.g. EMU_CHAPTER=06_fsdp EMU_NP=2 bash tests/cuda_emu/run.sh --device cuda
+if [ -n "${EMU_CHAPTER:-}" ]; then
+    [ -f "$EMU_CHAPTER/main.c" ] || { echo "EMU_CHAPTER=$EMU_CHAPTER: no $EMU_CHAPTER/main.c" >&2; exit 2; }
+    prog="$OUT/$(basename "$EMU_CHAPTER")"
+    $CC $CFLAGS -I"$EMU_CHAPTER" "$EMU_CHAPTER"/*.c "${objs[@]}" $BLAS_LIBS $MPI_LIBS -lstdc++ -lm \
+        -lpthread $SAN -o "$prog"
+    echo "built $prog (CUDA kernels emulated on the CPU)"
+    OPENBLAS_NUM_THREADS=1 exec mpirun --allow-run-as-root --oversubscribe --mca btl self,vader \
+        -x OPENBLAS_NUM_THREADS -np "${EMU_NP:-1}" "$prog" "$@"
+fi
 TOOL=${EMU_TOOL:-gpu_check}
 [ -f "tools/$TOOL.c" ] || { echo "EMU_TOOL=$TOOL: tools/$TOOL.c does not exist" >&2; exit 2; }
 $CC $CFLAGS "tools/$TOOL.c" "${objs[@]}" $BLAS_LIBS $MPI_LIBS -lstdc++ -lm -lpthread $SAN \
