@@ -46,6 +46,10 @@ static const char *USAGE =
     "                                                          padded to 252 rows, 126 per rank\n"
     "  mpirun -np 4 ./07_tensor_parallel/run --tp 2           2 TP groups of 2, data-parallel\n"
     "  mpirun -np 1 ./07_tensor_parallel/run --tp 1           one rank: chapter 00's training\n"
+    "  mpirun -np 4 ./07_tensor_parallel/run --tp 4 --sequence-parallel\n"
+    "                                                          sequence parallelism: the same bytes\n"
+    "                                                          on the wire (reduce-scatter +\n"
+    "                                                          all-gather), fewer activations\n"
     "\n"
     "--tp must divide the number of heads (whole heads per rank) and the number of ranks.\n"
     "It prints which rank holds which heads, hidden units and vocabulary rows, the all-reduces\n"
@@ -53,6 +57,7 @@ static const char *USAGE =
 
 typedef struct TpFlags {
     int tp;               // ranks per TP group (0: all ranks)
+    int sp;               // --sequence-parallel
     const char *mutate;   // break one mechanism on purpose (the tests' negative checks)
 } TpFlags;
 
@@ -104,11 +109,15 @@ static void train(const LabArgs *args, const TpFlags *f) {
 
     // 2. This rank's share of the model, initialized slice by slice from --seed.
     TpModel m;
-    tpm_build(&m, cfg, tp, tpg->rank, Bl, cfg.T, (uint64_t)args->seed);
+    tpm_build_sp(&m, cfg, tp, tpg->rank, Bl, cfg.T, (uint64_t)args->seed, f->sp);
     if (strcmp(f->mutate, "heads") == 0) mutate_heads(&m, (uint64_t)args->seed);
     if (strcmp(f->mutate, "attn-f") == 0) skipped = TP_SITE_ATTN_F;
     if (strcmp(f->mutate, "mlp-f") == 0) skipped = TP_SITE_MLP_F;
     if (strcmp(f->mutate, "ce-sumexp") == 0) skipped = TP_SITE_CE_SUMEXP;
+    if (strcmp(f->mutate, "sp-grads") == 0) {
+        if (!f->sp) lab_fail_collective("--mutate sp-grads breaks sequence parallelism: add --sequence-parallel");
+        skipped = TP_SITE_SP_GRADS;
+    }
     TpComm comm = tp_comm_group(tpg);
     comm.all_reduce = all_reduce_maybe;
     AdamW opt = lab_args_adamw(args);
@@ -129,10 +138,14 @@ static void train(const LabArgs *args, const TpFlags *f) {
         // 3. The group's batch: every rank of the group reads the same rows.
         data_batch(&data, (uint64_t)step, args->batch, cfg.T, row0, Bl, inputs, targets);
         // 4. Forward: embedding (1 all-reduce), L blocks (2 each: g), loss (3 of B·T).
+        //    Sequence parallel: the stream on this rank's T/tp positions of each sequence;
+        //    each all-reduce of B·T·C a reduce-scatter (g) or an all-gather (f).
         int tok = trace_begin("forward", TRACE_COMPUTE);
         float loss = tpm_forward(&m, &comm, inputs, targets);
         trace_end(tok);
         // 5. Backward: head (f: 1), L blocks (f: 2 each); the mean over this group's rows.
+        //    Sequence parallel: the mirror image, then one all-reduce of the LayerNorms' and
+        //    the row-parallel biases' gradients (each rank saw its positions only).
         tpm_zero_grad(&m);
         tok = trace_begin("backward", TRACE_COMPUTE);
         tpm_backward(&m, &comm, inputs, targets, 1.0f / ((float)Bl * (float)cfg.T));
@@ -194,14 +207,18 @@ static void train(const LabArgs *args, const TpFlags *f) {
 int main(int argc, char **argv) {
     dist_init(&argc, &argv);
     LabArgs args = lab_args_defaults();
-    TpFlags f = {.tp = 0, .mutate = "none"};
+    TpFlags f = {.tp = 0, .sp = 0, .mutate = "none"};
     FlagSpec extra[] = {
         {"--tp", FLAG_INT, &f.tp, 0, 1 << 20, NULL,
          "ranks per tensor-parallel group (0: all ranks); must divide the heads and the ranks"},
-        {"--mutate", FLAG_CHOICE, &f.mutate, 0, 0, "none|attn-f|mlp-f|ce-sumexp|heads",
+        {"--sequence-parallel", FLAG_BOOL, &f.sp, 0, 1, NULL,
+         "sequence parallelism: LayerNorms and residuals on T/tp positions per rank, g a "
+         "reduce-scatter, f an all-gather (--seq must be a multiple of --tp)"},
+        {"--mutate", FLAG_CHOICE, &f.mutate, 0, 0, "none|attn-f|mlp-f|ce-sumexp|heads|sp-grads",
          "break one mechanism on purpose (what the tests must catch): forget f's backward "
-         "all-reduce at the attention / MLP input, normalise the softmax by the local vocabulary "
-         "only, or give each rank the next rank's heads"},
+         "all-reduce (or reduce-scatter) at the attention / MLP input, normalise the softmax by "
+         "the local vocabulary only, give each rank the next rank's heads, or (with "
+         "--sequence-parallel) forget the all-reduce of the LayerNorms' partial gradients"},
     };
     lab_parse_args_for(LAB_FLAGS_MODEL | LAB_FLAGS_TRAINING | LAB_FLAGS_OUTPUT, argc, argv, &args,
                        extra, (int)(sizeof extra / sizeof extra[0]), "07_tensor_parallel/run",
