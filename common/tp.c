@@ -462,11 +462,13 @@ void tp_seq_reduce_scatter(TpComm *c, const float *full, float *local, int B, in
 void tp_seq_all_gather(TpComm *c, const float *local, float *full, int B, int T, int C, TpSite site) {
     LAB_CHECK(site >= 0 && site < TP_NSITES && T % c->tp == 0, "tp_seq_all_gather: site %d, T=%d tp=%d",
               (int)site, T, c->tp);
-    const size_t per = (size_t)(T / c->tp) * C;
+    // EXERCISE 07.4 The f operator under sequence parallelism -> 07_tensor_parallel/README.md#exercise-074-the-f-operator-under-sequence-parallelism
+    const size_t per = (size_t)(T / c->tp) * C;  // one rank's positions of one sequence
     c->calls[site]++;
-    c->floats[site] += (size_t)B * T * C;
-    for (int b = 0; b < B; b++)
+    c->floats[site] += (size_t)B * T * C;        // counted as the whole tensor, once
+    for (int b = 0; b < B; b++)                  // sequence b: its t blocks at their places
         c->all_gather(c, local + (size_t)b * per, full + (size_t)b * T * C, per, site);
+    // END EXERCISE 07.4
 }
 
 void tp_sp_block_acts_alloc(TpBlockActs *a, int B, int T, int C, int NH, int tp, float *partial, Device dev) {

@@ -376,3 +376,8 @@ Test(ex07_2, mlp_backward_slices_and_summed_input_gradient_on_tp_2_and_1, .timeo
 // 07.3: vocab-parallel cross-entropy. Seen failing: the sum of exp not all-reduced (off by 0.12).
 Test(ex07_3, vocab_parallel_loss_equals_the_full_loss_on_tp_4_and_2, .timeout = 120) { mpi_07_passes(4, "ce"); }
 Test(ex07_3, vocab_parallel_loss_equals_the_full_loss_on_tp_2_and_1, .timeout = 120) { mpi_07_passes(2, "ce"); }
+// 07.4: f under sequence parallelism (its forward all-gather). Seen failing: the sequence's
+// offset in the gathered tensor taken as b·T/t·C instead of b·T·C ("an all-gathered position is
+// not where it belongs"; the SP block output off by 0.10).
+Test(ex07_4, seq_parallel_f_gathers_every_position_in_place_on_tp_4_and_2, .timeout = 120) { mpi_07_passes(4, "seq-f"); }
+Test(ex07_4, seq_parallel_f_gathers_every_position_in_place_on_tp_2_and_1, .timeout = 120) { mpi_07_passes(2, "seq-f"); }
