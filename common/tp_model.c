@@ -236,26 +236,54 @@ void tpm_adamw_step(TpModel *m, const AdamW *h, int step, DistGroup *g) {
                scale);
 }
 
-void tpm_gather_full(const TpModel *m, DistGroup *g, float *full) {
+// Block l's shard, the local wte rows, wpe, lnfw, lnfb of a flat buffer of m's layout (the
+// offsets of m->params' views, applied to `flat`).
+static void flat_views(const TpModel *m, const float *flat, int l, TpBlock *b) {
+    tp_block_views(b, (float *)flat + (m->w[l].ln1w - m->params), m->cfg.C, m->tp);
+}
+#define FLAT(m, flat, view) ((float *)(flat) + ((m)->view - (m)->params))
+
+void tpm_gather_flat(const TpModel *m, DistGroup *g, const float *flat, float *full_mem) {
     const GPT2Config *cfg = &m->cfg;
     const size_t n = gpt2_param_count(cfg), C = (size_t)cfg->C;
     float *mine = lab_xcalloc(n, sizeof(float));  // zero where another rank writes
     for (int l = 0; l < cfg->L; l++) {
-        TpBlock fb;
+        TpBlock fb, sb;
         tp_block_of_model(&fb, cfg, mine, l);
-        tp_block_unshard(&fb, &m->w[l], cfg->C, m->tp, m->r, m->r == 0);
+        flat_views(m, flat, l, &sb);
+        tp_block_unshard(&fb, &sb, cfg->C, m->tp, m->r, m->r == 0);
     }
-    tp_wte_unshard(mine + full_offset(cfg, GPT2_WTE), m->wte, &m->tv, cfg->C);
+    tp_wte_unshard(mine + full_offset(cfg, GPT2_WTE), FLAT(m, flat, wte), &m->tv, cfg->C);
     if (m->r == 0) {
-        memcpy(mine + full_offset(cfg, GPT2_WPE), m->wpe, (size_t)cfg->T * C * sizeof(float));
-        memcpy(mine + full_offset(cfg, GPT2_LNFW), m->lnfw, C * sizeof(float));
-        memcpy(mine + full_offset(cfg, GPT2_LNFB), m->lnfb, C * sizeof(float));
+        memcpy(mine + full_offset(cfg, GPT2_WPE), FLAT(m, flat, wpe), (size_t)cfg->T * C * sizeof(float));
+        memcpy(mine + full_offset(cfg, GPT2_LNFW), FLAT(m, flat, lnfw), C * sizeof(float));
+        memcpy(mine + full_offset(cfg, GPT2_LNFB), FLAT(m, flat, lnfb), C * sizeof(float));
     }
-    float *sum = m->r == 0 ? lab_xcalloc(n, sizeof(float)) : NULL;
-    dist_reduce(mine, sum, n, DIST_F32, DIST_SUM, 0, g);
-    if (m->r == 0) gpt2_to_llmc(cfg, sum, full);  // memory order -> llm.c's order
-    free(sum);
+    dist_reduce(mine, m->r == 0 ? full_mem : NULL, n, DIST_F32, DIST_SUM, 0, g);
     free(mine);
+}
+
+void tpm_take_flat(const TpModel *m, const float *full_mem, float *flat) {
+    const GPT2Config *cfg = &m->cfg;
+    const size_t C = (size_t)cfg->C;
+    for (int l = 0; l < cfg->L; l++) {
+        TpBlock fb, sb;
+        tp_block_of_model(&fb, cfg, (float *)full_mem, l);
+        flat_views(m, flat, l, &sb);
+        tp_block_shard(&sb, &fb, cfg->C, m->tp, m->r);
+    }
+    tp_wte_shard(FLAT(m, flat, wte), full_mem + full_offset(cfg, GPT2_WTE), &m->tv, cfg->C);
+    memcpy(FLAT(m, flat, wpe), full_mem + full_offset(cfg, GPT2_WPE), (size_t)cfg->T * C * sizeof(float));
+    memcpy(FLAT(m, flat, lnfw), full_mem + full_offset(cfg, GPT2_LNFW), C * sizeof(float));
+    memcpy(FLAT(m, flat, lnfb), full_mem + full_offset(cfg, GPT2_LNFB), C * sizeof(float));
+}
+
+void tpm_gather_full(const TpModel *m, DistGroup *g, float *full) {
+    const size_t n = gpt2_param_count(&m->cfg);
+    float *sum = m->r == 0 ? lab_xcalloc(n, sizeof(float)) : NULL;
+    tpm_gather_flat(m, g, m->params, sum);
+    if (m->r == 0) gpt2_to_llmc(&m->cfg, sum, full);  // memory order -> llm.c's order
+    free(sum);
 }
 
 double tpm_replicated_max_diff(const TpModel *m, DistGroup *g) {

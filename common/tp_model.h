@@ -71,6 +71,14 @@ void tpm_adamw_step(TpModel *m, const AdamW *h, int step, DistGroup *g);
 // (x + 0 == x: exact). Collective over g.
 void tpm_gather_full(const TpModel *m, DistGroup *g, float *full);
 
+// The same for any flat buffer of m's layout (params, opt_m, opt_v), in the full model's
+// MEMORY order (gpt2.h, what ckpt_save_training takes): on the group's rank 0. Collective over g.
+void tpm_gather_flat(const TpModel *m, DistGroup *g, const float *flat, float *full_mem);
+// The inverse, no communication: this rank's slices of full_mem (the full model in memory
+// order, on this rank) into flat (m's layout); the padded vocabulary rows are zero.
+// tpm_take_flat(tpm_gather_flat(x)) == x, bit for bit (checkpoints move between any tp).
+void tpm_take_flat(const TpModel *m, const float *full_mem, float *flat);
+
 // Largest |w - w on group rank 0| over the replicated tensors (LayerNorms, wpe, the row-parallel
 // biases): 0 when every rank applied the same updates to them. Collective over g.
 double tpm_replicated_max_diff(const TpModel *m, DistGroup *g);

@@ -15,6 +15,8 @@
 //            the full model's logits == the full model's losses, on V = 250 and 251 (padded).
 //   seq-f    (07.4, tp_seq_all_gather: f's forward under sequence parallelism) labelled pieces
 //            land at their places; the SP block from this rank's positions == the full block.
+//   ckpt     (not an exercise) a checkpoint's state moves between the full layout and the
+//            slices without changing a bit (run_ckpt).
 // Tolerance: 1e-4 of the largest |value| compared, as mpi_tp (sums of t partial dot products in
 // another order). Measured (printed): block <= 1.1e-7, mlp <= 3.3e-7, ce <= 1.7e-7.
 // Seen failing (each break made in common/tp.c by hand, then restored): block: the MLP's g
@@ -32,6 +34,7 @@
 #include "kernels.h"
 #include "mpitest.h"
 #include "tp.h"
+#include "tp_model.h"
 
 #define TOL 1e-4f
 #define B_ 2
@@ -243,7 +246,36 @@ static void run_seq_f(DistGroup *g) {
     free(gathered), free(local);
 }
 
-static const char *const kinds[] = {"block", "mlp", "ce", "seq-f"};
+// Checkpoints move between layouts (not an exercise; tp07 suite): the full model's state in
+// memory order, taken into this rank's slices (tpm_take_flat) and gathered back
+// (tpm_gather_flat), is the same bits; and the slices taken from gpt2_init_params' full model
+// are the bits tpm_build initializes alone (the take and the layout agree). V = 250: padded on
+// tp = 4.
+static void run_ckpt(DistGroup *g) {
+    GPT2 m;
+    full(&m, 250);
+    gpt2_init_params(&m, SEED);  // (full() gave its biases values: start from the plain init)
+    const size_t n = gpt2_param_count(&m.cfg);
+    TpModel t;
+    tpm_build(&t, m.cfg, g->size, g->rank, B_, T_, SEED);
+    float *flat = lab_xcalloc(t.n, sizeof(float));
+    tpm_take_flat(&t, m.params, flat);
+    mpi_check(memcmp(flat, t.params, t.n * sizeof(float)) == 0, "tp=%d rank %d: the slices taken "
+              "from the full init differ from tpm_build's own init", g->size, g->rank);
+    float *state = lab_xcalloc(n, sizeof(float)), *back = lab_xcalloc(n, sizeof(float));
+    uint32_t r = 12345;  // a state with no structure (Adam's m, v look like this)
+    for (size_t i = 0; i < n; i++) r = r * 1664525u + 1013904223u, state[i] = (float)(r >> 8) / 16777216.0f - 0.5f;
+    tpm_take_flat(&t, state, flat);
+    tpm_gather_flat(&t, g, flat, g->rank == 0 ? back : NULL);
+    if (g->rank == 0)
+        mpi_check(memcmp(state, back, n * sizeof(float)) == 0, "tp=%d: gather(take(state)) != state",
+                  g->size);
+    free(state), free(back), free(flat);
+    tpm_free(&t);
+    gpt2_free(&m);
+}
+
+static const char *const kinds[] = {"block", "mlp", "ce", "seq-f", "ckpt"};
 
 static void run(int kind, DistGroup *g) {
     if (config(250).NH % g->size != 0) return;  // 3 ranks do not split 4 heads
@@ -251,8 +283,9 @@ static void run(int kind, DistGroup *g) {
     if (kind == 1) run_mlp(g);
     if (kind == 2) run_ce(g);
     if (kind == 3) run_seq_f(g);
+    if (kind == 4) run_ckpt(g);
 }
 
 int main(int argc, char **argv) {
-    return mpi_test_main(argc, argv, "mpi_07_tp", "usage: mpi_07_tp block|mlp|ce|seq-f...", kinds, 4, run);
+    return mpi_test_main(argc, argv, "mpi_07_tp", "usage: mpi_07_tp block|mlp|ce|seq-f|ckpt...", kinds, 5, run);
 }
