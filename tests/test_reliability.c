@@ -39,8 +39,3 @@ Test(reliability, chapter_05_zero, .timeout = 400) {
     harness_assert_reliable("./05_zero/run --quiet --zero 3", 3, MODEL, &CFG);
 }
 
-// TP 2 with sequence parallelism on 2 ranks: the save gathers the slices of TP group 0 (a copy
-// of the group, so the step's counters stay clean) and world rank 0 writes the full model.
-Test(reliability, chapter_07_tensor_parallel, .timeout = 400) {
-    harness_assert_reliable("./07_tensor_parallel/run --quiet --tp 2 --sequence-parallel", 2, MODEL, &CFG);
-}
