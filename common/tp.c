@@ -37,8 +37,8 @@ static void single_all_reduce(TpComm *c, float *buf, size_t n, TpOp op, TpSite s
     (void)c, (void)buf, (void)n, (void)op, (void)site;  // one rank: the sum is the value itself
 }
 static void single_copy(TpComm *c, const float *send, float *recv, size_t n, TpSite site) {
-    (void)c, (void)site;  // one rank: its block is the whole (host memory)
-    if (send != recv) memmove(recv, send, n * sizeof(float));
+    (void)c, (void)site;  // one rank: its block is the whole (host or device buffers)
+    mem_copy(recv, send, n * sizeof(float));
 }
 TpComm tp_comm_single(void) {
     TpComm c = {.tp = 1, .rank = 0, .all_reduce = single_all_reduce, .reduce_scatter = single_copy,
