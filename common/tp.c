@@ -202,41 +202,57 @@ static float *take(float **at, size_t n) {
     return p;
 }
 
-void tp_block_acts_alloc(TpBlockActs *a, int B, int T, int C, int NH, int tp, Device dev) {
-    LAB_CHECK(NH % tp == 0 && C % NH == 0, "tp_block_acts_alloc: C=%d NH=%d tp=%d do not split", C, NH, tp);
+// The saved set of a block, carved from one allocation. Nr: the rows of the stream's own
+// tensors (residual2, out, the LayerNorm statistics): N, or N/t under sequence parallelism;
+// partial: NULL (attproj and fcproj are the block's own (N,C)), or a shared (N,C) buffer.
+static void acts_carve(TpBlockActs *a, int B, int T, int C, int NH, int tp, size_t Nr, float *partial,
+                       Device dev) {
     size_t N = (size_t)B * T, c = (size_t)C, cl = c / (size_t)tp, hl = 4 * c / (size_t)tp;
     size_t att = (size_t)B * (size_t)(NH / tp) * T * T;
-    size_t total = 6 * N * c + 4 * N + 4 * N * cl + 2 * att + 2 * N * hl;
+    size_t total = 2 * N * c + 4 * Nr + 4 * N * cl + 2 * att + 2 * Nr * c + 2 * N * hl + (partial ? 0 : 2 * N * c);
     memset(a, 0, sizeof *a);
     a->B = B, a->T = T, a->C = C, a->NH = NH, a->tp = tp;
     a->mem = mem_alloc(total * sizeof(float), MEM_ACTS, dev);
     float *at = a->mem;
-    a->ln1 = take(&at, N * c), a->ln1_mean = take(&at, N), a->ln1_rstd = take(&at, N);
+    a->ln1 = take(&at, N * c), a->ln1_mean = take(&at, Nr), a->ln1_rstd = take(&at, Nr);
     a->qkv = take(&at, 3 * N * cl), a->atty = take(&at, N * cl);
     a->preatt = take(&at, att), a->att = take(&at, att);
-    a->attproj = take(&at, N * c), a->residual2 = take(&at, N * c);
-    a->ln2 = take(&at, N * c), a->ln2_mean = take(&at, N), a->ln2_rstd = take(&at, N);
+    a->attproj = partial ? partial : take(&at, N * c);
+    a->residual2 = take(&at, Nr * c);
+    a->ln2 = take(&at, N * c), a->ln2_mean = take(&at, Nr), a->ln2_rstd = take(&at, Nr);
     a->fch = take(&at, N * hl), a->fch_gelu = take(&at, N * hl);
-    a->fcproj = take(&at, N * c), a->out = take(&at, N * c);
+    a->fcproj = partial ? partial : take(&at, N * c);
+    a->out = take(&at, Nr * c);
     LAB_CHECK(at == a->mem + total, "tp_block_acts_alloc: sizes do not add up");
+}
+
+void tp_block_acts_alloc(TpBlockActs *a, int B, int T, int C, int NH, int tp, Device dev) {
+    LAB_CHECK(NH % tp == 0 && C % NH == 0, "tp_block_acts_alloc: C=%d NH=%d tp=%d do not split", C, NH, tp);
+    acts_carve(a, B, T, C, NH, tp, (size_t)B * T, NULL, dev);
 }
 void tp_block_acts_free(TpBlockActs *a) {
     mem_free(a->mem);
     memset(a, 0, sizeof *a);
 }
 
-void tp_scratch_alloc(TpScratch *s, int B, int T, int C, int NH, int tp, Device dev) {
-    size_t N = (size_t)B * T, c = (size_t)C, cl = c / (size_t)tp, hl = 4 * c / (size_t)tp;
+// One block's backward scratch, carved from one allocation; sp: dresidual2 on N/t rows, and
+// the SP buffers (full, dlnl, partial).
+static void scratch_carve(TpScratch *s, int B, int T, int C, int NH, int tp, int sp, Device dev) {
+    size_t N = (size_t)B * T, Nr = sp ? N / (size_t)tp : N, c = (size_t)C, cl = c / (size_t)tp, hl = 4 * c / (size_t)tp;
     size_t att = (size_t)B * (size_t)(NH / tp) * T * T;
-    size_t total = 2 * N * c + 4 * N * cl + 2 * att + 2 * N * hl;
+    size_t total = N * c + Nr * c + 4 * N * cl + 2 * att + 2 * N * hl + (sp ? 2 * N * c + Nr * c : 0);
     memset(s, 0, sizeof *s);
     s->mem = mem_alloc(total * sizeof(float), MEM_ACTS, dev);
     float *at = s->mem;
-    s->dln = take(&at, N * c), s->dresidual2 = take(&at, N * c);
+    s->dln = take(&at, N * c), s->dresidual2 = take(&at, Nr * c);
     s->dqkv = take(&at, 3 * N * cl), s->datty = take(&at, N * cl);
     s->dpreatt = take(&at, att), s->datt = take(&at, att);
     s->dfch = take(&at, N * hl), s->dfch_gelu = take(&at, N * hl);
+    if (sp) s->full = take(&at, N * c), s->dlnl = take(&at, Nr * c), s->partial = take(&at, N * c);
     LAB_CHECK(at == s->mem + total, "tp_scratch_alloc: sizes do not add up");
+}
+void tp_scratch_alloc(TpScratch *s, int B, int T, int C, int NH, int tp, Device dev) {
+    scratch_carve(s, B, T, C, NH, tp, 0, dev);
 }
 void tp_scratch_free(TpScratch *s) {
     mem_free(s->mem);
@@ -472,39 +488,14 @@ void tp_seq_all_gather(TpComm *c, const float *local, float *full, int B, int T,
 }
 
 void tp_sp_block_acts_alloc(TpBlockActs *a, int B, int T, int C, int NH, int tp, float *partial, Device dev) {
-    LAB_CHECK(NH % tp == 0 && C % NH == 0 && T % tp == 0, "tp_sp_block_acts_alloc: C=%d NH=%d T=%d tp=%d "
-              "do not split", C, NH, T, tp);
-    size_t N = (size_t)B * T, Nl = N / (size_t)tp, c = (size_t)C, cl = c / (size_t)tp, hl = 4 * c / (size_t)tp;
-    size_t att = (size_t)B * (size_t)(NH / tp) * T * T;
-    size_t total = 2 * N * c + 4 * Nl + 4 * N * cl + 2 * att + 2 * Nl * c + 2 * N * hl;
-    memset(a, 0, sizeof *a);
-    a->B = B, a->T = T, a->C = C, a->NH = NH, a->tp = tp;
-    a->mem = mem_alloc(total * sizeof(float), MEM_ACTS, dev);
-    float *at = a->mem;
-    a->ln1 = take(&at, N * c), a->ln1_mean = take(&at, Nl), a->ln1_rstd = take(&at, Nl);
-    a->qkv = take(&at, 3 * N * cl), a->atty = take(&at, N * cl);
-    a->preatt = take(&at, att), a->att = take(&at, att);
-    a->residual2 = take(&at, Nl * c);
-    a->ln2 = take(&at, N * c), a->ln2_mean = take(&at, Nl), a->ln2_rstd = take(&at, Nl);
-    a->fch = take(&at, N * hl), a->fch_gelu = take(&at, N * hl);
-    a->out = take(&at, Nl * c);
-    a->attproj = a->fcproj = partial;  // transient: the partial sums before the reduce-scatter
-    LAB_CHECK(at == a->mem + total, "tp_sp_block_acts_alloc: sizes do not add up");
+    LAB_CHECK(NH % tp == 0 && C % NH == 0 && T % tp == 0 && partial, "tp_sp_block_acts_alloc: C=%d NH=%d "
+              "T=%d tp=%d do not split (or no partial buffer)", C, NH, T, tp);
+    acts_carve(a, B, T, C, NH, tp, (size_t)B * T / (size_t)tp, partial, dev);
 }
 
 void tp_sp_scratch_alloc(TpScratch *s, int B, int T, int C, int NH, int tp, Device dev) {
-    size_t N = (size_t)B * T, Nl = N / (size_t)tp, c = (size_t)C, cl = c / (size_t)tp, hl = 4 * c / (size_t)tp;
-    size_t att = (size_t)B * (size_t)(NH / tp) * T * T;
-    size_t total = 3 * N * c + 2 * Nl * c + 4 * N * cl + 2 * att + 2 * N * hl;
-    memset(s, 0, sizeof *s);
-    s->mem = mem_alloc(total * sizeof(float), MEM_ACTS, dev);
-    float *at = s->mem;
-    s->dln = take(&at, N * c), s->dresidual2 = take(&at, Nl * c);
-    s->dqkv = take(&at, 3 * N * cl), s->datty = take(&at, N * cl);
-    s->dpreatt = take(&at, att), s->datt = take(&at, att);
-    s->dfch = take(&at, N * hl), s->dfch_gelu = take(&at, N * hl);
-    s->full = take(&at, N * c), s->dlnl = take(&at, Nl * c), s->partial = take(&at, N * c);
-    LAB_CHECK(at == s->mem + total, "tp_sp_scratch_alloc: sizes do not add up");
+    LAB_CHECK(T % tp == 0, "tp_sp_scratch_alloc: T=%d tp=%d", T, tp);
+    scratch_carve(s, B, T, C, NH, tp, 1, dev);
 }
 
 void tp_sp_block_forward(const Kernels *k, TpComm *c, const TpBlock *w, TpBlockActs *a, TpScratch *s,
