@@ -16,8 +16,12 @@
 // computed from the local logits with three all-reduces of B·T floats (max, sum of exp, target
 // logit) and never gathers the logits; backward mirrors it: f at each half's input all-reduces
 // the gradient. Every rank then updates its own slice of the weights with AdamW (the norm for
-// clipping summed over the group). The pieces are common/tp.h's; tp_model.c lays them out in one
-// flat buffer; this file is the training loop and the report (report.c).
+// clipping summed over the group). --sequence-parallel (Korthikanti et al. 2022): between the
+// halves the stream lives on T/tp positions of each sequence per rank; each all-reduce of B·T·C
+// becomes a reduce-scatter (g) or an all-gather (f), and the LayerNorms' partial gradients are
+// all-reduced. --save / --resume move the FULL model (any --tp, or chapter 00, resumes it). The
+// pieces are common/tp.h's; tp_model.c lays them out in one flat buffer; this file is the
+// training loop, the checkpoints and the report (report.c).
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -53,10 +57,10 @@ static const char *USAGE =
     "                                                          sequence parallelism: the same bytes\n"
     "                                                          on the wire (reduce-scatter +\n"
     "                                                          all-gather), fewer activations\n"
-    "\n"
-    "  mpirun -np 4 ./07_tensor_parallel/run --tp 4 --save s.ckpt --stop-at 4; \\\n"
-    "  ./00_memory_budget/run --train --resume s.ckpt      checkpoints hold the full model, not the\n"
-    "                                                          slices: any --tp (or chapter 00) resumes\n"
+    "  mpirun -np 4 ./07_tensor_parallel/run --tp 4 --save s.ckpt --stop-at 4\n"
+    "  ./00_memory_budget/run --train --resume s.ckpt           the checkpoint holds the full model,\n"
+    "                                                          not the slices: chapter 00 (or any\n"
+    "                                                          --tp) resumes it\n"
     "\n"
     "--tp must divide the number of heads (whole heads per rank) and the number of ranks.\n"
     "It prints which rank holds which heads, hidden units and vocabulary rows, the all-reduces\n"
