@@ -16,13 +16,20 @@
 // computed from the local logits with three all-reduces of B·T floats (max, sum of exp, target
 // logit) and never gathers the logits; backward mirrors it: f at each half's input all-reduces
 // the gradient. Every rank then updates its own slice of the weights with AdamW (the norm for
-// clipping summed over the group). The pieces are common/tp.h's; tp_model.c lays them out in one
-// flat buffer; this file is the training loop and the report (report.c).
+// clipping summed over the group). --sequence-parallel (Korthikanti et al. 2022): between the
+// halves the stream lives on T/tp positions of each sequence per rank; each all-reduce of B·T·C
+// becomes a reduce-scatter (g) or an all-gather (f), and the LayerNorms' partial gradients are
+// all-reduced. --save / --resume move the FULL model (any --tp, or chapter 00, resumes it). The
+// pieces are common/tp.h's; tp_model.c lays them out in one flat buffer; this file is the
+// training loop, the checkpoints and the report (report.c).
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "check.h"
+#include "ckpt.h"
 #include "data.h"
 #include "dist.h"
 #include "flags.h"
@@ -46,6 +53,14 @@ static const char *USAGE =
     "                                                          padded to 252 rows, 126 per rank\n"
     "  mpirun -np 4 ./07_tensor_parallel/run --tp 2           2 TP groups of 2, data-parallel\n"
     "  mpirun -np 1 ./07_tensor_parallel/run --tp 1           one rank: chapter 00's training\n"
+    "  mpirun -np 4 ./07_tensor_parallel/run --tp 4 --sequence-parallel\n"
+    "                                                          sequence parallelism: the same bytes\n"
+    "                                                          on the wire (reduce-scatter +\n"
+    "                                                          all-gather), fewer activations\n"
+    "  mpirun -np 4 ./07_tensor_parallel/run --tp 4 --save s.ckpt --stop-at 4\n"
+    "  ./00_memory_budget/run --train --resume s.ckpt           the checkpoint holds the full model,\n"
+    "                                                          not the slices: chapter 00 (or any\n"
+    "                                                          --tp) resumes it\n"
     "\n"
     "--tp must divide the number of heads (whole heads per rank) and the number of ranks.\n"
     "It prints which rank holds which heads, hidden units and vocabulary rows, the all-reduces\n"
@@ -53,6 +68,7 @@ static const char *USAGE =
 
 typedef struct TpFlags {
     int tp;               // ranks per TP group (0: all ranks)
+    int sp;               // --sequence-parallel
     const char *mutate;   // break one mechanism on purpose (the tests' negative checks)
 } TpFlags;
 
@@ -80,6 +96,47 @@ static void mutate_heads(TpModel *m, uint64_t seed) {
     free(buf);
 }
 
+// --save, --save-weights: the FULL model (and Adam's m, v), gathered from the slices of TP group
+// 0 (ckg: a copy of the TP group, so that a save's traffic stays out of the step's counters),
+// written by world rank 0 in the lab's usual formats: any --tp, and chapter 00, resumes it.
+static void save_state(const TpModel *m, DistGroup *ckg, int in_group0, const LabArgs *args, int step) {
+    if (!in_group0) return;
+    const size_t n = gpt2_param_count(&m->cfg);
+    float *buf[3] = {NULL, NULL, NULL};
+    const float *flat[3] = {m->params, m->opt_m, m->opt_v};
+    for (int i = 0; i < 3; i++) {
+        if (ckg->rank == 0) buf[i] = lab_xcalloc(n, sizeof(float));
+        tpm_gather_flat(m, ckg, flat[i], buf[i]);
+    }
+    if (ckg->rank == 0)
+        ckpt_save_training(args->save, &m->cfg, step, (uint64_t)args->seed, (uint64_t)args->data_seed,
+                           buf[0], buf[1], buf[2], n);
+    for (int i = 0; i < 3; i++) free(buf[i]);
+}
+
+// --resume / --load-weights: world rank 0 reads the full model, every rank takes its slices
+// (tpm_take_flat: the exact inverse of the gather). Returns the step to continue from.
+static int load_state(TpModel *m, const LabArgs *args) {
+    if (!args->resume && !args->load_weights) return 0;
+    const size_t n = gpt2_param_count(&m->cfg);
+    float *buf[3] = {lab_xcalloc(n, sizeof(float)), lab_xcalloc(n, sizeof(float)), lab_xcalloc(n, sizeof(float))};
+    float *flat[3] = {m->params, m->opt_m, m->opt_v};
+    int start = 0;
+    if (dist_rank() == 0) {
+        if (args->resume) start = ckpt_resume_training(args->resume, &m->cfg, buf[0], buf[1], buf[2], n);
+        else ckpt_load_weights_into(args->load_weights, &m->cfg, buf[0], n);
+    }
+    dist_broadcast(&start, 1, DIST_I32, 0, dist_world());
+    for (int i = 0; i < (args->resume ? 3 : 1); i++) {
+        dist_broadcast(buf[i], n, DIST_F32, 0, dist_world());
+        tpm_take_flat(m, buf[i], flat[i]);
+    }
+    if (args->resume && !args->quiet && dist_rank() == 0)
+        printf("resumed from %s at step %d\n", args->resume, start);
+    for (int i = 0; i < 3; i++) free(buf[i]);
+    return start;
+}
+
 static void train(const LabArgs *args, const TpFlags *f) {
     const int rank = dist_rank(), world = dist_size();
     const GPT2Config cfg = lab_args_config(args);
@@ -104,11 +161,17 @@ static void train(const LabArgs *args, const TpFlags *f) {
 
     // 2. This rank's share of the model, initialized slice by slice from --seed.
     TpModel m;
-    tpm_build(&m, cfg, tp, tpg->rank, Bl, cfg.T, (uint64_t)args->seed);
+    tpm_build_sp(&m, cfg, tp, tpg->rank, Bl, cfg.T, (uint64_t)args->seed, f->sp);
     if (strcmp(f->mutate, "heads") == 0) mutate_heads(&m, (uint64_t)args->seed);
     if (strcmp(f->mutate, "attn-f") == 0) skipped = TP_SITE_ATTN_F;
     if (strcmp(f->mutate, "mlp-f") == 0) skipped = TP_SITE_MLP_F;
     if (strcmp(f->mutate, "ce-sumexp") == 0) skipped = TP_SITE_CE_SUMEXP;
+    if (strcmp(f->mutate, "sp-grads") == 0) {
+        if (!f->sp) lab_fail_collective("--mutate sp-grads breaks sequence parallelism: add --sequence-parallel");
+        skipped = TP_SITE_SP_GRADS;
+    }
+    DistGroup *ckg = dist_split(dist_world(), rank / tp, rank % tp, "tp-ckpt");
+    const int start = load_state(&m, args);
     TpComm comm = tp_comm_group(tpg);
     comm.all_reduce = all_reduce_maybe;
     AdamW opt = lab_args_adamw(args);
@@ -125,18 +188,28 @@ static void train(const LabArgs *args, const TpFlags *f) {
     dist_group_counters_reset(tpg);
     dist_group_counters_reset(dpg);
     double t0 = lab_now(), t_last = t0;
-    for (int step = 0; step < steps; step++) {
+    for (int step = start; step < steps; step++) {
+        if (step == args->kill_step && rank == args->kill_rank) {  // --kill-rank: a rank dies
+            fprintf(stderr, "[rank %d] --kill-rank: exiting abruptly at step %d\n", rank, step);
+            fflush(stderr);
+            _exit(1);
+        }
         // 3. The group's batch: every rank of the group reads the same rows.
         data_batch(&data, (uint64_t)step, args->batch, cfg.T, row0, Bl, inputs, targets);
         // 4. Forward: embedding (1 all-reduce), L blocks (2 each: g), loss (3 of B·T).
+        //    Sequence parallel: the stream on this rank's T/tp positions of each sequence;
+        //    each all-reduce of B·T·C a reduce-scatter (g) or an all-gather (f).
         int tok = trace_begin("forward", TRACE_COMPUTE);
         float loss = tpm_forward(&m, &comm, inputs, targets);
         trace_end(tok);
         // 5. Backward: head (f: 1), L blocks (f: 2 each); the mean over this group's rows.
+        //    Sequence parallel: the mirror image, then one all-reduce of the LayerNorms' and
+        //    the row-parallel biases' gradients (each rank saw its positions only).
         tpm_zero_grad(&m);
         tok = trace_begin("backward", TRACE_COMPUTE);
         tpm_backward(&m, &comm, inputs, targets, 1.0f / ((float)Bl * (float)cfg.T));
         trace_end(tok);
+        if (step == args->inject_nan_step && rank == 0) m.grads[0] = NAN;  // --inject-nan-step
         // 6. Data parallel across groups (--tp < world): average the slices rank r of every
         //    group holds (the same slices), and the loss.
         if (dp > 1) {
@@ -155,19 +228,26 @@ static void train(const LabArgs *args, const TpFlags *f) {
             printf("step %5d/%d  loss %.4f  lr %.2e  %8.0f tok/s\n", step + 1, args->steps, loss,
                    adamw_lr(&opt, step), (double)args->batch * cfg.T / (now - t_last));
         t_last = now;
+        if (args->save && args->save_every > 0 && (step + 1) % args->save_every == 0 && step + 1 < steps)
+            save_state(&m, ckg, dpg->rank == 0, args, step + 1);
     }
     double elapsed = lab_now() - t0;
 
     // 8. The report: communication per step against the formula, memory per rank.
     Tp7Figures fig;
-    tp7_measure(&fig, &m, &comm, tpg, steps, elapsed, args->batch);
+    tp7_measure(&fig, &m, &comm, tpg, steps - start, elapsed, args->batch);
+    if (args->save) {
+        save_state(&m, ckg, dpg->rank == 0, args, steps);
+        if (!args->quiet && rank == 0) printf("saved training state (step %d) to %s\n", steps, args->save);
+    }
     if (!args->quiet) tp7_print_report(&fig, &m, tpg, world);
     trace_finish();  // --trace: the timeline (collective)
     // 9. --dump: the full model's weights gathered back (rank 0 of each group; world rank 0
     //    writes), the losses, the figures.
     double replicated_diff = args->dump ? tpm_replicated_max_diff(&m, tpg) : 0.0;
     float *full = tpg->rank == 0 ? lab_xmalloc(gpt2_param_count(&cfg) * sizeof(float)) : NULL;
-    if (args->dump) tpm_gather_full(&m, tpg, full);
+    if (args->dump || args->save_weights) tpm_gather_full(&m, tpg, full);
+    if (args->save_weights && rank == 0) ckpt_save_weights(args->save_weights, &cfg, full);
     if (args->dump && rank == 0) {
         RunResults out;
         results_init(&out, steps, gpt2_param_count(&cfg));
@@ -187,6 +267,7 @@ static void train(const LabArgs *args, const TpFlags *f) {
     mem_free(targets);
     data_free(&data);
     tpm_free(&m);
+    dist_group_free(ckg);
     dist_group_free(dpg);
     dist_group_free(tpg);
 }
@@ -194,16 +275,21 @@ static void train(const LabArgs *args, const TpFlags *f) {
 int main(int argc, char **argv) {
     dist_init(&argc, &argv);
     LabArgs args = lab_args_defaults();
-    TpFlags f = {.tp = 0, .mutate = "none"};
+    TpFlags f = {.tp = 0, .sp = 0, .mutate = "none"};
     FlagSpec extra[] = {
         {"--tp", FLAG_INT, &f.tp, 0, 1 << 20, NULL,
          "ranks per tensor-parallel group (0: all ranks); must divide the heads and the ranks"},
-        {"--mutate", FLAG_CHOICE, &f.mutate, 0, 0, "none|attn-f|mlp-f|ce-sumexp|heads",
+        {"--sequence-parallel", FLAG_BOOL, &f.sp, 0, 1, NULL,
+         "sequence parallelism: LayerNorms and residuals on T/tp positions per rank, g a "
+         "reduce-scatter, f an all-gather (--seq must be a multiple of --tp)"},
+        {"--mutate", FLAG_CHOICE, &f.mutate, 0, 0, "none|attn-f|mlp-f|ce-sumexp|heads|sp-grads",
          "break one mechanism on purpose (what the tests must catch): forget f's backward "
-         "all-reduce at the attention / MLP input, normalise the softmax by the local vocabulary "
-         "only, or give each rank the next rank's heads"},
+         "all-reduce (or reduce-scatter) at the attention / MLP input, normalise the softmax by "
+         "the local vocabulary only, give each rank the next rank's heads, or (with "
+         "--sequence-parallel) forget the all-reduce of the LayerNorms' partial gradients"},
     };
-    lab_parse_args_for(LAB_FLAGS_MODEL | LAB_FLAGS_TRAINING | LAB_FLAGS_OUTPUT, argc, argv, &args,
+    lab_parse_args_for(LAB_FLAGS_MODEL | LAB_FLAGS_TRAINING | LAB_FLAGS_OUTPUT | LAB_FLAGS_RELIABILITY |
+                           LAB_FLAGS_KILL, argc, argv, &args,
                        extra, (int)(sizeof extra / sizeof extra[0]), "07_tensor_parallel/run",
                        USAGE);
     train(&args, &f);

@@ -60,31 +60,49 @@ void tp7_measure(Tp7Figures *f, const TpModel *m, const TpComm *comm, DistGroup 
     for (int i = 0; i < TP_NSITES; i++)
         f->calls[i] = (double)comm->calls[i] / s, f->floats[i] = (double)comm->floats[i] / s;
     // The formula: per block 2 forward (g) + 2 backward (f) all-reduces of B·T·C; one for the
-    // embedding, one for f at the head's input; three of B·T in the loss.
-    const double want[TP_NSITES][2] = {
-        [TP_SITE_EMBED] = {1, NC}, [TP_SITE_ATTN_G] = {L, L * NC}, [TP_SITE_MLP_G] = {L, L * NC},
-        [TP_SITE_ATTN_F] = {L, L * NC}, [TP_SITE_MLP_F] = {L, L * NC},
-        [TP_SITE_CE_MAX] = {1, N}, [TP_SITE_CE_SUMEXP] = {1, N}, [TP_SITE_CE_TARGET] = {1, N},
-        [TP_SITE_HEAD_F] = {1, NC}, [TP_SITE_OTHER] = {0, 0}};
-    // On the wire (dist's model of a ring): 2(t-1)/t of each all-reduce's bytes, rounded down
-    // per call; plus the clip's one all-reduce of a double (the norm over the group).
+    // embedding, one for f at the head's input; three of B·T in the loss. Sequence parallel:
+    // each all-reduce of B·T·C becomes a reduce-scatter and an all-gather of it (g: RS forward,
+    // AG backward; f: AG forward, RS backward; the embedding: RS forward, AG backward; the
+    // head's f: AG forward, RS backward), plus the replicated tensors' partial gradients.
+    // kind: 2 = all-reduce (2(t-1)/t of its bytes on the wire), 1 = reduce-scatter or all-gather
+    // ((t-1)/t), made as B calls of one sequence each (rounded per call).
+    const int sp = m->sp;
+    const double nsp = sp ? NC : 0, Lsp = sp ? L : 0;
+    const double want[TP_NSITES][3] = {
+        [TP_SITE_EMBED] = {1, NC, sp ? 1 : 2}, [TP_SITE_ATTN_G] = {L, L * NC, sp ? 1 : 2},
+        [TP_SITE_MLP_G] = {L, L * NC, sp ? 1 : 2}, [TP_SITE_ATTN_F] = {L, L * NC, sp ? 1 : 2},
+        [TP_SITE_MLP_F] = {L, L * NC, sp ? 1 : 2},
+        [TP_SITE_CE_MAX] = {1, N, 2}, [TP_SITE_CE_SUMEXP] = {1, N, 2}, [TP_SITE_CE_TARGET] = {1, N, 2},
+        [TP_SITE_HEAD_F] = {1, NC, sp ? 1 : 2}, [TP_SITE_OTHER] = {0, 0, 2},
+        [TP_SITE_ATTN_F_FWD] = {Lsp, Lsp * NC, 1}, [TP_SITE_MLP_F_FWD] = {Lsp, Lsp * NC, 1},
+        [TP_SITE_ATTN_G_BWD] = {Lsp, Lsp * NC, 1}, [TP_SITE_MLP_G_BWD] = {Lsp, Lsp * NC, 1},
+        [TP_SITE_HEAD_F_FWD] = {sp, nsp, 1}, [TP_SITE_EMBED_BWD] = {sp, nsp, 1},
+        [TP_SITE_SP_GRADS] = {sp, sp ? (6.0 * L + 2) * c->C : 0, 2}};
+    // On the wire (dist's model of a ring): per call, rounded down; plus the clip's one
+    // all-reduce of a double (the norm over the group).
+    const uint64_t t1 = (uint64_t)(tp - 1), ut = (uint64_t)tp;
+    f->sp = sp;
     f->want_tp_sent = 0;
     for (int i = 0; i < TP_NSITES; i++) {
         f->want_calls[i] = want[i][0], f->want_floats[i] = want[i][1];
-        if (want[i][0] > 0) {
-            uint64_t S = (uint64_t)(want[i][1] / want[i][0]) * sizeof(float);
-            f->want_tp_sent += want[i][0] * (double)(2 * (uint64_t)(tp - 1) * S / (uint64_t)tp);
-        }
+        if (want[i][0] <= 0) continue;
+        uint64_t S = (uint64_t)(want[i][1] / want[i][0]) * sizeof(float);
+        if (want[i][2] == 2) f->want_tp_sent += want[i][0] * (double)(2 * t1 * S / ut);
+        else f->want_tp_sent += want[i][0] * (double)m->B * (double)(t1 * (S / (uint64_t)m->B) / ut);
     }
-    f->want_tp_sent += (double)(2 * (uint64_t)(tp - 1) * 8 / (uint64_t)tp);
+    f->want_tp_sent += (double)(2 * t1 * 8 / ut);
     const DistCounters *g = dist_group_counters(tpg);
     for (int k = 0; k < OP_NKINDS; k++)
         f->tp_sent += (double)g->sent[k] / s, f->tp_recv += (double)g->recv[k] / s;
     const uint64_t S = (uint64_t)NC * sizeof(float);
-    f->want_layer_sent = 4.0 * (double)(2 * (uint64_t)(tp - 1) * S / (uint64_t)tp);
-    f->layer_sent = (f->calls[TP_SITE_ATTN_G] + f->calls[TP_SITE_MLP_G] + f->calls[TP_SITE_ATTN_F] +
-                     f->calls[TP_SITE_MLP_F]) / (L ? L : 1) *
-                    (double)(2 * (uint64_t)(tp - 1) * S / (uint64_t)tp);
+    // one block: 4 all-reduces of N·C, or (SP) 4 reduce-scatters + 4 all-gathers of N·C: the same
+    f->want_layer_sent = 4.0 * (double)(2 * t1 * S / ut);
+    double per_block = (f->calls[TP_SITE_ATTN_G] + f->calls[TP_SITE_MLP_G] + f->calls[TP_SITE_ATTN_F] +
+                        f->calls[TP_SITE_MLP_F]) / (L ? L : 1);
+    f->layer_sent = sp ? (per_block + (f->calls[TP_SITE_ATTN_F_FWD] + f->calls[TP_SITE_MLP_F_FWD] +
+                                       f->calls[TP_SITE_ATTN_G_BWD] + f->calls[TP_SITE_MLP_G_BWD]) / (L ? L : 1)) *
+                             (double)m->B * (double)(t1 * (S / (uint64_t)m->B) / ut)
+                       : per_block * (double)(2 * t1 * S / ut);
 
     // Memory. Weights: the sliced tensors of the full model over t (the vocabulary padded to a
     // multiple of t), the rest whole. Counted from the full model's shapes, not from our layout.
@@ -101,16 +119,39 @@ void tp7_measure(Tp7Figures *f, const TpModel *m, const TpComm *comm, DistGroup 
     // (2·B·NH/t·T²), fch and fch_gelu (8N·C/t); the backward's scratch (one block's worth:
     // 2N·C + 12N·C/t + 2·B·NH/t·T²); the head (lnf, dlnf: 2N·C; 3N statistics; logits and
     // dlogits 2N·Vl; the loss's 3N); the embedding's output and the gradient flowing down (2N·C).
+    // Sequence parallel (tp.h): per block ln1, ln2 gathered (2N·C), residual2, out (2N·C/t),
+    // 4N/t statistics, the rest as above; attproj and fcproj move to the scratch's one partial
+    // (N·C), which also holds a gathered gradient (N·C) and a scattered one (N·C/t) and keeps
+    // dresidual2 on N/t rows: 3N·C + 2N·C/t + 12N·C/t + 2·B·NH/t·T²; the head adds lnf's local
+    // part (N·C/t) and keeps 2N/t statistics; the embedding's output and d x: 2N·C/t.
     const double att = (double)m->B * (c->NH / tp) * T * T, Vl = m->tv.Vl;
-    double block = 6 * NC + 4 * N + 12 * NC / tp + 2 * att;
-    double scratch = 2 * NC + 12 * NC / tp + 2 * att;
-    double head = 2 * NC + 3 * N + 2 * N * Vl + 3 * N;
+    double block, scratch, head, embed;
+    if (sp) {
+        block = 2 * NC + 2 * NC / tp + 4 * N / tp + 12 * NC / tp + 2 * att;
+        scratch = 3 * NC + 2 * NC / tp + 12 * NC / tp + 2 * att;
+        head = 2 * NC + NC / tp + 2 * N / tp + N + 2 * N * Vl + 3 * N;
+        embed = 2 * NC / tp;
+    } else {
+        block = 6 * NC + 4 * N + 12 * NC / tp + 2 * att;
+        scratch = 2 * NC + 12 * NC / tp + 2 * att;
+        head = 2 * NC + 3 * N + 2 * N * Vl + 3 * N;
+        embed = 2 * NC;
+    }
     f->block_acts = 4.0 * block;
-    f->want_acts = 4.0 * (L * block + scratch + head + 2 * NC);
+    f->want_acts = 4.0 * (L * block + scratch + head + embed);
     f->acts = (double)mem_peak(MEM_ACTS);
-    // Megatron (Korthikanti et al. 2022, fp16 activations, 1-byte dropout masks):
-    // s·b·h·(10 + 24/t + 5·a·s/(h·t)) bytes per layer.
-    f->megatron_block_acts = T * m->B * C * (10.0 + 24.0 / tp + 5.0 * c->NH * T / (C * tp));
+    // Megatron (Korthikanti et al. 2022, fp16 activations, 1-byte dropout masks), bytes per
+    // layer: s·b·h·(10 + 24/t + 5·a·s/(h·t)) without SP, s·b·h·(34/t + 5·a·s/(h·t)) with it.
+    // Adjusted for what this model stores (README "Sequence parallelism"): no dropout (the two
+    // masks sbh and the attention mask as²b go), fp32 (x2), preatt kept beside att (the
+    // softmax's 2as²b stays 2 tensors), attproj and fcproj kept per block without SP (2sbh
+    // fp32 = 8sbh), the 4 LayerNorm statistics (16sb bytes, /t with SP), and with SP the
+    // LayerNorm outputs kept gathered (8sbh, not 8sbh/t: no second all-gather in backward):
+    //   without SP: sbh(24 + 48/t + 8as/(ht)) + 16sb      with SP: sbh(8 + 56/t + 8as/(ht)) + 16sb/t
+    const double sbh = T * m->B * C, as_ht = c->NH * T / (C * tp), sb = T * m->B;
+    f->megatron_block_acts = sp ? sbh * (34.0 / tp + 5.0 * as_ht) : sbh * (10.0 + 24.0 / tp + 5.0 * as_ht);
+    f->adjusted_block_acts = sp ? sbh * (8.0 + 56.0 / tp + 8.0 * as_ht) + 16.0 * sb / tp
+                                : sbh * (24.0 + 48.0 / tp + 8.0 * as_ht) + 16.0 * sb;
     f->peak = (double)mem_total_peak();
     f->tokens_per_s = elapsed > 0 ? (double)global_batch * T * steps / elapsed : 0;
 }
@@ -130,13 +171,18 @@ void tp7_print_report(const Tp7Figures *f, const TpModel *m, DistGroup *tpg, int
     printf("\nAll-reduces in the TP group per step (N = B·T = %d positions of this group, C = %d):\n",
            m->B * m->T, m->cfg.C);
     printf("  %-14s %8s %8s %14s %14s\n", "site", "calls", "formula", "floats each", "formula");
-    for (int i = 0; i < TP_SITE_OTHER; i++) {
+    for (int i = 0; i < TP_NSITES; i++) {
+        if (i == TP_SITE_OTHER || (f->calls[i] == 0 && f->want_calls[i] == 0)) continue;
         double each = f->calls[i] > 0 ? f->floats[i] / f->calls[i] : 0;
         double want_each = f->want_calls[i] > 0 ? f->want_floats[i] / f->want_calls[i] : 0;
         printf("  %-14s %8.0f %8.0f %14.0f %14.0f%s\n", tp_site_name((TpSite)i), f->calls[i],
                f->want_calls[i], each, want_each,
                f->calls[i] == f->want_calls[i] && f->floats[i] == f->want_floats[i] ? "" : "  <-- differs");
     }
+    if (f->sp)
+        printf("  sequence parallel: g = reduce-scatter forward / all-gather backward, f = all-gather"
+               " forward /\n  reduce-scatter backward (each B calls, one per sequence); \"sp grads\": "
+               "the LayerNorms' and biases' partial gradients\n");
     printf("  per block: 2 forward (g) + 2 backward (f) of N·C floats = 4 x 2(t-1)/t x %s = %s "
            "on the wire per rank (measured %s)\n", mem_format(a, sizeof a, 4.0 * m->B * m->T * m->cfg.C),
            mem_format(b, sizeof b, f->want_layer_sent), mem_format(d, sizeof d, f->layer_sent));
@@ -156,16 +202,21 @@ void tp7_print_report(const Tp7Figures *f, const TpModel *m, DistGroup *tpg, int
     printf("  activations   %10s  formula %10s = %d blocks x %s + backward scratch + head + "
            "embedding\n", mem_format(a, sizeof a, f->acts), mem_format(b, sizeof b, f->want_acts), L,
            mem_format(d, sizeof d, f->block_acts));
-    printf("  one block saves %s here (fp32, no dropout); Megatron's sbh(10 + 24/t + 5as/(ht)) "
-           "for this shape: %s (fp16)\n", mem_format(a, sizeof a, f->block_acts),
-           mem_format(b, sizeof b, f->megatron_block_acts));
+    printf("  one block saves %s here (fp32, no dropout); Megatron's %s for this shape: %s "
+           "(fp16),\n  adjusted for what this model stores (README): %s = %s\n",
+           mem_format(a, sizeof a, f->block_acts),
+           f->sp ? "sbh(34/t + 5as/(ht))" : "sbh(10 + 24/t + 5as/(ht))",
+           mem_format(b, sizeof b, f->megatron_block_acts),
+           f->sp ? "sbh(8 + 56/t + 8as/(ht)) + 16sb/t" : "sbh(24 + 48/t + 8as/(ht)) + 16sb",
+           mem_format(d, sizeof d, f->adjusted_block_acts));
     (void)tpg;
 }
 
 void tp7_results(const Tp7Figures *f, RunResults *out) {
     static const char *const keys[TP_NSITES] = {
         "embed", "attn_g", "mlp_g", "attn_f", "mlp_f", "ce_max", "ce_sumexp", "ce_target",
-        "head_f", "other"};
+        "head_f", "other", "attn_f_fwd", "mlp_f_fwd", "attn_g_bwd", "mlp_g_bwd", "head_f_fwd",
+        "embed_bwd", "sp_grads"};
     char k[48];
     for (int i = 0; i < TP_NSITES; i++) {
         snprintf(k, sizeof k, "calls_%s", keys[i]);
@@ -181,4 +232,7 @@ void tp7_results(const Tp7Figures *f, RunResults *out) {
     results_set(out, "mem_grads", (double)mem_peak(MEM_GRADS));
     results_set(out, "mem_acts", f->acts);
     results_set(out, "want_mem_acts", f->want_acts);
+    results_set(out, "block_acts", f->block_acts);
+    results_set(out, "adjusted_block_acts", f->adjusted_block_acts);
+    results_set(out, "sequence_parallel", f->sp);
 }

@@ -11,6 +11,7 @@
 
 static const char *site_names[TP_NSITES] = {
     "embed", "attn g", "mlp g", "attn f", "mlp f", "loss max", "loss sumexp", "loss target", "head f", "other",
+    "attn f fwd", "mlp f fwd", "attn g bwd", "mlp g bwd", "head f fwd", "embed bwd", "sp grads",
 };
 const char *tp_site_name(TpSite s) { return s >= 0 && s < TP_NSITES ? site_names[s] : "?"; }
 
@@ -18,16 +19,30 @@ static void group_all_reduce(TpComm *c, float *buf, size_t n, TpOp op, TpSite si
     (void)site;
     dist_all_reduce(buf, buf, n, DIST_F32, op == TP_MAX ? DIST_MAX : DIST_SUM, (DistGroup *)c->ctx);
 }
+static void group_reduce_scatter(TpComm *c, const float *send, float *recv, size_t n, TpSite site) {
+    (void)site;
+    dist_reduce_scatter(send, recv, n, DIST_F32, DIST_SUM, (DistGroup *)c->ctx);
+}
+static void group_all_gather(TpComm *c, const float *send, float *recv, size_t n, TpSite site) {
+    (void)site;
+    dist_all_gather(send, recv, n, DIST_F32, (DistGroup *)c->ctx);
+}
 TpComm tp_comm_group(DistGroup *g) {
-    TpComm c = {.tp = g->size, .rank = g->rank, .all_reduce = group_all_reduce, .ctx = g};
+    TpComm c = {.tp = g->size, .rank = g->rank, .all_reduce = group_all_reduce,
+                .reduce_scatter = group_reduce_scatter, .all_gather = group_all_gather, .ctx = g};
     return c;
 }
 
 static void single_all_reduce(TpComm *c, float *buf, size_t n, TpOp op, TpSite site) {
     (void)c, (void)buf, (void)n, (void)op, (void)site;  // one rank: the sum is the value itself
 }
+static void single_copy(TpComm *c, const float *send, float *recv, size_t n, TpSite site) {
+    (void)c, (void)site;  // one rank: its block is the whole (host or device buffers)
+    mem_copy(recv, send, n * sizeof(float));
+}
 TpComm tp_comm_single(void) {
-    TpComm c = {.tp = 1, .rank = 0, .all_reduce = single_all_reduce};
+    TpComm c = {.tp = 1, .rank = 0, .all_reduce = single_all_reduce, .reduce_scatter = single_copy,
+                .all_gather = single_copy};
     return c;
 }
 
@@ -187,41 +202,57 @@ static float *take(float **at, size_t n) {
     return p;
 }
 
-void tp_block_acts_alloc(TpBlockActs *a, int B, int T, int C, int NH, int tp, Device dev) {
-    LAB_CHECK(NH % tp == 0 && C % NH == 0, "tp_block_acts_alloc: C=%d NH=%d tp=%d do not split", C, NH, tp);
+// The saved set of a block, carved from one allocation. Nr: the rows of the stream's own
+// tensors (residual2, out, the LayerNorm statistics): N, or N/t under sequence parallelism;
+// partial: NULL (attproj and fcproj are the block's own (N,C)), or a shared (N,C) buffer.
+static void acts_carve(TpBlockActs *a, int B, int T, int C, int NH, int tp, size_t Nr, float *partial,
+                       Device dev) {
     size_t N = (size_t)B * T, c = (size_t)C, cl = c / (size_t)tp, hl = 4 * c / (size_t)tp;
     size_t att = (size_t)B * (size_t)(NH / tp) * T * T;
-    size_t total = 6 * N * c + 4 * N + 4 * N * cl + 2 * att + 2 * N * hl;
+    size_t total = 2 * N * c + 4 * Nr + 4 * N * cl + 2 * att + 2 * Nr * c + 2 * N * hl + (partial ? 0 : 2 * N * c);
     memset(a, 0, sizeof *a);
     a->B = B, a->T = T, a->C = C, a->NH = NH, a->tp = tp;
     a->mem = mem_alloc(total * sizeof(float), MEM_ACTS, dev);
     float *at = a->mem;
-    a->ln1 = take(&at, N * c), a->ln1_mean = take(&at, N), a->ln1_rstd = take(&at, N);
+    a->ln1 = take(&at, N * c), a->ln1_mean = take(&at, Nr), a->ln1_rstd = take(&at, Nr);
     a->qkv = take(&at, 3 * N * cl), a->atty = take(&at, N * cl);
     a->preatt = take(&at, att), a->att = take(&at, att);
-    a->attproj = take(&at, N * c), a->residual2 = take(&at, N * c);
-    a->ln2 = take(&at, N * c), a->ln2_mean = take(&at, N), a->ln2_rstd = take(&at, N);
+    a->attproj = partial ? partial : take(&at, N * c);
+    a->residual2 = take(&at, Nr * c);
+    a->ln2 = take(&at, N * c), a->ln2_mean = take(&at, Nr), a->ln2_rstd = take(&at, Nr);
     a->fch = take(&at, N * hl), a->fch_gelu = take(&at, N * hl);
-    a->fcproj = take(&at, N * c), a->out = take(&at, N * c);
+    a->fcproj = partial ? partial : take(&at, N * c);
+    a->out = take(&at, Nr * c);
     LAB_CHECK(at == a->mem + total, "tp_block_acts_alloc: sizes do not add up");
+}
+
+void tp_block_acts_alloc(TpBlockActs *a, int B, int T, int C, int NH, int tp, Device dev) {
+    LAB_CHECK(NH % tp == 0 && C % NH == 0, "tp_block_acts_alloc: C=%d NH=%d tp=%d do not split", C, NH, tp);
+    acts_carve(a, B, T, C, NH, tp, (size_t)B * T, NULL, dev);
 }
 void tp_block_acts_free(TpBlockActs *a) {
     mem_free(a->mem);
     memset(a, 0, sizeof *a);
 }
 
-void tp_scratch_alloc(TpScratch *s, int B, int T, int C, int NH, int tp, Device dev) {
-    size_t N = (size_t)B * T, c = (size_t)C, cl = c / (size_t)tp, hl = 4 * c / (size_t)tp;
+// One block's backward scratch, carved from one allocation; sp: dresidual2 on N/t rows, and
+// the SP buffers (full, dlnl, partial).
+static void scratch_carve(TpScratch *s, int B, int T, int C, int NH, int tp, int sp, Device dev) {
+    size_t N = (size_t)B * T, Nr = sp ? N / (size_t)tp : N, c = (size_t)C, cl = c / (size_t)tp, hl = 4 * c / (size_t)tp;
     size_t att = (size_t)B * (size_t)(NH / tp) * T * T;
-    size_t total = 2 * N * c + 4 * N * cl + 2 * att + 2 * N * hl;
+    size_t total = N * c + Nr * c + 4 * N * cl + 2 * att + 2 * N * hl + (sp ? 2 * N * c + Nr * c : 0);
     memset(s, 0, sizeof *s);
     s->mem = mem_alloc(total * sizeof(float), MEM_ACTS, dev);
     float *at = s->mem;
-    s->dln = take(&at, N * c), s->dresidual2 = take(&at, N * c);
+    s->dln = take(&at, N * c), s->dresidual2 = take(&at, Nr * c);
     s->dqkv = take(&at, 3 * N * cl), s->datty = take(&at, N * cl);
     s->dpreatt = take(&at, att), s->datt = take(&at, att);
     s->dfch = take(&at, N * hl), s->dfch_gelu = take(&at, N * hl);
+    if (sp) s->full = take(&at, N * c), s->dlnl = take(&at, Nr * c), s->partial = take(&at, N * c);
     LAB_CHECK(at == s->mem + total, "tp_scratch_alloc: sizes do not add up");
+}
+void tp_scratch_alloc(TpScratch *s, int B, int T, int C, int NH, int tp, Device dev) {
+    scratch_carve(s, B, T, C, NH, tp, 0, dev);
 }
 void tp_scratch_free(TpScratch *s) {
     mem_free(s->mem);
@@ -421,4 +452,127 @@ void tp_head_backward(const Kernels *k, TpComm *c, const TpVocab *tv, TpHeadActs
     k->matmul_backward(h->dlnf, dwte_local, NULL, h->dlogits, h->lnf, wte_local, N, C, tv->Vl);
     tp_all_reduce(c, h->dlnf, (size_t)N * C, TP_SUM, TP_SITE_HEAD_F);  // this rank's columns only
     k->layernorm_backward(dx, dlnfw, dlnfb, h->dlnf, NULL, x, lnfw, h->lnf_mean, h->lnf_rstd, N, C);
+}
+
+// ---- sequence parallelism ------------------------------------------------------------------------
+
+void tp_check_sequence_parallel(int T, int tp) {
+    if (tp >= 1 && T % tp != 0)
+        lab_fail_collective("--sequence-parallel splits each sequence of T=%d positions over the "
+                            "%d ranks of a TP group: T must be a multiple of %d (e.g. --seq %d)",
+                            T, tp, tp, (T / tp + 1) * tp);
+}
+
+// One call per sequence: sequence b's (T,C) block is contiguous, and its t blocks of T/t
+// positions are the ranks' parts (block r: positions [r·T/t, (r+1)·T/t)).
+void tp_seq_reduce_scatter(TpComm *c, const float *full, float *local, int B, int T, int C, TpSite site) {
+    LAB_CHECK(site >= 0 && site < TP_NSITES && T % c->tp == 0, "tp_seq_reduce_scatter: site %d, T=%d tp=%d",
+              (int)site, T, c->tp);
+    const size_t per = (size_t)(T / c->tp) * C;  // one rank's positions of one sequence
+    c->calls[site]++;
+    c->floats[site] += (size_t)B * T * C;
+    for (int b = 0; b < B; b++)
+        c->reduce_scatter(c, full + (size_t)b * T * C, local + (size_t)b * per, per, site);
+}
+
+void tp_seq_all_gather(TpComm *c, const float *local, float *full, int B, int T, int C, TpSite site) {
+    LAB_CHECK(site >= 0 && site < TP_NSITES && T % c->tp == 0, "tp_seq_all_gather: site %d, T=%d tp=%d",
+              (int)site, T, c->tp);
+    // EXERCISE 07.4 The f operator under sequence parallelism -> 07_tensor_parallel/README.md#exercise-074-the-f-operator-under-sequence-parallelism
+    const size_t per = (size_t)(T / c->tp) * C;  // one rank's positions of one sequence
+    c->calls[site]++;
+    c->floats[site] += (size_t)B * T * C;        // counted as the whole tensor, once
+    for (int b = 0; b < B; b++)                  // sequence b: its t blocks at their places
+        c->all_gather(c, local + (size_t)b * per, full + (size_t)b * T * C, per, site);
+    // END EXERCISE 07.4
+}
+
+void tp_sp_block_acts_alloc(TpBlockActs *a, int B, int T, int C, int NH, int tp, float *partial, Device dev) {
+    LAB_CHECK(NH % tp == 0 && C % NH == 0 && T % tp == 0 && partial, "tp_sp_block_acts_alloc: C=%d NH=%d "
+              "T=%d tp=%d do not split (or no partial buffer)", C, NH, T, tp);
+    acts_carve(a, B, T, C, NH, tp, (size_t)B * T / (size_t)tp, partial, dev);
+}
+
+void tp_sp_scratch_alloc(TpScratch *s, int B, int T, int C, int NH, int tp, Device dev) {
+    LAB_CHECK(T % tp == 0, "tp_sp_scratch_alloc: T=%d tp=%d", T, tp);
+    scratch_carve(s, B, T, C, NH, tp, 1, dev);
+}
+
+void tp_sp_block_forward(const Kernels *k, TpComm *c, const TpBlock *w, TpBlockActs *a, TpScratch *s,
+                         const float *inp) {
+    LAB_CHECK(c->tp == a->tp, "tp_sp_block_forward: activations for tp=%d on a group of %d", a->tp, c->tp);
+    const int B = a->B, T = a->T, C = a->C, Nl = B * T / a->tp;
+    // attention half: ln1 on this rank's positions, f = all-gather, the heads, g = reduce-scatter
+    k->layernorm_forward(s->partial, a->ln1_mean, a->ln1_rstd, inp, w->ln1w, w->ln1b, Nl, C);
+    tp_seq_all_gather(c, s->partial, a->ln1, B, T, C, TP_SITE_ATTN_F_FWD);          // f
+    tp_attn_forward(k, w, a, a->ln1);                        // a->attproj (= s->partial): partial
+    tp_seq_reduce_scatter(c, a->attproj, a->residual2, B, T, C, TP_SITE_ATTN_G);    // g
+    k->tp_bias_residual_forward(a->residual2, inp, a->residual2, w->attprojb, Nl, C);
+    // MLP half, the same way
+    k->layernorm_forward(s->partial, a->ln2_mean, a->ln2_rstd, a->residual2, w->ln2w, w->ln2b, Nl, C);
+    tp_seq_all_gather(c, s->partial, a->ln2, B, T, C, TP_SITE_MLP_F_FWD);
+    tp_mlp_forward(k, w, a, a->ln2);
+    tp_seq_reduce_scatter(c, a->fcproj, a->out, B, T, C, TP_SITE_MLP_G);
+    k->tp_bias_residual_forward(a->out, a->residual2, a->out, w->fcprojb, Nl, C);
+}
+
+void tp_sp_block_backward(const Kernels *k, TpComm *c, const TpBlock *w, TpBlock *dw,
+                          const TpBlockActs *a, TpScratch *s, const float *inp, const float *dout,
+                          float *dinp) {
+    const int B = a->B, T = a->T, C = a->C, Nl = B * T / a->tp;
+    // MLP half. The bias saw this rank's positions only: a partial gradient (summed by the caller).
+    k->matmul_backward(NULL, NULL, dw->fcprojb, dout, NULL, NULL, Nl, 0, C);
+    tp_seq_all_gather(c, dout, s->full, B, T, C, TP_SITE_MLP_G_BWD);    // g's backward
+    tp_mlp_backward(k, w, dw, a, s, a->ln2, s->full, s->dln);           // d ln2 (N,C): partial
+    tp_seq_reduce_scatter(c, s->dln, s->dlnl, B, T, C, TP_SITE_MLP_F);  // f's backward
+    k->layernorm_backward(s->dresidual2, dw->ln2w, dw->ln2b, s->dlnl, dout, a->residual2, w->ln2w,
+                          a->ln2_mean, a->ln2_rstd, Nl, C);
+    // attention half
+    k->matmul_backward(NULL, NULL, dw->attprojb, s->dresidual2, NULL, NULL, Nl, 0, C);
+    tp_seq_all_gather(c, s->dresidual2, s->full, B, T, C, TP_SITE_ATTN_G_BWD);
+    tp_attn_backward(k, w, dw, a, s, a->ln1, s->full, s->dln);
+    tp_seq_reduce_scatter(c, s->dln, s->dlnl, B, T, C, TP_SITE_ATTN_F);
+    k->layernorm_backward(dinp, dw->ln1w, dw->ln1b, s->dlnl, s->dresidual2, inp, w->ln1w,
+                          a->ln1_mean, a->ln1_rstd, Nl, C);
+}
+
+void tp_sp_embed_forward(const Kernels *k, TpComm *c, const TpVocab *tv, float *out, float *full,
+                         const int *inp, const float *wte_local, const float *wpe, int B, int T, int C) {
+    k->vocab_embed_forward(full, inp, wte_local, c->rank == 0 ? wpe : NULL, tv->v0, tv->Vl, B, T, C);
+    tp_seq_reduce_scatter(c, full, out, B, T, C, TP_SITE_EMBED);
+}
+
+void tp_sp_head_acts_alloc(TpHeadActs *h, int B, int T, int C, int tp, const TpVocab *tv, Device dev) {
+    LAB_CHECK(T % tp == 0, "tp_sp_head_acts_alloc: T=%d tp=%d", T, tp);
+    size_t n = (size_t)B * T, nl = n / (size_t)tp, c = (size_t)C, vl = (size_t)tv->Vl;
+    size_t total = 2 * n * c + nl * c + 2 * nl + n + 2 * n * vl;
+    memset(h, 0, sizeof *h);
+    h->N = B * T, h->C = C, h->B = B, h->T = T, h->tp = tp;
+    h->mem = mem_alloc(total * sizeof(float), MEM_ACTS, dev);
+    float *at = h->mem;
+    h->lnf = take(&at, n * c), h->lnfl = take(&at, nl * c);
+    h->lnf_mean = take(&at, nl), h->lnf_rstd = take(&at, nl);
+    h->logits = take(&at, n * vl), h->dlogits = take(&at, n * vl);
+    h->losses = take(&at, n), h->dlnf = take(&at, n * c);
+    LAB_CHECK(at == h->mem + total, "tp_sp_head_acts_alloc: sizes do not add up");
+    tp_loss_stats_alloc(&h->st, h->N, dev);
+}
+
+void tp_sp_head_forward(const Kernels *k, TpComm *c, const TpVocab *tv, TpHeadActs *h, const float *x,
+                        const float *lnfw, const float *lnfb, const float *wte_local, const int *targets) {
+    const int N = h->N, C = h->C, Nl = N / h->tp;
+    k->layernorm_forward(h->lnfl, h->lnf_mean, h->lnf_rstd, x, lnfw, lnfb, Nl, C);
+    tp_seq_all_gather(c, h->lnfl, h->lnf, h->B, h->T, C, TP_SITE_HEAD_F_FWD);  // f
+    k->matmul_forward(h->logits, h->lnf, wte_local, NULL, N, C, tv->Vl);
+    tp_crossentropy_forward(k, c, tv, h->losses, &h->st, h->logits, targets, N);
+}
+
+void tp_sp_head_backward(const Kernels *k, TpComm *c, const TpVocab *tv, TpHeadActs *h, const float *x,
+                         const float *lnfw, const float *wte_local, float *dlnfw, float *dlnfb,
+                         float *dwte_local, const int *targets, float dloss, float *dx) {
+    const int N = h->N, C = h->C, Nl = N / h->tp;
+    tp_crossentropy_backward(k, tv, h->dlogits, &h->st, h->logits, targets, dloss, N);
+    k->matmul_backward(h->dlnf, dwte_local, NULL, h->dlogits, h->lnf, wte_local, N, C, tv->Vl);
+    tp_seq_reduce_scatter(c, h->dlnf, h->lnfl, h->B, h->T, C, TP_SITE_HEAD_F);  // f's backward
+    k->layernorm_backward(dx, dlnfw, dlnfb, h->lnfl, NULL, x, lnfw, h->lnf_mean, h->lnf_rstd, Nl, C);
 }

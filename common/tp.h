@@ -57,6 +57,14 @@ typedef enum {
     TP_SITE_CE_TARGET,   // the loss: the target's logit                (B·T)
     TP_SITE_HEAD_F,      // f's backward at the head's input (lnf)      (B·T·C)
     TP_SITE_OTHER,       // the caller's own
+    // sequence parallelism (--sequence-parallel): the collectives that appear only there
+    TP_SITE_ATTN_F_FWD,  // f's forward: all-gather of ln1's output     (B·T·C, gathered)
+    TP_SITE_MLP_F_FWD,   // f's forward: all-gather of ln2's output     (B·T·C)
+    TP_SITE_ATTN_G_BWD,  // g's backward: all-gather of the gradient    (B·T·C)
+    TP_SITE_MLP_G_BWD,   // g's backward: all-gather of the gradient    (B·T·C)
+    TP_SITE_HEAD_F_FWD,  // f's forward at the head: all-gather of lnf  (B·T·C)
+    TP_SITE_EMBED_BWD,   // the embedding's backward: all-gather of d x (B·T·C)
+    TP_SITE_SP_GRADS,    // the replicated tensors' partial gradients   (L·6C + 2C, all-reduce)
     TP_NSITES
 } TpSite;
 const char *tp_site_name(TpSite s);  // "embed", "attn g", ...
@@ -66,9 +74,15 @@ const char *tp_site_name(TpSite s);  // "embed", "attn g", ...
 typedef struct TpComm {
     int tp, rank;
     void (*all_reduce)(struct TpComm *c, float *buf, size_t n, TpOp op, TpSite site);
+    // Sequence parallelism's collectives, on contiguous blocks (tp_seq_* below call them once
+    // per sequence): reduce_scatter sums the group's (tp·n) send buffers and leaves block
+    // `rank` (n floats) in recv; all_gather puts every rank's n floats at its place in recv.
+    void (*reduce_scatter)(struct TpComm *c, const float *send, float *recv, size_t n, TpSite site);
+    void (*all_gather)(struct TpComm *c, const float *send, float *recv, size_t n, TpSite site);
     void *ctx;                    // the callback's (tp_comm_group: the DistGroup)
     uint64_t calls[TP_NSITES];    // all-reduces made, per site
-    uint64_t floats[TP_NSITES];   // floats all-reduced, per site
+    uint64_t floats[TP_NSITES];   // floats all-reduced, per site (reduce-scatter / all-gather:
+                                  // the whole (B·T·C) tensor, as an all-reduce of it)
 } TpComm;
 
 // dist_all_reduce on g (host or device buffers, per dist's backend).
@@ -136,6 +150,7 @@ typedef struct TpScratch {
     float *datty;      // (N,Cl)
     float *dpreatt, *datt;  // (B,NHl,T,T)
     float *dfch, *dfch_gelu;  // (N,Hl)
+    float *full, *dlnl, *partial;  // sequence parallelism only (tp_sp_scratch_alloc), else NULL
     float *mem;
 } TpScratch;
 void tp_block_acts_alloc(TpBlockActs *a, int B, int T, int C, int NH, int tp, Device dev);
@@ -211,6 +226,8 @@ typedef struct TpHeadActs {
     float *logits, *dlogits;           // (N,Vl): this rank's vocabulary columns
     float *losses;                     // (N) per position, the same on every rank
     float *dlnf;                       // (N,C) scratch of the backward
+    int B, T, tp;                      // sequence parallelism (tp_sp_head_acts_alloc), else 0
+    float *lnfl;                       // SP: (N/t,C) this rank's positions of lnf / of d lnf
     TpLossStats st;
     float *mem;
 } TpHeadActs;
@@ -225,3 +242,57 @@ void tp_head_forward(const Kernels *k, TpComm *c, const TpVocab *tv, TpHeadActs 
 void tp_head_backward(const Kernels *k, TpComm *c, const TpVocab *tv, TpHeadActs *h, const float *x,
                       const float *lnfw, const float *wte_local, float *dlnfw, float *dlnfb,
                       float *dwte_local, const int *targets, float dloss, float *dx);
+
+// ---- sequence parallelism (Korthikanti et al. 2022, --sequence-parallel) -------------------------
+//
+// Outside the two halves the residual stream is split along the sequence: rank r of the group
+// holds positions [r·T/t, (r+1)·T/t) of every sequence, (B, T/t) rows, N/t = B·T/t of the N.
+// The LayerNorms, the row-parallel biases and the residual adds run on those rows only.
+// g becomes a reduce-scatter (the partial (N,C) sums arrive as this rank's positions) and f an
+// all-gather (every rank needs all N rows of the LayerNorm output for its heads / units);
+// backward swaps them (g: all-gather of the gradient, f: reduce-scatter). An all-reduce IS a
+// reduce-scatter and an all-gather, so the bytes on the wire are the same. The replicated
+// tensors whose gradients now come from N/t rows (ln1, ln2, lnf, attprojb, fcprojb) get
+// partial gradients: the group sums them (tpm_backward, site "sp grads").
+//
+// The layout is (B, T, C), so one sequence's positions are contiguous and its T/t-blocks are
+// the ranks' parts: the collectives below make one call per sequence (Megatron keeps (T, B, C)
+// and makes one call). T must be divisible by t.
+void tp_check_sequence_parallel(int T, int tp);  // fails naming the valid T when t ∤ T
+// full (B,T,C) partial sums on every rank -> local (B,T/t,C) = rank's positions, summed.
+void tp_seq_reduce_scatter(TpComm *c, const float *full, float *local, int B, int T, int C, TpSite site);
+// local (B,T/t,C) on every rank -> full (B,T,C) = every rank's positions at their places.
+void tp_seq_all_gather(TpComm *c, const float *local, float *full, int B, int T, int C, TpSite site);
+
+// A block's saved activations under SP (the same struct, other sizes; B, T are the whole
+// batch's): ln1, ln2 (N,C) the GATHERED LayerNorm outputs (the column-parallel matmuls' inputs,
+// kept so backward needs no second all-gather), ln*_mean/rstd (N/t), qkv, atty, preatt, att,
+// fch, fch_gelu as without SP, residual2 and out (N/t,C) this rank's positions; attproj and
+// fcproj (the partial sums before the reduce-scatter, not needed by backward) point into the
+// scratch's `partial` (N,C), shared by every block.
+void tp_sp_block_acts_alloc(TpBlockActs *a, int B, int T, int C, int NH, int tp, float *partial, Device dev);
+// The scratch under SP: dln (N,C), dresidual2 (N/t,C), dqkv .. dfch_gelu as without SP, and
+// full (N,C) (an all-gathered gradient), dlnl (N/t,C) (a reduce-scattered one), partial (N,C).
+void tp_sp_scratch_alloc(TpScratch *s, int B, int T, int C, int NH, int tp, Device dev);
+// inp (N/t,C): this rank's positions of the stream -> a->out (N/t,C). Two all-gathers (f) and
+// two reduce-scatters (g) of N·C.
+void tp_sp_block_forward(const Kernels *k, TpComm *c, const TpBlock *w, TpBlockActs *a, TpScratch *s,
+                         const float *inp);
+// dout (N/t,C) -> dinp (N/t,C) (may alias dout). dw += : the sharded tensors' slices whole; ln1,
+// ln2, attprojb, fcprojb PARTIAL (this rank's positions): the caller sums them over the group.
+void tp_sp_block_backward(const Kernels *k, TpComm *c, const TpBlock *w, TpBlock *dw,
+                          const TpBlockActs *a, TpScratch *s, const float *inp, const float *dout,
+                          float *dinp);
+// The embedding under SP: the masked lookup into full (N,C) (scratch), then a reduce-scatter
+// into out (N/t,C): this rank's positions of wte[inp] + wpe[t], bit for bit.
+void tp_sp_embed_forward(const Kernels *k, TpComm *c, const TpVocab *tv, float *out, float *full,
+                         const int *inp, const float *wte_local, const float *wpe, int B, int T, int C);
+// The head under SP: lnf on this rank's positions, f = all-gather into h->lnf (N,C), logits
+// and loss as without SP (every position: the three all-reduces of N). h->lnfl (N/t,C) is the
+// local part; lnf_mean/rstd are (N/t). Backward: dx (N/t,C); dlnfw, dlnfb PARTIAL.
+void tp_sp_head_acts_alloc(TpHeadActs *h, int B, int T, int C, int tp, const TpVocab *tv, Device dev);
+void tp_sp_head_forward(const Kernels *k, TpComm *c, const TpVocab *tv, TpHeadActs *h, const float *x,
+                        const float *lnfw, const float *lnfb, const float *wte_local, const int *targets);
+void tp_sp_head_backward(const Kernels *k, TpComm *c, const TpVocab *tv, TpHeadActs *h, const float *x,
+                         const float *lnfw, const float *wte_local, float *dlnfw, float *dlnfb,
+                         float *dwte_local, const int *targets, float dloss, float *dx);

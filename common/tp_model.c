@@ -41,9 +41,14 @@ static const char *const block_names[TP_BLOCK_TENSORS] = {
     "ln2w", "ln2b", "fcw", "fcb", "fcprojw", "fcprojb"};
 
 void tpm_build(TpModel *m, GPT2Config cfg, int tp, int r, int B, int T, uint64_t seed) {
+    tpm_build_sp(m, cfg, tp, r, B, T, seed, 0);
+}
+
+void tpm_build_sp(TpModel *m, GPT2Config cfg, int tp, int r, int B, int T, uint64_t seed, int sp) {
     memset(m, 0, sizeof *m);
     tp_check_config(&cfg, tp);
-    m->cfg = cfg, m->tp = tp, m->r = r, m->B = B, m->T = T;
+    if (sp) tp_check_sequence_parallel(T, tp);
+    m->cfg = cfg, m->tp = tp, m->r = r, m->B = B, m->T = T, m->sp = sp;
     m->tv = tp_vocab(cfg.V, tp, r);
     const size_t C = (size_t)cfg.C, L = (size_t)cfg.L, Vl = (size_t)m->tv.Vl;
 
@@ -96,6 +101,16 @@ void tpm_build(TpModel *m, GPT2Config cfg, int tp, int r, int B, int T, uint64_t
 
     // 4. Activations for (B, T): every block's saved set, one scratch, the head's.
     m->a = lab_xcalloc(L, sizeof(TpBlockActs));
+    if (sp) {  // (tp.h's SP section: the stream on this rank's B·T/t positions)
+        const size_t Nl = (size_t)B * T / (size_t)tp;
+        tp_sp_scratch_alloc(&m->s, B, T, cfg.C, cfg.NH, tp, DEV_CPU);
+        for (size_t l = 0; l < L; l++)
+            tp_sp_block_acts_alloc(&m->a[l], B, T, cfg.C, cfg.NH, tp, m->s.partial, DEV_CPU);
+        tp_sp_head_acts_alloc(&m->h, B, T, cfg.C, tp, &m->tv, DEV_CPU);
+        m->enc = mem_alloc(Nl * C * sizeof(float), MEM_ACTS, DEV_CPU);
+        m->dx = mem_alloc(Nl * C * sizeof(float), MEM_ACTS, DEV_CPU);
+        return;
+    }
     for (size_t l = 0; l < L; l++) tp_block_acts_alloc(&m->a[l], B, T, cfg.C, cfg.NH, tp, DEV_CPU);
     tp_scratch_alloc(&m->s, B, T, cfg.C, cfg.NH, tp, DEV_CPU);
     tp_head_acts_alloc(&m->h, B * T, cfg.C, &m->tv, DEV_CPU);
@@ -115,9 +130,27 @@ void tpm_free(TpModel *m) {
 
 void tpm_zero_grad(TpModel *m) { memset(m->grads, 0, m->n * sizeof(float)); }
 
+// tpm_forward under sequence parallelism: the stream on this rank's positions (tp.h).
+static void sp_forward(TpModel *m, TpComm *c, const int *inputs, const int *targets) {
+    const Kernels *k = kernels_get(DEV_CPU);
+    tp_sp_embed_forward(k, c, &m->tv, m->enc, m->s.full, inputs, m->wte, m->wpe, m->B, m->T, m->cfg.C);
+    const float *x = m->enc;  // (N/t, C): this rank's positions
+    for (int l = 0; l < m->cfg.L; l++) {
+        tp_sp_block_forward(k, c, &m->w[l], &m->a[l], &m->s, x);  // 2 all-gathers, 2 reduce-scatters
+        x = m->a[l].out;
+    }
+    tp_sp_head_forward(k, c, &m->tv, &m->h, x, m->lnfw, m->lnfb, m->wte, targets);
+}
+
 float tpm_forward(TpModel *m, TpComm *c, const int *inputs, const int *targets) {
     const Kernels *k = kernels_get(DEV_CPU);
     const int C = m->cfg.C, N = m->B * m->T;
+    if (m->sp) {
+        sp_forward(m, c, inputs, targets);
+        double sum = 0.0;  // the losses of every position (the head gathered them all)
+        for (int i = 0; i < N; i++) sum += m->h.losses[i];
+        return (float)(sum / N);
+    }
     // embedding: each rank looks up the tokens it owns, one all-reduce of (N, C) sums them
     tp_embed_forward(k, c, &m->tv, m->enc, inputs, m->wte, m->wpe, m->B, m->T, C);
     const float *x = m->enc;  // (N, C), the same on every rank of the group
@@ -132,9 +165,54 @@ float tpm_forward(TpModel *m, TpComm *c, const int *inputs, const int *targets) 
     return (float)(sum / N);
 }
 
+// The replicated tensors whose gradients SP leaves partial (each rank: its positions' share).
+static const int sp_partial[TP_BLOCK_TENSORS] = {1, 1, 0, 0, 0, 1, 1, 1, 0, 0, 0, 1};
+
+// tpm_backward under sequence parallelism, then the group's sum of the partial gradients.
+static void sp_backward(TpModel *m, TpComm *c, const int *inputs, const int *targets, float dloss) {
+    const Kernels *k = kernels_get(DEV_CPU);
+    const int L = m->cfg.L, C = m->cfg.C;
+    const float *x = L ? m->a[L - 1].out : m->enc;
+    tp_sp_head_backward(k, c, &m->tv, &m->h, x, m->lnfw, m->wte, m->dlnfw, m->dlnfb, m->dwte, targets,
+                        dloss, m->dx);
+    for (int l = L - 1; l >= 0; l--)
+        tp_sp_block_backward(k, c, &m->w[l], &m->dw[l], &m->a[l], &m->s, l ? m->a[l - 1].out : m->enc,
+                             m->dx, m->dx);
+    // the embedding needs every position's gradient (its rows of wte see all the tokens): the
+    // reverse of its forward reduce-scatter; dwpe then comes out whole on every rank
+    tp_seq_all_gather(c, m->dx, m->s.full, m->B, m->T, C, TP_SITE_EMBED_BWD);
+    tp_embed_backward(k, &m->tv, m->dwte, m->dwpe, m->s.full, inputs, m->B, m->T, C);
+    // one all-reduce of the partial gradients, packed: L·6C + 2C floats
+    size_t n = (size_t)(6 * L + 2) * C, at = 0;
+    float *pack = lab_xmalloc(n * sizeof(float));
+    for (int pass = 0; pass < 2; pass++) {  // 0: pack, 1: unpack the sums
+        at = 0;
+        for (int l = 0; l < L; l++)
+            for (int i = 0; i < TP_BLOCK_TENSORS; i++) {
+                if (!sp_partial[i]) continue;
+                float *g = (&m->dw[l].ln1w)[i];
+                if (pass == 0) memcpy(pack + at, g, (size_t)C * sizeof(float));
+                else memcpy(g, pack + at, (size_t)C * sizeof(float));
+                at += (size_t)C;
+            }
+        float *tail[2] = {m->dlnfw, m->dlnfb};
+        for (int j = 0; j < 2; j++, at += (size_t)C) {
+            if (pass == 0) memcpy(pack + at, tail[j], (size_t)C * sizeof(float));
+            else memcpy(tail[j], pack + at, (size_t)C * sizeof(float));
+        }
+        if (pass == 0) tp_all_reduce(c, pack, n, TP_SUM, TP_SITE_SP_GRADS);
+    }
+    LAB_CHECK(at == n, "sp_backward: packed %zu of %zu", at, n);
+    free(pack);
+}
+
 void tpm_backward(TpModel *m, TpComm *c, const int *inputs, const int *targets, float dloss) {
     const Kernels *k = kernels_get(DEV_CPU);
     const int L = m->cfg.L;
+    if (m->sp) {
+        sp_backward(m, c, inputs, targets, dloss);
+        return;
+    }
     const float *x = L ? m->a[L - 1].out : m->enc;
     // head: f at its input all-reduces d lnf-input (each rank saw only its vocabulary columns)
     tp_head_backward(k, c, &m->tv, &m->h, x, m->lnfw, m->wte, m->dlnfw, m->dlnfb, m->dwte, targets,
@@ -158,26 +236,54 @@ void tpm_adamw_step(TpModel *m, const AdamW *h, int step, DistGroup *g) {
                scale);
 }
 
-void tpm_gather_full(const TpModel *m, DistGroup *g, float *full) {
+// Block l's shard, the local wte rows, wpe, lnfw, lnfb of a flat buffer of m's layout (the
+// offsets of m->params' views, applied to `flat`).
+static void flat_views(const TpModel *m, const float *flat, int l, TpBlock *b) {
+    tp_block_views(b, (float *)flat + (m->w[l].ln1w - m->params), m->cfg.C, m->tp);
+}
+#define FLAT(m, flat, view) ((float *)(flat) + ((m)->view - (m)->params))
+
+void tpm_gather_flat(const TpModel *m, DistGroup *g, const float *flat, float *full_mem) {
     const GPT2Config *cfg = &m->cfg;
     const size_t n = gpt2_param_count(cfg), C = (size_t)cfg->C;
     float *mine = lab_xcalloc(n, sizeof(float));  // zero where another rank writes
     for (int l = 0; l < cfg->L; l++) {
-        TpBlock fb;
+        TpBlock fb, sb;
         tp_block_of_model(&fb, cfg, mine, l);
-        tp_block_unshard(&fb, &m->w[l], cfg->C, m->tp, m->r, m->r == 0);
+        flat_views(m, flat, l, &sb);
+        tp_block_unshard(&fb, &sb, cfg->C, m->tp, m->r, m->r == 0);
     }
-    tp_wte_unshard(mine + full_offset(cfg, GPT2_WTE), m->wte, &m->tv, cfg->C);
+    tp_wte_unshard(mine + full_offset(cfg, GPT2_WTE), FLAT(m, flat, wte), &m->tv, cfg->C);
     if (m->r == 0) {
-        memcpy(mine + full_offset(cfg, GPT2_WPE), m->wpe, (size_t)cfg->T * C * sizeof(float));
-        memcpy(mine + full_offset(cfg, GPT2_LNFW), m->lnfw, C * sizeof(float));
-        memcpy(mine + full_offset(cfg, GPT2_LNFB), m->lnfb, C * sizeof(float));
+        memcpy(mine + full_offset(cfg, GPT2_WPE), FLAT(m, flat, wpe), (size_t)cfg->T * C * sizeof(float));
+        memcpy(mine + full_offset(cfg, GPT2_LNFW), FLAT(m, flat, lnfw), C * sizeof(float));
+        memcpy(mine + full_offset(cfg, GPT2_LNFB), FLAT(m, flat, lnfb), C * sizeof(float));
     }
-    float *sum = m->r == 0 ? lab_xcalloc(n, sizeof(float)) : NULL;
-    dist_reduce(mine, sum, n, DIST_F32, DIST_SUM, 0, g);
-    if (m->r == 0) gpt2_to_llmc(cfg, sum, full);  // memory order -> llm.c's order
-    free(sum);
+    dist_reduce(mine, m->r == 0 ? full_mem : NULL, n, DIST_F32, DIST_SUM, 0, g);
     free(mine);
+}
+
+void tpm_take_flat(const TpModel *m, const float *full_mem, float *flat) {
+    const GPT2Config *cfg = &m->cfg;
+    const size_t C = (size_t)cfg->C;
+    for (int l = 0; l < cfg->L; l++) {
+        TpBlock fb, sb;
+        tp_block_of_model(&fb, cfg, (float *)full_mem, l);
+        flat_views(m, flat, l, &sb);
+        tp_block_shard(&sb, &fb, cfg->C, m->tp, m->r);
+    }
+    tp_wte_shard(FLAT(m, flat, wte), full_mem + full_offset(cfg, GPT2_WTE), &m->tv, cfg->C);
+    memcpy(FLAT(m, flat, wpe), full_mem + full_offset(cfg, GPT2_WPE), (size_t)cfg->T * C * sizeof(float));
+    memcpy(FLAT(m, flat, lnfw), full_mem + full_offset(cfg, GPT2_LNFW), C * sizeof(float));
+    memcpy(FLAT(m, flat, lnfb), full_mem + full_offset(cfg, GPT2_LNFB), C * sizeof(float));
+}
+
+void tpm_gather_full(const TpModel *m, DistGroup *g, float *full) {
+    const size_t n = gpt2_param_count(&m->cfg);
+    float *sum = m->r == 0 ? lab_xcalloc(n, sizeof(float)) : NULL;
+    tpm_gather_flat(m, g, m->params, sum);
+    if (m->r == 0) gpt2_to_llmc(&m->cfg, sum, full);  // memory order -> llm.c's order
+    free(sum);
 }
 
 double tpm_replicated_max_diff(const TpModel *m, DistGroup *g) {
@@ -202,6 +308,9 @@ double tpm_replicated_max_diff(const TpModel *m, DistGroup *g) {
 size_t tpm_block_act_floats(const TpModel *m) {
     const size_t N = (size_t)m->B * m->T, C = (size_t)m->cfg.C, t = (size_t)m->tp;
     const size_t att = (size_t)m->B * (size_t)(m->cfg.NH / m->tp) * m->T * m->T;
+    // SP: ln1, ln2 gathered (N,C); residual2, out this rank's positions (N/t,C); the 4
+    // statistics (N/t); qkv, atty, preatt, att, fch, fch_gelu as below
+    if (m->sp) return 2 * N * C + 4 * (N / t) + 4 * N * (C / t) + 2 * att + 2 * (N / t) * C + 2 * N * (4 * C / t);
     // ln1, attproj, residual2, ln2, fcproj, out: (N,C) each, replicated; 4 LayerNorm statistics
     // (N); qkv (N,3C/t) and atty (N,C/t); preatt and att (B,NH/t,T,T); fch, fch_gelu (N,4C/t)
     return 6 * N * C + 4 * N + 4 * N * (C / t) + 2 * att + 2 * N * (4 * C / t);

@@ -40,11 +40,19 @@ typedef struct TpModel {
     TpScratch s;
     TpHeadActs h;
     float *enc, *dx;         // (B·T, C): the embedding's output, the gradient flowing down
+                             // (sequence parallel: (B·T/t, C), this rank's positions)
+    int sp;                  // 1: sequence parallelism (tpm_build_sp; tp.h's SP section)
 } TpModel;
 
 // Builds rank r's share (weights of gpt2_init_params(seed)'s model, each shard initialized
 // alone) and its activations for (B, T). tp_check_config must have passed.
 void tpm_build(TpModel *m, GPT2Config cfg, int tp, int r, int B, int T, uint64_t seed);
+// The same, with sequence parallelism when sp (T % tp == 0, tp_check_sequence_parallel): the
+// activations of tp.h's SP section; tpm_forward / tpm_backward then run the SP block, and
+// tpm_backward ends with one all-reduce of the replicated tensors' partial gradients (site
+// "sp grads": every block's ln1w ln1b attprojb ln2w ln2b fcprojb, and lnfw lnfb; wpe's is whole:
+// the embedding's backward all-gathers d x first). Weights, gradients, Adam: as without SP.
+void tpm_build_sp(TpModel *m, GPT2Config cfg, int tp, int r, int B, int T, uint64_t seed, int sp);
 void tpm_free(TpModel *m);
 
 // Forward and backward of one batch: returns the mean loss (the same on every rank of the
@@ -63,11 +71,19 @@ void tpm_adamw_step(TpModel *m, const AdamW *h, int step, DistGroup *g);
 // (x + 0 == x: exact). Collective over g.
 void tpm_gather_full(const TpModel *m, DistGroup *g, float *full);
 
+// The same for any flat buffer of m's layout (params, opt_m, opt_v), in the full model's
+// MEMORY order (gpt2.h, what ckpt_save_training takes): on the group's rank 0. Collective over g.
+void tpm_gather_flat(const TpModel *m, DistGroup *g, const float *flat, float *full_mem);
+// The inverse, no communication: this rank's slices of full_mem (the full model in memory
+// order, on this rank) into flat (m's layout); the padded vocabulary rows are zero.
+// tpm_take_flat(tpm_gather_flat(x)) == x, bit for bit (checkpoints move between any tp).
+void tpm_take_flat(const TpModel *m, const float *full_mem, float *flat);
+
 // Largest |w - w on group rank 0| over the replicated tensors (LayerNorms, wpe, the row-parallel
 // biases): 0 when every rank applied the same updates to them. Collective over g.
 double tpm_replicated_max_diff(const TpModel *m, DistGroup *g);
 
 // Bytes of one block's saved activations on this rank (what tp_block_acts_alloc allocates),
 // and of the whole model's weights (the flat buffer: sharded part + replicated part).
-size_t tpm_block_act_floats(const TpModel *m);
+size_t tpm_block_act_floats(const TpModel *m);  // (m->sp: the SP block's)
 void tpm_weight_split(const TpModel *m, size_t *sharded, size_t *replicated);

@@ -13,6 +13,10 @@
 //            group here, == the full one.
 //   ce       (07.3, tp_crossentropy_forward) the per-position losses from this rank's columns of
 //            the full model's logits == the full model's losses, on V = 250 and 251 (padded).
+//   seq-f    (07.4, tp_seq_all_gather: f's forward under sequence parallelism) labelled pieces
+//            land at their places; the SP block from this rank's positions == the full block.
+//   ckpt     (not an exercise) a checkpoint's state moves between the full layout and the
+//            slices without changing a bit (run_ckpt).
 // Tolerance: 1e-4 of the largest |value| compared, as mpi_tp (sums of t partial dot products in
 // another order). Measured (printed): block <= 1.1e-7, mlp <= 3.3e-7, ce <= 1.7e-7.
 // Seen failing (each break made in common/tp.c by hand, then restored): block: the MLP's g
@@ -30,6 +34,7 @@
 #include "kernels.h"
 #include "mpitest.h"
 #include "tp.h"
+#include "tp_model.h"
 
 #define TOL 1e-4f
 #define B_ 2
@@ -188,15 +193,99 @@ static void run_ce(DistGroup *g) {
     }
 }
 
-static const char *const kinds[] = {"block", "mlp", "ce"};
+// f under sequence parallelism (07.4, tp_seq_all_gather): (1) pieces whose every value names
+// its (rank, sequence, position, channel): gathered, each lands at its place; (2) the SP block
+// forward (its f's are the exercise; its g's, tp_seq_reduce_scatter, are not) from this rank's
+// positions of the full model's embedding output == the full block's output at those positions.
+static void run_seq_f(DistGroup *g) {
+    const int tp = g->size, r = g->rank, C = 32, Tl = T_ / tp, N = B_ * T_;
+    if (T_ % tp != 0) return;
+    float *local = lab_xcalloc((size_t)B_ * Tl * C, sizeof(float));
+    float *gathered = lab_xcalloc((size_t)N * C, sizeof(float));
+    for (int b = 0; b < B_; b++)
+        for (int t = 0; t < Tl; t++)
+            for (int k = 0; k < C; k++)
+                local[((size_t)b * Tl + t) * C + k] = (float)(((b * T_ + r * Tl + t) * C + k) % 8191) + 0.25f * (float)r;
+    TpComm c = tp_comm_group(g);
+    tp_seq_all_gather(&c, local, gathered, B_, T_, C, TP_SITE_OTHER);
+    int bad = 0;
+    for (int i = 0; i < N * C && !bad; i++) {  // position (b, t) came from rank t / Tl
+        int t = (i / C) % T_;
+        bad = gathered[i] != (float)(i % 8191) + 0.25f * (float)(t / Tl);
+    }
+    mpi_check(!bad, "tp=%d rank %d: an all-gathered position is not where it belongs (or not the "
+              "owner's value)", tp, r);
+    mpi_check(c.calls[TP_SITE_OTHER] == 1 && c.floats[TP_SITE_OTHER] == (uint64_t)N * C,
+              "tp=%d: counted %llu calls of %llu floats, want 1 of %d (the whole tensor)", tp,
+              (unsigned long long)c.calls[TP_SITE_OTHER], (unsigned long long)c.floats[TP_SITE_OTHER], N * C);
+    GPT2 m;
+    full(&m, 250);
+    TpBlock w;
+    float *buf;
+    shard_of(&w, &buf, &m, g);
+    TpScratch sc;
+    tp_sp_scratch_alloc(&sc, B_, T_, C, m.cfg.NH, tp, DEV_CPU);
+    TpBlockActs a;
+    tp_sp_block_acts_alloc(&a, B_, T_, C, m.cfg.NH, tp, sc.partial, DEV_CPU);
+    float *mine = lab_xcalloc((size_t)B_ * Tl * C, sizeof(float)), *want = lab_xcalloc((size_t)B_ * Tl * C, sizeof(float));
+    for (int b = 0; b < B_; b++) {  // this rank's positions of the input and of the truth
+        memcpy(mine + (size_t)b * Tl * C, m.act.a.encoded + ((size_t)b * T_ + (size_t)r * Tl) * C, (size_t)Tl * C * sizeof(float));
+        memcpy(want + (size_t)b * Tl * C, m.act.a.residual3 + ((size_t)b * T_ + (size_t)r * Tl) * C, (size_t)Tl * C * sizeof(float));
+    }
+    TpComm c2 = tp_comm_group(g);
+    tp_sp_block_forward(kernels_get(DEV_CPU), &c2, &w, &a, &sc, mine);
+    float e = mpi_rel_err(a.out, want, (size_t)B_ * Tl * C);
+    if (r == 0) printf("measured: seq-f tp=%d: SP block output relative difference %.3g\n", tp, (double)e);
+    mpi_check(e <= TOL, "tp=%d rank %d: the SP block's output at this rank's positions differs from "
+              "the full block's by %.3g (tolerance %g)", tp, r, (double)e, (double)TOL);
+    free(mine), free(want);
+    tp_block_acts_free(&a);
+    tp_scratch_free(&sc);
+    free(buf);
+    gpt2_free(&m);
+    free(gathered), free(local);
+}
+
+// Checkpoints move between layouts (not an exercise; tp07 suite): the full model's state in
+// memory order, taken into this rank's slices (tpm_take_flat) and gathered back
+// (tpm_gather_flat), is the same bits; and the slices taken from gpt2_init_params' full model
+// are the bits tpm_build initializes alone (the take and the layout agree). V = 250: padded on
+// tp = 4.
+static void run_ckpt(DistGroup *g) {
+    GPT2 m;
+    full(&m, 250);
+    gpt2_init_params(&m, SEED);  // (full() gave its biases values: start from the plain init)
+    const size_t n = gpt2_param_count(&m.cfg);
+    TpModel t;
+    tpm_build(&t, m.cfg, g->size, g->rank, B_, T_, SEED);
+    float *flat = lab_xcalloc(t.n, sizeof(float));
+    tpm_take_flat(&t, m.params, flat);
+    mpi_check(memcmp(flat, t.params, t.n * sizeof(float)) == 0, "tp=%d rank %d: the slices taken "
+              "from the full init differ from tpm_build's own init", g->size, g->rank);
+    float *state = lab_xcalloc(n, sizeof(float)), *back = lab_xcalloc(n, sizeof(float));
+    uint32_t r = 12345;  // a state with no structure (Adam's m, v look like this)
+    for (size_t i = 0; i < n; i++) r = r * 1664525u + 1013904223u, state[i] = (float)(r >> 8) / 16777216.0f - 0.5f;
+    tpm_take_flat(&t, state, flat);
+    tpm_gather_flat(&t, g, flat, g->rank == 0 ? back : NULL);
+    if (g->rank == 0)
+        mpi_check(memcmp(state, back, n * sizeof(float)) == 0, "tp=%d: gather(take(state)) != state",
+                  g->size);
+    free(state), free(back), free(flat);
+    tpm_free(&t);
+    gpt2_free(&m);
+}
+
+static const char *const kinds[] = {"block", "mlp", "ce", "seq-f", "ckpt"};
 
 static void run(int kind, DistGroup *g) {
     if (config(250).NH % g->size != 0) return;  // 3 ranks do not split 4 heads
     if (kind == 0) run_block(g);
     if (kind == 1) run_mlp(g);
     if (kind == 2) run_ce(g);
+    if (kind == 3) run_seq_f(g);
+    if (kind == 4) run_ckpt(g);
 }
 
 int main(int argc, char **argv) {
-    return mpi_test_main(argc, argv, "mpi_07_tp", "usage: mpi_07_tp block|mlp|ce...", kinds, 3, run);
+    return mpi_test_main(argc, argv, "mpi_07_tp", "usage: mpi_07_tp block|mlp|ce|seq-f|ckpt...", kinds, 5, run);
 }

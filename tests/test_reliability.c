@@ -38,3 +38,4 @@ Test(reliability, chapter_03_ddp, .timeout = 400) {
 Test(reliability, chapter_05_zero, .timeout = 400) {
     harness_assert_reliable("./05_zero/run --quiet --zero 3", 3, MODEL, &CFG);
 }
+

@@ -235,25 +235,46 @@ static void check_halves(void) {
     dev_free_all();
 }
 
-// A whole block on one rank (tp = 1): its output, input gradient and every weight gradient.
-static void check_block(void) {
+// A whole block on one rank (tp = 1): its output, input gradient and every weight gradient;
+// sp: the sequence-parallel block (tp = 1: its reduce-scatters and all-gathers are copies; what
+// is checked is that the SP composition runs on device buffers, kernels in place included:
+// tp_bias_residual_forward with out == x).
+static void check_block(int sp) {
     Both w, dw;
     both(&w, 1, 1), both(&dw, 1, 0);
     TpBlockActs ah, ad;
     TpScratch sh, sd;
-    tp_block_acts_alloc(&ah, PB, PT, PC, PNH, 1, DEV_CPU), tp_block_acts_alloc(&ad, PB, PT, PC, PNH, 1, DEV_CUDA);
-    tp_scratch_alloc(&sh, PB, PT, PC, PNH, 1, DEV_CPU), tp_scratch_alloc(&sd, PB, PT, PC, PNH, 1, DEV_CUDA);
+    if (sp) {
+        tp_sp_scratch_alloc(&sh, PB, PT, PC, PNH, 1, DEV_CPU), tp_sp_scratch_alloc(&sd, PB, PT, PC, PNH, 1, DEV_CUDA);
+        tp_sp_block_acts_alloc(&ah, PB, PT, PC, PNH, 1, sh.partial, DEV_CPU);
+        tp_sp_block_acts_alloc(&ad, PB, PT, PC, PNH, 1, sd.partial, DEV_CUDA);
+    } else {
+        tp_block_acts_alloc(&ah, PB, PT, PC, PNH, 1, DEV_CPU), tp_block_acts_alloc(&ad, PB, PT, PC, PNH, 1, DEV_CUDA);
+        tp_scratch_alloc(&sh, PB, PT, PC, PNH, 1, DEV_CPU), tp_scratch_alloc(&sd, PB, PT, PC, PNH, 1, DEV_CUDA);
+    }
     size_t NC = (size_t)PN * PC;
     float *inp = host_rand(NC, -1, 1), *dout = host_rand(NC, -1, 1), *dinp = lab_xcalloc(NC, sizeof(float));
     float *d_inp = dev_f32(inp, NC), *d_dout = dev_f32(dout, NC), *d_dinp = dev_f32(NULL, NC);
     TpComm c = tp_comm_single();
-    tp_block_forward(kc, &c, &w.vh, &ah, inp);
-    tp_block_forward(kg, &c, &w.vd, &ad, d_inp);
-    check("tp_block_forward (tp 1)", "out", ah.out, ad.out, NC, TOL_MATMUL);
-    tp_block_backward(kc, &c, &w.vh, &dw.vh, &ah, &sh, inp, dout, dinp);
-    tp_block_backward(kg, &c, &w.vd, &dw.vd, &ad, &sd, d_inp, d_dout, d_dinp);
-    check("tp_block_backward (tp 1)", "dinp", dinp, d_dinp, NC, TOL_MATMUL);
-    check("tp_block_backward (tp 1)", "dweights", dw.h, dw.d, dw.n, TOL_MATMUL);
+    const char *fw = sp ? "tp_sp_block_forward (tp 1)" : "tp_block_forward (tp 1)";
+    const char *bw = sp ? "tp_sp_block_backward (tp 1)" : "tp_block_backward (tp 1)";
+    if (sp) {
+        tp_sp_block_forward(kc, &c, &w.vh, &ah, &sh, inp);
+        tp_sp_block_forward(kg, &c, &w.vd, &ad, &sd, d_inp);
+    } else {
+        tp_block_forward(kc, &c, &w.vh, &ah, inp);
+        tp_block_forward(kg, &c, &w.vd, &ad, d_inp);
+    }
+    check(fw, "out", ah.out, ad.out, NC, TOL_MATMUL);
+    if (sp) {
+        tp_sp_block_backward(kc, &c, &w.vh, &dw.vh, &ah, &sh, inp, dout, dinp);
+        tp_sp_block_backward(kg, &c, &w.vd, &dw.vd, &ad, &sd, d_inp, d_dout, d_dinp);
+    } else {
+        tp_block_backward(kc, &c, &w.vh, &dw.vh, &ah, &sh, inp, dout, dinp);
+        tp_block_backward(kg, &c, &w.vd, &dw.vd, &ad, &sd, d_inp, d_dout, d_dinp);
+    }
+    check(bw, "dinp", dinp, d_dinp, NC, TOL_MATMUL);
+    check(bw, "dweights", dw.h, dw.d, dw.n, TOL_MATMUL);
     tp_block_acts_free(&ah), tp_block_acts_free(&ad), tp_scratch_free(&sh), tp_scratch_free(&sd);
     both_free(&w), both_free(&dw);
     free(inp), free(dout), free(dinp);
@@ -272,7 +293,8 @@ int main(void) {
     kg = kernels_get(DEV_CUDA);
     check_kernels();
     check_halves();
-    check_block();
+    check_block(0);
+    check_block(1);
     lab_cuda_synchronize();
     if (nfail) printf("\nFAIL: %d check(s) failed\n", nfail);
     else printf("\nOK: every check passed\n");
