@@ -17,6 +17,7 @@
 //   - clipping uses the GLOBAL gradient norm (the squares summed over stages, wte counted once),
 //     and a NaN anywhere stops every rank; then each stage steps its own weights with AdamW.
 // On one rank with one micro-batch this is chapter 00's single-device step, op for op.
+#include <malloc.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -61,6 +62,7 @@ typedef struct PipeFlags {
     int compare;    // print the four schedules simulated, then exit
     int stages;     // --compare: p
     int picture_cols;
+    const char *mutate;  // break one mechanism on purpose (the tests' negative checks)
 } PipeFlags;
 
 // One chunk of layers on this rank: a partial model (gpt2_build_stage), its optimizer state,
@@ -126,7 +128,9 @@ typedef struct Exec {
                                 // wait for its message left out (op_start is after it)
     double wait;                // seconds the current op waited in receives
     size_t acts_base, acts_peak;  // MEM_ACTS live at the step's start; the most above it
-    int live, live_peak;          // activation sets alive, and the most at once
+    int live, live_peak;          // activation sets alive (F .. B), and the most at once
+    int wlive, wlive_peak;        // ZB-H1: W stores alive (B .. W), and the most at once
+    int mutate_keep_set;          // --mutate zb-keeps-set
 } Exec;
 
 static int tag_of(const Exec *x, int dir, int vs, int mb) { return (dir * x->S + vs) * x->m + mb; }
@@ -157,9 +161,11 @@ static void send_msg(Exec *x, int dir, int vs, int mb) {
     x->works[x->nworks++] = dist_isend(buf, x->BTC, DIST_F32, rank_of(x, to), tag_of(x, dir, to, mb), x->g);
 }
 
-static void acts_track(Exec *x, int delta) {
-    x->live += delta;
+static void acts_track(Exec *x, int dsets, int dw) {
+    x->live += dsets;
+    x->wlive += dw;
     if (x->live > x->live_peak) x->live_peak = x->live;
+    if (x->wlive > x->wlive_peak) x->wlive_peak = x->wlive;
     size_t now = mem_current(MEM_ACTS) - x->acts_base;
     if (now > x->acts_peak) x->acts_peak = now;
 }
@@ -185,7 +191,7 @@ static double run_table(Exec *x, const DataSource *data, int step, int B, int *i
             gpt2_acts_alloc(a, md, x->Bm, x->T);
             if (s->split) gpt2_acts_alloc_split(a, md);
             c->acts[o.mb] = a;
-            acts_track(x, 1);
+            acts_track(x, 1, 0);
             // micro-batch mb is rows [mb*Bm, (mb+1)*Bm) of the step's global batch
             data_batch(data, (uint64_t)step, B, x->T, o.mb * x->Bm, x->Bm, inputs, targets);
             if (vs > 0) recv_msg(x, 0, vs, o.mb, gpt2_acts_input(a));
@@ -219,7 +225,12 @@ static double run_table(Exec *x, const DataSource *data, int step, int B, int *i
                 gpt2_acts_free(a);
                 free(a);
                 c->acts[o.mb] = NULL;
-                acts_track(x, -1);
+                acts_track(x, -1, 0);
+            } else if (x->mutate_keep_set) {
+                acts_track(x, -1, 1);  // (--mutate zb-keeps-set: the whole set waits for W)
+            } else {  // the set shrinks to what W reads: the head's logits, attention's T x T...
+                gpt2_acts_keep_for_w(a, md);  // are freed now (fp32; bf16 keeps the set)
+                acts_track(x, -1, 1);
             }
         } else {
             GPT2Acts *a = c->acts[o.mb];
@@ -230,7 +241,7 @@ static double run_table(Exec *x, const DataSource *data, int step, int B, int *i
             gpt2_acts_free(a);
             free(a);
             c->acts[o.mb] = NULL;
-            acts_track(x, -1);
+            acts_track(x, 0, -1);
         }
         x->op_end[j] = lab_now();
         x->op_start[j] += x->wait;  // the op's busy time: all but the wait for its message
@@ -338,15 +349,27 @@ static double set_bytes_formula(const GPT2 *m, int Bm, int T, int split) {
     return floats * 4.0;
 }
 
-// The peak bytes of activation sets alive at once when the table runs, from the formula per
-// set: the walk of sched_peak_inflight, weighted by each chunk's set size.
+// ZB-H1: the bytes a deferred W keeps from B to W, per chunk (fp32), by hand from what W
+// reads: per block and position, the inputs of its matmuls and LayerNorms (ln1, atty, ln2:
+// C each; fch_gelu: 4C; the block's input, residual2: C each), the two LayerNorms' mean and
+// rstd (4), the gradient of the block's output (C), and wsave (10C: see gpt2.h): 20C + 4.
+static double w_bytes_formula(const GPT2 *m, int Bm, int T) {
+    double C = m->cfg.C;
+    return 4.0 * (m->l1 - m->l0) * Bm * T * (20.0 * C + 4.0);
+}
+
+// The peak bytes of activations alive at once when the table runs, from the formulas: the walk
+// of sched_peak_inflight (a set from F to B) and sched_peak_wstores (ZB-H1: a W store from B to
+// W), weighted by each chunk's sizes. keep_set: the whole set waits for W (--mutate).
 static double peak_bytes_formula(const Schedule *s, int rank, const Chunk *ch, int Bm, int T) {
     double live = 0, peak = 0;
     for (int j = 0; j < s->nops[rank]; j++) {
         PipeOp o = s->ops[rank][j];
-        double b = set_bytes_formula(&ch[o.chunk].model, Bm, T, s->split);
+        const GPT2 *md = &ch[o.chunk].model;
+        double b = set_bytes_formula(md, Bm, T, s->split), w = w_bytes_formula(md, Bm, T);
         if (o.kind == PIPE_F) live += b;
-        else if (o.kind == (s->split ? PIPE_W : PIPE_B)) live -= b;
+        else if (o.kind == PIPE_B) live += s->split ? w - b : -b;
+        else live -= w;
         peak = fmax(peak, live);
     }
     return peak;
@@ -366,8 +389,21 @@ static double sent_formula(int rank, int p, int v, int m, size_t BTC) {
     return msgs * (double)BTC * 4.0;
 }
 
+static int cmp_double(const void *a, const void *b) {
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+// The median of x[0 .. n) (sorts x): a step disturbed by another process on the machine moves
+// the mean of the steps' bubbles, hardly their median.
+static double median(double *x, int n) {
+    if (n == 0) return 0;
+    qsort(x, (size_t)n, sizeof *x, cmp_double);
+    return n % 2 ? x[n / 2] : 0.5 * (x[n / 2 - 1] + x[n / 2]);
+}
+
 enum { F_BUBBLE, F_BUBBLE_SIM, F_PEAK_SETS, F_PEAK_SETS_SCHED, F_PEAK_BYTES, F_PEAK_BYTES_FORMULA,
-       F_SENT, F_SENT_FORMULA, F_L0, F_L1, F_NFIELDS };
+       F_SENT, F_SENT_FORMULA, F_L0, F_L1, F_PEAK_W, F_PEAK_W_SCHED, F_NFIELDS };
 
 // ---------------------------------------------------------------------------------------------
 // training
@@ -422,7 +458,8 @@ static void train(const LabArgs *args, const PipeFlags *f) {
     int *targets = mem_alloc((size_t)Bm * T * sizeof(int), MEM_OTHER, DEV_CPU);
 
     Exec x = {.s = &s, .ch = ch, .g = g, .rank = rank, .p = p, .S = S, .m = m, .Bm = Bm, .T = T,
-              .BTC = (size_t)Bm * T * cfg.C};
+              .BTC = (size_t)Bm * T * cfg.C,
+              .mutate_keep_set = strcmp(f->mutate, "zb-keeps-set") == 0};
     LAB_CHECK(tag_of(&x, 1, S - 1, m - 1) < 30000, "too many micro-batches x stages for MPI tags");
     x.sendbuf = lab_xcalloc((size_t)2 * v * m, sizeof(float *));
     for (int i = 0; i < 2 * v * m; i++) x.sendbuf[i] = mem_alloc(x.BTC * sizeof(float), MEM_COMM, dev);
@@ -443,7 +480,8 @@ static void train(const LabArgs *args, const PipeFlags *f) {
 
     float *losses = lab_xcalloc((size_t)args->steps, sizeof(float));
     const int end = lab_args_end_step(args);
-    double bubble_sum = 0, sent_sum = 0;
+    double sent_sum = 0, t_steps = 0;  // t_steps: the steps after the first, for tokens/s
+    double *bubbles = lab_xcalloc((size_t)end + 1, sizeof(double));  // per measured step
     int bubble_n = 0;
     double *pic_start = NULL, *pic_end = NULL;  // the last step's measured timeline (rank 0)
     dist_counters_reset();
@@ -463,10 +501,8 @@ static void train(const LabArgs *args, const PipeFlags *f) {
         double span[2] = {-t0, tend};  // the max of -t0 is -(the earliest start)
         dist_all_reduce(span, span, 2, DIST_F64, DIST_MAX, g);
         double tmin = -span[0], tmax = span[1];
-        if (step > 0 || end == 1) {  // the first step warms caches and allocators
-            bubble_sum += 1.0 - busy / (tmax - tmin);
-            bubble_n++;
-        }
+        if (step > 0 || end == 1)  // the first step warms caches and allocators
+            bubbles[bubble_n++] = 1.0 - busy / (tmax - tmin);
         if (step == end - 1) {
             pic_start = lab_xcalloc((size_t)s.nops[rank] + 1, sizeof(double));
             pic_end = lab_xcalloc((size_t)s.nops[rank] + 1, sizeof(double));
@@ -485,6 +521,7 @@ static void train(const LabArgs *args, const PipeFlags *f) {
         float loss = (float)(loss_sum / m);
         dist_broadcast(&loss, 1, DIST_F32, p - 1, g);
         losses[step] = loss;
+        if (step > 0) t_steps += lab_now() - t0;
         if (!args->quiet && rank == 0 && args->log_every > 0 &&
             (step % args->log_every == 0 || step == end - 1))
             printf("step %5d/%d  loss %.4f  lr %.2e  %.1f ms\n", step + 1, args->steps, loss,
@@ -509,7 +546,7 @@ static void train(const LabArgs *args, const PipeFlags *f) {
 
     // the figures of every rank, to rank 0
     double mine[F_NFIELDS] = {0};
-    mine[F_BUBBLE] = bubble_n ? bubble_sum / bubble_n : 0;
+    mine[F_BUBBLE] = median(bubbles, bubble_n);
     mine[F_BUBBLE_SIM] = sim.bubble[rank];
     mine[F_PEAK_SETS] = x.live_peak;
     mine[F_PEAK_SETS_SCHED] = sched_peak_inflight(&s, rank);
@@ -519,6 +556,8 @@ static void train(const LabArgs *args, const PipeFlags *f) {
     mine[F_SENT_FORMULA] = sent_formula(rank, p, v, m, x.BTC);
     mine[F_L0] = ch[0].model.l0;
     mine[F_L1] = ch[v - 1].model.l1;
+    mine[F_PEAK_W] = x.wlive_peak;
+    mine[F_PEAK_W_SCHED] = sched_peak_wstores(&s, rank);
     double *all = rank == 0 ? lab_xcalloc((size_t)p * F_NFIELDS, sizeof(double)) : NULL;
     dist_gather(mine, all, F_NFIELDS, DIST_F64, 0, g);
     // the measured timeline of the last step, for the picture
@@ -533,6 +572,9 @@ static void train(const LabArgs *args, const PipeFlags *f) {
 
     if (rank == 0) {
         const double theory = sched_theory_bubble(&s, &UNIT_TIMES);
+        if (!args->quiet && end > 1)
+            printf("%d steps after the first in %.3f s: %.0f tokens/s\n", end - 1, t_steps,
+                   (double)B * T * (end - 1) / t_steps);
         if (!args->quiet && end > 0) {
             double *st[SCHED_MAX_STAGES], *en[SCHED_MAX_STAGES], fsum = 0;
             int fn = 0;
@@ -545,25 +587,28 @@ static void train(const LabArgs *args, const PipeFlags *f) {
             printf("\nthe last step as it ran (unit: half the mean forward, %.2f ms):\n",
                    1e3 * fsum / fn / 2);
             sched_print(stdout, &s, st, en, fsum / fn / 2, f->picture_cols);
-            printf("\n  %-6s %-8s %9s %9s %9s %11s %12s %12s %12s %12s\n", "stage", "blocks",
-                   "bubble", "simulated", "theory", "sets sched", "acts peak", "formula",
-                   "sent/step", "formula");
+            printf("\n  %-6s %-8s %9s %9s %9s %11s %11s %12s %12s %12s %12s\n", "stage", "blocks",
+                   "bubble", "simulated", "theory", "sets sched", "W st sched", "acts peak",
+                   "formula", "sent/step", "formula");
             for (int r = 0; r < p; r++) {
                 const double *a = all + (size_t)r * F_NFIELDS;
-                char b1[32], b2[32], b3[32], b4[32], blk[16];
+                char b1[32], b2[32], b3[32], b4[32], blk[16], wst[24] = "-";
                 snprintf(blk, sizeof blk, "[%d,%d)", (int)a[F_L0], (int)a[F_L1]);
-                printf("  %-6d %-8s %8.1f%% %8.1f%% %8.1f%% %5d/%-5d %12s %12s %12s %12s\n", r,
+                if (s.split)
+                    snprintf(wst, sizeof wst, "%d/%d", (int)a[F_PEAK_W], (int)a[F_PEAK_W_SCHED]);
+                printf("  %-6d %-8s %8.1f%% %8.1f%% %8.1f%% %5d/%-5d %11s %12s %12s %12s %12s\n", r,
                        v > 1 ? "chunks" : blk, 100 * a[F_BUBBLE], 100 * a[F_BUBBLE_SIM],
-                       100 * theory, (int)a[F_PEAK_SETS], (int)a[F_PEAK_SETS_SCHED],
+                       100 * theory, (int)a[F_PEAK_SETS], (int)a[F_PEAK_SETS_SCHED], wst,
                        mem_format(b1, sizeof b1, a[F_PEAK_BYTES]),
                        a[F_PEAK_BYTES_FORMULA] >= 0 ? mem_format(b2, sizeof b2, a[F_PEAK_BYTES_FORMULA]) : "-",
                        mem_format(b3, sizeof b3, a[F_SENT]), mem_format(b4, sizeof b4, a[F_SENT_FORMULA]));
             }
             printf("  bubble: measured per stage = 1 - (time in its ops, waits for messages left "
-                   "out) / (first stage's start .. last stage's end), mean over steps 2..;\n"
+                   "out) / (first stage's start .. last stage's end), median over steps 2..;\n"
                    "          simulated and theory: tf = tb = tw, free links\n");
-            printf("  sets: activation sets alive at once, measured / from the table; acts peak: "
-                   "MEM_ACTS above the step's start\n");
+            printf("  sets: activation sets alive at once (F .. B), measured / from the table; W st: "
+                   "ZB-H1's W stores (what W reads, B .. W);\n"
+                   "  acts peak: MEM_ACTS above the step's start, at op boundaries\n");
         }
         if (args->dump) {
             RunResults out;
@@ -576,7 +621,7 @@ static void train(const LabArgs *args, const PipeFlags *f) {
             results_set(&out, "bubble_theory", theory);
             static const char *keys[F_NFIELDS] = {"bubble", "bubble_sim", "peak_sets",
                 "peak_sets_sched", "peak_act_bytes", "peak_act_bytes_formula", "sent_per_step",
-                "sent_per_step_formula", "l0", "l1"};
+                "sent_per_step_formula", "l0", "l1", "peak_wstores", "peak_wstores_sched"};
             for (int r = 0; r < p && r < 4; r++)
                 for (int k = 0; k < F_NFIELDS; k++) {
                     char key[48];
@@ -587,7 +632,7 @@ static void train(const LabArgs *args, const PipeFlags *f) {
             results_free(&out);
         }
     }
-    free(all), free(tl), free(tl_all), free(pic_start), free(pic_end), free(full), free(losses);
+    free(all), free(bubbles), free(tl), free(tl_all), free(pic_start), free(pic_end), free(full), free(losses);
     for (int i = 0; i < 2 * v * m; i++) mem_free(x.sendbuf[i]);
     free(x.sendbuf), free(x.works), free(x.op_start), free(x.op_end);
     mem_free(inputs), mem_free(targets);
@@ -604,9 +649,14 @@ static void train(const LabArgs *args, const PipeFlags *f) {
 }
 
 int main(int argc, char **argv) {
+    // Activation sets are allocated at every F and freed at B (or W): keep freed memory in the
+    // heap (no mmap/munmap per set), so an F does not page-fault its set in afresh.
+    mallopt(M_MMAP_THRESHOLD, 1 << 30);
+    mallopt(M_TRIM_THRESHOLD, 1 << 30);
     dist_init(&argc, &argv);
     LabArgs args = lab_args_defaults();
-    PipeFlags f = {.schedule = "1f1b", .m = 4, .v = 1, .compare = 0, .stages = 4, .picture_cols = 160};
+    PipeFlags f = {.schedule = "1f1b", .m = 4, .v = 1, .compare = 0, .stages = 4, .picture_cols = 160,
+                   .mutate = "none"};
     FlagSpec extra[] = {
         {"--schedule", FLAG_CHOICE, &f.schedule, 0, 0, "gpipe|1f1b|interleaved|zb",
          "the pipeline schedule (the table of ops per stage)"},
@@ -619,6 +669,9 @@ int main(int argc, char **argv) {
         {"--stages", FLAG_INT, &f.stages, 1, SCHED_MAX_STAGES, NULL, "p for --compare"},
         {"--picture-cols", FLAG_INT, &f.picture_cols, 10, 100000, NULL,
          "width of the schedule pictures in columns"},
+        {"--mutate", FLAG_CHOICE, &f.mutate, 0, 0, "none|zb-keeps-set",
+         "break one mechanism on purpose (what the tests must catch): ZB-H1 keeps the whole "
+         "activation set until W instead of what W reads"},
     };
     lab_parse_args_for(LAB_FLAGS_MODEL | LAB_FLAGS_TRAINING | LAB_FLAGS_HARDWARE | LAB_FLAGS_OUTPUT,
                        argc, argv, &args, extra, (int)(sizeof extra / sizeof extra[0]),

@@ -111,9 +111,8 @@ void sched_interleaved(Schedule *s, int p, int v, int m) {
 // op times (tf = tb = tw = 1) and letting each free stage pick, in order of priority: a B
 // whose gradient has arrived; else an F whose input has arrived, if fewer than p-r micro-batches
 // are between their F and B (1F1B's limit); else the oldest deferred W; else it idles.
-// Memory: a deferred W keeps its micro-batch's activation set alive, so a stage may hold up to m
-// sets (the paper keeps 1F1B's peak by storing only what W reads; this runtime's W reads the
-// whole set).
+// Memory: at most p-r sets between F and B (1F1B's limit); from B to W a micro-batch keeps only
+// what its W reads (gpt2_acts_keep_for_w), and up to m of those wait on a stage.
 void sched_zb_h1(Schedule *s, int p, int m) {
     sched_alloc(s, "zb", p, 1, m, 1);
     // finish time of F(i) / B(i) on stage r, -1 while not run; unit op times
@@ -212,15 +211,22 @@ int sched_check(const Schedule *s, char *err, size_t errlen) {
 // ---------------------------------------------------------------------------------------------
 // simulator
 
-int sched_peak_inflight(const Schedule *s, int rank) {
+// Sets alive from F to B (what = PIPE_F), or W stores alive from B to W (what = PIPE_W).
+static int peak_between(const Schedule *s, int rank, PipeOpKind from, PipeOpKind to) {
     int live = 0, peak = 0;
     for (int j = 0; j < s->nops[rank]; j++) {
         PipeOp o = s->ops[rank][j];
-        if (o.kind == PIPE_F) live++;
-        else if (o.kind == (s->split ? PIPE_W : PIPE_B)) live--;
+        if (o.kind == from) live++;
+        else if (o.kind == to) live--;
         if (live > peak) peak = live;
     }
     return peak;
+}
+
+int sched_peak_inflight(const Schedule *s, int rank) { return peak_between(s, rank, PIPE_F, PIPE_B); }
+
+int sched_peak_wstores(const Schedule *s, int rank) {
+    return s->split ? peak_between(s, rank, PIPE_B, PIPE_W) : 0;
 }
 
 // Runs every op as soon as its stage is free and its inputs are there, until nothing more can

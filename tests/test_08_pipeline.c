@@ -152,7 +152,12 @@ static void check_figures(int np, const char *sched, int m, int v, const char *m
                      np, k, got, want);
         int expect = -1;
         if (strcmp(sched, "gpipe") == 0) expect = m;
-        if (strcmp(sched, "1f1b") == 0) expect = np - k < m ? np - k : m;
+        if (strcmp(sched, "1f1b") == 0 || strcmp(sched, "zb") == 0) expect = np - k < m ? np - k : m;
+        snprintf(key, sizeof key, "peak_wstores_r%d", k);
+        snprintf(key2, sizeof key2, "peak_wstores_sched_r%d", k);
+        cr_assert_eq(results_get(&r, key, -1), results_get(&r, key2, -2),
+                     "%s np %d: stage %d had %g W stores alive, the table says %g", sched, np, k,
+                     results_get(&r, key, -1), results_get(&r, key2, -2));
         if (expect >= 0)
             cr_assert_eq(got, expect, "%s np %d m %d: stage %d peak %g sets, theory %d", sched,
                          np, m, k, got, expect);
@@ -170,6 +175,23 @@ static void check_figures(int np, const char *sched, int m, int v, const char *m
     // the boundary message: Bm * T * C floats; stage 0 sends m activations (and no gradient)
     if (np > 1 && v == 1)
         cr_assert_eq(results_get(&r, "sent_per_step_r0", -1), (double)m * (24 / m) * 16 * 32 * 4);
+    results_free(&r);
+}
+
+// ZB-H1 keeps from B to W only what W reads: with the whole set kept instead (--mutate
+// zb-keeps-set), the measured peak exceeds the formula on every stage. Seen: "stage 0 peak
+// 1687552 B, formula 1106944 B" (the formula: 4 bytes x blocks x Bm T x (20C + 4) per W store).
+Test(pipe08, zb_keeping_whole_sets_is_caught, .timeout = 60) {
+    RunResults r;
+    run_pipe(2, SMALL " --schedule zb --micro-batches 4 --mutate zb-keeps-set", &r);
+    for (int k = 0; k < 2; k++) {
+        char key[48], key2[48];
+        snprintf(key, sizeof key, "peak_act_bytes_r%d", k);
+        snprintf(key2, sizeof key2, "peak_act_bytes_formula_r%d", k);
+        cr_assert_gt(results_get(&r, key, -1), results_get(&r, key2, -2),
+                     "stage %d: peak %g B with whole sets kept, formula %g B", k,
+                     results_get(&r, key, -1), results_get(&r, key2, -2));
+    }
     results_free(&r);
 }
 
