@@ -122,6 +122,10 @@ typedef struct Exec {
     int rank, p, S, m, Bm, T;
     size_t BTC;
     float **sendbuf;      // [(dir * v + chunk) * m + mb]: the message F or B sent (MEM_COMM)
+    int bf16;             // bf16 runs: the messages travel as bf16, half the bytes
+    const Kernels *k;     // (the conversions, on the model's device)
+    uint16_t **wire;      // bf16 runs: [slot] sendbuf[slot] rounded to bf16, as sent
+    uint16_t *rwire;      // bf16 runs: the message received, before it is widened
     DistWork *works;      // pending isends
     int nworks;
     double *op_start, *op_end;  // this step's measured times of each op (from lab_now), the
@@ -142,23 +146,36 @@ static int rank_of(const Exec *x, int vs) { return vs % x->p; }
 // activation from vs-1, dir 1 the gradient from vs+1 (a chunk on this same rank: a copy).
 static void recv_msg(Exec *x, int dir, int vs, int mb, float *dst) {
     int from = dir == 0 ? vs - 1 : vs + 1;
-    if (rank_of(x, from) == x->rank) {
-        mem_copy(dst, x->sendbuf[((size_t)dir * x->s->v + from / x->p) * x->m + mb],
-                 x->BTC * sizeof(float));
+    if (rank_of(x, from) == x->rank) {  // rounded as a message would be: the same bits on any p
+        const float *src = x->sendbuf[((size_t)dir * x->s->v + from / x->p) * x->m + mb];
+        if (x->bf16) {
+            x->k->f32_to_bf16(x->rwire, src, x->BTC);
+            x->k->bf16_to_f32(dst, x->rwire, x->BTC);
+        } else {
+            mem_copy(dst, src, x->BTC * sizeof(float));
+        }
         return;
     }
     double t0 = lab_now();
     int tok = trace_begin(dir == 0 ? "recv activation" : "recv gradient", TRACE_COMM);
-    dist_recv(dst, x->BTC, DIST_F32, rank_of(x, from), tag_of(x, dir, vs, mb), x->g);
+    dist_recv(x->bf16 ? (void *)x->rwire : (void *)dst, x->BTC, x->bf16 ? DIST_BF16 : DIST_F32,
+              rank_of(x, from), tag_of(x, dir, vs, mb), x->g);
     trace_end(tok);
     x->wait += lab_now() - t0;  // idle: the stage has nothing to compute until it arrives
+    if (x->bf16) x->k->bf16_to_f32(dst, x->rwire, x->BTC);
 }
 
 static void send_msg(Exec *x, int dir, int vs, int mb) {
     int to = dir == 0 ? vs + 1 : vs - 1;
     if (rank_of(x, to) == x->rank) return;  // the receiver copies it from sendbuf
-    float *buf = x->sendbuf[((size_t)dir * x->s->v + vs / x->p) * x->m + mb];
-    x->works[x->nworks++] = dist_isend(buf, x->BTC, DIST_F32, rank_of(x, to), tag_of(x, dir, to, mb), x->g);
+    const size_t slot = ((size_t)dir * x->s->v + vs / x->p) * x->m + mb;
+    const int tag = tag_of(x, dir, to, mb);
+    if (x->bf16) {  // the activation is bf16 already (a stored layer, widened); the gradient rounds
+        x->k->f32_to_bf16(x->wire[slot], x->sendbuf[slot], x->BTC);
+        x->works[x->nworks++] = dist_isend(x->wire[slot], x->BTC, DIST_BF16, rank_of(x, to), tag, x->g);
+    } else {
+        x->works[x->nworks++] = dist_isend(x->sendbuf[slot], x->BTC, DIST_F32, rank_of(x, to), tag, x->g);
+    }
 }
 
 static void acts_track(Exec *x, int dsets, int dw) {
@@ -375,10 +392,10 @@ static double peak_bytes_formula(const Schedule *s, int rank, const Chunk *ch, i
     return peak;
 }
 
-// Bytes this rank sends per step by the formula: one (Bm, T, C) fp32 message per micro-batch
-// for every boundary a chunk has with a chunk on another rank (forward: to the next virtual
-// stage, backward: to the previous one).
-static double sent_formula(int rank, int p, int v, int m, size_t BTC) {
+// Bytes this rank sends per step by the formula: one (Bm, T, C) message per micro-batch for
+// every boundary a chunk has with a chunk on another rank (forward: to the next virtual stage,
+// backward: to the previous one), of `elem` bytes an element (fp32 4, bf16 2).
+static double sent_formula(int rank, int p, int v, int m, size_t BTC, int elem) {
     const int S = p * v;
     double msgs = 0;
     for (int c = 0; c < v; c++) {
@@ -386,7 +403,7 @@ static double sent_formula(int rank, int p, int v, int m, size_t BTC) {
         if (vs < S - 1 && p > 1) msgs += m;
         if (vs > 0 && p > 1) msgs += m;
     }
-    return msgs * (double)BTC * 4.0;
+    return msgs * (double)BTC * elem;
 }
 
 static int cmp_double(const void *a, const void *b) {
@@ -459,10 +476,17 @@ static void train(const LabArgs *args, const PipeFlags *f) {
 
     Exec x = {.s = &s, .ch = ch, .g = g, .rank = rank, .p = p, .S = S, .m = m, .Bm = Bm, .T = T,
               .BTC = (size_t)Bm * T * cfg.C,
-              .mutate_keep_set = strcmp(f->mutate, "zb-keeps-set") == 0};
+              .mutate_keep_set = strcmp(f->mutate, "zb-keeps-set") == 0,
+              .bf16 = dtype == GPT2_BF16 && strcmp(f->mutate, "bf16-msgs-fp32") != 0,
+              .k = ch[0].model.k};
     LAB_CHECK(tag_of(&x, 1, S - 1, m - 1) < 30000, "too many micro-batches x stages for MPI tags");
     x.sendbuf = lab_xcalloc((size_t)2 * v * m, sizeof(float *));
     for (int i = 0; i < 2 * v * m; i++) x.sendbuf[i] = mem_alloc(x.BTC * sizeof(float), MEM_COMM, dev);
+    if (x.bf16) {
+        x.wire = lab_xcalloc((size_t)2 * v * m, sizeof(uint16_t *));
+        for (int i = 0; i < 2 * v * m; i++) x.wire[i] = mem_alloc(x.BTC * 2, MEM_COMM, dev);
+        x.rwire = mem_alloc(x.BTC * 2, MEM_COMM, dev);
+    }
     x.works = lab_xcalloc((size_t)2 * v * m + 1, sizeof(DistWork));
     x.op_start = lab_xcalloc((size_t)s.nops[rank] + 1, sizeof(double));
     x.op_end = lab_xcalloc((size_t)s.nops[rank] + 1, sizeof(double));
@@ -553,7 +577,7 @@ static void train(const LabArgs *args, const PipeFlags *f) {
     mine[F_PEAK_BYTES] = (double)x.acts_peak;
     mine[F_PEAK_BYTES_FORMULA] = dtype == GPT2_FP32 ? peak_bytes_formula(&s, rank, ch, Bm, T) : -1;
     mine[F_SENT] = end ? sent_sum / end : 0;
-    mine[F_SENT_FORMULA] = sent_formula(rank, p, v, m, x.BTC);
+    mine[F_SENT_FORMULA] = sent_formula(rank, p, v, m, x.BTC, dtype == GPT2_BF16 ? 2 : 4);
     mine[F_L0] = ch[0].model.l0;
     mine[F_L1] = ch[v - 1].model.l1;
     mine[F_PEAK_W] = x.wlive_peak;
@@ -634,6 +658,8 @@ static void train(const LabArgs *args, const PipeFlags *f) {
     }
     free(all), free(bubbles), free(tl), free(tl_all), free(pic_start), free(pic_end), free(full), free(losses);
     for (int i = 0; i < 2 * v * m; i++) mem_free(x.sendbuf[i]);
+    for (int i = 0; x.wire && i < 2 * v * m; i++) mem_free(x.wire[i]);
+    free(x.wire), mem_free(x.rwire);
     free(x.sendbuf), free(x.works), free(x.op_start), free(x.op_end);
     mem_free(inputs), mem_free(targets);
     data_free(&data);
@@ -669,9 +695,9 @@ int main(int argc, char **argv) {
         {"--stages", FLAG_INT, &f.stages, 1, SCHED_MAX_STAGES, NULL, "p for --compare"},
         {"--picture-cols", FLAG_INT, &f.picture_cols, 10, 100000, NULL,
          "width of the schedule pictures in columns"},
-        {"--mutate", FLAG_CHOICE, &f.mutate, 0, 0, "none|zb-keeps-set",
+        {"--mutate", FLAG_CHOICE, &f.mutate, 0, 0, "none|zb-keeps-set|bf16-msgs-fp32",
          "break one mechanism on purpose (what the tests must catch): ZB-H1 keeps the whole "
-         "activation set until W instead of what W reads"},
+         "activation set until W instead of what W reads; bf16 runs send fp32 messages"},
     };
     lab_parse_args_for(LAB_FLAGS_MODEL | LAB_FLAGS_TRAINING | LAB_FLAGS_HARDWARE | LAB_FLAGS_OUTPUT,
                        argc, argv, &args, extra, (int)(sizeof extra / sizeof extra[0]),

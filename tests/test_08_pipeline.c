@@ -178,6 +178,36 @@ static void check_figures(int np, const char *sched, int m, int v, const char *m
     results_free(&r);
 }
 
+// bf16 runs send the boundary messages as bf16: half the bytes of fp32, by the formula and by
+// hand (stage 0 of 2 sends m activations of Bm x T x C bf16). The negative check is run here
+// too: with --mutate bf16-msgs-fp32 (fp32 messages in a bf16 run) the count is off the formula
+// ("stage 0 sent 49152 B per step, formula 24576 B").
+static double bf16_sent_off_formula(const char *mutate) {
+    char f[512];
+    snprintf(f, sizeof f, SMALL " --dtype bf16 --schedule 1f1b --micro-batches 4 --mutate %s --steps 2",
+             mutate);
+    RunResults r;
+    run_pipe(2, f, &r);
+    double off = 0;
+    for (int k = 0; k < 2; k++) {
+        char key[48], key2[48];
+        snprintf(key, sizeof key, "sent_per_step_r%d", k);
+        snprintf(key2, sizeof key2, "sent_per_step_formula_r%d", k);
+        off += fabs(results_get(&r, key, -1) - results_get(&r, key2, -2));
+    }
+    if (strcmp(mutate, "none") == 0)
+        cr_assert_eq(results_get(&r, "sent_per_step_r0", -1), 4.0 * (24 / 4) * 16 * 32 * 2,
+                     "stage 0 sent %g B per step", results_get(&r, "sent_per_step_r0", -1));
+    results_free(&r);
+    return off;
+}
+
+Test(pipe08, bf16_messages_are_half_the_bytes, .timeout = 60) {
+    cr_assert_eq(bf16_sent_off_formula("none"), 0.0, "bf16 messages: bytes sent off the formula");
+    cr_assert_gt(bf16_sent_off_formula("bf16-msgs-fp32"), 0.0,
+                 "--mutate bf16-msgs-fp32 sent fp32 messages, yet the count matched the formula");
+}
+
 // ZB-H1 keeps from B to W only what W reads: with the whole set kept instead (--mutate
 // zb-keeps-set), the measured peak exceeds the formula on every stage. Seen: "stage 0 peak
 // 1687552 B, formula 1106944 B" (the formula: 4 bytes x blocks x Bm T x (20C + 4) per W store).
