@@ -314,25 +314,39 @@ double sched_theory_bubble(const Schedule *s, const SchedTimes *t) {
 // ---------------------------------------------------------------------------------------------
 // picture
 
+// Op j of row r in the picture: its label and its columns [*a, *b). An op shorter than its
+// label is drawn label-wide; the ops after it on the row move right until an idle gap takes the
+// shift up, so every label reads whole. *cursor: the first column after the op drawn last.
+static void op_cols(const Schedule *s, int r, int j, double st, double en, double unit,
+                    int *cursor, int *a, int *b, char label[16]) {
+    PipeOp o = s->ops[r][j];
+    char letter = "FBW"[o.kind];
+    if (o.chunk % 2) letter = (char)(letter - 'A' + 'a');
+    snprintf(label, 16, "%c%d", letter, o.mb);
+    *a = (int)floor(st / unit + 0.5), *b = (int)floor(en / unit + 0.5);
+    if (*a < *cursor) *b += *cursor - *a, *a = *cursor;
+    if (*b < *a + (int)strlen(label)) *b = *a + (int)strlen(label);
+    *cursor = *b;
+}
+
 void sched_print(FILE *out, const Schedule *s, double *const *start, double *const *end,
                  double unit, int max_cols) {
-    double span = 0;
-    for (int r = 0; r < s->p; r++)
-        for (int j = 0; j < s->nops[r]; j++) span = fmax(span, end[r][j]);
-    int cols = (int)ceil(span / unit - 1e-9);
+    int cols = 0, a, b;
+    char label[16];
+    for (int r = 0; r < s->p; r++) {  // the widest row, labels included
+        int cursor = 0;
+        for (int j = 0; j < s->nops[r]; j++)
+            op_cols(s, r, j, start[r][j], end[r][j], unit, &cursor, &a, &b, label);
+        if (cursor > cols) cols = cursor;
+    }
     if (cols > max_cols) cols = max_cols;
     char *row = lab_xmalloc((size_t)cols + 1);
     for (int r = 0; r < s->p; r++) {
         memset(row, '.', (size_t)cols);
         row[cols] = 0;
+        int cursor = 0;
         for (int j = 0; j < s->nops[r]; j++) {
-            PipeOp o = s->ops[r][j];
-            int a = (int)floor(start[r][j] / unit + 0.5), b = (int)floor(end[r][j] / unit + 0.5);
-            if (b <= a) b = a + 1;  // every op visible, however short
-            char label[16];
-            char letter = "FBW"[o.kind];
-            if (o.chunk % 2) letter = (char)(letter - 'A' + 'a');
-            snprintf(label, sizeof label, "%c%d", letter, o.mb);
+            op_cols(s, r, j, start[r][j], end[r][j], unit, &cursor, &a, &b, label);
             for (int c = a; c < b && c < cols; c++) {
                 size_t li = (size_t)(c - a);
                 row[c] = li < strlen(label) ? label[li] : '-';
