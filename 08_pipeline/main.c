@@ -24,6 +24,7 @@
 #include <string.h>
 
 #include "check.h"
+#include "ckpt.h"
 #include "data.h"
 #include "dist.h"
 #include "flags.h"
@@ -33,6 +34,7 @@
 #include "optim.h"
 #include "results.h"
 #include "schedule.h"
+#include "session.h"
 #include "trace.h"
 #include "train.h"
 
@@ -423,6 +425,98 @@ enum { F_BUBBLE, F_BUBBLE_SIM, F_PEAK_SETS, F_PEAK_SETS_SCHED, F_PEAK_BYTES, F_P
        F_SENT, F_SENT_FORMULA, F_L0, F_L1, F_PEAK_W, F_PEAK_W_SCHED, F_NFIELDS };
 
 // ---------------------------------------------------------------------------------------------
+// the whole model in llm.c's order (the --dump weights, the checkpoints)
+
+enum { WHOLE_PARAMS, WHOLE_MASTER, WHOLE_ADAM_M, WHOLE_ADAM_V };
+
+static float *chunk_buffer(Chunk *k, int which) {
+    return which == WHOLE_MASTER ? k->master : which == WHOLE_ADAM_M ? k->opt_m : k->opt_v;
+}
+
+// full (n floats, llm.c's order) on rank 0: each element from the one rank holding it. which:
+// the weights the forward reads (widened in bf16), or the fp32 master, Adam's m or v (each
+// chunk's own buffer, in its memory order: the plist maps it to the file's).
+static void gather_whole(Chunk *ch, int v, int which, float *full, size_t n, DistGroup *g) {
+    memset(full, 0, n * sizeof(float));
+    for (int c = 0; c < v; c++) {
+        GPT2 *md = &ch[c].model;
+        float *h = lab_xmalloc(md->num_params * sizeof(float));
+        int file_order = 0;
+        if (which == WHOLE_PARAMS) {
+            train_params_to_host(md, h);  // the full model's in llm.c's order, a stage's in its own
+            file_order = md->l0 == 0 && md->l1 == md->cfg.L;
+        } else {
+            mem_copy(h, chunk_buffer(&ch[c], which), md->num_params * sizeof(float));
+        }
+        if (file_order) memcpy(full, h, n * sizeof(float));
+        else for (int i = 0; i < md->nplist; i++) {
+            const GPT2Param *q = &md->plist[i];
+            if (!q->tied_copy) memcpy(full + q->llmc_offset, h + q->offset, q->size * sizeof(float));
+        }
+        free(h);
+    }
+    dist_reduce(full, full, n, DIST_F32, DIST_SUM, 0, g);  // zeros elsewhere: exact
+}
+
+// The inverse, on every rank: each chunk's part of full (llm.c's order; the head's copy of wte
+// from wte) into its master, m or v.
+static void scatter_whole(Chunk *ch, int v, int which, const float *full) {
+    for (int c = 0; c < v; c++) {
+        GPT2 *md = &ch[c].model;
+        float *h = lab_xmalloc(md->num_params * sizeof(float));
+        for (int i = 0; i < md->nplist; i++) {
+            const GPT2Param *q = &md->plist[i];
+            memcpy(h + q->offset, full + q->llmc_offset, q->size * sizeof(float));
+        }
+        mem_copy(chunk_buffer(&ch[c], which), h, md->num_params * sizeof(float));
+        free(h);
+    }
+}
+
+// --save: the training state after `step` steps, the whole model gathered to rank 0, in the
+// lab's format (the file 00 writes: 00 resumes it, and 08 resumes 00's, on any p and v).
+static void save_whole(const LabArgs *args, const GPT2Config *cfg, Chunk *ch, int v, int step,
+                       DistGroup *g) {
+    const size_t n = gpt2_param_count(cfg);
+    TrainState st = {.cfg = *cfg, .step = step, .seed = (uint64_t)args->seed,
+                     .data_seed = (uint64_t)args->data_seed, .n = n};
+    st.params = lab_xmalloc(n * sizeof(float));
+    st.m = lab_xmalloc(n * sizeof(float));
+    st.v = lab_xmalloc(n * sizeof(float));
+    gather_whole(ch, v, WHOLE_MASTER, st.params, n, g);
+    gather_whole(ch, v, WHOLE_ADAM_M, st.m, n, g);
+    gather_whole(ch, v, WHOLE_ADAM_V, st.v, n, g);
+    if (g->rank == 0) ckpt_save_state(args->save, &st);
+    free(st.params), free(st.m), free(st.v);
+}
+
+// The starting weights: --resume (weights, Adam state, step: every rank reads the file),
+// --load-weights, or fresh from the seed (every stage its slice of the full model's init, the
+// copy of wte too). Returns the first step.
+static int load_or_init(const LabArgs *args, const GPT2Config *cfg, Chunk *ch, int v) {
+    const size_t n = gpt2_param_count(cfg);
+    int start = 0;
+    if (args->resume || args->load_weights) {
+        TrainState st = {.params = lab_xmalloc(n * sizeof(float)),
+                         .m = lab_xmalloc(n * sizeof(float)), .v = lab_xmalloc(n * sizeof(float))};
+        if (args->resume) {
+            ckpt_load_state(args->resume, cfg, &st);
+            scatter_whole(ch, v, WHOLE_ADAM_M, st.m);
+            scatter_whole(ch, v, WHOLE_ADAM_V, st.v);
+            start = st.step;
+        } else {
+            ckpt_load_weights(args->load_weights, cfg, st.params);
+        }
+        scatter_whole(ch, v, WHOLE_MASTER, st.params);
+        free(st.params), free(st.m), free(st.v);
+    } else {
+        for (int c = 0; c < v; c++) train_master_init(&ch[c].model, ch[c].master, (uint64_t)args->seed);
+    }
+    for (int c = 0; c < v; c++) train_master_to_model(&ch[c].model, ch[c].master);
+    return start;
+}
+
+// ---------------------------------------------------------------------------------------------
 // training
 
 static void train(const LabArgs *args, const PipeFlags *f) {
@@ -464,8 +558,6 @@ static void train(const LabArgs *args, const PipeFlags *f) {
         k->master = train_master_alloc(&k->model);
         k->opt_m = mem_alloc(k->model.num_params * sizeof(float), MEM_OPT_M, dev);
         k->opt_v = mem_alloc(k->model.num_params * sizeof(float), MEM_OPT_V, dev);
-        // every stage's weights are the slice of the full model's init (the copy of wte too)
-        train_master_init(&k->model, k->master, (uint64_t)args->seed);
         k->acts = lab_xcalloc((size_t)m, sizeof(GPT2Acts *));
     }
     const AdamW opt = lab_args_adamw(args);
@@ -502,14 +594,21 @@ static void train(const LabArgs *args, const PipeFlags *f) {
         sched_print(stdout, &s, sim.start, sim.end, UNIT_TIMES.tf / v / 2.0, f->picture_cols);
     }
 
+    const int start = load_or_init(args, &cfg, ch, v);
+    if (!args->quiet && rank == 0 && args->resume)
+        printf("resumed from %s at step %d\n", args->resume, start);
     float *losses = lab_xcalloc((size_t)args->steps, sizeof(float));
+    for (int i = 0; i < args->steps; i++) losses[i] = NAN;  // (the steps not run here)
     const int end = lab_args_end_step(args);
+    // the fault hook (--kill-rank, --kill-step) is the Session's; it reads only these fields
+    Session hooks = {.args = args, .rank = rank, .start = start};
     double sent_sum = 0, t_steps = 0;  // t_steps: the steps after the first, for tokens/s
     double *bubbles = lab_xcalloc((size_t)end + 1, sizeof(double));  // per measured step
     int bubble_n = 0;
     double *pic_start = NULL, *pic_end = NULL;  // the last step's measured timeline (rank 0)
     dist_counters_reset();
-    for (int step = 0; step < end; step++) {
+    for (int step = start; step < end; step++) {
+        session_step_begin(&hooks, step);
         for (int c = 0; c < v; c++) gpt2_zero_grad(&ch[c].model);
         dist_barrier(g);  // the stages start the step together: the timeline's zero
         double t0 = lab_now();
@@ -525,7 +624,7 @@ static void train(const LabArgs *args, const PipeFlags *f) {
         double span[2] = {-t0, tend};  // the max of -t0 is -(the earliest start)
         dist_all_reduce(span, span, 2, DIST_F64, DIST_MAX, g);
         double tmin = -span[0], tmax = span[1];
-        if (step > 0 || end == 1)  // the first step warms caches and allocators
+        if (step > start || end - start == 1)  // the first step warms caches and allocators
             bubbles[bubble_n++] = 1.0 - busy / (tmax - tmin);
         if (step == end - 1) {
             pic_start = lab_xcalloc((size_t)s.nops[rank] + 1, sizeof(double));
@@ -536,6 +635,7 @@ static void train(const LabArgs *args, const PipeFlags *f) {
 
         // the tied wte, then the global norm (NaN check) and every stage's AdamW step
         sync_tied_wte(ch, v, rank, p, g);
+        if (step == args->inject_nan_step && rank == p - 1) train_inject_nan(&ch[v - 1].model);
         double norm_sq = local_norm_sq(ch, v);
         dist_all_reduce(&norm_sq, &norm_sq, 1, DIST_F64, DIST_SUM, g);
         float scale = adamw_clip_scale(&opt, norm_sq, step);
@@ -545,28 +645,25 @@ static void train(const LabArgs *args, const PipeFlags *f) {
         float loss = (float)(loss_sum / m);
         dist_broadcast(&loss, 1, DIST_F32, p - 1, g);
         losses[step] = loss;
-        if (step > 0) t_steps += lab_now() - t0;
+        if (step > start) t_steps += lab_now() - t0;
         if (!args->quiet && rank == 0 && args->log_every > 0 &&
             (step % args->log_every == 0 || step == end - 1))
             printf("step %5d/%d  loss %.4f  lr %.2e  %.1f ms\n", step + 1, args->steps, loss,
                    adamw_lr(&opt, step), 1e3 * (lab_now() - t0));
+        if (args->save && args->save_every > 0 && (step + 1) % args->save_every == 0 &&
+            step != end - 1)
+            save_whole(args, &cfg, ch, v, step + 1, g);
+    }
+    if (args->save) {
+        save_whole(args, &cfg, ch, v, end, g);
+        if (!args->quiet && rank == 0) printf("saved training state (step %d) to %s\n", end, args->save);
     }
 
-    // the final weights, in llm.c's order, on rank 0 (each element from the one rank holding it)
+    // the final weights, in llm.c's order, on rank 0
     const size_t n = gpt2_param_count(&cfg);
-    float *full = lab_xcalloc(n, sizeof(float));
-    for (int c = 0; c < v; c++) {
-        GPT2 *md = &ch[c].model;
-        float *h = lab_xmalloc(md->num_params * sizeof(float));
-        train_params_to_host(md, h);  // the full model's in llm.c's order, a stage's in its own
-        if (md->l0 == 0 && md->l1 == L) memcpy(full, h, n * sizeof(float));
-        else for (int i = 0; i < md->nplist; i++) {
-            const GPT2Param *q = &md->plist[i];
-            if (!q->tied_copy) memcpy(full + q->llmc_offset, h + q->offset, q->size * sizeof(float));
-        }
-        free(h);
-    }
-    dist_reduce(full, full, n, DIST_F32, DIST_SUM, 0, g);  // zeros elsewhere: exact
+    float *full = lab_xmalloc(n * sizeof(float));
+    gather_whole(ch, v, WHOLE_PARAMS, full, n, g);
+    if (rank == 0 && args->save_weights) ckpt_save_weights(args->save_weights, &cfg, full);
 
     // the figures of every rank, to rank 0
     double mine[F_NFIELDS] = {0};
@@ -576,7 +673,7 @@ static void train(const LabArgs *args, const PipeFlags *f) {
     mine[F_PEAK_SETS_SCHED] = sched_peak_inflight(&s, rank);
     mine[F_PEAK_BYTES] = (double)x.acts_peak;
     mine[F_PEAK_BYTES_FORMULA] = dtype == GPT2_FP32 ? peak_bytes_formula(&s, rank, ch, Bm, T) : -1;
-    mine[F_SENT] = end ? sent_sum / end : 0;
+    mine[F_SENT] = end > start ? sent_sum / (end - start) : 0;
     mine[F_SENT_FORMULA] = sent_formula(rank, p, v, m, x.BTC, dtype == GPT2_BF16 ? 2 : 4);
     mine[F_L0] = ch[0].model.l0;
     mine[F_L1] = ch[v - 1].model.l1;
@@ -588,18 +685,20 @@ static void train(const LabArgs *args, const PipeFlags *f) {
     int maxops = 0;
     for (int r = 0; r < p; r++) maxops = s.nops[r] > maxops ? s.nops[r] : maxops;
     double *tl = lab_xcalloc((size_t)2 * maxops, sizeof(double)), *tl_all = NULL;
-    memcpy(tl, pic_start, (size_t)s.nops[rank] * sizeof(double));
-    memcpy(tl + maxops, pic_end, (size_t)s.nops[rank] * sizeof(double));
+    if (pic_start) {  // (no step run here: resumed at the end)
+        memcpy(tl, pic_start, (size_t)s.nops[rank] * sizeof(double));
+        memcpy(tl + maxops, pic_end, (size_t)s.nops[rank] * sizeof(double));
+    }
     if (rank == 0) tl_all = lab_xcalloc((size_t)p * 2 * maxops, sizeof(double));
     dist_gather(tl, tl_all, (size_t)2 * maxops, DIST_F64, 0, g);
     trace_finish();
 
     if (rank == 0) {
         const double theory = sched_theory_bubble(&s, &UNIT_TIMES);
-        if (!args->quiet && end > 1)
-            printf("%d steps after the first in %.3f s: %.0f tokens/s\n", end - 1, t_steps,
-                   (double)B * T * (end - 1) / t_steps);
-        if (!args->quiet && end > 0) {
+        if (!args->quiet && end - start > 1)
+            printf("%d steps after the first in %.3f s: %.0f tokens/s\n", end - start - 1,
+                   t_steps, (double)B * T * (end - start - 1) / t_steps);
+        if (!args->quiet && end > start) {
             double *st[SCHED_MAX_STAGES], *en[SCHED_MAX_STAGES], fsum = 0;
             int fn = 0;
             for (int r = 0; r < p; r++) {
@@ -699,7 +798,8 @@ int main(int argc, char **argv) {
          "break one mechanism on purpose (what the tests must catch): ZB-H1 keeps the whole "
          "activation set until W instead of what W reads; bf16 runs send fp32 messages"},
     };
-    lab_parse_args_for(LAB_FLAGS_MODEL | LAB_FLAGS_TRAINING | LAB_FLAGS_HARDWARE | LAB_FLAGS_OUTPUT,
+    lab_parse_args_for(LAB_FLAGS_MODEL | LAB_FLAGS_TRAINING | LAB_FLAGS_HARDWARE | LAB_FLAGS_OUTPUT |
+                           LAB_FLAGS_RELIABILITY | LAB_FLAGS_KILL,
                        argc, argv, &args, extra, (int)(sizeof extra / sizeof extra[0]),
                        "08_pipeline/run", USAGE);
     if (f.compare) {
