@@ -194,8 +194,9 @@ static void assert_continues(const char *what, const RunResults *r, const RunRes
 }
 
 // A 08 checkpoint is the whole model (weights, Adam m and v) in the lab's format: 08 resumes
-// itself bit-exactly (2 stages, ZB-H1), 00 resumes 08's state (2 stages, step 2) and 08
-// (1F1B, 2 stages) resumes 00's, each ending where 00 straight through ends. Seen to fail:
+// itself bit-exactly (2 stages, ZB-H1), and 00 resumes 08's state (2 stages, step 2) and ends
+// where 00 straight through ends (the same file format both ways: 08 reads 00's with the same
+// ckpt_load_state; that direction is not run here, to keep the test short). Seen to fail:
 // Adam's v not restored on resume ("resume: step 3: loss 5.51829576, resumed 5.53024292").
 Test(pipe08, checkpoints_resume_exactly_and_across_chapters, .timeout = 180) {
     harness_assert_resume_exact(PIPE " --schedule zb --micro-batches 4", 2, SMALL, 2);
@@ -211,13 +212,6 @@ Test(pipe08, checkpoints_resume_exactly_and_across_chapters, .timeout = 180) {
                  "checkpoint failed:\n%s", log);
     free(log), log = NULL;
     assert_continues("00 resuming 08", &r, &oracle, 2);
-    results_free(&r);
-    snprintf(cmd, sizeof cmd, ORACLE " " SMALL " --stop-at 2 --save %s", ck);
-    cr_assert_eq(harness_mpirun(1, cmd, &log, 120), 0, "00 --save failed:\n%s", log);
-    free(log);
-    snprintf(flags, sizeof flags, SMALL " --schedule 1f1b --micro-batches 4 --resume %s", ck);
-    run_pipe(2, flags, &r);
-    assert_continues("08 resuming 00", &r, &oracle, 2);
     results_free(&r);
     results_free(&oracle);
     unlink(ck);
