@@ -55,7 +55,13 @@ static const char *USAGE =
     "                                                     (simulated; no training, one process)\n"
     "The picture: one row per stage, time to the right; F3 = forward of micro-batch 3, B3 its\n"
     "backward, W3 its weight gradients (lower case: chunk 1 of interleaved), '.' = idle (bubble).\n"
-    "Needs: --layers divisible by ranks x chunks, --batch divisible by --micro-batches.\n";
+    "Needs: --layers divisible by ranks x chunks, --batch divisible by --micro-batches.\n"
+    "\n"
+    "  mpirun -np 2 ./08_pipeline/run --stop-at 3 --save pp.ckpt   a checkpoint: the whole model\n"
+    "                                                     (weights, Adam m, v) gathered to rank 0\n"
+    "  ./00_memory_budget/run --train --resume pp.ckpt    ... in the lab's format: 00 resumes it,\n"
+    "                                                     08 resumes 00's (any ranks, chunks)\n"
+    "bf16 runs (--dtype bf16) send the stage boundary messages as bf16: half the bytes.\n";
 
 typedef struct PipeFlags {
     const char *schedule;
@@ -91,8 +97,12 @@ static void print_schedule(const Schedule *s, const SchedTimes *t, int cols, int
     int peak = 0;
     for (int k = 0; k < s->p; k++) worst = fmax(worst, r.bubble[k]), peak = peak > r.peak_inflight[k] ? peak : r.peak_inflight[k];
     printf("  %-12s v=%d  makespan %6.2f  bubble %6.2f %%  theory %6.2f %%  peak sets (stage 0) %d, "
-           "most on any stage %d\n", s->name, s->v, r.makespan, 100 * worst,
+           "most on any stage %d", s->name, s->v, r.makespan, 100 * worst,
            100 * sched_theory_bubble(s, t), r.peak_inflight[0], peak);
+    int wpeak = 0;
+    for (int k = 0; k < s->p; k++) wpeak = wpeak > sched_peak_wstores(s, k) ? wpeak : sched_peak_wstores(s, k);
+    if (s->split) printf("; W stores: most on any stage %d", wpeak);
+    printf("\n");
     sim_free(&r);
 }
 
