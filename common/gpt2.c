@@ -545,7 +545,6 @@ void gpt2_acts_keep_for_w(GPT2Acts *a, const GPT2 *m) {
     GPT2BlockDims d = block_dims(m);
     const size_t nb = (size_t)(a->l1 - a->l0), BT = (size_t)a->B * a->T, BTC = BT * (size_t)d.C;
     const size_t BTA = BT * (size_t)d.ATT, BTF = BT * (size_t)d.FC;
-    // the block inputs: encoded (block 0), then residual3 of blocks 0 .. nb-2
     float *keep = mem_alloc(gpt2_acts_w_floats(m, a->B, a->T) * sizeof(float), MEM_ACTS, m->dev);
     ActTensors k = {0}, dk = {0};
     float *at = keep;
@@ -553,8 +552,8 @@ void gpt2_acts_keep_for_w(GPT2Acts *a, const GPT2 *m) {
     k.name = at;                                             \
     mem_copy(at, a->a.name, (n) * sizeof(float));            \
     at += (n);
-    MOVE(encoded, BTC)
-    MOVE(residual3, (nb - 1) * BTC)
+    MOVE(encoded, BTC)               // the blocks' inputs: block 0's, then the outputs of
+    MOVE(residual3, (nb - 1) * BTC)  // blocks 0 .. nb-2
     MOVE(ln1, nb * BTC)
     MOVE(ln1_mean, nb * BT)
     MOVE(ln1_rstd, nb * BT)
