@@ -17,12 +17,14 @@
 //   - clipping uses the GLOBAL gradient norm (the squares summed over stages, wte counted once),
 //     and a NaN anywhere stops every rank; then each stage steps its own weights with AdamW.
 // On one rank with one micro-batch this is chapter 00's single-device step, op for op.
+#include <malloc.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "check.h"
+#include "ckpt.h"
 #include "data.h"
 #include "dist.h"
 #include "flags.h"
@@ -32,6 +34,7 @@
 #include "optim.h"
 #include "results.h"
 #include "schedule.h"
+#include "session.h"
 #include "trace.h"
 #include "train.h"
 
@@ -52,7 +55,13 @@ static const char *USAGE =
     "                                                     (simulated; no training, one process)\n"
     "The picture: one row per stage, time to the right; F3 = forward of micro-batch 3, B3 its\n"
     "backward, W3 its weight gradients (lower case: chunk 1 of interleaved), '.' = idle (bubble).\n"
-    "Needs: --layers divisible by ranks x chunks, --batch divisible by --micro-batches.\n";
+    "Needs: --layers divisible by ranks x chunks, --batch divisible by --micro-batches.\n"
+    "\n"
+    "  mpirun -np 2 ./08_pipeline/run --stop-at 3 --save pp.ckpt   a checkpoint: the whole model\n"
+    "                                                     (weights, Adam m, v) gathered to rank 0\n"
+    "  ./00_memory_budget/run --train --resume pp.ckpt    ... in the lab's format: 00 resumes it,\n"
+    "                                                     08 resumes 00's (any ranks, chunks)\n"
+    "bf16 runs (--dtype bf16) send the stage boundary messages as bf16: half the bytes.\n";
 
 typedef struct PipeFlags {
     const char *schedule;
@@ -61,6 +70,7 @@ typedef struct PipeFlags {
     int compare;    // print the four schedules simulated, then exit
     int stages;     // --compare: p
     int picture_cols;
+    const char *mutate;  // break one mechanism on purpose (the tests' negative checks)
 } PipeFlags;
 
 // One chunk of layers on this rank: a partial model (gpt2_build_stage), its optimizer state,
@@ -87,8 +97,12 @@ static void print_schedule(const Schedule *s, const SchedTimes *t, int cols, int
     int peak = 0;
     for (int k = 0; k < s->p; k++) worst = fmax(worst, r.bubble[k]), peak = peak > r.peak_inflight[k] ? peak : r.peak_inflight[k];
     printf("  %-12s v=%d  makespan %6.2f  bubble %6.2f %%  theory %6.2f %%  peak sets (stage 0) %d, "
-           "most on any stage %d\n", s->name, s->v, r.makespan, 100 * worst,
+           "most on any stage %d", s->name, s->v, r.makespan, 100 * worst,
            100 * sched_theory_bubble(s, t), r.peak_inflight[0], peak);
+    int wpeak = 0;
+    for (int k = 0; k < s->p; k++) wpeak = wpeak > sched_peak_wstores(s, k) ? wpeak : sched_peak_wstores(s, k);
+    if (s->split) printf("; W stores: most on any stage %d", wpeak);
+    printf("\n");
     sim_free(&r);
 }
 
@@ -120,13 +134,19 @@ typedef struct Exec {
     int rank, p, S, m, Bm, T;
     size_t BTC;
     float **sendbuf;      // [(dir * v + chunk) * m + mb]: the message F or B sent (MEM_COMM)
+    int bf16;             // bf16 runs: the messages travel as bf16, half the bytes
+    const Kernels *k;     // (the conversions, on the model's device)
+    uint16_t **wire;      // bf16 runs: [slot] sendbuf[slot] rounded to bf16, as sent
+    uint16_t *rwire;      // bf16 runs: the message received, before it is widened
     DistWork *works;      // pending isends
     int nworks;
     double *op_start, *op_end;  // this step's measured times of each op (from lab_now), the
                                 // wait for its message left out (op_start is after it)
     double wait;                // seconds the current op waited in receives
     size_t acts_base, acts_peak;  // MEM_ACTS live at the step's start; the most above it
-    int live, live_peak;          // activation sets alive, and the most at once
+    int live, live_peak;          // activation sets alive (F .. B), and the most at once
+    int wlive, wlive_peak;        // ZB-H1: W stores alive (B .. W), and the most at once
+    int mutate_keep_set;          // --mutate zb-keeps-set
 } Exec;
 
 static int tag_of(const Exec *x, int dir, int vs, int mb) { return (dir * x->S + vs) * x->m + mb; }
@@ -138,28 +158,43 @@ static int rank_of(const Exec *x, int vs) { return vs % x->p; }
 // activation from vs-1, dir 1 the gradient from vs+1 (a chunk on this same rank: a copy).
 static void recv_msg(Exec *x, int dir, int vs, int mb, float *dst) {
     int from = dir == 0 ? vs - 1 : vs + 1;
-    if (rank_of(x, from) == x->rank) {
-        mem_copy(dst, x->sendbuf[((size_t)dir * x->s->v + from / x->p) * x->m + mb],
-                 x->BTC * sizeof(float));
+    if (rank_of(x, from) == x->rank) {  // rounded as a message would be: the same bits on any p
+        const float *src = x->sendbuf[((size_t)dir * x->s->v + from / x->p) * x->m + mb];
+        if (x->bf16) {
+            x->k->f32_to_bf16(x->rwire, src, x->BTC);
+            x->k->bf16_to_f32(dst, x->rwire, x->BTC);
+        } else {
+            mem_copy(dst, src, x->BTC * sizeof(float));
+        }
         return;
     }
     double t0 = lab_now();
     int tok = trace_begin(dir == 0 ? "recv activation" : "recv gradient", TRACE_COMM);
-    dist_recv(dst, x->BTC, DIST_F32, rank_of(x, from), tag_of(x, dir, vs, mb), x->g);
+    dist_recv(x->bf16 ? (void *)x->rwire : (void *)dst, x->BTC, x->bf16 ? DIST_BF16 : DIST_F32,
+              rank_of(x, from), tag_of(x, dir, vs, mb), x->g);
     trace_end(tok);
     x->wait += lab_now() - t0;  // idle: the stage has nothing to compute until it arrives
+    if (x->bf16) x->k->bf16_to_f32(dst, x->rwire, x->BTC);
 }
 
 static void send_msg(Exec *x, int dir, int vs, int mb) {
     int to = dir == 0 ? vs + 1 : vs - 1;
     if (rank_of(x, to) == x->rank) return;  // the receiver copies it from sendbuf
-    float *buf = x->sendbuf[((size_t)dir * x->s->v + vs / x->p) * x->m + mb];
-    x->works[x->nworks++] = dist_isend(buf, x->BTC, DIST_F32, rank_of(x, to), tag_of(x, dir, to, mb), x->g);
+    const size_t slot = ((size_t)dir * x->s->v + vs / x->p) * x->m + mb;
+    const int tag = tag_of(x, dir, to, mb);
+    if (x->bf16) {  // the activation is bf16 already (a stored layer, widened); the gradient rounds
+        x->k->f32_to_bf16(x->wire[slot], x->sendbuf[slot], x->BTC);
+        x->works[x->nworks++] = dist_isend(x->wire[slot], x->BTC, DIST_BF16, rank_of(x, to), tag, x->g);
+    } else {
+        x->works[x->nworks++] = dist_isend(x->sendbuf[slot], x->BTC, DIST_F32, rank_of(x, to), tag, x->g);
+    }
 }
 
-static void acts_track(Exec *x, int delta) {
-    x->live += delta;
+static void acts_track(Exec *x, int dsets, int dw) {
+    x->live += dsets;
+    x->wlive += dw;
     if (x->live > x->live_peak) x->live_peak = x->live;
+    if (x->wlive > x->wlive_peak) x->wlive_peak = x->wlive;
     size_t now = mem_current(MEM_ACTS) - x->acts_base;
     if (now > x->acts_peak) x->acts_peak = now;
 }
@@ -185,7 +220,7 @@ static double run_table(Exec *x, const DataSource *data, int step, int B, int *i
             gpt2_acts_alloc(a, md, x->Bm, x->T);
             if (s->split) gpt2_acts_alloc_split(a, md);
             c->acts[o.mb] = a;
-            acts_track(x, 1);
+            acts_track(x, 1, 0);
             // micro-batch mb is rows [mb*Bm, (mb+1)*Bm) of the step's global batch
             data_batch(data, (uint64_t)step, B, x->T, o.mb * x->Bm, x->Bm, inputs, targets);
             if (vs > 0) recv_msg(x, 0, vs, o.mb, gpt2_acts_input(a));
@@ -219,7 +254,12 @@ static double run_table(Exec *x, const DataSource *data, int step, int B, int *i
                 gpt2_acts_free(a);
                 free(a);
                 c->acts[o.mb] = NULL;
-                acts_track(x, -1);
+                acts_track(x, -1, 0);
+            } else if (x->mutate_keep_set) {
+                acts_track(x, -1, 1);  // (--mutate zb-keeps-set: the whole set waits for W)
+            } else {  // the set shrinks to what W reads: the head's logits, attention's T x T...
+                gpt2_acts_keep_for_w(a, md);  // are freed now (fp32; bf16 keeps the set)
+                acts_track(x, -1, 1);
             }
         } else {
             GPT2Acts *a = c->acts[o.mb];
@@ -230,7 +270,7 @@ static double run_table(Exec *x, const DataSource *data, int step, int B, int *i
             gpt2_acts_free(a);
             free(a);
             c->acts[o.mb] = NULL;
-            acts_track(x, -1);
+            acts_track(x, 0, -1);
         }
         x->op_end[j] = lab_now();
         x->op_start[j] += x->wait;  // the op's busy time: all but the wait for its message
@@ -338,24 +378,36 @@ static double set_bytes_formula(const GPT2 *m, int Bm, int T, int split) {
     return floats * 4.0;
 }
 
-// The peak bytes of activation sets alive at once when the table runs, from the formula per
-// set: the walk of sched_peak_inflight, weighted by each chunk's set size.
+// ZB-H1: the bytes a deferred W keeps from B to W, per chunk (fp32), by hand from what W
+// reads: per block and position, the inputs of its matmuls and LayerNorms (ln1, atty, ln2:
+// C each; fch_gelu: 4C; the block's input, residual2: C each), the two LayerNorms' mean and
+// rstd (4), the gradient of the block's output (C), and wsave (10C: see gpt2.h): 20C + 4.
+static double w_bytes_formula(const GPT2 *m, int Bm, int T) {
+    double C = m->cfg.C;
+    return 4.0 * (m->l1 - m->l0) * Bm * T * (20.0 * C + 4.0);
+}
+
+// The peak bytes of activations alive at once when the table runs, from the formulas: the walk
+// of sched_peak_inflight (a set from F to B) and sched_peak_wstores (ZB-H1: a W store from B to
+// W), weighted by each chunk's sizes. keep_set: the whole set waits for W (--mutate).
 static double peak_bytes_formula(const Schedule *s, int rank, const Chunk *ch, int Bm, int T) {
     double live = 0, peak = 0;
     for (int j = 0; j < s->nops[rank]; j++) {
         PipeOp o = s->ops[rank][j];
-        double b = set_bytes_formula(&ch[o.chunk].model, Bm, T, s->split);
+        const GPT2 *md = &ch[o.chunk].model;
+        double b = set_bytes_formula(md, Bm, T, s->split), w = w_bytes_formula(md, Bm, T);
         if (o.kind == PIPE_F) live += b;
-        else if (o.kind == (s->split ? PIPE_W : PIPE_B)) live -= b;
+        else if (o.kind == PIPE_B) live += s->split ? w - b : -b;
+        else live -= w;
         peak = fmax(peak, live);
     }
     return peak;
 }
 
-// Bytes this rank sends per step by the formula: one (Bm, T, C) fp32 message per micro-batch
-// for every boundary a chunk has with a chunk on another rank (forward: to the next virtual
-// stage, backward: to the previous one).
-static double sent_formula(int rank, int p, int v, int m, size_t BTC) {
+// Bytes this rank sends per step by the formula: one (Bm, T, C) message per micro-batch for
+// every boundary a chunk has with a chunk on another rank (forward: to the next virtual stage,
+// backward: to the previous one), of `elem` bytes an element (fp32 4, bf16 2).
+static double sent_formula(int rank, int p, int v, int m, size_t BTC, int elem) {
     const int S = p * v;
     double msgs = 0;
     for (int c = 0; c < v; c++) {
@@ -363,11 +415,116 @@ static double sent_formula(int rank, int p, int v, int m, size_t BTC) {
         if (vs < S - 1 && p > 1) msgs += m;
         if (vs > 0 && p > 1) msgs += m;
     }
-    return msgs * (double)BTC * 4.0;
+    return msgs * (double)BTC * elem;
+}
+
+static int cmp_double(const void *a, const void *b) {
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+// The median of x[0 .. n) (sorts x): a step disturbed by another process on the machine moves
+// the mean of the steps' bubbles, hardly their median.
+static double median(double *x, int n) {
+    if (n == 0) return 0;
+    qsort(x, (size_t)n, sizeof *x, cmp_double);
+    return n % 2 ? x[n / 2] : 0.5 * (x[n / 2 - 1] + x[n / 2]);
 }
 
 enum { F_BUBBLE, F_BUBBLE_SIM, F_PEAK_SETS, F_PEAK_SETS_SCHED, F_PEAK_BYTES, F_PEAK_BYTES_FORMULA,
-       F_SENT, F_SENT_FORMULA, F_L0, F_L1, F_NFIELDS };
+       F_SENT, F_SENT_FORMULA, F_L0, F_L1, F_PEAK_W, F_PEAK_W_SCHED, F_NFIELDS };
+
+// ---------------------------------------------------------------------------------------------
+// the whole model in llm.c's order (the --dump weights, the checkpoints)
+
+enum { WHOLE_PARAMS, WHOLE_MASTER, WHOLE_ADAM_M, WHOLE_ADAM_V };
+
+static float *chunk_buffer(Chunk *k, int which) {
+    return which == WHOLE_MASTER ? k->master : which == WHOLE_ADAM_M ? k->opt_m : k->opt_v;
+}
+
+// full (n floats, llm.c's order) on rank 0: each element from the one rank holding it. which:
+// the weights the forward reads (widened in bf16), or the fp32 master, Adam's m or v (each
+// chunk's own buffer, in its memory order: the plist maps it to the file's).
+static void gather_whole(Chunk *ch, int v, int which, float *full, size_t n, DistGroup *g) {
+    memset(full, 0, n * sizeof(float));
+    for (int c = 0; c < v; c++) {
+        GPT2 *md = &ch[c].model;
+        float *h = lab_xmalloc(md->num_params * sizeof(float));
+        int file_order = 0;
+        if (which == WHOLE_PARAMS) {
+            train_params_to_host(md, h);  // the full model's in llm.c's order, a stage's in its own
+            file_order = md->l0 == 0 && md->l1 == md->cfg.L;
+        } else {
+            mem_copy(h, chunk_buffer(&ch[c], which), md->num_params * sizeof(float));
+        }
+        if (file_order) memcpy(full, h, n * sizeof(float));
+        else for (int i = 0; i < md->nplist; i++) {
+            const GPT2Param *q = &md->plist[i];
+            if (!q->tied_copy) memcpy(full + q->llmc_offset, h + q->offset, q->size * sizeof(float));
+        }
+        free(h);
+    }
+    dist_reduce(full, full, n, DIST_F32, DIST_SUM, 0, g);  // zeros elsewhere: exact
+}
+
+// The inverse, on every rank: each chunk's part of full (llm.c's order; the head's copy of wte
+// from wte) into its master, m or v.
+static void scatter_whole(Chunk *ch, int v, int which, const float *full) {
+    for (int c = 0; c < v; c++) {
+        GPT2 *md = &ch[c].model;
+        float *h = lab_xmalloc(md->num_params * sizeof(float));
+        for (int i = 0; i < md->nplist; i++) {
+            const GPT2Param *q = &md->plist[i];
+            memcpy(h + q->offset, full + q->llmc_offset, q->size * sizeof(float));
+        }
+        mem_copy(chunk_buffer(&ch[c], which), h, md->num_params * sizeof(float));
+        free(h);
+    }
+}
+
+// --save: the training state after `step` steps, the whole model gathered to rank 0, in the
+// lab's format (the file 00 writes: 00 resumes it, and 08 resumes 00's, on any p and v).
+static void save_whole(const LabArgs *args, const GPT2Config *cfg, Chunk *ch, int v, int step,
+                       DistGroup *g) {
+    const size_t n = gpt2_param_count(cfg);
+    TrainState st = {.cfg = *cfg, .step = step, .seed = (uint64_t)args->seed,
+                     .data_seed = (uint64_t)args->data_seed, .n = n};
+    st.params = lab_xmalloc(n * sizeof(float));
+    st.m = lab_xmalloc(n * sizeof(float));
+    st.v = lab_xmalloc(n * sizeof(float));
+    gather_whole(ch, v, WHOLE_MASTER, st.params, n, g);
+    gather_whole(ch, v, WHOLE_ADAM_M, st.m, n, g);
+    gather_whole(ch, v, WHOLE_ADAM_V, st.v, n, g);
+    if (g->rank == 0) ckpt_save_state(args->save, &st);
+    free(st.params), free(st.m), free(st.v);
+}
+
+// The starting weights: --resume (weights, Adam state, step: every rank reads the file),
+// --load-weights, or fresh from the seed (every stage its slice of the full model's init, the
+// copy of wte too). Returns the first step.
+static int load_or_init(const LabArgs *args, const GPT2Config *cfg, Chunk *ch, int v) {
+    const size_t n = gpt2_param_count(cfg);
+    int start = 0;
+    if (args->resume || args->load_weights) {
+        TrainState st = {.params = lab_xmalloc(n * sizeof(float)),
+                         .m = lab_xmalloc(n * sizeof(float)), .v = lab_xmalloc(n * sizeof(float))};
+        if (args->resume) {
+            ckpt_load_state(args->resume, cfg, &st);
+            scatter_whole(ch, v, WHOLE_ADAM_M, st.m);
+            scatter_whole(ch, v, WHOLE_ADAM_V, st.v);
+            start = st.step;
+        } else {
+            ckpt_load_weights(args->load_weights, cfg, st.params);
+        }
+        scatter_whole(ch, v, WHOLE_MASTER, st.params);
+        free(st.params), free(st.m), free(st.v);
+    } else {
+        for (int c = 0; c < v; c++) train_master_init(&ch[c].model, ch[c].master, (uint64_t)args->seed);
+    }
+    for (int c = 0; c < v; c++) train_master_to_model(&ch[c].model, ch[c].master);
+    return start;
+}
 
 // ---------------------------------------------------------------------------------------------
 // training
@@ -411,8 +568,6 @@ static void train(const LabArgs *args, const PipeFlags *f) {
         k->master = train_master_alloc(&k->model);
         k->opt_m = mem_alloc(k->model.num_params * sizeof(float), MEM_OPT_M, dev);
         k->opt_v = mem_alloc(k->model.num_params * sizeof(float), MEM_OPT_V, dev);
-        // every stage's weights are the slice of the full model's init (the copy of wte too)
-        train_master_init(&k->model, k->master, (uint64_t)args->seed);
         k->acts = lab_xcalloc((size_t)m, sizeof(GPT2Acts *));
     }
     const AdamW opt = lab_args_adamw(args);
@@ -422,10 +577,18 @@ static void train(const LabArgs *args, const PipeFlags *f) {
     int *targets = mem_alloc((size_t)Bm * T * sizeof(int), MEM_OTHER, DEV_CPU);
 
     Exec x = {.s = &s, .ch = ch, .g = g, .rank = rank, .p = p, .S = S, .m = m, .Bm = Bm, .T = T,
-              .BTC = (size_t)Bm * T * cfg.C};
+              .BTC = (size_t)Bm * T * cfg.C,
+              .mutate_keep_set = strcmp(f->mutate, "zb-keeps-set") == 0,
+              .bf16 = dtype == GPT2_BF16 && strcmp(f->mutate, "bf16-msgs-fp32") != 0,
+              .k = ch[0].model.k};
     LAB_CHECK(tag_of(&x, 1, S - 1, m - 1) < 30000, "too many micro-batches x stages for MPI tags");
     x.sendbuf = lab_xcalloc((size_t)2 * v * m, sizeof(float *));
     for (int i = 0; i < 2 * v * m; i++) x.sendbuf[i] = mem_alloc(x.BTC * sizeof(float), MEM_COMM, dev);
+    if (x.bf16) {
+        x.wire = lab_xcalloc((size_t)2 * v * m, sizeof(uint16_t *));
+        for (int i = 0; i < 2 * v * m; i++) x.wire[i] = mem_alloc(x.BTC * 2, MEM_COMM, dev);
+        x.rwire = mem_alloc(x.BTC * 2, MEM_COMM, dev);
+    }
     x.works = lab_xcalloc((size_t)2 * v * m + 1, sizeof(DistWork));
     x.op_start = lab_xcalloc((size_t)s.nops[rank] + 1, sizeof(double));
     x.op_end = lab_xcalloc((size_t)s.nops[rank] + 1, sizeof(double));
@@ -441,13 +604,21 @@ static void train(const LabArgs *args, const PipeFlags *f) {
         sched_print(stdout, &s, sim.start, sim.end, UNIT_TIMES.tf / v / 2.0, f->picture_cols);
     }
 
+    const int start = load_or_init(args, &cfg, ch, v);
+    if (!args->quiet && rank == 0 && args->resume)
+        printf("resumed from %s at step %d\n", args->resume, start);
     float *losses = lab_xcalloc((size_t)args->steps, sizeof(float));
+    for (int i = 0; i < args->steps; i++) losses[i] = NAN;  // (the steps not run here)
     const int end = lab_args_end_step(args);
-    double bubble_sum = 0, sent_sum = 0;
+    // the fault hook (--kill-rank, --kill-step) is the Session's; it reads only these fields
+    Session hooks = {.args = args, .rank = rank, .start = start};
+    double sent_sum = 0, t_steps = 0;  // t_steps: the steps after the first, for tokens/s
+    double *bubbles = lab_xcalloc((size_t)end + 1, sizeof(double));  // per measured step
     int bubble_n = 0;
     double *pic_start = NULL, *pic_end = NULL;  // the last step's measured timeline (rank 0)
     dist_counters_reset();
-    for (int step = 0; step < end; step++) {
+    for (int step = start; step < end; step++) {
+        session_step_begin(&hooks, step);
         for (int c = 0; c < v; c++) gpt2_zero_grad(&ch[c].model);
         dist_barrier(g);  // the stages start the step together: the timeline's zero
         double t0 = lab_now();
@@ -463,10 +634,8 @@ static void train(const LabArgs *args, const PipeFlags *f) {
         double span[2] = {-t0, tend};  // the max of -t0 is -(the earliest start)
         dist_all_reduce(span, span, 2, DIST_F64, DIST_MAX, g);
         double tmin = -span[0], tmax = span[1];
-        if (step > 0 || end == 1) {  // the first step warms caches and allocators
-            bubble_sum += 1.0 - busy / (tmax - tmin);
-            bubble_n++;
-        }
+        if (step > start || end - start == 1)  // the first step warms caches and allocators
+            bubbles[bubble_n++] = 1.0 - busy / (tmax - tmin);
         if (step == end - 1) {
             pic_start = lab_xcalloc((size_t)s.nops[rank] + 1, sizeof(double));
             pic_end = lab_xcalloc((size_t)s.nops[rank] + 1, sizeof(double));
@@ -476,6 +645,7 @@ static void train(const LabArgs *args, const PipeFlags *f) {
 
         // the tied wte, then the global norm (NaN check) and every stage's AdamW step
         sync_tied_wte(ch, v, rank, p, g);
+        if (step == args->inject_nan_step && rank == p - 1) train_inject_nan(&ch[v - 1].model);
         double norm_sq = local_norm_sq(ch, v);
         dist_all_reduce(&norm_sq, &norm_sq, 1, DIST_F64, DIST_SUM, g);
         float scale = adamw_clip_scale(&opt, norm_sq, step);
@@ -485,55 +655,60 @@ static void train(const LabArgs *args, const PipeFlags *f) {
         float loss = (float)(loss_sum / m);
         dist_broadcast(&loss, 1, DIST_F32, p - 1, g);
         losses[step] = loss;
+        if (step > start) t_steps += lab_now() - t0;
         if (!args->quiet && rank == 0 && args->log_every > 0 &&
             (step % args->log_every == 0 || step == end - 1))
             printf("step %5d/%d  loss %.4f  lr %.2e  %.1f ms\n", step + 1, args->steps, loss,
                    adamw_lr(&opt, step), 1e3 * (lab_now() - t0));
+        if (args->save && args->save_every > 0 && (step + 1) % args->save_every == 0 &&
+            step != end - 1)
+            save_whole(args, &cfg, ch, v, step + 1, g);
+    }
+    if (args->save) {
+        save_whole(args, &cfg, ch, v, end, g);
+        if (!args->quiet && rank == 0) printf("saved training state (step %d) to %s\n", end, args->save);
     }
 
-    // the final weights, in llm.c's order, on rank 0 (each element from the one rank holding it)
+    // the final weights, in llm.c's order, on rank 0
     const size_t n = gpt2_param_count(&cfg);
-    float *full = lab_xcalloc(n, sizeof(float));
-    for (int c = 0; c < v; c++) {
-        GPT2 *md = &ch[c].model;
-        float *h = lab_xmalloc(md->num_params * sizeof(float));
-        train_params_to_host(md, h);  // the full model's in llm.c's order, a stage's in its own
-        if (md->l0 == 0 && md->l1 == L) memcpy(full, h, n * sizeof(float));
-        else for (int i = 0; i < md->nplist; i++) {
-            const GPT2Param *q = &md->plist[i];
-            if (!q->tied_copy) memcpy(full + q->llmc_offset, h + q->offset, q->size * sizeof(float));
-        }
-        free(h);
-    }
-    dist_reduce(full, full, n, DIST_F32, DIST_SUM, 0, g);  // zeros elsewhere: exact
+    float *full = lab_xmalloc(n * sizeof(float));
+    gather_whole(ch, v, WHOLE_PARAMS, full, n, g);
+    if (rank == 0 && args->save_weights) ckpt_save_weights(args->save_weights, &cfg, full);
 
     // the figures of every rank, to rank 0
     double mine[F_NFIELDS] = {0};
-    mine[F_BUBBLE] = bubble_n ? bubble_sum / bubble_n : 0;
+    mine[F_BUBBLE] = median(bubbles, bubble_n);
     mine[F_BUBBLE_SIM] = sim.bubble[rank];
     mine[F_PEAK_SETS] = x.live_peak;
     mine[F_PEAK_SETS_SCHED] = sched_peak_inflight(&s, rank);
     mine[F_PEAK_BYTES] = (double)x.acts_peak;
     mine[F_PEAK_BYTES_FORMULA] = dtype == GPT2_FP32 ? peak_bytes_formula(&s, rank, ch, Bm, T) : -1;
-    mine[F_SENT] = end ? sent_sum / end : 0;
-    mine[F_SENT_FORMULA] = sent_formula(rank, p, v, m, x.BTC);
+    mine[F_SENT] = end > start ? sent_sum / (end - start) : 0;
+    mine[F_SENT_FORMULA] = sent_formula(rank, p, v, m, x.BTC, dtype == GPT2_BF16 ? 2 : 4);
     mine[F_L0] = ch[0].model.l0;
     mine[F_L1] = ch[v - 1].model.l1;
+    mine[F_PEAK_W] = x.wlive_peak;
+    mine[F_PEAK_W_SCHED] = sched_peak_wstores(&s, rank);
     double *all = rank == 0 ? lab_xcalloc((size_t)p * F_NFIELDS, sizeof(double)) : NULL;
     dist_gather(mine, all, F_NFIELDS, DIST_F64, 0, g);
     // the measured timeline of the last step, for the picture
     int maxops = 0;
     for (int r = 0; r < p; r++) maxops = s.nops[r] > maxops ? s.nops[r] : maxops;
     double *tl = lab_xcalloc((size_t)2 * maxops, sizeof(double)), *tl_all = NULL;
-    memcpy(tl, pic_start, (size_t)s.nops[rank] * sizeof(double));
-    memcpy(tl + maxops, pic_end, (size_t)s.nops[rank] * sizeof(double));
+    if (pic_start) {  // (no step run here: resumed at the end)
+        memcpy(tl, pic_start, (size_t)s.nops[rank] * sizeof(double));
+        memcpy(tl + maxops, pic_end, (size_t)s.nops[rank] * sizeof(double));
+    }
     if (rank == 0) tl_all = lab_xcalloc((size_t)p * 2 * maxops, sizeof(double));
     dist_gather(tl, tl_all, (size_t)2 * maxops, DIST_F64, 0, g);
     trace_finish();
 
     if (rank == 0) {
         const double theory = sched_theory_bubble(&s, &UNIT_TIMES);
-        if (!args->quiet && end > 0) {
+        if (!args->quiet && end - start > 1)
+            printf("%d steps after the first in %.3f s: %.0f tokens/s\n", end - start - 1,
+                   t_steps, (double)B * T * (end - start - 1) / t_steps);
+        if (!args->quiet && end > start) {
             double *st[SCHED_MAX_STAGES], *en[SCHED_MAX_STAGES], fsum = 0;
             int fn = 0;
             for (int r = 0; r < p; r++) {
@@ -545,25 +720,28 @@ static void train(const LabArgs *args, const PipeFlags *f) {
             printf("\nthe last step as it ran (unit: half the mean forward, %.2f ms):\n",
                    1e3 * fsum / fn / 2);
             sched_print(stdout, &s, st, en, fsum / fn / 2, f->picture_cols);
-            printf("\n  %-6s %-8s %9s %9s %9s %11s %12s %12s %12s %12s\n", "stage", "blocks",
-                   "bubble", "simulated", "theory", "sets sched", "acts peak", "formula",
-                   "sent/step", "formula");
+            printf("\n  %-6s %-8s %9s %9s %9s %11s %11s %12s %12s %12s %12s\n", "stage", "blocks",
+                   "bubble", "simulated", "theory", "sets sched", "W st sched", "acts peak",
+                   "formula", "sent/step", "formula");
             for (int r = 0; r < p; r++) {
                 const double *a = all + (size_t)r * F_NFIELDS;
-                char b1[32], b2[32], b3[32], b4[32], blk[16];
+                char b1[32], b2[32], b3[32], b4[32], blk[16], wst[24] = "-";
                 snprintf(blk, sizeof blk, "[%d,%d)", (int)a[F_L0], (int)a[F_L1]);
-                printf("  %-6d %-8s %8.1f%% %8.1f%% %8.1f%% %5d/%-5d %12s %12s %12s %12s\n", r,
+                if (s.split)
+                    snprintf(wst, sizeof wst, "%d/%d", (int)a[F_PEAK_W], (int)a[F_PEAK_W_SCHED]);
+                printf("  %-6d %-8s %8.1f%% %8.1f%% %8.1f%% %5d/%-5d %11s %12s %12s %12s %12s\n", r,
                        v > 1 ? "chunks" : blk, 100 * a[F_BUBBLE], 100 * a[F_BUBBLE_SIM],
-                       100 * theory, (int)a[F_PEAK_SETS], (int)a[F_PEAK_SETS_SCHED],
+                       100 * theory, (int)a[F_PEAK_SETS], (int)a[F_PEAK_SETS_SCHED], wst,
                        mem_format(b1, sizeof b1, a[F_PEAK_BYTES]),
                        a[F_PEAK_BYTES_FORMULA] >= 0 ? mem_format(b2, sizeof b2, a[F_PEAK_BYTES_FORMULA]) : "-",
                        mem_format(b3, sizeof b3, a[F_SENT]), mem_format(b4, sizeof b4, a[F_SENT_FORMULA]));
             }
             printf("  bubble: measured per stage = 1 - (time in its ops, waits for messages left "
-                   "out) / (first stage's start .. last stage's end), mean over steps 2..;\n"
+                   "out) / (first stage's start .. last stage's end), median over steps 2..;\n"
                    "          simulated and theory: tf = tb = tw, free links\n");
-            printf("  sets: activation sets alive at once, measured / from the table; acts peak: "
-                   "MEM_ACTS above the step's start\n");
+            printf("  sets: activation sets alive at once (F .. B), measured / from the table; W st: "
+                   "ZB-H1's W stores (what W reads, B .. W);\n"
+                   "  acts peak: MEM_ACTS above the step's start, at op boundaries\n");
         }
         if (args->dump) {
             RunResults out;
@@ -576,7 +754,7 @@ static void train(const LabArgs *args, const PipeFlags *f) {
             results_set(&out, "bubble_theory", theory);
             static const char *keys[F_NFIELDS] = {"bubble", "bubble_sim", "peak_sets",
                 "peak_sets_sched", "peak_act_bytes", "peak_act_bytes_formula", "sent_per_step",
-                "sent_per_step_formula", "l0", "l1"};
+                "sent_per_step_formula", "l0", "l1", "peak_wstores", "peak_wstores_sched"};
             for (int r = 0; r < p && r < 4; r++)
                 for (int k = 0; k < F_NFIELDS; k++) {
                     char key[48];
@@ -587,8 +765,10 @@ static void train(const LabArgs *args, const PipeFlags *f) {
             results_free(&out);
         }
     }
-    free(all), free(tl), free(tl_all), free(pic_start), free(pic_end), free(full), free(losses);
+    free(all), free(bubbles), free(tl), free(tl_all), free(pic_start), free(pic_end), free(full), free(losses);
     for (int i = 0; i < 2 * v * m; i++) mem_free(x.sendbuf[i]);
+    for (int i = 0; x.wire && i < 2 * v * m; i++) mem_free(x.wire[i]);
+    free(x.wire), mem_free(x.rwire);
     free(x.sendbuf), free(x.works), free(x.op_start), free(x.op_end);
     mem_free(inputs), mem_free(targets);
     data_free(&data);
@@ -604,9 +784,14 @@ static void train(const LabArgs *args, const PipeFlags *f) {
 }
 
 int main(int argc, char **argv) {
+    // Activation sets are allocated at every F and freed at B (or W): keep freed memory in the
+    // heap (no mmap/munmap per set), so an F does not page-fault its set in afresh.
+    mallopt(M_MMAP_THRESHOLD, 1 << 30);
+    mallopt(M_TRIM_THRESHOLD, 1 << 30);
     dist_init(&argc, &argv);
     LabArgs args = lab_args_defaults();
-    PipeFlags f = {.schedule = "1f1b", .m = 4, .v = 1, .compare = 0, .stages = 4, .picture_cols = 160};
+    PipeFlags f = {.schedule = "1f1b", .m = 4, .v = 1, .compare = 0, .stages = 4, .picture_cols = 160,
+                   .mutate = "none"};
     FlagSpec extra[] = {
         {"--schedule", FLAG_CHOICE, &f.schedule, 0, 0, "gpipe|1f1b|interleaved|zb",
          "the pipeline schedule (the table of ops per stage)"},
@@ -619,8 +804,12 @@ int main(int argc, char **argv) {
         {"--stages", FLAG_INT, &f.stages, 1, SCHED_MAX_STAGES, NULL, "p for --compare"},
         {"--picture-cols", FLAG_INT, &f.picture_cols, 10, 100000, NULL,
          "width of the schedule pictures in columns"},
+        {"--mutate", FLAG_CHOICE, &f.mutate, 0, 0, "none|zb-keeps-set|bf16-msgs-fp32",
+         "break one mechanism on purpose (what the tests must catch): ZB-H1 keeps the whole "
+         "activation set until W instead of what W reads; bf16 runs send fp32 messages"},
     };
-    lab_parse_args_for(LAB_FLAGS_MODEL | LAB_FLAGS_TRAINING | LAB_FLAGS_HARDWARE | LAB_FLAGS_OUTPUT,
+    lab_parse_args_for(LAB_FLAGS_MODEL | LAB_FLAGS_TRAINING | LAB_FLAGS_HARDWARE | LAB_FLAGS_OUTPUT |
+                           LAB_FLAGS_RELIABILITY | LAB_FLAGS_KILL,
                        argc, argv, &args, extra, (int)(sizeof extra / sizeof extra[0]),
                        "08_pipeline/run", USAGE);
     if (f.compare) {

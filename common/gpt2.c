@@ -536,6 +536,53 @@ void gpt2_acts_free(GPT2Acts *a) {
     memset(a, 0, sizeof *a);
 }
 
+// What the blocks' W read, moved out of a whole fp32 set (see gpt2.h). The forward tensors go
+// into one new buffer (acts), laid out as the stacked tensors are, so layer_acts finds them;
+// the gradients of the blocks' outputs into another (dacts); wsave is kept as it is.
+void gpt2_acts_keep_for_w(GPT2Acts *a, const GPT2 *m) {
+    LAB_CHECK(a->wsave && a->acts, "gpt2_acts_keep_for_w: needs a split activation set");
+    if (a->dtype != GPT2_FP32 || a->w_only) return;  // bf16: W widens the stored layers: all kept
+    GPT2BlockDims d = block_dims(m);
+    const size_t nb = (size_t)(a->l1 - a->l0), BT = (size_t)a->B * a->T, BTC = BT * (size_t)d.C;
+    const size_t BTA = BT * (size_t)d.ATT, BTF = BT * (size_t)d.FC;
+    float *keep = mem_alloc(gpt2_acts_w_floats(m, a->B, a->T) * sizeof(float), MEM_ACTS, m->dev);
+    ActTensors k = {0}, dk = {0};
+    float *at = keep;
+#define MOVE(name, n)                                        \
+    k.name = at;                                             \
+    mem_copy(at, a->a.name, (n) * sizeof(float));            \
+    at += (n);
+    MOVE(encoded, BTC)               // the blocks' inputs: block 0's, then the outputs of
+    MOVE(residual3, (nb - 1) * BTC)  // blocks 0 .. nb-2
+    MOVE(ln1, nb * BTC)
+    MOVE(ln1_mean, nb * BT)
+    MOVE(ln1_rstd, nb * BT)
+    MOVE(atty, nb * BTA)
+    MOVE(residual2, nb * BTC)
+    MOVE(ln2, nb * BTC)
+    MOVE(ln2_mean, nb * BT)
+    MOVE(ln2_rstd, nb * BT)
+    MOVE(fch_gelu, nb * BTF)
+#undef MOVE
+    dk.residual3 = at;  // the gradient of every block's output (fcproj's W reads it)
+    mem_copy(at, a->da.residual3, nb * BTC * sizeof(float));
+    mem_free(a->acts);
+    mem_free(a->dacts);
+    mem_free(a->inputs), mem_free(a->targets), mem_free(a->host_losses);
+    a->inputs = a->targets = NULL, a->host_losses = NULL;
+    a->acts = keep, a->dacts = NULL;
+    a->a = k, a->da = dk;
+    a->w_only = 1;
+}
+
+size_t gpt2_acts_w_floats(const GPT2 *m, int B, int T) {
+    GPT2BlockDims d = block_dims(m);
+    const size_t nb = (size_t)(m->l1 - m->l0), BT = (size_t)B * T;
+    // per block: the inputs of its matmuls and LayerNorms (ln1, atty, ln2, fch_gelu, the block's
+    // input, residual2), the LayerNorms' statistics, and the gradient of its output
+    return nb * BT * ((size_t)d.C * 4 + d.ATT + d.FC + 4 + d.C);
+}
+
 void gpt2_alloc_acts(GPT2 *m, int B, int T) {
     if (B < 1) lab_fail("batch size B = %d: it must be at least 1", B);
     if (T < 1 || T > m->cfg.T)
@@ -598,6 +645,9 @@ float *gpt2_acts_doutput(GPT2Acts *a) {
 // Views of one block's activations: layer li's slice (li = l - l0, local) of every stacked
 // tensor of an activation set, with the widths of GPT2BlockDims.
 
+// A block's views moved to the chunk that starts at row r (= sequence r/T); NULL stays NULL.
+static float *rows_from(float *p, size_t r, size_t width) { return p ? p + r * width : NULL; }
+
 typedef struct LayerActs {
     float *ln1, *ln1_mean, *ln1_rstd;  // (B,T,C), (B,T), (B,T)
     float *qkv;                        // (B,T,3ATT)
@@ -612,15 +662,18 @@ typedef struct LayerActs {
 static LayerActs layer_acts(const ActTensors *a, const GPT2BlockDims *dm, int B, int T, int li) {
     size_t BT = (size_t)B * T, c = (size_t)dm->C, A = (size_t)dm->ATT, F = (size_t)dm->FC;
     size_t L = (size_t)li, att = (size_t)B * dm->NH * T * T;
+    // (rows_from: a tensor a W-only set does not keep stays NULL)
     LayerActs x = {
-        a->ln1 + L * BT * c, a->ln1_mean + L * BT, a->ln1_rstd + L * BT,
-        a->qkv + L * BT * 3 * A,
-        a->atty + L * BT * A,
-        a->preatt + L * att, a->att + L * att,
-        a->attproj + L * BT * c, a->residual2 + L * BT * c,
-        a->ln2 + L * BT * c, a->ln2_mean + L * BT, a->ln2_rstd + L * BT,
-        a->fch + L * BT * F, a->fch_gelu + L * BT * F,
-        a->fcproj + L * BT * c, a->residual3 + L * BT * c,
+        rows_from(a->ln1, L * BT, c), rows_from(a->ln1_mean, L * BT, 1),
+        rows_from(a->ln1_rstd, L * BT, 1),
+        rows_from(a->qkv, L * BT, 3 * A),
+        rows_from(a->atty, L * BT, A),
+        rows_from(a->preatt, L, att), rows_from(a->att, L, att),
+        rows_from(a->attproj, L * BT, c), rows_from(a->residual2, L * BT, c),
+        rows_from(a->ln2, L * BT, c), rows_from(a->ln2_mean, L * BT, 1),
+        rows_from(a->ln2_rstd, L * BT, 1),
+        rows_from(a->fch, L * BT, F), rows_from(a->fch_gelu, L * BT, F),
+        rows_from(a->fcproj, L * BT, c), rows_from(a->residual3, L * BT, c),
     };
     return x;
 }
@@ -826,8 +879,6 @@ static int chunk_seqs(const GPT2 *m, const GPT2Acts *a) {
     return seqs < 1 ? 1 : seqs > a->B ? a->B : seqs;
 }
 
-// A block's views moved to the chunk that starts at row r (= sequence r/T); NULL stays NULL.
-static float *rows_from(float *p, size_t r, size_t width) { return p ? p + r * width : NULL; }
 static LayerActs layer_rows(LayerActs x, size_t r, const GPT2BlockDims *dm, int T) {
     size_t c = (size_t)dm->C, A = (size_t)dm->ATT, F = (size_t)dm->FC;
     size_t att = (size_t)dm->NH * T;  // a sequence's T rows own NH·T·T scores
@@ -1008,6 +1059,8 @@ static void block_backward(GPT2 *m, GPT2Acts *a, int l, const void *block_w, voi
     check_block(m, a, l, fn);
     int split = pass != BACK_BOTH;
     LAB_CHECK(!split || a->wsave, "%s: the split backward needs gpt2_acts_alloc_split", fn);
+    LAB_CHECK(!a->w_only || pass == BACK_WEIGHTS, "%s: the set keeps only what W reads "
+              "(gpt2_acts_keep_for_w)", fn);
     int B = a->B, T = a->T;
     GPT2BlockDims dm = block_dims(m);
     size_t BTC = (size_t)B * T * dm.C;

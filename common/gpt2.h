@@ -165,6 +165,7 @@ typedef struct GPT2Acts {
     // 10*B*T*C floats per block held (MEM_ACTS). NULL until allocated.
     float *wsave;
     size_t wsave_per_block;   // floats per block: 10 * B * T * C
+    int w_only;               // 1 after gpt2_acts_keep_for_w: only the blocks' W may run on it
 } GPT2Acts;
 
 typedef struct GPT2 {
@@ -280,6 +281,15 @@ void gpt2_free(GPT2 *m);
 void gpt2_acts_alloc(GPT2Acts *a, const GPT2 *m, int B, int T);
 void gpt2_acts_alloc_split(GPT2Acts *a, const GPT2 *m);
 void gpt2_acts_free(GPT2Acts *a);
+// After the B of every block of a split fp32 set: keep only what the blocks' W read (the
+// inputs of their matmuls and LayerNorms, the LayerNorm statistics, the gradient of each block's
+// output, and wsave), free the rest (the head's logits and probabilities, attention's T x T,
+// the other gradients). Then only gpt2_block_backward_weights may run on it; gpt2_acts_free
+// frees it. bf16 sets are left whole (their W widens the stored layers).
+// gpt2_acts_w_floats: the floats it moves into its own buffer (per block and position:
+// 5C + ATT + FC + 4; wsave stays as it is).
+void gpt2_acts_keep_for_w(GPT2Acts *a, const GPT2 *m);
+size_t gpt2_acts_w_floats(const GPT2 *m, int B, int T);
 // Copy a (B,T) batch to the device. targets may be NULL (inference: no loss). acts NULL: m->act.
 void gpt2_acts_set_batch(const GPT2 *m, GPT2Acts *a, const int *inputs, const int *targets);
 // Pipeline boundaries (fp32, (B,T,C) on the device): where a stage l0 > 0 writes its input; the

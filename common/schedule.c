@@ -111,9 +111,8 @@ void sched_interleaved(Schedule *s, int p, int v, int m) {
 // op times (tf = tb = tw = 1) and letting each free stage pick, in order of priority: a B
 // whose gradient has arrived; else an F whose input has arrived, if fewer than p-r micro-batches
 // are between their F and B (1F1B's limit); else the oldest deferred W; else it idles.
-// Memory: a deferred W keeps its micro-batch's activation set alive, so a stage may hold up to m
-// sets (the paper keeps 1F1B's peak by storing only what W reads; this runtime's W reads the
-// whole set).
+// Memory: at most p-r sets between F and B (1F1B's limit); from B to W a micro-batch keeps only
+// what its W reads (gpt2_acts_keep_for_w), and up to m of those wait on a stage.
 void sched_zb_h1(Schedule *s, int p, int m) {
     sched_alloc(s, "zb", p, 1, m, 1);
     // finish time of F(i) / B(i) on stage r, -1 while not run; unit op times
@@ -212,15 +211,22 @@ int sched_check(const Schedule *s, char *err, size_t errlen) {
 // ---------------------------------------------------------------------------------------------
 // simulator
 
-int sched_peak_inflight(const Schedule *s, int rank) {
+// Sets alive from F to B (what = PIPE_F), or W stores alive from B to W (what = PIPE_W).
+static int peak_between(const Schedule *s, int rank, PipeOpKind from, PipeOpKind to) {
     int live = 0, peak = 0;
     for (int j = 0; j < s->nops[rank]; j++) {
         PipeOp o = s->ops[rank][j];
-        if (o.kind == PIPE_F) live++;
-        else if (o.kind == (s->split ? PIPE_W : PIPE_B)) live--;
+        if (o.kind == from) live++;
+        else if (o.kind == to) live--;
         if (live > peak) peak = live;
     }
     return peak;
+}
+
+int sched_peak_inflight(const Schedule *s, int rank) { return peak_between(s, rank, PIPE_F, PIPE_B); }
+
+int sched_peak_wstores(const Schedule *s, int rank) {
+    return s->split ? peak_between(s, rank, PIPE_B, PIPE_W) : 0;
 }
 
 // Runs every op as soon as its stage is free and its inputs are there, until nothing more can
@@ -308,25 +314,39 @@ double sched_theory_bubble(const Schedule *s, const SchedTimes *t) {
 // ---------------------------------------------------------------------------------------------
 // picture
 
+// Op j of row r in the picture: its label and its columns [*a, *b). An op shorter than its
+// label is drawn label-wide; the ops after it on the row move right until an idle gap takes the
+// shift up, so every label reads whole. *cursor: the first column after the op drawn last.
+static void op_cols(const Schedule *s, int r, int j, double st, double en, double unit,
+                    int *cursor, int *a, int *b, char label[16]) {
+    PipeOp o = s->ops[r][j];
+    char letter = "FBW"[o.kind];
+    if (o.chunk % 2) letter = (char)(letter - 'A' + 'a');
+    snprintf(label, 16, "%c%d", letter, o.mb);
+    *a = (int)floor(st / unit + 0.5), *b = (int)floor(en / unit + 0.5);
+    if (*a < *cursor) *b += *cursor - *a, *a = *cursor;
+    if (*b < *a + (int)strlen(label)) *b = *a + (int)strlen(label);
+    *cursor = *b;
+}
+
 void sched_print(FILE *out, const Schedule *s, double *const *start, double *const *end,
                  double unit, int max_cols) {
-    double span = 0;
-    for (int r = 0; r < s->p; r++)
-        for (int j = 0; j < s->nops[r]; j++) span = fmax(span, end[r][j]);
-    int cols = (int)ceil(span / unit - 1e-9);
+    int cols = 0, a, b;
+    char label[16];
+    for (int r = 0; r < s->p; r++) {  // the widest row, labels included
+        int cursor = 0;
+        for (int j = 0; j < s->nops[r]; j++)
+            op_cols(s, r, j, start[r][j], end[r][j], unit, &cursor, &a, &b, label);
+        if (cursor > cols) cols = cursor;
+    }
     if (cols > max_cols) cols = max_cols;
     char *row = lab_xmalloc((size_t)cols + 1);
     for (int r = 0; r < s->p; r++) {
         memset(row, '.', (size_t)cols);
         row[cols] = 0;
+        int cursor = 0;
         for (int j = 0; j < s->nops[r]; j++) {
-            PipeOp o = s->ops[r][j];
-            int a = (int)floor(start[r][j] / unit + 0.5), b = (int)floor(end[r][j] / unit + 0.5);
-            if (b <= a) b = a + 1;  // every op visible, however short
-            char label[16];
-            char letter = "FBW"[o.kind];
-            if (o.chunk % 2) letter = (char)(letter - 'A' + 'a');
-            snprintf(label, sizeof label, "%c%d", letter, o.mb);
+            op_cols(s, r, j, start[r][j], end[r][j], unit, &cursor, &a, &b, label);
             for (int c = a; c < b && c < cols; c++) {
                 size_t li = (size_t)(c - a);
                 row[c] = li < strlen(label) ? label[li] : '-';

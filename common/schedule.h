@@ -45,7 +45,7 @@ typedef struct Schedule {
 void sched_gpipe(Schedule *s, int p, int m);
 void sched_1f1b(Schedule *s, int p, int m);
 void sched_interleaved(Schedule *s, int p, int v, int m);  // needs m a multiple of p
-void sched_zb_h1(Schedule *s, int p, int m);  // W deferred: up to m sets alive (see schedule.c)
+void sched_zb_h1(Schedule *s, int p, int m);  // W deferred: p-r sets, up to m W stores (schedule.c)
 // By name: "gpipe" | "1f1b" | "interleaved" | "zb" (v is used by "interleaved" only).
 void sched_make(Schedule *s, const char *name, int p, int v, int m);
 void sched_free(Schedule *s);
@@ -77,7 +77,7 @@ typedef struct SimResult {
     double makespan;           // end of the last op (all stages start at 0)
     double busy[SCHED_MAX_STAGES];    // time spent in ops
     double bubble[SCHED_MAX_STAGES];  // 1 - busy / makespan
-    int peak_inflight[SCHED_MAX_STAGES];  // most activation sets alive at once (F .. B or W)
+    int peak_inflight[SCHED_MAX_STAGES];  // most activation sets alive at once (F .. B)
     double *start[SCHED_MAX_STAGES];  // per op (nops[r]), the simulated start and end
     double *end[SCHED_MAX_STAGES];
     int sends[SCHED_MAX_STAGES], recvs[SCHED_MAX_STAGES];  // messages sent / received per rank
@@ -88,8 +88,11 @@ int sched_simulate(const Schedule *s, const SchedTimes *t, SimResult *r);
 void sim_free(SimResult *r);
 
 // Activation sets alive at once on each rank when the table runs op after op (F allocates one,
-// B frees it, or W when split): the same count as the simulator's, from the order alone.
+// B frees it; with a split backward B keeps what W needs, a "W store", until W): the same count
+// as the simulator's, from the order alone. sched_peak_wstores: the most W stores alive at once
+// (0 without a split).
 int sched_peak_inflight(const Schedule *s, int rank);
+int sched_peak_wstores(const Schedule *s, int rank);
 
 // The theory: bubble fraction of a stage under equal op times and free communication.
 //   gpipe, 1f1b:  (p-1) / (m + p - 1)

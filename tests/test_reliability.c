@@ -39,3 +39,9 @@ Test(reliability, chapter_05_zero, .timeout = 400) {
     harness_assert_reliable("./05_zero/run --quiet --zero 3", 3, MODEL, &CFG);
 }
 
+// 08: a pipeline of 2 stages (1F1B, 4 micro-batches): the save gathers the whole model (weights,
+// Adam m and v) to rank 0 in the lab's format; the NaN is injected on the last stage and must be
+// seen by every stage through the global clipping norm.
+Test(reliability, chapter_08_pipeline, .timeout = 400) {
+    harness_assert_reliable("./08_pipeline/run --quiet --micro-batches 4", 2, MODEL, &CFG);
+}

@@ -1,0 +1,93 @@
+#!/usr/bin/env bash
+# bench_pipe.sh: chapter 08's speed goals, as ratios of runs made together.
+#
+#   tools/bench_pipe.sh [--rounds K] [--steps N] [--batch B] [--micro-batches M]
+#
+# One rank (08_pipeline on -np 1, m = 1: chapter 00's step op for op) is the baseline; then on
+# 2 ranks each schedule with m micro-batches (default 8; interleaved with --chunks 2). The runs
+# alternate, K rounds (default 3); each configuration keeps its best round (highest tokens/s,
+# and that round's bubbles): on a shared machine a slow round is another process, not the code.
+# Goals (issue 16, p = 2): 1F1B >= 1.5x the 1-rank tokens/s (theory 2(1 - 1/(m+1)) = 1.78x at
+# m = 8); the measured bubble of GPipe and 1F1B within +-15 % (relative) of (p-1)/(m+p-1);
+# interleaved and ZB-H1 measured below 1F1B. The measured bubble is 08's own figure: per stage,
+# 1 - (time in its ops, waits left out) / (the step's span), the median over the steps after
+# the first, here averaged over the 2 stages. Run it under flock /tmp/lab-bench.lock.
+# Env: BUILD (build dir for make, default build), MPIRUN_EXTRA (more mpirun flags).
+set -uo pipefail
+here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+cd "$here/.." || exit 2
+rounds=3; steps=10; batch=32; m=8
+while [ $# -gt 0 ]; do
+    case $1 in
+        --rounds) rounds=$2; shift 2 ;;
+        --steps) steps=$2; shift 2 ;;
+        --batch) batch=$2; shift 2 ;;
+        --micro-batches) m=$2; shift 2 ;;
+        -h|--help) sed -n '3,15p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; exit 0 ;;
+        *) echo "bench_pipe: unknown option $1 (see --help)" >&2; exit 2 ;;
+    esac
+done
+make --no-print-directory BUILD="${BUILD:-build}" 08_pipeline >/dev/null || {
+    echo "bench_pipe: build failed (run make 08_pipeline to see why)" >&2; exit 1; }
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OPENBLAS_NUM_THREADS=1
+# shellcheck disable=SC2206,SC2054  # MPIRUN_EXTRA splits into words; "self,vader" is one
+MPIRUN=(mpirun --oversubscribe --bind-to none --mca btl self,vader --mca mpi_yield_when_idle 1
+        ${MPIRUN_EXTRA:-})
+
+names=(one-rank gpipe 1f1b interleaved zb)
+declare -A flags=(
+    [one-rank]="-np 1 --schedule 1f1b --micro-batches 1"
+    [gpipe]="-np 2 --schedule gpipe --micro-batches $m"
+    [1f1b]="-np 2 --schedule 1f1b --micro-batches $m"
+    [interleaved]="-np 2 --schedule interleaved --chunks 2 --micro-batches $m"
+    [zb]="-np 2 --schedule zb --micro-batches $m"
+)
+declare -A best_tok best_bub theory
+
+# run NAME: prints "tokens/s mean_measured_bubble theory" of one run
+run() {
+    local out np rest
+    read -r _ np rest <<<"${flags[$1]}"
+    # shellcheck disable=SC2086  # rest is a list of words
+    out=$("${MPIRUN[@]}" -np "$np" ./08_pipeline/run $rest --batch "$batch" --steps "$steps" \
+          --log-every 0 2>&1) || {
+        echo "bench_pipe: $1 failed:" >&2; printf '%s\n' "$out" | tail -5 >&2; echo "0 0 0"; return; }
+    printf '%s\n' "$out" | awk '
+        /tokens\/s$/ { tok = $(NF-1) }
+        /^  stage  blocks/ { tab = 1; next }
+        tab && $1 ~ /^[0-9]+$/ { b += $3 + 0; t = $5 + 0; n++; next }
+        tab { tab = 0 }
+        END { printf "%s %.2f %.2f\n", tok ? tok : 0, n ? b / n : 0, t }'
+}
+ratio() { awk -v a="$1" -v b="$2" 'BEGIN { if (b > 0) printf "%.2f", a / b; else printf "n/a" }'; }
+
+echo "bench_pipe: $(nproc) cores, load $(cut -d' ' -f1-3 /proc/loadavg), batch $batch, m $m," \
+     "$steps steps per run, best of $rounds alternating rounds"
+for ((k = 1; k <= rounds; k++)); do
+    for n in "${names[@]}"; do
+        read -r tok bub th < <(run "$n")
+        echo "  round $k  $n: $tok tokens/s, measured bubble $bub %"
+        if awk -v a="$tok" -v b="${best_tok[$n]:-0}" 'BEGIN { exit !(a > b) }'; then
+            best_tok[$n]=$tok; best_bub[$n]=$bub; theory[$n]=$th
+        fi
+    done
+done
+
+base=${best_tok[one-rank]}
+echo
+printf '   %-12s %10s %8s %10s %9s %9s %8s %s\n' schedule tokens/s "x 1-rank" "goal" bubble \
+    theory "/theory" "goal"
+for n in "${names[@]}"; do
+    tok=${best_tok[$n]}; goal=-; bgoal=-
+    [ "$n" = 1f1b ] && goal=">= 1.50"
+    case $n in
+        gpipe|1f1b) bgoal="0.85 .. 1.15" ;;
+        interleaved|zb) bgoal="< 1f1b's ${best_bub[1f1b]} %" ;;
+    esac
+    if [ "$n" = one-rank ]; then
+        printf '   %-12s %10s %8s %10s %9s %9s %8s %s\n' "$n" "$tok" 1.00 - - - - -
+    else
+        printf '   %-12s %10s %8s %10s %8s%% %8s%% %8s %s\n' "$n" "$tok" "$(ratio "$tok" "$base")" \
+            "$goal" "${best_bub[$n]}" "${theory[$n]}" "$(ratio "${best_bub[$n]}" "${theory[$n]}")" "$bgoal"
+    fi
+done
