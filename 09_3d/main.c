@@ -1,0 +1,406 @@
+// 09_3d: DP x TP x PP together (Megatron-LM's 3D parallelism; Narayanan et al. 2021).
+//
+//   make 09_3d && mpirun -np 8 ./09_3d/run --tp 2 --pp 2          (dp = 8 / (2·2) = 2)
+//
+// The world is a grid (grid3d.h): TP fastest, then DP, then PP. Rank (t, d, p) holds the TP
+// slice t (chapter 07's heads, hidden units, vocabulary rows) of pipeline stage p (chapter 08's
+// consecutive blocks; with --chunks v, v chunks of them) and trains replica d's rows of the
+// batch (chapter 03's DP). One step:
+//   - the pipeline table of 08 (common/schedule.h) for stage p runs over the PP group: F of a
+//     micro-batch receives the stage's input from p-1 (or embeds the tokens), runs its TP
+//     blocks (each with its g all-reduces in the TP group) and sends the output to p+1; B
+//     receives the gradient of the output (or starts from the vocab-parallel loss), runs the
+//     blocks' backward (the f all-reduces) and sends the gradient of its input to p-1;
+//   - every micro-batch's loss counts 1/m, each replica's 1/dp: the gradient of the mean;
+//   - DP: the gradients of every stage are averaged over its DP group (ranks with the same t, p);
+//   - the tied wte: the first stage's slice and the last stage's copy sum their gradients over
+//     the PP group, so both copies stay equal;
+//   - clipping: the global norm over all three dimensions (grid_clip_norm_sq): the slices summed
+//     over TP, the replicated tensors counted once, the stages summed over PP, nothing over DP;
+//   - AdamW on every rank's flat buffer.
+// With dp = tp = pp = 1 and one micro-batch this is chapter 00's single-device step.
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "check.h"
+#include "data.h"
+#include "dist.h"
+#include "flags.h"
+#include "gpt2.h"
+#include "grid3d.h"
+#include "mem.h"
+#include "optim.h"
+#include "results.h"
+#include "schedule.h"
+#include "tp.h"
+#include "tp_model.h"
+#include "trace.h"
+
+static const char *USAGE =
+    "09_3d: DP x TP x PP. The ranks form a grid, TP fastest (inside a node), then DP, then PP;\n"
+    "each rank holds one TP slice of one pipeline stage of one data-parallel replica.\n"
+    "\n"
+    "  mpirun -np 8 ./09_3d/run --tp 2 --pp 2            2 x 2 x 2: every dimension at once\n"
+    "                                                     (dp inferred: 8 / (2·2))\n"
+    "  mpirun -np 8 ./09_3d/run --tp 1 --pp 4            DP 2 x PP 4: 1F1B across 4 stages\n"
+    "  mpirun -np 8 ./09_3d/run --tp 4 --pp 2 --schedule interleaved --chunks 2 --micro-batches 2\n"
+    "                                                     TP 4 inside each of 2 stages, 2 chunks\n"
+    "  mpirun -np 8 ./09_3d/run --tp 8 --pp 1 --heads 8   TP alone (chapter 07)\n"
+    "  mpirun -np 1 ./09_3d/run                           one rank: chapter 00's training\n"
+    "\n"
+    "It prints the grid (which rank is which coordinate and in which groups), the schedule, and\n"
+    "after training each dimension's bytes per step against its formula and the memory per rank.\n"
+    "Needs: dp x tp x pp = ranks, tp dividing --heads, pp x chunks dividing --layers, --batch\n"
+    "divisible by dp x micro-batches.\n";
+
+typedef struct Flags3d {
+    int tp, pp, dp;        // dp 0: world / (tp·pp)
+    const char *schedule;
+    int m, v;              // micro-batches per step (per replica), chunks per rank
+    const char *mutate;    // break one mechanism (the tests' negative checks)
+} Flags3d;
+
+// One chunk of layers on this rank: its TP stage and the micro-batches in flight on it.
+typedef struct Chunk {
+    TpStage st;
+    int vs;                // virtual stage chunk·pp + p
+    TpStageActs **acts;    // (m) NULL when micro-batch i is not in flight on this chunk
+} Chunk;
+
+// ---------------------------------------------------------------------------------------------
+// the executor: 08's, over TP stages (the table of ops for this rank's stage p, sends along PP)
+
+typedef struct Exec {
+    const Schedule *s;
+    Chunk *ch;
+    DistGroup *ppg;
+    TpComm *comm;
+    int p, pp, S, m, Bm, T, row0, B;
+    size_t BTC;
+    float **sendbuf;       // [(dir·v + chunk)·m + mb] (MEM_COMM)
+    DistWork *works;
+    int nworks;
+    int live, live_peak;   // micro-batch activation sets alive, and the most at once
+    size_t acts_base, acts_peak;
+} Exec;
+
+static int tag_of(const Exec *x, int dir, int vs, int mb) { return (dir * x->S + vs) * x->m + mb; }
+static int stage_of(const Exec *x, int vs) { return vs % x->pp; }
+static float *sendbuf_of(Exec *x, int dir, int chunk, int mb) {
+    return x->sendbuf[((size_t)dir * x->s->v + chunk) * x->m + mb];
+}
+
+// Receives micro-batch mb's (Bm, T, C) message for virtual stage vs: dir 0 the activation from
+// vs-1, dir 1 the gradient from vs+1 (a chunk on this same rank: a copy).
+static void recv_msg(Exec *x, int dir, int vs, int mb, float *dst) {
+    int from = dir == 0 ? vs - 1 : vs + 1;
+    if (stage_of(x, from) == x->p) {
+        mem_copy(dst, sendbuf_of(x, dir, from / x->pp, mb), x->BTC * sizeof(float));
+        return;
+    }
+    int tok = trace_begin(dir == 0 ? "recv activation" : "recv gradient", TRACE_COMM);
+    dist_recv(dst, x->BTC, DIST_F32, stage_of(x, from), tag_of(x, dir, vs, mb), x->ppg);
+    trace_end(tok);
+}
+
+static void send_msg(Exec *x, int dir, int vs, int mb) {
+    int to = dir == 0 ? vs + 1 : vs - 1;
+    if (stage_of(x, to) == x->p) return;  // the receiver copies it from sendbuf
+    x->works[x->nworks++] = dist_isend(sendbuf_of(x, dir, vs / x->pp, mb), x->BTC, DIST_F32,
+                                       stage_of(x, to), tag_of(x, dir, to, mb), x->ppg);
+}
+
+// Runs this rank's ops of the table for one step; returns the sum of the micro-batch losses
+// (on the last stage; else 0).
+static double run_table(Exec *x, const DataSource *data, int step, int *inputs, int *targets) {
+    const Schedule *s = x->s;
+    const float dloss = 1.0f / ((float)x->Bm * (float)x->T * (float)x->m);
+    double loss_sum = 0;
+    x->nworks = 0;
+    for (int j = 0; j < s->nops[x->p]; j++) {
+        PipeOp o = s->ops[x->p][j];
+        Chunk *c = &x->ch[o.chunk];
+        TpStage *st = &c->st;
+        char name[32];
+        snprintf(name, sizeof name, "%c%d chunk %d", "FBW"[o.kind], o.mb, o.chunk);
+        // micro-batch mb: rows [row0 + mb·Bm, +Bm) of the step's global batch (this replica's)
+        data_batch(data, (uint64_t)step, x->B, x->T, x->row0 + o.mb * x->Bm, x->Bm, inputs, targets);
+        if (o.kind == PIPE_F) {
+            TpStageActs *a = lab_xcalloc(1, sizeof(TpStageActs));
+            tpm_stage_acts_alloc(a, st);
+            c->acts[o.mb] = a;
+            x->live++;
+            if (x->live > x->live_peak) x->live_peak = x->live;
+            size_t now = mem_current(MEM_ACTS) - x->acts_base;
+            if (now > x->acts_peak) x->acts_peak = now;
+            if (c->vs > 0) recv_msg(x, 0, c->vs, o.mb, a->in);
+            int tok = trace_begin(name, TRACE_COMPUTE);
+            float loss = tpm_stage_forward(st, x->comm, a, inputs, targets);
+            trace_end(tok);
+            if (st->has_head) loss_sum += loss;
+            if (c->vs < x->S - 1) {
+                mem_copy(sendbuf_of(x, 0, o.chunk, o.mb), tpm_stage_output(st, a), x->BTC * sizeof(float));
+                send_msg(x, 0, c->vs, o.mb);
+            }
+        } else {
+            LAB_CHECK(o.kind == PIPE_B, "09_3d runs schedules without a split backward (got W)");
+            TpStageActs *a = c->acts[o.mb];
+            LAB_CHECK(a, "B(%d) of chunk %d before its F", o.mb, o.chunk);
+            if (c->vs < x->S - 1) recv_msg(x, 1, c->vs, o.mb, a->dx);
+            int tok = trace_begin(name, TRACE_COMPUTE);
+            tpm_stage_backward(st, x->comm, a, inputs, targets, dloss);
+            trace_end(tok);
+            if (c->vs > 0) {
+                mem_copy(sendbuf_of(x, 1, o.chunk, o.mb), a->dx, x->BTC * sizeof(float));
+                send_msg(x, 1, c->vs, o.mb);
+            }
+            tpm_stage_acts_free(a, st);
+            free(a);
+            c->acts[o.mb] = NULL;
+            x->live--;
+        }
+    }
+    dist_wait_all(x->works, x->nworks);
+    return loss_sum;
+}
+
+// The tied wte: the first chunk's slice (embedding lookups) and the last chunk's copy (output
+// layer) sum their gradients, over the PP group (the same TP slice t on both ends).
+static void sync_tied_wte(Chunk *ch, int v, int p, int pp, DistGroup *ppg) {
+    TpStage *first = p == 0 ? &ch[0].st : NULL, *last = p == pp - 1 ? &ch[v - 1].st : NULL;
+    if (first && first == last) return;  // one stage holds both uses: one buffer
+    if (!first && !last) return;
+    const TpStage *any = first ? first : last;
+    const size_t n = (size_t)any->tv.Vl * any->cfg.C;
+    float *other = lab_xmalloc(n * sizeof(float));
+    if (first && last) {  // both on this rank (pp = 1, v > 1)
+        for (size_t i = 0; i < n; i++) first->dwte[i] = first->dwte[i] + last->dwte[i];
+        memcpy(last->dwte, first->dwte, n * sizeof(float));
+    } else {
+        TpStage *mine = first ? first : last;
+        int tok = trace_begin("sum tied wte gradient", TRACE_COMM);
+        dist_sendrecv(mine->dwte, n, first ? pp - 1 : 0, other, n, first ? pp - 1 : 0, DIST_F32,
+                      30000, ppg);
+        trace_end(tok);
+        for (size_t i = 0; i < n; i++) mine->dwte[i] = mine->dwte[i] + other[i];  // a+b == b+a
+    }
+    free(other);
+}
+
+// ---------------------------------------------------------------------------------------------
+// training
+
+static void train(const LabArgs *args, const Flags3d *f) {
+    const int world = dist_size(), rank = dist_rank();
+    const GPT2Config cfg = lab_args_config(args);
+    const int L = cfg.L, T = cfg.T, B = args->batch, v = f->v, m = f->m;
+    const int tp = f->tp, pp = f->pp;
+    int dp = f->dp;
+    // 1. The grid: one clear refusal of an impossible layout, on every rank.
+    grid_check(world, &dp, tp, pp, v, cfg.NH, L);
+    if (strcmp(f->schedule, "interleaved") != 0 && v != 1)
+        lab_fail_collective("--chunks %d needs --schedule interleaved (the other schedules run one "
+                            "chunk per rank)", v);
+    if (B % (dp * m) != 0)
+        lab_fail_collective("--batch %d does not split into %d replicas x %d micro-batches; use a "
+                            "multiple of %d", B, dp, m, dp * m);
+    Schedule s;
+    sched_make(&s, f->schedule, pp, v, m);
+    char err[256];
+    if (sched_check(&s, err, sizeof err) != 0) lab_fail_collective("schedule %s: %s", s.name, err);
+    LAB_CHECK(!s.split, "09_3d: the zb schedule (split backward) is not wired to TP stages");
+
+    Grid grid;
+    grid_init(&grid, tp, dp, pp, strcmp(f->mutate, "groups-tp-slowest") == 0);
+    const int p = grid.c.p, S = pp * v, per = L / S;
+    int row0, Bl;  // this replica's rows of the global batch
+    data_slice(B, grid.c.d, dp, &row0, &Bl);
+    const int Bm = Bl / m;
+
+    // 2. This rank's chunks: TP slice t of virtual stages chunk·pp + p.
+    Chunk *ch = lab_xcalloc((size_t)v, sizeof(Chunk));
+    for (int c = 0; c < v; c++) {
+        ch[c].vs = c * pp + p;
+        tpm_stage_build(&ch[c].st, cfg, tp, grid.c.t, ch[c].vs * per, (ch[c].vs + 1) * per, Bm, T,
+                        (uint64_t)args->seed);
+        ch[c].acts = lab_xcalloc((size_t)m, sizeof(TpStageActs *));
+    }
+    TpComm comm = tp_comm_group(grid.tpg);
+    const AdamW opt = lab_args_adamw(args);
+    DataSource data;
+    lab_args_data(args, &data);
+    int *inputs = mem_alloc((size_t)Bm * T * sizeof(int), MEM_OTHER, DEV_CPU);
+    int *targets = mem_alloc((size_t)Bm * T * sizeof(int), MEM_OTHER, DEV_CPU);
+    Exec x = {.s = &s, .ch = ch, .ppg = grid.ppg, .comm = &comm, .p = p, .pp = pp, .S = S, .m = m,
+              .Bm = Bm, .T = T, .row0 = row0, .B = B, .BTC = (size_t)Bm * T * cfg.C};
+    LAB_CHECK(tag_of(&x, 1, S - 1, m - 1) < 30000, "too many micro-batches x stages for MPI tags");
+    x.sendbuf = lab_xcalloc((size_t)2 * v * m, sizeof(float *));
+    for (int i = 0; i < 2 * v * m; i++) x.sendbuf[i] = mem_alloc(x.BTC * sizeof(float), MEM_COMM, DEV_CPU);
+    x.works = lab_xcalloc((size_t)2 * v * m + 1, sizeof(DistWork));
+    const int skip_dp_stage = strcmp(f->mutate, "dp-skip-stage") == 0 ? pp - 1 : -1;
+    const int norm_double = strcmp(f->mutate, "norm-replicated") == 0;
+
+    if (!args->quiet) grid_print(stdout, &grid);
+    if (!args->quiet && rank == 0) {
+        printf("\nGPT-2 V=%d T=%d L=%d C=%d NH=%d; %d stage%s x %d chunk%s of %d block%s; TP %d "
+               "(%d heads per rank); batch %d = %d replica%s x %d micro-batch%s x %d\n", cfg.V, T,
+               L, cfg.C, cfg.NH, pp, pp > 1 ? "s" : "", v, v > 1 ? "s" : "", per, per > 1 ? "s" : "",
+               tp, cfg.NH / tp, B, dp, dp > 1 ? "s" : "", m, m > 1 ? "es" : "", Bm);
+        SimResult sim;
+        static const SchedTimes unit = {1.0, 1.0, 1.0, 0.0, 0.0, 0.0};
+        if (sched_simulate(&s, &unit, &sim) == 0) {
+            printf("schedule %s over the stages (simulated, tf = tb):\n", s.name);
+            sched_print(stdout, &s, sim.start, sim.end, unit.tf / v / 2.0, 120);
+        }
+        sim_free(&sim);
+        printf("\n");
+    }
+
+    float *losses = lab_xcalloc((size_t)args->steps, sizeof(float));
+    const int end = lab_args_end_step(args);
+    trace_init(args->trace);
+    dist_counters_reset();
+    dist_group_counters_reset(grid.tpg);
+    dist_group_counters_reset(grid.dpg);
+    dist_group_counters_reset(grid.ppg);
+    double t0 = lab_now(), t_last = t0;
+    for (int step = 0; step < end; step++) {
+        for (int c = 0; c < v; c++) memset(ch[c].st.grads, 0, ch[c].st.n * sizeof(float));
+        x.acts_base = mem_current(MEM_ACTS);
+        x.live = 0;
+        // 3. The pipeline table: forwards and backwards of the m micro-batches (TP inside).
+        double loss_sum = run_table(&x, &data, step, inputs, targets);
+        // 4. DP: average every stage's gradients over the replicas holding the same slice.
+        int tok = trace_begin("dp all-reduce", TRACE_COMM);
+        if (dp > 1 && p != skip_dp_stage)
+            for (int c = 0; c < v; c++)
+                dist_all_reduce(ch[c].st.grads, ch[c].st.grads, ch[c].st.n, DIST_F32, DIST_AVG, grid.dpg);
+        trace_end(tok);
+        // 5. The tied wte's two copies: their gradients summed across the pipeline.
+        sync_tied_wte(ch, v, p, pp, grid.ppg);
+        // 6. The global norm over TP x PP (replicated tensors once), then AdamW everywhere.
+        double sq[2] = {0, 0};
+        for (int c = 0; c < v; c++) {
+            double part[2];
+            tpm_stage_norm_parts(&ch[c].st, part);
+            sq[0] += part[0], sq[1] += part[1];
+        }
+        if (norm_double) sq[0] += sq[1], sq[1] = 0;  // the bug: replicated summed over TP too
+        float scale = adamw_clip_scale(&opt, grid_clip_norm_sq(&grid, sq), step);
+        for (int c = 0; c < v; c++) {
+            TpStage *st = &ch[c].st;
+            adamw_step(&opt, kernels_get(DEV_CPU), step, st->params, st->grads, st->opt_m, st->opt_v,
+                       0, st->n, st->plist, st->nplist, scale);
+        }
+        // 7. The step's loss: the last stage's mean over micro-batches, over replicas, to rank 0.
+        float loss = (float)(loss_sum / m);
+        dist_all_reduce(&loss, &loss, 1, DIST_F32, DIST_AVG, grid.dpg);
+        dist_broadcast(&loss, 1, DIST_F32, pp - 1, grid.ppg);
+        losses[step] = loss;
+        double now = lab_now();
+        if (!args->quiet && rank == 0 && args->log_every > 0 &&
+            (step % args->log_every == 0 || step == end - 1))
+            printf("step %5d/%d  loss %.4f  lr %.2e  %8.0f tok/s\n", step + 1, args->steps, loss,
+                   adamw_lr(&opt, step), (double)B * T / (now - t_last));
+        t_last = now;
+    }
+    trace_finish();
+
+    // 8. The report: each dimension's bytes per step (this rank's groups), memory per rank.
+    const double nsteps = end > 0 ? end : 1;
+    double mine[8] = {(double)dist_group_bytes_sent(grid.tpg) / nsteps,
+                      (double)dist_group_bytes_sent(grid.dpg) / nsteps,
+                      (double)dist_group_bytes_sent(grid.ppg) / nsteps,
+                      (double)mem_peak(MEM_PARAMS), (double)x.acts_peak, (double)x.live_peak,
+                      (double)grid.c.t + 100.0 * grid.c.d + 10000.0 * grid.c.p,
+                      (double)(ch[0].st.l0 + 100 * ch[v - 1].st.l1)};
+    double *all = rank == 0 ? lab_xcalloc((size_t)world * 8, sizeof(double)) : NULL;
+    dist_gather(mine, all, 8, DIST_F64, 0, dist_world());
+    if (!args->quiet && rank == 0) {
+        printf("\n  %-5s %-9s %-8s %12s %12s %12s %12s %12s\n", "rank", "(t,d,p)", "blocks",
+               "TP sent/step", "DP sent/step", "PP sent/step", "weights", "acts peak");
+        for (int r = 0; r < world; r++) {
+            const double *a = all + (size_t)r * 8;
+            char b[5][32], co[24], blk[16];
+            int c = (int)a[6];
+            snprintf(co, sizeof co, "(%d,%d,%d)", c % 100, (c / 100) % 100, c / 10000);
+            snprintf(blk, sizeof blk, "[%d,%d)", (int)a[7] % 100, (int)a[7] / 100);
+            printf("  %-5d %-9s %-8s %12s %12s %12s %12s %12s\n", r, co, v > 1 ? "chunks" : blk,
+                   mem_format(b[0], 32, a[0]), mem_format(b[1], 32, a[1]), mem_format(b[2], 32, a[2]),
+                   mem_format(b[3], 32, a[3]), mem_format(b[4], 32, a[4]));
+        }
+    }
+
+    // 9. --dump: the full model's weights in llm.c's order on world rank 0: replica 0's ranks
+    //    write their slices (the replicated tensors from TP rank 0) into zeroed buffers, summed.
+    if (args->dump) {
+        const size_t n = gpt2_param_count(&cfg);
+        float *mem_full = lab_xcalloc(n, sizeof(float));
+        if (grid.c.d == 0)
+            for (int c = 0; c < v; c++) tpm_stage_unshard(&ch[c].st, mem_full, grid.c.t == 0);
+        float *sum = rank == 0 ? lab_xcalloc(n, sizeof(float)) : NULL;
+        dist_reduce(mem_full, sum, n, DIST_F32, DIST_SUM, 0, dist_world());
+        if (rank == 0) {
+            RunResults out;
+            results_init(&out, end, n);
+            memcpy(out.losses, losses, (size_t)end * sizeof(float));
+            gpt2_to_llmc(&cfg, sum, out.params);
+            results_set(&out, "world_size", world);
+            results_set(&out, "tp", tp), results_set(&out, "dp", dp), results_set(&out, "pp", pp);
+            for (int r = 0; r < world && r < 8; r++) {
+                const double *a = all + (size_t)r * 8;
+                static const char *keys[8] = {"tp_sent", "dp_sent", "pp_sent", "mem_params",
+                                              "acts_peak", "sets_peak", "coord", "blocks"};
+                for (int k = 0; k < 8; k++) {
+                    if (k == 5) continue;  // (results hold 64 figures: 7 per rank for 8 ranks)
+                    char key[32];
+                    snprintf(key, sizeof key, "%s_r%d", keys[k], r);
+                    results_set(&out, key, a[k]);
+                }
+            }
+            results_write(args->dump, &out);
+            results_free(&out);
+        }
+        free(sum), free(mem_full);
+    }
+    free(all), free(losses);
+    for (int i = 0; i < 2 * v * m; i++) mem_free(x.sendbuf[i]);
+    free(x.sendbuf), free(x.works);
+    mem_free(inputs), mem_free(targets);
+    data_free(&data);
+    for (int c = 0; c < v; c++) tpm_stage_free(&ch[c].st), free(ch[c].acts);
+    free(ch);
+    grid_free(&grid);
+    sched_free(&s);
+}
+
+int main(int argc, char **argv) {
+    dist_init(&argc, &argv);
+    LabArgs args = lab_args_defaults();
+    Flags3d f = {.tp = 1, .pp = 1, .dp = 0, .schedule = "1f1b", .m = 2, .v = 1, .mutate = "none"};
+    FlagSpec extra[] = {
+        {"--tp", FLAG_INT, &f.tp, 1, 1 << 20, NULL,
+         "tensor-parallel degree: ranks per TP group (consecutive ranks); must divide --heads"},
+        {"--pp", FLAG_INT, &f.pp, 1, SCHED_MAX_STAGES, NULL,
+         "pipeline stages; pp x chunks must divide --layers"},
+        {"--dp", FLAG_INT, &f.dp, 0, 1 << 20, NULL,
+         "data-parallel replicas (0: ranks / (tp x pp)); dp x tp x pp must equal the ranks"},
+        {"--schedule", FLAG_CHOICE, &f.schedule, 0, 0, "gpipe|1f1b|interleaved",
+         "the pipeline schedule (08's tables)"},
+        {"--micro-batches", FLAG_INT, &f.m, 1, 10000, NULL,
+         "m: micro-batches per step per replica (dp x m must divide --batch)"},
+        {"--chunks", FLAG_INT, &f.v, 1, 64, NULL, "v: chunks of layers per stage (interleaved)"},
+        {"--mutate", FLAG_CHOICE, &f.mutate, 0, 0,
+         "none|norm-replicated|dp-skip-stage|groups-tp-slowest",
+         "break one mechanism on purpose (what the tests must catch): count the TP-replicated "
+         "tensors on every TP rank in the clip norm, skip the DP average on the last stage, build "
+         "the groups with TP as the slowest coordinate"},
+    };
+    lab_parse_args_for(LAB_FLAGS_MODEL | LAB_FLAGS_TRAINING | LAB_FLAGS_OUTPUT, argc, argv, &args,
+                       extra, (int)(sizeof extra / sizeof extra[0]), "09_3d/run", USAGE);
+    train(&args, &f);
+    dist_finalize();
+    return 0;
+}
