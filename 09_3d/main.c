@@ -241,6 +241,7 @@ static void train(const LabArgs *args, const Flags3d *f) {
     x.works = lab_xcalloc((size_t)2 * v * m + 1, sizeof(DistWork));
     const int skip_dp_stage = strcmp(f->mutate, "dp-skip-stage") == 0 ? pp - 1 : -1;
     const int norm_double = strcmp(f->mutate, "norm-replicated") == 0;
+    const int tied_unsynced = strcmp(f->mutate, "tied-unsynced") == 0;
 
     if (!args->quiet) grid_print(stdout, &grid);
     if (!args->quiet && rank == 0) {
@@ -279,7 +280,7 @@ static void train(const LabArgs *args, const Flags3d *f) {
                 dist_all_reduce(ch[c].st.grads, ch[c].st.grads, ch[c].st.n, DIST_F32, DIST_AVG, grid.dpg);
         trace_end(tok);
         // 5. The tied wte's two copies: their gradients summed across the pipeline.
-        sync_tied_wte(ch, v, p, pp, grid.ppg);
+        if (!tied_unsynced) sync_tied_wte(ch, v, p, pp, grid.ppg);
         // 6. The global norm over TP x PP (replicated tensors once), then AdamW everywhere.
         double sq[2] = {0, 0};
         for (int c = 0; c < v; c++) {
@@ -393,10 +394,10 @@ int main(int argc, char **argv) {
          "m: micro-batches per step per replica (dp x m must divide --batch)"},
         {"--chunks", FLAG_INT, &f.v, 1, 64, NULL, "v: chunks of layers per stage (interleaved)"},
         {"--mutate", FLAG_CHOICE, &f.mutate, 0, 0,
-         "none|norm-replicated|dp-skip-stage|groups-tp-slowest",
+         "none|norm-replicated|dp-skip-stage|groups-tp-slowest|tied-unsynced",
          "break one mechanism on purpose (what the tests must catch): count the TP-replicated "
          "tensors on every TP rank in the clip norm, skip the DP average on the last stage, build "
-         "the groups with TP as the slowest coordinate"},
+         "the groups with TP as the slowest coordinate, leave the tied wte's two copies unsynced"},
     };
     lab_parse_args_for(LAB_FLAGS_MODEL | LAB_FLAGS_TRAINING | LAB_FLAGS_OUTPUT, argc, argv, &args,
                        extra, (int)(sizeof extra / sizeof extra[0]), "09_3d/run", USAGE);

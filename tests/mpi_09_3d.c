@@ -10,8 +10,9 @@
 //           the norm² of a made-up model whose parts are known: the slice of (t, p) has
 //           squares 1 + t + 10·p, the replicated tensors of stage p 100·(p+1), the same on
 //           every TP and DP rank; the whole model's norm² is Σ_p (Σ_t (1 + t + 10p) + 100(p+1)).
-// Seen failing: the replicated part summed over TP with the slices (norm 2x2x2: 440 vs 640... the
-// values are printed by the FAIL lines); the norm summed over DP too (2x the want).
+// Seen failing (each break made in 09_3d/grid3d.c by hand, then restored): norm: the replicated
+// part summed over TP with the slices ("rank 0's clip norm² 926, want 326" on 2x2x2); groups: the
+// TP coordinate taken as rank / (dp·pp) ("rank 4 at (1,0,1), want (0,0,1)").
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
