@@ -93,7 +93,19 @@ static void bytes_formula(const GPT2Config *c, int dp, int tp, int pp, int v, in
 }
 
 // The layout's figures in the dump against the formulas: coordinates, bytes, memory.
-static void check_figures(const char *what, const RunResults *r, int dp, int tp, int pp, int v, int m) {
+// Bytes of one micro-batch's saved activations on stage p of pp (one chunk), from the shapes (the
+// same counts as test_07's per block and head, N = Bm·T): per block 6NC + 4N + 12NC/t + 2·Bm·(NH/t)·T²,
+// the head 2NC + 6N + 2N·Vl, the stage's input and its gradient 2NC.
+static double set_bytes(const GPT2Config *c, int dp, int tp, int pp, int m, int p) {
+    const double Bm = BATCH / dp / m, N = Bm * c->T, NC = N * c->C, Vl = (c->V + tp - 1) / tp;
+    const double att = Bm * (c->NH / tp) * c->T * c->T;
+    double f = (double)c->L / pp * (6 * NC + 4 * N + 12 * NC / tp + 2 * att) + 2 * NC;
+    if (p == pp - 1) f += 2 * NC + 6 * N + 2 * N * Vl;
+    return 4 * f;
+}
+
+static void check_figures(const char *what, const RunResults *r, int dp, int tp, int pp, int v, int m,
+                          int is_1f1b) {
     const int world = dp * tp * pp;
     CalcModel cm = calc_model_from_gpt2(&SMALL_CFG);
     for (int rk = 0; rk < world && rk < 8; rk++) {
@@ -116,6 +128,13 @@ static void check_figures(const char *what, const RunResults *r, int dp, int tp,
         snprintf(k, sizeof k, "mem_params_r%d", rk);
         cr_assert_eq(results_get(r, k, -1), 4 * elems, "%s: rank %d holds %g bytes of weights, "
                      "formula %g", what, rk, results_get(r, k, -1), 4 * elems);
+        if (is_1f1b) {  // 1F1B keeps min(pp - p, m) micro-batches' activations on stage p
+            const double want_acts = (pp - p < m ? pp - p : m) * set_bytes(&SMALL_CFG, dp, tp, pp, m, p);
+            char ka[32];
+            snprintf(ka, sizeof ka, "acts_peak_r%d", rk);
+            cr_assert_eq(results_get(r, ka, -1), want_acts, "%s: rank %d's activations peaked at %g "
+                         "bytes, formula %g", what, rk, results_get(r, ka, -1), want_acts);
+        }
         if (v == 1)  // chapter 00's calculator: the same stage, the same count
             cr_assert_eq(results_get(r, k, -1), 4.0 * (double)calc_stage_params(&cm, tp, pp, p),
                          "%s: rank %d: %g bytes of weights, 00's calculator says %g", what, rk,
@@ -134,7 +153,7 @@ static void check_layout(const RunResults *oracle, int dp, int tp, int pp, const
     float dl, dpar;
     diffs(what, &r, oracle, &dl, &dpar);
     harness_assert_results_match(what, &r, oracle, LOSS_RTOL, PARAM_ATOL);
-    check_figures(what, &r, dp, tp, pp, v, m);
+    check_figures(what, &r, dp, tp, pp, v, m, strcmp(sched, "1f1b") == 0);
     results_free(&r);
 }
 
