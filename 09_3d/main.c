@@ -20,6 +20,7 @@
 //   - AdamW on every rank's flat buffer.
 // With dp = tp = pp = 1 and one micro-batch this is chapter 00's single-device step.
 #include <math.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -189,6 +190,32 @@ static void sync_tied_wte(Chunk *ch, int v, int p, int pp, DistGroup *ppg) {
     free(other);
 }
 
+// The bytes this rank should send per step in each of its groups (dist's counting model: an
+// all-reduce of S bytes on n ranks sends 2(n-1)S/n, a send S, a broadcast's root S), from what
+// the step does: TP 4 all-reduces of (Bm·T, C) per block per micro-batch, 1 for the embedding,
+// 1 + 3 of (Bm·T) for the head and loss, 1 double for the norm; DP the gradients of every chunk
+// and the loss; PP one activation forward and one gradient back per micro-batch and boundary,
+// the tied wte's gradient on both ends, the norm, the loss from the last stage.
+static void bytes_formula(const Exec *x, const Grid *g, double out[3]) {
+#define AR(bytes, n) ((double)(2ull * (uint64_t)((n) - 1) * (uint64_t)(bytes) / (uint64_t)(n)))
+    const uint64_t NC = x->BTC, N = NC / x->ch[0].st.cfg.C;
+    out[0] = out[1] = out[2] = 0;
+    for (int c = 0; c < x->s->v; c++) {
+        const TpStage *st = &x->ch[c].st;
+        const double nc = 4.0 * (st->l1 - st->l0) + st->has_embed + st->has_head;
+        out[0] += x->m * (nc * AR(4 * NC, g->tp) + (st->has_head ? 3 * AR(4 * N, g->tp) : 0));
+        out[1] += AR(4 * st->n, g->dp);
+        if (g->pp > 1) out[2] += (double)x->m * 4 * NC * (!st->has_head + !st->has_embed);
+    }
+    out[0] += AR(8, g->tp);
+    out[1] += AR(4, g->dp);
+    if (g->pp > 1) {
+        out[2] += AR(8, g->pp) + (g->c.p == g->pp - 1 ? 4 : 0);
+        if (g->c.p == 0 || g->c.p == g->pp - 1) out[2] += 4.0 * x->ch[0].st.tv.Vl * x->ch[0].st.cfg.C;
+    }
+#undef AR
+}
+
 // ---------------------------------------------------------------------------------------------
 // training
 
@@ -311,27 +338,35 @@ static void train(const LabArgs *args, const Flags3d *f) {
 
     // 8. The report: each dimension's bytes per step (this rank's groups), memory per rank.
     const double nsteps = end > 0 ? end : 1;
-    double mine[8] = {(double)dist_group_bytes_sent(grid.tpg) / nsteps,
+    double formula[3];
+    bytes_formula(&x, &grid, formula);
+    double mine[11] = {(double)dist_group_bytes_sent(grid.tpg) / nsteps,
                       (double)dist_group_bytes_sent(grid.dpg) / nsteps,
                       (double)dist_group_bytes_sent(grid.ppg) / nsteps,
                       (double)mem_peak(MEM_PARAMS), (double)x.acts_peak, (double)x.live_peak,
                       (double)grid.c.t + 100.0 * grid.c.d + 10000.0 * grid.c.p,
-                      (double)(ch[0].st.l0 + 100 * ch[v - 1].st.l1)};
-    double *all = rank == 0 ? lab_xcalloc((size_t)world * 8, sizeof(double)) : NULL;
-    dist_gather(mine, all, 8, DIST_F64, 0, dist_world());
+                      (double)(ch[0].st.l0 + 100 * ch[v - 1].st.l1), formula[0], formula[1],
+                      formula[2]};
+    double *all = rank == 0 ? lab_xcalloc((size_t)world * 11, sizeof(double)) : NULL;
+    dist_gather(mine, all, 11, DIST_F64, 0, dist_world());
     if (!args->quiet && rank == 0) {
-        printf("\n  %-5s %-9s %-8s %12s %12s %12s %12s %12s\n", "rank", "(t,d,p)", "blocks",
-               "TP sent/step", "DP sent/step", "PP sent/step", "weights", "acts peak");
+        printf("\n  %-5s %-9s %-8s %21s %21s %21s %11s %11s\n", "rank", "(t,d,p)", "blocks",
+               "TP sent/step (formula)", "DP sent/step (formula)", "PP sent/step (formula)",
+               "weights", "acts peak");
         for (int r = 0; r < world; r++) {
-            const double *a = all + (size_t)r * 8;
-            char b[5][32], co[24], blk[16];
+            const double *a = all + (size_t)r * 11;
+            char b[8][32], co[24], blk[16], col[3][48];
+            for (int i = 0; i < 3; i++)
+                snprintf(col[i], sizeof col[i], "%s (%s%s)", mem_format(b[i], 32, a[i]),
+                         a[i] == a[8 + i] ? "=" : "", mem_format(b[5 + i], 32, a[8 + i]));
             int c = (int)a[6];
             snprintf(co, sizeof co, "(%d,%d,%d)", c % 100, (c / 100) % 100, c / 10000);
             snprintf(blk, sizeof blk, "[%d,%d)", (int)a[7] % 100, (int)a[7] / 100);
-            printf("  %-5d %-9s %-8s %12s %12s %12s %12s %12s\n", r, co, v > 1 ? "chunks" : blk,
-                   mem_format(b[0], 32, a[0]), mem_format(b[1], 32, a[1]), mem_format(b[2], 32, a[2]),
-                   mem_format(b[3], 32, a[3]), mem_format(b[4], 32, a[4]));
+            printf("  %-5d %-9s %-8s %21s %21s %21s %11s %11s\n", r, co, v > 1 ? "chunks" : blk,
+                   col[0], col[1], col[2], mem_format(b[3], 32, a[3]), mem_format(b[4], 32, a[4]));
         }
+        printf("  sent/step: bytes this rank sent in its TP, DP and PP group per step (dist's "
+               "counters); '=' when equal to the formula to the byte\n");
     }
 
     // 9. --dump: the full model's weights in llm.c's order on world rank 0: replica 0's ranks
@@ -351,7 +386,7 @@ static void train(const LabArgs *args, const Flags3d *f) {
             results_set(&out, "world_size", world);
             results_set(&out, "tp", tp), results_set(&out, "dp", dp), results_set(&out, "pp", pp);
             for (int r = 0; r < world && r < 8; r++) {
-                const double *a = all + (size_t)r * 8;
+                const double *a = all + (size_t)r * 11;
                 static const char *keys[8] = {"tp_sent", "dp_sent", "pp_sent", "mem_params",
                                               "acts_peak", "sets_peak", "coord", "blocks"};
                 for (int k = 0; k < 8; k++) {
