@@ -35,6 +35,7 @@
 #include "optim.h"
 #include "results.h"
 #include "schedule.h"
+#include "shard.h"
 #include "tp.h"
 #include "tp_model.h"
 #include "trace.h"
@@ -48,6 +49,8 @@ static const char *USAGE =
     "  mpirun -np 8 ./09_3d/run --tp 1 --pp 4            DP 2 x PP 4: 1F1B across 4 stages\n"
     "  mpirun -np 8 ./09_3d/run --tp 4 --pp 2 --schedule interleaved --chunks 2 --micro-batches 2\n"
     "                                                     TP 4 inside each of 2 stages, 2 chunks\n"
+    "  mpirun -np 8 ./09_3d/run --tp 2 --pp 2 --zero 1    ZeRO-1 over DP: Adam's m, v sharded\n"
+    "                                                     over the 2 replicas (chapter 05)\n"
     "  mpirun -np 8 ./09_3d/run --tp 8 --pp 1 --heads 8   TP alone (chapter 07)\n"
     "  mpirun -np 1 ./09_3d/run                           one rank: chapter 00's training\n"
     "\n"
@@ -61,7 +64,14 @@ typedef struct Flags3d {
     const char *schedule;
     int m, v;              // micro-batches per step (per replica), chunks per rank
     const char *mutate;    // break one mechanism (the tests' negative checks)
+    int zero;              // 1: ZeRO-1 over DP (optimizer state sharded over the replicas)
 } Flags3d;
+
+// --zero 1: the piece of a chunk's flat buffer this replica updates.
+typedef struct ZPiece {
+    size_t lo, count;
+    float *grad;           // (count) the piece's averaged gradient
+} ZPiece;
 
 // One chunk of layers on this rank: its TP stage and the micro-batches in flight on it.
 typedef struct Chunk {
@@ -195,8 +205,10 @@ static void sync_tied_wte(Chunk *ch, int v, int p, int pp, DistGroup *ppg) {
 // the step does: TP 4 all-reduces of (Bm·T, C) per block per micro-batch, 1 for the embedding,
 // 1 + 3 of (Bm·T) for the head and loss, 1 double for the norm; DP the gradients of every chunk
 // and the loss; PP one activation forward and one gradient back per micro-batch and boundary,
-// the tied wte's gradient on both ends, the norm, the loss from the last stage.
-static void bytes_formula(const Exec *x, const Grid *g, double out[3]) {
+// the tied wte's gradient on both ends, the norm, the loss from the last stage. --zero 1: DP
+// reduce-scatters and all-gathers each chunk instead (dist's uneven ring model), and sums the
+// pieces' norm parts.
+static void bytes_formula(const Exec *x, const Grid *g, int zero, double out[3]) {
 #define AR(bytes, n) ((double)(2ull * (uint64_t)((n) - 1) * (uint64_t)(bytes) / (uint64_t)(n)))
     const uint64_t NC = x->BTC, N = NC / x->ch[0].st.cfg.C;
     out[0] = out[1] = out[2] = 0;
@@ -204,11 +216,14 @@ static void bytes_formula(const Exec *x, const Grid *g, double out[3]) {
         const TpStage *st = &x->ch[c].st;
         const double nc = 4.0 * (st->l1 - st->l0) + st->has_embed + st->has_head;
         out[0] += x->m * (nc * AR(4 * NC, g->tp) + (st->has_head ? 3 * AR(4 * N, g->tp) : 0));
-        out[1] += AR(4 * st->n, g->dp);
+        if (!zero) out[1] += AR(4 * st->n, g->dp);
+        else  // ring reduce-scatter: all but my piece out; all-gather: all but the next one's
+            out[1] += 4.0 * (double)(2 * st->n - shard_count(st->n, g->dp, g->c.d) -
+                                     shard_count(st->n, g->dp, (g->c.d + 1) % g->dp));
         if (g->pp > 1) out[2] += (double)x->m * 4 * NC * (!st->has_head + !st->has_embed);
     }
     out[0] += AR(8, g->tp);
-    out[1] += AR(4, g->dp);
+    out[1] += AR(4, g->dp) + (zero ? AR(16, g->dp) : 0);  // the loss; ZeRO: the norm's 2 doubles
     if (g->pp > 1) {
         out[2] += AR(8, g->pp) + (g->c.p == g->pp - 1 ? 4 : 0);
         if (g->c.p == 0 || g->c.p == g->pp - 1) out[2] += 4.0 * x->ch[0].st.tv.Vl * x->ch[0].st.cfg.C;
@@ -254,6 +269,20 @@ static void train(const LabArgs *args, const Flags3d *f) {
                         (uint64_t)args->seed);
         ch[c].acts = lab_xcalloc((size_t)m, sizeof(TpStageActs *));
     }
+    // --zero 1: this replica's piece of every chunk's flat buffer (shard_range over DP); Adam's
+    // m and v shrink to the piece, and the piece's averaged gradient has a buffer of its own.
+    ZPiece *zp = lab_xcalloc((size_t)v, sizeof(ZPiece));
+    for (int c = 0; f->zero && c < v; c++) {
+        TpStage *st = &ch[c].st;
+        shard_range(st->n, dp, grid.c.d, &zp[c].lo, &zp[c].count);
+        zp[c].grad = mem_alloc(zp[c].count * sizeof(float), MEM_GRADS, DEV_CPU);
+        mem_free(st->opt_m), mem_free(st->opt_v);
+        st->opt_m = mem_alloc(zp[c].count * sizeof(float), MEM_OPT_M, DEV_CPU);
+        st->opt_v = mem_alloc(zp[c].count * sizeof(float), MEM_OPT_V, DEV_CPU);
+        memset(st->opt_m, 0, zp[c].count * sizeof(float));
+        memset(st->opt_v, 0, zp[c].count * sizeof(float));
+    }
+    mem_reset_peaks();  // the figures: the full-size m, v that --zero 1 replaced do not count
     TpComm comm = tp_comm_group(grid.tpg);
     const AdamW opt = lab_args_adamw(args);
     DataSource data;
@@ -300,27 +329,47 @@ static void train(const LabArgs *args, const Flags3d *f) {
         x.live = 0;
         // 3. The pipeline table: forwards and backwards of the m micro-batches (TP inside).
         double loss_sum = run_table(&x, &data, step, inputs, targets);
-        // 4. DP: average every stage's gradients over the replicas holding the same slice.
-        int tok = trace_begin("dp all-reduce", TRACE_COMM);
-        if (dp > 1 && p != skip_dp_stage)
-            for (int c = 0; c < v; c++)
-                dist_all_reduce(ch[c].st.grads, ch[c].st.grads, ch[c].st.n, DIST_F32, DIST_AVG, grid.dpg);
-        trace_end(tok);
-        // 5. The tied wte's two copies: their gradients summed across the pipeline.
+        // 4. The tied wte's two copies: their gradients summed across the pipeline.
         if (!tied_unsynced) sync_tied_wte(ch, v, p, pp, grid.ppg);
-        // 6. The global norm over TP x PP (replicated tensors once), then AdamW everywhere.
+        // 5. DP: average every stage's gradients over the replicas holding the same slice
+        //    (--zero 1: reduce-scatter, each replica keeps the average of its piece only).
+        int tok = trace_begin(f->zero ? "dp reduce-scatter" : "dp all-reduce", TRACE_COMM);
+        for (int c = 0; c < v; c++) {
+            TpStage *st = &ch[c].st;
+            if (f->zero) dist_reduce_scatter_n(st->grads, zp[c].grad, st->n, DIST_F32, DIST_AVG, grid.dpg);
+            else if (dp > 1 && p != skip_dp_stage)
+                dist_all_reduce(st->grads, st->grads, st->n, DIST_F32, DIST_AVG, grid.dpg);
+        }
+        trace_end(tok);
+        // 6. The global norm over TP x PP (replicated tensors once; --zero 1: over the pieces,
+        //    summed over DP too), then AdamW on what this rank updates.
         double sq[2] = {0, 0};
         for (int c = 0; c < v; c++) {
             double part[2];
-            tpm_stage_norm_parts(&ch[c].st, part);
+            if (f->zero) tpm_stage_norm_parts_range(&ch[c].st, zp[c].lo, zp[c].lo + zp[c].count,
+                                                    zp[c].grad, part);
+            else tpm_stage_norm_parts(&ch[c].st, part);
             sq[0] += part[0], sq[1] += part[1];
         }
+        if (f->zero) dist_all_reduce(sq, sq, 2, DIST_F64, DIST_SUM, grid.dpg);  // disjoint pieces
         if (norm_double) sq[0] += sq[1], sq[1] = 0;  // the bug: replicated summed over TP too
         float scale = adamw_clip_scale(&opt, grid_clip_norm_sq(&grid, sq), step);
         for (int c = 0; c < v; c++) {
             TpStage *st = &ch[c].st;
-            adamw_step(&opt, kernels_get(DEV_CPU), step, st->params, st->grads, st->opt_m, st->opt_v,
-                       0, st->n, st->plist, st->nplist, scale);
+            if (!f->zero) {
+                adamw_step(&opt, kernels_get(DEV_CPU), step, st->params, st->grads, st->opt_m,
+                           st->opt_v, 0, st->n, st->plist, st->nplist, scale);
+                continue;
+            }
+            // ZeRO-1: AdamW on my piece (m, v exist for it only), then every replica's updated
+            // piece all-gathered into the whole stage's weights
+            const ZPiece *z = &zp[c];
+            adamw_step(&opt, kernels_get(DEV_CPU), step, st->params + z->lo, z->grad, st->opt_m,
+                       st->opt_v, z->lo, z->lo + z->count, st->plist, st->nplist, scale);
+            memcpy(z->grad, st->params + z->lo, z->count * sizeof(float));  // (the send buffer)
+            tok = trace_begin("dp all-gather", TRACE_COMM);
+            dist_all_gather_n(z->grad, st->params, st->n, DIST_F32, grid.dpg);
+            trace_end(tok);
         }
         // 7. The step's loss: the last stage's mean over micro-batches, over replicas, to rank 0.
         float loss = (float)(loss_sum / m);
@@ -339,11 +388,11 @@ static void train(const LabArgs *args, const Flags3d *f) {
     // 8. The report: each dimension's bytes per step (this rank's groups), memory per rank.
     const double nsteps = end > 0 ? end : 1;
     double formula[3];
-    bytes_formula(&x, &grid, formula);
+    bytes_formula(&x, &grid, f->zero, formula);
     double mine[11] = {(double)dist_group_bytes_sent(grid.tpg) / nsteps,
                       (double)dist_group_bytes_sent(grid.dpg) / nsteps,
                       (double)dist_group_bytes_sent(grid.ppg) / nsteps,
-                      (double)mem_peak(MEM_PARAMS), (double)x.acts_peak, (double)x.live_peak,
+                      (double)mem_peak(MEM_PARAMS), (double)x.acts_peak, (double)mem_peak(MEM_OPT_M),
                       (double)grid.c.t + 100.0 * grid.c.d + 10000.0 * grid.c.p,
                       (double)(ch[0].st.l0 + 100 * ch[v - 1].st.l1), formula[0], formula[1],
                       formula[2]};
@@ -388,9 +437,9 @@ static void train(const LabArgs *args, const Flags3d *f) {
             for (int r = 0; r < world && r < 8; r++) {
                 const double *a = all + (size_t)r * 11;
                 static const char *keys[8] = {"tp_sent", "dp_sent", "pp_sent", "mem_params",
-                                              "acts_peak", "sets_peak", "coord", "blocks"};
+                                              "acts_peak", "mem_opt_m", "coord", "blocks"};
                 for (int k = 0; k < 8; k++) {
-                    if (k == 5) continue;  // (results hold 64 figures: 7 per rank for 8 ranks)
+                    if (k == 7) continue;  // (results hold 64 figures: 7 per rank for 8 ranks)
                     char key[32];
                     snprintf(key, sizeof key, "%s_r%d", keys[k], r);
                     results_set(&out, key, a[k]);
@@ -406,7 +455,8 @@ static void train(const LabArgs *args, const Flags3d *f) {
     free(x.sendbuf), free(x.works);
     mem_free(inputs), mem_free(targets);
     data_free(&data);
-    for (int c = 0; c < v; c++) tpm_stage_free(&ch[c].st), free(ch[c].acts);
+    for (int c = 0; c < v; c++) tpm_stage_free(&ch[c].st), free(ch[c].acts), mem_free(zp[c].grad);
+    free(zp);
     free(ch);
     grid_free(&grid);
     sched_free(&s);
@@ -428,6 +478,9 @@ int main(int argc, char **argv) {
         {"--micro-batches", FLAG_INT, &f.m, 1, 10000, NULL,
          "m: micro-batches per step per replica (dp x m must divide --batch)"},
         {"--chunks", FLAG_INT, &f.v, 1, 64, NULL, "v: chunks of layers per stage (interleaved)"},
+        {"--zero", FLAG_INT, &f.zero, 0, 1, NULL,
+         "1: ZeRO-1 over DP (reduce-scatter the gradients, AdamW on this replica's piece with m, v "
+         "for it only, all-gather the weights); 0: DDP's all-reduce"},
         {"--mutate", FLAG_CHOICE, &f.mutate, 0, 0,
          "none|norm-replicated|dp-skip-stage|groups-tp-slowest|tied-unsynced",
          "break one mechanism on purpose (what the tests must catch): count the TP-replicated "

@@ -362,13 +362,19 @@ void tpm_stage_backward(TpStage *st, TpComm *c, TpStageActs *x, const int *input
         tp_embed_backward(k, &st->tv, st->dwte, st->dwpe, x->dx, inputs, st->B, st->T, st->cfg.C);
 }
 
-void tpm_stage_norm_parts(const TpStage *st, double sq[2]) {
+void tpm_stage_norm_parts_range(const TpStage *st, size_t lo, size_t hi, const float *g, double sq[2]) {
     const Kernels *k = kernels_get(DEV_CPU);
     sq[0] = sq[1] = 0.0;
     for (int i = 0; i < st->nplist; i++) {
-        if (st->tied_copy[i]) continue;
-        sq[st->sharded[i] ? 0 : 1] += k->sum_squares(st->grads + st->plist[i].offset, st->plist[i].size);
+        const size_t b = st->plist[i].offset, e = b + st->plist[i].size;
+        const size_t from = b > lo ? b : lo, to = e < hi ? e : hi;  // the tensor's part in range
+        if (st->tied_copy[i] || from >= to) continue;
+        sq[st->sharded[i] ? 0 : 1] += k->sum_squares(g + (from - lo), to - from);
     }
+}
+
+void tpm_stage_norm_parts(const TpStage *st, double sq[2]) {
+    tpm_stage_norm_parts_range(st, 0, st->n, st->grads, sq);
 }
 
 void tpm_stage_unshard(const TpStage *st, float *full_mem, int with_replicated) {

@@ -131,6 +131,9 @@ void tpm_stage_backward(TpStage *st, TpComm *c, TpStageActs *x, const int *input
 // Σ g² of this rank's gradients: sq[0] of the sliced tensors, sq[1] of the TP-replicated ones;
 // the last stage's copy of wte is left out (the first stage counts it). No communication.
 void tpm_stage_norm_parts(const TpStage *st, double sq[2]);
+// The same over elements [lo, hi) of the flat buffer only, read from g (hi - lo floats: this
+// rank's ZeRO shard of the gradient).
+void tpm_stage_norm_parts_range(const TpStage *st, size_t lo, size_t hi, const float *g, double sq[2]);
 // Writes this rank's tensors into full_mem (the FULL model's flat buffer, memory order, zeroed
 // by the caller): the slices always, the replicated tensors only when with_replicated, the
 // tied copy never. Summing such buffers over a TP x PP grid (one with_replicated per TP group)

@@ -186,6 +186,48 @@ Test(threed09, the_six_layouts_with_interleaved_reproduce_single_device_training
     results_free(&o);
 }
 
+// --zero 1 over DP (chapter 05's ZeRO-1 on each stage's flat buffer): the same training, and
+// Adam's m holds only this replica's piece of the stage: ceil or floor of n/dp elements
+// (shard.h's convention: the first n % dp pieces one longer).
+Test(threed09, zero_1_over_dp_reproduces_single_device_training, .timeout = 180) {
+    RunResults o;
+    run(ORACLE, 1, SMALL, &o);
+    const int layouts[3][3] = {{2, 2, 2}, {4, 2, 1}, {8, 1, 1}};
+    for (int i = 0; i < 3; i++) {
+        const int dp = layouts[i][0], tp = layouts[i][1], pp = layouts[i][2], m = dp == 8 ? 1 : 2;
+        char flags[256], what[160];
+        snprintf(flags, sizeof flags, "%s --dp %d --tp %d --pp %d --micro-batches %d --zero 1", SMALL,
+                 dp, tp, pp, m);
+        snprintf(what, sizeof what, "(dp,tp,pp) = (%d,%d,%d) 1f1b m=%d --zero 1", dp, tp, pp, m);
+        RunResults r;
+        run(RUN3D, dp * tp * pp, flags, &r);
+        float dl, dpar;
+        diffs(what, &r, &o, &dl, &dpar);
+        harness_assert_results_match(what, &r, &o, LOSS_RTOL, PARAM_ATOL);
+        for (int rk = 0; rk < dp * tp * pp; rk++) {
+            const int d = (rk / tp) % dp, p = rk / (tp * dp);
+            const double n = chunk_elems(&SMALL_CFG, tp, p, pp);
+            const double piece = floor(n / dp) + (d < fmod(n, dp) ? 1 : 0);
+            char k[32];
+            snprintf(k, sizeof k, "mem_opt_m_r%d", rk);
+            cr_assert_eq(results_get(&r, k, -1), 4 * piece, "%s: rank %d's Adam m is %g bytes, want "
+                         "its piece of %g of the stage's %g weights: %g", what, rk,
+                         results_get(&r, k, -1), piece, n, 4 * piece);
+            // DP bytes: the ring reduce-scatter sends all pieces but mine, the all-gather all but
+            // the next replica's; + the loss (1 float) and the pieces' norm parts (2 doubles)
+            const int dn = (d + 1) % dp;
+            const double next = floor(n / dp) + (dn < fmod(n, dp) ? 1 : 0);
+            const double want = 4 * (2 * n - piece - next) + (double)(2ull * (dp - 1) * 4 / dp) +
+                                (double)(2ull * (dp - 1) * 16 / dp);
+            snprintf(k, sizeof k, "dp_sent_r%d", rk);
+            cr_assert_eq(results_get(&r, k, -1), want, "%s: rank %d sent %g bytes per step in its DP "
+                         "group, formula %g", what, rk, results_get(&r, k, -1), want);
+        }
+        results_free(&r);
+    }
+    results_free(&o);
+}
+
 // ---- negative checks: each mechanism broken on purpose (--mutate) must be seen -------------------
 
 static void check_caught(const char *extra, const char *oracle_extra, int np, const char *layout,
