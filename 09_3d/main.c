@@ -26,6 +26,7 @@
 #include <string.h>
 
 #include "check.h"
+#include "ckpt.h"
 #include "data.h"
 #include "dist.h"
 #include "flags.h"
@@ -53,6 +54,9 @@ static const char *USAGE =
     "                                                     over the 2 replicas (chapter 05)\n"
     "  mpirun -np 8 ./09_3d/run --tp 8 --pp 1 --heads 8   TP alone (chapter 07)\n"
     "  mpirun -np 1 ./09_3d/run                           one rank: chapter 00's training\n"
+    "  mpirun -np 8 ./09_3d/run --tp 2 --pp 2 --stop-at 10 --save s.bin, then\n"
+    "  mpirun -np 4 ./09_3d/run --tp 4 --resume s.bin     a checkpoint of any layout resumes\n"
+    "                                                     under any other (the lab's state format)\n"
     "\n"
     "It prints the grid (which rank is which coordinate and in which groups), the schedule, and\n"
     "after training each dimension's bytes per step against its formula and the memory per rank.\n"
@@ -232,6 +236,73 @@ static void bytes_formula(const Exec *x, const Grid *g, int zero, double out[3])
 }
 
 // ---------------------------------------------------------------------------------------------
+// layouts are views of one model: the state gathered whole, and a whole state sliced
+
+// The whole model's weights (which 0), Adam m (1) or v (2), memory order, summed onto world rank
+// 0's `full` (NULL elsewhere): replica 0's ranks write their slices (the replicated tensors from
+// TP rank 0) into zeroed buffers (x + 0 == x: exact). --zero 1: m and v are first all-gathered
+// over DP into the stage's layout. Collective over the world.
+static void gather_full(Chunk *ch, int v, const Grid *g, int zero, int which, float *full) {
+    const size_t n = gpt2_param_count(&ch[0].st.cfg);
+    float *mine = lab_xcalloc(n, sizeof(float));
+    for (int c = 0; c < v; c++) {
+        TpStage *st = &ch[c].st;
+        const float *buf = which == 0 ? st->params : which == 1 ? st->opt_m : st->opt_v;
+        float *whole = NULL;
+        if (which > 0 && zero) {
+            whole = lab_xmalloc(st->n * sizeof(float));
+            dist_all_gather_n(buf, whole, st->n, DIST_F32, g->dpg);
+            buf = whole;
+        }
+        if (g->c.d == 0) tpm_stage_unshard_buf(st, buf, mine, g->c.t == 0);
+        free(whole);
+    }
+    dist_reduce(mine, full, n, DIST_F32, DIST_SUM, 0, dist_world());
+    free(mine);
+}
+
+// --save: the training state in the lab's format (common/ckpt.h: what 00, 03 and 05 write), the
+// same file whatever the layout. Collective.
+static void save_state(const LabArgs *a, Chunk *ch, int v, const Grid *g, int zero, int step) {
+    const GPT2Config cfg = ch[0].st.cfg;
+    const size_t n = gpt2_param_count(&cfg);
+    float *full[3] = {NULL, NULL, NULL};
+    for (int i = 0; i < 3; i++) {
+        if (g->rank == 0) full[i] = lab_xcalloc(n, sizeof(float));
+        gather_full(ch, v, g, zero, i, full[i]);
+    }
+    if (g->rank == 0)
+        ckpt_save_training(a->save, &cfg, step, (uint64_t)a->seed, (uint64_t)a->data_seed, full[0],
+                           full[1], full[2], n);
+    for (int i = 0; i < 3; i++) free(full[i]);
+}
+
+// --resume (the state of any layout, or of chapter 00) / --load-weights: every rank reads the
+// whole file and keeps its slices (--zero 1: of m and v, its piece). Returns the step to start at.
+static int load_state(const LabArgs *a, Chunk *ch, int v, const ZPiece *zp, int zero) {
+    const GPT2Config cfg = ch[0].st.cfg;
+    const size_t n = gpt2_param_count(&cfg);
+    float *fp = lab_xcalloc(n, sizeof(float)), *fm = lab_xcalloc(n, sizeof(float)),
+          *fv = lab_xcalloc(n, sizeof(float));
+    int start = 0;
+    if (a->resume) start = ckpt_resume_training(a->resume, &cfg, fp, fm, fv, n);
+    else ckpt_load_weights_into(a->load_weights, &cfg, fp, n);
+    for (int c = 0; c < v; c++) {
+        TpStage *st = &ch[c].st;
+        tpm_stage_shard_buf(st, fp, st->params);
+        if (!a->resume) continue;
+        float *whole = lab_xmalloc(st->n * sizeof(float));
+        tpm_stage_shard_buf(st, fm, whole);
+        memcpy(st->opt_m, whole + zp[c].lo, (zero ? zp[c].count : st->n) * sizeof(float));
+        tpm_stage_shard_buf(st, fv, whole);
+        memcpy(st->opt_v, whole + zp[c].lo, (zero ? zp[c].count : st->n) * sizeof(float));
+        free(whole);
+    }
+    free(fp), free(fm), free(fv);
+    return start;
+}
+
+// ---------------------------------------------------------------------------------------------
 // training
 
 static void train(const LabArgs *args, const Flags3d *f) {
@@ -282,6 +353,8 @@ static void train(const LabArgs *args, const Flags3d *f) {
         memset(st->opt_m, 0, zp[c].count * sizeof(float));
         memset(st->opt_v, 0, zp[c].count * sizeof(float));
     }
+    const int start = args->resume || args->load_weights ? load_state(args, ch, v, zp, f->zero) : 0;
+    if (!args->quiet && rank == 0 && args->resume) printf("resumed from %s at step %d\n", args->resume, start);
     mem_reset_peaks();  // the figures: the full-size m, v that --zero 1 replaced do not count
     TpComm comm = tp_comm_group(grid.tpg);
     const AdamW opt = lab_args_adamw(args);
@@ -323,12 +396,13 @@ static void train(const LabArgs *args, const Flags3d *f) {
     dist_group_counters_reset(grid.dpg);
     dist_group_counters_reset(grid.ppg);
     double t0 = lab_now(), t_last = t0;
-    for (int step = 0; step < end; step++) {
+    for (int step = start; step < end; step++) {
         for (int c = 0; c < v; c++) memset(ch[c].st.grads, 0, ch[c].st.n * sizeof(float));
         x.acts_base = mem_current(MEM_ACTS);
         x.live = 0;
         // 3. The pipeline table: forwards and backwards of the m micro-batches (TP inside).
         double loss_sum = run_table(&x, &data, step, inputs, targets);
+        if (step == args->inject_nan_step && rank == world - 1) ch[0].st.grads[0] = NAN;  // fault
         // 4. The tied wte's two copies: their gradients summed across the pipeline.
         if (!tied_unsynced) sync_tied_wte(ch, v, p, pp, grid.ppg);
         // 5. DP: average every stage's gradients over the replicas holding the same slice
@@ -382,11 +456,17 @@ static void train(const LabArgs *args, const Flags3d *f) {
             printf("step %5d/%d  loss %.4f  lr %.2e  %8.0f tok/s\n", step + 1, args->steps, loss,
                    adamw_lr(&opt, step), (double)B * T / (now - t_last));
         t_last = now;
+        if (args->save && args->save_every > 0 && (step + 1) % args->save_every == 0 && step < end - 1)
+            save_state(args, ch, v, &grid, f->zero, step + 1);
+    }
+    if (args->save) {
+        save_state(args, ch, v, &grid, f->zero, end);
+        if (!args->quiet && rank == 0) printf("saved training state (step %d) to %s\n", end, args->save);
     }
     trace_finish();
 
     // 8. The report: each dimension's bytes per step (this rank's groups), memory per rank.
-    const double nsteps = end > 0 ? end : 1;
+    const double nsteps = end > start ? end - start : 1;
     double formula[3];
     bytes_formula(&x, &grid, f->zero, formula);
     double mine[11] = {(double)dist_group_bytes_sent(grid.tpg) / nsteps,
@@ -420,14 +500,17 @@ static void train(const LabArgs *args, const Flags3d *f) {
 
     // 9. --dump: the full model's weights in llm.c's order on world rank 0: replica 0's ranks
     //    write their slices (the replicated tensors from TP rank 0) into zeroed buffers, summed.
-    if (args->dump) {
+    if (args->dump || args->save_weights) {
         const size_t n = gpt2_param_count(&cfg);
-        float *mem_full = lab_xcalloc(n, sizeof(float));
-        if (grid.c.d == 0)
-            for (int c = 0; c < v; c++) tpm_stage_unshard(&ch[c].st, mem_full, grid.c.t == 0);
         float *sum = rank == 0 ? lab_xcalloc(n, sizeof(float)) : NULL;
-        dist_reduce(mem_full, sum, n, DIST_F32, DIST_SUM, 0, dist_world());
-        if (rank == 0) {
+        gather_full(ch, v, &grid, f->zero, 0, sum);
+        if (rank == 0 && args->save_weights) {
+            float *llmc = lab_xmalloc(n * sizeof(float));
+            gpt2_to_llmc(&cfg, sum, llmc);
+            ckpt_save_weights(args->save_weights, &cfg, llmc);
+            free(llmc);
+        }
+        if (rank == 0 && args->dump) {
             RunResults out;
             results_init(&out, end, n);
             memcpy(out.losses, losses, (size_t)end * sizeof(float));
@@ -448,7 +531,7 @@ static void train(const LabArgs *args, const Flags3d *f) {
             results_write(args->dump, &out);
             results_free(&out);
         }
-        free(sum), free(mem_full);
+        free(sum);
     }
     free(all), free(losses);
     for (int i = 0; i < 2 * v * m; i++) mem_free(x.sendbuf[i]);
@@ -487,7 +570,8 @@ int main(int argc, char **argv) {
          "tensors on every TP rank in the clip norm, skip the DP average on the last stage, build "
          "the groups with TP as the slowest coordinate, leave the tied wte's two copies unsynced"},
     };
-    lab_parse_args_for(LAB_FLAGS_MODEL | LAB_FLAGS_TRAINING | LAB_FLAGS_OUTPUT, argc, argv, &args,
+    lab_parse_args_for(LAB_FLAGS_MODEL | LAB_FLAGS_TRAINING | LAB_FLAGS_OUTPUT | LAB_FLAGS_RELIABILITY,
+                       argc, argv, &args,
                        extra, (int)(sizeof extra / sizeof extra[0]), "09_3d/run", USAGE);
     train(&args, &f);
     dist_finalize();

@@ -377,21 +377,52 @@ void tpm_stage_norm_parts(const TpStage *st, double sq[2]) {
     tpm_stage_norm_parts_range(st, 0, st->n, st->grads, sq);
 }
 
-void tpm_stage_unshard(const TpStage *st, float *full_mem, int with_replicated) {
+// The views of buf's tensors (a buffer in the stage's layout) at the offsets of st's own.
+static float *stage_at(const TpStage *st, const float *buf, const float *view) {
+    return view ? (float *)buf + (view - st->params) : NULL;
+}
+
+void tpm_stage_unshard_buf(const TpStage *st, const float *buf, float *full_mem, int with_replicated) {
     const GPT2Config *cfg = &st->cfg;
     const size_t C = (size_t)cfg->C;
     for (int j = 0; j < st->l1 - st->l0; j++) {
-        TpBlock fb;
+        TpBlock fb, sb;
         tp_block_of_model(&fb, cfg, full_mem, st->l0 + j);
-        tp_block_unshard(&fb, &st->w[j], cfg->C, st->tp, st->r, with_replicated);
+        tp_block_views(&sb, stage_at(st, buf, st->w[j].ln1w), cfg->C, st->tp);
+        tp_block_unshard(&fb, &sb, cfg->C, st->tp, st->r, with_replicated);
     }
     if (st->has_embed) {
-        tp_wte_unshard(full_mem + full_offset(cfg, GPT2_WTE), st->wte, &st->tv, cfg->C);
+        tp_wte_unshard(full_mem + full_offset(cfg, GPT2_WTE), stage_at(st, buf, st->wte), &st->tv, cfg->C);
         if (with_replicated)
-            memcpy(full_mem + full_offset(cfg, GPT2_WPE), st->wpe, (size_t)cfg->T * C * sizeof(float));
+            memcpy(full_mem + full_offset(cfg, GPT2_WPE), stage_at(st, buf, st->wpe),
+                   (size_t)cfg->T * C * sizeof(float));
     }
     if (st->has_head && with_replicated) {
-        memcpy(full_mem + full_offset(cfg, GPT2_LNFW), st->lnfw, C * sizeof(float));
-        memcpy(full_mem + full_offset(cfg, GPT2_LNFB), st->lnfb, C * sizeof(float));
+        memcpy(full_mem + full_offset(cfg, GPT2_LNFW), stage_at(st, buf, st->lnfw), C * sizeof(float));
+        memcpy(full_mem + full_offset(cfg, GPT2_LNFB), stage_at(st, buf, st->lnfb), C * sizeof(float));
+    }
+}
+
+void tpm_stage_unshard(const TpStage *st, float *full_mem, int with_replicated) {
+    tpm_stage_unshard_buf(st, st->params, full_mem, with_replicated);
+}
+
+void tpm_stage_shard_buf(const TpStage *st, const float *full_mem, float *buf) {
+    const GPT2Config *cfg = &st->cfg;
+    const size_t C = (size_t)cfg->C;
+    for (int j = 0; j < st->l1 - st->l0; j++) {
+        TpBlock fb, sb;
+        tp_block_of_model(&fb, cfg, (float *)full_mem, st->l0 + j);
+        tp_block_views(&sb, stage_at(st, buf, st->w[j].ln1w), cfg->C, st->tp);
+        tp_block_shard(&sb, &fb, cfg->C, st->tp, st->r);
+    }
+    if (st->wte)  // the first stage's rows, or the last stage's copy of the same rows
+        tp_wte_shard(stage_at(st, buf, st->wte), full_mem + full_offset(cfg, GPT2_WTE), &st->tv, cfg->C);
+    if (st->has_embed)
+        memcpy(stage_at(st, buf, st->wpe), full_mem + full_offset(cfg, GPT2_WPE),
+               (size_t)cfg->T * C * sizeof(float));
+    if (st->has_head) {
+        memcpy(stage_at(st, buf, st->lnfw), full_mem + full_offset(cfg, GPT2_LNFW), C * sizeof(float));
+        memcpy(stage_at(st, buf, st->lnfb), full_mem + full_offset(cfg, GPT2_LNFB), C * sizeof(float));
     }
 }

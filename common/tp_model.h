@@ -139,3 +139,8 @@ void tpm_stage_norm_parts_range(const TpStage *st, size_t lo, size_t hi, const f
 // tied copy never. Summing such buffers over a TP x PP grid (one with_replicated per TP group)
 // gives the whole model exactly (x + 0 == x).
 void tpm_stage_unshard(const TpStage *st, float *full_mem, int with_replicated);
+// The same for any buffer laid out as the stage's flat buffer (its gradients, Adam's m or v).
+void tpm_stage_unshard_buf(const TpStage *st, const float *buf, float *full_mem, int with_replicated);
+// The reverse: buf (st->n floats, the stage's layout) := this rank's slices of full_mem (the full
+// model's memory order), the tied copy included (a checkpoint of any layout resumes here).
+void tpm_stage_shard_buf(const TpStage *st, const float *full_mem, float *buf);
