@@ -65,8 +65,11 @@ static double chunk_elems(const GPT2Config *c, int tp, int vs, int S) {
 // Bytes a rank at pipeline coordinate p sends per step in each of its groups (dist's models:
 // an all-reduce of S bytes on n ranks sends 2(n-1)S/n, integer division; send: S; broadcast:
 // the root S).
-static void bytes_formula(const GPT2Config *c, int dp, int tp, int pp, int v, int m, int p,
-                          double *tp_b, double *dp_b, double *pp_b) {
+// --zero 1: piece d of n elements over dp (shard.h's convention: the first n % dp one longer).
+static double piece_of(double n, int dp, int d) { return floor(n / dp) + (d < fmod(n, dp) ? 1 : 0); }
+
+static void bytes_formula(const GPT2Config *c, int dp, int tp, int pp, int v, int m, int p, int d,
+                          int zero, double *tp_b, double *dp_b, double *pp_b) {
     const int S = pp * v, per = c->L / S;
     const unsigned long long Bm = BATCH / dp / m, N = Bm * c->T, NC = N * c->C;
     const unsigned long long Vl = (c->V + tp - 1) / tp;
@@ -78,13 +81,17 @@ static void bytes_formula(const GPT2Config *c, int dp, int tp, int pp, int v, in
         // head's f (N·C) and the loss's max, sum of exp and target logit (N each)
         double calls_nc = 4.0 * per + (vs == 0) + (vs == S - 1), calls_n = vs == S - 1 ? 3 : 0;
         *tp_b += m * (calls_nc * AR(4 * NC, tp) + calls_n * AR(4 * N, tp));
-        // DP: the chunk's gradients averaged
-        *dp_b += AR(4 * chunk_elems(c, tp, vs, S), dp);
+        // DP: the chunk's gradients averaged; ZeRO-1: a ring reduce-scatter sends every piece
+        // but mine, the all-gather every piece but the next replica's
+        const double n = chunk_elems(c, tp, vs, S);
+        if (!zero) *dp_b += AR(4 * n, dp);
+        else *dp_b += 4 * (2 * n - piece_of(n, dp, d) - piece_of(n, dp, (d + 1) % dp));
         // PP: one activation per micro-batch to the next stage, one gradient back
         if (pp > 1) *pp_b += (double)m * 4 * NC * ((vs < S - 1) + (vs > 0));
     }
     *tp_b += AR(8, tp);   // the clip norm: the slices' Σ g² (one double)
     *dp_b += AR(4, dp);   // the loss (one float)
+    if (zero) *dp_b += AR(16, dp);  // the pieces' two norm parts
     if (pp > 1) {
         *pp_b += AR(8, pp);                                       // the clip norm over stages
         if (p == 0 || p == pp - 1) *pp_b += 4.0 * Vl * c->C;       // the tied wte's gradient
@@ -106,7 +113,7 @@ static double set_bytes(const GPT2Config *c, int dp, int tp, int pp, int m, int 
 }
 
 static void check_figures(const char *what, const RunResults *r, int dp, int tp, int pp, int v, int m,
-                          int is_1f1b) {
+                          int is_1f1b, int zero) {
     const int world = dp * tp * pp;
     CalcModel cm = calc_model_from_gpt2(&SMALL_CFG);
     for (int rk = 0; rk < world && rk < 8; rk++) {
@@ -117,15 +124,22 @@ static void check_figures(const char *what, const RunResults *r, int dp, int tp,
                      "%s: world rank %d at coordinate code %g, want (t,d,p) = (%d,%d,%d)", what, rk,
                      results_get(r, k, -1), t, d, p);
         double want[3];
-        bytes_formula(&SMALL_CFG, dp, tp, pp, v, m, p, &want[0], &want[1], &want[2]);
+        bytes_formula(&SMALL_CFG, dp, tp, pp, v, m, p, d, zero, &want[0], &want[1], &want[2]);
         static const char *dims[3] = {"tp", "dp", "pp"};
         for (int i = 0; i < 3; i++) {
             snprintf(k, sizeof k, "%s_sent_r%d", dims[i], rk);
             cr_assert_eq(results_get(r, k, -1), want[i], "%s: rank %d sent %g bytes per step in its "
                          "%s group, formula %g", what, rk, results_get(r, k, -1), dims[i], want[i]);
         }
-        double elems = 0;
-        for (int ch = 0; ch < v; ch++) elems += chunk_elems(&SMALL_CFG, tp, ch * pp + p, pp * v);
+        double elems = 0, opt = 0;  // weights; Adam m (ZeRO-1: this replica's pieces only)
+        for (int ch = 0; ch < v; ch++) {
+            const double n = chunk_elems(&SMALL_CFG, tp, ch * pp + p, pp * v);
+            elems += n, opt += zero ? piece_of(n, dp, d) : n;
+        }
+        char km[32];
+        snprintf(km, sizeof km, "mem_opt_m_r%d", rk);
+        cr_assert_eq(results_get(r, km, -1), 4 * opt, "%s: rank %d's Adam m is %g bytes, formula %g",
+                     what, rk, results_get(r, km, -1), 4 * opt);
         snprintf(k, sizeof k, "mem_params_r%d", rk);
         cr_assert_eq(results_get(r, k, -1), 4 * elems, "%s: rank %d holds %g bytes of weights, "
                      "formula %g", what, rk, results_get(r, k, -1), 4 * elems);
@@ -144,17 +158,18 @@ static void check_figures(const char *what, const RunResults *r, int dp, int tp,
 }
 
 static void check_layout(const RunResults *oracle, int dp, int tp, int pp, const char *sched, int v,
-                         int m) {
+                         int m, int zero) {
     char flags[256], what[160];
     snprintf(flags, sizeof flags, "%s --dp %d --tp %d --pp %d --schedule %s --chunks %d "
-             "--micro-batches %d", SMALL, dp, tp, pp, sched, v, m);
-    snprintf(what, sizeof what, "(dp,tp,pp) = (%d,%d,%d) %s v=%d m=%d", dp, tp, pp, sched, v, m);
+             "--micro-batches %d --zero %d", SMALL, dp, tp, pp, sched, v, m, zero);
+    snprintf(what, sizeof what, "(dp,tp,pp) = (%d,%d,%d) %s v=%d m=%d%s", dp, tp, pp, sched, v, m,
+             zero ? " --zero 1" : "");
     RunResults r;
     run(RUN3D, dp * tp * pp, flags, &r);
     float dl, dpar;
     diffs(what, &r, oracle, &dl, &dpar);
     harness_assert_results_match(what, &r, oracle, LOSS_RTOL, PARAM_ATOL);
-    check_figures(what, &r, dp, tp, pp, v, m, strcmp(sched, "1f1b") == 0);
+    check_figures(what, &r, dp, tp, pp, v, m, strcmp(sched, "1f1b") == 0, zero);
     results_free(&r);
 }
 
@@ -168,63 +183,24 @@ Test(threed09, the_six_layouts_with_1f1b_reproduce_single_device_training, .time
     run(ORACLE, 1, SMALL, &o);
     for (int i = 0; i < 6; i++) {
         const int dp = LAYOUTS[i][0], m = BATCH / dp >= 2 ? 2 : 1;
-        check_layout(&o, dp, LAYOUTS[i][1], LAYOUTS[i][2], "1f1b", 1, m);
+        check_layout(&o, dp, LAYOUTS[i][1], LAYOUTS[i][2], "1f1b", 1, m, 0);
     }
     results_free(&o);
 }
 
 // Interleaved: 2 chunks per stage where 4 layers allow it (pp <= 2); pp = 4 runs 1 chunk (the
 // interleaved generator's order with v = 1). pp = 1 with 2 chunks keeps both ends of the tied
-// wte on one rank (summed locally).
-Test(threed09, the_six_layouts_with_interleaved_reproduce_single_device_training, .timeout = 240) {
+// wte on one rank (summed locally). Every layout with dp > 1 runs it with --zero 1 (chapter 05's
+// ZeRO-1 over DP on each chunk's flat buffer): Adam's m and v hold this replica's piece only,
+// checked with the DP bytes of the reduce-scatter and all-gather in check_figures.
+Test(threed09, the_six_layouts_with_interleaved_and_zero_1_reproduce_single_device_training,
+     .timeout = 240) {
     RunResults o;
     run(ORACLE, 1, SMALL, &o);
     for (int i = 0; i < 6; i++) {
         const int dp = LAYOUTS[i][0], pp = LAYOUTS[i][2];
         const int v = pp <= 2 ? 2 : 1, m = BATCH / dp >= pp ? pp : 1;
-        check_layout(&o, dp, LAYOUTS[i][1], pp, "interleaved", v, m);
-    }
-    results_free(&o);
-}
-
-// --zero 1 over DP (chapter 05's ZeRO-1 on each stage's flat buffer): the same training, and
-// Adam's m holds only this replica's piece of the stage: ceil or floor of n/dp elements
-// (shard.h's convention: the first n % dp pieces one longer).
-Test(threed09, zero_1_over_dp_reproduces_single_device_training, .timeout = 180) {
-    RunResults o;
-    run(ORACLE, 1, SMALL, &o);
-    const int layouts[3][3] = {{2, 2, 2}, {4, 2, 1}, {8, 1, 1}};
-    for (int i = 0; i < 3; i++) {
-        const int dp = layouts[i][0], tp = layouts[i][1], pp = layouts[i][2], m = dp == 8 ? 1 : 2;
-        char flags[256], what[160];
-        snprintf(flags, sizeof flags, "%s --dp %d --tp %d --pp %d --micro-batches %d --zero 1", SMALL,
-                 dp, tp, pp, m);
-        snprintf(what, sizeof what, "(dp,tp,pp) = (%d,%d,%d) 1f1b m=%d --zero 1", dp, tp, pp, m);
-        RunResults r;
-        run(RUN3D, dp * tp * pp, flags, &r);
-        float dl, dpar;
-        diffs(what, &r, &o, &dl, &dpar);
-        harness_assert_results_match(what, &r, &o, LOSS_RTOL, PARAM_ATOL);
-        for (int rk = 0; rk < dp * tp * pp; rk++) {
-            const int d = (rk / tp) % dp, p = rk / (tp * dp);
-            const double n = chunk_elems(&SMALL_CFG, tp, p, pp);
-            const double piece = floor(n / dp) + (d < fmod(n, dp) ? 1 : 0);
-            char k[32];
-            snprintf(k, sizeof k, "mem_opt_m_r%d", rk);
-            cr_assert_eq(results_get(&r, k, -1), 4 * piece, "%s: rank %d's Adam m is %g bytes, want "
-                         "its piece of %g of the stage's %g weights: %g", what, rk,
-                         results_get(&r, k, -1), piece, n, 4 * piece);
-            // DP bytes: the ring reduce-scatter sends all pieces but mine, the all-gather all but
-            // the next replica's; + the loss (1 float) and the pieces' norm parts (2 doubles)
-            const int dn = (d + 1) % dp;
-            const double next = floor(n / dp) + (dn < fmod(n, dp) ? 1 : 0);
-            const double want = 4 * (2 * n - piece - next) + (double)(2ull * (dp - 1) * 4 / dp) +
-                                (double)(2ull * (dp - 1) * 16 / dp);
-            snprintf(k, sizeof k, "dp_sent_r%d", rk);
-            cr_assert_eq(results_get(&r, k, -1), want, "%s: rank %d sent %g bytes per step in its DP "
-                         "group, formula %g", what, rk, results_get(&r, k, -1), want);
-        }
-        results_free(&r);
+        check_layout(&o, dp, LAYOUTS[i][1], pp, "interleaved", v, m, dp > 1);
     }
     results_free(&o);
 }
@@ -333,7 +309,7 @@ Test(threed09, tied_embedding_copies_left_unsynced_are_caught, .timeout = 120) {
 // world rank 1 at (t,d,p) = (0,0,1) instead of (1,0,0).
 Test(threed09, groups_built_with_tp_slowest_are_caught, .timeout = 120) {
     char flags[256];
-    snprintf(flags, sizeof flags, "%s --tp 2 --pp 2 --mutate groups-tp-slowest", SMALL);
+    snprintf(flags, sizeof flags, "%s --tp 2 --pp 2 --mutate groups-tp-slowest --steps 1", SMALL);
     RunResults r;
     run(RUN3D, 8, flags, &r);
     int wrong = 0;
