@@ -461,3 +461,18 @@ int harness_reliability_holds(const char *prog, int np, const char *flags, const
     if (!harness_nan_fails_cleanly(prog, np, nan_flags, cfg)) ok = 0;
     return ok;
 }
+
+int harness_diffs(const char *tag, const char *what, const RunResults *a, const RunResults *b,
+                  float *dl, float *dp) {
+    *dl = *dp = INFINITY;
+    if (a->nsteps != b->nsteps || a->nparams != b->nparams) {
+        fprintf(stderr, "%s: %s: %d steps and %zu weights vs %d and %zu\n", tag, what, a->nsteps,
+                a->nparams, b->nsteps, b->nparams);
+        return 0;
+    }
+    *dl = harness_max_rel_diff(a->losses, b->losses, (size_t)a->nsteps);
+    *dp = harness_max_abs_diff(a->params, b->params, a->nparams);
+    fprintf(stderr, "%s: %-62s losses within %.2g (rel), weights within %.2g (abs)\n", tag, what,
+            (double)*dl, (double)*dp);
+    return 1;
+}

@@ -34,19 +34,11 @@ static const GPT2Config SMALL_CFG = {.V = 256, .T = 16, .L = 4, .C = 32, .NH = 4
 #define PARAM_ATOL 1e-5f
 
 static void run(const char *prog, int np, const char *flags, RunResults *out) {
-    char *log = NULL;
-    int rc = harness_run_dump(prog, np, flags, out, &log, 120);
-    cr_assert_eq(rc, 0, "%s -np %d %s failed:\n%s", prog, np, flags, log);
-    free(log);
+    harness_assert_run_dump(prog, np, flags, out);
 }
 
 static void diffs(const char *what, const RunResults *a, const RunResults *b, float *dl, float *dp) {
-    cr_assert_eq(a->nsteps, b->nsteps, "%s: %d steps vs %d", what, a->nsteps, b->nsteps);
-    cr_assert_eq(a->nparams, b->nparams, "%s: %zu parameters vs %zu", what, a->nparams, b->nparams);
-    *dl = harness_max_rel_diff(a->losses, b->losses, (size_t)a->nsteps);
-    *dp = harness_max_abs_diff(a->params, b->params, a->nparams);
-    fprintf(stderr, "test_09: %-62s losses within %.2g (rel), weights within %.2g (abs)\n", what,
-            (double)*dl, (double)*dp);
+    cr_assert(harness_diffs("test_09", what, a, b, dl, dp), "%s: the runs differ in shape", what);
 }
 
 // ---- the formulas, from the shapes ---------------------------------------------------------------
