@@ -104,10 +104,10 @@ static double set_bytes(const GPT2Config *c, int dp, int tp, int pp, int m, int 
     return 4 * f;
 }
 
-static void check_figures(const char *what, const RunResults *r, int dp, int tp, int pp, int v, int m,
-                          int is_1f1b, int zero) {
+static void check_figures(const char *what, const GPT2Config *cfg, const RunResults *r, int dp, int tp,
+                          int pp, int v, int m, int is_1f1b, int zero) {
     const int world = dp * tp * pp;
-    CalcModel cm = calc_model_from_gpt2(&SMALL_CFG);
+    CalcModel cm = calc_model_from_gpt2(cfg);
     for (int rk = 0; rk < world && rk < 8; rk++) {
         char k[32];
         const int t = rk % tp, d = (rk / tp) % dp, p = rk / (tp * dp);  // TP fastest, DP, PP
@@ -116,7 +116,7 @@ static void check_figures(const char *what, const RunResults *r, int dp, int tp,
                      "%s: world rank %d at coordinate code %g, want (t,d,p) = (%d,%d,%d)", what, rk,
                      results_get(r, k, -1), t, d, p);
         double want[3];
-        bytes_formula(&SMALL_CFG, dp, tp, pp, v, m, p, d, zero, &want[0], &want[1], &want[2]);
+        bytes_formula(cfg, dp, tp, pp, v, m, p, d, zero, &want[0], &want[1], &want[2]);
         static const char *dims[3] = {"tp", "dp", "pp"};
         for (int i = 0; i < 3; i++) {
             snprintf(k, sizeof k, "%s_sent_r%d", dims[i], rk);
@@ -125,7 +125,7 @@ static void check_figures(const char *what, const RunResults *r, int dp, int tp,
         }
         double elems = 0, opt = 0;  // weights; Adam m (ZeRO-1: this replica's pieces only)
         for (int ch = 0; ch < v; ch++) {
-            const double n = chunk_elems(&SMALL_CFG, tp, ch * pp + p, pp * v);
+            const double n = chunk_elems(cfg, tp, ch * pp + p, pp * v);
             elems += n, opt += zero ? piece_of(n, dp, d) : n;
         }
         char km[32];
@@ -136,7 +136,7 @@ static void check_figures(const char *what, const RunResults *r, int dp, int tp,
         cr_assert_eq(results_get(r, k, -1), 4 * elems, "%s: rank %d holds %g bytes of weights, "
                      "formula %g", what, rk, results_get(r, k, -1), 4 * elems);
         if (is_1f1b) {  // 1F1B keeps min(pp - p, m) micro-batches' activations on stage p
-            const double want_acts = (pp - p < m ? pp - p : m) * set_bytes(&SMALL_CFG, dp, tp, pp, m, p);
+            const double want_acts = (pp - p < m ? pp - p : m) * set_bytes(cfg, dp, tp, pp, m, p);
             char ka[32];
             snprintf(ka, sizeof ka, "acts_peak_r%d", rk);
             cr_assert_eq(results_get(r, ka, -1), want_acts, "%s: rank %d's activations peaked at %g "
@@ -149,11 +149,11 @@ static void check_figures(const char *what, const RunResults *r, int dp, int tp,
     }
 }
 
-static void check_layout(const RunResults *oracle, int dp, int tp, int pp, const char *sched, int v,
-                         int m, int zero) {
+static void check_layout_of(const char *model, const GPT2Config *cfg, const RunResults *oracle, int dp,
+                            int tp, int pp, const char *sched, int v, int m, int zero) {
     char flags[256], what[160];
     snprintf(flags, sizeof flags, "%s --dp %d --tp %d --pp %d --schedule %s --chunks %d "
-             "--micro-batches %d --zero %d", SMALL, dp, tp, pp, sched, v, m, zero);
+             "--micro-batches %d --zero %d", model, dp, tp, pp, sched, v, m, zero);
     snprintf(what, sizeof what, "(dp,tp,pp) = (%d,%d,%d) %s v=%d m=%d%s", dp, tp, pp, sched, v, m,
              zero ? " --zero 1" : "");
     RunResults r;
@@ -161,8 +161,13 @@ static void check_layout(const RunResults *oracle, int dp, int tp, int pp, const
     float dl, dpar;
     diffs(what, &r, oracle, &dl, &dpar);
     harness_assert_results_match(what, &r, oracle, LOSS_RTOL, PARAM_ATOL);
-    check_figures(what, &r, dp, tp, pp, v, m, strcmp(sched, "1f1b") == 0, zero);
+    check_figures(what, cfg, &r, dp, tp, pp, v, m, strcmp(sched, "1f1b") == 0, zero);
     results_free(&r);
+}
+
+static void check_layout(const RunResults *oracle, int dp, int tp, int pp, const char *sched, int v,
+                         int m, int zero) {
+    check_layout_of(SMALL, &SMALL_CFG, oracle, dp, tp, pp, sched, v, m, zero);
 }
 
 static const int LAYOUTS[6][3] = {{1, 1, 1}, {2, 2, 2}, {2, 1, 4}, {1, 4, 2}, {4, 2, 1}, {8, 1, 1}};
@@ -181,7 +186,7 @@ Test(threed09, the_six_layouts_with_1f1b_reproduce_single_device_training, .time
 }
 
 // Interleaved: 2 chunks per stage where 4 layers allow it (pp <= 2); pp = 4 runs 1 chunk (the
-// interleaved generator's order with v = 1). pp = 1 with 2 chunks keeps both ends of the tied
+// interleaved generator's order with v = 1) on 4 layers, and 2 chunks on 8 layers. pp = 1 with 2 chunks keeps both ends of the tied
 // wte on one rank (summed locally). Every layout with dp > 1 runs it with --zero 1 (chapter 05's
 // ZeRO-1 over DP on each chunk's flat buffer): Adam's m and v hold this replica's piece only,
 // checked with the DP bytes of the reduce-scatter and all-gather in check_figures.
@@ -194,6 +199,12 @@ Test(threed09, the_six_layouts_with_interleaved_and_zero_1_reproduce_single_devi
         const int v = pp <= 2 ? 2 : 1, m = BATCH / dp >= pp ? pp : 1;
         check_layout(&o, dp, LAYOUTS[i][1], pp, "interleaved", v, m, dp > 1);
     }
+    results_free(&o);
+    // and pp = 4 with 2 chunks per stage: 8 layers, 8 virtual stages of one block
+    const char *L8 = "--layers 8 --channels 32 --heads 4 --seq 16 --batch 8 --steps 3";
+    const GPT2Config cfg8 = {.V = 256, .T = 16, .L = 8, .C = 32, .NH = 4};
+    run(ORACLE, 1, L8, &o);
+    check_layout_of(L8, &cfg8, &o, 2, 1, 4, "interleaved", 2, 4, 1);
     results_free(&o);
 }
 
