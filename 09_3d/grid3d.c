@@ -90,10 +90,12 @@ int grid_members(const Grid *g, int dim, int *out) {
     return grp->size;
 }
 
-static void print_list(FILE *out, const int *m, int n) {
-    fprintf(out, "{");
-    for (int i = 0; i < n; i++) fprintf(out, "%s%d", i ? "," : "", m[i]);
-    fprintf(out, "}");
+// "{0,2,4}" into buf (cut short with "..." when it does not fit).
+static const char *format_list(char *buf, size_t len, const int *m, int n) {
+    size_t at = (size_t)snprintf(buf, len, "{");
+    for (int i = 0; i < n && at + 16 < len; i++) at += (size_t)snprintf(buf + at, len - at, "%s%d", i ? "," : "", m[i]);
+    snprintf(buf + at, len - at, at + 16 < len ? "}" : "...}");
+    return buf;
 }
 
 void grid_print(FILE *out, const Grid *g) {
@@ -136,12 +138,10 @@ void grid_print(FILE *out, const Grid *g) {
                 const int *a = all + (size_t)r * W;
                 char co[24];
                 snprintf(co, sizeof co, "(%d,%d,%d)", a[0], a[1], a[2]);
-                fprintf(out, "  %-5d %-11s ", r, co);
-                for (int dim = 0; dim < 3; dim++) {
-                    print_list(out, a + 3 + 64 * dim, n[dim] < 64 ? n[dim] : 64);
-                    fprintf(out, "%*s", n[dim] < 8 ? 18 - 2 * n[dim] - 1 : 1, "");
-                }
-                fprintf(out, "\n");
+                char l[3][64];
+                for (int dim = 0; dim < 3; dim++)
+                    format_list(l[dim], sizeof l[dim], a + 3 + 64 * dim, n[dim] < 64 ? n[dim] : 64);
+                fprintf(out, "  %-5d %-11s %-18s %-18s %-18s\n", r, co, l[0], l[1], l[2]);
             }
         }
     }
