@@ -320,3 +320,218 @@ void tpm_weight_split(const TpModel *m, size_t *sharded, size_t *replicated) {
     *sharded = *replicated = 0;
     for (int i = 0; i < m->nplist; i++) *(m->sharded[i] ? sharded : replicated) += m->plist[i].size;
 }
+
+// ---- one pipeline stage of a TP model (tp_model.h) ---------------------------------------------
+
+void tpm_stage_build(TpStage *st, GPT2Config cfg, int tp, int r, int l0, int l1, int B, int T,
+                     uint64_t seed) {
+    memset(st, 0, sizeof *st);
+    tp_check_config(&cfg, tp);
+    LAB_CHECK(0 <= l0 && l0 < l1 && l1 <= cfg.L, "tp stage: blocks [%d, %d) of %d", l0, l1, cfg.L);
+    st->cfg = cfg, st->tp = tp, st->r = r, st->l0 = l0, st->l1 = l1, st->B = B, st->T = T;
+    st->has_embed = l0 == 0, st->has_head = l1 == cfg.L;
+    st->tv = tp_vocab(cfg.V, tp, r);
+    const size_t C = (size_t)cfg.C, nb = (size_t)(l1 - l0), Vl = (size_t)st->tv.Vl;
+
+    // 1. The layout (tp_model.h); add() fills the TpModel-shaped list, so borrow one.
+    TpModel *lay = lab_xcalloc(1, sizeof(TpModel));
+    size_t at = 0, off_wte = 0, off_wpe = 0, off_lnf = 0, off_block[64], sizes[TP_BLOCK_TENSORS];
+    LAB_CHECK(nb <= 64, "tp stage: at most 64 blocks");
+    tp_block_sizes(cfg.C, tp, sizes);
+    if (st->has_embed || st->has_head)
+        off_wte = add(lay, &at, st->has_embed ? "wte (local rows)" : "wte (local rows, tied copy)",
+                      GPT2_WTE, -1, Vl * C, 1, 1);
+    if (st->has_embed) off_wpe = add(lay, &at, "wpe", GPT2_WPE, -1, (size_t)cfg.T * C, 1, 0);
+    for (size_t j = 0; j < nb; j++) {
+        off_block[j] = at;
+        for (int i = 0; i < TP_BLOCK_TENSORS; i++) {
+            char name[32];
+            snprintf(name, sizeof name, "h.%zu.%s", (size_t)l0 + j, block_names[i]);
+            add(lay, &at, name, -1, l0 + (int)j, sizes[i], block_decay[i], block_sharded[i]);
+        }
+    }
+    if (st->has_head) {
+        off_lnf = add(lay, &at, "lnfw", GPT2_LNFW, -1, C, 0, 0);
+        add(lay, &at, "lnfb", GPT2_LNFB, -1, C, 0, 0);
+    }
+    st->n = at, st->nplist = lay->nplist;
+    memcpy(st->plist, lay->plist, sizeof st->plist);
+    memcpy(st->sharded, lay->sharded, sizeof st->sharded);
+    if (st->has_head && !st->has_embed) st->tied_copy[0] = 1;
+    free(lay);
+
+    // 2. Weights, gradients, Adam state.
+    st->params = mem_alloc(st->n * sizeof(float), MEM_PARAMS, DEV_CPU);
+    st->grads = mem_alloc(st->n * sizeof(float), MEM_GRADS, DEV_CPU);
+    st->opt_m = mem_alloc(st->n * sizeof(float), MEM_OPT_M, DEV_CPU);
+    st->opt_v = mem_alloc(st->n * sizeof(float), MEM_OPT_V, DEV_CPU);
+    memset(st->params, 0, st->n * sizeof(float));
+    memset(st->grads, 0, st->n * sizeof(float));
+    memset(st->opt_m, 0, st->n * sizeof(float));
+    memset(st->opt_v, 0, st->n * sizeof(float));
+    if (st->has_embed || st->has_head) st->wte = st->params + off_wte, st->dwte = st->grads + off_wte;
+    if (st->has_embed) st->wpe = st->params + off_wpe, st->dwpe = st->grads + off_wpe;
+    if (st->has_head) {
+        st->lnfw = st->params + off_lnf, st->dlnfw = st->grads + off_lnf;
+        st->lnfb = st->lnfw + C, st->dlnfb = st->dlnfw + C;
+    }
+    st->w = lab_xcalloc(nb, sizeof(TpBlock));
+    st->dw = lab_xcalloc(nb, sizeof(TpBlock));
+    for (size_t j = 0; j < nb; j++) {
+        tp_block_views(&st->w[j], st->params + off_block[j], cfg.C, tp);
+        tp_block_views(&st->dw[j], st->grads + off_block[j], cfg.C, tp);
+    }
+
+    // 3. The slices of gpt2_init_params(seed)'s model (the tied copy: the same rows as wte).
+    if (st->wte) tp_wte_init(st->wte, &cfg, seed, &st->tv);
+    if (st->has_embed) {
+        size_t wpe0 = full_offset(&cfg, GPT2_WPE);
+        gpt2_init_slice(&cfg, seed, wpe0, wpe0 + (size_t)cfg.T * C, st->wpe);
+    }
+    if (st->has_head) {
+        size_t lnf0 = full_offset(&cfg, GPT2_LNFW), lnb0 = full_offset(&cfg, GPT2_LNFB);
+        gpt2_init_slice(&cfg, seed, lnf0, lnf0 + C, st->lnfw);
+        gpt2_init_slice(&cfg, seed, lnb0, lnb0 + C, st->lnfb);
+    }
+    for (size_t j = 0; j < nb; j++) tp_block_init(&st->w[j], &cfg, seed, l0 + (int)j, tp, r);
+    tp_scratch_alloc(&st->s, B, T, cfg.C, cfg.NH, tp, DEV_CPU);
+}
+
+void tpm_stage_free(TpStage *st) {
+    tp_scratch_free(&st->s);
+    mem_free(st->params), mem_free(st->grads), mem_free(st->opt_m), mem_free(st->opt_v);
+    free(st->w), free(st->dw);
+    memset(st, 0, sizeof *st);
+}
+
+void tpm_stage_acts_alloc(TpStageActs *x, const TpStage *st) {
+    const int nb = st->l1 - st->l0, N = st->B * st->T, C = st->cfg.C;
+    memset(x, 0, sizeof *x);
+    x->a = lab_xcalloc((size_t)nb, sizeof(TpBlockActs));
+    for (int j = 0; j < nb; j++)
+        tp_block_acts_alloc(&x->a[j], st->B, st->T, C, st->cfg.NH, st->tp, DEV_CPU);
+    if (st->has_head) tp_head_acts_alloc(&x->h, N, C, &st->tv, DEV_CPU);
+    x->in = mem_alloc((size_t)N * C * sizeof(float), MEM_ACTS, DEV_CPU);
+    x->dx = mem_alloc((size_t)N * C * sizeof(float), MEM_ACTS, DEV_CPU);
+}
+
+void tpm_stage_acts_free(TpStageActs *x, const TpStage *st) {
+    for (int j = 0; j < st->l1 - st->l0; j++) tp_block_acts_free(&x->a[j]);
+    if (st->has_head) tp_head_acts_free(&x->h);
+    mem_free(x->in), mem_free(x->dx);
+    free(x->a);
+    memset(x, 0, sizeof *x);
+}
+
+size_t tpm_stage_act_bytes(const TpStage *st) {
+    const size_t N = (size_t)st->B * st->T, C = (size_t)st->cfg.C, t = (size_t)st->tp;
+    const size_t att = (size_t)st->B * (size_t)(st->cfg.NH / st->tp) * st->T * st->T;
+    // a block: ln1, attproj, residual2, ln2, fcproj, out (N,C); 4 LayerNorm statistics (N);
+    // qkv + atty (N,4C/t); preatt, att; fch, fch_gelu (N,4C/t) each
+    size_t floats = (size_t)(st->l1 - st->l0) * (6 * N * C + 4 * N + 12 * N * (C / t) + 2 * att);
+    // the head: lnf, dlnf (N,C); mean, rstd, losses and the loss's 3 statistics (N); logits and
+    // dlogits (N, Vl)
+    if (st->has_head) floats += 2 * N * C + 6 * N + 2 * N * (size_t)st->tv.Vl;
+    return 4 * (floats + 2 * N * C);  // + in, dx
+}
+
+float tpm_stage_forward(TpStage *st, TpComm *c, TpStageActs *x, const int *inputs,
+                        const int *targets) {
+    const Kernels *k = kernels_get(DEV_CPU);
+    const int N = st->B * st->T;
+    if (st->has_embed)  // the vocab-parallel lookup: one all-reduce of (N, C)
+        tp_embed_forward(k, c, &st->tv, x->in, inputs, st->wte, st->wpe, st->B, st->T, st->cfg.C);
+    const float *h = x->in;
+    for (int j = 0; j < st->l1 - st->l0; j++) {
+        tp_block_forward(k, c, &st->w[j], &x->a[j], h);  // the two g all-reduces
+        h = x->a[j].out;
+    }
+    if (!st->has_head) return 0.0f;
+    tp_head_forward(k, c, &st->tv, &x->h, h, st->lnfw, st->lnfb, st->wte, targets);
+    double sum = 0.0;
+    for (int i = 0; i < N; i++) sum += x->h.losses[i];
+    return (float)(sum / N);
+}
+
+const float *tpm_stage_output(const TpStage *st, const TpStageActs *x) {
+    return st->l1 > st->l0 ? x->a[st->l1 - st->l0 - 1].out : x->in;
+}
+
+void tpm_stage_backward(TpStage *st, TpComm *c, TpStageActs *x, const int *inputs,
+                        const int *targets, float dloss) {
+    const Kernels *k = kernels_get(DEV_CPU);
+    const int nb = st->l1 - st->l0;
+    if (st->has_head)  // from the loss; f at the head's input: one all-reduce of (N, C)
+        tp_head_backward(k, c, &st->tv, &x->h, tpm_stage_output(st, x), st->lnfw, st->wte,
+                         st->dlnfw, st->dlnfb, st->dwte, targets, dloss, x->dx);
+    for (int j = nb - 1; j >= 0; j--)  // the two f all-reduces per block
+        tp_block_backward(k, c, &st->w[j], &st->dw[j], &x->a[j], &st->s,
+                          j ? x->a[j - 1].out : x->in, x->dx, x->dx);
+    if (st->has_embed)
+        tp_embed_backward(k, &st->tv, st->dwte, st->dwpe, x->dx, inputs, st->B, st->T, st->cfg.C);
+}
+
+void tpm_stage_norm_parts_range(const TpStage *st, size_t lo, size_t hi, const float *g, double sq[2]) {
+    const Kernels *k = kernels_get(DEV_CPU);
+    sq[0] = sq[1] = 0.0;
+    for (int i = 0; i < st->nplist; i++) {
+        const size_t b = st->plist[i].offset, e = b + st->plist[i].size;
+        const size_t from = b > lo ? b : lo, to = e < hi ? e : hi;  // the tensor's part in range
+        if (st->tied_copy[i] || from >= to) continue;
+        sq[st->sharded[i] ? 0 : 1] += k->sum_squares(g + (from - lo), to - from);
+    }
+}
+
+void tpm_stage_norm_parts(const TpStage *st, double sq[2]) {
+    tpm_stage_norm_parts_range(st, 0, st->n, st->grads, sq);
+}
+
+// The views of buf's tensors (a buffer in the stage's layout) at the offsets of st's own.
+static float *stage_at(const TpStage *st, const float *buf, const float *view) {
+    return view ? (float *)buf + (view - st->params) : NULL;
+}
+
+void tpm_stage_unshard_buf(const TpStage *st, const float *buf, float *full_mem, int with_replicated) {
+    const GPT2Config *cfg = &st->cfg;
+    const size_t C = (size_t)cfg->C;
+    for (int j = 0; j < st->l1 - st->l0; j++) {
+        TpBlock fb, sb;
+        tp_block_of_model(&fb, cfg, full_mem, st->l0 + j);
+        tp_block_views(&sb, stage_at(st, buf, st->w[j].ln1w), cfg->C, st->tp);
+        tp_block_unshard(&fb, &sb, cfg->C, st->tp, st->r, with_replicated);
+    }
+    if (st->has_embed) {
+        tp_wte_unshard(full_mem + full_offset(cfg, GPT2_WTE), stage_at(st, buf, st->wte), &st->tv, cfg->C);
+        if (with_replicated)
+            memcpy(full_mem + full_offset(cfg, GPT2_WPE), stage_at(st, buf, st->wpe),
+                   (size_t)cfg->T * C * sizeof(float));
+    }
+    if (st->has_head && with_replicated) {
+        memcpy(full_mem + full_offset(cfg, GPT2_LNFW), stage_at(st, buf, st->lnfw), C * sizeof(float));
+        memcpy(full_mem + full_offset(cfg, GPT2_LNFB), stage_at(st, buf, st->lnfb), C * sizeof(float));
+    }
+}
+
+void tpm_stage_unshard(const TpStage *st, float *full_mem, int with_replicated) {
+    tpm_stage_unshard_buf(st, st->params, full_mem, with_replicated);
+}
+
+void tpm_stage_shard_buf(const TpStage *st, const float *full_mem, float *buf) {
+    const GPT2Config *cfg = &st->cfg;
+    const size_t C = (size_t)cfg->C;
+    for (int j = 0; j < st->l1 - st->l0; j++) {
+        TpBlock fb, sb;
+        tp_block_of_model(&fb, cfg, (float *)full_mem, st->l0 + j);
+        tp_block_views(&sb, stage_at(st, buf, st->w[j].ln1w), cfg->C, st->tp);
+        tp_block_shard(&sb, &fb, cfg->C, st->tp, st->r);
+    }
+    if (st->wte)  // the first stage's rows, or the last stage's copy of the same rows
+        tp_wte_shard(stage_at(st, buf, st->wte), full_mem + full_offset(cfg, GPT2_WTE), &st->tv, cfg->C);
+    if (st->has_embed)
+        memcpy(stage_at(st, buf, st->wpe), full_mem + full_offset(cfg, GPT2_WPE),
+               (size_t)cfg->T * C * sizeof(float));
+    if (st->has_head) {
+        memcpy(stage_at(st, buf, st->lnfw), full_mem + full_offset(cfg, GPT2_LNFW), C * sizeof(float));
+        memcpy(stage_at(st, buf, st->lnfb), full_mem + full_offset(cfg, GPT2_LNFB), C * sizeof(float));
+    }
+}

@@ -488,3 +488,18 @@ int harness_mpi_program_passes(const char *prog, const char *what, int max_np, i
     }
     return 1;
 }
+
+int harness_diffs(const char *tag, const char *what, const RunResults *a, const RunResults *b,
+                  float *dl, float *dp) {
+    *dl = *dp = INFINITY;
+    if (a->nsteps != b->nsteps || a->nparams != b->nparams) {
+        fprintf(stderr, "%s: %s: %d steps and %zu weights vs %d and %zu\n", tag, what, a->nsteps,
+                a->nparams, b->nsteps, b->nparams);
+        return 0;
+    }
+    *dl = harness_max_rel_diff(a->losses, b->losses, (size_t)a->nsteps);
+    *dp = harness_max_abs_diff(a->params, b->params, a->nparams);
+    fprintf(stderr, "%s: %-62s losses within %.2g (rel), weights within %.2g (abs)\n", tag, what,
+            (double)*dl, (double)*dp);
+    return 1;
+}

@@ -37,6 +37,22 @@ float harness_max_abs_diff(const float *a, const float *b, size_t n);
 int harness_results_match(const char *what, const RunResults *a, const RunResults *b, float loss_rtol,
                           float param_atol);
 
+// Runs harness_run_dump (timeout 120 s) and fails the Criterion test, with the run's output,
+// unless it succeeded.
+#define harness_assert_run_dump(prog, np, flags, out)                                             \
+    do {                                                                                          \
+        char *log_ = NULL;                                                                        \
+        int rc_ = harness_run_dump((prog), (np), (flags), (out), &log_, 120);                     \
+        cr_assert_eq(rc_, 0, "%s -np %d %s failed:\n%s", (prog), (np), (flags), log_);           \
+        free(log_);                                                                               \
+    } while (0)
+
+// The worst loss (relative) and weight (absolute) difference of a from b, into *dl and *dp, and
+// printed for the record on stderr ("<tag>: <what> losses within ..., weights within ...").
+// Returns 0 (and prints why) when a and b do not have the same numbers of steps and weights.
+int harness_diffs(const char *tag, const char *what, const RunResults *a, const RunResults *b,
+                  float *dl, float *dp);
+
 // Criterion assertion on top of harness_results_match.
 #define harness_assert_results_match(what, a, b, loss_rtol, param_atol)                          \
     cr_assert(harness_results_match((what), (a), (b), (loss_rtol), (param_atol)),                \

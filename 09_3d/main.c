@@ -1,0 +1,579 @@
+// 09_3d: DP x TP x PP together (Megatron-LM's 3D parallelism; Narayanan et al. 2021).
+//
+//   make 09_3d && mpirun -np 8 ./09_3d/run --tp 2 --pp 2          (dp = 8 / (2·2) = 2)
+//
+// The world is a grid (grid3d.h): TP fastest, then DP, then PP. Rank (t, d, p) holds the TP
+// slice t (chapter 07's heads, hidden units, vocabulary rows) of pipeline stage p (chapter 08's
+// consecutive blocks; with --chunks v, v chunks of them) and trains replica d's rows of the
+// batch (chapter 03's DP). One step:
+//   - the pipeline table of 08 (common/schedule.h) for stage p runs over the PP group: F of a
+//     micro-batch receives the stage's input from p-1 (or embeds the tokens), runs its TP
+//     blocks (each with its g all-reduces in the TP group) and sends the output to p+1; B
+//     receives the gradient of the output (or starts from the vocab-parallel loss), runs the
+//     blocks' backward (the f all-reduces) and sends the gradient of its input to p-1;
+//   - every micro-batch's loss counts 1/m, each replica's 1/dp: the gradient of the mean;
+//   - DP: the gradients of every stage are averaged over its DP group (ranks with the same t, p);
+//   - the tied wte: the first stage's slice and the last stage's copy sum their gradients over
+//     the PP group, so both copies stay equal;
+//   - clipping: the global norm over all three dimensions (grid_clip_norm_sq): the slices summed
+//     over TP, the replicated tensors counted once, the stages summed over PP, nothing over DP;
+//   - AdamW on every rank's flat buffer.
+// With dp = tp = pp = 1 and one micro-batch this is chapter 00's single-device step.
+#include <math.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "check.h"
+#include "ckpt.h"
+#include "data.h"
+#include "dist.h"
+#include "flags.h"
+#include "gpt2.h"
+#include "grid3d.h"
+#include "mem.h"
+#include "optim.h"
+#include "results.h"
+#include "schedule.h"
+#include "shard.h"
+#include "tp.h"
+#include "tp_model.h"
+#include "trace.h"
+
+static const char *USAGE =
+    "09_3d: DP x TP x PP. The ranks form a grid, TP fastest (inside a node), then DP, then PP;\n"
+    "each rank holds one TP slice of one pipeline stage of one data-parallel replica.\n"
+    "\n"
+    "  mpirun -np 8 ./09_3d/run --tp 2 --pp 2            2 x 2 x 2: every dimension at once\n"
+    "                                                     (dp inferred: 8 / (2·2))\n"
+    "  mpirun -np 8 ./09_3d/run --tp 1 --pp 4            DP 2 x PP 4: 1F1B across 4 stages\n"
+    "  mpirun -np 8 ./09_3d/run --tp 4 --pp 2 --schedule interleaved --chunks 2 --micro-batches 2\n"
+    "                                                     TP 4 inside each of 2 stages, 2 chunks\n"
+    "  mpirun -np 8 ./09_3d/run --tp 2 --pp 2 --zero 1    ZeRO-1 over DP: Adam's m, v sharded\n"
+    "                                                     over the 2 replicas (chapter 05)\n"
+    "  mpirun -np 8 ./09_3d/run --tp 8 --pp 1 --heads 8   TP alone (chapter 07)\n"
+    "  mpirun -np 1 ./09_3d/run                           one rank: chapter 00's training\n"
+    "  mpirun -np 8 ./09_3d/run --tp 2 --pp 2 --stop-at 10 --save s.bin, then\n"
+    "  mpirun -np 4 ./09_3d/run --tp 4 --resume s.bin     a checkpoint of any layout resumes\n"
+    "                                                     under any other (the lab's state format)\n"
+    "\n"
+    "It prints the grid (which rank is which coordinate and in which groups), the schedule, and\n"
+    "after training each dimension's bytes per step against its formula and the memory per rank.\n"
+    "Needs: dp x tp x pp = ranks, tp dividing --heads, pp x chunks dividing --layers, --batch\n"
+    "divisible by dp x micro-batches.\n";
+
+typedef struct Flags3d {
+    int tp, pp, dp;        // dp 0: world / (tp·pp)
+    const char *schedule;
+    int m, v;              // micro-batches per step (per replica), chunks per rank
+    const char *mutate;    // break one mechanism (the tests' negative checks)
+    int zero;              // 1: ZeRO-1 over DP (optimizer state sharded over the replicas)
+} Flags3d;
+
+// --zero 1: the piece of a chunk's flat buffer this replica updates.
+typedef struct ZPiece {
+    size_t lo, count;
+    float *grad;           // (count) the piece's averaged gradient
+} ZPiece;
+
+// One chunk of layers on this rank: its TP stage and the micro-batches in flight on it.
+typedef struct Chunk {
+    TpStage st;
+    int vs;                // virtual stage chunk·pp + p
+    TpStageActs **acts;    // (m) NULL when micro-batch i is not in flight on this chunk
+} Chunk;
+
+// ---------------------------------------------------------------------------------------------
+// the executor: 08's, over TP stages (the table of ops for this rank's stage p, sends along PP)
+
+typedef struct Exec {
+    const Schedule *s;
+    Chunk *ch;
+    DistGroup *ppg;
+    TpComm *comm;
+    int p, pp, S, m, Bm, T, row0, B;
+    size_t BTC;
+    float **sendbuf;       // [(dir·v + chunk)·m + mb] (MEM_COMM)
+    DistWork *works;
+    int nworks;
+    int live, live_peak;   // micro-batch activation sets alive, and the most at once
+    size_t acts_base, acts_peak;
+} Exec;
+
+static int tag_of(const Exec *x, int dir, int vs, int mb) { return (dir * x->S + vs) * x->m + mb; }
+static int stage_of(const Exec *x, int vs) { return vs % x->pp; }
+static float *sendbuf_of(Exec *x, int dir, int chunk, int mb) {
+    return x->sendbuf[((size_t)dir * x->s->v + chunk) * x->m + mb];
+}
+
+// Receives micro-batch mb's (Bm, T, C) message for virtual stage vs: dir 0 the activation from
+// vs-1, dir 1 the gradient from vs+1 (a chunk on this same rank: a copy).
+static void recv_msg(Exec *x, int dir, int vs, int mb, float *dst) {
+    int from = dir == 0 ? vs - 1 : vs + 1;
+    if (stage_of(x, from) == x->p) {
+        mem_copy(dst, sendbuf_of(x, dir, from / x->pp, mb), x->BTC * sizeof(float));
+        return;
+    }
+    int tok = trace_begin(dir == 0 ? "recv activation" : "recv gradient", TRACE_COMM);
+    dist_recv(dst, x->BTC, DIST_F32, stage_of(x, from), tag_of(x, dir, vs, mb), x->ppg);
+    trace_end(tok);
+}
+
+static void send_msg(Exec *x, int dir, int vs, int mb) {
+    int to = dir == 0 ? vs + 1 : vs - 1;
+    if (stage_of(x, to) == x->p) return;  // the receiver copies it from sendbuf
+    x->works[x->nworks++] = dist_isend(sendbuf_of(x, dir, vs / x->pp, mb), x->BTC, DIST_F32,
+                                       stage_of(x, to), tag_of(x, dir, to, mb), x->ppg);
+}
+
+// Runs this rank's ops of the table for one step; returns the sum of the micro-batch losses
+// (on the last stage; else 0).
+static double run_table(Exec *x, const DataSource *data, int step, int *inputs, int *targets) {
+    const Schedule *s = x->s;
+    const float dloss = 1.0f / ((float)x->Bm * (float)x->T * (float)x->m);
+    double loss_sum = 0;
+    x->nworks = 0;
+    for (int j = 0; j < s->nops[x->p]; j++) {
+        PipeOp o = s->ops[x->p][j];
+        Chunk *c = &x->ch[o.chunk];
+        TpStage *st = &c->st;
+        char name[32];
+        snprintf(name, sizeof name, "%c%d chunk %d", "FBW"[o.kind], o.mb, o.chunk);
+        // micro-batch mb: rows [row0 + mb·Bm, +Bm) of the step's global batch (this replica's)
+        data_batch(data, (uint64_t)step, x->B, x->T, x->row0 + o.mb * x->Bm, x->Bm, inputs, targets);
+        if (o.kind == PIPE_F) {
+            TpStageActs *a = lab_xcalloc(1, sizeof(TpStageActs));
+            tpm_stage_acts_alloc(a, st);
+            c->acts[o.mb] = a;
+            x->live++;
+            if (x->live > x->live_peak) x->live_peak = x->live;
+            size_t now = mem_current(MEM_ACTS) - x->acts_base;
+            if (now > x->acts_peak) x->acts_peak = now;
+            if (c->vs > 0) recv_msg(x, 0, c->vs, o.mb, a->in);
+            int tok = trace_begin(name, TRACE_COMPUTE);
+            float loss = tpm_stage_forward(st, x->comm, a, inputs, targets);
+            trace_end(tok);
+            if (st->has_head) loss_sum += loss;
+            if (c->vs < x->S - 1) {
+                mem_copy(sendbuf_of(x, 0, o.chunk, o.mb), tpm_stage_output(st, a), x->BTC * sizeof(float));
+                send_msg(x, 0, c->vs, o.mb);
+            }
+        } else {
+            LAB_CHECK(o.kind == PIPE_B, "09_3d runs schedules without a split backward (got W)");
+            TpStageActs *a = c->acts[o.mb];
+            LAB_CHECK(a, "B(%d) of chunk %d before its F", o.mb, o.chunk);
+            if (c->vs < x->S - 1) recv_msg(x, 1, c->vs, o.mb, a->dx);
+            int tok = trace_begin(name, TRACE_COMPUTE);
+            tpm_stage_backward(st, x->comm, a, inputs, targets, dloss);
+            trace_end(tok);
+            if (c->vs > 0) {
+                mem_copy(sendbuf_of(x, 1, o.chunk, o.mb), a->dx, x->BTC * sizeof(float));
+                send_msg(x, 1, c->vs, o.mb);
+            }
+            tpm_stage_acts_free(a, st);
+            free(a);
+            c->acts[o.mb] = NULL;
+            x->live--;
+        }
+    }
+    dist_wait_all(x->works, x->nworks);
+    return loss_sum;
+}
+
+// The tied wte: the first chunk's slice (embedding lookups) and the last chunk's copy (output
+// layer) sum their gradients, over the PP group (the same TP slice t on both ends).
+static void sync_tied_wte(Chunk *ch, int v, int p, int pp, DistGroup *ppg) {
+    TpStage *first = p == 0 ? &ch[0].st : NULL, *last = p == pp - 1 ? &ch[v - 1].st : NULL;
+    if (first && first == last) return;  // one stage holds both uses: one buffer
+    if (!first && !last) return;
+    const TpStage *any = first ? first : last;
+    const size_t n = (size_t)any->tv.Vl * any->cfg.C;
+    float *other = lab_xmalloc(n * sizeof(float));
+    if (first && last) {  // both on this rank (pp = 1, v > 1)
+        for (size_t i = 0; i < n; i++) first->dwte[i] = first->dwte[i] + last->dwte[i];
+        memcpy(last->dwte, first->dwte, n * sizeof(float));
+    } else {
+        TpStage *mine = first ? first : last;
+        int tok = trace_begin("sum tied wte gradient", TRACE_COMM);
+        dist_sendrecv(mine->dwte, n, first ? pp - 1 : 0, other, n, first ? pp - 1 : 0, DIST_F32,
+                      30000, ppg);
+        trace_end(tok);
+        for (size_t i = 0; i < n; i++) mine->dwte[i] = mine->dwte[i] + other[i];  // a+b == b+a
+    }
+    free(other);
+}
+
+// The bytes this rank should send per step in each of its groups (dist's counting model: an
+// all-reduce of S bytes on n ranks sends 2(n-1)S/n, a send S, a broadcast's root S), from what
+// the step does: TP 4 all-reduces of (Bm·T, C) per block per micro-batch, 1 for the embedding,
+// 1 + 3 of (Bm·T) for the head and loss, 1 double for the norm; DP the gradients of every chunk
+// and the loss; PP one activation forward and one gradient back per micro-batch and boundary,
+// the tied wte's gradient on both ends, the norm, the loss from the last stage. --zero 1: DP
+// reduce-scatters and all-gathers each chunk instead (dist's uneven ring model), and sums the
+// pieces' norm parts.
+static void bytes_formula(const Exec *x, const Grid *g, int zero, double out[3]) {
+#define AR(bytes, n) ((double)(2ull * (uint64_t)((n) - 1) * (uint64_t)(bytes) / (uint64_t)(n)))
+    const uint64_t NC = x->BTC, N = NC / x->ch[0].st.cfg.C;
+    out[0] = out[1] = out[2] = 0;
+    for (int c = 0; c < x->s->v; c++) {
+        const TpStage *st = &x->ch[c].st;
+        const double nc = 4.0 * (st->l1 - st->l0) + st->has_embed + st->has_head;
+        out[0] += x->m * (nc * AR(4 * NC, g->tp) + (st->has_head ? 3 * AR(4 * N, g->tp) : 0));
+        if (!zero) out[1] += AR(4 * st->n, g->dp);
+        else  // ring reduce-scatter: all but my piece out; all-gather: all but the next one's
+            out[1] += 4.0 * (double)(2 * st->n - shard_count(st->n, g->dp, g->c.d) -
+                                     shard_count(st->n, g->dp, (g->c.d + 1) % g->dp));
+        if (g->pp > 1) out[2] += (double)x->m * 4 * NC * (!st->has_head + !st->has_embed);
+    }
+    out[0] += AR(8, g->tp);
+    out[1] += AR(4, g->dp) + (zero ? AR(16, g->dp) : 0);  // the loss; ZeRO: the norm's 2 doubles
+    if (g->pp > 1) {
+        out[2] += AR(8, g->pp) + (g->c.p == g->pp - 1 ? 4 : 0);
+        if (g->c.p == 0 || g->c.p == g->pp - 1) out[2] += 4.0 * x->ch[0].st.tv.Vl * x->ch[0].st.cfg.C;
+    }
+#undef AR
+}
+
+// ---------------------------------------------------------------------------------------------
+// layouts are views of one model: the state gathered whole, and a whole state sliced
+
+// The whole model's weights (which 0), Adam m (1) or v (2), memory order, summed onto world rank
+// 0's `full` (NULL elsewhere): replica 0's ranks write their slices (the replicated tensors from
+// TP rank 0) into zeroed buffers (x + 0 == x: exact). --zero 1: m and v are first all-gathered
+// over DP into the stage's layout. Collective over the world.
+static void gather_full(Chunk *ch, int v, const Grid *g, int zero, int which, float *full) {
+    const size_t n = gpt2_param_count(&ch[0].st.cfg);
+    float *mine = lab_xcalloc(n, sizeof(float));
+    for (int c = 0; c < v; c++) {
+        TpStage *st = &ch[c].st;
+        const float *buf = which == 0 ? st->params : which == 1 ? st->opt_m : st->opt_v;
+        float *whole = NULL;
+        if (which > 0 && zero) {
+            whole = lab_xmalloc(st->n * sizeof(float));
+            dist_all_gather_n(buf, whole, st->n, DIST_F32, g->dpg);
+            buf = whole;
+        }
+        if (g->c.d == 0) tpm_stage_unshard_buf(st, buf, mine, g->c.t == 0);
+        free(whole);
+    }
+    dist_reduce(mine, full, n, DIST_F32, DIST_SUM, 0, dist_world());
+    free(mine);
+}
+
+// --save: the training state in the lab's format (common/ckpt.h: what 00, 03 and 05 write), the
+// same file whatever the layout. Collective.
+static void save_state(const LabArgs *a, Chunk *ch, int v, const Grid *g, int zero, int step) {
+    const GPT2Config cfg = ch[0].st.cfg;
+    const size_t n = gpt2_param_count(&cfg);
+    float *full[3] = {NULL, NULL, NULL};
+    for (int i = 0; i < 3; i++) {
+        if (g->rank == 0) full[i] = lab_xcalloc(n, sizeof(float));
+        gather_full(ch, v, g, zero, i, full[i]);
+    }
+    if (g->rank == 0)
+        ckpt_save_training(a->save, &cfg, step, (uint64_t)a->seed, (uint64_t)a->data_seed, full[0],
+                           full[1], full[2], n);
+    for (int i = 0; i < 3; i++) free(full[i]);
+}
+
+// --resume (the state of any layout, or of chapter 00) / --load-weights: every rank reads the
+// whole file and keeps its slices (--zero 1: of m and v, its piece). Returns the step to start at.
+static int load_state(const LabArgs *a, Chunk *ch, int v, const ZPiece *zp, int zero) {
+    const GPT2Config cfg = ch[0].st.cfg;
+    const size_t n = gpt2_param_count(&cfg);
+    float *fp = lab_xcalloc(n, sizeof(float)), *fm = lab_xcalloc(n, sizeof(float)),
+          *fv = lab_xcalloc(n, sizeof(float));
+    int start = 0;
+    if (a->resume) start = ckpt_resume_training(a->resume, &cfg, fp, fm, fv, n);
+    else ckpt_load_weights_into(a->load_weights, &cfg, fp, n);
+    for (int c = 0; c < v; c++) {
+        TpStage *st = &ch[c].st;
+        tpm_stage_shard_buf(st, fp, st->params);
+        if (!a->resume) continue;
+        float *whole = lab_xmalloc(st->n * sizeof(float));
+        tpm_stage_shard_buf(st, fm, whole);
+        memcpy(st->opt_m, whole + zp[c].lo, (zero ? zp[c].count : st->n) * sizeof(float));
+        tpm_stage_shard_buf(st, fv, whole);
+        memcpy(st->opt_v, whole + zp[c].lo, (zero ? zp[c].count : st->n) * sizeof(float));
+        free(whole);
+    }
+    free(fp), free(fm), free(fv);
+    return start;
+}
+
+// ---------------------------------------------------------------------------------------------
+// training
+
+static void train(const LabArgs *args, const Flags3d *f) {
+    const int world = dist_size(), rank = dist_rank();
+    const GPT2Config cfg = lab_args_config(args);
+    const int L = cfg.L, T = cfg.T, B = args->batch, v = f->v, m = f->m;
+    const int tp = f->tp, pp = f->pp;
+    int dp = f->dp;
+    // 1. The grid: one clear refusal of an impossible layout, on every rank.
+    grid_check(world, &dp, tp, pp, v, cfg.NH, L);
+    if (strcmp(f->schedule, "interleaved") != 0 && v != 1)
+        lab_fail_collective("--chunks %d needs --schedule interleaved (the other schedules run one "
+                            "chunk per rank)", v);
+    if (B % (dp * m) != 0)
+        lab_fail_collective("--batch %d does not split into %d replicas x %d micro-batches; use a "
+                            "multiple of %d", B, dp, m, dp * m);
+    Schedule s;
+    sched_make(&s, f->schedule, pp, v, m);
+    char err[256];
+    if (sched_check(&s, err, sizeof err) != 0) lab_fail_collective("schedule %s: %s", s.name, err);
+    LAB_CHECK(!s.split, "09_3d: the zb schedule (split backward) is not wired to TP stages");
+
+    Grid grid;
+    grid_init(&grid, tp, dp, pp, strcmp(f->mutate, "groups-tp-slowest") == 0);
+    const int p = grid.c.p, S = pp * v, per = L / S;
+    int row0, Bl;  // this replica's rows of the global batch
+    data_slice(B, grid.c.d, dp, &row0, &Bl);
+    const int Bm = Bl / m;
+
+    // 2. This rank's chunks: TP slice t of virtual stages chunk·pp + p.
+    Chunk *ch = lab_xcalloc((size_t)v, sizeof(Chunk));
+    for (int c = 0; c < v; c++) {
+        ch[c].vs = c * pp + p;
+        tpm_stage_build(&ch[c].st, cfg, tp, grid.c.t, ch[c].vs * per, (ch[c].vs + 1) * per, Bm, T,
+                        (uint64_t)args->seed);
+        ch[c].acts = lab_xcalloc((size_t)m, sizeof(TpStageActs *));
+    }
+    // --zero 1: this replica's piece of every chunk's flat buffer (shard_range over DP); Adam's
+    // m and v shrink to the piece, and the piece's averaged gradient has a buffer of its own.
+    ZPiece *zp = lab_xcalloc((size_t)v, sizeof(ZPiece));
+    for (int c = 0; f->zero && c < v; c++) {
+        TpStage *st = &ch[c].st;
+        shard_range(st->n, dp, grid.c.d, &zp[c].lo, &zp[c].count);
+        zp[c].grad = mem_alloc(zp[c].count * sizeof(float), MEM_GRADS, DEV_CPU);
+        mem_free(st->opt_m), mem_free(st->opt_v);
+        st->opt_m = mem_alloc(zp[c].count * sizeof(float), MEM_OPT_M, DEV_CPU);
+        st->opt_v = mem_alloc(zp[c].count * sizeof(float), MEM_OPT_V, DEV_CPU);
+        memset(st->opt_m, 0, zp[c].count * sizeof(float));
+        memset(st->opt_v, 0, zp[c].count * sizeof(float));
+    }
+    const int start = args->resume || args->load_weights ? load_state(args, ch, v, zp, f->zero) : 0;
+    if (!args->quiet && rank == 0 && args->resume) printf("resumed from %s at step %d\n", args->resume, start);
+    mem_reset_peaks();  // the figures: the full-size m, v that --zero 1 replaced do not count
+    TpComm comm = tp_comm_group(grid.tpg);
+    const AdamW opt = lab_args_adamw(args);
+    DataSource data;
+    lab_args_data(args, &data);
+    int *inputs = mem_alloc((size_t)Bm * T * sizeof(int), MEM_OTHER, DEV_CPU);
+    int *targets = mem_alloc((size_t)Bm * T * sizeof(int), MEM_OTHER, DEV_CPU);
+    Exec x = {.s = &s, .ch = ch, .ppg = grid.ppg, .comm = &comm, .p = p, .pp = pp, .S = S, .m = m,
+              .Bm = Bm, .T = T, .row0 = row0, .B = B, .BTC = (size_t)Bm * T * cfg.C};
+    LAB_CHECK(tag_of(&x, 1, S - 1, m - 1) < 30000, "too many micro-batches x stages for MPI tags");
+    x.sendbuf = lab_xcalloc((size_t)2 * v * m, sizeof(float *));
+    for (int i = 0; i < 2 * v * m; i++) x.sendbuf[i] = mem_alloc(x.BTC * sizeof(float), MEM_COMM, DEV_CPU);
+    x.works = lab_xcalloc((size_t)2 * v * m + 1, sizeof(DistWork));
+    const int skip_dp_stage = strcmp(f->mutate, "dp-skip-stage") == 0 ? pp - 1 : -1;
+    const int norm_double = strcmp(f->mutate, "norm-replicated") == 0;
+    const int tied_unsynced = strcmp(f->mutate, "tied-unsynced") == 0;
+
+    if (!args->quiet) grid_print(stdout, &grid);
+    if (!args->quiet && rank == 0) {
+        printf("\nGPT-2 V=%d T=%d L=%d C=%d NH=%d; %d stage%s x %d chunk%s of %d block%s; TP %d "
+               "(%d heads per rank); batch %d = %d replica%s x %d micro-batch%s x %d\n", cfg.V, T,
+               L, cfg.C, cfg.NH, pp, pp > 1 ? "s" : "", v, v > 1 ? "s" : "", per, per > 1 ? "s" : "",
+               tp, cfg.NH / tp, B, dp, dp > 1 ? "s" : "", m, m > 1 ? "es" : "", Bm);
+        SimResult sim;
+        static const SchedTimes unit = {1.0, 1.0, 1.0, 0.0, 0.0, 0.0};
+        if (sched_simulate(&s, &unit, &sim) == 0) {
+            printf("schedule %s over the stages (simulated, tf = tb):\n", s.name);
+            sched_print(stdout, &s, sim.start, sim.end, unit.tf / v / 2.0, 120);
+        }
+        sim_free(&sim);
+        printf("\n");
+    }
+
+    float *losses = lab_xcalloc((size_t)args->steps, sizeof(float));
+    const int end = lab_args_end_step(args);
+    trace_init(args->trace);
+    dist_counters_reset();
+    dist_group_counters_reset(grid.tpg);
+    dist_group_counters_reset(grid.dpg);
+    dist_group_counters_reset(grid.ppg);
+    double t0 = lab_now(), t_last = t0;
+    for (int step = start; step < end; step++) {
+        for (int c = 0; c < v; c++) memset(ch[c].st.grads, 0, ch[c].st.n * sizeof(float));
+        x.acts_base = mem_current(MEM_ACTS);
+        x.live = 0;
+        // 3. The pipeline table: forwards and backwards of the m micro-batches (TP inside).
+        double loss_sum = run_table(&x, &data, step, inputs, targets);
+        if (step == args->inject_nan_step && rank == world - 1) ch[0].st.grads[0] = NAN;  // fault
+        // 4. The tied wte's two copies: their gradients summed across the pipeline.
+        if (!tied_unsynced) sync_tied_wte(ch, v, p, pp, grid.ppg);
+        // 5. DP: average every stage's gradients over the replicas holding the same slice
+        //    (--zero 1: reduce-scatter, each replica keeps the average of its piece only).
+        int tok = trace_begin(f->zero ? "dp reduce-scatter" : "dp all-reduce", TRACE_COMM);
+        for (int c = 0; c < v; c++) {
+            TpStage *st = &ch[c].st;
+            if (f->zero) dist_reduce_scatter_n(st->grads, zp[c].grad, st->n, DIST_F32, DIST_AVG, grid.dpg);
+            else if (dp > 1 && p != skip_dp_stage)
+                dist_all_reduce(st->grads, st->grads, st->n, DIST_F32, DIST_AVG, grid.dpg);
+        }
+        trace_end(tok);
+        // 6. The global norm over TP x PP (replicated tensors once; --zero 1: over the pieces,
+        //    summed over DP too), then AdamW on what this rank updates.
+        double sq[2] = {0, 0};
+        for (int c = 0; c < v; c++) {
+            double part[2];
+            if (f->zero) tpm_stage_norm_parts_range(&ch[c].st, zp[c].lo, zp[c].lo + zp[c].count,
+                                                    zp[c].grad, part);
+            else tpm_stage_norm_parts(&ch[c].st, part);
+            sq[0] += part[0], sq[1] += part[1];
+        }
+        if (f->zero) dist_all_reduce(sq, sq, 2, DIST_F64, DIST_SUM, grid.dpg);  // disjoint pieces
+        if (norm_double) sq[0] += sq[1], sq[1] = 0;  // the bug: replicated summed over TP too
+        float scale = adamw_clip_scale(&opt, grid_clip_norm_sq(&grid, sq), step);
+        for (int c = 0; c < v; c++) {
+            TpStage *st = &ch[c].st;
+            if (!f->zero) {
+                adamw_step(&opt, kernels_get(DEV_CPU), step, st->params, st->grads, st->opt_m,
+                           st->opt_v, 0, st->n, st->plist, st->nplist, scale);
+                continue;
+            }
+            // ZeRO-1: AdamW on my piece (m, v exist for it only), then every replica's updated
+            // piece all-gathered into the whole stage's weights
+            const ZPiece *z = &zp[c];
+            adamw_step(&opt, kernels_get(DEV_CPU), step, st->params + z->lo, z->grad, st->opt_m,
+                       st->opt_v, z->lo, z->lo + z->count, st->plist, st->nplist, scale);
+            memcpy(z->grad, st->params + z->lo, z->count * sizeof(float));  // (the send buffer)
+            tok = trace_begin("dp all-gather", TRACE_COMM);
+            dist_all_gather_n(z->grad, st->params, st->n, DIST_F32, grid.dpg);
+            trace_end(tok);
+        }
+        // 7. The step's loss: the last stage's mean over micro-batches, over replicas, to rank 0.
+        float loss = (float)(loss_sum / m);
+        dist_all_reduce(&loss, &loss, 1, DIST_F32, DIST_AVG, grid.dpg);
+        dist_broadcast(&loss, 1, DIST_F32, pp - 1, grid.ppg);
+        losses[step] = loss;
+        double now = lab_now();
+        if (!args->quiet && rank == 0 && args->log_every > 0 &&
+            (step % args->log_every == 0 || step == end - 1))
+            printf("step %5d/%d  loss %.4f  lr %.2e  %8.0f tok/s\n", step + 1, args->steps, loss,
+                   adamw_lr(&opt, step), (double)B * T / (now - t_last));
+        t_last = now;
+        if (args->save && args->save_every > 0 && (step + 1) % args->save_every == 0 && step < end - 1)
+            save_state(args, ch, v, &grid, f->zero, step + 1);
+    }
+    if (args->save) {
+        save_state(args, ch, v, &grid, f->zero, end);
+        if (!args->quiet && rank == 0) printf("saved training state (step %d) to %s\n", end, args->save);
+    }
+    trace_finish();
+
+    // 8. The report: each dimension's bytes per step (this rank's groups), memory per rank.
+    const double nsteps = end > start ? end - start : 1;
+    double formula[3];
+    bytes_formula(&x, &grid, f->zero, formula);
+    double mine[11] = {(double)dist_group_bytes_sent(grid.tpg) / nsteps,
+                      (double)dist_group_bytes_sent(grid.dpg) / nsteps,
+                      (double)dist_group_bytes_sent(grid.ppg) / nsteps,
+                      (double)mem_peak(MEM_PARAMS), (double)x.acts_peak, (double)mem_peak(MEM_OPT_M),
+                      (double)grid.c.t + 100.0 * grid.c.d + 10000.0 * grid.c.p,
+                      (double)(ch[0].st.l0 + 100 * ch[v - 1].st.l1), formula[0], formula[1],
+                      formula[2]};
+    double *all = rank == 0 ? lab_xcalloc((size_t)world * 11, sizeof(double)) : NULL;
+    dist_gather(mine, all, 11, DIST_F64, 0, dist_world());
+    if (!args->quiet && rank == 0) {
+        printf("\n  %-5s %-9s %-8s %21s %21s %21s %11s %11s\n", "rank", "(t,d,p)", "blocks",
+               "TP sent/step (formula)", "DP sent/step (formula)", "PP sent/step (formula)",
+               "weights", "acts peak");
+        for (int r = 0; r < world; r++) {
+            const double *a = all + (size_t)r * 11;
+            char b[8][32], co[24], blk[16], col[3][48];
+            for (int i = 0; i < 3; i++)
+                snprintf(col[i], sizeof col[i], "%s (%s%s)", mem_format(b[i], 32, a[i]),
+                         a[i] == a[8 + i] ? "=" : "", mem_format(b[5 + i], 32, a[8 + i]));
+            int c = (int)a[6];
+            snprintf(co, sizeof co, "(%d,%d,%d)", c % 100, (c / 100) % 100, c / 10000);
+            snprintf(blk, sizeof blk, "[%d,%d)", (int)a[7] % 100, (int)a[7] / 100);
+            printf("  %-5d %-9s %-8s %21s %21s %21s %11s %11s\n", r, co, v > 1 ? "chunks" : blk,
+                   col[0], col[1], col[2], mem_format(b[3], 32, a[3]), mem_format(b[4], 32, a[4]));
+        }
+        printf("  sent/step: bytes this rank sent in its TP, DP and PP group per step (dist's "
+               "counters); '=' when equal to the formula to the byte\n");
+    }
+
+    // 9. --dump: the full model's weights in llm.c's order on world rank 0: replica 0's ranks
+    //    write their slices (the replicated tensors from TP rank 0) into zeroed buffers, summed.
+    if (args->dump || args->save_weights) {
+        const size_t n = gpt2_param_count(&cfg);
+        float *sum = rank == 0 ? lab_xcalloc(n, sizeof(float)) : NULL;
+        gather_full(ch, v, &grid, f->zero, 0, sum);
+        if (rank == 0 && args->save_weights) {
+            float *llmc = lab_xmalloc(n * sizeof(float));
+            gpt2_to_llmc(&cfg, sum, llmc);
+            ckpt_save_weights(args->save_weights, &cfg, llmc);
+            free(llmc);
+        }
+        if (rank == 0 && args->dump) {
+            RunResults out;
+            results_init(&out, end, n);
+            memcpy(out.losses, losses, (size_t)end * sizeof(float));
+            gpt2_to_llmc(&cfg, sum, out.params);
+            results_set(&out, "world_size", world);
+            results_set(&out, "tp", tp), results_set(&out, "dp", dp), results_set(&out, "pp", pp);
+            for (int r = 0; r < world && r < 8; r++) {
+                const double *a = all + (size_t)r * 11;
+                static const char *keys[8] = {"tp_sent", "dp_sent", "pp_sent", "mem_params",
+                                              "acts_peak", "mem_opt_m", "coord", "blocks"};
+                for (int k = 0; k < 8; k++) {
+                    if (k == 7) continue;  // (results hold 64 figures: 7 per rank for 8 ranks)
+                    char key[32];
+                    snprintf(key, sizeof key, "%s_r%d", keys[k], r);
+                    results_set(&out, key, a[k]);
+                }
+            }
+            results_write(args->dump, &out);
+            results_free(&out);
+        }
+        free(sum);
+    }
+    free(all), free(losses);
+    for (int i = 0; i < 2 * v * m; i++) mem_free(x.sendbuf[i]);
+    free(x.sendbuf), free(x.works);
+    mem_free(inputs), mem_free(targets);
+    data_free(&data);
+    for (int c = 0; c < v; c++) tpm_stage_free(&ch[c].st), free(ch[c].acts), mem_free(zp[c].grad);
+    free(zp);
+    free(ch);
+    grid_free(&grid);
+    sched_free(&s);
+}
+
+int main(int argc, char **argv) {
+    dist_init(&argc, &argv);
+    LabArgs args = lab_args_defaults();
+    Flags3d f = {.tp = 1, .pp = 1, .dp = 0, .schedule = "1f1b", .m = 2, .v = 1, .mutate = "none"};
+    FlagSpec extra[] = {
+        {"--tp", FLAG_INT, &f.tp, 1, 1 << 20, NULL,
+         "tensor-parallel degree: ranks per TP group (consecutive ranks); must divide --heads"},
+        {"--pp", FLAG_INT, &f.pp, 1, SCHED_MAX_STAGES, NULL,
+         "pipeline stages; pp x chunks must divide --layers"},
+        {"--dp", FLAG_INT, &f.dp, 0, 1 << 20, NULL,
+         "data-parallel replicas (0: ranks / (tp x pp)); dp x tp x pp must equal the ranks"},
+        {"--schedule", FLAG_CHOICE, &f.schedule, 0, 0, "gpipe|1f1b|interleaved",
+         "the pipeline schedule (08's tables)"},
+        {"--micro-batches", FLAG_INT, &f.m, 1, 10000, NULL,
+         "m: micro-batches per step per replica (dp x m must divide --batch)"},
+        {"--chunks", FLAG_INT, &f.v, 1, 64, NULL, "v: chunks of layers per stage (interleaved)"},
+        {"--zero", FLAG_INT, &f.zero, 0, 1, NULL,
+         "1: ZeRO-1 over DP (reduce-scatter the gradients, AdamW on this replica's piece with m, v "
+         "for it only, all-gather the weights); 0: DDP's all-reduce"},
+        {"--mutate", FLAG_CHOICE, &f.mutate, 0, 0,
+         "none|norm-replicated|dp-skip-stage|groups-tp-slowest|tied-unsynced",
+         "break one mechanism on purpose (what the tests must catch): count the TP-replicated "
+         "tensors on every TP rank in the clip norm, skip the DP average on the last stage, build "
+         "the groups with TP as the slowest coordinate, leave the tied wte's two copies unsynced"},
+    };
+    lab_parse_args_for(LAB_FLAGS_MODEL | LAB_FLAGS_TRAINING | LAB_FLAGS_OUTPUT | LAB_FLAGS_RELIABILITY,
+                       argc, argv, &args,
+                       extra, (int)(sizeof extra / sizeof extra[0]), "09_3d/run", USAGE);
+    train(&args, &f);
+    dist_finalize();
+    return 0;
+}

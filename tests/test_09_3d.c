@@ -1,0 +1,409 @@
+// test_09_3d.c: chapter 09 (DP x TP x PP) against single-device training.
+//
+// The oracle is chapter 00's single-device run (./00_memory_budget/run --train) with the same
+// model flags. Every layout of the issue, (dp, tp, pp) in {(1,1,1), (2,2,2), (2,1,4), (1,4,2),
+// (4,2,1), (8,1,1)}, with 1F1B and with interleaved 1F1B (2 chunks per stage), must give the
+// same per-step losses and, gathered to world rank 0 in llm.c's order, the same final weights.
+// One mpirun per layout also yields its byte counters and memory (checked against formulas
+// written here from the shapes, and against chapter 00's calculator).
+//
+// Tolerances. TP adds partial dot products in another order (chapter 07's bound), micro-batches
+// sum their gradients in pieces, DP averages them in a tree: not bit-exact with 00. Measured
+// over 3 steps of SMALL (printed on stderr): losses within 8.6e-8 relative, weights within
+// 2.1e-6 absolute (3.3e-6 with --grad-clip 0.1). The bounds: 1e-6 relative on losses, 1e-5
+// absolute on weights (3x the worst measured; the negative checks below land 10x above it).
+#include <criterion/criterion.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "calc.h"
+#include "gpt2.h"
+#include "grid3d.h"
+#include "harness.h"
+#include "tp.h"
+
+#define ORACLE "./00_memory_budget/run --train --quiet"
+#define RUN3D "./09_3d/run --quiet"
+#define SMALL "--layers 4 --channels 32 --heads 4 --seq 16 --batch 8 --steps 3"
+static const GPT2Config SMALL_CFG = {.V = 256, .T = 16, .L = 4, .C = 32, .NH = 4};
+#define BATCH 8
+#define LOSS_RTOL 1e-6f
+#define PARAM_ATOL 1e-5f
+
+static void run(const char *prog, int np, const char *flags, RunResults *out) {
+    harness_assert_run_dump(prog, np, flags, out);
+}
+
+static void diffs(const char *what, const RunResults *a, const RunResults *b, float *dl, float *dp) {
+    cr_assert(harness_diffs("test_09", what, a, b, dl, dp), "%s: the runs differ in shape", what);
+}
+
+// ---- the formulas, from the shapes ---------------------------------------------------------------
+
+// Elements of one TP rank's share of the virtual stage vs of S (fp32 flat buffer).
+static double chunk_elems(const GPT2Config *c, int tp, int vs, int S) {
+    const double C = c->C, Vl = (c->V + tp - 1) / tp, per = (double)c->L / S;
+    const double sliced = 3 * C * C + 3 * C + C * C + 4 * C * C + 4 * C + 4 * C * C;  // qkv, proj, fc, fcproj
+    const double repl = 6 * C;  // ln1, ln2 (w, b), attprojb, fcprojb
+    double n = per * (sliced / tp + repl);
+    if (vs == 0) n += Vl * C + (double)c->T * C;  // wte rows, wpe
+    if (vs == S - 1) n += 2 * C + (vs == 0 ? 0 : Vl * C);  // lnf; the tied copy
+    return n;
+}
+
+// Bytes a rank at pipeline coordinate p sends per step in each of its groups (dist's models:
+// an all-reduce of S bytes on n ranks sends 2(n-1)S/n, integer division; send: S; broadcast:
+// the root S).
+// --zero 1: piece d of n elements over dp (shard.h's convention: the first n % dp one longer).
+static double piece_of(double n, int dp, int d) { return floor(n / dp) + (d < fmod(n, dp) ? 1 : 0); }
+
+static void bytes_formula(const GPT2Config *c, int dp, int tp, int pp, int v, int m, int p, int d,
+                          int zero, double *tp_b, double *dp_b, double *pp_b) {
+    const int S = pp * v, per = c->L / S;
+    const unsigned long long Bm = BATCH / dp / m, N = Bm * c->T, NC = N * c->C;
+    const unsigned long long Vl = (c->V + tp - 1) / tp;
+#define AR(bytes, n) ((double)(2ull * ((n) - 1) * (unsigned long long)(bytes) / (n)))
+    *tp_b = *dp_b = *pp_b = 0;
+    for (int ch = 0; ch < v; ch++) {
+        const int vs = ch * pp + p;
+        // TP, per micro-batch: 2 g's + 2 f's per block of N·C floats; the embedding's sum; the
+        // head's f (N·C) and the loss's max, sum of exp and target logit (N each)
+        double calls_nc = 4.0 * per + (vs == 0) + (vs == S - 1), calls_n = vs == S - 1 ? 3 : 0;
+        *tp_b += m * (calls_nc * AR(4 * NC, tp) + calls_n * AR(4 * N, tp));
+        // DP: the chunk's gradients averaged; ZeRO-1: a ring reduce-scatter sends every piece
+        // but mine, the all-gather every piece but the next replica's
+        const double n = chunk_elems(c, tp, vs, S);
+        if (!zero) *dp_b += AR(4 * n, dp);
+        else *dp_b += 4 * (2 * n - piece_of(n, dp, d) - piece_of(n, dp, (d + 1) % dp));
+        // PP: one activation per micro-batch to the next stage, one gradient back
+        if (pp > 1) *pp_b += (double)m * 4 * NC * ((vs < S - 1) + (vs > 0));
+    }
+    *tp_b += AR(8, tp);   // the clip norm: the slices' Σ g² (one double)
+    *dp_b += AR(4, dp);   // the loss (one float)
+    if (zero) *dp_b += AR(16, dp);  // the pieces' two norm parts
+    if (pp > 1) {
+        *pp_b += AR(8, pp);                                       // the clip norm over stages
+        if (p == 0 || p == pp - 1) *pp_b += 4.0 * Vl * c->C;       // the tied wte's gradient
+        if (p == pp - 1) *pp_b += 4;                              // the loss, from the last stage
+    }
+#undef AR
+}
+
+// The layout's figures in the dump against the formulas: coordinates, bytes, memory.
+// Bytes of one micro-batch's saved activations on stage p of pp (one chunk), from the shapes (the
+// same counts as test_07's per block and head, N = Bm·T): per block 6NC + 4N + 12NC/t + 2·Bm·(NH/t)·T²,
+// the head 2NC + 6N + 2N·Vl, the stage's input and its gradient 2NC.
+static double set_bytes(const GPT2Config *c, int dp, int tp, int pp, int m, int p) {
+    const double Bm = BATCH / dp / m, N = Bm * c->T, NC = N * c->C, Vl = (c->V + tp - 1) / tp;
+    const double att = Bm * (c->NH / tp) * c->T * c->T;
+    double f = (double)c->L / pp * (6 * NC + 4 * N + 12 * NC / tp + 2 * att) + 2 * NC;
+    if (p == pp - 1) f += 2 * NC + 6 * N + 2 * N * Vl;
+    return 4 * f;
+}
+
+static void check_figures(const char *what, const GPT2Config *cfg, const RunResults *r, int dp, int tp,
+                          int pp, int v, int m, int is_1f1b, int zero) {
+    const int world = dp * tp * pp;
+    CalcModel cm = calc_model_from_gpt2(cfg);
+    for (int rk = 0; rk < world && rk < 8; rk++) {
+        char k[32];
+        const int t = rk % tp, d = (rk / tp) % dp, p = rk / (tp * dp);  // TP fastest, DP, PP
+        snprintf(k, sizeof k, "coord_r%d", rk);
+        cr_assert_eq(results_get(r, k, -1), t + 100.0 * d + 10000.0 * p,
+                     "%s: world rank %d at coordinate code %g, want (t,d,p) = (%d,%d,%d)", what, rk,
+                     results_get(r, k, -1), t, d, p);
+        double want[3];
+        bytes_formula(cfg, dp, tp, pp, v, m, p, d, zero, &want[0], &want[1], &want[2]);
+        static const char *dims[3] = {"tp", "dp", "pp"};
+        for (int i = 0; i < 3; i++) {
+            snprintf(k, sizeof k, "%s_sent_r%d", dims[i], rk);
+            cr_assert_eq(results_get(r, k, -1), want[i], "%s: rank %d sent %g bytes per step in its "
+                         "%s group, formula %g", what, rk, results_get(r, k, -1), dims[i], want[i]);
+        }
+        double elems = 0, opt = 0;  // weights; Adam m (ZeRO-1: this replica's pieces only)
+        for (int ch = 0; ch < v; ch++) {
+            const double n = chunk_elems(cfg, tp, ch * pp + p, pp * v);
+            elems += n, opt += zero ? piece_of(n, dp, d) : n;
+        }
+        char km[32];
+        snprintf(km, sizeof km, "mem_opt_m_r%d", rk);
+        cr_assert_eq(results_get(r, km, -1), 4 * opt, "%s: rank %d's Adam m is %g bytes, formula %g",
+                     what, rk, results_get(r, km, -1), 4 * opt);
+        snprintf(k, sizeof k, "mem_params_r%d", rk);
+        cr_assert_eq(results_get(r, k, -1), 4 * elems, "%s: rank %d holds %g bytes of weights, "
+                     "formula %g", what, rk, results_get(r, k, -1), 4 * elems);
+        if (is_1f1b) {  // 1F1B keeps min(pp - p, m) micro-batches' activations on stage p
+            const double want_acts = (pp - p < m ? pp - p : m) * set_bytes(cfg, dp, tp, pp, m, p);
+            char ka[32];
+            snprintf(ka, sizeof ka, "acts_peak_r%d", rk);
+            cr_assert_eq(results_get(r, ka, -1), want_acts, "%s: rank %d's activations peaked at %g "
+                         "bytes, formula %g", what, rk, results_get(r, ka, -1), want_acts);
+        }
+        if (v == 1)  // chapter 00's calculator: the same stage, the same count
+            cr_assert_eq(results_get(r, k, -1), 4.0 * (double)calc_stage_params(&cm, tp, pp, p),
+                         "%s: rank %d: %g bytes of weights, 00's calculator says %g", what, rk,
+                         results_get(r, k, -1), 4.0 * (double)calc_stage_params(&cm, tp, pp, p));
+    }
+}
+
+static void check_layout_of(const char *model, const GPT2Config *cfg, const RunResults *oracle, int dp,
+                            int tp, int pp, const char *sched, int v, int m, int zero) {
+    char flags[256], what[160];
+    snprintf(flags, sizeof flags, "%s --dp %d --tp %d --pp %d --schedule %s --chunks %d "
+             "--micro-batches %d --zero %d", model, dp, tp, pp, sched, v, m, zero);
+    snprintf(what, sizeof what, "(dp,tp,pp) = (%d,%d,%d) %s v=%d m=%d%s", dp, tp, pp, sched, v, m,
+             zero ? " --zero 1" : "");
+    RunResults r;
+    run(RUN3D, dp * tp * pp, flags, &r);
+    float dl, dpar;
+    diffs(what, &r, oracle, &dl, &dpar);
+    harness_assert_results_match(what, &r, oracle, LOSS_RTOL, PARAM_ATOL);
+    check_figures(what, cfg, &r, dp, tp, pp, v, m, strcmp(sched, "1f1b") == 0, zero);
+    results_free(&r);
+}
+
+static void check_layout(const RunResults *oracle, int dp, int tp, int pp, const char *sched, int v,
+                         int m, int zero) {
+    check_layout_of(SMALL, &SMALL_CFG, oracle, dp, tp, pp, sched, v, m, zero);
+}
+
+static const int LAYOUTS[6][3] = {{1, 1, 1}, {2, 2, 2}, {2, 1, 4}, {1, 4, 2}, {4, 2, 1}, {8, 1, 1}};
+
+// 1F1B with 2 micro-batches per replica where the batch allows it ((8,1,1): one row per replica).
+// Seen failing (made by hand in 09_3d/main.c, then restored): the loss's DP average removed
+// (losses 5.6e-3 off on (8,1,1)). The tied wte left unsynced: --mutate tied-unsynced below.
+Test(threed09, the_six_layouts_with_1f1b_reproduce_single_device_training, .timeout = 240) {
+    RunResults o;
+    run(ORACLE, 1, SMALL, &o);
+    for (int i = 0; i < 6; i++) {
+        const int dp = LAYOUTS[i][0], m = BATCH / dp >= 2 ? 2 : 1;
+        check_layout(&o, dp, LAYOUTS[i][1], LAYOUTS[i][2], "1f1b", 1, m, 0);
+    }
+    results_free(&o);
+}
+
+// Interleaved: 2 chunks per stage where 4 layers allow it (pp <= 2); pp = 4 runs 1 chunk (the
+// interleaved generator's order with v = 1) on 4 layers, and 2 chunks on 8 layers. pp = 1 with 2 chunks keeps both ends of the tied
+// wte on one rank (summed locally). Every layout with dp > 1 runs it with --zero 1 (chapter 05's
+// ZeRO-1 over DP on each chunk's flat buffer): Adam's m and v hold this replica's piece only,
+// checked with the DP bytes of the reduce-scatter and all-gather in check_figures.
+Test(threed09, the_six_layouts_with_interleaved_and_zero_1_reproduce_single_device_training,
+     .timeout = 240) {
+    RunResults o;
+    run(ORACLE, 1, SMALL, &o);
+    for (int i = 0; i < 6; i++) {
+        const int dp = LAYOUTS[i][0], pp = LAYOUTS[i][2];
+        const int v = pp <= 2 ? 2 : 1, m = BATCH / dp >= pp ? pp : 1;
+        check_layout(&o, dp, LAYOUTS[i][1], pp, "interleaved", v, m, dp > 1);
+    }
+    results_free(&o);
+    // and pp = 4 with 2 chunks per stage: 8 layers, 8 virtual stages of one block
+    const char *L8 = "--layers 8 --channels 32 --heads 4 --seq 16 --batch 8 --steps 3";
+    const GPT2Config cfg8 = {.V = 256, .T = 16, .L = 8, .C = 32, .NH = 4};
+    run(ORACLE, 1, L8, &o);
+    check_layout_of(L8, &cfg8, &o, 2, 1, 4, "interleaved", 2, 4, 1);
+    results_free(&o);
+}
+
+// ---- checkpoints: a state written by any layout resumes under any other ----------------------------
+
+// The lab's training-state file (common/ckpt.h, what 00, 03 and 05 read and write) holds the
+// whole model; each layout writes it gathered and reads its own slices. One chain of 5 steps,
+// each link resuming the previous layout's state one step later: chapter 00 (1 rank) -> TP 4 ->
+// DP 4 with ZeRO-1 -> 3D 2x2x2 -> chapter 00. Each link's step and the final weights must be
+// those of chapter 00's uninterrupted run (the same tolerances: the layouts reduce in other
+// orders, so not bit-exact).
+// Seen failing: the tied copy left out of tpm_stage_shard_buf (the last stage's copy of wte zero
+// after a resume): "DP 4 (ZeRO-1) -> 3D 2x2x2: the resumed steps' losses differ ... by 0.00159".
+static void check_link(const char *what, const RunResults *r, const RunResults *whole, int from, int to) {
+    cr_assert(r->nsteps >= to && r->nparams == whole->nparams, "%s: %d steps, %zu weights", what,
+              r->nsteps, r->nparams);
+    float dl = harness_max_rel_diff(r->losses + from, whole->losses + from, (size_t)(to - from));
+    float dp = harness_max_abs_diff(r->params, whole->params, r->nparams);
+    fprintf(stderr, "test_09: resume %-40s steps %d..%d: losses within %.2g (rel)%s%.2g\n", what,
+            from + 1, to, (double)dl, to == whole->nsteps ? ", weights within " : "", to == whole->nsteps ? (double)dp : 0.0);
+    cr_assert(dl <= LOSS_RTOL, "%s: the resumed steps' losses differ from the whole run by %g", what, (double)dl);
+    if (to == whole->nsteps)
+        cr_assert(dp <= PARAM_ATOL, "%s: final weights differ from the whole run by %g", what, (double)dp);
+}
+
+Test(threed09, a_checkpoint_of_any_layout_resumes_under_any_other, .timeout = 180) {
+    const char *CK = "--layers 4 --channels 32 --heads 4 --seq 16 --batch 8 --steps 5";
+    struct { const char *prog; int np; const char *layout; const char *name; } link[5] = {
+        {ORACLE, 1, "", "1 rank (00)"},
+        {RUN3D, 4, "--tp 4", "TP 4"},
+        {RUN3D, 4, "--dp 4 --zero 1", "DP 4 (ZeRO-1)"},
+        {RUN3D, 8, "--tp 2 --pp 2", "3D 2x2x2"},
+        {ORACLE, 1, "", "1 rank (00)"}};
+    char path[5][64], flags[512], what[128];
+    RunResults whole, r;
+    run(ORACLE, 1, CK, &whole);
+    for (int i = 0; i < 5; i++) {
+        snprintf(path[i], sizeof path[i], "/tmp/test09_ck%d_%d.bin", i, (int)getpid());
+        int n = snprintf(flags, sizeof flags, "%s %s", CK, link[i].layout);
+        if (i > 0) n += snprintf(flags + n, sizeof flags - (size_t)n, " --resume %s", path[i - 1]);
+        if (i < 4) snprintf(flags + n, sizeof flags - (size_t)n, " --stop-at %d --save %s", i + 1, path[i]);
+        if (i == 0) {  // the chain's start: chapter 00's state after step 1
+            char cmd[640], *log = NULL;
+            snprintf(cmd, sizeof cmd, "%s %s", link[i].prog, flags);
+            cr_assert_eq(harness_run(cmd, &log, 120), 0, "%s:\n%s", cmd, log);
+            free(log);
+            continue;
+        }
+        run(link[i].prog, link[i].np, flags, &r);
+        snprintf(what, sizeof what, "%s -> %s", link[i - 1].name, link[i].name);
+        check_link(what, &r, &whole, i, i < 4 ? i + 1 : 5);
+        results_free(&r);
+    }
+    for (int i = 0; i < 5; i++) remove(path[i]);
+    results_free(&whole);
+}
+
+// ---- negative checks: each mechanism broken on purpose (--mutate) must be seen -------------------
+
+static void check_caught(const char *extra, const char *oracle_extra, int np, const char *layout,
+                         const char *bug, float *dl, float *dp) {
+    char flags[256], what[256];
+    RunResults o, r;
+    snprintf(flags, sizeof flags, "%s %s", SMALL, oracle_extra);
+    run(ORACLE, 1, flags, &o);
+    snprintf(flags, sizeof flags, "%s %s %s --mutate %s", SMALL, extra, layout, bug);
+    run(RUN3D, np, flags, &r);
+    snprintf(what, sizeof what, "-np %d %s %s --mutate %s", np, layout, extra, bug);
+    diffs(what, &r, &o, dl, dp);
+    results_free(&o);
+    results_free(&r);
+}
+
+// Measured (3 steps, SMALL, (2,2,2)), losses / weights:
+//   norm-replicated (--grad-clip 0.1)  5.2e-7 / 9.8e-5   the LayerNorms, wpe and row-parallel
+//                                                        biases counted on every TP rank
+//   dp-skip-stage                      1.1e-3 / 4.2e-3   the last stage's DP average skipped
+//   tied-unsynced                      3.4e-4 / 4.2e-3   the tied wte's two copies not summed
+// (Adam divides the clip scale out of most of each update, so a wrong norm shows through
+// epsilon and the moments only: 10x the weight tolerance, not more.)
+Test(threed09, replicated_parameters_counted_twice_in_the_norm_are_caught, .timeout = 120) {
+    float dl, dp;
+    check_caught("--grad-clip 0.1", "--grad-clip 0.1", 8, "--tp 2 --pp 2", "norm-replicated", &dl, &dp);
+    cr_assert(dl > LOSS_RTOL || dp > 5 * PARAM_ATOL, "norm-replicated went unseen (%g, %g)", (double)dl,
+              (double)dp);
+}
+
+Test(threed09, a_stage_without_dp_sync_is_caught, .timeout = 120) {
+    float dl, dp;
+    check_caught("", "", 8, "--tp 2 --pp 2", "dp-skip-stage", &dl, &dp);
+    cr_assert(dl > 10 * LOSS_RTOL || dp > 10 * PARAM_ATOL, "dp-skip-stage went unseen (%g, %g)",
+              (double)dl, (double)dp);
+}
+
+Test(threed09, tied_embedding_copies_left_unsynced_are_caught, .timeout = 120) {
+    float dl, dp;
+    check_caught("", "", 8, "--tp 2 --pp 2", "tied-unsynced", &dl, &dp);
+    cr_assert(dl > 10 * LOSS_RTOL || dp > 10 * PARAM_ATOL, "tied-unsynced went unseen (%g, %g)",
+              (double)dl, (double)dp);
+}
+
+// The groups built with TP slowest still train correctly (any consistent grid is a relabelling
+// of the same computation): what is wrong is WHERE the groups are. The layout check must catch
+// it: TP groups must be consecutive ranks (one node), the coordinates rank % tp, ... Measured:
+// world rank 1 at (t,d,p) = (0,0,1) instead of (1,0,0).
+Test(threed09, groups_built_with_tp_slowest_are_caught, .timeout = 120) {
+    char flags[256];
+    snprintf(flags, sizeof flags, "%s --tp 2 --pp 2 --mutate groups-tp-slowest --steps 1", SMALL);
+    RunResults r;
+    run(RUN3D, 8, flags, &r);
+    int wrong = 0;
+    for (int rk = 0; rk < 8; rk++) {
+        char k[32];
+        snprintf(k, sizeof k, "coord_r%d", rk);
+        const int t = rk % 2, d = (rk / 2) % 2, p = rk / 4;
+        if (results_get(&r, k, -1) != t + 100.0 * d + 10000.0 * p) wrong++;
+    }
+    fprintf(stderr, "test_09: --mutate groups-tp-slowest: %d of 8 ranks at the wrong coordinate\n", wrong);
+    cr_assert(wrong > 0, "groups-tp-slowest went unseen: every rank at its coordinate");
+    results_free(&r);
+}
+
+// ---- bad input: one message naming the valid choices, every rank exits ----------------------------
+
+static void check_refused(int np, const char *flags, const char *needle) {
+    char cmd[512], *out = NULL;
+    snprintf(cmd, sizeof cmd, "%s %s", RUN3D, flags);
+    int rc = harness_mpirun(np, cmd, &out, 30);
+    cr_assert(rc != 0 && rc != 124, "-np %d %s: exit status %d, want a refusal:\n%s", np, flags, rc, out);
+    cr_assert(harness_contains(out, needle), "-np %d %s: the message does not say \"%s\":\n%s", np,
+              flags, needle, out);
+    const char *first = strstr(out, needle);
+    cr_assert(strstr(first + 1, needle) == NULL, "-np %d %s: printed more than once:\n%s", np, flags, out);
+    free(out);
+}
+
+Test(threed09, bad_layouts_are_refused_with_the_valid_choices, .timeout = 120) {
+    check_refused(6, "--tp 2 --pp 2 --steps 1", "does not divide the 6 ranks");
+    check_refused(8, "--dp 4 --tp 2 --pp 2 --steps 1", "must equal the world (or leave --dp out: 2)");
+    check_refused(6, "--tp 3 --pp 1 --heads 4 --steps 1", "valid degrees for NH=4 are 1, 2, 4");
+    check_refused(3, "--tp 1 --pp 3 --layers 4 --steps 1", "do not divide the 4 layers");
+}
+
+// ---- the exercises ------------------------------------------------------------------------------
+
+// 09.1, alone: the coordinates and group colors of every rank of several grids, against the
+// layout written here (TP fastest, then DP, then PP).
+Test(ex09_1, coordinates_are_tp_fastest_then_dp_then_pp) {
+    const int grids[][3] = {{2, 2, 2}, {8, 64, 8}, {1, 4, 2}, {4, 1, 3}, {3, 5, 2}};
+    for (size_t k = 0; k < sizeof grids / sizeof grids[0]; k++) {
+        const int tp = grids[k][0], dp = grids[k][1], pp = grids[k][2];
+        for (int r = 0; r < tp * dp * pp; r++) {
+            GridCoord c = grid_coord(r, tp, dp, pp);
+            cr_assert(c.t == r % tp && c.d == (r / tp) % dp && c.p == r / (tp * dp),
+                      "tp %d dp %d pp %d: rank %d at (%d,%d,%d), want (%d,%d,%d)", tp, dp, pp, r,
+                      c.t, c.d, c.p, r % tp, (r / tp) % dp, r / (tp * dp));
+            cr_assert_eq(grid_rank(c, tp, dp, pp), r, "grid_rank(grid_coord(%d)) != %d", r, r);
+        }
+    }
+}
+
+Test(ex09_1, two_ranks_share_a_group_exactly_when_they_differ_only_along_it) {
+    const int tp = 2, dp = 3, pp = 2, W = tp * dp * pp;
+    for (int dim = 0; dim < 3; dim++)
+        for (int a = 0; a < W; a++)
+            for (int b = 0; b < W; b++) {
+                int ca, ka, cb, kb;
+                grid_group_color(a, tp, dp, pp, dim, &ca, &ka);
+                grid_group_color(b, tp, dp, pp, dim, &cb, &kb);
+                const int xa[3] = {a % tp, (a / tp) % dp, a / (tp * dp)};
+                const int xb[3] = {b % tp, (b / tp) % dp, b / (tp * dp)};
+                int same = 1;
+                for (int i = 0; i < 3; i++) same &= i == dim || xa[i] == xb[i];
+                cr_assert_eq(ca == cb, same, "dim %d: ranks %d and %d: colors %d, %d", dim, a, b, ca, cb);
+                cr_assert_eq(ka, xa[dim], "dim %d: rank %d's key %d, want its coordinate %d", dim, a,
+                             ka, xa[dim]);
+            }
+}
+
+static void mpi_09_passes(int np, const char *what) {
+    char cmd[512], *out = NULL;
+    snprintf(cmd, sizeof cmd, "%s/tests/mpi_09_3d %s", harness_build_dir(), what);
+    int rc = harness_mpirun(np, cmd, &out, 120);
+    int checks = -1, failed = -1, ranks = -1;
+    const char *line = out ? strstr(out, "mpi_09_3d: ") : NULL;
+    while (line && strstr(line + 1, "mpi_09_3d: ")) line = strstr(line + 1, "mpi_09_3d: ");
+    const char *on = line ? strstr(line, " on ") : NULL;
+    if (on) sscanf(on, " on %d ranks: %d checks, %d failed", &ranks, &checks, &failed);
+    size_t len = out ? strlen(out) : 0;
+    cr_expect(rc == 0 && ranks == np && checks > 0 && failed == 0,
+              "mpi_09_3d %s on %d ranks: exit %d, %d checks %d failed; output ends:\n%s", what, np,
+              rc, checks, failed, out ? out + (len > 1500 ? len - 1500 : 0) : "(no output)");
+    free(out);
+}
+
+// 09.1 on real groups: the members of every rank's TP, DP and PP group (4 grids of 8 ranks).
+Test(ex09_1, the_groups_hold_the_ranks_of_their_grid_line, .timeout = 120) { mpi_09_passes(8, "groups"); }
+
+// 09.2: the clip norm of a made-up model whose parts are known (tests/mpi_09_3d.c).
+Test(ex09_2, the_clip_norm_counts_slices_once_per_tp_rank_replicas_once, .timeout = 120) {
+    mpi_09_passes(8, "norm");
+}
