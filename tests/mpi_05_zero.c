@@ -270,26 +270,16 @@ static void run_kind(int kind, DistGroup *g) {
 }
 
 // --device [--nccl] (v-ops only): the ops on device twins of the buffers, staged through host
-// memory or over NCCL (tests/cuda_emu/run_nccl.sh's build); the backend is chosen once
-// dist_init has run (in the first run).
-static int want_nccl = 0, backend_set = 0;
+// memory or over NCCL (tests/cuda_emu/run_nccl.sh's build).
+static int want_nccl = 0;
 static void run_with_backend(int kind, DistGroup *g) {
-    if (!backend_set) {
-        if (want_nccl) dist_set_backend(DIST_BACKEND_NCCL);
-        backend_set = 1;
-    }
+    mpi_select_backend(want_nccl);
     LAB_CHECK(!mpi_use_device || kind == 2, "--device runs v-ops only");
     run_kind(kind, g);
 }
 
 int main(int argc, char **argv) {
-    while (argc > 1 && (strcmp(argv[1], "--device") == 0 || strcmp(argv[1], "--nccl") == 0)) {
-        if (strcmp(argv[1], "--device") == 0) mpi_use_device = 1;
-        else want_nccl = 1;
-        argv[1] = argv[0];
-        argv++;
-        argc--;
-    }
+    want_nccl = mpi_take_device_flags(&argc, &argv);
     const char *prog = want_nccl ? "mpi_05_zero (nccl)" : mpi_use_device ? "mpi_05_zero (device, staged)"
                                                                        : "mpi_05_zero";
     return mpi_test_main(argc, argv, prog, "usage: mpi_05_zero [--device [--nccl]] <what>... (zero1-step gather-unit v-ops)",
