@@ -20,8 +20,9 @@
 //                    as they really move data)
 // Integer division rounds down: 2(N-1)/N * S is computed as 2*(N-1)*S / N.
 //
-// Uneven ops (the _n forms below; n = the whole buffer's elements, e = element size, and
-// c_p = shard_count(n, N, p) the block of group rank p, common/shard.h). Counted as a ring
+// Uneven ops (the _n and _v forms below; n = the whole buffer's elements, e = element size,
+// and c_p the block of group rank p: shard_count(n, N, p) for _n (common/shard.h), counts[p]
+// for _v). Counted as a ring
 // moves them: in a ring reduce-scatter rank r sends every block but its own and receives every
 // block but its left neighbour's; in a ring all-gather it sends every block but its right
 // neighbour's and receives every block but its own:

@@ -1,9 +1,9 @@
 // zero.h: the ZeRO partition of the model state and the pieces of a sharded step.
 //
 // The flat buffer is block-major: units [embed] [block 0] ... [block L-1] [head], each one
-// contiguous range (common/gpt2.h). Two partitions of it, both N contiguous pieces per unit
-// boundary-free in the collectives (every rank's piece of a unit is one range, and the pieces
-// of a unit follow each other in rank order):
+// contiguous range (common/gpt2.h). Two partitions of it; in both, every rank's piece of a unit
+// is one contiguous range (maybe empty) and the pieces of a unit follow each other in rank
+// order, so that the pieces of a unit are the blocks of one v-collective:
 //   flat (zero_layout_init_flat: chapter 05, the way DeepSpeed partitions its flat buffer):
 //     the WHOLE buffer is cut into N shards, shard_range(Ψ, N, r) (common/shard.h); rank r's
 //     piece of unit u is the intersection of u with shard r (often empty: a unit lies in one

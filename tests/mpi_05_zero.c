@@ -181,13 +181,17 @@ static void test_v_ops(DistGroup *g) {
         size_t n = 0, begin = 0;
         for (int q = 0; q < N; q++) { if (q < r) begin += counts[q]; n += counts[q]; }
         const size_t mine = counts[r], left = counts[(r + N - 1) % N], right = counts[(r + 1) % N];
-        for (int mode = 0; mode < 3; mode++) {  // blocking, non-blocking, on the comm thread
+        // blocking, non-blocking, on the comm thread (host buffers only: --device stops at 2)
+        for (int mode = 0; mode < (mpi_use_device ? 2 : 3); mode++) {
             if (mode == 2) dist_comm_thread_start(g);
             float *in = lab_xmalloc((n + 1) * sizeof(float)), *out = lab_xmalloc((mine + 1) * sizeof(float));
             for (size_t i = 0; i < n; i++) in[i] = val_of(r, i);
             const DistCounters before = *dist_group_counters(g);
-            if (mode == 0) dist_reduce_scatter_v(in, out, counts, DIST_F32, DIST_SUM, g);
-            else { DistWork w = dist_ireduce_scatter_v(in, out, counts, DIST_F32, DIST_SUM, g); dist_wait(&w); }
+            mpi_mirror(in, (n + 1) * sizeof(float));
+            mpi_mirror(out, (mine + 1) * sizeof(float));
+            if (mode == 0) dist_reduce_scatter_v(mpi_dev(in), mpi_dev(out), counts, DIST_F32, DIST_SUM, g);
+            else { DistWork w = dist_ireduce_scatter_v(mpi_dev(in), mpi_dev(out), counts, DIST_F32, DIST_SUM, g); dist_wait(&w); }
+            mpi_unmirror();
             size_t bad = 0;
             for (size_t j = 0; j < mine; j++) {
                 float want = 0;
@@ -198,8 +202,10 @@ static void test_v_ops(DistGroup *g) {
                       "%zu wrong", pat, mode, g->name, r, N, bad, mine);
             // in place, NCCL's form (ZeRO's): the block lands where it was, AVG
             for (size_t i = 0; i < n; i++) in[i] = val_of(r, i) * (float)N;
-            if (mode == 0) dist_reduce_scatter_v(in, in + begin, counts, DIST_F32, DIST_AVG, g);
-            else { DistWork w = dist_ireduce_scatter_v(in, in + begin, counts, DIST_F32, DIST_AVG, g); dist_wait(&w); }
+            mpi_mirror(in, (n + 1) * sizeof(float));
+            if (mode == 0) dist_reduce_scatter_v(mpi_dev(in), mpi_dev(in + begin), counts, DIST_F32, DIST_AVG, g);
+            else { DistWork w = dist_ireduce_scatter_v(mpi_dev(in), mpi_dev(in + begin), counts, DIST_F32, DIST_AVG, g); dist_wait(&w); }
+            mpi_unmirror();
             bad = 0;
             for (size_t j = 0; j < mine; j++) {
                 float want = 0;
@@ -212,15 +218,20 @@ static void test_v_ops(DistGroup *g) {
             float *all = lab_xmalloc((n + 1) * sizeof(float));
             for (size_t i = 0; i < n; i++) all[i] = -1.0f;
             for (size_t j = 0; j < mine; j++) all[begin + j] = (float)(begin + j);
-            if (mode == 0) dist_all_gather_v(all + begin, all, counts, DIST_F32, g);
-            else { DistWork w = dist_iall_gather_v(all + begin, all, counts, DIST_F32, g); dist_wait(&w); }
+            mpi_mirror(all, (n + 1) * sizeof(float));
+            if (mode == 0) dist_all_gather_v(mpi_dev(all + begin), mpi_dev(all), counts, DIST_F32, g);
+            else { DistWork w = dist_iall_gather_v(mpi_dev(all + begin), mpi_dev(all), counts, DIST_F32, g); dist_wait(&w); }
+            mpi_unmirror();
             bad = 0;
             for (size_t i = 0; i < n; i++) bad += all[i] != (float)i;
             mpi_check(bad == 0, "all_gather_v in place pattern %d mode %d (rank %d of %d): %zu of %zu "
                       "wrong", pat, mode, r, N, bad, n);
             for (size_t j = 0; j < mine; j++) out[j] = (float)(begin + j) + 0.5f;
-            if (mode == 0) dist_all_gather_v(out, all, counts, DIST_F32, g);
-            else { DistWork w = dist_iall_gather_v(out, all, counts, DIST_F32, g); dist_wait(&w); }
+            mpi_mirror(out, (mine + 1) * sizeof(float));
+            mpi_mirror(all, (n + 1) * sizeof(float));
+            if (mode == 0) dist_all_gather_v(mpi_dev(out), mpi_dev(all), counts, DIST_F32, g);
+            else { DistWork w = dist_iall_gather_v(mpi_dev(out), mpi_dev(all), counts, DIST_F32, g); dist_wait(&w); }
+            mpi_unmirror();
             bad = 0;
             for (size_t i = 0; i < n; i++) bad += all[i] != (float)i + 0.5f;
             mpi_check(bad == 0, "all_gather_v pattern %d mode %d (rank %d of %d): %zu wrong", pat,
@@ -258,7 +269,19 @@ static void run_kind(int kind, DistGroup *g) {
     if (kind == 2) test_v_ops(g);
 }
 
+// --device [--nccl] (v-ops only): the ops on device twins of the buffers, staged through host
+// memory or over NCCL (tests/cuda_emu/run_nccl.sh's build).
+static int want_nccl = 0;
+static void run_with_backend(int kind, DistGroup *g) {
+    mpi_select_backend(want_nccl);
+    LAB_CHECK(!mpi_use_device || kind == 2, "--device runs v-ops only");
+    run_kind(kind, g);
+}
+
 int main(int argc, char **argv) {
-    return mpi_test_main(argc, argv, "mpi_05_zero", "usage: mpi_05_zero <what>... (zero1-step gather-unit v-ops)",
-                         KINDS, 3, run_kind);
+    want_nccl = mpi_take_device_flags(&argc, &argv);
+    const char *prog = want_nccl ? "mpi_05_zero (nccl)" : mpi_use_device ? "mpi_05_zero (device, staged)"
+                                                                       : "mpi_05_zero";
+    return mpi_test_main(argc, argv, prog, "usage: mpi_05_zero [--device [--nccl]] <what>... (zero1-step gather-unit v-ops)",
+                         KINDS, 3, run_with_backend);
 }

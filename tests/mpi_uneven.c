@@ -513,26 +513,17 @@ static void run(int kind, DistGroup *g) {
 }
 
 // --device / --nccl, before the tests: the backend is chosen once dist_init has run (in run).
-static int want_nccl = 0, backend_set = 0;
+static int want_nccl = 0;
 
 static void run_with_backend(int kind, DistGroup *g) {
-    if (!backend_set) {
-        if (want_nccl) dist_set_backend(DIST_BACKEND_NCCL);
-        backend_set = 1;
-    }
+    mpi_select_backend(want_nccl);
     LAB_CHECK(!mpi_use_device || kind <= 2, "--device runs rs, ag and gather only");
     run(kind, g);
 }
 
 int main(int argc, char **argv) {
     static const char *const kinds[] = {"rs", "ag", "gather", "counters", "thread"};
-    while (argc > 1 && (strcmp(argv[1], "--device") == 0 || strcmp(argv[1], "--nccl") == 0)) {
-        if (strcmp(argv[1], "--device") == 0) mpi_use_device = 1;
-        else want_nccl = 1;
-        argv[1] = argv[0];
-        argv++;
-        argc--;
-    }
+    want_nccl = mpi_take_device_flags(&argc, &argv);
     const char *prog = want_nccl ? "mpi_uneven (nccl)" : mpi_use_device ? "mpi_uneven (device, staged)" : "mpi_uneven";
     return mpi_test_main(argc, argv, prog,
                          "usage: mpi_uneven [--device [--nccl]] {rs|ag|gather|counters|thread}...", kinds, 5,

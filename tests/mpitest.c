@@ -70,6 +70,24 @@ int mpi_test_main(int argc, char **argv, const char *prog, const char *usage, co
 // device twins of host buffers
 
 int mpi_use_device = 0;
+
+int mpi_take_device_flags(int *argc, char ***argv) {
+    int nccl = 0;
+    while (*argc > 1 && (strcmp((*argv)[1], "--device") == 0 || strcmp((*argv)[1], "--nccl") == 0)) {
+        if (strcmp((*argv)[1], "--device") == 0) mpi_use_device = 1;
+        else nccl = 1;
+        (*argv)[1] = (*argv)[0];
+        (*argv)++;
+        (*argc)--;
+    }
+    return nccl;
+}
+
+void mpi_select_backend(int nccl) {
+    static int done = 0;
+    if (nccl && !done) dist_set_backend(DIST_BACKEND_NCCL);
+    done = 1;
+}
 typedef struct Mirror {
     char *host, *dev;
     size_t bytes;

@@ -38,6 +38,12 @@ int mpi_test_main(int argc, char **argv, const char *prog, const char *usage, co
 // the op); mpi_dev(p) maps a host pointer, or one inside a mirrored buffer, to its twin;
 // mpi_unmirror() copies every twin back to its host buffer and frees it.
 extern int mpi_use_device;
+// The leading --device / --nccl arguments of a test program, taken out of argv: --device sets
+// mpi_use_device; returns 1 for --nccl (select the NCCL backend once dist_init has run:
+// mpi_select_backend).
+int mpi_take_device_flags(int *argc, char ***argv);
+// Selects the NCCL backend the first time it is called with nccl = 1 (call it from run).
+void mpi_select_backend(int nccl);
 void mpi_mirror(void *host, size_t bytes);
 void *mpi_dev(const void *p);
 void mpi_unmirror(void);

@@ -275,12 +275,12 @@ Test(zero05, stages_1_2_3_on_2_ranks_match_and_meet_the_formulas, .timeout = 150
     results_free(&o);
 }
 
-// 3 ranks: the pieces are uneven (49,984 and 128 are not multiples of 3). Breaks seen to fail
-// here: the last rank's piece of every unit one element short in zero_layout_init (an uneven
-// last shard dropped: those elements never updated, weights off by 3.3e-2); rank 0's piece one
-// element too long (overlapping rank 1's: that element double-counted in the clipping norm and
-// stepped twice): training stays within tolerance (4 elements of 118,528) but the memory
-// formulas catch it (adam m 158,060 B measured vs 158,044 B).
+// 3 ranks: the shards are uneven (118,528 = 3 x 39,509 + 1: shard 0 one element longer) and the
+// shard boundaries cut blocks. (These breaks were seen to fail here on the earlier by-unit
+// layout: the last piece of every unit one element short, weights off by 3.3e-2; rank 0's piece
+// one element too long, caught by the memory formulas only. The flat layout's own break,
+// --mutate drop-last, is each_mutation_breaks_the_equivalence's.) Stage 2 with 16 KiB buckets,
+// 2 in flight: its gradient memory is checked to the byte.
 Test(zero05, every_stage_on_3_ranks_uneven_pieces_matches_and_meets_the_formulas, .timeout = 150) {
     RunResults o;
     run_oracle(SMALL, &o);
