@@ -6,8 +6,9 @@
 #include "check.h"
 
 GridCoord grid_coord(int rank, int tp, int dp, int pp) {
+    LAB_CHECK(tp > 0 && dp > 0 && pp > 0 && 0 <= rank && rank < tp * dp * pp,
+              "grid: rank %d is not in a %d x %d x %d grid", rank, tp, dp, pp);
     GridCoord c = {0, 0, 0};
-    (void)pp;
     // EXERCISE 09.1 Building the groups from the grid -> 09_3d/README.md#exercise-091-building-the-groups-from-the-grid
     c.t = rank % tp;         // fastest: consecutive ranks
     c.d = (rank / tp) % dp;  // then the replicas
@@ -149,6 +150,7 @@ void grid_print(FILE *out, const Grid *g) {
 }
 
 double grid_clip_norm_sq(const Grid *g, const double sq[2]) {
+    LAB_CHECK(g->tpg && g->ppg, "grid_clip_norm_sq: the grid's groups are not built");
     double norm_sq = 0.0;
     // EXERCISE 09.2 The clipping norm across groups -> 09_3d/README.md#exercise-092-the-clipping-norm-across-groups
     double sliced = sq[0];
@@ -156,5 +158,6 @@ double grid_clip_norm_sq(const Grid *g, const double sq[2]) {
     norm_sq = sliced + sq[1];  // the replicated tensors: the same on every TP rank, counted once
     dist_all_reduce(&norm_sq, &norm_sq, 1, DIST_F64, DIST_SUM, g->ppg);  // disjoint stages
     // END EXERCISE 09.2
+    (void)sq;
     return norm_sq;
 }

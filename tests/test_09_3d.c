@@ -10,7 +10,7 @@
 // Tolerances. TP adds partial dot products in another order (chapter 07's bound), micro-batches
 // sum their gradients in pieces, DP averages them in a tree: not bit-exact with 00. Measured
 // over 3 steps of SMALL (printed on stderr): losses within 8.6e-8 relative, weights within
-// 2.1e-6 absolute (3.3e-6 with --grad-clip 0.1). The bounds: 1e-6 relative on losses, 1e-5
+// 2.6e-6 absolute (3.3e-6 with --grad-clip 0.1). The bounds: 1e-6 relative on losses, 1e-5
 // absolute on weights (3x the worst measured; the negative checks below land 10x above it).
 #include <criterion/criterion.h>
 #include <math.h>
@@ -223,8 +223,9 @@ static void check_link(const char *what, const RunResults *r, const RunResults *
               r->nsteps, r->nparams);
     float dl = harness_max_rel_diff(r->losses + from, whole->losses + from, (size_t)(to - from));
     float dp = harness_max_abs_diff(r->params, whole->params, r->nparams);
-    fprintf(stderr, "test_09: resume %-40s steps %d..%d: losses within %.2g (rel)%s%.2g\n", what,
-            from + 1, to, (double)dl, to == whole->nsteps ? ", weights within " : "", to == whole->nsteps ? (double)dp : 0.0);
+    fprintf(stderr, "test_09: resume %-40s step %d: losses within %.2g (rel)", what, to, (double)dl);
+    if (to == whole->nsteps) fprintf(stderr, ", weights within %.2g (abs)", (double)dp);
+    fprintf(stderr, "\n");
     cr_assert(dl <= LOSS_RTOL, "%s: the resumed steps' losses differ from the whole run by %g", what, (double)dl);
     if (to == whole->nsteps)
         cr_assert(dp <= PARAM_ATOL, "%s: final weights differ from the whole run by %g", what, (double)dp);
@@ -281,7 +282,7 @@ static void check_caught(const char *extra, const char *oracle_extra, int np, co
 // Measured (3 steps, SMALL, (2,2,2)), losses / weights:
 //   norm-replicated (--grad-clip 0.1)  5.2e-7 / 9.8e-5   the LayerNorms, wpe and row-parallel
 //                                                        biases counted on every TP rank
-//   dp-skip-stage                      1.1e-3 / 4.2e-3   the last stage's DP average skipped
+//   dp-skip-stage                      9.9e-4 / 4.2e-3   the last stage's DP average skipped
 //   tied-unsynced                      3.4e-4 / 4.2e-3   the tied wte's two copies not summed
 // (Adam divides the clip scale out of most of each update, so a wrong norm shows through
 // epsilon and the moments only: 10x the weight tolerance, not more.)
