@@ -183,8 +183,10 @@ void tp7_print_report(const Tp7Figures *f, const TpModel *m, DistGroup *tpg, int
         printf("  sequence parallel: g = reduce-scatter forward / all-gather backward, f = all-gather"
                " forward /\n  reduce-scatter backward (each B calls, one per sequence); \"sp grads\": "
                "the LayerNorms' and biases' partial gradients\n");
-    printf("  per block: 2 forward (g) + 2 backward (f) of N·C floats = 4 x 2(t-1)/t x %s = %s "
-           "on the wire per rank (measured %s)\n", mem_format(a, sizeof a, 4.0 * m->B * m->T * m->cfg.C),
+    printf("  per block: %s of N·C floats = 4 x 2(t-1)/t x %s = %s "
+           "on the wire per rank (measured %s)\n",
+           f->sp ? "4 reduce-scatters + 4 all-gathers, each (t-1)/t," : "2 forward (g) + 2 backward (f)",
+           mem_format(a, sizeof a, 4.0 * m->B * m->T * m->cfg.C),
            mem_format(b, sizeof b, f->want_layer_sent), mem_format(d, sizeof d, f->layer_sent));
     printf("  whole step, TP group: sent %s per rank, formula %s (the above, each 2(t-1)/t of "
            "its bytes, + the clip's norm)\n", mem_format(a, sizeof a, f->tp_sent),

@@ -352,7 +352,7 @@ Test(tp07, bad_tp_is_refused_with_what_would_be_valid, .timeout = 120) {
 
 // Same layout: resuming at step 3 gives the uninterrupted run's bits (harness_resume_is_exact).
 // Across layouts: the state moves exactly (mpi_07_tp ckpt: gather(take(state)) == state, bit for
-// bit, tp = 4, 2, 1), so TP 4 resuming chapter 00's step-3 checkpoint, and 00 resuming TP 4's,
+// bit, tp = 4, 2), so TP 4 resuming chapter 00's step-3 checkpoint, and 00 resuming TP 4's,
 // then train as the uninterrupted 00 run within the equivalence tolerance (the steps on the
 // other side round differently, not the hand-over). Measured: TP4 from 00's state: losses 0,
 // weights 2.1e-7; 00 from TP4's: losses 0, weights 1.4e-6. Seen failing: tpm_take_flat
