@@ -1,9 +1,12 @@
 // dist_thread.c: the communication thread of dist.h: one thread per process, one FIFO of ops
 // of every attached group, each run as a blocking MPI call on the group's own duplicate
-// communicator (dist_mpi_backend), in launch order.
+// communicator (dist_mpi_backend), in launch order, after a sleeping barrier (run_op).
 //
-// Only the calling thread queues and finishes ops; the communication thread only runs them.
-// The mutex guards the queue, the tasks' done flags and the time sums.
+// Only the calling thread queues and finishes ops. The head of the queue is run by the
+// communication thread, or, when the caller waits for an op the thread has not started, by
+// the caller (dist_thread_finish): whoever claims it first; only the head runs, so the ops
+// stay in launch order and one thread at a time is in MPI.
+// The mutex guards the queue, the tasks' claimed and done flags and the time sums.
 #include <pthread.h>
 #include <stdlib.h>
 #include <sys/prctl.h>
