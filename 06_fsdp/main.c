@@ -175,11 +175,23 @@ static void keep_log(const Fsdp *F, int *dst, int *n, int from) {
 // ---------------------------------------------------------------------------------------------
 // The step after backward: global clipping from my pieces, AdamW on my pieces
 
-static void optimizer_step(Run *r, int step) {
+// The step's one sync point for the loss and the norm: without HSDP the shard group is the
+// world, so the loss (averaged over the world) rides along the Σ g² all-reduce as a second
+// double (its sum in double, then / N: on 2 ranks the same float as an fp32 average). With HSDP
+// they are over different groups: the loss over the world, Σ g² over the shard group.
+static void optimizer_step(Run *r, int step, float *loss) {
     Session *s = r->s;
     double sq = zero_local_sum_squares(&r->z, r->m, r->grad_shard, 0);
     // each element lives in one piece of the shard group (the replicas hold the same pieces)
-    if (r->G > 1) dist_all_reduce(&sq, &sq, 1, DIST_F64, DIST_SUM, r->shard);
+    if (r->R == 1 && r->G > 1) {
+        double v[2] = {sq, (double)*loss};
+        dist_all_reduce(v, v, 2, DIST_F64, DIST_SUM, r->shard);
+        sq = v[0];
+        *loss = (float)(v[1] / r->G);
+    } else {
+        dist_all_reduce(loss, loss, 1, DIST_F32, DIST_AVG, s->world);
+        if (r->G > 1) dist_all_reduce(&sq, &sq, 1, DIST_F64, DIST_SUM, r->shard);
+    }
     float scale = adamw_clip_scale(&s->opt, sq, step);
     int tok = trace_begin("optimizer (my pieces)", TRACE_COMPUTE);
     zero_adamw_step(&r->z, &s->opt, r->m, step, r->master, 0, r->param_shard, 0, r->grad_shard,
@@ -633,9 +645,8 @@ static void train(const LabArgs *args, const FsdpFlags *f) {
             if (s.bf16) { uint16_t h = 0x7fc0; mem_copy(r.grad_shard, &h, 2); }
             else mem_copy(r.grad_shard, &nan, 4);
         }
-        dist_all_reduce(&loss, &loss, 1, DIST_F32, DIST_AVG, s.world);
         phase_begin();
-        optimizer_step(&r, step);
+        optimizer_step(&r, step, &loss);  // the loss averaged there, with the norm
         params_from_master(&r);
         phase_end(&r, PH_OPT);
         session_step_end(&s, step, loss);

@@ -169,10 +169,13 @@ void dist_wait_all(DistWork *w, int n);
 // their bytes and queue the op: the thread runs the queued ops of all attached groups one
 // after the other, in the order they were started, as BLOCKING MPI calls (Open MPI's blocking
 // algorithms are faster than its non-blocking ones, and they progress without the caller
-// polling). So an all-gather started there (FSDP's prefetch) goes on while the caller computes.
+// polling), each made once a non-blocking barrier, tested with short sleeps, says the peers
+// have reached it (a late peer costs no spinning core). So an all-gather started there (FSDP's
+// prefetch) goes on while the caller computes.
 // Every rank must start the ops of groups it shares in the same order (as for blocking calls).
-// dist_test and dist_wait on such a DistWork look at a flag / sleep on a condition variable;
-// they make no MPI call. dist_isend / dist_irecv are not queued (a queue of blocking sends and
+// dist_test on such a DistWork looks at a flag. dist_wait runs the queued ops the thread has
+// not started yet, up to its own, itself (the thread is idle then: still one thread in MPI),
+// and otherwise sleeps on a condition variable. dist_isend / dist_irecv are not queued (a queue of blocking sends and
 // receives could deadlock a ring); they run as MPI non-blocking calls from the caller.
 // The rule: MPI runs at thread level SERIALIZED, so while any queued op is unfinished (not yet
 // returned by dist_wait or a dist_test that said 1) the calling thread must make no other
@@ -186,6 +189,7 @@ void dist_comm_thread_start(DistGroup *g);
 void dist_comm_thread_stop(DistGroup *g);
 // Since g was attached: seconds the thread spent in g's ops (wall clock), and of those the
 // seconds it ran on a core (its CPU time); the rest it waited for the peers or for a core.
+// Ops that dist_wait ran on the caller's thread count too (the caller's wall and CPU time).
 void dist_comm_thread_times(DistGroup *g, double *busy_s, double *cpu_s);
 
 // Byte counters of this rank since the last reset.

@@ -132,11 +132,14 @@ static int formulas_hold(const RunResults *res, const Mode *m, int N, int r, con
         rs_r += S * (SZ[u] - c_of(u, G, (q + G - 1) % G)) * e;
         if (R > 1) ar += S * (double)(2 * (uint64_t)(R - 1) * (uint64_t)(c_of(u, G, q) * e) / (uint64_t)R);
     }
-    ar += (double)(2 * (N - 1) * 4 / N);              // the loss, over the world
-    if (G > 1) ar += (double)(2 * (G - 1) * 8 / G);   // Σ g² of my pieces, over the shard group
+    // the loss over the world and Σ g² of my pieces over the shard group; without HSDP (the
+    // shard group is the world) one all-reduce of the two as doubles
+    const int fold = R == 1 && G > 1;
+    if (fold) ar += (double)(2 * (G - 1) * 16 / G);
+    else ar += (double)(2 * (N - 1) * 4 / N) + (G > 1 ? (double)(2 * (G - 1) * 8 / G) : 0);
     CHECK("ag_calls", m->K * (m->reshard ? 7 : 4));
     CHECK("rs_calls", S * NU);
-    CHECK("ar_calls", 1 + (G > 1) + (R > 1 ? S * NU : 0));
+    CHECK("ar_calls", (fold ? 1 : 1 + (G > 1)) + (R > 1 ? S * NU : 0));
     CHECK("ag_sent", ag_s);
     CHECK("ag_recv", ag_r);
     CHECK("rs_sent", rs_s);
