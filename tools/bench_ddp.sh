@@ -21,28 +21,22 @@
 #                thread's all-reduces cost: wall time and CPU time.
 #   3. master    02_data_parallel vs 03_ddp tokens/s on --np ranks (default 4): the single
 #                master's price.
-# Env: BUILD (build dir for make, default build), MPIRUN_EXTRA (more mpirun flags).
+# Env: BUILD, MPIRUN_EXTRA (tools/bench_lib.sh).
 set -uo pipefail
-here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
-root=$(cd "$here/.." && pwd)
-cd "$root" || exit 2
+source "$(dirname "${BASH_SOURCE[0]}")/bench_lib.sh"
+bench_init bench_ddp 3,24
 steps=20; np=4
 while [ $# -gt 0 ]; do
     case $1 in
         --steps) steps=$2; shift 2 ;;
         --np) np=$2; shift 2 ;;
-        -h|--help) sed -n '3,24p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; exit 0 ;;
-        *) echo "bench_ddp: unknown option $1 (see --help)" >&2; exit 2 ;;
+        -h|--help) bench_help ;;
+        *) bench_bad_option "$1" ;;
     esac
 done
-make --no-print-directory BUILD="${BUILD:-build}" 02_data_parallel 03_ddp >/dev/null || {
-    echo "bench_ddp: build failed (run make 03_ddp to see why)" >&2; exit 1; }
-export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OPENBLAS_NUM_THREADS=1
+bench_build 02_data_parallel 03_ddp
 . "$(dirname "$0")/openblas_core.sh"
 lab_openblas_core ./03_ddp/run
-# shellcheck disable=SC2206,SC2054  # MPIRUN_EXTRA splits into words; "self,vader" is one
-MPIRUN=(mpirun --oversubscribe --bind-to none --mca btl self,vader --mca mpi_yield_when_idle 1
-        ${MPIRUN_EXTRA:-})
 
 # run NP PROG FLAGS...: prints "tokens/s step_ms overlap%" of one run (overlap "-" if absent);
 # the communication thread's line of rank 0, if any, goes to $ctfile

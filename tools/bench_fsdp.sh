@@ -11,26 +11,21 @@
 # memory of rank 0 (mem.h) beside each: prefetch's price is the units it holds ahead. Goals
 # (issue 14): FSDP with prefetch >= 1.0x ZeRO-3 and >= 0.8x DDP.
 # Run it under flock /tmp/lab-bench.lock on a shared machine.
-# Env: BUILD (build dir for make, default build), MPIRUN_EXTRA (more mpirun flags).
+# Env: BUILD, MPIRUN_EXTRA (tools/bench_lib.sh).
 set -uo pipefail
-here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
-cd "$here/.." || exit 2
+source "$(dirname "${BASH_SOURCE[0]}")/bench_lib.sh"
+bench_init bench_fsdp 3,14
 rounds=3; steps=10; np=2
 while [ $# -gt 0 ]; do
     case $1 in
         --rounds) rounds=$2; shift 2 ;;
         --steps) steps=$2; shift 2 ;;
         --np) np=$2; shift 2 ;;
-        -h|--help) sed -n '3,14p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; exit 0 ;;
-        *) echo "bench_fsdp: unknown option $1 (see --help)" >&2; exit 2 ;;
+        -h|--help) bench_help ;;
+        *) bench_bad_option "$1" ;;
     esac
 done
-make --no-print-directory BUILD="${BUILD:-build}" 03_ddp 05_zero 06_fsdp >/dev/null || {
-    echo "bench_fsdp: build failed (run make 03_ddp 05_zero 06_fsdp to see why)" >&2; exit 1; }
-export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OPENBLAS_NUM_THREADS=1
-# shellcheck disable=SC2206,SC2054  # MPIRUN_EXTRA splits into words; "self,vader" is one
-MPIRUN=(mpirun --oversubscribe --bind-to none --mca btl self,vader --mca mpi_yield_when_idle 1
-        ${MPIRUN_EXTRA:-})
+bench_build 03_ddp 05_zero 06_fsdp
 
 # run PROGRAM FLAGS...: prints "tokens/s peak-of-rank-0" of one run. Each chapter prints rank
 # 0's peak where its own table has it: 03 the last column of "Per rank", 05 of "Memory per

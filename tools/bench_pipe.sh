@@ -12,10 +12,10 @@
 # interleaved and ZB-H1 measured below 1F1B. The measured bubble is 08's own figure: per stage,
 # 1 - (time in its ops, waits left out) / (the step's span), the median over the steps after
 # the first, here averaged over the 2 stages. Run it under flock /tmp/lab-bench.lock.
-# Env: BUILD (build dir for make, default build), MPIRUN_EXTRA (more mpirun flags).
+# Env: BUILD, MPIRUN_EXTRA (tools/bench_lib.sh).
 set -uo pipefail
-here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
-cd "$here/.." || exit 2
+source "$(dirname "${BASH_SOURCE[0]}")/bench_lib.sh"
+bench_init bench_pipe 3,15
 rounds=3; steps=10; batch=32; m=8
 while [ $# -gt 0 ]; do
     case $1 in
@@ -23,16 +23,11 @@ while [ $# -gt 0 ]; do
         --steps) steps=$2; shift 2 ;;
         --batch) batch=$2; shift 2 ;;
         --micro-batches) m=$2; shift 2 ;;
-        -h|--help) sed -n '3,15p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; exit 0 ;;
-        *) echo "bench_pipe: unknown option $1 (see --help)" >&2; exit 2 ;;
+        -h|--help) bench_help ;;
+        *) bench_bad_option "$1" ;;
     esac
 done
-make --no-print-directory BUILD="${BUILD:-build}" 08_pipeline >/dev/null || {
-    echo "bench_pipe: build failed (run make 08_pipeline to see why)" >&2; exit 1; }
-export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OPENBLAS_NUM_THREADS=1
-# shellcheck disable=SC2206,SC2054  # MPIRUN_EXTRA splits into words; "self,vader" is one
-MPIRUN=(mpirun --oversubscribe --bind-to none --mca btl self,vader --mca mpi_yield_when_idle 1
-        ${MPIRUN_EXTRA:-})
+bench_build 08_pipeline
 
 names=(one-rank gpipe 1f1b interleaved zb)
 declare -A flags=(

@@ -12,24 +12,19 @@
 # 2 ranks use 2 cores, 1 rank one. The machines here are shared and noisy: only the ratios of
 # runs made one after the other in this script mean anything.
 # Run it under flock /tmp/lab-bench.lock on a shared machine.
-# Env: BUILD (build dir for make, default build), MPIRUN_EXTRA (more mpirun flags).
+# Env: BUILD, MPIRUN_EXTRA (tools/bench_lib.sh).
 set -uo pipefail
-here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
-cd "$here/.." || exit 2
+source "$(dirname "${BASH_SOURCE[0]}")/bench_lib.sh"
+bench_init bench_tp 3,15
 steps=6
 while [ $# -gt 0 ]; do
     case $1 in
         --steps) steps=$2; shift 2 ;;
-        -h|--help) sed -n '3,15p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; exit 0 ;;
-        *) echo "bench_tp: unknown option $1 (see --help)" >&2; exit 2 ;;
+        -h|--help) bench_help ;;
+        *) bench_bad_option "$1" ;;
     esac
 done
-make --no-print-directory BUILD="${BUILD:-build}" 07_tensor_parallel >/dev/null || {
-    echo "bench_tp: build failed (run make 07_tensor_parallel to see why)" >&2; exit 1; }
-export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OPENBLAS_NUM_THREADS=1
-# shellcheck disable=SC2206,SC2054  # MPIRUN_EXTRA splits into words; "self,vader" is one
-MPIRUN=(mpirun --oversubscribe --bind-to none --mca btl self,vader --mca mpi_yield_when_idle 1
-        ${MPIRUN_EXTRA:-})
+bench_build 07_tensor_parallel
 
 # run NP FLAGS...: prints "tokens/s sent_per_step acts_of_rank_0" of one run (the first step
 # is left out of the rate: --log-every 0 and the report's own figure over all steps)
