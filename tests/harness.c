@@ -503,3 +503,21 @@ int harness_diffs(const char *tag, const char *what, const RunResults *a, const 
             (double)*dl, (double)*dp);
     return 1;
 }
+
+int harness_refuses(int np, const char *cmd, const char *const *words, int nwords) {
+    char *out = NULL;
+    int rc = mpirun_output(np, cmd, &out, 60);
+    char why[256] = "";
+    if (rc == 0) snprintf(why, sizeof why, "it was accepted");
+    else if (rc == 124) snprintf(why, sizeof why, "the job hung (killed after 60 s)");
+    for (int i = 0; !why[0] && i < nwords; i++)
+        if (!harness_contains(out, words[i]))
+            snprintf(why, sizeof why, "the message does not say \"%s\"", words[i]);
+    if (!why[0] && nwords > 0) {
+        const char *first = strstr(out, words[0]);
+        if (strstr(first + 1, words[0])) snprintf(why, sizeof why, "the message is printed more than once");
+    }
+    if (why[0]) fprintf(stderr, "-np %d %s: exit %d, %s:\n%s\n", np, cmd, rc, why, out ? out : "(no output)");
+    free(out);
+    return why[0] == 0;
+}

@@ -100,6 +100,16 @@ int harness_reliability_holds(const char *prog, int np, const char *flags, const
 // Does `haystack` contain `needle`? (NULL haystack: no.)
 int harness_contains(const char *haystack, const char *needle);
 
+// A refused run (bad input): `cmd` on np ranks must end within 60 s with a failure whose output
+// says every one of words[0 .. nwords), and words[0] only once (one message for the job, not one
+// per rank). 1 if so; else 0, with the reason and the output on stderr.
+int harness_refuses(int np, const char *cmd, const char *const *words, int nwords);
+#define harness_assert_refused(np, cmd, ...)                                                      \
+    cr_assert(harness_refuses((np), (cmd), (const char *[]){__VA_ARGS__},                        \
+                              (int)(sizeof((const char *[]){__VA_ARGS__}) / sizeof(char *))),   \
+              "-np %d %s: not refused with one clear message (details above on stderr)", (np),   \
+              (cmd))
+
 // Runs fn(arg) in this process and catches a lab_fail/LAB_CHECK inside it: lab_fail calls
 // lab_abort_hook before exit(), and a hook that longjmps back lets the test read the message
 // (stderr is captured into a temp file meanwhile) and assert on its words. Returns the message

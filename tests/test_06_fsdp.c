@@ -309,21 +309,10 @@ Test(fsdp06, resume_across_layouts_fsdp_4_and_ddp_2, .timeout = 150) {
 // ---------------------------------------------------------------------------------------------
 // bad input: one message naming the flag and what would be valid; every rank exits
 
-static void refused(int np, const char *flags, const char *const *words, int nwords) {
-    char cmd[512], *out = NULL;
-    snprintf(cmd, sizeof cmd, FSDP " " RUN " %s", flags);
-    int rc = harness_mpirun(np, cmd, &out, 30);
-    cr_expect(rc != 0 && rc != 124, "%s on %d ranks: exit %d (want a prompt failure)", flags, np, rc);
-    for (int i = 0; i < nwords; i++)
-        cr_expect(harness_contains(out, words[i]), "%s: the message does not say \"%s\":\n%s",
-                  flags, words[i], out);
-    free(out);
-}
-
 Test(fsdp06, bad_input_is_refused_with_what_would_be_valid, .timeout = 60) {
-    refused(4, "--shard-group 3", (const char *[]){"--shard-group 3", "divisor of 4"}, 2);
-    refused(2, "--no-sync", (const char *[]){"--no-sync", "--grad-accum"}, 2);
-    refused(2, "--grad-accum 5", (const char *[]){"--grad-accum", "multiple of 10"}, 2);
+    harness_assert_refused(4, FSDP " " RUN " --shard-group 3", "--shard-group 3", "divisor of 4");
+    harness_assert_refused(2, FSDP " " RUN " --no-sync", "--no-sync", "--grad-accum");
+    harness_assert_refused(2, FSDP " " RUN " --grad-accum 5", "--grad-accum", "multiple of 10");
 }
 
 // ---------------------------------------------------------------------------------------------

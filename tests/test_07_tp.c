@@ -327,25 +327,12 @@ Test(tp07, sequence_parallel_memory_is_the_formula_and_smaller, .timeout = 120) 
 
 // ---- bad input: one clear message, every rank exits --------------------------------------------
 
-static void check_refused(int np, const char *flags, const char *needle) {
-    char cmd[256], *out = NULL;
-    snprintf(cmd, sizeof cmd, "%s %s", TP, flags);
-    int rc = harness_mpirun(np, cmd, &out, 30);
-    cr_assert(rc != 0 && rc != 124, "-np %d %s: exit status %d, want a refusal:\n%s", np, flags, rc, out);
-    cr_assert(harness_contains(out, needle), "-np %d %s: the message does not say \"%s\":\n%s", np,
-              flags, needle, out);
-    const char *first = strstr(out, needle);
-    cr_assert(strstr(first + 1, needle) == NULL, "-np %d %s: the message is printed more than once:\n%s",
-              np, flags, out);
-    free(out);
-}
-
 Test(tp07, bad_tp_is_refused_with_what_would_be_valid, .timeout = 120) {
-    check_refused(3, "--tp 3 --steps 1", "valid degrees for NH=4 are 1, 2, 4");
-    check_refused(2, "--tp 4 --steps 1", "larger than the 2 ranks");
-    check_refused(3, "--tp 2 --steps 1", "does not divide the 3 ranks");
-    check_refused(4, "--tp 4 --seq 10 --sequence-parallel --steps 1", "T must be a multiple of 4 (e.g. --seq 12)");
-    check_refused(2, "--tp 2 --mutate sp-grads --steps 1", "add --sequence-parallel");
+    harness_assert_refused(3, TP " --tp 3 --steps 1", "valid degrees for NH=4 are 1, 2, 4");
+    harness_assert_refused(2, TP " --tp 4 --steps 1", "larger than the 2 ranks");
+    harness_assert_refused(3, TP " --tp 2 --steps 1", "does not divide the 3 ranks");
+    harness_assert_refused(4, TP " --tp 4 --seq 10 --sequence-parallel --steps 1", "T must be a multiple of 4 (e.g. --seq 12)");
+    harness_assert_refused(2, TP " --tp 2 --mutate sp-grads --steps 1", "add --sequence-parallel");
 }
 
 // ---- checkpoints: the full model's state, so any layout resumes any other's ---------------------

@@ -429,24 +429,13 @@ Test(pipe08, deadlock_and_bad_tables_are_found) {
 
 // ---- bad input ------------------------------------------------------------------------------
 
-static void refused(int np, const char *flags, const char *words) {
-    char cmd[512], *out = NULL;
-    snprintf(cmd, sizeof cmd, "./08_pipeline/run %s", flags);
-    int rc = harness_mpirun(np, cmd, &out, 60);
-    cr_assert(rc != 0 && rc != 124, "-np %d %s: rc %d (expected a clean failure)\n%s", np, flags,
-              rc, out);
-    cr_assert(harness_contains(out, words), "-np %d %s: the message lacks '%s':\n%s", np, flags,
-              words, out);
-    free(out);
-}
-
 Test(pipe08, bad_input_is_refused_with_a_clear_message, .timeout = 120) {
-    refused(3, "--layers 4 --steps 1", "not divisible by 3 ranks x 1 chunks");
-    refused(2, "--layers 4 --steps 1 --schedule interleaved --chunks 4", "only 4 layers");
-    refused(4, "--layers 8 --steps 1 --schedule interleaved --chunks 2 --micro-batches 2",
+    harness_assert_refused(3, "./08_pipeline/run --layers 4 --steps 1", "not divisible by 3 ranks x 1 chunks");
+    harness_assert_refused(2, "./08_pipeline/run --layers 4 --steps 1 --schedule interleaved --chunks 4", "only 4 layers");
+    harness_assert_refused(4, "./08_pipeline/run --layers 8 --steps 1 --schedule interleaved --chunks 2 --micro-batches 2",
             "not a multiple of the 4 stages");
-    refused(2, "--layers 4 --steps 1 --batch 8 --micro-batches 3", "does not divide --batch 8");
-    refused(2, "--layers 4 --steps 1 --chunks 2", "only --schedule interleaved");
+    harness_assert_refused(2, "./08_pipeline/run --layers 4 --steps 1 --batch 8 --micro-batches 3", "does not divide --batch 8");
+    harness_assert_refused(2, "./08_pipeline/run --layers 4 --steps 1 --chunks 2", "only --schedule interleaved");
 }
 
 // ---- exercises --------------------------------------------------------------------------------

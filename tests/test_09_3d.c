@@ -330,23 +330,11 @@ Test(threed09, groups_built_with_tp_slowest_are_caught, .timeout = 120) {
 
 // ---- bad input: one message naming the valid choices, every rank exits ----------------------------
 
-static void check_refused(int np, const char *flags, const char *needle) {
-    char cmd[512], *out = NULL;
-    snprintf(cmd, sizeof cmd, "%s %s", RUN3D, flags);
-    int rc = harness_mpirun(np, cmd, &out, 30);
-    cr_assert(rc != 0 && rc != 124, "-np %d %s: exit status %d, want a refusal:\n%s", np, flags, rc, out);
-    cr_assert(harness_contains(out, needle), "-np %d %s: the message does not say \"%s\":\n%s", np,
-              flags, needle, out);
-    const char *first = strstr(out, needle);
-    cr_assert(strstr(first + 1, needle) == NULL, "-np %d %s: printed more than once:\n%s", np, flags, out);
-    free(out);
-}
-
 Test(threed09, bad_layouts_are_refused_with_the_valid_choices, .timeout = 120) {
-    check_refused(6, "--tp 2 --pp 2 --steps 1", "does not divide the 6 ranks");
-    check_refused(8, "--dp 4 --tp 2 --pp 2 --steps 1", "must equal the world (or leave --dp out: 2)");
-    check_refused(6, "--tp 3 --pp 1 --heads 4 --steps 1", "valid degrees for NH=4 are 1, 2, 4");
-    check_refused(3, "--tp 1 --pp 3 --layers 4 --steps 1", "do not divide the 4 layers");
+    harness_assert_refused(6, RUN3D " --tp 2 --pp 2 --steps 1", "does not divide the 6 ranks");
+    harness_assert_refused(8, RUN3D " --dp 4 --tp 2 --pp 2 --steps 1", "must equal the world (or leave --dp out: 2)");
+    harness_assert_refused(6, RUN3D " --tp 3 --pp 1 --heads 4 --steps 1", "valid degrees for NH=4 are 1, 2, 4");
+    harness_assert_refused(3, RUN3D " --tp 1 --pp 3 --layers 4 --steps 1", "do not divide the 4 layers");
 }
 
 // ---- the exercises ------------------------------------------------------------------------------
