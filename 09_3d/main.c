@@ -37,6 +37,7 @@
 #include "pipe_exec.h"
 #include "results.h"
 #include "schedule.h"
+#include "session.h"
 #include "shard.h"
 #include "tp.h"
 #include "tp_model.h"
@@ -357,7 +358,10 @@ static void train(const LabArgs *args, const Flags3d *f) {
     dist_group_counters_reset(grid.dpg);
     dist_group_counters_reset(grid.ppg);
     double t0 = lab_now(), t_last = t0;
+    // the fault hook (--kill-rank, --kill-step) is the Session's, as in 08; it reads only these
+    Session hooks = {.args = args, .rank = rank, .start = start};
     for (int step = start; step < end; step++) {
+        session_step_begin(&hooks, step);
         for (int c = 0; c < v; c++) memset(ch[c].st.grads, 0, ch[c].st.n * sizeof(float));
         // 3. The pipeline table: forwards and backwards of the m micro-batches (TP inside).
         work.step = step;
@@ -529,7 +533,8 @@ int main(int argc, char **argv) {
          "tensors on every TP rank in the clip norm, skip the DP average on the last stage, build "
          "the groups with TP as the slowest coordinate, leave the tied wte's two copies unsynced"},
     };
-    lab_parse_args_for(LAB_FLAGS_MODEL | LAB_FLAGS_TRAINING | LAB_FLAGS_OUTPUT | LAB_FLAGS_RELIABILITY,
+    lab_parse_args_for(LAB_FLAGS_MODEL | LAB_FLAGS_TRAINING | LAB_FLAGS_OUTPUT | LAB_FLAGS_RELIABILITY |
+                           LAB_FLAGS_KILL,
                        argc, argv, &args,
                        extra, (int)(sizeof extra / sizeof extra[0]), "09_3d/run", USAGE);
     train(&args, &f);

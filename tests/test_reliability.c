@@ -45,3 +45,9 @@ Test(reliability, chapter_05_zero, .timeout = 400) {
 Test(reliability, chapter_08_pipeline, .timeout = 400) {
     harness_assert_reliable("./08_pipeline/run --quiet --micro-batches 4", 2, MODEL, &CFG);
 }
+
+// 09: the 2 x 2 grid (TP 2 inside each of 2 stages, 1F1B): the save gathers every TP slice of
+// every stage to rank 0; the NaN is injected on the last rank and must stop all four.
+Test(reliability, chapter_09_3d, .timeout = 400) {
+    harness_assert_reliable("./09_3d/run --quiet --tp 2 --pp 2 --micro-batches 2", 4, MODEL, &CFG);
+}
