@@ -32,6 +32,7 @@
 #include "flags.h"
 #include "gpt2.h"
 #include "grid3d.h"
+#include "layout_calc.h"
 #include "mem.h"
 #include "optim.h"
 #include "pipe_exec.h"
@@ -163,37 +164,6 @@ static void sync_tied_wte(Chunk *ch, int v, int p, int pp, DistGroup *ppg) {
         for (size_t i = 0; i < n; i++) mine->dwte[i] = mine->dwte[i] + other[i];  // a+b == b+a
     }
     free(other);
-}
-
-// The bytes this rank should send per step in each of its groups (dist's counting model: an
-// all-reduce of S bytes on n ranks sends 2(n-1)S/n, a send S, a broadcast's root S), from what
-// the step does: TP 4 all-reduces of (Bm·T, C) per block per micro-batch, 1 for the embedding,
-// 1 + 3 of (Bm·T) for the head and loss, 1 double for the norm; DP the gradients of every chunk
-// and the loss; PP one activation forward and one gradient back per micro-batch and boundary,
-// the tied wte's gradient on both ends, the norm, the loss from the last stage. --zero 1: DP
-// reduce-scatters and all-gathers each chunk instead (dist's uneven ring model), and sums the
-// pieces' norm parts.
-static void bytes_formula(const Stage *x, const Schedule *s, const Grid *g, int zero, double out[3]) {
-#define AR(bytes, n) ((double)(2ull * (uint64_t)((n) - 1) * (uint64_t)(bytes) / (uint64_t)(n)))
-    const uint64_t NC = x->BTC, N = NC / x->ch[0].st.cfg.C;
-    out[0] = out[1] = out[2] = 0;
-    for (int c = 0; c < s->v; c++) {
-        const TpStage *st = &x->ch[c].st;
-        const double nc = 4.0 * (st->l1 - st->l0) + st->has_embed + st->has_head;
-        out[0] += s->m * (nc * AR(4 * NC, g->tp) + (st->has_head ? 3 * AR(4 * N, g->tp) : 0));
-        if (!zero) out[1] += AR(4 * st->n, g->dp);
-        else  // ring reduce-scatter: all but my piece out; all-gather: all but the next one's
-            out[1] += 4.0 * (double)(2 * st->n - shard_count(st->n, g->dp, g->c.d) -
-                                     shard_count(st->n, g->dp, (g->c.d + 1) % g->dp));
-        if (g->pp > 1) out[2] += (double)s->m * 4 * NC * (!st->has_head + !st->has_embed);
-    }
-    out[0] += AR(8, g->tp);
-    out[1] += AR(4, g->dp) + (zero ? AR(16, g->dp) : 0);  // the loss; ZeRO: the norm's 2 doubles
-    if (g->pp > 1) {
-        out[2] += AR(8, g->pp) + (g->c.p == g->pp - 1 ? 4 : 0);
-        if (g->c.p == 0 || g->c.p == g->pp - 1) out[2] += 4.0 * x->ch[0].st.tv.Vl * x->ch[0].st.cfg.C;
-    }
-#undef AR
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -432,7 +402,13 @@ static void train(const LabArgs *args, const Flags3d *f) {
     // 8. The report: each dimension's bytes per step (this rank's groups), memory per rank.
     const double nsteps = end > start ? end - start : 1;
     double formula[3];
-    bytes_formula(&work, &s, &grid, f->zero, formula);
+    // the formula (common/layout_calc.h), from the shapes alone: TP 4 all-reduces of (Bm·T, C)
+    // per block per micro-batch, 1 for the embedding, 1 + 3 of (Bm·T) for the head and loss, 1
+    // double for the norm; DP every chunk's gradients and the loss (--zero 1: the ring
+    // reduce-scatter and all-gather, the norm's parts); PP an activation forward and a gradient
+    // back per micro-batch and boundary, the tied wte's gradient, the norm, the loss
+    const LabLayout lay = {.dp = dp, .tp = tp, .pp = pp, .v = v, .m = m, .batch = B, .zero = f->zero};
+    lab_bytes_per_step(&cfg, &lay, grid.c.p, grid.c.d, formula);
     double mine[11] = {(double)dist_group_bytes_sent(grid.tpg) / nsteps,
                       (double)dist_group_bytes_sent(grid.dpg) / nsteps,
                       (double)dist_group_bytes_sent(grid.ppg) / nsteps,
