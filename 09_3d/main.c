@@ -242,6 +242,14 @@ static void train(const LabArgs *args, const Flags3d *f) {
     const int L = cfg.L, T = cfg.T, B = args->batch, v = f->v, m = f->m;
     const int tp = f->tp, pp = f->pp;
     int dp = f->dp;
+    // 09 runs on the CPU in fp32 over MPI: common/tp.c's blocks take a kernel table, but the TP
+    // stage (tp_model.c), the tied-wte sum, ZeRO-1's pieces and the checkpoint views are host code.
+    if (strcmp(args->device, "cpu") != 0 || strcmp(args->backend, "mpi") != 0 ||
+        strcmp(args->dtype, "fp32") != 0)
+        lab_fail_collective("--device %s --backend %s --dtype %s: 09_3d runs only --device cpu "
+                            "--backend mpi --dtype fp32 (its TP stages, common/tp_model.c, are "
+                            "host-side fp32; tp.h's pieces alone run on CUDA: tools/gpu_check_tp)", args->device,
+                            args->backend, args->dtype);
     // 1. The grid: one clear refusal of an impossible layout, on every rank.
     grid_check(world, &dp, tp, pp, v, cfg.NH, L);
     if (strcmp(f->schedule, "interleaved") != 0 && v != 1)
@@ -509,8 +517,8 @@ int main(int argc, char **argv) {
          "tensors on every TP rank in the clip norm, skip the DP average on the last stage, build "
          "the groups with TP as the slowest coordinate, leave the tied wte's two copies unsynced"},
     };
-    lab_parse_args_for(LAB_FLAGS_MODEL | LAB_FLAGS_TRAINING | LAB_FLAGS_OUTPUT | LAB_FLAGS_RELIABILITY |
-                           LAB_FLAGS_KILL,
+    lab_parse_args_for(LAB_FLAGS_MODEL | LAB_FLAGS_TRAINING | LAB_FLAGS_HARDWARE | LAB_FLAGS_OUTPUT |
+                           LAB_FLAGS_RELIABILITY | LAB_FLAGS_KILL,
                        argc, argv, &args,
                        extra, (int)(sizeof extra / sizeof extra[0]), "09_3d/run", USAGE);
     train(&args, &f);

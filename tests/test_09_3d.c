@@ -290,6 +290,7 @@ Test(threed09, bad_layouts_are_refused_with_the_valid_choices, .timeout = 120) {
     check_refused(8, "--dp 4 --tp 2 --pp 2 --steps 1", "must equal the world (or leave --dp out: 2)");
     check_refused(6, "--tp 3 --pp 1 --heads 4 --steps 1", "valid degrees for NH=4 are 1, 2, 4");
     check_refused(3, "--tp 1 --pp 3 --layers 4 --steps 1", "do not divide the 4 layers");
+    check_refused(2, "--tp 2 --dtype bf16 --steps 1", "09_3d runs only --device cpu --backend mpi --dtype fp32");
 }
 
 // ---- the exercises ------------------------------------------------------------------------------
