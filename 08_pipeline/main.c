@@ -6,7 +6,8 @@
 //
 // One step:
 //   - the schedule is a TABLE (schedule.c): for this rank, the ordered list of F(micro-batch,
-//     chunk), B and W ops. The executor below runs it: F receives the stage's input (or embeds
+//     chunk), B and W ops. The executor (common/pipe_exec.h) runs it over this stage's work
+//     (Stage, below): F receives the stage's input (or embeds
 //     the tokens), runs its blocks, sends its output on; B receives the gradient of the output
 //     (or starts from the loss), runs backward, sends the gradient of its input back; W (the
 //     zero-bubble schedule only) computes the weight gradients later, in what would be idle time.
@@ -32,6 +33,7 @@
 #include "kernels.h"
 #include "mem.h"
 #include "optim.h"
+#include "pipe_exec.h"
 #include "results.h"
 #include "schedule.h"
 #include "session.h"
@@ -125,158 +127,74 @@ static void compare(const PipeFlags *f) {
 }
 
 // ---------------------------------------------------------------------------------------------
-// the executor
+// the stage's work: what F, B and W compute on a chunk; the executor (common/pipe_exec.h) runs
+// the table over them, with the sends and receives
 
-typedef struct Exec {
-    const Schedule *s;
+typedef struct Stage {
     Chunk *ch;
-    DistGroup *g;
-    int rank, p, S, m, Bm, T;
-    size_t BTC;
-    float **sendbuf;      // [(dir * v + chunk) * m + mb]: the message F or B sent (MEM_COMM)
-    int bf16;             // bf16 runs: the messages travel as bf16, half the bytes
-    const Kernels *k;     // (the conversions, on the model's device)
-    uint16_t **wire;      // bf16 runs: [slot] sendbuf[slot] rounded to bf16, as sent
-    uint16_t *rwire;      // bf16 runs: the message received, before it is widened
-    DistWork *works;      // pending isends
-    int nworks;
-    double *op_start, *op_end;  // this step's measured times of each op (from lab_now), the
-                                // wait for its message left out (op_start is after it)
-    double wait;                // seconds the current op waited in receives
-    size_t acts_base, acts_peak;  // MEM_ACTS live at the step's start; the most above it
-    int live, live_peak;          // activation sets alive (F .. B), and the most at once
-    int wlive, wlive_peak;        // ZB-H1: W stores alive (B .. W), and the most at once
-    int mutate_keep_set;          // --mutate zb-keeps-set
-} Exec;
+    const DataSource *data;
+    int step, B, Bm, T, m;
+    int *inputs, *targets;
+    float dloss;             // every micro-batch's loss counts 1/m: 1 / (Bm·T·m)
+    int split;               // ZB-H1: B is the input gradient only, W later
+    int mutate_keep_set;     // --mutate zb-keeps-set
+} Stage;
 
-static int tag_of(const Exec *x, int dir, int vs, int mb) { return (dir * x->S + vs) * x->m + mb; }
-
-// The rank and chunk of virtual stage vs.
-static int rank_of(const Exec *x, int vs) { return vs % x->p; }
-
-// Receives the (B, T, C) message of micro-batch mb for virtual stage vs into dst: dir 0 the
-// activation from vs-1, dir 1 the gradient from vs+1 (a chunk on this same rank: a copy).
-static void recv_msg(Exec *x, int dir, int vs, int mb, float *dst) {
-    int from = dir == 0 ? vs - 1 : vs + 1;
-    if (rank_of(x, from) == x->rank) {  // rounded as a message would be: the same bits on any p
-        const float *src = x->sendbuf[((size_t)dir * x->s->v + from / x->p) * x->m + mb];
-        if (x->bf16) {
-            x->k->f32_to_bf16(x->rwire, src, x->BTC);
-            x->k->bf16_to_f32(dst, x->rwire, x->BTC);
-        } else {
-            mem_copy(dst, src, x->BTC * sizeof(float));
-        }
-        return;
-    }
-    double t0 = lab_now();
-    int tok = trace_begin(dir == 0 ? "recv activation" : "recv gradient", TRACE_COMM);
-    dist_recv(x->bf16 ? (void *)x->rwire : (void *)dst, x->BTC, x->bf16 ? DIST_BF16 : DIST_F32,
-              rank_of(x, from), tag_of(x, dir, vs, mb), x->g);
-    trace_end(tok);
-    x->wait += lab_now() - t0;  // idle: the stage has nothing to compute until it arrives
-    if (x->bf16) x->k->bf16_to_f32(dst, x->rwire, x->BTC);
+// F: a fresh activation set; micro-batch mb is rows [mb·Bm, (mb+1)·Bm) of the step's batch.
+static float *stage_f_begin(void *ctx, int chunk, int mb) {
+    Stage *w = ctx;
+    Chunk *c = &w->ch[chunk];
+    GPT2Acts *a = lab_xcalloc(1, sizeof(GPT2Acts));
+    gpt2_acts_alloc(a, &c->model, w->Bm, w->T);
+    if (w->split) gpt2_acts_alloc_split(a, &c->model);
+    c->acts[mb] = a;
+    data_batch(w->data, (uint64_t)w->step, w->B, w->T, mb * w->Bm, w->Bm, w->inputs, w->targets);
+    return gpt2_acts_input(a);
 }
 
-static void send_msg(Exec *x, int dir, int vs, int mb) {
-    int to = dir == 0 ? vs + 1 : vs - 1;
-    if (rank_of(x, to) == x->rank) return;  // the receiver copies it from sendbuf
-    const size_t slot = ((size_t)dir * x->s->v + vs / x->p) * x->m + mb;
-    const int tag = tag_of(x, dir, to, mb);
-    if (x->bf16) {  // the activation is bf16 already (a stored layer, widened); the gradient rounds
-        x->k->f32_to_bf16(x->wire[slot], x->sendbuf[slot], x->BTC);
-        x->works[x->nworks++] = dist_isend(x->wire[slot], x->BTC, DIST_BF16, rank_of(x, to), tag, x->g);
-    } else {
-        x->works[x->nworks++] = dist_isend(x->sendbuf[slot], x->BTC, DIST_F32, rank_of(x, to), tag, x->g);
-    }
+static float stage_forward(void *ctx, int chunk, int mb, float *out) {
+    Stage *w = ctx;
+    GPT2 *md = &w->ch[chunk].model;
+    GPT2Acts *a = w->ch[chunk].acts[mb];
+    float loss = gpt2_forward_acts(md, a, w->inputs, md->has_head ? w->targets : NULL);
+    if (out) gpt2_acts_output(md, a, out);
+    return md->has_head ? loss : 0.0f;
 }
 
-static void acts_track(Exec *x, int dsets, int dw) {
-    x->live += dsets;
-    x->wlive += dw;
-    if (x->live > x->live_peak) x->live_peak = x->live;
-    if (x->wlive > x->wlive_peak) x->wlive_peak = x->wlive;
-    size_t now = mem_current(MEM_ACTS) - x->acts_base;
-    if (now > x->acts_peak) x->acts_peak = now;
+static float *stage_b_begin(void *ctx, int chunk, int mb) {
+    Stage *w = ctx;
+    return gpt2_acts_doutput(w->ch[chunk].acts[mb]);
 }
 
-// Runs this rank's ops of the table for one step. Returns the sum of the micro-batch losses
-// (last stage; else 0).
-static double run_table(Exec *x, const DataSource *data, int step, int B, int *inputs, int *targets) {
-    const Schedule *s = x->s;
-    const float dloss = 1.0f / ((float)x->Bm * (float)x->T * (float)x->m);
-    double loss_sum = 0;
-    x->nworks = 0;
-    for (int j = 0; j < s->nops[x->rank]; j++) {
-        PipeOp o = s->ops[x->rank][j];
-        Chunk *c = &x->ch[o.chunk];
-        GPT2 *md = &c->model;
-        const int vs = c->vs;
-        char name[32];
-        snprintf(name, sizeof name, "%c%d chunk %d", "FBW"[o.kind], o.mb, o.chunk);
-        x->op_start[j] = lab_now();
-        x->wait = 0;
-        if (o.kind == PIPE_F) {
-            GPT2Acts *a = lab_xcalloc(1, sizeof(GPT2Acts));
-            gpt2_acts_alloc(a, md, x->Bm, x->T);
-            if (s->split) gpt2_acts_alloc_split(a, md);
-            c->acts[o.mb] = a;
-            acts_track(x, 1, 0);
-            // micro-batch mb is rows [mb*Bm, (mb+1)*Bm) of the step's global batch
-            data_batch(data, (uint64_t)step, B, x->T, o.mb * x->Bm, x->Bm, inputs, targets);
-            if (vs > 0) recv_msg(x, 0, vs, o.mb, gpt2_acts_input(a));
-            int tok = trace_begin(name, TRACE_COMPUTE);
-            float loss = gpt2_forward_acts(md, a, inputs, md->has_head ? targets : NULL);
-            trace_end(tok);
-            if (md->has_head) loss_sum += loss;
-            if (vs < x->S - 1) {
-                gpt2_acts_output(md, a, x->sendbuf[(size_t)o.chunk * x->m + o.mb]);
-                send_msg(x, 0, vs, o.mb);
-            }
-        } else if (o.kind == PIPE_B) {
-            GPT2Acts *a = c->acts[o.mb];
-            LAB_CHECK(a, "B(%d) of chunk %d before its F", o.mb, o.chunk);
-            if (vs < x->S - 1) recv_msg(x, 1, vs, o.mb, gpt2_acts_doutput(a));
-            int tok = trace_begin(name, TRACE_COMPUTE);
-            if (!s->split) {
-                gpt2_backward_acts(md, a, dloss);
-            } else {  // B: the input gradient only; the blocks' weight gradients wait for W
-                if (md->has_head) gpt2_head_backward_w(md, a, dloss, NULL, NULL, NULL, NULL);
-                for (int l = md->l1 - 1; l >= md->l0; l--) gpt2_block_backward_input(md, a, l, NULL);
-                if (md->has_embed) gpt2_embed_backward_w(md, a, NULL);
-            }
-            trace_end(tok);
-            if (vs > 0) {
-                mem_copy(x->sendbuf[((size_t)s->v + o.chunk) * x->m + o.mb], gpt2_acts_dinput(a),
-                         x->BTC * sizeof(float));
-                send_msg(x, 1, vs, o.mb);
-            }
-            if (!s->split) {
-                gpt2_acts_free(a);
-                free(a);
-                c->acts[o.mb] = NULL;
-                acts_track(x, -1, 0);
-            } else if (x->mutate_keep_set) {
-                acts_track(x, -1, 1);  // (--mutate zb-keeps-set: the whole set waits for W)
-            } else {  // the set shrinks to what W reads: the head's logits, attention's T x T...
-                gpt2_acts_keep_for_w(a, md);  // are freed now (fp32; bf16 keeps the set)
-                acts_track(x, -1, 1);
-            }
-        } else {
-            GPT2Acts *a = c->acts[o.mb];
-            LAB_CHECK(a, "W(%d) of chunk %d before its B", o.mb, o.chunk);
-            int tok = trace_begin(name, TRACE_COMPUTE);
-            for (int l = md->l1 - 1; l >= md->l0; l--) gpt2_block_backward_weights(md, a, l, NULL);
-            trace_end(tok);
-            gpt2_acts_free(a);
-            free(a);
-            c->acts[o.mb] = NULL;
-            acts_track(x, 0, -1);
-        }
-        x->op_end[j] = lab_now();
-        x->op_start[j] += x->wait;  // the op's busy time: all but the wait for its message
+static void stage_backward(void *ctx, int chunk, int mb, float *din) {
+    Stage *w = ctx;
+    GPT2 *md = &w->ch[chunk].model;
+    GPT2Acts *a = w->ch[chunk].acts[mb];
+    if (!w->split) {
+        gpt2_backward_acts(md, a, w->dloss);
+    } else {  // B: the input gradient only; the blocks' weight gradients wait for W
+        if (md->has_head) gpt2_head_backward_w(md, a, w->dloss, NULL, NULL, NULL, NULL);
+        for (int l = md->l1 - 1; l >= md->l0; l--) gpt2_block_backward_input(md, a, l, NULL);
+        if (md->has_embed) gpt2_embed_backward_w(md, a, NULL);
     }
-    dist_wait_all(x->works, x->nworks);
-    return loss_sum;
+    if (din) mem_copy(din, gpt2_acts_dinput(a), (size_t)w->Bm * w->T * md->cfg.C * sizeof(float));
+    if (!w->split) {
+        gpt2_acts_free(a);
+        free(a);
+        w->ch[chunk].acts[mb] = NULL;
+    } else if (!w->mutate_keep_set) {  // (--mutate zb-keeps-set: the whole set waits for W)
+        gpt2_acts_keep_for_w(a, md);  // the set shrinks to what W reads: the head's logits,
+    }                                 // attention's T x T... are freed now (fp32; bf16 keeps it)
+}
+
+static void stage_weights(void *ctx, int chunk, int mb) {
+    Stage *w = ctx;
+    GPT2 *md = &w->ch[chunk].model;
+    GPT2Acts *a = w->ch[chunk].acts[mb];
+    for (int l = md->l1 - 1; l >= md->l0; l--) gpt2_block_backward_weights(md, a, l, NULL);
+    gpt2_acts_free(a);
+    free(a);
+    w->ch[chunk].acts[mb] = NULL;
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -576,22 +494,16 @@ static void train(const LabArgs *args, const PipeFlags *f) {
     int *inputs = mem_alloc((size_t)Bm * T * sizeof(int), MEM_OTHER, DEV_CPU);
     int *targets = mem_alloc((size_t)Bm * T * sizeof(int), MEM_OTHER, DEV_CPU);
 
-    Exec x = {.s = &s, .ch = ch, .g = g, .rank = rank, .p = p, .S = S, .m = m, .Bm = Bm, .T = T,
-              .BTC = (size_t)Bm * T * cfg.C,
-              .mutate_keep_set = strcmp(f->mutate, "zb-keeps-set") == 0,
-              .bf16 = dtype == GPT2_BF16 && strcmp(f->mutate, "bf16-msgs-fp32") != 0,
-              .k = ch[0].model.k};
-    LAB_CHECK(tag_of(&x, 1, S - 1, m - 1) < 30000, "too many micro-batches x stages for MPI tags");
-    x.sendbuf = lab_xcalloc((size_t)2 * v * m, sizeof(float *));
-    for (int i = 0; i < 2 * v * m; i++) x.sendbuf[i] = mem_alloc(x.BTC * sizeof(float), MEM_COMM, dev);
-    if (x.bf16) {
-        x.wire = lab_xcalloc((size_t)2 * v * m, sizeof(uint16_t *));
-        for (int i = 0; i < 2 * v * m; i++) x.wire[i] = mem_alloc(x.BTC * 2, MEM_COMM, dev);
-        x.rwire = mem_alloc(x.BTC * 2, MEM_COMM, dev);
-    }
-    x.works = lab_xcalloc((size_t)2 * v * m + 1, sizeof(DistWork));
-    x.op_start = lab_xcalloc((size_t)s.nops[rank] + 1, sizeof(double));
-    x.op_end = lab_xcalloc((size_t)s.nops[rank] + 1, sizeof(double));
+    Stage work = {.ch = ch, .data = &data, .B = B, .Bm = Bm, .T = T, .m = m,
+                  .inputs = inputs, .targets = targets,
+                  .dloss = 1.0f / ((float)Bm * (float)T * (float)m), .split = s.split,
+                  .mutate_keep_set = strcmp(f->mutate, "zb-keeps-set") == 0};
+    PipeExec x;
+    pipe_exec_init(&x, &s,
+                   (PipeWork){&work, stage_f_begin, stage_forward, stage_b_begin, stage_backward,
+                              stage_weights},
+                   g, rank, (size_t)Bm * T * cfg.C,
+                   dtype == GPT2_BF16 && strcmp(f->mutate, "bf16-msgs-fp32") != 0, ch[0].model.k, dev);
 
     if (!args->quiet && rank == 0) {
         printf("pipeline: %d stage%s x %d chunk%s = %d virtual stages of %d block%s; GPT-2 V=%d "
@@ -622,10 +534,9 @@ static void train(const LabArgs *args, const PipeFlags *f) {
         for (int c = 0; c < v; c++) gpt2_zero_grad(&ch[c].model);
         dist_barrier(g);  // the stages start the step together: the timeline's zero
         double t0 = lab_now();
-        x.acts_base = mem_current(MEM_ACTS);
-        x.live = 0;
         uint64_t sent0 = dist_counters()->sent[OP_SEND];
-        double loss_sum = run_table(&x, &data, step, B, inputs, targets);
+        work.step = step;
+        double loss_sum = pipe_exec_step(&x);
         sent_sum += (double)(dist_counters()->sent[OP_SEND] - sent0);
         // the bubble of this step: idle share of the span from the first stage's start to the
         // last stage's end (all ranks share one monotonic clock on one machine)
@@ -684,7 +595,7 @@ static void train(const LabArgs *args, const PipeFlags *f) {
     mine[F_PEAK_BYTES] = (double)x.acts_peak;
     mine[F_PEAK_BYTES_FORMULA] = dtype == GPT2_FP32 ? peak_bytes_formula(&s, rank, ch, Bm, T) : -1;
     mine[F_SENT] = end > start ? sent_sum / (end - start) : 0;
-    mine[F_SENT_FORMULA] = sent_formula(rank, p, v, m, x.BTC, dtype == GPT2_BF16 ? 2 : 4);
+    mine[F_SENT_FORMULA] = sent_formula(rank, p, v, m, x.msg, dtype == GPT2_BF16 ? 2 : 4);
     mine[F_L0] = ch[0].model.l0;
     mine[F_L1] = ch[v - 1].model.l1;
     mine[F_PEAK_W] = x.wlive_peak;
@@ -766,10 +677,7 @@ static void train(const LabArgs *args, const PipeFlags *f) {
         }
     }
     free(all), free(bubbles), free(tl), free(tl_all), free(pic_start), free(pic_end), free(full), free(losses);
-    for (int i = 0; i < 2 * v * m; i++) mem_free(x.sendbuf[i]);
-    for (int i = 0; x.wire && i < 2 * v * m; i++) mem_free(x.wire[i]);
-    free(x.wire), mem_free(x.rwire);
-    free(x.sendbuf), free(x.works), free(x.op_start), free(x.op_end);
+    pipe_exec_free(&x);
     mem_free(inputs), mem_free(targets);
     data_free(&data);
     for (int c = 0; c < v; c++) {

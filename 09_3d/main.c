@@ -32,10 +32,13 @@
 #include "flags.h"
 #include "gpt2.h"
 #include "grid3d.h"
+#include "layout_calc.h"
 #include "mem.h"
 #include "optim.h"
+#include "pipe_exec.h"
 #include "results.h"
 #include "schedule.h"
+#include "session.h"
 #include "shard.h"
 #include "tp.h"
 #include "tp_model.h"
@@ -85,100 +88,59 @@ typedef struct Chunk {
 } Chunk;
 
 // ---------------------------------------------------------------------------------------------
-// the executor: 08's, over TP stages (the table of ops for this rank's stage p, sends along PP)
+// the stage's work: what F and B compute on a TP chunk; the executor (common/pipe_exec.h, 08's)
+// runs this rank's table over them, with the sends along the PP group
 
-typedef struct Exec {
-    const Schedule *s;
+typedef struct Stage {
     Chunk *ch;
-    DistGroup *ppg;
     TpComm *comm;
-    int p, pp, S, m, Bm, T, row0, B;
+    const DataSource *data;
+    int step, B, Bm, T, row0;
+    int *inputs, *targets;
+    float dloss;           // every micro-batch's loss counts 1/m: 1 / (Bm·T·m)
     size_t BTC;
-    float **sendbuf;       // [(dir·v + chunk)·m + mb] (MEM_COMM)
-    DistWork *works;
-    int nworks;
-    int live, live_peak;   // micro-batch activation sets alive, and the most at once
-    size_t acts_base, acts_peak;
-} Exec;
+} Stage;
 
-static int tag_of(const Exec *x, int dir, int vs, int mb) { return (dir * x->S + vs) * x->m + mb; }
-static int stage_of(const Exec *x, int vs) { return vs % x->pp; }
-static float *sendbuf_of(Exec *x, int dir, int chunk, int mb) {
-    return x->sendbuf[((size_t)dir * x->s->v + chunk) * x->m + mb];
+// micro-batch mb: rows [row0 + mb·Bm, +Bm) of the step's global batch (this replica's)
+static void stage_batch(Stage *w, int mb) {
+    data_batch(w->data, (uint64_t)w->step, w->B, w->T, w->row0 + mb * w->Bm, w->Bm, w->inputs,
+               w->targets);
 }
 
-// Receives micro-batch mb's (Bm, T, C) message for virtual stage vs: dir 0 the activation from
-// vs-1, dir 1 the gradient from vs+1 (a chunk on this same rank: a copy).
-static void recv_msg(Exec *x, int dir, int vs, int mb, float *dst) {
-    int from = dir == 0 ? vs - 1 : vs + 1;
-    if (stage_of(x, from) == x->p) {
-        mem_copy(dst, sendbuf_of(x, dir, from / x->pp, mb), x->BTC * sizeof(float));
-        return;
-    }
-    int tok = trace_begin(dir == 0 ? "recv activation" : "recv gradient", TRACE_COMM);
-    dist_recv(dst, x->BTC, DIST_F32, stage_of(x, from), tag_of(x, dir, vs, mb), x->ppg);
-    trace_end(tok);
+static float *stage_f_begin(void *ctx, int chunk, int mb) {
+    Stage *w = ctx;
+    Chunk *c = &w->ch[chunk];
+    stage_batch(w, mb);
+    TpStageActs *a = lab_xcalloc(1, sizeof(TpStageActs));
+    tpm_stage_acts_alloc(a, &c->st);
+    c->acts[mb] = a;
+    return a->in;
 }
 
-static void send_msg(Exec *x, int dir, int vs, int mb) {
-    int to = dir == 0 ? vs + 1 : vs - 1;
-    if (stage_of(x, to) == x->p) return;  // the receiver copies it from sendbuf
-    x->works[x->nworks++] = dist_isend(sendbuf_of(x, dir, vs / x->pp, mb), x->BTC, DIST_F32,
-                                       stage_of(x, to), tag_of(x, dir, to, mb), x->ppg);
+static float stage_forward(void *ctx, int chunk, int mb, float *out) {
+    Stage *w = ctx;
+    TpStage *st = &w->ch[chunk].st;
+    TpStageActs *a = w->ch[chunk].acts[mb];
+    float loss = tpm_stage_forward(st, w->comm, a, w->inputs, w->targets);
+    if (out) mem_copy(out, tpm_stage_output(st, a), w->BTC * sizeof(float));
+    return st->has_head ? loss : 0.0f;
 }
 
-// Runs this rank's ops of the table for one step; returns the sum of the micro-batch losses
-// (on the last stage; else 0).
-static double run_table(Exec *x, const DataSource *data, int step, int *inputs, int *targets) {
-    const Schedule *s = x->s;
-    const float dloss = 1.0f / ((float)x->Bm * (float)x->T * (float)x->m);
-    double loss_sum = 0;
-    x->nworks = 0;
-    for (int j = 0; j < s->nops[x->p]; j++) {
-        PipeOp o = s->ops[x->p][j];
-        Chunk *c = &x->ch[o.chunk];
-        TpStage *st = &c->st;
-        char name[32];
-        snprintf(name, sizeof name, "%c%d chunk %d", "FBW"[o.kind], o.mb, o.chunk);
-        // micro-batch mb: rows [row0 + mb·Bm, +Bm) of the step's global batch (this replica's)
-        data_batch(data, (uint64_t)step, x->B, x->T, x->row0 + o.mb * x->Bm, x->Bm, inputs, targets);
-        if (o.kind == PIPE_F) {
-            TpStageActs *a = lab_xcalloc(1, sizeof(TpStageActs));
-            tpm_stage_acts_alloc(a, st);
-            c->acts[o.mb] = a;
-            x->live++;
-            if (x->live > x->live_peak) x->live_peak = x->live;
-            size_t now = mem_current(MEM_ACTS) - x->acts_base;
-            if (now > x->acts_peak) x->acts_peak = now;
-            if (c->vs > 0) recv_msg(x, 0, c->vs, o.mb, a->in);
-            int tok = trace_begin(name, TRACE_COMPUTE);
-            float loss = tpm_stage_forward(st, x->comm, a, inputs, targets);
-            trace_end(tok);
-            if (st->has_head) loss_sum += loss;
-            if (c->vs < x->S - 1) {
-                mem_copy(sendbuf_of(x, 0, o.chunk, o.mb), tpm_stage_output(st, a), x->BTC * sizeof(float));
-                send_msg(x, 0, c->vs, o.mb);
-            }
-        } else {
-            LAB_CHECK(o.kind == PIPE_B, "09_3d runs schedules without a split backward (got W)");
-            TpStageActs *a = c->acts[o.mb];
-            LAB_CHECK(a, "B(%d) of chunk %d before its F", o.mb, o.chunk);
-            if (c->vs < x->S - 1) recv_msg(x, 1, c->vs, o.mb, a->dx);
-            int tok = trace_begin(name, TRACE_COMPUTE);
-            tpm_stage_backward(st, x->comm, a, inputs, targets, dloss);
-            trace_end(tok);
-            if (c->vs > 0) {
-                mem_copy(sendbuf_of(x, 1, o.chunk, o.mb), a->dx, x->BTC * sizeof(float));
-                send_msg(x, 1, c->vs, o.mb);
-            }
-            tpm_stage_acts_free(a, st);
-            free(a);
-            c->acts[o.mb] = NULL;
-            x->live--;
-        }
-    }
-    dist_wait_all(x->works, x->nworks);
-    return loss_sum;
+static float *stage_b_begin(void *ctx, int chunk, int mb) {
+    Stage *w = ctx;
+    stage_batch(w, mb);
+    return w->ch[chunk].acts[mb]->dx;
+}
+
+static void stage_backward(void *ctx, int chunk, int mb, float *din) {
+    Stage *w = ctx;
+    TpStage *st = &w->ch[chunk].st;
+    TpStageActs *a = w->ch[chunk].acts[mb];
+    tpm_stage_backward(st, w->comm, a, w->inputs, w->targets, w->dloss);
+    if (din) mem_copy(din, a->dx, w->BTC * sizeof(float));
+    tpm_stage_acts_free(a, st);
+    free(a);
+    w->ch[chunk].acts[mb] = NULL;
 }
 
 // The tied wte: the first chunk's slice (embedding lookups) and the last chunk's copy (output
@@ -202,37 +164,6 @@ static void sync_tied_wte(Chunk *ch, int v, int p, int pp, DistGroup *ppg) {
         for (size_t i = 0; i < n; i++) mine->dwte[i] = mine->dwte[i] + other[i];  // a+b == b+a
     }
     free(other);
-}
-
-// The bytes this rank should send per step in each of its groups (dist's counting model: an
-// all-reduce of S bytes on n ranks sends 2(n-1)S/n, a send S, a broadcast's root S), from what
-// the step does: TP 4 all-reduces of (Bm·T, C) per block per micro-batch, 1 for the embedding,
-// 1 + 3 of (Bm·T) for the head and loss, 1 double for the norm; DP the gradients of every chunk
-// and the loss; PP one activation forward and one gradient back per micro-batch and boundary,
-// the tied wte's gradient on both ends, the norm, the loss from the last stage. --zero 1: DP
-// reduce-scatters and all-gathers each chunk instead (dist's uneven ring model), and sums the
-// pieces' norm parts.
-static void bytes_formula(const Exec *x, const Grid *g, int zero, double out[3]) {
-#define AR(bytes, n) ((double)(2ull * (uint64_t)((n) - 1) * (uint64_t)(bytes) / (uint64_t)(n)))
-    const uint64_t NC = x->BTC, N = NC / x->ch[0].st.cfg.C;
-    out[0] = out[1] = out[2] = 0;
-    for (int c = 0; c < x->s->v; c++) {
-        const TpStage *st = &x->ch[c].st;
-        const double nc = 4.0 * (st->l1 - st->l0) + st->has_embed + st->has_head;
-        out[0] += x->m * (nc * AR(4 * NC, g->tp) + (st->has_head ? 3 * AR(4 * N, g->tp) : 0));
-        if (!zero) out[1] += AR(4 * st->n, g->dp);
-        else  // ring reduce-scatter: all but my piece out; all-gather: all but the next one's
-            out[1] += 4.0 * (double)(2 * st->n - shard_count(st->n, g->dp, g->c.d) -
-                                     shard_count(st->n, g->dp, (g->c.d + 1) % g->dp));
-        if (g->pp > 1) out[2] += (double)x->m * 4 * NC * (!st->has_head + !st->has_embed);
-    }
-    out[0] += AR(8, g->tp);
-    out[1] += AR(4, g->dp) + (zero ? AR(16, g->dp) : 0);  // the loss; ZeRO: the norm's 2 doubles
-    if (g->pp > 1) {
-        out[2] += AR(8, g->pp) + (g->c.p == g->pp - 1 ? 4 : 0);
-        if (g->c.p == 0 || g->c.p == g->pp - 1) out[2] += 4.0 * x->ch[0].st.tv.Vl * x->ch[0].st.cfg.C;
-    }
-#undef AR
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -311,6 +242,14 @@ static void train(const LabArgs *args, const Flags3d *f) {
     const int L = cfg.L, T = cfg.T, B = args->batch, v = f->v, m = f->m;
     const int tp = f->tp, pp = f->pp;
     int dp = f->dp;
+    // 09 runs on the CPU in fp32 over MPI: common/tp.c's blocks take a kernel table, but the TP
+    // stage (tp_model.c), the tied-wte sum, ZeRO-1's pieces and the checkpoint views are host code.
+    if (strcmp(args->device, "cpu") != 0 || strcmp(args->backend, "mpi") != 0 ||
+        strcmp(args->dtype, "fp32") != 0)
+        lab_fail_collective("--device %s --backend %s --dtype %s: 09_3d runs only --device cpu "
+                            "--backend mpi --dtype fp32 (its TP stages, common/tp_model.c, are "
+                            "host-side fp32; tp.h's pieces alone run on CUDA: tools/gpu_check_tp)", args->device,
+                            args->backend, args->dtype);
     // 1. The grid: one clear refusal of an impossible layout, on every rank.
     grid_check(world, &dp, tp, pp, v, cfg.NH, L);
     if (strcmp(f->schedule, "interleaved") != 0 && v != 1)
@@ -362,12 +301,13 @@ static void train(const LabArgs *args, const Flags3d *f) {
     lab_args_data(args, &data);
     int *inputs = mem_alloc((size_t)Bm * T * sizeof(int), MEM_OTHER, DEV_CPU);
     int *targets = mem_alloc((size_t)Bm * T * sizeof(int), MEM_OTHER, DEV_CPU);
-    Exec x = {.s = &s, .ch = ch, .ppg = grid.ppg, .comm = &comm, .p = p, .pp = pp, .S = S, .m = m,
-              .Bm = Bm, .T = T, .row0 = row0, .B = B, .BTC = (size_t)Bm * T * cfg.C};
-    LAB_CHECK(tag_of(&x, 1, S - 1, m - 1) < 30000, "too many micro-batches x stages for MPI tags");
-    x.sendbuf = lab_xcalloc((size_t)2 * v * m, sizeof(float *));
-    for (int i = 0; i < 2 * v * m; i++) x.sendbuf[i] = mem_alloc(x.BTC * sizeof(float), MEM_COMM, DEV_CPU);
-    x.works = lab_xcalloc((size_t)2 * v * m + 1, sizeof(DistWork));
+    Stage work = {.ch = ch, .comm = &comm, .data = &data, .B = B, .Bm = Bm, .T = T, .row0 = row0,
+                  .inputs = inputs, .targets = targets,
+                  .dloss = 1.0f / ((float)Bm * (float)T * (float)m), .BTC = (size_t)Bm * T * cfg.C};
+    PipeExec x;
+    pipe_exec_init(&x, &s,
+                   (PipeWork){&work, stage_f_begin, stage_forward, stage_b_begin, stage_backward, NULL},
+                   grid.ppg, p, work.BTC, 0, kernels_get(DEV_CPU), DEV_CPU);
     const int skip_dp_stage = strcmp(f->mutate, "dp-skip-stage") == 0 ? pp - 1 : -1;
     const int norm_double = strcmp(f->mutate, "norm-replicated") == 0;
     const int tied_unsynced = strcmp(f->mutate, "tied-unsynced") == 0;
@@ -396,12 +336,14 @@ static void train(const LabArgs *args, const Flags3d *f) {
     dist_group_counters_reset(grid.dpg);
     dist_group_counters_reset(grid.ppg);
     double t0 = lab_now(), t_last = t0;
+    // the fault hook (--kill-rank, --kill-step) is the Session's, as in 08; it reads only these
+    Session hooks = {.args = args, .rank = rank, .start = start};
     for (int step = start; step < end; step++) {
+        session_step_begin(&hooks, step);
         for (int c = 0; c < v; c++) memset(ch[c].st.grads, 0, ch[c].st.n * sizeof(float));
-        x.acts_base = mem_current(MEM_ACTS);
-        x.live = 0;
         // 3. The pipeline table: forwards and backwards of the m micro-batches (TP inside).
-        double loss_sum = run_table(&x, &data, step, inputs, targets);
+        work.step = step;
+        double loss_sum = pipe_exec_step(&x);
         if (step == args->inject_nan_step && rank == world - 1) ch[0].st.grads[0] = NAN;  // fault
         // 4. The tied wte's two copies: their gradients summed across the pipeline.
         if (!tied_unsynced) sync_tied_wte(ch, v, p, pp, grid.ppg);
@@ -468,7 +410,13 @@ static void train(const LabArgs *args, const Flags3d *f) {
     // 8. The report: each dimension's bytes per step (this rank's groups), memory per rank.
     const double nsteps = end > start ? end - start : 1;
     double formula[3];
-    bytes_formula(&x, &grid, f->zero, formula);
+    // the formula (common/layout_calc.h), from the shapes alone: TP 4 all-reduces of (Bm·T, C)
+    // per block per micro-batch, 1 for the embedding, 1 + 3 of (Bm·T) for the head and loss, 1
+    // double for the norm; DP every chunk's gradients and the loss (--zero 1: the ring
+    // reduce-scatter and all-gather, the norm's parts); PP an activation forward and a gradient
+    // back per micro-batch and boundary, the tied wte's gradient, the norm, the loss
+    const LabLayout lay = {.dp = dp, .tp = tp, .pp = pp, .v = v, .m = m, .batch = B, .zero = f->zero};
+    lab_bytes_per_step(&cfg, &lay, grid.c.p, grid.c.d, formula);
     double mine[11] = {(double)dist_group_bytes_sent(grid.tpg) / nsteps,
                       (double)dist_group_bytes_sent(grid.dpg) / nsteps,
                       (double)dist_group_bytes_sent(grid.ppg) / nsteps,
@@ -534,8 +482,7 @@ static void train(const LabArgs *args, const Flags3d *f) {
         free(sum);
     }
     free(all), free(losses);
-    for (int i = 0; i < 2 * v * m; i++) mem_free(x.sendbuf[i]);
-    free(x.sendbuf), free(x.works);
+    pipe_exec_free(&x);
     mem_free(inputs), mem_free(targets);
     data_free(&data);
     for (int c = 0; c < v; c++) tpm_stage_free(&ch[c].st), free(ch[c].acts), mem_free(zp[c].grad);
@@ -570,7 +517,8 @@ int main(int argc, char **argv) {
          "tensors on every TP rank in the clip norm, skip the DP average on the last stage, build "
          "the groups with TP as the slowest coordinate, leave the tied wte's two copies unsynced"},
     };
-    lab_parse_args_for(LAB_FLAGS_MODEL | LAB_FLAGS_TRAINING | LAB_FLAGS_OUTPUT | LAB_FLAGS_RELIABILITY,
+    lab_parse_args_for(LAB_FLAGS_MODEL | LAB_FLAGS_TRAINING | LAB_FLAGS_HARDWARE | LAB_FLAGS_OUTPUT |
+                           LAB_FLAGS_RELIABILITY | LAB_FLAGS_KILL,
                        argc, argv, &args,
                        extra, (int)(sizeof extra / sizeof extra[0]), "09_3d/run", USAGE);
     train(&args, &f);

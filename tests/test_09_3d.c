@@ -23,6 +23,7 @@
 #include "gpt2.h"
 #include "grid3d.h"
 #include "harness.h"
+#include "layout_calc.h"
 #include "tp.h"
 
 #define ORACLE "./00_memory_budget/run --train --quiet"
@@ -43,71 +44,13 @@ static void diffs(const char *what, const RunResults *a, const RunResults *b, fl
 
 // ---- the formulas, from the shapes ---------------------------------------------------------------
 
-// Elements of one TP rank's share of the virtual stage vs of S (fp32 flat buffer).
-static double chunk_elems(const GPT2Config *c, int tp, int vs, int S) {
-    const double C = c->C, Vl = (c->V + tp - 1) / tp, per = (double)c->L / S;
-    const double sliced = 3 * C * C + 3 * C + C * C + 4 * C * C + 4 * C + 4 * C * C;  // qkv, proj, fc, fcproj
-    const double repl = 6 * C;  // ln1, ln2 (w, b), attprojb, fcprojb
-    double n = per * (sliced / tp + repl);
-    if (vs == 0) n += Vl * C + (double)c->T * C;  // wte rows, wpe
-    if (vs == S - 1) n += 2 * C + (vs == 0 ? 0 : Vl * C);  // lnf; the tied copy
-    return n;
-}
-
-// Bytes a rank at pipeline coordinate p sends per step in each of its groups (dist's models:
-// an all-reduce of S bytes on n ranks sends 2(n-1)S/n, integer division; send: S; broadcast:
-// the root S).
-// --zero 1: piece d of n elements over dp (shard.h's convention: the first n % dp one longer).
-static double piece_of(double n, int dp, int d) { return floor(n / dp) + (d < fmod(n, dp) ? 1 : 0); }
-
-static void bytes_formula(const GPT2Config *c, int dp, int tp, int pp, int v, int m, int p, int d,
-                          int zero, double *tp_b, double *dp_b, double *pp_b) {
-    const int S = pp * v, per = c->L / S;
-    const unsigned long long Bm = BATCH / dp / m, N = Bm * c->T, NC = N * c->C;
-    const unsigned long long Vl = (c->V + tp - 1) / tp;
-#define AR(bytes, n) ((double)(2ull * ((n) - 1) * (unsigned long long)(bytes) / (n)))
-    *tp_b = *dp_b = *pp_b = 0;
-    for (int ch = 0; ch < v; ch++) {
-        const int vs = ch * pp + p;
-        // TP, per micro-batch: 2 g's + 2 f's per block of N·C floats; the embedding's sum; the
-        // head's f (N·C) and the loss's max, sum of exp and target logit (N each)
-        double calls_nc = 4.0 * per + (vs == 0) + (vs == S - 1), calls_n = vs == S - 1 ? 3 : 0;
-        *tp_b += m * (calls_nc * AR(4 * NC, tp) + calls_n * AR(4 * N, tp));
-        // DP: the chunk's gradients averaged; ZeRO-1: a ring reduce-scatter sends every piece
-        // but mine, the all-gather every piece but the next replica's
-        const double n = chunk_elems(c, tp, vs, S);
-        if (!zero) *dp_b += AR(4 * n, dp);
-        else *dp_b += 4 * (2 * n - piece_of(n, dp, d) - piece_of(n, dp, (d + 1) % dp));
-        // PP: one activation per micro-batch to the next stage, one gradient back
-        if (pp > 1) *pp_b += (double)m * 4 * NC * ((vs < S - 1) + (vs > 0));
-    }
-    *tp_b += AR(8, tp);   // the clip norm: the slices' Σ g² (one double)
-    *dp_b += AR(4, dp);   // the loss (one float)
-    if (zero) *dp_b += AR(16, dp);  // the pieces' two norm parts
-    if (pp > 1) {
-        *pp_b += AR(8, pp);                                       // the clip norm over stages
-        if (p == 0 || p == pp - 1) *pp_b += 4.0 * Vl * c->C;       // the tied wte's gradient
-        if (p == pp - 1) *pp_b += 4;                              // the loss, from the last stage
-    }
-#undef AR
-}
-
-// The layout's figures in the dump against the formulas: coordinates, bytes, memory.
-// Bytes of one micro-batch's saved activations on stage p of pp (one chunk), from the shapes (the
-// same counts as test_07's per block and head, N = Bm·T): per block 6NC + 4N + 12NC/t + 2·Bm·(NH/t)·T²,
-// the head 2NC + 6N + 2N·Vl, the stage's input and its gradient 2NC.
-static double set_bytes(const GPT2Config *c, int dp, int tp, int pp, int m, int p) {
-    const double Bm = BATCH / dp / m, N = Bm * c->T, NC = N * c->C, Vl = (c->V + tp - 1) / tp;
-    const double att = Bm * (c->NH / tp) * c->T * c->T;
-    double f = (double)c->L / pp * (6 * NC + 4 * N + 12 * NC / tp + 2 * att) + 2 * NC;
-    if (p == pp - 1) f += 2 * NC + 6 * N + 2 * N * Vl;
-    return 4 * f;
-}
-
+// The bytes per step per dimension, the activation set and the weights per rank: common/
+// layout_calc.h (the shapes; dist's counting model), checked here against the 8-rank run.
 static void check_figures(const char *what, const GPT2Config *cfg, const RunResults *r, int dp, int tp,
                           int pp, int v, int m, int is_1f1b, int zero) {
     const int world = dp * tp * pp;
     CalcModel cm = calc_model_from_gpt2(cfg);
+    const LabLayout lay = {.dp = dp, .tp = tp, .pp = pp, .v = v, .m = m, .batch = BATCH, .zero = zero};
     for (int rk = 0; rk < world && rk < 8; rk++) {
         char k[32];
         const int t = rk % tp, d = (rk / tp) % dp, p = rk / (tp * dp);  // TP fastest, DP, PP
@@ -116,7 +59,7 @@ static void check_figures(const char *what, const GPT2Config *cfg, const RunResu
                      "%s: world rank %d at coordinate code %g, want (t,d,p) = (%d,%d,%d)", what, rk,
                      results_get(r, k, -1), t, d, p);
         double want[3];
-        bytes_formula(cfg, dp, tp, pp, v, m, p, d, zero, &want[0], &want[1], &want[2]);
+        lab_bytes_per_step(cfg, &lay, p, d, want);
         static const char *dims[3] = {"tp", "dp", "pp"};
         for (int i = 0; i < 3; i++) {
             snprintf(k, sizeof k, "%s_sent_r%d", dims[i], rk);
@@ -125,8 +68,8 @@ static void check_figures(const char *what, const GPT2Config *cfg, const RunResu
         }
         double elems = 0, opt = 0;  // weights; Adam m (ZeRO-1: this replica's pieces only)
         for (int ch = 0; ch < v; ch++) {
-            const double n = chunk_elems(cfg, tp, ch * pp + p, pp * v);
-            elems += n, opt += zero ? piece_of(n, dp, d) : n;
+            const double n = lab_chunk_elems(cfg, tp, ch * pp + p, pp * v);
+            elems += n, opt += zero ? lab_piece_elems(n, dp, d) : n;
         }
         char km[32];
         snprintf(km, sizeof km, "mem_opt_m_r%d", rk);
@@ -136,7 +79,7 @@ static void check_figures(const char *what, const GPT2Config *cfg, const RunResu
         cr_assert_eq(results_get(r, k, -1), 4 * elems, "%s: rank %d holds %g bytes of weights, "
                      "formula %g", what, rk, results_get(r, k, -1), 4 * elems);
         if (is_1f1b) {  // 1F1B keeps min(pp - p, m) micro-batches' activations on stage p
-            const double want_acts = (pp - p < m ? pp - p : m) * set_bytes(cfg, dp, tp, pp, m, p);
+            const double want_acts = (pp - p < m ? pp - p : m) * lab_act_set_bytes(cfg, &lay, p);
             char ka[32];
             snprintf(ka, sizeof ka, "acts_peak_r%d", rk);
             cr_assert_eq(results_get(r, ka, -1), want_acts, "%s: rank %d's activations peaked at %g "
@@ -335,6 +278,7 @@ Test(threed09, bad_layouts_are_refused_with_the_valid_choices, .timeout = 120) {
     harness_assert_refused(8, RUN3D " --dp 4 --tp 2 --pp 2 --steps 1", "must equal the world (or leave --dp out: 2)");
     harness_assert_refused(6, RUN3D " --tp 3 --pp 1 --heads 4 --steps 1", "valid degrees for NH=4 are 1, 2, 4");
     harness_assert_refused(3, RUN3D " --tp 1 --pp 3 --layers 4 --steps 1", "do not divide the 4 layers");
+    harness_assert_refused(2, RUN3D " --tp 2 --dtype bf16 --steps 1", "09_3d runs only --device cpu --backend mpi --dtype fp32");
 }
 
 // ---- the exercises ------------------------------------------------------------------------------

@@ -45,3 +45,10 @@ Test(reliability, chapter_05_zero, .timeout = 400) {
 Test(reliability, chapter_08_pipeline, .timeout = 400) {
     harness_assert_reliable("./08_pipeline/run --quiet --micro-batches 4", 2, MODEL, &CFG);
 }
+
+// 09: 2 pipeline stages (1F1B) through 09's grid (8.4 s here; the 4-rank 2 x 2 grid took
+// 9.5-10.3 s): the save gathers every stage to rank 0 in the lab's format; the NaN is injected
+// on the last rank and must stop both.
+Test(reliability, chapter_09_3d, .timeout = 400) {
+    harness_assert_reliable("./09_3d/run --quiet --tp 1 --pp 2 --micro-batches 2", 2, MODEL, &CFG);
+}
