@@ -44,6 +44,17 @@ void tpm_build(TpModel *m, GPT2Config cfg, int tp, int r, int B, int T, uint64_t
     tpm_build_sp(m, cfg, tp, r, B, T, seed, 0);
 }
 
+// Views of n blocks' weights and gradients (blocks at off[0 .. n) of the flat buffers).
+static void block_views(TpBlock **w, TpBlock **dw, float *params, float *grads, const size_t *off,
+                        size_t n, int C, int tp) {
+    *w = lab_xcalloc(n, sizeof(TpBlock));
+    *dw = lab_xcalloc(n, sizeof(TpBlock));
+    for (size_t j = 0; j < n; j++) {
+        tp_block_views(&(*w)[j], params + off[j], C, tp);
+        tp_block_views(&(*dw)[j], grads + off[j], C, tp);
+    }
+}
+
 void tpm_build_sp(TpModel *m, GPT2Config cfg, int tp, int r, int B, int T, uint64_t seed, int sp) {
     memset(m, 0, sizeof *m);
     tp_check_config(&cfg, tp);
@@ -82,12 +93,7 @@ void tpm_build_sp(TpModel *m, GPT2Config cfg, int tp, int r, int B, int T, uint6
     m->wpe = m->params + off_wpe, m->dwpe = m->grads + off_wpe;
     m->lnfw = m->params + off_lnfw, m->dlnfw = m->grads + off_lnfw;
     m->lnfb = m->params + off_lnfb, m->dlnfb = m->grads + off_lnfb;
-    m->w = lab_xcalloc(L, sizeof(TpBlock));
-    m->dw = lab_xcalloc(L, sizeof(TpBlock));
-    for (size_t l = 0; l < L; l++) {
-        tp_block_views(&m->w[l], m->params + off_block[l], cfg.C, tp);
-        tp_block_views(&m->dw[l], m->grads + off_block[l], cfg.C, tp);
-    }
+    block_views(&m->w, &m->dw, m->params, m->grads, off_block, L, cfg.C, tp);
 
     // 3. The weights of gpt2_init_params(seed)'s model, this rank's slices only: no rank ever
     //    holds the full model (each element is initialized from its index in the full model).
@@ -375,12 +381,7 @@ void tpm_stage_build(TpStage *st, GPT2Config cfg, int tp, int r, int l0, int l1,
         st->lnfw = st->params + off_lnf, st->dlnfw = st->grads + off_lnf;
         st->lnfb = st->lnfw + C, st->dlnfb = st->dlnfw + C;
     }
-    st->w = lab_xcalloc(nb, sizeof(TpBlock));
-    st->dw = lab_xcalloc(nb, sizeof(TpBlock));
-    for (size_t j = 0; j < nb; j++) {
-        tp_block_views(&st->w[j], st->params + off_block[j], cfg.C, tp);
-        tp_block_views(&st->dw[j], st->grads + off_block[j], cfg.C, tp);
-    }
+    block_views(&st->w, &st->dw, st->params, st->grads, off_block, nb, cfg.C, tp);
 
     // 3. The slices of gpt2_init_params(seed)'s model (the tied copy: the same rows as wte).
     if (st->wte) tp_wte_init(st->wte, &cfg, seed, &st->tv);
