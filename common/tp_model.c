@@ -44,6 +44,17 @@ void tpm_build(TpModel *m, GPT2Config cfg, int tp, int r, int B, int T, uint64_t
     tpm_build_sp(m, cfg, tp, r, B, T, seed, 0);
 }
 
+// The four flat buffers of n floats (weights, gradients, Adam m and v), zeroed, tagged for the
+// memory report.
+static void flat_buffers(size_t n, float **params, float **grads, float **opt_m, float **opt_v) {
+    static const MemCategory cat[4] = {MEM_PARAMS, MEM_GRADS, MEM_OPT_M, MEM_OPT_V};
+    float **buf[4] = {params, grads, opt_m, opt_v};
+    for (int i = 0; i < 4; i++) {
+        *buf[i] = mem_alloc(n * sizeof(float), cat[i], DEV_CPU);
+        memset(*buf[i], 0, n * sizeof(float));
+    }
+}
+
 // Views of n blocks' weights and gradients (blocks at off[0 .. n) of the flat buffers).
 static void block_views(TpBlock **w, TpBlock **dw, float *params, float *grads, const size_t *off,
                         size_t n, int C, int tp) {
@@ -82,13 +93,7 @@ void tpm_build_sp(TpModel *m, GPT2Config cfg, int tp, int r, int B, int T, uint6
     m->n = at;
 
     // 2. Weights, gradients, Adam state: four flat buffers, tagged for the memory report.
-    m->params = mem_alloc(m->n * sizeof(float), MEM_PARAMS, DEV_CPU);
-    m->grads = mem_alloc(m->n * sizeof(float), MEM_GRADS, DEV_CPU);
-    m->opt_m = mem_alloc(m->n * sizeof(float), MEM_OPT_M, DEV_CPU);
-    m->opt_v = mem_alloc(m->n * sizeof(float), MEM_OPT_V, DEV_CPU);
-    memset(m->grads, 0, m->n * sizeof(float));
-    memset(m->opt_m, 0, m->n * sizeof(float));
-    memset(m->opt_v, 0, m->n * sizeof(float));
+    flat_buffers(m->n, &m->params, &m->grads, &m->opt_m, &m->opt_v);
     m->wte = m->params + off_wte, m->dwte = m->grads + off_wte;
     m->wpe = m->params + off_wpe, m->dwpe = m->grads + off_wpe;
     m->lnfw = m->params + off_lnfw, m->dlnfw = m->grads + off_lnfw;
@@ -367,14 +372,7 @@ void tpm_stage_build(TpStage *st, GPT2Config cfg, int tp, int r, int l0, int l1,
     free(lay);
 
     // 2. Weights, gradients, Adam state.
-    st->params = mem_alloc(st->n * sizeof(float), MEM_PARAMS, DEV_CPU);
-    st->grads = mem_alloc(st->n * sizeof(float), MEM_GRADS, DEV_CPU);
-    st->opt_m = mem_alloc(st->n * sizeof(float), MEM_OPT_M, DEV_CPU);
-    st->opt_v = mem_alloc(st->n * sizeof(float), MEM_OPT_V, DEV_CPU);
-    memset(st->params, 0, st->n * sizeof(float));
-    memset(st->grads, 0, st->n * sizeof(float));
-    memset(st->opt_m, 0, st->n * sizeof(float));
-    memset(st->opt_v, 0, st->n * sizeof(float));
+    flat_buffers(st->n, &st->params, &st->grads, &st->opt_m, &st->opt_v);
     if (st->has_embed || st->has_head) st->wte = st->params + off_wte, st->dwte = st->grads + off_wte;
     if (st->has_embed) st->wpe = st->params + off_wpe, st->dwpe = st->grads + off_wpe;
     if (st->has_head) {
