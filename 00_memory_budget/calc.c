@@ -333,6 +333,17 @@ CalcSetup calc_setup_default(void) {
     s.dp = s.tp = s.pp = 1;
     s.micro_batch = 1;
     s.recompute = CALC_RECOMPUTE_NONE;
+    s.chunks = 1;
+    s.acts = CALC_ACTS_PAPER;
+    return s;
+}
+
+CalcSetup calc_setup_lab(int dp, int tp, int pp, int v, int m, int batch, int T, int zero) {
+    CalcSetup s = calc_setup_default();
+    s.dp = dp, s.tp = tp, s.pp = pp, s.chunks = v, s.micro_batches = m, s.zero = zero;
+    s.micro_batch = dp > 0 && m > 0 ? batch / (dp * m) : 0;  // chapter 09 refuses a remainder
+    s.seq_len = T;
+    s.acts = CALC_ACTS_LAB;
     return s;
 }
 
@@ -405,6 +416,12 @@ const char *calc_setup_check(const CalcModel *m, const CalcSetup *s) {
         return msg("micro_batches %d: must be 0 (a full pipeline) or positive", s->micro_batches);
     if (s->seq_len < 0) return msg("--seq-len %d: must be positive (0 = the model's T)", s->seq_len);
     if (s->sp != 0 && s->sp != 1) return msg("--seq-parallel: must be 0 or 1");
+    if (s->chunks < 0) return msg("--chunks %d: must be at least 1 (chunks per pipeline rank)", s->chunks);
+    if (s->acts != CALC_ACTS_PAPER && s->acts != CALC_ACTS_LAB)
+        return msg("activation model %d: unknown (valid: paper, lab)", s->acts);
+    if (s->acts == CALC_ACTS_LAB && (s->sp || s->recompute != CALC_RECOMPUTE_NONE))
+        return msg("the lab's activation list (chapter 09's run) has no sequence parallelism and "
+                   "no recomputation: drop --seq-parallel and --recompute");
     if (m->arch == CALC_ARCH_RAW) {
         if (s->tp > 1 || s->pp > 1)
             return msg("--tp %d --pp %d: splitting a model across TP/PP ranks needs its "
@@ -418,6 +435,10 @@ const char *calc_setup_check(const CalcModel *m, const CalcSetup *s) {
                    "FFN=%d; each TP rank takes whole heads and an equal MLP slice): valid --tp: %s",
                    s->tp, m->name, m->NH, m->KV, m->FFN, valid);
     }
+    const int v = s->chunks > 1 ? s->chunks : 1;
+    if (v > 1 && calc_stage_layers(m->L, s->pp * v, 0) < 0)
+        return msg("--pp %d x --chunks %d = %d virtual stages do not split the %d layers of %s "
+                   "(L %% (pp v) must be 0)", s->pp, v, s->pp * v, m->L, m->name);
     if (calc_stage_layers(m->L, s->pp, 0) < 0) {
         list_valid(valid, sizeof valid, m->L, pp_ok, m);
         return msg("--pp %d does not split the %d layers of %s into stages (L %% pp must be 0, "
@@ -471,6 +492,15 @@ int64_t calc_stage_params(const CalcModel *m, int tp, int pp, int stage) {
     return n;
 }
 
+int64_t calc_stage_replicated_params(const CalcModel *m, int S, int vs) {
+    if (m->arch == CALC_ARCH_RAW) return 0;
+    int64_t split, repl;
+    layer_params(m, &split, &repl);
+    return (int64_t)calc_stage_layers(m->L, S, vs) * repl + (vs == S - 1 ? final_norm_params(m) : 0);
+}
+
+int64_t calc_piece(int64_t n, int dp, int d) { return n / dp + (d < n % dp ? 1 : 0); }
+
 static double act_width(CalcDtype d) { return d == CALC_BF16 ? 2.0 : 4.0; }
 
 double calc_layer_activation_bytes(const CalcModel *m, const CalcSetup *cs) {
@@ -479,6 +509,14 @@ double calc_layer_activation_bytes(const CalcModel *m, const CalcSetup *cs) {
     double b = cs->micro_batch, h = m->C, a = m->NH, t = cs->tp;
     double w = act_width(cs->dtype);   // bytes per stored activation value
     double bytes = 0;
+    if (cs->acts == CALC_ACTS_LAB) {
+        // common/tp_model.c's block, N = b*s tokens: ln1, ln2 outputs, the attention output
+        // before proj, the two residuals, fcproj's output (6 N*h, replicated over TP); q, k, v,
+        // the heads' output, fc and GELU's 4h (12 N*h / t, split by heads and columns); ln1's
+        // and ln2's mean and rstd (4 N); the pre-softmax scores and the softmax, (b, a/t, s, s).
+        double N = b * s;
+        return w * (6 * N * h + 4 * N + 12 * N * h / t + 2 * b * (a / t) * s * s);
+    }
     // EXERCISE 00.2 Activation memory -> 00_memory_budget/README.md#exercise-002-activation-memory
     if (cs->recompute == CALC_RECOMPUTE_FULL) {
         bytes = w * s * b * h;                        // only the layer's input is kept
@@ -496,15 +534,38 @@ double calc_layer_activation_bytes(const CalcModel *m, const CalcSetup *cs) {
 
 // Activations of stage `stage`: 1F1B keeps min(pp - stage, micro-batches) micro-batches of its
 // layers alive; the last stage adds the output layer; recomputation needs one layer's worth
-// of working memory while it recomputes.
+// of working memory while it recomputes. With v > 1 chunks (interleaved 1F1B) the count is an
+// estimate, not checked against a run: Megatron's warm-up, 2(pp - stage - 1) + (v - 1) pp
+// chunk forwards, plus the one in progress, at most m v, each of L / (pp v) layers.
 static double stage_activation_bytes(const CalcModel *m, const CalcSetup *s, int stage,
                                      int *inflight_out) {
     if (m->arch == CALC_ARCH_RAW) { *inflight_out = 0; return 0; }
+    const int v = s->chunks > 1 ? s->chunks : 1, S = s->pp * v;
     int inflight = s->pp - stage;
     if (s->micro_batches > 0 && s->micro_batches < inflight) inflight = s->micro_batches;
+    double sets = inflight;  // micro-batches' worth of this rank's chunks in flight
+    if (v > 1) {
+        int units = 2 * (s->pp - stage - 1) + (v - 1) * s->pp + 1;
+        int mb = calc_micro_batches(s);
+        if (units > mb * v) units = mb * v;
+        inflight = units;
+        sets = (double)units / v;
+    }
     *inflight_out = inflight;
-    double layers = calc_stage_layers(m->L, s->pp, stage);
-    double acts = layers * inflight * calc_layer_activation_bytes(m, s);
+    double layers = 0;
+    for (int c = 0; c < v; c++) layers += calc_stage_layers(m->L, S, c * s->pp + stage);
+    double acts = layers * sets * calc_layer_activation_bytes(m, s);
+    if (s->acts == CALC_ACTS_LAB) {
+        // per chunk and micro-batch its input and the input's gradient (2 N*h); the last
+        // virtual stage's head: lnf's output and the gradient into it (2 N*h), lnf's mean and
+        // rstd, the cross-entropy's max, sum of exp, target logit and loss (6 N), the logits
+        // and their softmax over the rank's vocabulary rows (2 N V/t)
+        double N = (double)s->micro_batch * (s->seq_len > 0 ? s->seq_len : m->T), h = m->C;
+        double w = act_width(s->dtype), Vl = (double)((m->V + s->tp - 1) / s->tp);
+        acts += sets * v * w * 2 * N * h;
+        if (stage == s->pp - 1) acts += sets * w * (2 * N * h + 6 * N + 2 * N * Vl);
+        return acts;
+    }
     if (s->recompute != CALC_RECOMPUTE_NONE) {
         CalcSetup none = *s;
         none.recompute = CALC_RECOMPUTE_NONE;
@@ -542,6 +603,10 @@ static void act_formula(char *buf, size_t n, const CalcModel *m, const CalcSetup
     const char *src = "Korthikanti et al. 2022 (GPT-3 block, 1-byte dropout masks)";
     if (m->arch == CALC_ARCH_RAW) {
         snprintf(buf, n, "not computed: --params gives no dimensions (use --model or --dims)");
+    } else if (s->acts == CALC_ACTS_LAB) {
+        snprintf(buf, n, "the lab's TP stage (chapter 09), %g-byte values, N = b*s: N*h*(6 + 12/t)"
+                 " + 4N + 2*b*(a/t)*s^2 per layer; per chunk its input and gradient 2*N*h; the "
+                 "head 2*N*h + 6N + 2*N*V/t", w);
     } else if (s->recompute == CALC_RECOMPUTE_FULL) {
         snprintf(buf, n, "%s, full recomputation: %g*s*b*h per layer%s (its input), plus one "
                  "layer's activations while it is recomputed", src, w, s->sp && tp ? " / t" : "");
@@ -561,32 +626,53 @@ static void act_formula(char *buf, size_t n, const CalcModel *m, const CalcSetup
     }
 }
 
-CalcBreakdown calc_memory(const CalcModel *m, const CalcSetup *s) {
+CalcBreakdown calc_rank_memory(const CalcModel *m, const CalcSetup *s, int stage, int replica) {
     const char *err = calc_setup_check(m, s);
-    LAB_CHECK(err == NULL, "calc_memory: %s", err);
+    LAB_CHECK(err == NULL, "calc_rank_memory: %s", err);
+    LAB_CHECK(stage >= 0 && stage < s->pp && replica >= 0 && replica < s->dp,
+              "calc_rank_memory: stage %d of %d, replica %d of %d", stage, s->pp, replica, s->dp);
     CalcBytesPerParam bpp = calc_bytes_per_param(s->dtype, s->optim);
+    const int v = s->chunks > 1 ? s->chunks : 1, S = s->pp * v;
+    CalcBreakdown b;
+    memset(&b, 0, sizeof b);
+    // The rank's parameters: one flat buffer per chunk (virtual stage c*pp + stage of S), and
+    // of each the piece this replica keeps when ZeRO shards it.
+    int64_t psi = 0, piece = 0;
+    for (int c = 0; c < v; c++) {
+        int64_t n = m->arch == CALC_ARCH_RAW ? m->nparams : calc_stage_params(m, s->tp, S, c * s->pp + stage);
+        psi += n;
+        piece += calc_piece(n, s->dp, replica);
+    }
+    // Which states are sharded is exercise 00.4's answer (it pads: ceil(psi / dp)); the runtime
+    // cuts each chunk unevenly, so a sharded state holds this replica's pieces exactly.
+    CalcShard sh = calc_zero_shard(psi, s->zero, s->dp);
+    if (sh.params != psi) sh.params = piece;
+    if (sh.grads != psi) sh.grads = piece;
+    if (sh.opt != psi) sh.opt = piece;
+    b.params = (double)sh.params * bpp.params;
+    b.grads = (double)sh.grads * bpp.grads;
+    b.master = (double)sh.opt * bpp.master;
+    b.m = (double)sh.opt * bpp.m;
+    b.v = (double)sh.opt * bpp.v;
+    b.acts = stage_activation_bytes(m, s, stage, &b.inflight);
+    b.total = b.params + b.grads + b.master + b.m + b.v + b.acts;
+    b.rank_params = psi;
+    b.stage = stage;
+    b.nstages = s->pp;
+    for (int c = 0; c < v && m->arch != CALC_ARCH_RAW; c++)
+        b.layers += calc_stage_layers(m->L, S, c * s->pp + stage);
+    act_formula(b.act_formula, sizeof b.act_formula, m, s);
+    return b;
+}
+
+CalcBreakdown calc_memory(const CalcModel *m, const CalcSetup *s) {
     CalcBreakdown best;
     memset(&best, 0, sizeof best);
     best.total = -1;
     for (int r = 0; r < s->pp; r++) {
-        CalcBreakdown b;
-        memset(&b, 0, sizeof b);
-        int64_t psi = calc_stage_params(m, s->tp, s->pp, r);
-        CalcShard sh = calc_zero_shard(psi, s->zero, s->dp);
-        b.params = (double)sh.params * bpp.params;
-        b.grads = (double)sh.grads * bpp.grads;
-        b.master = (double)sh.opt * bpp.master;
-        b.m = (double)sh.opt * bpp.m;
-        b.v = (double)sh.opt * bpp.v;
-        b.acts = stage_activation_bytes(m, s, r, &b.inflight);
-        b.total = b.params + b.grads + b.master + b.m + b.v + b.acts;
-        b.rank_params = psi;
-        b.stage = r;
-        b.nstages = s->pp;
-        b.layers = m->arch == CALC_ARCH_RAW ? 0 : calc_stage_layers(m->L, s->pp, r);
+        CalcBreakdown b = calc_rank_memory(m, s, r, 0);
         if (b.total > best.total) best = b;
     }
-    act_formula(best.act_formula, sizeof best.act_formula, m, s);
     return best;
 }
 

@@ -94,6 +94,14 @@ const char *calc_gpu_preset_error(const char *name);
 typedef enum { CALC_FP32, CALC_BF16 } CalcDtype;      // bf16 = mixed precision (fp32 master)
 typedef enum { CALC_ADAM, CALC_SGD } CalcOptim;       // SGD with momentum: one state buffer
 typedef enum { CALC_RECOMPUTE_NONE, CALC_RECOMPUTE_SELECTIVE, CALC_RECOMPUTE_FULL } CalcRecompute;
+// Which tensors a layer keeps for its backward pass. The two are the same accounting with a
+// different list of stored tensors, chosen here rather than by a second function:
+//   CALC_ACTS_PAPER  Korthikanti et al. 2022's GPT-3 block (dropout masks, bf16/fp16 values; SP
+//                    and recomputation cut it): what Megatron stores, used for the large models.
+//   CALC_ACTS_LAB    what chapter 09's TP stage (common/tp_model.c) stores per micro-batch, no
+//                    dropout, the (B, NH/t, T, T) attention matrices twice, no SP, no
+//                    recomputation: exact for the lab's fp32 run (the 8-rank test checks it).
+typedef enum { CALC_ACTS_PAPER, CALC_ACTS_LAB } CalcActModel;
 
 typedef struct CalcSetup {
     CalcDtype dtype;
@@ -106,10 +114,18 @@ typedef struct CalcSetup {
                         // min(pp - stage, micro_batches) in flight. 0: assume a full pipeline.
     int seq_len;        // s, tokens per sequence; 0: the model's T
     CalcRecompute recompute;
+    int chunks;         // v, model chunks per pipeline rank (interleaved 1F1B); 0 or 1: one.
+                        // Virtual stage vs = chunk * pp + stage holds layers of S = pp * v.
+    CalcActModel acts;  // which activation list (CALC_ACTS_PAPER unless said)
 } CalcSetup;
 
-// fp32, Adam, ZeRO-0, DP=TP=PP=1, no SP, micro-batch 1, seq_len = T, no recomputation.
+// fp32, Adam, ZeRO-0, DP=TP=PP=1, no SP, micro-batch 1, seq_len = T, no recomputation, one
+// chunk, Korthikanti's activations.
 CalcSetup calc_setup_default(void);
+// The setup of a lab run (chapter 09's flags): fp32, Adam, --batch sequences per step over dp
+// replicas and m micro-batches (micro-batch = batch / (dp m)), T tokens, v chunks, ZeRO 0 or 1,
+// the lab's activation list. The run's figures are calc_rank_memory / calc_rank_comm of it.
+CalcSetup calc_setup_lab(int dp, int tp, int pp, int v, int m, int batch, int T, int zero);
 const char *calc_dtype_name(CalcDtype d);          // "fp32", "bf16"
 const char *calc_recompute_name(CalcRecompute r);  // "none", "selective", "full"
 int calc_parse_dtype(const char *s, CalcDtype *out);          // 0 ok, -1 unknown
@@ -142,10 +158,21 @@ typedef struct CalcBreakdown {
 
 // NULL when (model, setup) is valid, else a message naming the flag and valid values.
 const char *calc_setup_check(const CalcModel *m, const CalcSetup *s);
-// Memory per rank. Call calc_setup_check first: invalid input ends the job (LAB_CHECK).
+// Memory of the heaviest rank: the largest calc_rank_memory over the stages (replica 0, whose
+// ZeRO pieces are the longest). Call calc_setup_check first: invalid input ends the job.
 CalcBreakdown calc_memory(const CalcModel *m, const CalcSetup *s);
+// Memory of the rank at pipeline stage `stage` (0..pp-1), data-parallel replica `replica`
+// (0..dp-1): its v chunks' parameters (calc_stage_params of each virtual stage), sharded as
+// calc_zero_shard says, each chunk's buffer cut into dp pieces the way the runtime cuts it
+// (common/shard.h: the first n % dp pieces one element longer), and its activations in flight.
+CalcBreakdown calc_rank_memory(const CalcModel *m, const CalcSetup *s, int stage, int replica);
 // Parameters one rank of pipeline stage `stage` holds after the TP/PP split (before ZeRO).
 int64_t calc_stage_params(const CalcModel *m, int tp, int pp, int stage);
+// Parameters every TP rank of virtual stage vs (of S) replicates: its layers' norms (and GPT-2's
+// biases of row-parallel layers), the final norm on the last stage.
+int64_t calc_stage_replicated_params(const CalcModel *m, int S, int vs);
+// Elements of piece d when n elements are cut into dp pieces, the first n % dp one longer.
+int64_t calc_piece(int64_t n, int dp, int d);
 // Layers on pipeline stage `stage`: L/pp, or Llama 3's balanced split when (L+2) % pp == 0
 // (first and last stage one layer fewer, to make room for the embedding and the head).
 int calc_stage_layers(int L, int pp, int stage);
@@ -169,6 +196,47 @@ double calc_activation_bytes_lab(const GPT2Config *cfg, int B, int T, GPT2Dtype 
 
 // 1 when total fits in mem_bytes.
 int calc_fits(const CalcBreakdown *b, double mem_bytes);
+
+// ------------------------------------------------------------------------------------------
+// Bytes on the wire per rank (comm.c): what one rank sends per step in its TP, DP and PP group,
+// counted the way common/dist.c counts (what chapter 09 prints and its 8-rank test checks to
+// the byte). A ring all-reduce of S bytes on n ranks sends 2(n-1)S/n (integer division), a
+// reduce-scatter or all-gather of pieces every piece but one, a send its bytes, a broadcast's
+// root its bytes once.
+//   TP  per micro-batch and layer 4 all-reduces of b*s*h values (Megatron's g twice in forward,
+//       f twice in backward; 6 with full recomputation, whose second forward repeats the g's);
+//       the vocab-parallel embedding's sum (stage 0) and the head's f (last stage), b*s*h each;
+//       the cross-entropy's max, sum of exp and target logit, b*s fp32 each; once per step the
+//       clip norm (one double) and, with SP, the replicated parameters' gradients. SP replaces
+//       each all-reduce by a reduce-scatter + all-gather: the same bytes.
+//   DP  ZeRO-0 all-reduces every chunk's gradients once per step; ZeRO-1 reduce-scatters them
+//       and all-gathers the updated parameters (the same 2(n-1)/n for even pieces); ZeRO-2
+//       reduce-scatters after every micro-batch; ZeRO-3 also all-gathers the parameters twice
+//       per micro-batch (forward and backward); plus the loss (one float), and with ZeRO the
+//       clip norm's two parts (two doubles).
+//   PP  per micro-batch and chunk one activation forward (not from the last virtual stage) and
+//       one gradient back (not from the first), b*s*h values (/ t with SP: each TP rank sends
+//       its sequence shard); once per step the clip norm (a double), the tied wte's gradient
+//       between the first and the last stage (V/t x h values), the loss from the last stage.
+// Values travel in the model's dtype (bf16 or fp32); the loss, norms and cross-entropy in fp32
+// or fp64 as above.
+typedef struct CalcTraffic {
+    double mb_bytes;    // sent per micro-batch (all of this rank's chunks)
+    double mb_hops;     // sequential message latencies per micro-batch (ring: 2(n-1) per all-reduce)
+    double step_bytes;  // sent per optimizer step: m * mb_bytes + the once-per-step messages
+    double step_hops;
+} CalcTraffic;
+
+typedef struct CalcComm {
+    CalcTraffic tp, dp, pp;
+    int micro_batches;  // m the step was counted with (micro_batches, or pp when that is 0)
+} CalcComm;
+
+CalcComm calc_rank_comm(const CalcModel *m, const CalcSetup *s, int stage, int replica);
+// 2(n-1)*bytes/n rounded down, as dist counts a ring all-reduce of `bytes` on n ranks.
+double calc_ring_all_reduce_bytes(double bytes, int n);
+// Micro-batches per step the accounting assumes: micro_batches, or pp (a just-full pipeline).
+int calc_micro_batches(const CalcSetup *s);
 
 // The table (bytes/param, bytes, GB and GiB (or MB and MiB for small models), share), and the
 // ASCII bars of the notes' "Training Memory per GPU" figure; mem_bytes > 0 draws the GPU's
@@ -231,6 +299,8 @@ typedef struct CalcPlan {
     double t_dp;          // data-parallel gradient sync / ZeRO gathers
     double t_step;
     double mfu;           // 6 N tokens / (G * peak * t_step)
+    // bytes one GPU sends per step in each group (calc_rank_comm, the busiest stage of each)
+    double b_tp, b_pp, b_dp;
 } CalcPlan;
 
 typedef struct CalcPlanResult {
@@ -249,8 +319,16 @@ CalcPlanResult calc_plan(const CalcModel *m, const CalcPlanSpec *p);
 void calc_plan_free(CalcPlanResult *r);
 // The best fitting plan with this DP x TP x PP layout, or NULL.
 const CalcPlan *calc_plan_find(const CalcPlanResult *r, int dp, int tp, int pp);
-// Estimated step time of one candidate (fills the t_* fields and mfu of *c).
+// Estimated step time of one candidate (fills the t_*, b_* fields and mfu of *c). The
+// communication times are calc_rank_comm's bytes and hops: bytes / bandwidth + hops * alpha,
+// per micro-batch slot for TP and PP (1F1B runs m + pp - 1 slots), per step for DP; each
+// dimension's time is its busiest stage's.
 void calc_plan_time(const CalcModel *m, const CalcPlanSpec *p, CalcPlan *c);
+// The layout report of --layout: memory per GPU by category and bytes per step per dimension
+// for every pipeline stage (replica 0), then the step time per dimension and MFU (p: the
+// GPU, bandwidths and MFU; p->global_batch = dp * m * micro-batch, p->gpus = dp * tp * pp).
+void calc_print_layout(FILE *out, const CalcModel *m, const CalcSetup *s, const CalcPlanSpec *p,
+                       const char *gpu_label);
 // The ranked table, one row per DP x TP x PP layout (its best ZeRO/micro-batch/recompute);
 // when nothing fits, why, and the fewest GPUs that would do.
 void calc_print_plan(FILE *out, const CalcModel *m, const CalcPlanSpec *p,
@@ -288,6 +366,9 @@ typedef struct CalcCliArgs {
     int gpus;               // --gpus
     float price;            // --price $/GPU-hour
     int plan;               // --plan
+    const char *layout;     // --layout DPxTPxPP (NULL: not given)
+    int micro_batches;      // --micro-batches m (0: the lab model's 2, as chapter 09; else pp)
+    int chunks;             // --chunks v (interleaved 1F1B)
     int gpus_per_node;      // --gpus-per-node
     int global_batch;       // --global-batch (sequences)
     float bw_intra, bw_inter;  // --bw-intra --bw-inter GB/s (0: the preset's)

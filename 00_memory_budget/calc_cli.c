@@ -4,6 +4,9 @@
 //   ./00_memory_budget/run --params 7B --dtype bf16 --gpu a100-80     the notes' 112 GB
 //   ./00_memory_budget/run --model 70b --cost --tokens 15T --gpu h100 --mfu 0.45
 //   ./00_memory_budget/run --model 70b --dtype bf16 --plan --gpus 8 --gpu h100
+//   ./00_memory_budget/run --model 70b --dtype bf16 --layout 64x8x1 --zero 1 --seq-parallel
+//   ./00_memory_budget/run --layers 4 --channels 32 --heads 4 --seq 16 --batch 8 --layout 2x2x2
+//                                     chapter 09's 8-rank run, predicted: memory and bytes per rank
 #include <stdlib.h>
 #include <string.h>
 #include "calc.h"
@@ -29,6 +32,9 @@ CalcCliArgs calc_cli_defaults(void) {
     a.global_batch = 512;
     a.latency_us = 5.0f;
     a.top = 10;
+    a.layout = NULL;
+    a.micro_batches = 0;
+    a.chunks = 1;
     return a;
 }
 
@@ -88,6 +94,12 @@ const FlagSpec *calc_cli_flags(CalcCliArgs *a, int *n) {
         "GB/s per GPU between nodes (0: the preset's InfiniBand)"};
     f[k++] = (FlagSpec){"--latency-us", FLAG_FLOAT, &a->latency_us, 0, 1e6, NULL,
         "alpha: microseconds per message hop"};
+    f[k++] = (FlagSpec){"--layout", FLAG_STRING, &a->layout, 0, 0, NULL,
+        "DPxTPxPP, e.g. 2x2x2: memory and bytes per step of every stage, step time, MFU"};
+    f[k++] = (FlagSpec){"--micro-batches", FLAG_INT, &a->micro_batches, 0, 1 << 20, NULL,
+        "micro-batches per step m (0: 2 for the lab model, as chapter 09; pp for the others)"};
+    f[k++] = (FlagSpec){"--chunks", FLAG_INT, &a->chunks, 1, 1 << 16, NULL,
+        "model chunks per pipeline rank v (interleaved 1F1B)"};
     f[k++] = (FlagSpec){"--top", FLAG_INT, &a->top, 1, 1000, NULL, "rows of the plan table"};
     LAB_CHECK(k <= CALC_CLI_MAX_FLAGS, "calc_cli_flags: %d flags, room for %d", k,
               CALC_CLI_MAX_FLAGS);
@@ -147,6 +159,20 @@ static CalcModel resolve_model(const CalcCliArgs *a, const LabArgs *lab) {
     return *m;
 }
 
+// --layout "2x2x2": DP x TP x PP, three positive integers. Returns NULL or what is wrong.
+static const char *parse_layout(const char *text, int *dp, int *tp, int *pp) {
+    static char err[256];
+    int n = -1;
+    if (strspn(text, "0123456789x") != strlen(text) ||
+        sscanf(text, "%dx%dx%d%n", dp, tp, pp, &n) != 3 || n < 0 || text[n] != '\0' || *dp < 1 ||
+        *tp < 1 || *pp < 1) {
+        snprintf(err, sizeof err, "--layout '%s': expected DPxTPxPP, three positive integers "
+                 "(e.g. 2x2x2, 64x8x1, 256x8x8)", text);
+        return err;
+    }
+    return NULL;
+}
+
 int calc_cli_run(const CalcCliArgs *a, const LabArgs *lab) {
     if (a->list) {
         print_presets(stdout);
@@ -168,8 +194,30 @@ int calc_cli_run(const CalcCliArgs *a, const LabArgs *lab) {
     s.sp = a->seq_parallel;
     s.micro_batch = a->micro_batch > 0 ? a->micro_batch : is_lab ? lab->batch : 1;
     s.seq_len = a->seq_len;
-    const char *err = calc_setup_check(&model, &s);
-    if (err) lab_fail_collective("%s", err);
+    s.micro_batches = a->micro_batches;
+    s.chunks = a->chunks;
+    const char *err = NULL;
+    if (a->layout) {
+        if (a->dp != 1 || a->tp != 1 || a->pp != 1)
+            lab_fail_collective("--layout %s and --dp/--tp/--pp both give the layout: use one of "
+                                "them", a->layout);
+        if (a->plan) lab_fail_collective("--layout details one layout, --plan ranks them all: use one");
+        if ((err = parse_layout(a->layout, &s.dp, &s.tp, &s.pp))) lab_fail_collective("%s", err);
+        if (is_lab) {
+            // chapter 09's run: --batch sequences per step over dp replicas x m micro-batches,
+            // the activations its TP stage stores
+            if (s.micro_batches == 0) s.micro_batches = 2;
+            if (a->micro_batch == 0) {
+                if (lab->batch % (s.dp * s.micro_batches) != 0)
+                    lab_fail_collective("--batch %d does not split into %d replicas x %d "
+                                        "micro-batches; use a multiple of %d (or --micro-batch)",
+                                        lab->batch, s.dp, s.micro_batches, s.dp * s.micro_batches);
+                s.micro_batch = lab->batch / (s.dp * s.micro_batches);
+            }
+            s.acts = CALC_ACTS_LAB;
+        }
+    }
+    if ((err = calc_setup_check(&model, &s))) lab_fail_collective("%s", err);
 
     const CalcGpu *gpu = NULL;
     if (a->gpu) {
@@ -196,10 +244,14 @@ int calc_cli_run(const CalcCliArgs *a, const LabArgs *lab) {
     }
     CalcPlanSpec p;
     memset(&p, 0, sizeof p);
-    if (a->plan) {
-        p.gpus = a->gpus;
+    if (a->plan || a->layout) {
+        if (a->layout && model.arch == CALC_ARCH_RAW)
+            lab_fail_collective("--layout needs the model's dimensions to split it (use --model or "
+                                "--dims, not --params)");
+        // --layout: the GPUs and the global batch are the layout's
+        p.gpus = a->layout ? s.dp * s.tp * s.pp : a->gpus;
         p.gpus_per_node = a->gpus_per_node;
-        p.global_batch = a->global_batch;
+        p.global_batch = a->layout ? s.dp * calc_micro_batches(&s) * s.micro_batch : a->global_batch;
         p.seq_len = a->seq_len;
         p.dtype = s.dtype;
         p.optim = s.optim;
@@ -209,13 +261,17 @@ int calc_cli_run(const CalcCliArgs *a, const LabArgs *lab) {
         p.bw_intra = a->bw_intra > 0 ? a->bw_intra * 1e9 : hw->bw_intra;
         p.bw_inter = a->bw_inter > 0 ? a->bw_inter * 1e9 : hw->bw_inter;
         p.latency = a->latency_us * 1e-6;
+        if (a->layout && p.gpus > p.gpus_per_node && p.gpus % p.gpus_per_node != 0)
+            lab_fail_collective("--layout %s: %d GPUs are not a whole number of nodes of "
+                                "--gpus-per-node %d (valid: a multiple of %d, or at most %d GPUs)",
+                                a->layout, p.gpus, p.gpus_per_node, p.gpus_per_node, p.gpus_per_node);
         err = calc_plan_check(&model, &p);
         if (err) lab_fail_collective("%s", err);
     }
 
     CalcBreakdown b = calc_memory(&model, &s);
     calc_print_memory(stdout, &model, &s, &b);
-    if (is_lab || strcmp(model.name, "tiny") == 0) {
+    if ((is_lab || strcmp(model.name, "tiny") == 0) && !a->layout) {
         GPT2Config cfg = {model.V, model.T, model.L, model.C, model.NH};
         int T = s.seq_len > 0 ? s.seq_len : model.T;
         int bf16 = s.dtype == CALC_BF16;
@@ -226,6 +282,7 @@ int calc_cli_run(const CalcCliArgs *a, const LabArgs *lab) {
                s.micro_batch, T);
     }
     calc_print_bars(stdout, &b, label, capacity);
+    if (a->layout) calc_print_layout(stdout, &model, &s, &p, hw_label);
     if (a->cost) {
         CalcCost r = calc_cost(&c);
         calc_print_cost(stdout, &c, &r, hw_label);

@@ -10,15 +10,14 @@
 //             x 4/3 with full recomputation (the forward runs twice); selective recomputation
 //             adds the attention core's forward, 4 * b * s^2 * C per layer / tp; 1F1B runs
 //             m + pp - 1 such slots (the bubble is the pp - 1).
-//   TP        per layer and micro-batch, 4 all-reduces of b*s*C values (2 forward, 2 backward;
-//             6 with full recomputation), over NVLink (TP stays inside a node).
-//   PP        per micro-batch slot, one send forward and one backward of b*s*C/tp values.
-//   DP        once per step after the pipeline drains: ZeRO-0/1 all-reduce the gradients (ZeRO-1:
-//             reduce-scatter + all-gather, the same volume); ZeRO-2 reduce-scatters after every
-//             micro-batch; ZeRO-3 also all-gathers the parameters twice per micro-batch.
-//   ring      all-reduce(S, n) = 2(n-1) * alpha + 2(n-1)/n * S / bw; reduce-scatter and
-//             all-gather half of that. bw is the NVLink bandwidth when the group fits in one
-//             node, else the InfiniBand bandwidth per GPU.
+//   TP, PP, DP the bytes and message hops one rank sends per micro-batch and per step in each
+//             group, from calc_rank_comm (comm.c: the same count chapter 09's run is checked
+//             against to the byte), timed as bytes / bw + hops * alpha: TP over NVLink (it
+//             stays inside a node) once per micro-batch slot; PP per slot over NVLink when the
+//             whole job fits in a node, else InfiniBand; DP once per step (ZeRO-2/3 also per
+//             micro-batch) over NVLink when a DP group fits in a node with its TP ranks.
+//   ring      all-reduce(S, n) = 2(n-1) hops, 2(n-1)/n * S bytes; reduce-scatter and
+//             all-gather half of that.
 #include <math.h>
 #include <stdarg.h>
 #include <stdlib.h>
@@ -27,17 +26,6 @@
 #include "check.h"
 
 static char plan_msg[512];
-
-static double ring_all_reduce(double bytes, int n, double bw, double alpha) {
-    if (n <= 1) return 0;
-    return 2.0 * (n - 1) * alpha + 2.0 * (n - 1) / n * bytes / bw;
-}
-
-// reduce-scatter or all-gather of a buffer of `bytes` (the full, unsharded size)
-static double ring_half(double bytes, int n, double bw, double alpha) {
-    if (n <= 1) return 0;
-    return (double)(n - 1) * alpha + (double)(n - 1) / n * bytes / bw;
-}
 
 LAB_PRINTF(1, 2) static const char *plan_error(const char *fmt, ...) {
     va_list ap;
@@ -85,16 +73,21 @@ const char *calc_plan_check(const CalcModel *m, const CalcPlanSpec *p) {
     return NULL;
 }
 
+// Seconds of one group's traffic: bytes / bandwidth + hops * alpha (the alpha-beta model).
+static double traffic_s(double bytes, double hops, double bw, double alpha) {
+    return bytes / bw + hops * alpha;
+}
+
 void calc_plan_time(const CalcModel *m, const CalcPlanSpec *p, CalcPlan *c) {
     const CalcSetup *s = &c->setup;
     double N = (double)m->nparams;
     double seq = s->seq_len > 0 ? s->seq_len : m->T;
-    double w = s->dtype == CALC_BF16 ? 2 : 4;               // bytes per activation/param value
-    CalcBytesPerParam bpp = calc_bytes_per_param(s->dtype, s->optim);
-    int G = s->dp * s->tp * s->pp, nmb = s->micro_batches;
+    const int G = s->dp * s->tp * s->pp, nmb = calc_micro_batches(s);
+    const int v = s->chunks > 1 ? s->chunks : 1;
     int layers = 0;                                         // the slowest stage sets the pace
     for (int r = 0; r < s->pp; r++) {
-        int l = calc_stage_layers(m->L, s->pp, r);
+        int l = 0;
+        for (int ch = 0; ch < v; ch++) l += calc_stage_layers(m->L, s->pp * v, ch * s->pp + r);
         if (l > layers) layers = l;
     }
     double recompute = s->recompute == CALC_RECOMPUTE_FULL ? 4.0 / 3.0 : 1.0;
@@ -103,30 +96,35 @@ void calc_plan_time(const CalcModel *m, const CalcPlanSpec *p, CalcPlan *c) {
     if (s->recompute == CALC_RECOMPUTE_SELECTIVE)   // QK^T and AV run again in backward
         slot_flops += layers * 4.0 * s->micro_batch * seq * seq * m->C / s->tp;
     double slot_compute = slot_flops / (p->peak_flops * p->mfu);
-    double act = s->micro_batch * seq * m->C * w;           // one micro-batch's hidden states
-    double ar_per_layer = s->recompute == CALC_RECOMPUTE_FULL ? 6 : 4;
-    double slot_tp = layers * ar_per_layer * ring_all_reduce(act, s->tp, p->bw_intra, p->latency);
-    double bw_pp = G <= p->gpus_per_node ? p->bw_intra : p->bw_inter;
-    double slot_pp = s->pp > 1 ? 2 * (p->latency + act / s->tp / bw_pp) : 0;
     double slots = nmb + s->pp - 1;
     c->t_compute = slots * slot_compute;
-    c->t_tp = slots * slot_tp;
-    c->t_pp = slots * slot_pp;
 
-    // Data parallel: the heaviest stage's parameters on one TP rank.
-    double psi = (double)c->mem.rank_params;
+    // Communication: calc_rank_comm's bytes of every stage (replica 0), timed on the link its
+    // group crosses; each dimension's time is its busiest stage's (a pessimistic sum when
+    // different stages are the busiest for different dimensions).
+    double bw_pp = G <= p->gpus_per_node ? p->bw_intra : p->bw_inter;
     double bw_dp = s->tp * s->dp <= p->gpus_per_node ? p->bw_intra : p->bw_inter;
-    double grads = psi * bpp.grads, params = psi * bpp.params;
-    double t_dp = 0;
-    if (s->zero <= 1)      // all-reduce (ZeRO-1: reduce-scatter grads + all-gather params)
-        t_dp = ring_half(grads, s->dp, bw_dp, p->latency) + ring_half(params, s->dp, bw_dp, p->latency);
-    else if (s->zero == 2) // every micro-batch's gradients leave at once; params gathered once
-        t_dp = nmb * ring_half(grads, s->dp, bw_dp, p->latency) +
-               ring_half(params, s->dp, bw_dp, p->latency);
-    else                   // gather params for forward and backward, scatter grads, per micro-batch
-        t_dp = nmb * (2 * ring_half(params, s->dp, bw_dp, p->latency) +
-                      ring_half(grads, s->dp, bw_dp, p->latency));
-    c->t_dp = t_dp;
+    c->t_tp = c->t_pp = c->t_dp = c->b_tp = c->b_pp = c->b_dp = 0;
+    for (int r = 0; r < s->pp; r++) {
+        CalcComm k = calc_rank_comm(m, s, r, 0);
+        // TP and PP: every micro-batch slot of 1F1B waits for its messages (the bubble's slots
+        // too: the pipeline's pace is the slot's), then the once-per-step ones
+        const CalcTraffic *tp = &k.tp, *pq = &k.pp, *dq = &k.dp;
+        double t_tp = slots * traffic_s(tp->mb_bytes, tp->mb_hops, p->bw_intra, p->latency) +
+                      traffic_s(tp->step_bytes - nmb * tp->mb_bytes, tp->step_hops - nmb * tp->mb_hops,
+                                p->bw_intra, p->latency);
+        double t_pp = slots * traffic_s(pq->mb_bytes, pq->mb_hops, bw_pp, p->latency) +
+                      traffic_s(pq->step_bytes - nmb * pq->mb_bytes, pq->step_hops - nmb * pq->mb_hops,
+                                bw_pp, p->latency);
+        // DP: after the pipeline drains (ZeRO-2/3: per micro-batch too, counted in step_*)
+        double t_dp = traffic_s(dq->step_bytes, dq->step_hops, bw_dp, p->latency);
+        if (t_tp > c->t_tp) c->t_tp = t_tp;
+        if (t_pp > c->t_pp) c->t_pp = t_pp;
+        if (t_dp > c->t_dp) c->t_dp = t_dp;
+        if (tp->step_bytes > c->b_tp) c->b_tp = tp->step_bytes;
+        if (pq->step_bytes > c->b_pp) c->b_pp = pq->step_bytes;
+        if (dq->step_bytes > c->b_dp) c->b_dp = dq->step_bytes;
+    }
     c->t_step = c->t_compute + c->t_tp + c->t_pp + c->t_dp;
     c->mfu = 6 * N * (double)p->global_batch * seq / ((double)G * p->peak_flops * c->t_step);
 }
@@ -246,16 +244,17 @@ static void print_row(FILE *out, int rank, const CalcPlan *c, double mem_bytes) 
     const CalcSetup *s = &c->setup;
     char layout[32];
     snprintf(layout, sizeof layout, "%d x %d x %d", s->dp, s->tp, s->pp);
-    fprintf(out, "  %4d  %-14s %4d %4d %5d  %-9s %9.2f %5.0f%% %9.3f %8.3f %8.3f %8.3f %9.3f %5.1f%%\n",
-            rank, layout, s->zero, s->micro_batch, s->micro_batches,
+    fprintf(out, "  %4d  %-14s %4d %4d %5d  %-9s %9.2f %5.0f%% %8.2f %8.2f %8.2f %9.3f %8.3f "
+            "%8.3f %8.3f %9.3f %5.1f%%\n", rank, layout, s->zero, s->micro_batch, s->micro_batches,
             calc_recompute_name(s->recompute), c->mem.total / 1e9, 100 * c->mem.total / mem_bytes,
-            c->t_compute, c->t_tp, c->t_pp, c->t_dp, c->t_step, 100 * c->mfu);
+            c->b_tp / 1e9, c->b_pp / 1e9, c->b_dp / 1e9, c->t_compute, c->t_tp, c->t_pp, c->t_dp,
+            c->t_step, 100 * c->mfu);
 }
 
 static void print_header(FILE *out) {
-    fprintf(out, "  %4s  %-14s %4s %4s %5s  %-9s %9s %6s %9s %8s %8s %8s %9s %6s\n", "rank",
-            "DP x TP x PP", "ZeRO", "mb", "m", "recompute", "mem GB", "of GPU", "compute s",
-            "TP s", "PP s", "DP s", "step s", "MFU");
+    fprintf(out, "  %4s  %-14s %4s %4s %5s  %-9s %9s %6s %8s %8s %8s %9s %8s %8s %8s %9s %6s\n",
+            "rank", "DP x TP x PP", "ZeRO", "mb", "m", "recompute", "mem GB", "of GPU", "TP GB",
+            "PP GB", "DP GB", "compute s", "TP s", "PP s", "DP s", "step s", "MFU");
 }
 
 void calc_print_plan(FILE *out, const CalcModel *m, const CalcPlanSpec *p,
@@ -275,6 +274,8 @@ void calc_print_plan(FILE *out, const CalcModel *m, const CalcPlanSpec *p,
             p->peak_flops / 1e12, p->bw_intra / 1e9, p->bw_inter / 1e9, p->latency * 1e6);
     fprintf(out, "  rules: TP inside a node (tp divides %d), PP and DP across nodes; SP on with "
             "TP; 1F1B; mb = micro-batch, m = micro-batches per step\n", p->gpus_per_node);
+    fprintf(out, "  TP/PP/DP GB: bytes one GPU sends per step in that group (its busiest stage; "
+            "--layout DPxTPxPP details one layout)\n");
     fprintf(out, "  %d candidate setups, %d fit; best setup of each DP x TP x PP layout, fastest "
             "first:\n\n", r->nplans, r->nfit);
     if (r->nfit > 0) {
@@ -301,4 +302,84 @@ void calc_print_plan(FILE *out, const CalcModel *m, const CalcPlanSpec *p,
         fprintf(out, "  No layout fits on up to %d GPUs either: shorten --seq-len, lower "
                 "--global-batch, or use GPUs with more memory.\n", 4096 * p->gpus_per_node);
     }
+}
+
+// ------------------------------------------------------------------------------------------
+// --layout: one layout in detail, every pipeline stage's memory and traffic.
+
+// "1.23 GB" / "456.70 MB" / "12.30 KB" / "8 B", into buf.
+static const char *fmt_size(char *buf, size_t n, double bytes) {
+    if (bytes >= 1e9) snprintf(buf, n, "%.2f GB", bytes / 1e9);
+    else if (bytes >= 1e6) snprintf(buf, n, "%.2f MB", bytes / 1e6);
+    else if (bytes >= 1e3) snprintf(buf, n, "%.2f KB", bytes / 1e3);
+    else snprintf(buf, n, "%.0f B", bytes);
+    return buf;
+}
+
+// The exact byte count and the same in decimal units.
+static void print_bytes(FILE *out, double bytes) {
+    char buf[32];
+    fprintf(out, " %16.0f %10s", bytes, fmt_size(buf, sizeof buf, bytes));
+}
+
+void calc_print_layout(FILE *out, const CalcModel *m, const CalcSetup *s, const CalcPlanSpec *p,
+                       const char *gpu_label) {
+    const int v = s->chunks > 1 ? s->chunks : 1, M = calc_micro_batches(s);
+    const int seq = s->seq_len > 0 ? s->seq_len : m->T;
+    char cnt[32];
+    fprintf(out, "\nLayout DP %d x TP %d x PP %d = %d GPUs: %s (%s parameters), %s, ZeRO-%d%s\n",
+            s->dp, s->tp, s->pp, s->dp * s->tp * s->pp, m->name,
+            calc_fmt_count(cnt, sizeof cnt, (double)m->nparams),
+            s->dtype == CALC_BF16 ? "bf16 mixed precision" : "fp32", s->zero,
+            s->sp && s->tp > 1 ? ", sequence parallel" : "");
+    fprintf(out, "  per step: %d micro-batch%s of b=%d x s=%d tokens per replica (global batch %d "
+            "sequences), 1F1B%s, recompute %s\n", M, M == 1 ? "" : "es", s->micro_batch, seq,
+            s->dp * M * s->micro_batch, v > 1 ? " interleaved" : "", calc_recompute_name(s->recompute));
+    if (v > 1) fprintf(out, "  %d chunks per rank: virtual stage c*%d + stage of %d\n", v, s->pp, s->pp * v);
+    fprintf(out, "  activations: %s\n", s->acts == CALC_ACTS_LAB ? "the lab's TP stage (chapter 09's "
+            "run, exact)" : "Korthikanti et al. 2022");
+    // Memory per GPU by category, one row per stage (replica 0: the longest ZeRO pieces)
+    fprintf(out, "\nMemory per GPU (bytes; replica 0 of each stage)\n");
+    fprintf(out, "  %5s %6s %14s %14s %14s %14s %14s %14s %14s %10s %5s %14s\n", "stage", "layers",
+            "Ψ rank", "params", "grads", "master", "Adam m", "Adam v", "activations",
+            "in flight", "", "total");
+    for (int r = 0; r < s->pp; r++) {
+        CalcBreakdown b = calc_rank_memory(m, s, r, 0);
+        char tot[32];
+        fprintf(out, "  %5d %6d %14lld %14.0f %14.0f %14.0f %14.0f %14.0f %14.0f %10d %5s %14.0f  "
+                "(%s)\n", r, b.layers, (long long)b.rank_params, b.params, b.grads, b.master,
+                b.m, b.v, b.acts, b.inflight, v > 1 ? "chunk" : "mb", b.total,
+                fmt_size(tot, sizeof tot, b.total));
+    }
+    // Bytes per step per dimension
+    fprintf(out, "\nBytes one GPU sends per step in its groups (replica 0; dist's count: ring "
+            "all-reduce 2(n-1)/n)\n");
+    fprintf(out, "  %5s %-4s %27s %27s\n", "stage", "dim", "per step", "per micro-batch");
+    static const char *dims[3] = {"TP", "DP", "PP"};
+    for (int r = 0; r < s->pp; r++) {
+        CalcComm k = calc_rank_comm(m, s, r, 0);
+        const CalcTraffic *t[3] = {&k.tp, &k.dp, &k.pp};
+        for (int i = 0; i < 3; i++) {
+            fprintf(out, "  %5d %-4s", r, dims[i]);
+            print_bytes(out, t[i]->step_bytes);
+            print_bytes(out, t[i]->mb_bytes);
+            fprintf(out, "\n");
+        }
+    }
+    // Step time and MFU
+    CalcPlan c;
+    memset(&c, 0, sizeof c);
+    c.setup = *s;
+    c.setup.micro_batches = M;
+    c.mem = calc_memory(m, s);
+    calc_plan_time(m, p, &c);
+    fprintf(out, "\nStep time on %s (alpha-beta, no overlap; peak %.0f TFLOP/s at MFU %.2f, NVLink "
+            "%.0f GB/s, InfiniBand %.0f GB/s, alpha %.1f us)\n", gpu_label, p->peak_flops / 1e12,
+            p->mfu, p->bw_intra / 1e9, p->bw_inter / 1e9, p->latency * 1e6);
+    fprintf(out, "  compute %.4g s + TP %.4g s + PP %.4g s + DP %.4g s = step %.4g s; MFU %.1f %% "
+            "(6 N x %d x %d tokens / (%d GPUs x peak x step))\n", c.t_compute, c.t_tp, c.t_pp,
+            c.t_dp, c.t_step, 100 * c.mfu, p->global_batch, seq, p->gpus);
+    char tot[32];
+    fprintf(out, "  heaviest GPU %s of %.2f GB: %s\n", fmt_size(tot, sizeof tot, c.mem.total),
+            p->mem_bytes / 1e9, calc_fits(&c.mem, p->mem_bytes) ? "fits" : "does NOT fit");
 }

@@ -25,6 +25,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "calc.h"
 #include "check.h"
 #include "ckpt.h"
 #include "data.h"
@@ -32,7 +33,6 @@
 #include "flags.h"
 #include "gpt2.h"
 #include "grid3d.h"
-#include "layout_calc.h"
 #include "mem.h"
 #include "optim.h"
 #include "pipe_exec.h"
@@ -410,13 +410,16 @@ static void train(const LabArgs *args, const Flags3d *f) {
     // 8. The report: each dimension's bytes per step (this rank's groups), memory per rank.
     const double nsteps = end > start ? end - start : 1;
     double formula[3];
-    // the formula (common/layout_calc.h), from the shapes alone: TP 4 all-reduces of (Bm·T, C)
-    // per block per micro-batch, 1 for the embedding, 1 + 3 of (Bm·T) for the head and loss, 1
-    // double for the norm; DP every chunk's gradients and the loss (--zero 1: the ring
-    // reduce-scatter and all-gather, the norm's parts); PP an activation forward and a gradient
-    // back per micro-batch and boundary, the tied wte's gradient, the norm, the loss
-    const LabLayout lay = {.dp = dp, .tp = tp, .pp = pp, .v = v, .m = m, .batch = B, .zero = f->zero};
-    lab_bytes_per_step(&cfg, &lay, grid.c.p, grid.c.d, formula);
+    // the formula: chapter 00's calculator for this layout (calc_rank_comm, 00_memory_budget/
+    // comm.c), from the shapes alone: TP 4 all-reduces of (Bm·T, C) per block per micro-batch,
+    // 1 for the embedding, 1 + 3 of (Bm·T) for the head and loss, 1 double for the norm; DP
+    // every chunk's gradients and the loss (--zero 1: the ring reduce-scatter and all-gather,
+    // the norm's parts); PP an activation forward and a gradient back per micro-batch and
+    // boundary, the tied wte's gradient, the norm, the loss
+    const CalcModel cm = calc_model_from_gpt2(&cfg);
+    const CalcSetup cs = calc_setup_lab(dp, tp, pp, v, m, B, T, f->zero);
+    const CalcComm k = calc_rank_comm(&cm, &cs, grid.c.p, grid.c.d);
+    formula[0] = k.tp.step_bytes, formula[1] = k.dp.step_bytes, formula[2] = k.pp.step_bytes;
     double mine[11] = {(double)dist_group_bytes_sent(grid.tpg) / nsteps,
                       (double)dist_group_bytes_sent(grid.dpg) / nsteps,
                       (double)dist_group_bytes_sent(grid.ppg) / nsteps,

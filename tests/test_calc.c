@@ -449,8 +449,11 @@ Test(calc, zero3_costs_more_communication) {
     c3.setup.zero = 3;
     calc_plan_time(m, &p, &c1);
     calc_plan_time(m, &p, &c3);
-    // ZeRO-1: one all-reduce of 2-byte grads over 8 ranks on NVLink: 2*7/8*2*6.74e9/450e9 s.
-    assert_rel(c1.t_dp, 2 * 7.0 / 8 * 2 * 6738415616.0 / 450e9 + 14 * 5e-6, 1e-9, "ZeRO-1 DP time");
+    // ZeRO-1 over 8 ranks on NVLink: a reduce-scatter of the 2-byte grads and an all-gather of
+    // the 2-byte params, 7/8 of 2Ψ bytes and 7 hops each; then the loss (4 bytes: 2*7*4/8 = 7
+    // sent) and the norm's two doubles (16: 28 sent), 14 hops each.
+    assert_rel(c1.t_dp, (2 * 7.0 / 8 * 2 * 6738415616.0 + 7 + 28) / 450e9 + 42 * 5e-6, 1e-9,
+               "ZeRO-1 DP time");
     cr_assert_gt(c3.t_dp, 8 * c1.t_dp, "ZeRO-3 over 8 micro-batches: 3 x 8 half-rings vs 2");
 }
 
@@ -633,4 +636,138 @@ Test(calc_cli, mfu_help_range_is_what_is_accepted, .timeout = 60) {
     rc = harness_run(CALC_RUN " --cost --tokens 15T --mfu 0", &out, 30);
     cr_assert(rc != 0 && harness_contains(out, want), "--mfu 0 refused, naming %s:\n%s", want, out);
     free(out);
+}
+
+// ---------------------------------------------------------------------------------------------
+// --layout: the figures printed for one layout are the accounting's (calc_rank_memory,
+// calc_rank_comm: what chapter 09's 8-rank run is checked against), and for simple layouts
+// they are the textbook's closed forms, written out here.
+
+#define LAB_MODEL "./00_memory_budget/run --layers 4 --channels 32 --heads 4 --seq 16 --batch 8"
+static const GPT2Config LAB_CFG = {.V = 256, .T = 16, .L = 4, .C = 32, .NH = 4};
+
+// One stage's printed figures: memory by category, bytes per step and per micro-batch.
+typedef struct Printed {
+    double mem[7];      // params grads master m v acts total
+    double step[3], mb[3];  // TP DP PP
+} Printed;
+
+// Runs 00 with `flags` and reads the --layout tables, one Printed per stage (at most 8).
+static int run_layout(const char *flags, Printed *st, int max) {
+    char cmd[512], *out = NULL;
+    snprintf(cmd, sizeof cmd, "%s %s", LAB_MODEL, flags);
+    int rc = harness_run(cmd, &out, 30);
+    cr_assert_eq(rc, 0, "%s:\n%s", cmd, out);
+    const char *mem = strstr(out, "Memory per GPU (bytes");
+    const char *bytes = strstr(out, "Bytes one GPU sends per step");
+    cr_assert(mem && bytes, "%s: no layout tables:\n%s", cmd, out);
+    int n = 0;
+    for (const char *l = strchr(strchr(mem, '\n') + 1, '\n') + 1; l < bytes && n < max; l = strchr(l, '\n') + 1) {
+        int stage, layers, inflight;
+        long long psi;
+        Printed *p = &st[n];
+        if (sscanf(l, "%d %d %lld %lf %lf %lf %lf %lf %lf %d %*s %lf", &stage, &layers, &psi,
+                   &p->mem[0], &p->mem[1], &p->mem[2], &p->mem[3], &p->mem[4], &p->mem[5],
+                   &inflight, &p->mem[6]) != 11)
+            break;
+        cr_assert_eq(stage, n, "%s: memory rows out of order:\n%s", cmd, out);
+        n++;
+    }
+    const char *l = strchr(strchr(bytes, '\n') + 1, '\n') + 1;
+    for (int i = 0; i < 3 * n; i++, l = strchr(l, '\n') + 1) {
+        int stage;
+        char dim[8];
+        double step, mb;
+        cr_assert(sscanf(l, "%d %7s %lf %*s %*s %lf", &stage, dim, &step, &mb) == 4 && stage == i / 3,
+                  "%s: bytes row %d unreadable:\n%s", cmd, i, out);
+        st[stage].step[i % 3] = step, st[stage].mb[i % 3] = mb;
+    }
+    free(out);
+    return n;
+}
+
+// Every printed figure of the lab model's layout == the functions' for chapter 09's flags.
+static void check_printed(int dp, int tp, int pp, int m, int zero) {
+    char flags[128];
+    snprintf(flags, sizeof flags, "--layout %dx%dx%d --micro-batches %d --zero %d", dp, tp, pp, m, zero);
+    Printed st[8];
+    cr_assert_eq(run_layout(flags, st, 8), pp, "%s: one row per stage", flags);
+    const CalcModel cm = calc_model_from_gpt2(&LAB_CFG);
+    const CalcSetup cs = calc_setup_lab(dp, tp, pp, 1, m, 8, 16, zero);
+    for (int p = 0; p < pp; p++) {
+        CalcBreakdown b = calc_rank_memory(&cm, &cs, p, 0);
+        CalcComm k = calc_rank_comm(&cm, &cs, p, 0);
+        const double mem[7] = {b.params, b.grads, b.master, b.m, b.v, b.acts, b.total};
+        for (int i = 0; i < 7; i++)
+            cr_assert_eq(st[p].mem[i], mem[i], "%s stage %d: memory column %d printed %.0f, "
+                         "calc_rank_memory %.0f", flags, p, i, st[p].mem[i], mem[i]);
+        const CalcTraffic *t[3] = {&k.tp, &k.dp, &k.pp};
+        for (int i = 0; i < 3; i++) {
+            cr_assert_eq(st[p].step[i], t[i]->step_bytes, "%s stage %d: dim %d printed %.0f per "
+                         "step, calc_rank_comm %.0f", flags, p, i, st[p].step[i], t[i]->step_bytes);
+            cr_assert_eq(st[p].mb[i], t[i]->mb_bytes, "%s stage %d dim %d per micro-batch", flags, p, i);
+        }
+    }
+}
+
+Test(calc_cli, layout_prints_the_accounting_of_chapter_09s_run, .timeout = 60) {
+    check_printed(2, 2, 2, 2, 0);   // the run of 09's README
+    check_printed(2, 1, 4, 2, 0);   // pp = 4: middle stages send both ways
+    check_printed(4, 2, 1, 1, 1);   // ZeRO-1 pieces
+}
+
+// The closed forms, by hand. The lab model: Ψ = V C + T C + L (12 C² + 13 C) + 2 C
+// = 8192 + 512 + 4 (12288 + 416) + 64 = 59,584 parameters, fp32.
+// DP 4 only: one ring all-reduce of the 4Ψ-byte gradients sends 2(n-1)/n 4Ψ = 357,504 bytes,
+// the loss's 4 bytes 2*3*4/4 = 6 more; memory 4Ψ each of params, grads, Adam m, v.
+// ZeRO-1 (Ψ/4 = 14,896 each): reduce-scatter + all-gather 2 * 3/4 * 4Ψ = 357,504, the loss 6,
+// the norm's two doubles 2*3*16/4 = 24; Adam m and v 4Ψ/4 = 59,584 bytes.
+// TP 2 only (m = 2 micro-batches of b = 4, N = b s = 64 tokens): per micro-batch 4L + 2 = 18
+// all-reduces of N C 4 = 8,192 bytes, each 2(2-1)/2 = 1x on the wire, and the cross-entropy's
+// three of N 4 = 256: 147,456 + 768 = 148,224; per step 2x that + the norm's double (8).
+// Seen failing with the loss all-reduce dropped from calc_rank_comm (DP 357,504 != 357,510).
+Test(calc_cli, layout_figures_equal_the_closed_forms, .timeout = 60) {
+    const double psi = 59584;
+    Printed st[1];
+    cr_assert_eq(run_layout("--layout 4x1x1 --micro-batches 1", st, 1), 1);
+    cr_assert_eq(st[0].step[1], 2.0 * 3 / 4 * 4 * psi + 6, "DP 4: %.0f bytes per step", st[0].step[1]);
+    cr_assert(st[0].step[0] == 0 && st[0].step[2] == 0, "DP only: no TP, no PP bytes");
+    cr_assert(st[0].mem[0] == 4 * psi && st[0].mem[1] == 4 * psi && st[0].mem[3] == 4 * psi &&
+              st[0].mem[4] == 4 * psi && st[0].mem[2] == 0, "DP 4: 4Ψ of params, grads, m, v");
+    cr_assert_eq(run_layout("--layout 4x1x1 --micro-batches 1 --zero 1", st, 1), 1);
+    cr_assert_eq(st[0].step[1], 2.0 * 3 / 4 * 4 * psi + 6 + 24, "ZeRO-1: %.0f", st[0].step[1]);
+    cr_assert(st[0].mem[3] == psi && st[0].mem[4] == psi && st[0].mem[1] == 4 * psi,
+              "ZeRO-1 over 4: Adam m, v 4Ψ/4 each, grads whole (m %.0f)", st[0].mem[3]);
+    cr_assert_eq(run_layout("--layout 1x2x1 --micro-batches 2", st, 1), 1);
+    cr_assert_eq(st[0].mb[0], 18 * 8192.0 + 3 * 256, "TP 2 per micro-batch: %.0f", st[0].mb[0]);
+    cr_assert_eq(st[0].step[0], 2 * (18 * 8192.0 + 3 * 256) + 8, "TP 2 per step: %.0f", st[0].step[0]);
+    cr_assert(st[0].step[1] == 0 && st[0].step[2] == 0, "TP only: no DP, no PP bytes");
+}
+
+// Bad --layout values: one message naming what is valid, before any table.
+static void assert_layout_refused(const char *flags, const char *msg) {
+    char cmd[512], *out = NULL;
+    snprintf(cmd, sizeof cmd, "%s %s", LAB_MODEL, flags);
+    int rc = harness_run(cmd, &out, 30);
+    cr_assert(rc != 0 && rc != 124, "%s: must be refused (rc %d):\n%s", cmd, rc, out);
+    cr_assert(harness_contains(out, msg), "%s: the message should say '%s':\n%s", cmd, msg, out);
+    cr_assert(!harness_contains(out, "Memory per GPU"), "%s: a table came before the error:\n%s", cmd, out);
+    free(out);
+}
+
+Test(calc_cli, bad_layouts_refused_with_the_valid_choices, .timeout = 60) {
+    assert_layout_refused("--layout 2x2", "expected DPxTPxPP, three positive integers");
+    assert_layout_refused("--layout 2x0x2", "expected DPxTPxPP");
+    assert_layout_refused("--layout 2x2x2x", "expected DPxTPxPP");
+    assert_layout_refused("--layout ' 2x2x2'", "expected DPxTPxPP");
+    assert_layout_refused("--layout 2x2x2 --dp 2", "use one of them");
+    assert_layout_refused("--layout 2x2x2 --plan", "use one");
+    assert_layout_refused("--layout 3x1x1", "use a multiple of 6");
+    assert_layout_refused("--layout 1x3x1", "valid --tp: 1, 2, 4");
+    assert_layout_refused("--layout 1x1x3", "valid --pp: 1, 2, 4");
+    assert_layout_refused("--layout 1x1x2 --chunks 4", "virtual stages do not split the 4 layers");
+    assert_layout_refused("--layout 1x1x2 --chunks 0", "--chunks");
+    assert_layout_refused("--layout 2x1x1 --seq-parallel", "drop --seq-parallel");
+    assert_layout_refused("--layout 12x1x1 --micro-batch 1", "not a whole number of nodes");
+    assert_layout_refused("--params 7B --layout 8x1x1", "needs the model's dimensions");
 }

@@ -1,0 +1,103 @@
+// comm.c: the bytes one rank sends per step in its TP, DP and PP group (calc.h, "Bytes on the
+// wire per rank"), for any model and layout: the planner's communication times are these bytes
+// over a bandwidth, and chapter 09's 8-rank run is checked against them to the byte.
+//
+// Counted as common/dist.c counts: a ring all-reduce of S bytes on n ranks sends 2(n-1)S/n
+// (S/n per step of the reduce-scatter half, and again of the all-gather half; integer
+// division), a ring reduce-scatter or all-gather of uneven pieces sends every piece but one
+// (reduce-scatter: all but its own, all-gather: all but the next rank's), a send its bytes, a
+// broadcast's root its bytes once. Latencies: a ring all-reduce is 2(n-1) hops, a
+// reduce-scatter or all-gather n-1, a send 1.
+#include <string.h>
+#include "calc.h"
+#include "check.h"
+
+double calc_ring_all_reduce_bytes(double bytes, int n) {
+    if (n <= 1) return 0;
+    // exact integer arithmetic while it fits in 64 bits (it does for any real model: the
+    // largest buffer, a stage's gradients, is ~1e11 bytes); dist rounds down the same way
+    const double prod = 2.0 * (n - 1) * bytes;
+    if (prod < 1.8e19) return (double)(2ull * (unsigned long long)(n - 1) * (unsigned long long)bytes / (unsigned)n);
+    return prod / n;
+}
+
+int calc_micro_batches(const CalcSetup *s) { return s->micro_batches > 0 ? s->micro_batches : s->pp; }
+
+// Adds one collective to a group's count, once per micro-batch or once per step.
+static void add(CalcTraffic *t, int per_mb, double bytes, double hops) {
+    if (per_mb) t->mb_bytes += bytes, t->mb_hops += hops;
+    else t->step_bytes += bytes, t->step_hops += hops;
+}
+
+// A ring all-reduce of `bytes` on n ranks.
+static void all_reduce(CalcTraffic *t, int per_mb, double bytes, int n) {
+    if (n > 1) add(t, per_mb, calc_ring_all_reduce_bytes(bytes, n), 2.0 * (n - 1));
+}
+
+CalcComm calc_rank_comm(const CalcModel *m, const CalcSetup *s, int stage, int replica) {
+    const char *err = calc_setup_check(m, s);
+    LAB_CHECK(err == NULL, "calc_rank_comm: %s", err);
+    LAB_CHECK(m->arch != CALC_ARCH_RAW, "calc_rank_comm: --params gives no dimensions to split");
+    LAB_CHECK(stage >= 0 && stage < s->pp && replica >= 0 && replica < s->dp,
+              "calc_rank_comm: stage %d of %d, replica %d of %d", stage, s->pp, replica, s->dp);
+    CalcComm k;
+    memset(&k, 0, sizeof k);
+    const int tp = s->tp, dp = s->dp, pp = s->pp, v = s->chunks > 1 ? s->chunks : 1, S = pp * v;
+    const int M = calc_micro_batches(s);
+    k.micro_batches = M;
+    // w: bytes per value of the model's dtype (activations, their gradients, parameters and
+    // gradients all travel in it); the loss, the norms and the cross-entropy's values are fp32/64
+    const double w = s->dtype == CALC_BF16 ? 2 : 4;
+    const double N = (double)s->micro_batch * (s->seq_len > 0 ? s->seq_len : m->T);  // tokens
+    const double act = N * m->C * w;                   // one micro-batch's (b, s, h) tensor
+    const double Vl = (double)((m->V + tp - 1) / tp);  // vocabulary rows per TP rank
+    const int full = s->recompute == CALC_RECOMPUTE_FULL;
+    double repl_elems = 0;  // TP-replicated parameters of this rank (their grads, under SP)
+    for (int c = 0; c < v; c++) {
+        const int vs = c * pp + stage, first = vs == 0, last = vs == S - 1;
+        const int layers = calc_stage_layers(m->L, S, vs);
+        // TP, per micro-batch: 4 all-reduces per layer (6 with full recomputation), the
+        // embedding's sum, the head's f, the cross-entropy's three (b, s) fp32 vectors
+        const int calls = layers * (4 + 2 * full) + first + last;
+        for (int i = 0; i < calls; i++) all_reduce(&k.tp, 1, act, tp);
+        for (int i = 0; last && i < 3; i++) all_reduce(&k.tp, 1, 4 * N, tp);
+        // DP: the chunk's flat buffer of n elements, cut into dp pieces (calc_piece)
+        const int64_t n = calc_stage_params(m, tp, S, vs);
+        const double mine = (double)calc_piece(n, dp, replica);
+        const double next = (double)calc_piece(n, dp, (replica + 1) % dp);
+        const double rs = ((double)n - mine) * w, ag = ((double)n - next) * w;
+        if (dp > 1) {
+            if (s->zero == 0) all_reduce(&k.dp, 0, (double)n * w, dp);
+            if (s->zero == 1) add(&k.dp, 0, rs + ag, 2.0 * (dp - 1));
+            if (s->zero == 2) add(&k.dp, 1, rs, dp - 1), add(&k.dp, 0, ag, dp - 1);
+            if (s->zero == 3) add(&k.dp, 1, rs + 2 * ag, 3.0 * (dp - 1));
+        }
+        // PP, per micro-batch: the activation to the next virtual stage, the gradient back
+        if (pp > 1) {
+            const int sends = (vs < S - 1) + (vs > 0);
+            add(&k.pp, 1, sends * (s->sp ? act / tp : act), sends);
+        }
+        repl_elems += (double)calc_stage_replicated_params(m, S, vs);
+    }
+    // TP once per step: the clip norm's Σ g² of the slices (a double)
+    all_reduce(&k.tp, 0, 8, tp);
+    // with SP each TP rank's norms (and biases added after a reduce-scatter) see only its
+    // sequence shard: their gradients are summed over TP (Megatron's LayerNorm all-reduce)
+    if (s->sp) all_reduce(&k.tp, 0, repl_elems * w, tp);
+    // DP once per step: the loss (a float); with ZeRO the norm of the pieces, two doubles
+    all_reduce(&k.dp, 0, 4, dp);
+    if (s->zero > 0) all_reduce(&k.dp, 0, 16, dp);
+    if (pp > 1) {
+        all_reduce(&k.pp, 0, 8, pp);  // the clip norm over the stages (a double)
+        // the tied wte's gradient, summed between its copies on the first and the last stage:
+        // an all-reduce of 2 ranks sends it once
+        if (m->tied && (stage == 0 || stage == pp - 1)) all_reduce(&k.pp, 0, Vl * m->C * w, 2);
+        if (stage == pp - 1) add(&k.pp, 0, 4, 1);  // the step's loss, broadcast by the last stage
+    }
+    CalcTraffic *g[3] = {&k.tp, &k.dp, &k.pp};
+    for (int i = 0; i < 3; i++) {
+        g[i]->step_bytes += M * g[i]->mb_bytes;
+        g[i]->step_hops += M * g[i]->mb_hops;
+    }
+    return k;
+}
