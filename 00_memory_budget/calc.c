@@ -12,6 +12,7 @@
 #include <strings.h>
 #include "calc.h"
 #include "check.h"
+#include "schedule.h"
 
 #define GIB (1024.0 * 1024.0 * 1024.0)
 
@@ -436,6 +437,10 @@ const char *calc_setup_check(const CalcModel *m, const CalcSetup *s) {
                    s->tp, m->name, m->NH, m->KV, m->FFN, valid);
     }
     const int v = s->chunks > 1 ? s->chunks : 1;
+    if (v > 1 && (s->pp > SCHED_MAX_STAGES || calc_micro_batches(s) % s->pp != 0))
+        return msg("--chunks %d: interleaved 1F1B runs the micro-batches in groups of pp: "
+                   "--micro-batches %d must be a multiple of --pp %d (valid: %d, %d, ...), pp at "
+                   "most %d", v, calc_micro_batches(s), s->pp, s->pp, 2 * s->pp, SCHED_MAX_STAGES);
     if (v > 1 && calc_stage_layers(m->L, s->pp * v, 0) < 0)
         return msg("--pp %d x --chunks %d = %d virtual stages do not split the %d layers of %s "
                    "(L %% (pp v) must be 0)", s->pp, v, s->pp * v, m->L, m->name);
@@ -532,52 +537,65 @@ double calc_layer_activation_bytes(const CalcModel *m, const CalcSetup *cs) {
     return bytes;
 }
 
-// Activations of stage `stage`: 1F1B keeps min(pp - stage, micro-batches) micro-batches of its
-// layers alive; the last stage adds the output layer; recomputation needs one layer's worth
-// of working memory while it recomputes. With v > 1 chunks (interleaved 1F1B) the count is an
-// estimate, not checked against a run: Megatron's warm-up, 2(pp - stage - 1) + (v - 1) pp
-// chunk forwards, plus the one in progress, at most m v, each of L / (pp v) layers.
+// One micro-batch's activations on chunk c of `stage` (virtual stage c*pp + stage of S): its
+// layers, and on the last virtual stage the head (the final norm and the logits).
+static double chunk_set_bytes(const CalcModel *m, const CalcSetup *s, int stage, int c) {
+    const int v = s->chunks > 1 ? s->chunks : 1, S = s->pp * v, vs = c * s->pp + stage;
+    const double N = (double)s->micro_batch * (s->seq_len > 0 ? s->seq_len : m->T), h = m->C;
+    const double w = act_width(s->dtype), t = s->tp;
+    double acts = calc_stage_layers(m->L, S, vs) * calc_layer_activation_bytes(m, s);
+    if (s->acts == CALC_ACTS_LAB) {
+        // the chunk's input and the input's gradient (2 N*h); the head: lnf's output and the
+        // gradient into it (2 N*h), lnf's mean and rstd, the cross-entropy's max, sum of exp,
+        // target logit and loss (6 N), the logits and their softmax over the rank's
+        // vocabulary rows (2 N V/t)
+        const double Vl = (double)((m->V + s->tp - 1) / s->tp);
+        acts += w * 2 * N * h;
+        if (vs == S - 1) acts += w * (2 * N * h + 6 * N + 2 * N * Vl);
+    } else if (vs == S - 1) {
+        double norm = 2 * w * N * h;                // final norm input and output
+        double logits = 4.0 * N * m->V;             // fp32 logits for the loss
+        acts += (s->sp ? norm / t : norm) + logits / t;
+    }
+    return acts;
+}
+
+// Activations of stage `stage` at their peak. 1F1B (one chunk) keeps min(pp - stage,
+// micro-batches) micro-batches alive. Interleaved 1F1B (v > 1 chunks) is walked op by op on the
+// schedule table chapters 08 and 09 execute (common/schedule.h): a forward of chunk c adds its
+// set, a backward frees it. Recomputation needs one layer's worth of working memory while it
+// recomputes. *inflight_out: the most micro-batch sets (v > 1: chunk sets) alive at once.
 static double stage_activation_bytes(const CalcModel *m, const CalcSetup *s, int stage,
                                      int *inflight_out) {
     if (m->arch == CALC_ARCH_RAW) { *inflight_out = 0; return 0; }
-    const int v = s->chunks > 1 ? s->chunks : 1, S = s->pp * v;
-    int inflight = s->pp - stage;
-    if (s->micro_batches > 0 && s->micro_batches < inflight) inflight = s->micro_batches;
-    double sets = inflight;  // micro-batches' worth of this rank's chunks in flight
-    if (v > 1) {
-        int units = 2 * (s->pp - stage - 1) + (v - 1) * s->pp + 1;
-        int mb = calc_micro_batches(s);
-        if (units > mb * v) units = mb * v;
-        inflight = units;
-        sets = (double)units / v;
-    }
-    *inflight_out = inflight;
-    double layers = 0;
-    for (int c = 0; c < v; c++) layers += calc_stage_layers(m->L, S, c * s->pp + stage);
-    double acts = layers * sets * calc_layer_activation_bytes(m, s);
-    if (s->acts == CALC_ACTS_LAB) {
-        // per chunk and micro-batch its input and the input's gradient (2 N*h); the last
-        // virtual stage's head: lnf's output and the gradient into it (2 N*h), lnf's mean and
-        // rstd, the cross-entropy's max, sum of exp, target logit and loss (6 N), the logits
-        // and their softmax over the rank's vocabulary rows (2 N V/t)
-        double N = (double)s->micro_batch * (s->seq_len > 0 ? s->seq_len : m->T), h = m->C;
-        double w = act_width(s->dtype), Vl = (double)((m->V + s->tp - 1) / s->tp);
-        acts += sets * v * w * 2 * N * h;
-        if (stage == s->pp - 1) acts += sets * w * (2 * N * h + 6 * N + 2 * N * Vl);
-        return acts;
+    const int v = s->chunks > 1 ? s->chunks : 1;
+    double acts = 0;
+    if (v == 1) {
+        int inflight = s->pp - stage;
+        if (s->micro_batches > 0 && s->micro_batches < inflight) inflight = s->micro_batches;
+        *inflight_out = inflight;
+        acts = inflight * chunk_set_bytes(m, s, stage, 0);
+    } else {
+        Schedule sc;
+        sched_interleaved(&sc, s->pp, v, calc_micro_batches(s));  // calc_setup_check: m % pp == 0
+        double cur = 0;
+        int sets = 0;
+        *inflight_out = 0;
+        for (int i = 0; i < sc.nops[stage]; i++) {
+            const PipeOp *op = &sc.ops[stage][i];
+            const double set = chunk_set_bytes(m, s, stage, op->chunk);
+            cur += op->kind == PIPE_F ? set : -set;
+            sets += op->kind == PIPE_F ? 1 : -1;
+            if (cur > acts) acts = cur;
+            if (sets > *inflight_out) *inflight_out = sets;
+        }
+        sched_free(&sc);
     }
     if (s->recompute != CALC_RECOMPUTE_NONE) {
         CalcSetup none = *s;
         none.recompute = CALC_RECOMPUTE_NONE;
         double full = calc_layer_activation_bytes(m, &none);
         acts += full - calc_layer_activation_bytes(m, s);   // one layer being recomputed
-    }
-    if (stage == s->pp - 1) {
-        double sq = s->seq_len > 0 ? s->seq_len : m->T, b = s->micro_batch, t = s->tp;
-        double w = act_width(s->dtype);
-        double norm = 2 * w * sq * b * m->C;                // final norm input and output
-        double logits = 4.0 * sq * b * m->V;                // fp32 logits for the loss
-        acts += (s->sp ? norm / t : norm) + logits / t;
     }
     return acts;
 }

@@ -73,15 +73,13 @@ static void check_figures(const char *what, const GPT2Config *cfg, const RunResu
         const CalcBreakdown b = calc_rank_memory(&cm, &cs, p, d);
         struct { const char *key, *name; double want; } mem[3] = {
             {"mem_params", "weights", b.params}, {"mem_opt_m", "Adam m", b.m}, {"acts_peak", "activations", b.acts}};
-        for (int i = 0; i < (is_1f1b ? 3 : 2); i++) {  // interleaved's peak: an estimate (calc.c)
+        // the activation peak: 1F1B's min(pp - p, m) sets, or (v > 1) the interleaved table
+        // walked op by op; the calculator's one chunk means 1F1B, so the interleaved generator
+        // run with v = 1 (pp = 4 below, which keeps more in flight) is not compared
+        for (int i = 0; i < (is_1f1b || v > 1 ? 3 : 2); i++) {
             snprintf(k, sizeof k, "%s_r%d", mem[i].key, rk);
             cr_assert_eq(results_get(r, k, -1), mem[i].want, "%s: rank %d's %s: %g bytes, calculator "
                          "%g", what, rk, mem[i].name, results_get(r, k, -1), mem[i].want);
-        }
-        if (!is_1f1b) {
-            snprintf(k, sizeof k, "acts_peak_r%d", rk);
-            fprintf(stderr, "test_09: %s rank %d: activations peaked at %g bytes, calculator's estimate %g\n",
-                    what, rk, results_get(r, k, -1), b.acts);
         }
     }
 }
