@@ -47,8 +47,8 @@ static void diffs(const char *what, const RunResults *a, const RunResults *b, fl
 // activation peak, against chapter 00's functions for that layout (calc_setup_lab: the run's
 // flags; calc_rank_comm, calc_rank_memory: 00_memory_budget/comm.c, calc.c), to the byte. What
 // `./00_memory_budget/run --layout DPxTPxPP` prints for the same flags (test_calc checks that).
-// Seen failing with the tied wte's gradient dropped from calc_rank_comm's PP count: "rank 0 sent
-// 33032 bytes per step in its pp group, calculator 16648" on (2,1,4), the first layout with pp > 1.
+// Seen failing with the tied wte's gradient dropped from calc_rank_comm's PP count: "(2,2,2) 1f1b
+// v=1 m=2: rank 0 sent 24584 bytes per step in its pp group, calculator 8200".
 static void check_figures(const char *what, const GPT2Config *cfg, const RunResults *r, int dp, int tp,
                           int pp, int v, int m, int is_1f1b, int zero) {
     const int world = dp * tp * pp;
