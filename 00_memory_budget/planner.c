@@ -78,6 +78,14 @@ static double traffic_s(double bytes, double hops, double bw, double alpha) {
     return bytes / bw + hops * alpha;
 }
 
+// A group whose messages come with every micro-batch (TP, PP): each of the pipeline's slots
+// waits for one micro-batch's messages (the bubble's slots too: the pipeline's pace is the
+// slot's), then the once-per-step messages follow.
+static double per_slot_s(const CalcTraffic *t, double slots, int nmb, double bw, double alpha) {
+    return slots * traffic_s(t->mb_bytes, t->mb_hops, bw, alpha) +
+           traffic_s(t->step_bytes - nmb * t->mb_bytes, t->step_hops - nmb * t->mb_hops, bw, alpha);
+}
+
 void calc_plan_time(const CalcModel *m, const CalcPlanSpec *p, CalcPlan *c) {
     const CalcSetup *s = &c->setup;
     double N = (double)m->nparams;
@@ -107,15 +115,9 @@ void calc_plan_time(const CalcModel *m, const CalcPlanSpec *p, CalcPlan *c) {
     c->t_tp = c->t_pp = c->t_dp = c->b_tp = c->b_pp = c->b_dp = 0;
     for (int r = 0; r < s->pp; r++) {
         CalcComm k = calc_rank_comm(m, s, r, 0);
-        // TP and PP: every micro-batch slot of 1F1B waits for its messages (the bubble's slots
-        // too: the pipeline's pace is the slot's), then the once-per-step ones
         const CalcTraffic *tp = &k.tp, *pq = &k.pp, *dq = &k.dp;
-        double t_tp = slots * traffic_s(tp->mb_bytes, tp->mb_hops, p->bw_intra, p->latency) +
-                      traffic_s(tp->step_bytes - nmb * tp->mb_bytes, tp->step_hops - nmb * tp->mb_hops,
-                                p->bw_intra, p->latency);
-        double t_pp = slots * traffic_s(pq->mb_bytes, pq->mb_hops, bw_pp, p->latency) +
-                      traffic_s(pq->step_bytes - nmb * pq->mb_bytes, pq->step_hops - nmb * pq->mb_hops,
-                                bw_pp, p->latency);
+        double t_tp = per_slot_s(tp, slots, nmb, p->bw_intra, p->latency);
+        double t_pp = per_slot_s(pq, slots, nmb, bw_pp, p->latency);
         // DP: after the pipeline drains (ZeRO-2/3: per micro-batch too, counted in step_*)
         double t_dp = traffic_s(dq->step_bytes, dq->step_hops, bw_dp, p->latency);
         if (t_tp > c->t_tp) c->t_tp = t_tp;
