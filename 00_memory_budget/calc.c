@@ -424,9 +424,10 @@ const char *calc_setup_check(const CalcModel *m, const CalcSetup *s) {
         return msg("the lab's activation list (chapter 09's run) has no sequence parallelism and "
                    "no recomputation: drop --seq-parallel and --recompute");
     if (m->arch == CALC_ARCH_RAW) {
-        if (s->tp > 1 || s->pp > 1)
-            return msg("--tp %d --pp %d: splitting a model across TP/PP ranks needs its "
-                       "dimensions (use --model or --dims, not --params)", s->tp, s->pp);
+        if (s->tp > 1 || s->pp > 1 || s->chunks > 1)
+            return msg("--tp %d --pp %d --chunks %d: splitting a model across TP/PP ranks needs "
+                       "its dimensions (use --model or --dims, not --params)", s->tp, s->pp,
+                       s->chunks > 1 ? s->chunks : 1);
         return NULL;
     }
     char valid[256];
