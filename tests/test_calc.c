@@ -784,3 +784,25 @@ Test(calc, bad_layout_setups_refused) {
     s.chunks = 1;
     cr_assert_null(calc_setup_check(&m, &s), "a valid layout passes");
 }
+
+// ZeRO-1's uneven pieces, by hand: the lab model's Ψ = 59,584 over 3 replicas is 19,862 +
+// 19,861 + 19,861 (the first Ψ % 3 = 1 piece one longer, common/shard.h). Replica d keeps its
+// piece of Adam m (4 bytes each); its ring reduce-scatter sends every piece but its own, the
+// all-gather every piece but the next replica's, then the loss (2*2*4/3 = 5 bytes) and the
+// norm's two doubles (2*2*16/3 = 21). (Chapter 09's run with --dp 3 --zero 1 --batch 6 prints
+// '=' for these on all 3 ranks.) Seen failing with every piece padded to ceil(Ψ/3) in
+// calc_piece: "replica 0: DP 317802 bytes per step, by hand 317806".
+Test(calc, uneven_zero_1_pieces_per_replica) {
+    const CalcModel m = calc_model_from_gpt2(&LAB_CFG);
+    const CalcSetup s = calc_setup_lab(3, 1, 1, 1, 2, 6, 16, 1);
+    const double psi = 59584, piece[3] = {19862, 19861, 19861};
+    for (int d = 0; d < 3; d++) {
+        CalcBreakdown b = calc_rank_memory(&m, &s, 0, d);
+        cr_assert_eq(b.m, 4 * piece[d], "replica %d: Adam m %.0f bytes", d, b.m);
+        cr_assert_eq(b.params, 4 * psi, "replica %d: ZeRO-1 keeps the whole weights", d);
+        CalcComm k = calc_rank_comm(&m, &s, 0, d);
+        double want = 4 * (psi - piece[d]) + 4 * (psi - piece[(d + 1) % 3]) + 5 + 21;
+        cr_assert_eq(k.dp.step_bytes, want, "replica %d: DP %.0f bytes per step, by hand %.0f", d,
+                     k.dp.step_bytes, want);
+    }
+}
