@@ -180,8 +180,10 @@ static void stage_build(TpStage *st, GPT2Config cfg, int tp, int r, int l0, int 
 }
 
 void tpm_stage_master_to_params(TpStage *st, size_t lo, size_t hi) {
-    LAB_CHECK(lo <= hi && hi <= st->n, "tpm_stage_master_to_params: [%zu, %zu) of %zu", lo, hi, st->n);
-    if (st->dtype == GPT2_BF16) st->k->f32_to_bf16(st->params_bf16 + lo, st->params + lo, hi - lo);
+    LAB_CHECK(st->opt_lo <= lo && lo <= hi && hi <= st->n, "tpm_stage_master_to_params: [%zu, %zu) "
+              "of %zu (the master from %zu)", lo, hi, st->n, st->opt_lo);
+    if (st->dtype == GPT2_BF16)
+        st->k->f32_to_bf16(st->params_bf16 + lo, st->params + (lo - st->opt_lo), hi - lo);
 }
 
 // What the pieces below read of either struct: the storage, the layout, the kernels.
@@ -575,13 +577,14 @@ static void norm_parts(const Core *c, size_t lo, size_t hi, const void *g, doubl
     }
 }
 
-// AdamW on [lo, hi): master / params from lo, grad, m, v shard-local (adamw_step's convention).
+// AdamW on [lo, hi): master, grad, m, v point at element lo (adamw_step's shard-local
+// convention); bf16 also rounds the master into params_bf16[lo, hi).
 static void adamw_range(const Core *c, const AdamW *h, int step, size_t lo, size_t hi, const void *grad,
-                        float *opt_m, float *opt_v, float scale) {
+                        float *master, float *opt_m, float *opt_v, float scale) {
     if (c->dtype == GPT2_BF16)
-        adamw_step_bf16(h, c->k, step, c->params + lo, c->params_bf16 + lo, grad, opt_m, opt_v, lo, hi,
+        adamw_step_bf16(h, c->k, step, master, c->params_bf16 + lo, grad, opt_m, opt_v, lo, hi,
                         c->plist, c->nplist, scale, c->x->work_grads, c->x->work_size);
-    else adamw_step(h, c->k, step, c->params + lo, grad, opt_m, opt_v, lo, hi, c->plist, c->nplist, scale);
+    else adamw_step(h, c->k, step, master, grad, opt_m, opt_v, lo, hi, c->plist, c->nplist, scale);
 }
 
 void tpm_adamw_step(TpModel *m, const AdamW *h, int step, DistGroup *g) {
@@ -592,7 +595,7 @@ void tpm_adamw_step(TpModel *m, const AdamW *h, int step, DistGroup *g) {
     norm_parts(&c, 0, m->n, tpm_grad_buf(m), sq);
     dist_all_reduce(&sq[0], &sq[0], 1, DIST_F64, DIST_SUM, g);
     float scale = adamw_clip_scale(h, sq[0] + sq[1], step);
-    adamw_range(&c, h, step, 0, m->n, tpm_grad_buf(m), m->opt_m, m->opt_v, scale);
+    adamw_range(&c, h, step, 0, m->n, tpm_grad_buf(m), m->params, m->opt_m, m->opt_v, scale);
 }
 
 // ---- moving the weights in and out (host or device buffers, staged through the host) ------------
@@ -854,9 +857,12 @@ void tpm_stage_poison_grad(TpStage *st) { poison(tpm_stage_grad_buf(st), tpm_sta
 
 void tpm_stage_adamw_range(TpStage *st, const AdamW *h, int step, size_t lo, size_t hi,
                            const void *grad_shard, float scale) {
-    LAB_CHECK(lo <= hi && hi <= st->n, "tpm_stage_adamw_range: [%zu, %zu) of %zu", lo, hi, st->n);
+    LAB_CHECK(st->opt_lo <= lo && lo <= hi && hi <= st->n, "tpm_stage_adamw_range: [%zu, %zu) of %zu "
+              "(the optimizer state from %zu)", lo, hi, st->n, st->opt_lo);
     const Core c = core_of_stage(st);
-    adamw_range(&c, h, step, lo, hi, grad_shard, st->opt_m, st->opt_v, scale);
+    const size_t o = lo - st->opt_lo;  // m, v (and a bf16 master) hold [opt_lo, ...)
+    float *master = st->dtype == GPT2_BF16 ? st->params + o : st->params + lo;
+    adamw_range(&c, h, step, lo, hi, grad_shard, master, st->opt_m + o, st->opt_v + o, scale);
 }
 
 void tpm_stage_norm_parts_range(const TpStage *st, size_t lo, size_t hi, const void *g, double sq[2]) {
