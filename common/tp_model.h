@@ -51,13 +51,14 @@ typedef struct TpOpts {
     int sp;                  // sequence parallelism (TpModel only; a TpStage refuses it)
 } TpOpts;
 
-// The bf16 machinery both structs carry (tp_model.c's, the caller only reads it).
+// What a bf16 or a device run needs besides the flat buffers, in both structs (tp_model.c's;
+// NULL where not needed: fp32 has no work buffers, the host reads the batch in place).
 typedef struct TpMixed {
-    float *work, *work_grads;   // (work_size) fp32: the running piece's weights / gradients
-    size_t work_size;           // (MEM_OTHER, as gpt2's)
-    float *block_in;            // the widened stored output the running piece reads (MEM_ACTS)
-    int *inputs, *targets;      // (B·T) device copies of the batch (CUDA only; MEM_OTHER)
-    float *host_losses;         // (B·T) the per-position losses read back (CUDA only)
+    float *work, *work_grads;   // bf16: (work_size) fp32, the running piece's weights / gradients
+    size_t work_size;           //       (MEM_OTHER, as gpt2's)
+    float *block_in;            // bf16: the widened stored output the running piece reads (MEM_ACTS)
+    int *inputs, *targets;      // a device: (B·T) copies of the batch (MEM_OTHER)
+    float *host_losses;         // a device: (B·T) the per-position losses read back
 } TpMixed;
 
 typedef struct TpModel {
