@@ -184,7 +184,7 @@ static void stage_backward(void *ctx, int chunk, int mb, float *din) {
         w->ch[chunk].acts[mb] = NULL;
     } else if (!w->mutate_keep_set) {  // (--mutate zb-keeps-set: the whole set waits for W)
         gpt2_acts_keep_for_w(a, md);  // the set shrinks to what W reads: the head's logits,
-    }                                 // attention's T x T... are freed now (fp32; bf16 keeps it)
+    }                                 // attention's T x T... are freed now
 }
 
 static void stage_weights(void *ctx, int chunk, int mb) {
@@ -283,26 +283,38 @@ static void adamw_all(const AdamW *h, Chunk *ch, int v, int step, float scale) {
 // ---------------------------------------------------------------------------------------------
 // figures
 
-// Bytes of one activation set of chunk m (fp32: the activations and their gradients, plus W's
-// saved gradients when split), from the size formulas of gpt2.h.
+// Bytes of one activation set of chunk m, from the size formulas of gpt2.h. fp32: the
+// activations and their gradients, plus W's saved gradients when split. bf16: the blocks'
+// per-layer activations (ln1 .. residual3) stored in bf16, 2 bytes each; in fp32 one layer of
+// them (the scratch a block computes in) with the embedding's and the head's, block_in (a
+// block's input widened, BTC), the gradients, and W's saved gradients when split.
 static double set_bytes_formula(const GPT2 *m, int Bm, int T, int split) {
     size_t a[GPT2_NUM_ACTS], d[GPT2_NUM_ACTS];
-    int nb = m->l1 - m->l0;
-    gpt2_act_sizes_range(&m->cfg, nb, m->has_head, Bm, T, a);
+    const int nb = m->l1 - m->l0, bf16 = m->dtype == GPT2_BF16;
+    const double BTC = (double)Bm * T * m->cfg.C;
+    gpt2_act_sizes_range(&m->cfg, bf16 ? 1 : nb, m->has_head, Bm, T, a);
     gpt2_dact_sizes_range(&m->cfg, nb, m->has_head, Bm, T, d);
-    double floats = 0;
+    double floats = 0, layer = 0;
     for (int i = 0; i < GPT2_NUM_ACTS; i++) floats += (double)a[i] + (double)d[i];
-    if (split) floats += 10.0 * nb * Bm * T * m->cfg.C;
-    return floats * 4.0;
+    for (int i = 1; i <= 16; i++) layer += (double)a[i];  // ln1 .. residual3: one layer
+    if (split) floats += 10.0 * nb * BTC;
+    return bf16 ? 4.0 * (floats + BTC) + 2.0 * nb * layer : 4.0 * floats;
 }
 
-// ZB-H1: the bytes a deferred W keeps from B to W, per chunk (fp32), by hand from what W
-// reads: per block and position, the inputs of its matmuls and LayerNorms (ln1, atty, ln2:
-// C each; fch_gelu: 4C; the block's input, residual2: C each), the two LayerNorms' mean and
-// rstd (4), the gradient of the block's output (C), and wsave (10C: see gpt2.h): 20C + 4.
+// ZB-H1: the bytes a deferred W keeps from B to W, per chunk, by hand from what W reads: per
+// block and position, the inputs of its matmuls and LayerNorms (ln1, atty, ln2: C each;
+// fch_gelu: 4C; the block's input, residual2: C each), the two LayerNorms' mean and rstd (4),
+// the gradient of the block's output (C), and wsave (10C: see gpt2.h). fp32: 20C + 4 floats.
+// bf16 (gpt2.c's keep_for_w_bf16): the 8C + 4 of them stored per block stay bf16 (with each
+// block's output, C, but the last's: the next block's input), and in fp32 one layer of them
+// (8C + 4) and the set's input (C: the scratch W widens into), block_in (C), the gradients of
+// the blocks' outputs (C per block) and wsave (10C per block).
 static double w_bytes_formula(const GPT2 *m, int Bm, int T) {
-    double C = m->cfg.C;
-    return 4.0 * (m->l1 - m->l0) * Bm * T * (20.0 * C + 4.0);
+    const double C = m->cfg.C, nb = m->l1 - m->l0, BT = (double)Bm * T;
+    if (m->dtype == GPT2_BF16)
+        return 2.0 * BT * (nb * (8.0 * C + 4.0) + (nb - 1.0) * C) +
+               4.0 * BT * ((9.0 * C + 4.0) + C + nb * 11.0 * C);
+    return 4.0 * nb * BT * (20.0 * C + 4.0);
 }
 
 // The peak bytes of activations alive at once when the table runs, from the formulas: the walk
@@ -690,7 +702,7 @@ static void train(const LabArgs *args, const PipeFlags *f) {
     mine[F_PEAK_SETS] = x.live_peak;
     mine[F_PEAK_SETS_SCHED] = sched_peak_inflight(&s, rank);
     mine[F_PEAK_BYTES] = (double)x.acts_peak;
-    mine[F_PEAK_BYTES_FORMULA] = dtype == GPT2_FP32 ? peak_bytes_formula(&s, rank, ch, Bm, T) : -1;
+    mine[F_PEAK_BYTES_FORMULA] = peak_bytes_formula(&s, rank, ch, Bm, T);
     mine[F_SENT] = end > start ? sent_sum / (end - start) : 0;
     mine[F_SENT_FORMULA] = sent_formula(rank, p, v, m, x.msg, dtype == GPT2_BF16 ? 2 : 4);
     mine[F_L0] = ch[0].model.l0;
@@ -767,13 +779,15 @@ static void train(const LabArgs *args, const PipeFlags *f) {
             results_set(&out, "imbalance", tr.meas.imbalance);
             results_set(&out, "bubble_bottleneck_sim", tr.sim.bubble);
             results_set(&out, "imbalance_sim", tr.sim.imbalance);
-            static const char *keys[F_NFIELDS] = {"bubble", "t_f", "t_b", "t_w", "busy",
+            // (the op times per stage stay out: results.c holds 64 figures, 4 stages' worth)
+            static const char *keys[F_NFIELDS] = {"bubble", NULL, NULL, NULL, NULL,
                 "peak_sets", "peak_sets_sched", "peak_act_bytes", "peak_act_bytes_formula",
                 "sent_per_step", "sent_per_step_formula", "l0", "l1", "peak_wstores",
                 "peak_wstores_sched"};
             for (int r = 0; r < p && r < 4; r++) {
                 char key[48];
                 for (int k = 0; k < F_NFIELDS; k++) {
+                    if (!keys[k]) continue;
                     snprintf(key, sizeof key, "%s_r%d", keys[k], r);
                     results_set(&out, key, all[(size_t)r * F_NFIELDS + k]);
                 }
