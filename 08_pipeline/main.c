@@ -73,6 +73,7 @@ typedef struct PipeFlags {
     int stages;     // --compare: p
     int picture_cols;
     const char *mutate;  // break one mechanism on purpose (the tests' negative checks)
+    int max_w;      // --schedule zb: at most this many W stores pending per stage (0: no cap)
 } PipeFlags;
 
 // One chunk of layers on this rank: a partial model (gpt2_build_stage), its optimizer state,
@@ -563,7 +564,11 @@ static void train(const LabArgs *args, const PipeFlags *f) {
                             "equal: use a --batch that is a multiple of %d", m, B, m);
     const int Bm = B / m;
     Schedule s;
-    sched_make(&s, f->schedule, p, v, m);
+    if (f->max_w > 0 && strcmp(f->schedule, "zb") != 0)
+        lab_fail_collective("--max-w-stores %d: only --schedule zb defers W's; use it with "
+                            "--schedule zb, or leave it out", f->max_w);
+    if (f->max_w > 0) sched_zb_h1_capped(&s, p, m, f->max_w);
+    else sched_make(&s, f->schedule, p, v, m);
     char err[256];
     if (sched_check(&s, err, sizeof err) != 0) lab_fail_collective("schedule %s: %s", s.name, err);
     SimResult sim;
@@ -823,7 +828,7 @@ int main(int argc, char **argv) {
     dist_init(&argc, &argv);
     LabArgs args = lab_args_defaults();
     PipeFlags f = {.schedule = "1f1b", .m = 4, .v = 1, .compare = 0, .stages = 4, .picture_cols = 160,
-                   .mutate = "none"};
+                   .mutate = "none", .max_w = 0};
     FlagSpec extra[] = {
         {"--schedule", FLAG_CHOICE, &f.schedule, 0, 0, "gpipe|1f1b|interleaved|zb",
          "the pipeline schedule (the table of ops per stage)"},
@@ -831,6 +836,9 @@ int main(int argc, char **argv) {
          "m: micro-batches per step (must divide --batch)"},
         {"--chunks", FLAG_INT, &f.v, 1, 64, NULL,
          "v: chunks of layers per rank (--schedule interleaved)"},
+        {"--max-w-stores", FLAG_INT, &f.max_w, 0, 10000, NULL,
+         "K: --schedule zb keeps at most K deferred W's (W stores) per stage; a stage with K "
+         "pending runs the oldest before anything else (0: no cap)"},
         {"--compare", FLAG_BOOL, &f.compare, 0, 1, NULL,
          "print the four schedules simulated for --stages and --micro-batches, and exit"},
         {"--stages", FLAG_INT, &f.stages, 1, SCHED_MAX_STAGES, NULL, "p for --compare"},

@@ -112,8 +112,11 @@ void sched_interleaved(Schedule *s, int p, int v, int m) {
 // whose gradient has arrived; else an F whose input has arrived, if fewer than p-r micro-batches
 // are between their F and B (1F1B's limit); else the oldest deferred W; else it idles.
 // Memory: at most p-r sets between F and B (1F1B's limit); from B to W a micro-batch keeps only
-// what its W reads (gpt2_acts_keep_for_w), and up to m of those wait on a stage.
-void sched_zb_h1(Schedule *s, int p, int m) {
+// what its W reads (gpt2_acts_keep_for_w), and up to m of those wait on a stage. max_w > 0 caps
+// them (the paper's memory limit): a stage with max_w W's pending runs the oldest one before
+// anything else, so no B makes it max_w + 1; the W's it runs early leave bubbles unfilled.
+void sched_zb_h1_capped(Schedule *s, int p, int m, int max_w) {
+    if (max_w < 0) lab_fail_collective("--max-w-stores %d; valid: 0 (no cap) or more", max_w);
     sched_alloc(s, "zb", p, 1, m, 1);
     // finish time of F(i) / B(i) on stage r, -1 while not run; unit op times
     int *fin_f = lab_xmalloc((size_t)p * m * sizeof(int)), *fin_b = lab_xmalloc((size_t)p * m * sizeof(int));
@@ -139,6 +142,7 @@ void sched_zb_h1(Schedule *s, int p, int m) {
             else if (f_ready) pick[r] = PIPE_F;
             else if (w_ready) pick[r] = PIPE_W;
             // END EXERCISE 08.3
+            if (max_w > 0 && nb[r] - nw[r] >= max_w) pick[r] = PIPE_W;  // the cap: W first
             if (nw[r] == m) done++;
         }
         for (int r = 0; r < p; r++) {
@@ -150,6 +154,8 @@ void sched_zb_h1(Schedule *s, int p, int m) {
     }
     free(fin_f), free(fin_b);
 }
+
+void sched_zb_h1(Schedule *s, int p, int m) { sched_zb_h1_capped(s, p, m, 0); }
 
 void sched_make(Schedule *s, const char *name, int p, int v, int m) {
     if (strcmp(name, "interleaved") != 0 && v != 1)

@@ -46,6 +46,8 @@ void sched_gpipe(Schedule *s, int p, int m);
 void sched_1f1b(Schedule *s, int p, int m);
 void sched_interleaved(Schedule *s, int p, int v, int m);  // needs m a multiple of p
 void sched_zb_h1(Schedule *s, int p, int m);  // W deferred: p-r sets, up to m W stores (schedule.c)
+// ZB-H1 with at most max_w W stores pending on any stage (0: no cap, sched_zb_h1's table).
+void sched_zb_h1_capped(Schedule *s, int p, int m, int max_w);
 // By name: "gpipe" | "1f1b" | "interleaved" | "zb" (v is used by "interleaved" only).
 void sched_make(Schedule *s, const char *name, int p, int v, int m);
 void sched_free(Schedule *s);

@@ -288,6 +288,42 @@ Test(pipe08, zb_keeping_whole_sets_is_caught, .timeout = 60) {
     }
 }
 
+// ZB-H1 with its W stores capped (--max-w-stores K): training is still single-device
+// training (the same ops, W's earlier), every stage holds at most K W stores, exactly
+// min(K, the uncapped table's peak), and its activation bytes are the table's walk of the
+// formulas. Seen to fail: the cap applied after one more B (nb - nw > K): "K 1: stage 0 held 2
+// W stores, min(K, 3) = 1".
+Test(pipe08, zb_w_stores_capped, .timeout = 120) {
+    RunResults oracle;
+    run_oracle(SMALL, &oracle);
+    Schedule free_zb;
+    sched_zb_h1(&free_zb, 2, 4);
+    for (int K = 1; K <= 2; K++) {
+        char f[512], what[600];
+        snprintf(f, sizeof f, SMALL " --schedule zb --micro-batches 4 --max-w-stores %d", K);
+        RunResults r;
+        run_pipe(2, f, &r);
+        snprintf(what, sizeof what, "08_pipeline -np 2 %s", f);
+        harness_assert_results_match(what, &r, &oracle, LOSS_RTOL, PARAM_ATOL);
+        for (int k = 0; k < 2; k++) {
+            char key[48], key2[48];
+            int want = sched_peak_wstores(&free_zb, k) < K ? sched_peak_wstores(&free_zb, k) : K;
+            snprintf(key, sizeof key, "peak_wstores_r%d", k);
+            cr_assert_eq(results_get(&r, key, -1), want, "K %d: stage %d held %g W stores, "
+                         "min(K, %d) = %d", K, k, results_get(&r, key, -1),
+                         sched_peak_wstores(&free_zb, k), want);
+            snprintf(key, sizeof key, "peak_act_bytes_r%d", k);
+            snprintf(key2, sizeof key2, "peak_act_bytes_formula_r%d", k);
+            cr_assert_eq(results_get(&r, key, -1), results_get(&r, key2, -2),
+                         "K %d: stage %d peak activations %g B, formula %g B", K, k,
+                         results_get(&r, key, -1), results_get(&r, key2, -2));
+        }
+        results_free(&r);
+    }
+    sched_free(&free_zb);
+    results_free(&oracle);
+}
+
 Test(pipe08, activations_and_bytes_match_the_formulas, .timeout = 180) {
     check_figures(2, "gpipe", 4, 1, SMALL);
     check_figures(4, "1f1b", 8, 1, SMALL);
@@ -471,6 +507,48 @@ Test(pipe08, gpipe_makespan_with_unequal_stages_is_the_flow_shop_formula) {
         }
 }
 
+// The capped ZB-H1 tables: well formed and deadlock-free for every p, m, K; the most W stores
+// on stage r is min(K, the uncapped table's); K = 0 and K >= m (never reached) are the uncapped
+// table, op for op. The price, simulated at tf = tb = tw: the bubble never shrinks as K does,
+// and stays at most 1F1B's (even K = 1 fills some idle time with the one pending W: p 2 m 2
+// gives 0.25 against 1F1B's 1/3).
+Test(pipe08, zb_capped_tables_hold_at_most_k_w_stores) {
+    for (int p = 1; p <= 6; p++)
+        for (int m = 1; m <= 12; m++) {
+            Schedule base;
+            sched_zb_h1(&base, p, m);
+            double prev = 1.0;
+            for (int K = 0; K <= m + 1; K++) {
+                Schedule s;
+                SimResult r;
+                sched_zb_h1_capped(&s, p, m, K);
+                sim_ok(&s, &r, &EQUAL);
+                for (int k = 0; k < p; k++) {
+                    int free_peak = sched_peak_wstores(&base, k);
+                    int want = K == 0 || free_peak < K ? free_peak : K;
+                    cr_assert_eq(sched_peak_wstores(&s, k), want, "p %d m %d K %d: stage %d "
+                                 "holds %d W stores, min(K, %d) = %d", p, m, K, k,
+                                 sched_peak_wstores(&s, k), free_peak, want);
+                    if (K == 0 || K >= m) {
+                        cr_assert_eq(s.nops[k], base.nops[k]);
+                        cr_assert(!memcmp(s.ops[k], base.ops[k], sizeof(PipeOp) * (size_t)s.nops[k]));
+                    }
+                }
+                const double th = (p - 1.0) / (m + p - 1.0);  // 1F1B's
+                cr_assert_leq(r.split.bubble, th + 1e-12, "p %d m %d K %d: bubble %g, 1F1B's %g",
+                              p, m, K, r.split.bubble, th);
+                if (K >= 1) {
+                    cr_assert_leq(r.split.bubble, prev + 1e-12, "p %d m %d: K %d's bubble %g "
+                                  "above K %d's %g", p, m, K, r.split.bubble, K - 1, prev);
+                    prev = r.split.bubble;
+                }
+                sim_free(&r);
+                sched_free(&s);
+            }
+            sched_free(&base);
+        }
+}
+
 // ZB-H1 and interleaved beat 1F1B's bubble; a costly link makes every bubble grow.
 Test(pipe08, zero_bubble_and_interleaved_beat_1f1b) {
     for (int p = 2; p <= 8; p *= 2) {
@@ -555,6 +633,7 @@ Test(pipe08, bad_input_is_refused_with_a_clear_message, .timeout = 120) {
             "not a multiple of the 4 stages");
     harness_assert_refused(2, "./08_pipeline/run --layers 4 --steps 1 --batch 8 --micro-batches 3", "does not divide --batch 8");
     harness_assert_refused(2, "./08_pipeline/run --layers 4 --steps 1 --chunks 2", "only --schedule interleaved");
+    harness_assert_refused(2, "./08_pipeline/run --layers 4 --steps 1 --max-w-stores 2", "only --schedule zb");
 }
 
 // ---- exercises --------------------------------------------------------------------------------
