@@ -53,11 +53,16 @@ static const char *USAGE =
     "                                                     v chunks of layers per rank: a smaller bubble\n"
     "  mpirun -np 4 ./08_pipeline/run --schedule zb --micro-batches 8      ZB-H1: backward split\n"
     "                                                     into B and W, W fills the bubbles\n"
+    "  mpirun -np 4 ./08_pipeline/run --schedule zb --max-w-stores 4     ... at most 4 deferred\n"
+    "                                                     W's (W stores) waiting per stage\n"
     "  ./08_pipeline/run --compare --stages 4 --micro-batches 8   the four schedules side by side\n"
     "                                                     (simulated; no training, one process)\n"
     "The picture: one row per stage, time to the right; F3 = forward of micro-batch 3, B3 its\n"
     "backward, W3 its weight gradients (lower case: chunk 1 of interleaved), '.' = idle (bubble).\n"
     "Needs: --layers divisible by ranks x chunks, --batch divisible by --micro-batches.\n"
+    "After training: per stage its time in F, B, W and its idle share, measured and simulated\n"
+    "from those times; then the busiest stage's idle share (the schedule's bubble, what the\n"
+    "theory predicts) apart from the load imbalance between the stages (1 - busy_min/busy_max).\n"
     "\n"
     "  mpirun -np 2 ./08_pipeline/run --stop-at 3 --save pp.ckpt   a checkpoint: the whole model\n"
     "                                                     (weights, Adam m, v) gathered to rank 0\n"
@@ -120,7 +125,8 @@ static void compare(const PipeFlags *f) {
             printf("  %-12s (skipped: m = %d is not a multiple of p = %d)\n", names[i], f->m, f->stages);
             continue;
         }
-        sched_make(&s, names[i], f->stages, v, f->m);
+        if (i == 3 && f->max_w > 0) sched_zb_h1_capped(&s, f->stages, f->m, f->max_w);
+        else sched_make(&s, names[i], f->stages, v, f->m);
         printf("\n");
         print_schedule(&s, &UNIT_TIMES, f->picture_cols, 1);
         sched_free(&s);
