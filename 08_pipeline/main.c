@@ -451,9 +451,9 @@ static void print_time_report(const Schedule *s, const double *all, const TimeRe
     printf("  idle = 1 - busy / step, per stage. The step lasts as long as the busiest stage (the\n"
            "  bottleneck) works, plus its own idle time, the schedule's bubble: that is what the\n"
            "  theory predicts for equal stages. Any other stage r idles 1 - (busy_r / busy_max)\n"
-           "  (1 - bubble): more, by the load imbalance (1 - busy_min / busy_max at most), which a\n"
-           "  balanced split of the work would remove. simulated: the table run on each stage's\n"
-           "  measured op times, messages free; theory: %s\n",
+           "  (1 - bubble): more, from the load imbalance (1 - busy_r / busy_max, at most 1 -\n"
+           "  busy_min / busy_max), which a balanced split of the work would remove. simulated:\n"
+           "  the table run on each stage's measured op times, messages free; theory: %s\n",
            s->split ? "ZB-H1's formula, tf = tb = tw" : "(p-1)/(v m + p-1)");
 }
 

@@ -78,8 +78,9 @@ typedef struct SchedTimes {
 //   step = busy_k / (1 - bubble_k),   bubble_k = 1 - busy_k / step.
 // With equal stages bubble_k is the schedule's bubble, (p-1)/(m+p-1) for GPipe and 1F1B. With
 // unequal ones every other stage r idles more: idle_r = 1 - (busy_r / busy_k)(1 - bubble_k),
-// exactly; the extra, 1 - busy_r / busy_k at most 1 - busy_min / busy_k (the imbalance), is what
-// a balanced partition of the layers would remove, not the schedule.
+// exactly, the extra (1 - busy_r / busy_k)(1 - bubble_k) coming from the load imbalance
+// (1 - busy_r / busy_k, at most 1 - busy_min / busy_k), which a balanced partition of the
+// layers would remove, not the schedule.
 typedef struct BubbleSplit {
     int bottleneck;     // the busiest stage (the first of equals)
     double bubble;      // its idle share of the step: 1 - busy_max / span
