@@ -53,11 +53,16 @@ static const char *USAGE =
     "                                                     v chunks of layers per rank: a smaller bubble\n"
     "  mpirun -np 4 ./08_pipeline/run --schedule zb --micro-batches 8      ZB-H1: backward split\n"
     "                                                     into B and W, W fills the bubbles\n"
+    "  mpirun -np 4 ./08_pipeline/run --schedule zb --max-w-stores 4     ... at most 4 deferred\n"
+    "                                                     W's (W stores) waiting per stage\n"
     "  ./08_pipeline/run --compare --stages 4 --micro-batches 8   the four schedules side by side\n"
     "                                                     (simulated; no training, one process)\n"
     "The picture: one row per stage, time to the right; F3 = forward of micro-batch 3, B3 its\n"
     "backward, W3 its weight gradients (lower case: chunk 1 of interleaved), '.' = idle (bubble).\n"
     "Needs: --layers divisible by ranks x chunks, --batch divisible by --micro-batches.\n"
+    "After training: per stage its time in F, B, W and its idle share, measured and simulated\n"
+    "from those times; then the busiest stage's idle share (the schedule's bubble, what the\n"
+    "theory predicts) apart from the load imbalance between the stages (1 - busy_min/busy_max).\n"
     "\n"
     "  mpirun -np 2 ./08_pipeline/run --stop-at 3 --save pp.ckpt   a checkpoint: the whole model\n"
     "                                                     (weights, Adam m, v) gathered to rank 0\n"
@@ -73,6 +78,7 @@ typedef struct PipeFlags {
     int stages;     // --compare: p
     int picture_cols;
     const char *mutate;  // break one mechanism on purpose (the tests' negative checks)
+    int max_w;      // --schedule zb: at most this many W stores pending per stage (0: no cap)
 } PipeFlags;
 
 // One chunk of layers on this rank: a partial model (gpt2_build_stage), its optimizer state,
@@ -119,7 +125,8 @@ static void compare(const PipeFlags *f) {
             printf("  %-12s (skipped: m = %d is not a multiple of p = %d)\n", names[i], f->m, f->stages);
             continue;
         }
-        sched_make(&s, names[i], f->stages, v, f->m);
+        if (i == 3 && f->max_w > 0) sched_zb_h1_capped(&s, f->stages, f->m, f->max_w);
+        else sched_make(&s, names[i], f->stages, v, f->m);
         printf("\n");
         print_schedule(&s, &UNIT_TIMES, f->picture_cols, 1);
         sched_free(&s);
@@ -184,7 +191,7 @@ static void stage_backward(void *ctx, int chunk, int mb, float *din) {
         w->ch[chunk].acts[mb] = NULL;
     } else if (!w->mutate_keep_set) {  // (--mutate zb-keeps-set: the whole set waits for W)
         gpt2_acts_keep_for_w(a, md);  // the set shrinks to what W reads: the head's logits,
-    }                                 // attention's T x T... are freed now (fp32; bf16 keeps it)
+    }                                 // attention's T x T... are freed now
 }
 
 static void stage_weights(void *ctx, int chunk, int mb) {
@@ -283,26 +290,38 @@ static void adamw_all(const AdamW *h, Chunk *ch, int v, int step, float scale) {
 // ---------------------------------------------------------------------------------------------
 // figures
 
-// Bytes of one activation set of chunk m (fp32: the activations and their gradients, plus W's
-// saved gradients when split), from the size formulas of gpt2.h.
+// Bytes of one activation set of chunk m, from the size formulas of gpt2.h. fp32: the
+// activations and their gradients, plus W's saved gradients when split. bf16: the blocks'
+// per-layer activations (ln1 .. residual3) stored in bf16, 2 bytes each; in fp32 one layer of
+// them (the scratch a block computes in) with the embedding's and the head's, block_in (a
+// block's input widened, BTC), the gradients, and W's saved gradients when split.
 static double set_bytes_formula(const GPT2 *m, int Bm, int T, int split) {
     size_t a[GPT2_NUM_ACTS], d[GPT2_NUM_ACTS];
-    int nb = m->l1 - m->l0;
-    gpt2_act_sizes_range(&m->cfg, nb, m->has_head, Bm, T, a);
+    const int nb = m->l1 - m->l0, bf16 = m->dtype == GPT2_BF16;
+    const double BTC = (double)Bm * T * m->cfg.C;
+    gpt2_act_sizes_range(&m->cfg, bf16 ? 1 : nb, m->has_head, Bm, T, a);
     gpt2_dact_sizes_range(&m->cfg, nb, m->has_head, Bm, T, d);
-    double floats = 0;
+    double floats = 0, layer = 0;
     for (int i = 0; i < GPT2_NUM_ACTS; i++) floats += (double)a[i] + (double)d[i];
-    if (split) floats += 10.0 * nb * Bm * T * m->cfg.C;
-    return floats * 4.0;
+    for (int i = 1; i <= 16; i++) layer += (double)a[i];  // ln1 .. residual3: one layer
+    if (split) floats += 10.0 * nb * BTC;
+    return bf16 ? 4.0 * (floats + BTC) + 2.0 * nb * layer : 4.0 * floats;
 }
 
-// ZB-H1: the bytes a deferred W keeps from B to W, per chunk (fp32), by hand from what W
-// reads: per block and position, the inputs of its matmuls and LayerNorms (ln1, atty, ln2:
-// C each; fch_gelu: 4C; the block's input, residual2: C each), the two LayerNorms' mean and
-// rstd (4), the gradient of the block's output (C), and wsave (10C: see gpt2.h): 20C + 4.
+// ZB-H1: the bytes a deferred W keeps from B to W, per chunk, by hand from what W reads: per
+// block and position, the inputs of its matmuls and LayerNorms (ln1, atty, ln2: C each;
+// fch_gelu: 4C; the block's input, residual2: C each), the two LayerNorms' mean and rstd (4),
+// the gradient of the block's output (C), and wsave (10C: see gpt2.h). fp32: 20C + 4 floats.
+// bf16 (gpt2.c's keep_for_w_bf16): the 8C + 4 of them stored per block stay bf16 (with each
+// block's output, C, but the last's: the next block's input), and in fp32 one layer of them
+// (8C + 4) and the set's input (C: the scratch W widens into), block_in (C), the gradients of
+// the blocks' outputs (C per block) and wsave (10C per block).
 static double w_bytes_formula(const GPT2 *m, int Bm, int T) {
-    double C = m->cfg.C;
-    return 4.0 * (m->l1 - m->l0) * Bm * T * (20.0 * C + 4.0);
+    const double C = m->cfg.C, nb = m->l1 - m->l0, BT = (double)Bm * T;
+    if (m->dtype == GPT2_BF16)
+        return 2.0 * BT * (nb * (8.0 * C + 4.0) + (nb - 1.0) * C) +
+               4.0 * BT * ((9.0 * C + 4.0) + C + nb * 11.0 * C);
+    return 4.0 * nb * BT * (20.0 * C + 4.0);
 }
 
 // The peak bytes of activations alive at once when the table runs, from the formulas: the walk
@@ -341,16 +360,102 @@ static int cmp_double(const void *a, const void *b) {
     return (x > y) - (x < y);
 }
 
-// The median of x[0 .. n) (sorts x): a step disturbed by another process on the machine moves
-// the mean of the steps' bubbles, hardly their median.
-static double median(double *x, int n) {
+// The median of x[0 .. n) (x is left as it is): a step disturbed by another process on the
+// machine moves the mean of the steps' times, hardly their median.
+static double median(const double *x, int n) {
     if (n == 0) return 0;
-    qsort(x, (size_t)n, sizeof *x, cmp_double);
-    return n % 2 ? x[n / 2] : 0.5 * (x[n / 2 - 1] + x[n / 2]);
+    double *y = lab_xmalloc((size_t)n * sizeof *y);
+    memcpy(y, x, (size_t)n * sizeof *y);
+    qsort(y, (size_t)n, sizeof *y, cmp_double);
+    double med = n % 2 ? y[n / 2] : 0.5 * (y[n / 2 - 1] + y[n / 2]);
+    free(y);
+    return med;
 }
 
-enum { F_BUBBLE, F_BUBBLE_SIM, F_PEAK_SETS, F_PEAK_SETS_SCHED, F_PEAK_BYTES, F_PEAK_BYTES_FORMULA,
-       F_SENT, F_SENT_FORMULA, F_L0, F_L1, F_PEAK_W, F_PEAK_W_SCHED, F_NFIELDS };
+// This stage's measured time in each step after the first (the first warms caches and
+// allocators; a run of one step keeps it): seconds in its F, B and W ops, the waits for
+// messages left out (B: the whole backward when the schedule does not split it), and the span
+// of the step, from the earliest stage's first op to the latest stage's end (all ranks read one
+// monotonic clock, on one machine).
+typedef struct StepTimes {
+    int n;
+    double *op[3], *busy, *span;  // [n]; op[PIPE_F], op[PIPE_B], op[PIPE_W]
+} StepTimes;
+
+enum { F_BUBBLE, F_TF, F_TB, F_TW, F_BUSY, F_PEAK_SETS, F_PEAK_SETS_SCHED, F_PEAK_BYTES,
+       F_PEAK_BYTES_FORMULA, F_SENT, F_SENT_FORMULA, F_L0, F_L1, F_PEAK_W, F_PEAK_W_SCHED,
+       F_NFIELDS };
+
+// The bubble, measured and simulated, on rank 0. Per stage: its median op times per step, its
+// idle share (median over the steps of 1 - busy / span), and the simulator's prediction from
+// those op times (free links: what the table alone makes of them). Then the split of
+// schedule.h (sched_bubble_split): the busiest stage's idle share, the schedule's bubble that
+// (p-1)/(m+p-1) predicts, and the load imbalance between stages, each step's own, median over
+// the steps. all: the F_* fields of every stage; busy: [r * n + k] stage r's busy time in step k.
+typedef struct TimeReport {
+    double sim_bubble[SCHED_MAX_STAGES];
+    BubbleSplit meas, sim;
+    double step, sim_step;  // median span; simulated makespan (s)
+} TimeReport;
+
+static TimeReport time_report(const Schedule *s, const double *all, const double *busy,
+                              const double *span, int n) {
+    const int p = s->p;
+    TimeReport rep = {.step = median(span, n)};
+    SchedTimes t[SCHED_MAX_STAGES];
+    for (int r = 0; r < p; r++) {  // op times per micro-batch of the whole stage
+        const double *a = all + (size_t)r * F_NFIELDS;
+        t[r] = (SchedTimes){.tf = a[F_TF] / s->m, .tb = a[F_TB] / s->m, .tw = a[F_TW] / s->m};
+    }
+    SimResult sim;
+    if (sched_simulate_stages(s, t, &sim) == 0) {
+        for (int r = 0; r < p; r++) rep.sim_bubble[r] = sim.bubble[r];
+        rep.sim = sim.split;
+        rep.sim_step = sim.makespan;
+    }
+    sim_free(&sim);
+    double *bub = lab_xcalloc((size_t)n + 1, sizeof(double)), *imb = lab_xcalloc((size_t)n + 1, sizeof(double));
+    double bk[SCHED_MAX_STAGES], med[SCHED_MAX_STAGES];
+    for (int k = 0; k < n; k++) {
+        for (int r = 0; r < p; r++) bk[r] = busy[(size_t)r * n + k];
+        BubbleSplit b = sched_bubble_split(bk, p, span[k]);
+        bub[k] = b.bubble, imb[k] = b.imbalance;
+    }
+    for (int r = 0; r < p; r++) med[r] = all[(size_t)r * F_NFIELDS + F_BUSY];
+    rep.meas.bottleneck = sched_bubble_split(med, p, rep.step).bottleneck;
+    rep.meas.bubble = median(bub, n), rep.meas.imbalance = median(imb, n);
+    free(bub), free(imb);
+    return rep;
+}
+
+static void print_time_report(const Schedule *s, const double *all, const TimeReport *rep,
+                              double theory) {
+    printf("\n  time per step, ms (medians over the steps after the first):\n");
+    printf("  %-6s %-8s %8s %8s %8s %8s %9s %9s %9s\n", "stage", "blocks", "F", "B", "W",
+           "busy", "idle", "simulated", "theory");
+    for (int r = 0; r < s->p; r++) {
+        const double *a = all + (size_t)r * F_NFIELDS;
+        char blk[16], w[16] = "-";
+        snprintf(blk, sizeof blk, "[%d,%d)", (int)a[F_L0], (int)a[F_L1]);
+        if (s->split) snprintf(w, sizeof w, "%.2f", 1e3 * a[F_TW]);
+        printf("  %-6d %-8s %8.2f %8.2f %8s %8.2f %8.1f%% %8.1f%% %8.1f%%\n", r,
+               s->v > 1 ? "chunks" : blk, 1e3 * a[F_TF], 1e3 * a[F_TB], w, 1e3 * a[F_BUSY],
+               100 * a[F_BUBBLE], 100 * rep->sim_bubble[r], 100 * theory);
+    }
+    printf("  step %.2f ms (simulated from the op times above, free links: %.2f ms)\n",
+           1e3 * rep->step, 1e3 * rep->sim_step);
+    printf("  bottleneck stage %d: bubble %.2f %% (simulated %.2f %%, theory %.2f %%), "
+           "imbalance %.2f %% (simulated %.2f %%)\n", rep->meas.bottleneck,
+           100 * rep->meas.bubble, 100 * rep->sim.bubble, 100 * theory,
+           100 * rep->meas.imbalance, 100 * rep->sim.imbalance);
+    printf("  idle = 1 - busy / step, per stage. The step lasts as long as the busiest stage (the\n"
+           "  bottleneck) works, plus its own idle time, the schedule's bubble: that is what the\n"
+           "  theory predicts for equal stages. Any other stage r idles 1 - (busy_r / busy_max)\n"
+           "  (1 - bubble): more, from the load imbalance (1 - busy_r / busy_max, at most 1 -\n"
+           "  busy_min / busy_max), which a balanced split of the work would remove. simulated:\n"
+           "  the table run on each stage's measured op times, messages free; theory: %s\n",
+           s->split ? "ZB-H1's formula, tf = tb = tw" : "(p-1)/(v m + p-1)");
+}
 
 // ---------------------------------------------------------------------------------------------
 // the whole model in llm.c's order (the --dump weights, the checkpoints)
@@ -465,7 +570,11 @@ static void train(const LabArgs *args, const PipeFlags *f) {
                             "equal: use a --batch that is a multiple of %d", m, B, m);
     const int Bm = B / m;
     Schedule s;
-    sched_make(&s, f->schedule, p, v, m);
+    if (f->max_w > 0 && strcmp(f->schedule, "zb") != 0)
+        lab_fail_collective("--max-w-stores %d: only --schedule zb defers W's; use it with "
+                            "--schedule zb, or leave it out", f->max_w);
+    if (f->max_w > 0) sched_zb_h1_capped(&s, p, m, f->max_w);
+    else sched_make(&s, f->schedule, p, v, m);
     char err[256];
     if (sched_check(&s, err, sizeof err) != 0) lab_fail_collective("schedule %s: %s", s.name, err);
     SimResult sim;
@@ -525,8 +634,10 @@ static void train(const LabArgs *args, const PipeFlags *f) {
     // the fault hook (--kill-rank, --kill-step) is the Session's; it reads only these fields
     Session hooks = {.args = args, .rank = rank, .start = start};
     double sent_sum = 0, t_steps = 0;  // t_steps: the steps after the first, for tokens/s
-    double *bubbles = lab_xcalloc((size_t)end + 1, sizeof(double));  // per measured step
-    int bubble_n = 0;
+    StepTimes tm = {0};
+    for (int k = 0; k < 3; k++) tm.op[k] = lab_xcalloc((size_t)end + 1, sizeof(double));
+    tm.busy = lab_xcalloc((size_t)end + 1, sizeof(double));
+    tm.span = lab_xcalloc((size_t)end + 1, sizeof(double));
     double *pic_start = NULL, *pic_end = NULL;  // the last step's measured timeline (rank 0)
     dist_counters_reset();
     for (int step = start; step < end; step++) {
@@ -538,15 +649,18 @@ static void train(const LabArgs *args, const PipeFlags *f) {
         work.step = step;
         double loss_sum = pipe_exec_step(&x);
         sent_sum += (double)(dist_counters()->sent[OP_SEND] - sent0);
-        // the bubble of this step: idle share of the span from the first stage's start to the
-        // last stage's end (all ranks share one monotonic clock on one machine)
-        double busy = 0, tend = x.op_end[s.nops[rank] - 1];
-        for (int j = 0; j < s.nops[rank]; j++) busy += x.op_end[j] - x.op_start[j];
+        // this step's times: the ops' (waits left out), and the span from the first stage's
+        // start to the last stage's end (all ranks share one monotonic clock on one machine)
+        double opsum[3] = {0, 0, 0}, tend = x.op_end[s.nops[rank] - 1];
+        for (int j = 0; j < s.nops[rank]; j++) opsum[s.ops[rank][j].kind] += x.op_end[j] - x.op_start[j];
         double span[2] = {-t0, tend};  // the max of -t0 is -(the earliest start)
         dist_all_reduce(span, span, 2, DIST_F64, DIST_MAX, g);
         double tmin = -span[0], tmax = span[1];
-        if (step > start || end - start == 1)  // the first step warms caches and allocators
-            bubbles[bubble_n++] = 1.0 - busy / (tmax - tmin);
+        if (step > start || end - start == 1) {  // the first step warms caches and allocators
+            for (int k = 0; k < 3; k++) tm.op[k][tm.n] = opsum[k];
+            tm.busy[tm.n] = opsum[0] + opsum[1] + opsum[2];
+            tm.span[tm.n++] = tmax - tmin;
+        }
         if (step == end - 1) {
             pic_start = lab_xcalloc((size_t)s.nops[rank] + 1, sizeof(double));
             pic_end = lab_xcalloc((size_t)s.nops[rank] + 1, sizeof(double));
@@ -588,12 +702,18 @@ static void train(const LabArgs *args, const PipeFlags *f) {
 
     // the figures of every rank, to rank 0
     double mine[F_NFIELDS] = {0};
-    mine[F_BUBBLE] = median(bubbles, bubble_n);
-    mine[F_BUBBLE_SIM] = sim.bubble[rank];
+    double *idle = lab_xcalloc((size_t)tm.n + 1, sizeof(double));
+    for (int k = 0; k < tm.n; k++) idle[k] = 1.0 - tm.busy[k] / tm.span[k];
+    mine[F_BUBBLE] = median(idle, tm.n);
+    free(idle);
+    mine[F_TF] = median(tm.op[PIPE_F], tm.n);
+    mine[F_TB] = median(tm.op[PIPE_B], tm.n);
+    mine[F_TW] = median(tm.op[PIPE_W], tm.n);
+    mine[F_BUSY] = median(tm.busy, tm.n);
     mine[F_PEAK_SETS] = x.live_peak;
     mine[F_PEAK_SETS_SCHED] = sched_peak_inflight(&s, rank);
     mine[F_PEAK_BYTES] = (double)x.acts_peak;
-    mine[F_PEAK_BYTES_FORMULA] = dtype == GPT2_FP32 ? peak_bytes_formula(&s, rank, ch, Bm, T) : -1;
+    mine[F_PEAK_BYTES_FORMULA] = peak_bytes_formula(&s, rank, ch, Bm, T);
     mine[F_SENT] = end > start ? sent_sum / (end - start) : 0;
     mine[F_SENT_FORMULA] = sent_formula(rank, p, v, m, x.msg, dtype == GPT2_BF16 ? 2 : 4);
     mine[F_L0] = ch[0].model.l0;
@@ -612,10 +732,15 @@ static void train(const LabArgs *args, const PipeFlags *f) {
     }
     if (rank == 0) tl_all = lab_xcalloc((size_t)p * 2 * maxops, sizeof(double));
     dist_gather(tl, tl_all, (size_t)2 * maxops, DIST_F64, 0, g);
+    // every stage's busy time in each measured step (every rank ran the same steps), for the
+    // bottleneck's bubble and the imbalance of each step
+    double *busy_all = rank == 0 ? lab_xcalloc((size_t)p * tm.n + 1, sizeof(double)) : NULL;
+    dist_gather(tm.busy, busy_all, (size_t)tm.n, DIST_F64, 0, g);
     trace_finish();
 
     if (rank == 0) {
         const double theory = sched_theory_bubble(&s, &UNIT_TIMES);
+        const TimeReport tr = time_report(&s, all, busy_all, tm.span, tm.n);
         if (!args->quiet && end - start > 1)
             printf("%d steps after the first in %.3f s: %.0f tokens/s\n", end - start - 1,
                    t_steps, (double)B * T * (end - start - 1) / t_steps);
@@ -631,25 +756,22 @@ static void train(const LabArgs *args, const PipeFlags *f) {
             printf("\nthe last step as it ran (unit: half the mean forward, %.2f ms):\n",
                    1e3 * fsum / fn / 2);
             sched_print(stdout, &s, st, en, fsum / fn / 2, f->picture_cols);
-            printf("\n  %-6s %-8s %9s %9s %9s %11s %11s %12s %12s %12s %12s\n", "stage", "blocks",
-                   "bubble", "simulated", "theory", "sets sched", "W st sched", "acts peak",
-                   "formula", "sent/step", "formula");
+            print_time_report(&s, all, &tr, theory);
+            printf("\n  memory and messages:\n");
+            printf("  %-6s %-8s %11s %11s %12s %12s %12s %12s\n", "stage", "blocks",
+                   "sets sched", "W st sched", "acts peak", "formula", "sent/step", "formula");
             for (int r = 0; r < p; r++) {
                 const double *a = all + (size_t)r * F_NFIELDS;
                 char b1[32], b2[32], b3[32], b4[32], blk[16], wst[24] = "-";
                 snprintf(blk, sizeof blk, "[%d,%d)", (int)a[F_L0], (int)a[F_L1]);
                 if (s.split)
                     snprintf(wst, sizeof wst, "%d/%d", (int)a[F_PEAK_W], (int)a[F_PEAK_W_SCHED]);
-                printf("  %-6d %-8s %8.1f%% %8.1f%% %8.1f%% %5d/%-5d %11s %12s %12s %12s %12s\n", r,
-                       v > 1 ? "chunks" : blk, 100 * a[F_BUBBLE], 100 * a[F_BUBBLE_SIM],
-                       100 * theory, (int)a[F_PEAK_SETS], (int)a[F_PEAK_SETS_SCHED], wst,
+                printf("  %-6d %-8s %5d/%-5d %11s %12s %12s %12s %12s\n", r,
+                       v > 1 ? "chunks" : blk, (int)a[F_PEAK_SETS], (int)a[F_PEAK_SETS_SCHED], wst,
                        mem_format(b1, sizeof b1, a[F_PEAK_BYTES]),
                        a[F_PEAK_BYTES_FORMULA] >= 0 ? mem_format(b2, sizeof b2, a[F_PEAK_BYTES_FORMULA]) : "-",
                        mem_format(b3, sizeof b3, a[F_SENT]), mem_format(b4, sizeof b4, a[F_SENT_FORMULA]));
             }
-            printf("  bubble: measured per stage = 1 - (time in its ops, waits for messages left "
-                   "out) / (first stage's start .. last stage's end), median over steps 2..;\n"
-                   "          simulated and theory: tf = tb = tw, free links\n");
             printf("  sets: activation sets alive at once (F .. B), measured / from the table; W st: "
                    "ZB-H1's W stores (what W reads, B .. W);\n"
                    "  acts peak: MEM_ACTS above the step's start, at op boundaries\n");
@@ -663,20 +785,33 @@ static void train(const LabArgs *args, const PipeFlags *f) {
             results_set(&out, "chunks", v);
             results_set(&out, "micro_batches", m);
             results_set(&out, "bubble_theory", theory);
-            static const char *keys[F_NFIELDS] = {"bubble", "bubble_sim", "peak_sets",
-                "peak_sets_sched", "peak_act_bytes", "peak_act_bytes_formula", "sent_per_step",
-                "sent_per_step_formula", "l0", "l1", "peak_wstores", "peak_wstores_sched"};
-            for (int r = 0; r < p && r < 4; r++)
+            results_set(&out, "bottleneck", tr.meas.bottleneck);
+            results_set(&out, "bubble_bottleneck", tr.meas.bubble);
+            results_set(&out, "imbalance", tr.meas.imbalance);
+            results_set(&out, "bubble_bottleneck_sim", tr.sim.bubble);
+            results_set(&out, "imbalance_sim", tr.sim.imbalance);
+            // (the op times per stage stay out: results.c holds 64 figures, 4 stages' worth)
+            static const char *keys[F_NFIELDS] = {"bubble", NULL, NULL, NULL, NULL,
+                "peak_sets", "peak_sets_sched", "peak_act_bytes", "peak_act_bytes_formula",
+                "sent_per_step", "sent_per_step_formula", "l0", "l1", "peak_wstores",
+                "peak_wstores_sched"};
+            for (int r = 0; r < p && r < 4; r++) {
+                char key[48];
                 for (int k = 0; k < F_NFIELDS; k++) {
-                    char key[48];
+                    if (!keys[k]) continue;
                     snprintf(key, sizeof key, "%s_r%d", keys[k], r);
                     results_set(&out, key, all[(size_t)r * F_NFIELDS + k]);
                 }
+                snprintf(key, sizeof key, "bubble_sim_r%d", r);
+                results_set(&out, key, tr.sim_bubble[r]);
+            }
             results_write(args->dump, &out);
             results_free(&out);
         }
     }
-    free(all), free(bubbles), free(tl), free(tl_all), free(pic_start), free(pic_end), free(full), free(losses);
+    for (int k = 0; k < 3; k++) free(tm.op[k]);
+    free(tm.busy), free(tm.span), free(busy_all);
+    free(all), free(tl), free(tl_all), free(pic_start), free(pic_end), free(full), free(losses);
     pipe_exec_free(&x);
     mem_free(inputs), mem_free(targets);
     data_free(&data);
@@ -699,7 +834,7 @@ int main(int argc, char **argv) {
     dist_init(&argc, &argv);
     LabArgs args = lab_args_defaults();
     PipeFlags f = {.schedule = "1f1b", .m = 4, .v = 1, .compare = 0, .stages = 4, .picture_cols = 160,
-                   .mutate = "none"};
+                   .mutate = "none", .max_w = 0};
     FlagSpec extra[] = {
         {"--schedule", FLAG_CHOICE, &f.schedule, 0, 0, "gpipe|1f1b|interleaved|zb",
          "the pipeline schedule (the table of ops per stage)"},
@@ -707,6 +842,9 @@ int main(int argc, char **argv) {
          "m: micro-batches per step (must divide --batch)"},
         {"--chunks", FLAG_INT, &f.v, 1, 64, NULL,
          "v: chunks of layers per rank (--schedule interleaved)"},
+        {"--max-w-stores", FLAG_INT, &f.max_w, 0, 10000, NULL,
+         "K: --schedule zb keeps at most K deferred W's (W stores) per stage; a stage with K "
+         "pending runs the oldest before anything else (0: no cap)"},
         {"--compare", FLAG_BOOL, &f.compare, 0, 1, NULL,
          "print the four schedules simulated for --stages and --micro-batches, and exit"},
         {"--stages", FLAG_INT, &f.stages, 1, SCHED_MAX_STAGES, NULL, "p for --compare"},

@@ -536,12 +536,60 @@ void gpt2_acts_free(GPT2Acts *a) {
     memset(a, 0, sizeof *a);
 }
 
+// bf16: the same tensors, in the set's own layout. Each stored layer keeps, still rounded, what
+// W reads (ln1 and its mean and rstd, atty, residual2, ln2 and its statistics, fch_gelu: the
+// order of ActTensors) followed by its output residual3 (the next block's input; not for the
+// last block); the one-layer fp32 scratch shrinks to the set's input (encoded) and one layer of
+// those tensors, where widen_layer widens them. W then reads the very values it read before.
+// block_in (where piece_input widens a block's input), wsave and the gradients of the blocks'
+// outputs stay; the rest goes.
+static void keep_for_w_bf16(GPT2Acts *a, const GPT2 *m) {
+    // the tensors W reads, by index in ActTensors: encoded (0), ln1, ln1_mean, ln1_rstd (1-3),
+    // atty (5), residual2 (9), ln2, ln2_mean, ln2_rstd (10-12), fch_gelu (14)
+    static const unsigned char for_w[ACT_RESIDUAL3] = {1, 1, 1, 1, 0, 1, 0, 0, 0, 1, 1, 1, 1, 0, 1, 0};
+    const size_t nb = (size_t)(a->l1 - a->l0), BTC = (size_t)a->B * a->T * (size_t)m->cfg.C;
+    size_t sizes[GPT2_NUM_ACTS] = {0}, wl = 0;  // the scratch's tensors; one layer of them
+    for (int i = 0; i < ACT_RESIDUAL3; i++) {
+        sizes[i] = for_w[i] ? a->act_sizes[i] : 0;
+        if (i >= ACT_LN1) wl += sizes[i];
+    }
+    const size_t stride = wl + BTC;  // a kept layer: its W tensors, then its output
+    uint16_t *keep = mem_alloc((nb * stride - BTC) * sizeof(uint16_t), MEM_ACTS, m->dev);
+    for (size_t li = 0; li < nb; li++) {
+        const uint16_t *from = a->acts_bf16 + li * a->layer_act_size;
+        uint16_t *to = keep + li * stride;
+        for (int i = ACT_LN1; i <= ACT_RESIDUAL3; i++) {
+            if (sizes[i] || (i == ACT_RESIDUAL3 && li + 1 < nb)) {
+                mem_copy(to, from, a->act_sizes[i] * sizeof(uint16_t));
+                to += a->act_sizes[i];
+            }
+            from += a->act_sizes[i];
+        }
+    }
+    float *scratch = mem_alloc((BTC + wl) * sizeof(float), MEM_ACTS, m->dev);
+    mem_copy(scratch, a->a.encoded, BTC * sizeof(float));  // block l0's input
+    float *dout = mem_alloc(nb * BTC * sizeof(float), MEM_ACTS, m->dev);
+    mem_copy(dout, a->da.residual3, nb * BTC * sizeof(float));  // fcproj's W reads it
+    mem_free(a->acts), mem_free(a->acts_bf16), mem_free(a->dacts);
+    mem_free(a->inputs), mem_free(a->targets), mem_free(a->host_losses);
+    a->inputs = a->targets = NULL, a->host_losses = NULL;
+    a->acts = scratch, a->acts_bf16 = keep, a->dacts = dout;
+    a->layer_act_size = stride;
+    point_acts(&a->a, scratch, sizes);
+    a->da = (ActTensors){.residual3 = dout};
+    a->w_only = 1;
+}
+
 // What the blocks' W read, moved out of a whole fp32 set (see gpt2.h). The forward tensors go
 // into one new buffer (acts), laid out as the stacked tensors are, so layer_acts finds them;
 // the gradients of the blocks' outputs into another (dacts); wsave is kept as it is.
 void gpt2_acts_keep_for_w(GPT2Acts *a, const GPT2 *m) {
     LAB_CHECK(a->wsave && a->acts, "gpt2_acts_keep_for_w: needs a split activation set");
-    if (a->dtype != GPT2_FP32 || a->w_only) return;  // bf16: W widens the stored layers: all kept
+    if (a->w_only) return;
+    if (a->dtype == GPT2_BF16) {
+        keep_for_w_bf16(a, m);
+        return;
+    }
     GPT2BlockDims d = block_dims(m);
     const size_t nb = (size_t)(a->l1 - a->l0), BT = (size_t)a->B * a->T, BTC = BT * (size_t)d.C;
     const size_t BTA = BT * (size_t)d.ATT, BTF = BT * (size_t)d.FC;
@@ -731,11 +779,12 @@ static LayerActs block_acts(const GPT2 *m, const GPT2Acts *a, const GPT2BlockDim
     return layer_acts(&a->a, dm, a->B, a->T, m->dtype == GPT2_BF16 ? 0 : l - a->l0);
 }
 
-// bf16: widen block l's stored layer into the fp32 scratch.
+// bf16: widen block l's stored layer into the fp32 scratch (a W-only set: its W tensors, the
+// layer without its output; see keep_for_w_bf16).
 static void widen_layer(const GPT2 *m, GPT2Acts *a, int l) {
-    if (m->dtype == GPT2_BF16)
-        m->k->bf16_to_f32(a->a.ln1, a->acts_bf16 + (size_t)(l - a->l0) * a->layer_act_size,
-                          a->layer_act_size);
+    if (m->dtype != GPT2_BF16) return;
+    size_t n = a->layer_act_size - (a->w_only ? (size_t)a->B * a->T * (size_t)m->cfg.C : 0);
+    m->k->bf16_to_f32(a->a.ln1, a->acts_bf16 + (size_t)(l - a->l0) * a->layer_act_size, n);
 }
 
 static void check_block(const GPT2 *m, const GPT2Acts *a, int l, const char *fn) {

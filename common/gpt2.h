@@ -281,12 +281,13 @@ void gpt2_free(GPT2 *m);
 void gpt2_acts_alloc(GPT2Acts *a, const GPT2 *m, int B, int T);
 void gpt2_acts_alloc_split(GPT2Acts *a, const GPT2 *m);
 void gpt2_acts_free(GPT2Acts *a);
-// After the B of every block of a split fp32 set: keep only what the blocks' W read (the
+// After the B of every block of a split set: keep only what the blocks' W read (the
 // inputs of their matmuls and LayerNorms, the LayerNorm statistics, the gradient of each block's
 // output, and wsave), free the rest (the head's logits and probabilities, attention's T x T,
 // the other gradients). Then only gpt2_block_backward_weights may run on it; gpt2_acts_free
-// frees it. bf16 sets are left whole (their W widens the stored layers).
-// gpt2_acts_w_floats: the floats it moves into its own buffer (per block and position:
+// frees it. bf16 sets keep the same tensors still rounded to bf16 (with each block's output but
+// the last's), and a one-layer fp32 scratch of them that W widens them into (gpt2.c).
+// gpt2_acts_w_floats: the floats it moves into its own buffer (fp32; per block and position:
 // 5C + ATT + FC + 4; wsave stays as it is).
 void gpt2_acts_keep_for_w(GPT2Acts *a, const GPT2 *m);
 size_t gpt2_acts_w_floats(const GPT2 *m, int B, int T);

@@ -112,8 +112,11 @@ void sched_interleaved(Schedule *s, int p, int v, int m) {
 // whose gradient has arrived; else an F whose input has arrived, if fewer than p-r micro-batches
 // are between their F and B (1F1B's limit); else the oldest deferred W; else it idles.
 // Memory: at most p-r sets between F and B (1F1B's limit); from B to W a micro-batch keeps only
-// what its W reads (gpt2_acts_keep_for_w), and up to m of those wait on a stage.
-void sched_zb_h1(Schedule *s, int p, int m) {
+// what its W reads (gpt2_acts_keep_for_w), and up to m of those wait on a stage. max_w > 0 caps
+// them (the paper's memory limit): a stage with max_w W's pending runs the oldest one before
+// anything else, so no B makes it max_w + 1; the W's it runs early leave bubbles unfilled.
+void sched_zb_h1_capped(Schedule *s, int p, int m, int max_w) {
+    if (max_w < 0) lab_fail_collective("--max-w-stores %d; valid: 0 (no cap) or more", max_w);
     sched_alloc(s, "zb", p, 1, m, 1);
     // finish time of F(i) / B(i) on stage r, -1 while not run; unit op times
     int *fin_f = lab_xmalloc((size_t)p * m * sizeof(int)), *fin_b = lab_xmalloc((size_t)p * m * sizeof(int));
@@ -139,6 +142,7 @@ void sched_zb_h1(Schedule *s, int p, int m) {
             else if (f_ready) pick[r] = PIPE_F;
             else if (w_ready) pick[r] = PIPE_W;
             // END EXERCISE 08.3
+            if (max_w > 0 && nb[r] - nw[r] >= max_w) pick[r] = PIPE_W;  // the cap: W first
             if (nw[r] == m) done++;
         }
         for (int r = 0; r < p; r++) {
@@ -150,6 +154,8 @@ void sched_zb_h1(Schedule *s, int p, int m) {
     }
     free(fin_f), free(fin_b);
 }
+
+void sched_zb_h1(Schedule *s, int p, int m) { sched_zb_h1_capped(s, p, m, 0); }
 
 void sched_make(Schedule *s, const char *name, int p, int v, int m) {
     if (strcmp(name, "interleaved") != 0 && v != 1)
@@ -229,11 +235,25 @@ int sched_peak_wstores(const Schedule *s, int rank) {
     return s->split ? peak_between(s, rank, PIPE_B, PIPE_W) : 0;
 }
 
+BubbleSplit sched_bubble_split(const double *busy, int p, double span) {
+    BubbleSplit b = {0, 0.0, 0.0};
+    double lo = busy[0];
+    for (int r = 1; r < p; r++) {
+        if (busy[r] > busy[b.bottleneck]) b.bottleneck = r;
+        lo = fmin(lo, busy[r]);
+    }
+    const double hi = busy[b.bottleneck];
+    if (span > 0) b.bubble = 1.0 - hi / span;
+    if (hi > 0) b.imbalance = 1.0 - lo / hi;
+    return b;
+}
+
 // Runs every op as soon as its stage is free and its inputs are there, until nothing more can
 // run. An op's times depend only on the ops it waits for, so the order of discovery does not
-// change them.
-int sched_simulate(const Schedule *s, const SchedTimes *t, SimResult *res) {
+// change them. Stage r's times are ts[r * stride] (stride 0: one SchedTimes for every stage).
+static int simulate(const Schedule *s, const SchedTimes *ts, size_t stride, SimResult *res) {
     const int p = s->p, v = s->v, m = s->m, S = p * v;
+    const SchedTimes *t = ts;  // the link's times
     memset(res, 0, sizeof *res);
     // finish time of F / B of micro-batch i on virtual stage vs: fin[(kind * S + vs) * m + i]
     double *fin = lab_xmalloc((size_t)2 * S * m * sizeof(double));
@@ -241,7 +261,13 @@ int sched_simulate(const Schedule *s, const SchedTimes *t, SimResult *res) {
     double free_at[SCHED_MAX_STAGES] = {0};
     int next[SCHED_MAX_STAGES] = {0};
     const double lat = t->alpha + t->beta * t->msg_bytes;
-    const double dur[3] = {t->tf / v, (s->split ? t->tb : t->tb + t->tw) / v, t->tw / v};
+    double dur[SCHED_MAX_STAGES][3];  // stage r's F, B, W of one chunk
+    for (int r = 0; r < p; r++) {
+        const SchedTimes *q = &ts[(size_t)r * stride];
+        dur[r][PIPE_F] = q->tf / v;
+        dur[r][PIPE_B] = (s->split ? q->tb : q->tb + q->tw) / v;
+        dur[r][PIPE_W] = q->tw / v;
+    }
     for (int r = 0; r < p; r++) {
         res->start[r] = lab_xcalloc((size_t)s->nops[r] + 1, sizeof(double));
         res->end[r] = lab_xcalloc((size_t)s->nops[r] + 1, sizeof(double));
@@ -268,9 +294,9 @@ int sched_simulate(const Schedule *s, const SchedTimes *t, SimResult *res) {
                 }
                 if (o.kind == PIPE_W && fin[(1 * S + vs) * m + o.mb] < 0) break;
                 res->start[r][next[r]] = ready;
-                res->end[r][next[r]] = free_at[r] = ready + dur[o.kind];
+                res->end[r][next[r]] = free_at[r] = ready + dur[r][o.kind];
                 if (o.kind != PIPE_W) fin[((size_t)o.kind * S + vs) * m + o.mb] = free_at[r];
-                res->busy[r] += dur[o.kind];
+                res->busy[r] += dur[r][o.kind];
                 if (o.kind == PIPE_F && vs < S - 1 && (vs + 1) % p != r) res->sends[r]++;
                 if (o.kind == PIPE_F && vs > 0 && (vs - 1) % p != r) res->recvs[r]++;
                 if (o.kind == PIPE_B && vs > 0 && (vs - 1) % p != r) res->sends[r]++;
@@ -293,8 +319,17 @@ int sched_simulate(const Schedule *s, const SchedTimes *t, SimResult *res) {
     }
     for (int r = 0; r < p; r++)
         res->bubble[r] = res->makespan > 0 ? 1.0 - res->busy[r] / res->makespan : 0.0;
+    res->split = sched_bubble_split(res->busy, p, res->makespan);
     free(fin);
     return res->deadlock ? -1 : 0;
+}
+
+int sched_simulate(const Schedule *s, const SchedTimes *t, SimResult *r) {
+    return simulate(s, t, 0, r);
+}
+
+int sched_simulate_stages(const Schedule *s, const SchedTimes *t, SimResult *r) {
+    return simulate(s, t, 1, r);
 }
 
 void sim_free(SimResult *r) {

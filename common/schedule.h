@@ -46,6 +46,8 @@ void sched_gpipe(Schedule *s, int p, int m);
 void sched_1f1b(Schedule *s, int p, int m);
 void sched_interleaved(Schedule *s, int p, int v, int m);  // needs m a multiple of p
 void sched_zb_h1(Schedule *s, int p, int m);  // W deferred: p-r sets, up to m W stores (schedule.c)
+// ZB-H1 with at most max_w W stores pending on any stage (0: no cap, sched_zb_h1's table).
+void sched_zb_h1_capped(Schedule *s, int p, int m, int max_w);
 // By name: "gpipe" | "1f1b" | "interleaved" | "zb" (v is used by "interleaved" only).
 void sched_make(Schedule *s, const char *name, int p, int v, int m);
 void sched_free(Schedule *s);
@@ -71,6 +73,22 @@ typedef struct SchedTimes {
     double alpha, beta, msg_bytes;
 } SchedTimes;
 
+// The bubble the formulas predict, apart from the load imbalance. A step takes as long as its
+// busiest stage k (the bottleneck) is busy, plus the time k idles:
+//   step = busy_k / (1 - bubble_k),   bubble_k = 1 - busy_k / step.
+// With equal stages bubble_k is the schedule's bubble, (p-1)/(m+p-1) for GPipe and 1F1B. With
+// unequal ones every other stage r idles more: idle_r = 1 - (busy_r / busy_k)(1 - bubble_k),
+// exactly, the extra (1 - busy_r / busy_k)(1 - bubble_k) coming from the load imbalance
+// (1 - busy_r / busy_k, at most 1 - busy_min / busy_k), which a balanced partition of the
+// layers would remove, not the schedule.
+typedef struct BubbleSplit {
+    int bottleneck;     // the busiest stage (the first of equals)
+    double bubble;      // its idle share of the step: 1 - busy_max / span
+    double imbalance;   // 1 - busy_min / busy_max
+} BubbleSplit;
+// busy[0 .. p): each stage's time in its ops; span: the step's time (0: all zero).
+BubbleSplit sched_bubble_split(const double *busy, int p, double span);
+
 typedef struct SimResult {
     int deadlock;              // 1: some ops never ran (err says which waits on what)
     char err[256];
@@ -81,10 +99,14 @@ typedef struct SimResult {
     double *start[SCHED_MAX_STAGES];  // per op (nops[r]), the simulated start and end
     double *end[SCHED_MAX_STAGES];
     int sends[SCHED_MAX_STAGES], recvs[SCHED_MAX_STAGES];  // messages sent / received per rank
+    BubbleSplit split;         // busy[] split at makespan: the bottleneck's bubble, the imbalance
 } SimResult;
 
 // Runs the table under the time model. 0 if every op ran; -1 on a deadlock (r->err).
 int sched_simulate(const Schedule *s, const SchedTimes *t, SimResult *r);
+// The same with each stage's own op times: t[r] (r = 0 .. p-1) gives stage r's tf, tb, tw (its
+// chunks: 1/v of each); the link is t[0]'s. Chapter 08 feeds it the times it measured.
+int sched_simulate_stages(const Schedule *s, const SchedTimes *t, SimResult *r);
 void sim_free(SimResult *r);
 
 // Activation sets alive at once on each rank when the table runs op after op (F allocates one,
