@@ -470,7 +470,8 @@ void tpm_stage_backward(TpStage *st, TpComm *c, TpStageActs *x, const int *input
         tp_embed_backward(k, &st->tv, st->dwte, st->dwpe, x->dx, inputs, st->B, st->T, st->cfg.C);
 }
 
-void tpm_stage_norm_parts_range(const TpStage *st, size_t lo, size_t hi, const float *g, double sq[2]) {
+void tpm_stage_norm_parts_range(const TpStage *st, size_t lo, size_t hi, const void *gv, double sq[2]) {
+    const float *g = gv;
     const Kernels *k = kernels_get(DEV_CPU);
     sq[0] = sq[1] = 0.0;
     for (int i = 0; i < st->nplist; i++) {
@@ -533,4 +534,36 @@ void tpm_stage_shard_buf(const TpStage *st, const float *full_mem, float *buf) {
         memcpy(stage_at(st, buf, st->lnfw), full_mem + full_offset(cfg, GPT2_LNFW), C * sizeof(float));
         memcpy(stage_at(st, buf, st->lnfb), full_mem + full_offset(cfg, GPT2_LNFB), C * sizeof(float));
     }
+}
+
+// ---- API stubs (being implemented) --------------------------------------------------------------
+void tpm_build_opts(TpModel *m, GPT2Config cfg, int tp, int r, int B, int T, uint64_t seed, TpOpts o) {
+    if (o.dev != DEV_CPU || o.dtype != GPT2_FP32) lab_fail("tpm_build_opts: not yet");
+    tpm_build_sp(m, cfg, tp, r, B, T, seed, o.sp);
+}
+void *tpm_grad_buf(const TpModel *m) { return m->grads; }
+DistDtype tpm_dist_dtype(const TpModel *m) { (void)m; return DIST_F32; }
+void tpm_poison_grad(TpModel *m) { m->grads[0] = NAN; }
+void tpm_master_to_params(TpModel *m) { (void)m; }
+size_t tpm_block_act_bytes(const TpModel *m) { return 4 * tpm_block_act_floats(m); }
+void tpm_stage_build_opts(TpStage *st, GPT2Config cfg, int tp, int r, int l0, int l1, int B, int T,
+                          uint64_t seed, TpOpts o) {
+    if (o.dev != DEV_CPU || o.dtype != GPT2_FP32 || o.sp) lab_fail("tpm_stage_build_opts: not yet");
+    tpm_stage_build(st, cfg, tp, r, l0, l1, B, T, seed);
+}
+size_t tpm_stage_work_act_bytes(const TpStage *st) { (void)st; return 0; }
+void *tpm_stage_grad_buf(const TpStage *st) { return st->grads; }
+void *tpm_stage_wte_grad(const TpStage *st) { return st->dwte; }
+DistDtype tpm_stage_dist_dtype(const TpStage *st) { (void)st; return DIST_F32; }
+void tpm_stage_zero_grad(TpStage *st) { memset(st->grads, 0, st->n * sizeof(float)); }
+void tpm_stage_poison_grad(TpStage *st) { st->grads[0] = NAN; }
+void tpm_stage_adamw_range(TpStage *st, const AdamW *h, int step, size_t lo, size_t hi,
+                           const void *grad_shard, float scale) {
+    adamw_step(h, kernels_get(DEV_CPU), step, st->params + lo, grad_shard, st->opt_m, st->opt_v, lo, hi,
+               st->plist, st->nplist, scale);
+}
+void tpm_stage_master_to_params(TpStage *st, size_t lo, size_t hi) { (void)st, (void)lo, (void)hi; }
+void tpm_to_host_f32(float *host, const void *buf, size_t n, DistDtype type) {
+    if (type != DIST_F32) lab_fail("tpm_to_host_f32: not yet");
+    mem_copy(host, buf, n * sizeof(float));
 }

@@ -12,6 +12,27 @@
 // gradient-norm clip sums the sharded tensors over the group and the replicated ones once.
 // The forward and backward go through tp.h (embedding, blocks, head, loss); they communicate
 // only through the TpComm, so a test can count every all-reduce and forget one on purpose.
+//
+// Device and precision (TpOpts; zero-initialized: the host, fp32, no SP). The buffers live on
+// opts.dev and the pieces run on kernels_get(dev) (bf16 on CUDA: kernels_get_tf32, as gpt2).
+// Mixed precision (GPT2_BF16) is gpt2.c's, piece by piece, so the numbers mean the same thing:
+//   weights    params_bf16 (MEM_PARAMS, 2 bytes) is what the pieces read; params is the fp32
+//              master (MEM_MASTER) AdamW updates, rounded into params_bf16 after each step;
+//   gradients  grads_bf16 (MEM_GRADS, 2 bytes); grads is NULL;
+//   pieces     the embedding (wte_local, wpe), each block shard (one span), the head (wte_local;
+//              lnfw, lnfb): before a piece runs its bf16 spans are widened into ONE fp32 `work`
+//              buffer (the largest piece's size), its gradients into `work_grads`, the backward
+//              accumulates there in fp32, and they are rounded back once after its backward;
+//   activations  every block computes in ONE fp32 working set (TpBlockActs) and its saved set
+//              (the working set's contiguous `mem`) is stored rounded, 2 bytes per element
+//              (MEM_ACTS); the next block and the head read the stored output widened, forward
+//              and again in backward; a block's backward widens its stored set back into the
+//              working set. The embedding's output, the head's activations and every gradient
+//              of an activation stay fp32;
+//   the wire   the pieces compute in fp32 and reduce their fp32 buffers: the same bytes as fp32
+//              (Megatron would reduce bf16 activations). The SP "sp grads" all-reduce widens the
+//              partial bf16 gradients, sums them in fp32, rounds once more.
+// Inputs and targets are host arrays; on CUDA they are copied into device buffers first.
 #pragma once
 #include <stddef.h>
 
@@ -23,6 +44,22 @@
 
 #define TPM_MAX_PARAMS (4 + 12 * 64)
 
+// Where and in which precision a TP model (or stage) lives. {0}: DEV_CPU, GPT2_FP32, no SP.
+typedef struct TpOpts {
+    Device dev;
+    GPT2Dtype dtype;
+    int sp;                  // sequence parallelism (TpModel only; a TpStage refuses it)
+} TpOpts;
+
+// The bf16 machinery both structs carry (tp_model.c's, the caller only reads it).
+typedef struct TpMixed {
+    float *work, *work_grads;   // (work_size) fp32: the running piece's weights / gradients
+    size_t work_size;           // (MEM_OTHER, as gpt2's)
+    float *block_in;            // the widened stored output the running piece reads (MEM_ACTS)
+    int *inputs, *targets;      // (B·T) device copies of the batch (CUDA only; MEM_OTHER)
+    float *host_losses;         // (B·T) the per-position losses read back (CUDA only)
+} TpMixed;
+
 typedef struct TpModel {
     GPT2Config cfg;
     int tp, r;               // group size, this rank's place
@@ -32,11 +69,17 @@ typedef struct TpModel {
     GPT2Param plist[TPM_MAX_PARAMS];  // the tensors of the flat buffer: offsets, decay
     int sharded[TPM_MAX_PARAMS];      // 1: this rank holds a slice (the norm sums the group)
     int nplist;
-    float *params, *grads, *opt_m, *opt_v;   // (n) each
-    // views into params / grads
+    Device dev;
+    GPT2Dtype dtype;
+    const Kernels *k;
+    float *params, *grads, *opt_m, *opt_v;   // (n) each; bf16: params = the master, grads NULL
+    uint16_t *params_bf16, *grads_bf16;      // (n) each in bf16, else NULL
+    // views into params / grads (bf16: into the master; the d* views NULL)
     float *wte, *wpe, *lnfw, *lnfb, *dwte, *dwpe, *dlnfw, *dlnfb;
-    TpBlock *w, *dw;         // (L)
-    TpBlockActs *a;          // (L)
+    TpBlock *w, *dw;         // (L) (bf16: w views the master, for its layout; dw NULL)
+    TpBlockActs *a;          // (L) fp32; bf16: (1) the working set
+    uint16_t *acts_bf16;     // bf16: (L · tpm_block_act_floats) the stored sets (MEM_ACTS)
+    TpMixed x;
     TpScratch s;
     TpHeadActs h;
     float *enc, *dx;         // (B·T, C): the embedding's output, the gradient flowing down
@@ -53,6 +96,10 @@ void tpm_build(TpModel *m, GPT2Config cfg, int tp, int r, int B, int T, uint64_t
 // "sp grads": every block's ln1w ln1b attprojb ln2w ln2b fcprojb, and lnfw lnfb; wpe's is whole:
 // the embedding's backward all-gathers d x first). Weights, gradients, Adam: as without SP.
 void tpm_build_sp(TpModel *m, GPT2Config cfg, int tp, int r, int B, int T, uint64_t seed, int sp);
+// The same on opts.dev in opts.dtype (tp_model.h's top: what bf16 stores where), SP when
+// opts.sp. tpm_build_sp(..., sp) == tpm_build_opts(..., (TpOpts){DEV_CPU, GPT2_FP32, sp}).
+void tpm_build_opts(TpModel *m, GPT2Config cfg, int tp, int r, int B, int T, uint64_t seed,
+                    TpOpts opts);
 void tpm_free(TpModel *m);
 
 // Forward and backward of one batch: returns the mean loss (the same on every rank of the
@@ -60,9 +107,19 @@ void tpm_free(TpModel *m);
 float tpm_forward(TpModel *m, TpComm *c, const int *inputs, const int *targets);
 void tpm_backward(TpModel *m, TpComm *c, const int *inputs, const int *targets, float dloss);
 void tpm_zero_grad(TpModel *m);
+// The gradient storage (grads, or grads_bf16), n elements of tpm_dist_dtype (DIST_F32 or
+// DIST_BF16): what data parallelism averages. tpm_poison_grad: its first element := NaN
+// (--inject-nan-step).
+void *tpm_grad_buf(const TpModel *m);
+DistDtype tpm_dist_dtype(const TpModel *m);
+void tpm_poison_grad(TpModel *m);
+// After the master (params) changed outside tpm_adamw_step (a checkpoint loaded into it, a
+// mutation): bf16 rounds it into params_bf16; fp32 does nothing.
+void tpm_master_to_params(TpModel *m);
 
 // Clip (the global norm: the sharded tensors' squares summed over g, the replicated ones
 // counted once) and AdamW on the flat buffer. Fails the run naming the step on NaN/Inf.
+// bf16: the norm from bf16_sum_squares per tensor, adamw_step_bf16 on the master, params_bf16.
 void tpm_adamw_step(TpModel *m, const AdamW *h, int step, DistGroup *g);
 
 // The full model's weights in llm.c's order (the order of --dump and weights files), on the
@@ -71,21 +128,29 @@ void tpm_adamw_step(TpModel *m, const AdamW *h, int step, DistGroup *g);
 // (x + 0 == x: exact). Collective over g.
 void tpm_gather_full(const TpModel *m, DistGroup *g, float *full);
 
-// The same for any flat buffer of m's layout (params, opt_m, opt_v), in the full model's
-// MEMORY order (gpt2.h, what ckpt_save_training takes): on the group's rank 0. Collective over g.
+// bf16: the weights the forward reads (params_bf16) widened, as train_params_to_host does.
+// The same for any fp32 flat buffer of m's layout (params, opt_m, opt_v; on the host or on
+// m->dev), in the full model's MEMORY order (gpt2.h, what ckpt_save_training takes; full_mem on
+// the host): on the group's rank 0. Collective over g.
 void tpm_gather_flat(const TpModel *m, DistGroup *g, const float *flat, float *full_mem);
 // The inverse, no communication: this rank's slices of full_mem (the full model in memory
-// order, on this rank) into flat (m's layout); the padded vocabulary rows are zero.
-// tpm_take_flat(tpm_gather_flat(x)) == x, bit for bit (checkpoints move between any tp).
+// order, on the host) into flat (m's layout, host or device); the padded vocabulary rows are
+// zero. tpm_take_flat(tpm_gather_flat(x)) == x, bit for bit (checkpoints move between any tp).
+// Into m->params in bf16: call tpm_master_to_params after.
 void tpm_take_flat(const TpModel *m, const float *full_mem, float *flat);
 
 // Largest |w - w on group rank 0| over the replicated tensors (LayerNorms, wpe, the row-parallel
-// biases): 0 when every rank applied the same updates to them. Collective over g.
+// biases; bf16: of the fp32 master): 0 when every rank applied the same updates to them.
+// Collective over g.
 double tpm_replicated_max_diff(const TpModel *m, DistGroup *g);
 
-// Bytes of one block's saved activations on this rank (what tp_block_acts_alloc allocates),
-// and of the whole model's weights (the flat buffer: sharded part + replicated part).
-size_t tpm_block_act_floats(const TpModel *m);  // (m->sp: the SP block's)
+// Elements of one block's saved activations on this rank (what tp_block_acts_alloc allocates;
+// m->sp: the SP block's), and the bytes one block's stored set takes (4 per element in fp32,
+// 2 in bf16: the bf16 run adds ONE fp32 working set of tpm_block_act_floats and the widened
+// input, (B·T, C) or under SP (B·T/t, C) floats); the weights' split (the flat buffer: sharded
+// part + replicated part, in elements).
+size_t tpm_block_act_floats(const TpModel *m);
+size_t tpm_block_act_bytes(const TpModel *m);
 void tpm_weight_split(const TpModel *m, size_t *sharded, size_t *replicated);
 
 // ---- one pipeline stage of a TP model (chapter 09: TP inside each stage of a pipeline) ---------
@@ -110,16 +175,24 @@ typedef struct TpStage {
     int sharded[TPM_MAX_PARAMS];    // 1: a slice over the TP group
     int tied_copy[TPM_MAX_PARAMS];  // 1: the last stage's copy of wte (counted on the first stage)
     int nplist;
-    float *params, *grads, *opt_m, *opt_v;
-    // views (NULL where the stage has none)
+    Device dev;
+    GPT2Dtype dtype;
+    const Kernels *k;
+    float *params, *grads, *opt_m, *opt_v;   // bf16: params = the fp32 master, grads NULL
+    uint16_t *params_bf16, *grads_bf16;      // (n) each in bf16, else NULL
+    // views (NULL where the stage has none; bf16: into the master, the d* views NULL)
     float *wte, *wpe, *lnfw, *lnfb, *dwte, *dwpe, *dlnfw, *dlnfb;
-    TpBlock *w, *dw;         // (l1 - l0)
+    TpBlock *w, *dw;         // (l1 - l0) (bf16: w views the master, dw NULL)
     TpScratch s;             // the blocks' backward scratch (one micro-batch at a time)
+    TpBlockActs wa;          // bf16: the ONE fp32 working set of the blocks (else unused)
+    float *out;              // bf16: (B·T, C) tpm_stage_output's widened copy
+    TpMixed x;
 } TpStage;
 
 // What one micro-batch leaves on a stage between its forward and its backward.
 typedef struct TpStageActs {
-    TpBlockActs *a;          // (l1 - l0)
+    TpBlockActs *a;          // (l1 - l0) fp32; bf16: NULL (the stored sets below)
+    uint16_t *a_bf16;        // bf16: (l1 - l0) · tp_block_acts' elements, rounded (MEM_ACTS)
     TpHeadActs h;            // the last stage
     float *in;               // (B·T, C): the stage's input (embedding output, or received)
     float *dx;               // (B·T, C): before backward the gradient of the output (received,
@@ -128,16 +201,26 @@ typedef struct TpStageActs {
 
 void tpm_stage_build(TpStage *st, GPT2Config cfg, int tp, int r, int l0, int l1, int B, int T,
                      uint64_t seed);
+// The same on opts.dev in opts.dtype (the storage of tp_model.h's top); opts.sp must be 0.
+// tpm_stage_build == tpm_stage_build_opts(..., (TpOpts){0}).
+void tpm_stage_build_opts(TpStage *st, GPT2Config cfg, int tp, int r, int l0, int l1, int B,
+                          int T, uint64_t seed, TpOpts opts);
 void tpm_stage_free(TpStage *st);
 void tpm_stage_acts_alloc(TpStageActs *x, const TpStage *st);  // MEM_ACTS
 void tpm_stage_acts_free(TpStageActs *x, const TpStage *st);
-// Bytes of one micro-batch's TpStageActs (what tpm_stage_acts_alloc allocates), from the shapes.
+// Bytes of one micro-batch's TpStageActs (what tpm_stage_acts_alloc allocates), from the shapes
+// (bf16: the blocks' sets at 2 bytes per element; the head, in and dx stay fp32).
 size_t tpm_stage_act_bytes(const TpStage *st);
+// Bytes the stage itself allocates for activations besides its scratch s (MEM_ACTS): bf16 the
+// working set, the widened input and `out` (3 (B·T, C)-sized tensors and one block's set of
+// floats); fp32 0.
+size_t tpm_stage_work_act_bytes(const TpStage *st);
 // Forward of one micro-batch: the first stage embeds `inputs`, others read x->in; returns the
 // micro-batch's mean loss on the last stage (targets), 0 elsewhere.
 float tpm_stage_forward(TpStage *st, TpComm *c, TpStageActs *x, const int *inputs,
                         const int *targets);
-// The stage's output (B·T, C) after tpm_stage_forward: what goes to the next stage.
+// The stage's output (B·T, C) after tpm_stage_forward: what goes to the next stage (on st->dev).
+// bf16: the stored, rounded output widened into st->out (valid until the next call on st).
 const float *tpm_stage_output(const TpStage *st, const TpStageActs *x);
 // Backward of one micro-batch (gradients accumulated): the last stage starts from the loss
 // (dloss per position), others from x->dx; leaves d in in x->dx (the first stage: used up by
@@ -147,16 +230,40 @@ void tpm_stage_backward(TpStage *st, TpComm *c, TpStageActs *x, const int *input
 // Σ g² of this rank's gradients: sq[0] of the sliced tensors, sq[1] of the TP-replicated ones;
 // the last stage's copy of wte is left out (the first stage counts it). No communication.
 void tpm_stage_norm_parts(const TpStage *st, double sq[2]);
-// The same over elements [lo, hi) of the flat buffer only, read from g (hi - lo floats: this
-// rank's ZeRO shard of the gradient).
-void tpm_stage_norm_parts_range(const TpStage *st, size_t lo, size_t hi, const float *g, double sq[2]);
+// The same over elements [lo, hi) of the flat buffer only, read from g (hi - lo elements of the
+// stage's storage precision, tpm_stage_dist_dtype: this rank's ZeRO shard of the gradient).
+void tpm_stage_norm_parts_range(const TpStage *st, size_t lo, size_t hi, const void *g, double sq[2]);
+// The gradient storage (grads, or grads_bf16: n elements of tpm_stage_dist_dtype): what DP
+// all-reduces or reduce-scatters. The tied wte's gradient span in it (Vl·C elements; NULL when
+// the stage has no wte): what the first and last stage sum.
+void *tpm_stage_grad_buf(const TpStage *st);
+void *tpm_stage_wte_grad(const TpStage *st);
+DistDtype tpm_stage_dist_dtype(const TpStage *st);
+void tpm_stage_zero_grad(TpStage *st);
+void tpm_stage_poison_grad(TpStage *st);  // the first gradient element := NaN (--inject-nan-step)
+// AdamW on elements [lo, hi) of the stage (grad_shard: hi - lo elements of the storage
+// precision, from element lo; scale: adamw_clip_scale's). The master (params) and params_bf16
+// are the whole stage's, indexed from lo; opt_m and opt_v hold [lo, hi) from their start (the
+// whole buffers when lo = 0, hi = n: pass tpm_stage_grad_buf; a ZeRO-1 caller sizes them to its
+// piece). bf16 also rounds master[lo, hi) into params_bf16[lo, hi).
+void tpm_stage_adamw_range(TpStage *st, const AdamW *h, int step, size_t lo, size_t hi,
+                           const void *grad_shard, float scale);
+// After the master changed outside tpm_stage_adamw_range (a checkpoint, an all-gather of the
+// ZeRO pieces into params): bf16 rounds master[lo, hi) into params_bf16; fp32 does nothing.
+void tpm_stage_master_to_params(TpStage *st, size_t lo, size_t hi);
+// n elements of a buffer in `type` (DIST_F32 or DIST_BF16; host or device) -> fp32 on the host.
+void tpm_to_host_f32(float *host, const void *buf, size_t n, DistDtype type);
 // Writes this rank's tensors into full_mem (the FULL model's flat buffer, memory order, zeroed
-// by the caller): the slices always, the replicated tensors only when with_replicated, the
-// tied copy never. Summing such buffers over a TP x PP grid (one with_replicated per TP group)
-// gives the whole model exactly (x + 0 == x).
+// by the caller, on the host): the slices always, the replicated tensors only when
+// with_replicated, the tied copy never. Summing such buffers over a TP x PP grid (one
+// with_replicated per TP group) gives the whole model exactly (x + 0 == x). The weights the
+// forward reads: fp32 params; bf16 params_bf16 widened (a --dump's; a checkpoint saves the
+// master: tpm_stage_unshard_buf(st, st->params, ...)).
 void tpm_stage_unshard(const TpStage *st, float *full_mem, int with_replicated);
-// The same for any buffer laid out as the stage's flat buffer (its gradients, Adam's m or v).
+// The same for any fp32 buffer laid out as the stage's flat buffer (its master, Adam's m or v,
+// fp32 gradients; host or device; bf16 gradients: tpm_to_host_f32 first).
 void tpm_stage_unshard_buf(const TpStage *st, const float *buf, float *full_mem, int with_replicated);
-// The reverse: buf (st->n floats, the stage's layout) := this rank's slices of full_mem (the full
-// model's memory order), the tied copy included (a checkpoint of any layout resumes here).
+// The reverse: buf (st->n floats, the stage's layout, host or device) := this rank's slices of
+// full_mem (the full model's memory order, host), the tied copy included (a checkpoint of any
+// layout resumes here). Into st->params in bf16: tpm_stage_master_to_params(st, 0, n) after.
 void tpm_stage_shard_buf(const TpStage *st, const float *full_mem, float *buf);
