@@ -295,12 +295,7 @@ static void train(const LabArgs *args, const Flags3d *f) {
     // buffers (one GPU per rank).
     const Device dev = lab_args_device(args);
     const GPT2Dtype dtype = strcmp(args->dtype, "bf16") == 0 ? GPT2_BF16 : GPT2_FP32;
-    if (strcmp(args->backend, "nccl") == 0) {
-        if (dev != DEV_CUDA)
-            lab_fail_collective("--backend nccl moves GPU buffers only: add --device cuda (or use "
-                                "--backend mpi, which takes host and device buffers)");
-        dist_set_backend(DIST_BACKEND_NCCL);
-    }
+    if (strcmp(args->backend, "nccl") == 0) dist_set_backend(DIST_BACKEND_NCCL);  // (flags.c: cuda only)
     // 1. The grid: one clear refusal of an impossible layout, on every rank.
     grid_check(world, &dp, tp, pp, v, cfg.NH, L);
     if (strcmp(f->schedule, "interleaved") != 0 && v != 1)
