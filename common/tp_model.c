@@ -20,14 +20,14 @@ static size_t full_offset(const GPT2Config *cfg, int tensor) {
 }
 
 // Appends a tensor of the flat buffer to the list; returns its offset.
-static size_t add(TpModel *m, size_t *at, const char *name, int tensor, int layer, size_t size,
+static size_t add(TpStage *st, size_t *at, const char *name, int tensor, int layer, size_t size,
                   int decay, int sharded) {
-    LAB_CHECK(m->nplist < TPM_MAX_PARAMS, "tp_model: more than %d tensors", TPM_MAX_PARAMS);
-    GPT2Param *p = &m->plist[m->nplist];
+    LAB_CHECK(st->nplist < TPM_MAX_PARAMS, "tp_model: more than %d tensors", TPM_MAX_PARAMS);
+    GPT2Param *p = &st->plist[st->nplist];
     memset(p, 0, sizeof *p);
     snprintf(p->name, sizeof p->name, "%s", name);
     p->tensor = tensor, p->layer = layer, p->offset = *at, p->size = size, p->decay = decay;
-    m->sharded[m->nplist++] = sharded;
+    st->sharded[st->nplist++] = sharded;
     *at += size;
     return p->offset;
 }
@@ -40,211 +40,596 @@ static const char *const block_names[TP_BLOCK_TENSORS] = {
     "ln1w", "ln1b", "qkvw", "qkvb", "attprojw", "attprojb",
     "ln2w", "ln2b", "fcw", "fcb", "fcprojw", "fcprojb"};
 
+// ---- the flat buffers, on a device, in a precision (both structs) ----------------------------------
+//
+// The whole model IS a stage of blocks [0, L) with the embedding and the head: tpm_build_opts
+// builds one (stage_build) and moves its fields into the TpModel, so the layout, the storage and
+// the pieces below are written once.
+
+// Bytes per stored element (params_bf16, the stored activations) of dtype.
+static size_t esize(GPT2Dtype dtype) { return dtype == GPT2_BF16 ? sizeof(uint16_t) : sizeof(float); }
+
+// Views of n blocks' weights and gradients (blocks at off[0 .. n) of the flat buffers); grads
+// NULL (bf16: the pieces' gradients live in grads_bf16): no gradient views.
+static void block_views(TpBlock **w, TpBlock **dw, float *params, float *grads, const size_t *off,
+                        size_t n, int C, int tp) {
+    *w = lab_xcalloc(n, sizeof(TpBlock));
+    *dw = grads ? lab_xcalloc(n, sizeof(TpBlock)) : NULL;
+    for (size_t j = 0; j < n; j++) {
+        tp_block_views(&(*w)[j], params + off[j], C, tp);
+        if (grads) tp_block_views(&(*dw)[j], grads + off[j], C, tp);
+    }
+}
+
+// The stage's buffers of n elements on dev (mem_alloc zeroes them): fp32 weights, gradients,
+// Adam m and v; bf16 the fp32 master (in params), bf16 weights and gradients, Adam m and v, and
+// the fp32 work buffers of the largest piece (work_size floats). CUDA: the batch's device copies.
+static void storage_alloc(TpStage *st, size_t work_size) {
+    const size_t n = st->n, N = (size_t)st->B * st->T;
+    const Device dev = st->dev;
+    if (st->dtype == GPT2_BF16) {
+        st->params = mem_alloc(n * sizeof(float), MEM_MASTER, dev);
+        st->params_bf16 = mem_alloc(n * sizeof(uint16_t), MEM_PARAMS, dev);
+        st->grads_bf16 = mem_alloc(n * sizeof(uint16_t), MEM_GRADS, dev);
+        st->x.work_size = work_size;
+        st->x.work = mem_alloc(work_size * sizeof(float), MEM_OTHER, dev);
+        st->x.work_grads = mem_alloc(work_size * sizeof(float), MEM_OTHER, dev);
+    } else {
+        st->params = mem_alloc(n * sizeof(float), MEM_PARAMS, dev);
+        st->grads = mem_alloc(n * sizeof(float), MEM_GRADS, dev);
+    }
+    st->opt_m = mem_alloc(n * sizeof(float), MEM_OPT_M, dev);
+    st->opt_v = mem_alloc(n * sizeof(float), MEM_OPT_V, dev);
+    if (dev != DEV_CPU) {  // the host's batch and losses cross over (on the host: read in place)
+        st->x.inputs = mem_alloc(N * sizeof(int), MEM_OTHER, dev);
+        st->x.targets = mem_alloc(N * sizeof(int), MEM_OTHER, dev);
+        st->x.host_losses = lab_xcalloc(N, sizeof(float));
+    }
+}
+
+static void storage_free(TpStage *st) {
+    mem_free(st->params), mem_free(st->grads), mem_free(st->opt_m), mem_free(st->opt_v);
+    mem_free(st->params_bf16), mem_free(st->grads_bf16);
+    mem_free(st->x.work), mem_free(st->x.work_grads), mem_free(st->x.block_in);
+    mem_free(st->x.inputs), mem_free(st->x.targets), free(st->x.host_losses);
+}
+
+// Blocks [l0, l1) of the full model, with the embedding when l0 == 0 and the head when l1 == L;
+// sp: the scratch of sequence parallelism (the whole model's only).
+static void stage_build(TpStage *st, GPT2Config cfg, int tp, int r, int l0, int l1, int B, int T,
+                        uint64_t seed, TpOpts o, int sp) {
+    memset(st, 0, sizeof *st);
+    tp_check_config(&cfg, tp);
+    LAB_CHECK(0 <= l0 && l0 < l1 && l1 <= cfg.L, "tp stage: blocks [%d, %d) of %d", l0, l1, cfg.L);
+    LAB_CHECK(o.dtype == GPT2_FP32 || o.dtype == GPT2_BF16, "tp_model: dtype %d", (int)o.dtype);
+    st->cfg = cfg, st->tp = tp, st->r = r, st->l0 = l0, st->l1 = l1, st->B = B, st->T = T;
+    st->has_embed = l0 == 0, st->has_head = l1 == cfg.L;
+    st->dev = o.dev, st->dtype = o.dtype;
+    // bf16 on CUDA: the matmuls on tensor cores (TF32 inputs), as gpt2_build_dtype
+    st->k = o.dtype == GPT2_BF16 ? kernels_get_tf32(o.dev) : kernels_get(o.dev);
+    st->tv = tp_vocab(cfg.V, tp, r);
+    const size_t C = (size_t)cfg.C, nb = (size_t)(l1 - l0), Vl = (size_t)st->tv.Vl;
+
+    // 1. The layout (tp_model.h).
+    size_t at = 0, off_wte = 0, off_wpe = 0, off_lnf = 0, off_block[64], sizes[TP_BLOCK_TENSORS];
+    LAB_CHECK(nb <= 64, "tp stage: at most 64 blocks");
+    tp_block_sizes(cfg.C, tp, sizes);
+    if (st->has_embed || st->has_head)
+        off_wte = add(st, &at, st->has_embed ? "wte (local rows)" : "wte (local rows, tied copy)",
+                      GPT2_WTE, -1, Vl * C, 1, 1);
+    if (st->has_embed) off_wpe = add(st, &at, "wpe", GPT2_WPE, -1, (size_t)cfg.T * C, 1, 0);
+    for (size_t j = 0; j < nb; j++) {
+        off_block[j] = at;
+        for (int i = 0; i < TP_BLOCK_TENSORS; i++) {
+            char name[32];
+            snprintf(name, sizeof name, "h.%zu.%s", (size_t)l0 + j, block_names[i]);
+            add(st, &at, name, -1, l0 + (int)j, sizes[i], block_decay[i], block_sharded[i]);
+        }
+    }
+    if (st->has_head) {
+        off_lnf = add(st, &at, "lnfw", GPT2_LNFW, -1, C, 0, 0);
+        add(st, &at, "lnfb", GPT2_LNFB, -1, C, 0, 0);
+    }
+    st->n = at;
+    if (st->has_head && !st->has_embed) st->tied_copy[0] = 1;
+
+    // 2. The buffers; the largest piece (bf16's work): the embedding (wte rows, wpe), one block
+    //    shard, the head (wte rows, lnfw, lnfb).
+    size_t work = tp_block_count(cfg.C, tp);
+    if (st->has_embed && Vl * C + (size_t)cfg.T * C > work) work = Vl * C + (size_t)cfg.T * C;
+    if (st->has_head && Vl * C + 2 * C > work) work = Vl * C + 2 * C;
+    storage_alloc(st, work);
+    if (st->has_embed || st->has_head) {
+        st->wte = st->params + off_wte;
+        if (st->grads) st->dwte = st->grads + off_wte;
+    }
+    if (st->has_embed) {
+        st->wpe = st->params + off_wpe;
+        if (st->grads) st->dwpe = st->grads + off_wpe;
+    }
+    if (st->has_head) {
+        st->lnfw = st->params + off_lnf, st->lnfb = st->lnfw + C;
+        if (st->grads) st->dlnfw = st->grads + off_lnf, st->dlnfb = st->dlnfw + C;
+    }
+    block_views(&st->w, &st->dw, st->params, st->grads, off_block, nb, cfg.C, tp);
+
+    // 3. The slices of gpt2_init_params(seed)'s model, on the host (each element from its index
+    //    in the full model: no rank ever holds the full model; the tied copy: wte's rows), then
+    //    copied to the device; bf16 rounds them into the weights the pieces read.
+    float *h = lab_xcalloc(st->n, sizeof(float));
+    if (st->has_embed || st->has_head) tp_wte_init(h + off_wte, &cfg, seed, &st->tv);
+    if (st->has_embed) {
+        size_t wpe0 = full_offset(&cfg, GPT2_WPE);
+        gpt2_init_slice(&cfg, seed, wpe0, wpe0 + (size_t)cfg.T * C, h + off_wpe);
+    }
+    if (st->has_head) {
+        size_t lnf0 = full_offset(&cfg, GPT2_LNFW), lnb0 = full_offset(&cfg, GPT2_LNFB);
+        gpt2_init_slice(&cfg, seed, lnf0, lnf0 + C, h + off_lnf);
+        gpt2_init_slice(&cfg, seed, lnb0, lnb0 + C, h + off_lnf + C);
+    }
+    for (size_t j = 0; j < nb; j++) {
+        TpBlock b;
+        tp_block_views(&b, h + off_block[j], cfg.C, tp);
+        tp_block_init(&b, &cfg, seed, l0 + (int)j, tp, r);
+    }
+    mem_copy(st->params, h, st->n * sizeof(float));
+    free(h);
+    tpm_stage_master_to_params(st, 0, st->n);
+    if (sp) tp_sp_scratch_alloc(&st->s, B, T, cfg.C, cfg.NH, tp, o.dev);
+    else tp_scratch_alloc(&st->s, B, T, cfg.C, cfg.NH, tp, o.dev);
+}
+
+void tpm_stage_master_to_params(TpStage *st, size_t lo, size_t hi) {
+    LAB_CHECK(st->opt_lo <= lo && lo <= hi && hi <= st->n, "tpm_stage_master_to_params: [%zu, %zu) "
+              "of %zu (the master from %zu)", lo, hi, st->n, st->opt_lo);
+    if (st->dtype == GPT2_BF16)
+        st->k->f32_to_bf16(st->params_bf16 + lo, st->params + (lo - st->opt_lo), hi - lo);
+}
+
+// What the pieces below read of either struct: the storage, the layout, the kernels.
+typedef struct Core {
+    const GPT2Config *cfg;
+    int tp, B, T, sp, nb;
+    const TpVocab *tv;
+    GPT2Dtype dtype;
+    Device dev;
+    const Kernels *k;
+    float *params, *grads;
+    uint16_t *params_bf16, *grads_bf16;
+    const TpMixed *x;
+    const TpBlock *w;                    // (nb) views into params: the blocks' offsets
+    size_t off_wte, off_wpe, off_lnf;    // into the flat buffer (where the struct has them)
+    TpScratch *s;
+    const GPT2Param *plist;
+    const int *sharded, *skip;           // skip: the tied copy (left out of the norm), or NULL
+    int nplist;
+} Core;
+
+static size_t off_of(const float *params, const float *view) { return view ? (size_t)(view - params) : 0; }
+
+static Core core_of_stage(const TpStage *st) {
+    Core c = {&st->cfg, st->tp, st->B, st->T, 0, st->l1 - st->l0, &st->tv, st->dtype, st->dev, st->k,
+              st->params, st->grads, st->params_bf16, st->grads_bf16, &st->x, st->w,
+              off_of(st->params, st->wte), off_of(st->params, st->wpe), off_of(st->params, st->lnfw),
+              (TpScratch *)&st->s, st->plist, st->sharded, st->tied_copy, st->nplist};
+    return c;
+}
+
+static Core core_of_model(const TpModel *m) {
+    Core c = {&m->cfg, m->tp, m->B, m->T, m->sp, m->cfg.L, &m->tv, m->dtype, m->dev, m->k,
+              m->params, m->grads, m->params_bf16, m->grads_bf16, &m->x, m->w,
+              off_of(m->params, m->wte), off_of(m->params, m->wpe), off_of(m->params, m->lnfw),
+              (TpScratch *)&m->s, m->plist, m->sharded, NULL, m->nplist};
+    return c;
+}
+
+// ---- the pieces: embedding, block shards, head ----------------------------------------------------
+//
+// A piece's weights are one or two spans of the flat buffer. fp32: read (and their gradients
+// accumulated) in place. bf16 (gpt2.c's piece mechanism): widened into work before the piece
+// runs, its gradients widened into work_grads, accumulated there in fp32 by the backward, and
+// rounded back once when the piece's backward is done.
+
+typedef struct Piece {
+    int n;               // spans
+    size_t off[2], size[2];
+} Piece;
+
+static Piece piece_embed(const Core *c) {  // wte's local rows (Vl, C), wpe (T, C)
+    const size_t C = (size_t)c->cfg->C;
+    Piece p = {2, {c->off_wte, c->off_wpe}, {(size_t)c->tv->Vl * C, (size_t)c->cfg->T * C}};
+    return p;
+}
+static Piece piece_block(const Core *c, int j) {  // one shard: tp_block_count contiguous elements
+    Piece p = {1, {off_of(c->params, c->w[j].ln1w), 0}, {tp_block_count(c->cfg->C, c->tp), 0}};
+    return p;
+}
+static Piece piece_head(const Core *c) {  // wte's local rows (the output layer), lnfw lnfb
+    const size_t C = (size_t)c->cfg->C;
+    Piece p = {2, {c->off_wte, c->off_lnf}, {(size_t)c->tv->Vl * C, 2 * C}};
+    return p;
+}
+
+// The piece's fp32 weights, one pointer per span.
+static void piece_weights(const Core *c, const Piece *p, float *w[2]) {
+    size_t at = 0;
+    for (int i = 0; i < p->n; i++) {
+        if (c->dtype == GPT2_FP32) {
+            w[i] = c->params + p->off[i];
+            continue;
+        }
+        w[i] = c->x->work + at;
+        c->k->bf16_to_f32(w[i], c->params_bf16 + p->off[i], p->size[i]);
+        at += p->size[i];
+    }
+}
+
+// The piece's fp32 weight gradients (bf16: the sum so far, widened: the backward adds to it).
+static void piece_grads(const Core *c, const Piece *p, float *g[2]) {
+    size_t at = 0;
+    for (int i = 0; i < p->n; i++) {
+        if (c->dtype == GPT2_FP32) {
+            g[i] = c->grads + p->off[i];
+            continue;
+        }
+        g[i] = c->x->work_grads + at;
+        c->k->bf16_to_f32(g[i], c->grads_bf16 + p->off[i], p->size[i]);
+        at += p->size[i];
+    }
+}
+
+// After the piece's backward: bf16 rounds its fp32 gradients back into their spans, once.
+static void piece_grads_done(const Core *c, const Piece *p) {
+    if (c->dtype == GPT2_FP32) return;
+    size_t at = 0;
+    for (int i = 0; i < p->n; i++) {
+        c->k->f32_to_bf16(c->grads_bf16 + p->off[i], c->x->work_grads + at, p->size[i]);
+        at += p->size[i];
+    }
+}
+
+// The host's batch where the kernels read it: in place on the host, copied to the device.
+static const int *batch_on_dev(int *dev_buf, const int *host, size_t n) {
+    if (!host || !dev_buf) return host;
+    mem_copy(dev_buf, host, n * sizeof(int));
+    return dev_buf;
+}
+
+// The mean of the N per-position losses (the same on every rank of the group), summed on the
+// host in position order.
+static float mean_loss(const Core *c, const float *losses) {
+    const int N = c->B * c->T;
+    if (c->x->host_losses) {
+        mem_copy(c->x->host_losses, losses, (size_t)N * sizeof(float));
+        losses = c->x->host_losses;
+    }
+    double sum = 0.0;
+    for (int i = 0; i < N; i++) sum += losses[i];
+    return (float)(sum / N);
+}
+
+// Rows of the residual stream on this rank: B·T, or B·T/t under sequence parallelism.
+static size_t stream_rows(const Core *c) { return (size_t)c->B * c->T / (size_t)(c->sp ? c->tp : 1); }
+
+// The activations block j computes in: its own set (fp32), the one working set (bf16).
+static TpBlockActs *acts_of(const Core *c, TpBlockActs *a, int j) {
+    return c->dtype == GPT2_BF16 ? a : &a[j];
+}
+
+// Elements of one block's saved set (the working set's one allocation).
+static size_t set_elems(const TpBlockActs *a) { return mem_size_of(a->mem) / sizeof(float); }
+
+// Block j's stored output, widened into dst (bf16; the stored sets have the working set's layout).
+static void stored_output(const Core *c, const TpBlockActs *ws, const uint16_t *store, int j, float *dst) {
+    const size_t E = set_elems(ws), out = (size_t)(ws->out - ws->mem);
+    c->k->bf16_to_f32(dst, store + (size_t)j * E + out, stream_rows(c) * (size_t)c->cfg->C);
+}
+
+// The input of local block j (j = nb: of the head): `in` for j = 0; else block j-1's output, in
+// place (fp32) or as stored, rounded, widened into block_in (bf16: exactly what a bf16 model's
+// next piece reads, in its forward and again in its backward).
+static const float *block_input(const Core *c, const TpBlockActs *a, const uint16_t *store,
+                                const float *in, int j) {
+    if (j == 0) return in;
+    if (c->dtype == GPT2_FP32) return a[j - 1].out;
+    stored_output(c, a, store, j - 1, c->x->block_in);
+    return c->x->block_in;
+}
+
+static void embed_forward(const Core *c, TpComm *comm, float *out, const int *inputs) {
+    Piece p = piece_embed(c);
+    float *w[2];
+    piece_weights(c, &p, w);
+    if (c->sp)  // (N/t, C): this rank's positions
+        tp_sp_embed_forward(c->k, comm, c->tv, out, c->s->full, inputs, w[0], w[1], c->B, c->T, c->cfg->C);
+    else  // each rank looks up the tokens it owns, one all-reduce of (N, C) sums them
+        tp_embed_forward(c->k, comm, c->tv, out, inputs, w[0], w[1], c->B, c->T, c->cfg->C);
+}
+
+static void embed_backward(const Core *c, const float *dout, const int *inputs) {
+    Piece p = piece_embed(c);
+    float *g[2];
+    piece_grads(c, &p, g);
+    tp_embed_backward(c->k, c->tv, g[0], g[1], dout, inputs, c->B, c->T, c->cfg->C);
+    piece_grads_done(c, &p);
+}
+
+// The blocks, forward: a (fp32: nb sets; bf16: the working set, each block's set then stored
+// rounded in store), from the stream `in`. g after each half: 2 all-reduces (SP: 2 all-gathers
+// and 2 reduce-scatters) per block.
+static void blocks_forward(const Core *c, TpComm *comm, TpBlockActs *a, uint16_t *store, const float *in) {
+    for (int j = 0; j < c->nb; j++) {
+        Piece p = piece_block(c, j);
+        float *w[2];
+        piece_weights(c, &p, w);
+        TpBlock wv;
+        tp_block_views(&wv, w[0], c->cfg->C, c->tp);
+        TpBlockActs *aj = acts_of(c, a, j);
+        const float *x = block_input(c, a, store, in, j);
+        if (c->sp) tp_sp_block_forward(c->k, comm, &wv, aj, c->s, x);
+        else tp_block_forward(c->k, comm, &wv, aj, x);
+        if (c->dtype == GPT2_BF16) c->k->f32_to_bf16(store + (size_t)j * set_elems(aj), aj->mem, set_elems(aj));
+    }
+}
+
+// The blocks, backward, from the top: dx the gradient of the last block's output, then of each
+// block's input (in place). f at each half's input: 2 all-reduces per block (SP: reduce-scatters,
+// and the g's all-gathers).
+static void blocks_backward(const Core *c, TpComm *comm, TpBlockActs *a, const uint16_t *store,
+                            const float *in, float *dx) {
+    for (int j = c->nb - 1; j >= 0; j--) {
+        Piece p = piece_block(c, j);
+        float *w[2], *g[2];
+        piece_weights(c, &p, w);
+        piece_grads(c, &p, g);
+        TpBlock wv, dwv;
+        tp_block_views(&wv, w[0], c->cfg->C, c->tp);
+        tp_block_views(&dwv, g[0], c->cfg->C, c->tp);
+        TpBlockActs *aj = acts_of(c, a, j);
+        if (c->dtype == GPT2_BF16)  // the stored set back into the working set
+            c->k->bf16_to_f32(aj->mem, store + (size_t)j * set_elems(aj), set_elems(aj));
+        const float *x = block_input(c, a, store, in, j);
+        if (c->sp) tp_sp_block_backward(c->k, comm, &wv, &dwv, aj, c->s, x, dx, dx);
+        else tp_block_backward(c->k, comm, &wv, &dwv, aj, c->s, x, dx, dx);
+        piece_grads_done(c, &p);
+    }
+}
+
+// lnf, logits on this rank's vocabulary rows, the loss from three all-reduces of N floats.
+static float head_forward(const Core *c, TpComm *comm, TpHeadActs *h, const float *x, const int *targets) {
+    Piece p = piece_head(c);
+    float *w[2];
+    piece_weights(c, &p, w);
+    const int C = c->cfg->C;
+    if (c->sp) tp_sp_head_forward(c->k, comm, c->tv, h, x, w[1], w[1] + C, w[0], targets);
+    else tp_head_forward(c->k, comm, c->tv, h, x, w[1], w[1] + C, w[0], targets);
+    return mean_loss(c, h->losses);
+}
+
+// From the loss; f at the head's input all-reduces d lnf-input (each rank saw only its
+// vocabulary columns): dx.
+static void head_backward(const Core *c, TpComm *comm, TpHeadActs *h, const float *x, const int *targets,
+                          float dloss, float *dx) {
+    Piece p = piece_head(c);
+    float *w[2], *g[2];
+    piece_weights(c, &p, w);
+    piece_grads(c, &p, g);
+    const int C = c->cfg->C;
+    if (c->sp)
+        tp_sp_head_backward(c->k, comm, c->tv, h, x, w[1], w[0], g[1], g[1] + C, g[0], targets, dloss, dx);
+    else tp_head_backward(c->k, comm, c->tv, h, x, w[1], w[0], g[1], g[1] + C, g[0], targets, dloss, dx);
+    piece_grads_done(c, &p);
+}
+
+// ---- the whole model --------------------------------------------------------------------------------
+
 void tpm_build(TpModel *m, GPT2Config cfg, int tp, int r, int B, int T, uint64_t seed) {
     tpm_build_sp(m, cfg, tp, r, B, T, seed, 0);
 }
 
-// The four flat buffers of n floats (weights, gradients, Adam m and v), zeroed, tagged for the
-// memory report.
-static void flat_buffers(size_t n, float **params, float **grads, float **opt_m, float **opt_v) {
-    static const MemCategory cat[4] = {MEM_PARAMS, MEM_GRADS, MEM_OPT_M, MEM_OPT_V};
-    float **buf[4] = {params, grads, opt_m, opt_v};
-    for (int i = 0; i < 4; i++) {
-        *buf[i] = mem_alloc(n * sizeof(float), cat[i], DEV_CPU);
-        memset(*buf[i], 0, n * sizeof(float));
-    }
-}
-
-// Views of n blocks' weights and gradients (blocks at off[0 .. n) of the flat buffers).
-static void block_views(TpBlock **w, TpBlock **dw, float *params, float *grads, const size_t *off,
-                        size_t n, int C, int tp) {
-    *w = lab_xcalloc(n, sizeof(TpBlock));
-    *dw = lab_xcalloc(n, sizeof(TpBlock));
-    for (size_t j = 0; j < n; j++) {
-        tp_block_views(&(*w)[j], params + off[j], C, tp);
-        tp_block_views(&(*dw)[j], grads + off[j], C, tp);
-    }
-}
-
 void tpm_build_sp(TpModel *m, GPT2Config cfg, int tp, int r, int B, int T, uint64_t seed, int sp) {
+    TpOpts o = {.dev = DEV_CPU, .dtype = GPT2_FP32, .sp = sp};
+    tpm_build_opts(m, cfg, tp, r, B, T, seed, o);
+}
+
+void tpm_build_opts(TpModel *m, GPT2Config cfg, int tp, int r, int B, int T, uint64_t seed, TpOpts o) {
     memset(m, 0, sizeof *m);
     tp_check_config(&cfg, tp);
-    if (sp) tp_check_sequence_parallel(T, tp);
-    m->cfg = cfg, m->tp = tp, m->r = r, m->B = B, m->T = T, m->sp = sp;
-    m->tv = tp_vocab(cfg.V, tp, r);
-    const size_t C = (size_t)cfg.C, L = (size_t)cfg.L, Vl = (size_t)m->tv.Vl;
+    if (o.sp) tp_check_sequence_parallel(T, tp);
+    // 1. Weights, gradients, Adam state: the stage of every block, moved into m.
+    TpStage *st = lab_xcalloc(1, sizeof(TpStage));
+    stage_build(st, cfg, tp, r, 0, cfg.L, B, T, seed, o, o.sp);
+    m->cfg = cfg, m->tp = tp, m->r = r, m->tv = st->tv, m->B = B, m->T = T, m->n = st->n, m->sp = o.sp;
+    m->nplist = st->nplist;
+    memcpy(m->plist, st->plist, sizeof m->plist);
+    memcpy(m->sharded, st->sharded, sizeof m->sharded);
+    m->dev = st->dev, m->dtype = st->dtype, m->k = st->k;
+    m->params = st->params, m->grads = st->grads, m->opt_m = st->opt_m, m->opt_v = st->opt_v;
+    m->params_bf16 = st->params_bf16, m->grads_bf16 = st->grads_bf16;
+    m->wte = st->wte, m->wpe = st->wpe, m->lnfw = st->lnfw, m->lnfb = st->lnfb;
+    m->dwte = st->dwte, m->dwpe = st->dwpe, m->dlnfw = st->dlnfw, m->dlnfb = st->dlnfb;
+    m->w = st->w, m->dw = st->dw, m->s = st->s, m->x = st->x;
+    free(st);
 
-    // 1. The flat buffer's layout (tp_model.h).
-    size_t at = 0, off_wte, off_wpe, off_lnfw, off_lnfb, off_block[64], sizes[TP_BLOCK_TENSORS];
-    LAB_CHECK(L <= 64, "tp_model: at most 64 blocks");
-    tp_block_sizes(cfg.C, tp, sizes);
-    off_wte = add(m, &at, "wte (local rows)", GPT2_WTE, -1, Vl * C, 1, 1);
-    off_wpe = add(m, &at, "wpe", GPT2_WPE, -1, (size_t)cfg.T * C, 1, 0);
-    for (size_t l = 0; l < L; l++) {
-        off_block[l] = at;
-        for (int i = 0; i < TP_BLOCK_TENSORS; i++) {
-            char name[32];
-            snprintf(name, sizeof name, "h.%zu.%s", l, block_names[i]);
-            add(m, &at, name, -1, (int)l, sizes[i], block_decay[i], block_sharded[i]);
-        }
+    // 2. Activations for (B, T): every block's saved set (bf16: one fp32 working set, the sets
+    //    stored rounded, the widened input), the head's, the embedding's output and d x.
+    const size_t C = (size_t)cfg.C, L = (size_t)cfg.L, rows = (size_t)B * T / (size_t)(o.sp ? tp : 1);
+    const size_t nsets = o.dtype == GPT2_BF16 ? 1 : L;
+    m->a = lab_xcalloc(nsets, sizeof(TpBlockActs));
+    for (size_t l = 0; l < nsets; l++) {  // SP (tp.h's SP section): the stream on B·T/t positions
+        if (o.sp) tp_sp_block_acts_alloc(&m->a[l], B, T, cfg.C, cfg.NH, tp, m->s.partial, o.dev);
+        else tp_block_acts_alloc(&m->a[l], B, T, cfg.C, cfg.NH, tp, o.dev);
     }
-    off_lnfw = add(m, &at, "lnfw", GPT2_LNFW, -1, C, 0, 0);
-    off_lnfb = add(m, &at, "lnfb", GPT2_LNFB, -1, C, 0, 0);
-    m->n = at;
-
-    // 2. Weights, gradients, Adam state: four flat buffers, tagged for the memory report.
-    flat_buffers(m->n, &m->params, &m->grads, &m->opt_m, &m->opt_v);
-    m->wte = m->params + off_wte, m->dwte = m->grads + off_wte;
-    m->wpe = m->params + off_wpe, m->dwpe = m->grads + off_wpe;
-    m->lnfw = m->params + off_lnfw, m->dlnfw = m->grads + off_lnfw;
-    m->lnfb = m->params + off_lnfb, m->dlnfb = m->grads + off_lnfb;
-    block_views(&m->w, &m->dw, m->params, m->grads, off_block, L, cfg.C, tp);
-
-    // 3. The weights of gpt2_init_params(seed)'s model, this rank's slices only: no rank ever
-    //    holds the full model (each element is initialized from its index in the full model).
-    tp_wte_init(m->wte, &cfg, seed, &m->tv);
-    size_t wpe0 = full_offset(&cfg, GPT2_WPE), lnf0 = full_offset(&cfg, GPT2_LNFW),
-           lnb0 = full_offset(&cfg, GPT2_LNFB);
-    gpt2_init_slice(&cfg, seed, wpe0, wpe0 + (size_t)cfg.T * C, m->wpe);
-    gpt2_init_slice(&cfg, seed, lnf0, lnf0 + C, m->lnfw);
-    gpt2_init_slice(&cfg, seed, lnb0, lnb0 + C, m->lnfb);
-    for (size_t l = 0; l < L; l++) tp_block_init(&m->w[l], &cfg, seed, (int)l, tp, r);
-
-    // 4. Activations for (B, T): every block's saved set, one scratch, the head's.
-    m->a = lab_xcalloc(L, sizeof(TpBlockActs));
-    if (sp) {  // (tp.h's SP section: the stream on this rank's B·T/t positions)
-        const size_t Nl = (size_t)B * T / (size_t)tp;
-        tp_sp_scratch_alloc(&m->s, B, T, cfg.C, cfg.NH, tp, DEV_CPU);
-        for (size_t l = 0; l < L; l++)
-            tp_sp_block_acts_alloc(&m->a[l], B, T, cfg.C, cfg.NH, tp, m->s.partial, DEV_CPU);
-        tp_sp_head_acts_alloc(&m->h, B, T, cfg.C, tp, &m->tv, DEV_CPU);
-        m->enc = mem_alloc(Nl * C * sizeof(float), MEM_ACTS, DEV_CPU);
-        m->dx = mem_alloc(Nl * C * sizeof(float), MEM_ACTS, DEV_CPU);
-        return;
+    LAB_CHECK(set_elems(&m->a[0]) == tpm_block_act_floats(m), "tp_model: a block's set is %zu floats, "
+              "the formula %zu", set_elems(&m->a[0]), tpm_block_act_floats(m));
+    if (o.dtype == GPT2_BF16) {
+        m->acts_bf16 = mem_alloc(L * set_elems(&m->a[0]) * sizeof(uint16_t), MEM_ACTS, o.dev);
+        m->x.block_in = mem_alloc(rows * C * sizeof(float), MEM_ACTS, o.dev);
     }
-    for (size_t l = 0; l < L; l++) tp_block_acts_alloc(&m->a[l], B, T, cfg.C, cfg.NH, tp, DEV_CPU);
-    tp_scratch_alloc(&m->s, B, T, cfg.C, cfg.NH, tp, DEV_CPU);
-    tp_head_acts_alloc(&m->h, B * T, cfg.C, &m->tv, DEV_CPU);
-    m->enc = mem_alloc((size_t)B * T * C * sizeof(float), MEM_ACTS, DEV_CPU);
-    m->dx = mem_alloc((size_t)B * T * C * sizeof(float), MEM_ACTS, DEV_CPU);
+    if (o.sp) tp_sp_head_acts_alloc(&m->h, B, T, cfg.C, tp, &m->tv, o.dev);
+    else tp_head_acts_alloc(&m->h, B * T, cfg.C, &m->tv, o.dev);
+    m->enc = mem_alloc(rows * C * sizeof(float), MEM_ACTS, o.dev);
+    m->dx = mem_alloc(rows * C * sizeof(float), MEM_ACTS, o.dev);
 }
 
 void tpm_free(TpModel *m) {
-    for (int l = 0; l < m->cfg.L; l++) tp_block_acts_free(&m->a[l]);
+    for (int l = 0; l < (m->dtype == GPT2_BF16 ? 1 : m->cfg.L); l++) tp_block_acts_free(&m->a[l]);
     tp_scratch_free(&m->s);
     tp_head_acts_free(&m->h);
-    mem_free(m->enc), mem_free(m->dx);
-    mem_free(m->params), mem_free(m->grads), mem_free(m->opt_m), mem_free(m->opt_v);
+    mem_free(m->enc), mem_free(m->dx), mem_free(m->acts_bf16);
+    TpStage st = {.params = m->params, .grads = m->grads, .opt_m = m->opt_m, .opt_v = m->opt_v,
+                  .params_bf16 = m->params_bf16, .grads_bf16 = m->grads_bf16, .x = m->x};
+    storage_free(&st);
     free(m->a), free(m->w), free(m->dw);
     memset(m, 0, sizeof *m);
 }
 
-void tpm_zero_grad(TpModel *m) { memset(m->grads, 0, m->n * sizeof(float)); }
+void *tpm_grad_buf(const TpModel *m) { return m->dtype == GPT2_BF16 ? (void *)m->grads_bf16 : (void *)m->grads; }
+DistDtype tpm_dist_dtype(const TpModel *m) { return m->dtype == GPT2_BF16 ? DIST_BF16 : DIST_F32; }
 
-// tpm_forward under sequence parallelism: the stream on this rank's positions (tp.h).
-static void sp_forward(TpModel *m, TpComm *c, const int *inputs, const int *targets) {
-    const Kernels *k = kernels_get(DEV_CPU);
-    tp_sp_embed_forward(k, c, &m->tv, m->enc, m->s.full, inputs, m->wte, m->wpe, m->B, m->T, m->cfg.C);
-    const float *x = m->enc;  // (N/t, C): this rank's positions
-    for (int l = 0; l < m->cfg.L; l++) {
-        tp_sp_block_forward(k, c, &m->w[l], &m->a[l], &m->s, x);  // 2 all-gathers, 2 reduce-scatters
-        x = m->a[l].out;
-    }
-    tp_sp_head_forward(k, c, &m->tv, &m->h, x, m->lnfw, m->lnfb, m->wte, targets);
+// The first element of a gradient buffer of `type` := NaN (host or device).
+static void poison(void *g, DistDtype type) {
+    float nan = NAN;
+    uint16_t nan16 = bf16_from_f32(NAN);
+    if (type == DIST_BF16) mem_copy(g, &nan16, sizeof nan16);
+    else mem_copy(g, &nan, sizeof nan);
+}
+void tpm_poison_grad(TpModel *m) { poison(tpm_grad_buf(m), tpm_dist_dtype(m)); }
+void tpm_zero_grad(TpModel *m) { mem_zero(tpm_grad_buf(m), m->n * esize(m->dtype)); }
+
+void tpm_master_to_params(TpModel *m) {
+    if (m->dtype == GPT2_BF16) m->k->f32_to_bf16(m->params_bf16, m->params, m->n);
 }
 
 float tpm_forward(TpModel *m, TpComm *c, const int *inputs, const int *targets) {
-    const Kernels *k = kernels_get(DEV_CPU);
-    const int C = m->cfg.C, N = m->B * m->T;
-    if (m->sp) {
-        sp_forward(m, c, inputs, targets);
-        double sum = 0.0;  // the losses of every position (the head gathered them all)
-        for (int i = 0; i < N; i++) sum += m->h.losses[i];
-        return (float)(sum / N);
-    }
-    // embedding: each rank looks up the tokens it owns, one all-reduce of (N, C) sums them
-    tp_embed_forward(k, c, &m->tv, m->enc, inputs, m->wte, m->wpe, m->B, m->T, C);
-    const float *x = m->enc;  // (N, C), the same on every rank of the group
-    for (int l = 0; l < m->cfg.L; l++) {
-        tp_block_forward(k, c, &m->w[l], &m->a[l], x);  // g after each half: 2 all-reduces
-        x = m->a[l].out;
-    }
-    // lnf, logits on this rank's vocabulary rows, the loss from three all-reduces of N floats
-    tp_head_forward(k, c, &m->tv, &m->h, x, m->lnfw, m->lnfb, m->wte, targets);
-    double sum = 0.0;
-    for (int i = 0; i < N; i++) sum += m->h.losses[i];
-    return (float)(sum / N);
+    const Core k = core_of_model(m);
+    const size_t N = (size_t)m->B * m->T;
+    const int *in = batch_on_dev(m->x.inputs, inputs, N), *tg = batch_on_dev(m->x.targets, targets, N);
+    // embedding (1 all-reduce; SP: a reduce-scatter onto this rank's positions), the blocks,
+    // the head (lnf, logits on this rank's vocabulary rows, the loss from 3 all-reduces of N)
+    embed_forward(&k, c, m->enc, in);
+    blocks_forward(&k, c, m->a, m->acts_bf16, m->enc);
+    return head_forward(&k, c, &m->h, block_input(&k, m->a, m->acts_bf16, m->enc, k.nb), tg);
 }
 
 // The replicated tensors whose gradients SP leaves partial (each rank: its positions' share).
 static const int sp_partial[TP_BLOCK_TENSORS] = {1, 1, 0, 0, 0, 1, 1, 1, 0, 0, 0, 1};
 
-// tpm_backward under sequence parallelism, then the group's sum of the partial gradients.
-static void sp_backward(TpModel *m, TpComm *c, const int *inputs, const int *targets, float dloss) {
-    const Kernels *k = kernels_get(DEV_CPU);
-    const int L = m->cfg.L, C = m->cfg.C;
-    const float *x = L ? m->a[L - 1].out : m->enc;
-    tp_sp_head_backward(k, c, &m->tv, &m->h, x, m->lnfw, m->wte, m->dlnfw, m->dlnfb, m->dwte, targets,
-                        dloss, m->dx);
-    for (int l = L - 1; l >= 0; l--)
-        tp_sp_block_backward(k, c, &m->w[l], &m->dw[l], &m->a[l], &m->s, l ? m->a[l - 1].out : m->enc,
-                             m->dx, m->dx);
-    // the embedding needs every position's gradient (its rows of wte see all the tokens): the
-    // reverse of its forward reduce-scatter; dwpe then comes out whole on every rank
-    tp_seq_all_gather(c, m->dx, m->s.full, m->B, m->T, C, TP_SITE_EMBED_BWD);
-    tp_embed_backward(k, &m->tv, m->dwte, m->dwpe, m->s.full, inputs, m->B, m->T, C);
-    // one all-reduce of the partial gradients, packed: L·6C + 2C floats
-    size_t n = (size_t)(6 * L + 2) * C, at = 0;
-    float *pack = lab_xmalloc(n * sizeof(float));
+// Under SP: one all-reduce of the partial gradients, packed, L·6C + 2C floats (fp32 on the wire;
+// bf16 widens the stored gradients into the pack and rounds the sums back).
+static void sp_grads_all_reduce(const Core *k, TpComm *c) {
+    const int L = k->nb;
+    const size_t C = (size_t)k->cfg->C, n = (size_t)(6 * L + 2) * C;
+    // (the host's pack is not counted, as before; a device's is communication memory)
+    float *pack = k->dev == DEV_CPU ? lab_xmalloc(n * sizeof(float)) : mem_alloc(n * sizeof(float), MEM_COMM, k->dev);
     for (int pass = 0; pass < 2; pass++) {  // 0: pack, 1: unpack the sums
-        at = 0;
-        for (int l = 0; l < L; l++)
-            for (int i = 0; i < TP_BLOCK_TENSORS; i++) {
-                if (!sp_partial[i]) continue;
-                float *g = (&m->dw[l].ln1w)[i];
-                if (pass == 0) memcpy(pack + at, g, (size_t)C * sizeof(float));
-                else memcpy(g, pack + at, (size_t)C * sizeof(float));
-                at += (size_t)C;
+        size_t at = 0;
+        for (int t = 0; t <= L; t++)  // the blocks' six partial tensors each, then lnfw, lnfb
+            for (int i = 0; i < (t < L ? TP_BLOCK_TENSORS : 2); i++, at += C) {
+                if (t < L && !sp_partial[i]) {
+                    at -= C;
+                    continue;
+                }
+                size_t off = t < L ? off_of(k->params, (&k->w[t].ln1w)[i]) : k->off_lnf + (size_t)i * C;
+                if (k->dtype == GPT2_BF16) {
+                    if (pass == 0) k->k->bf16_to_f32(pack + at, k->grads_bf16 + off, C);
+                    else k->k->f32_to_bf16(k->grads_bf16 + off, pack + at, C);
+                } else if (pass == 0) mem_copy(pack + at, k->grads + off, C * sizeof(float));
+                else mem_copy(k->grads + off, pack + at, C * sizeof(float));
             }
-        float *tail[2] = {m->dlnfw, m->dlnfb};
-        for (int j = 0; j < 2; j++, at += (size_t)C) {
-            if (pass == 0) memcpy(pack + at, tail[j], (size_t)C * sizeof(float));
-            else memcpy(tail[j], pack + at, (size_t)C * sizeof(float));
-        }
+        LAB_CHECK(at == n, "sp_backward: packed %zu of %zu", at, n);
         if (pass == 0) tp_all_reduce(c, pack, n, TP_SUM, TP_SITE_SP_GRADS);
     }
-    LAB_CHECK(at == n, "sp_backward: packed %zu of %zu", at, n);
-    free(pack);
+    if (k->dev == DEV_CPU) free(pack);
+    else mem_free(pack);
 }
 
 void tpm_backward(TpModel *m, TpComm *c, const int *inputs, const int *targets, float dloss) {
-    const Kernels *k = kernels_get(DEV_CPU);
-    const int L = m->cfg.L;
-    if (m->sp) {
-        sp_backward(m, c, inputs, targets, dloss);
+    const Core k = core_of_model(m);
+    const size_t N = (size_t)m->B * m->T;
+    const int *in = batch_on_dev(m->x.inputs, inputs, N), *tg = batch_on_dev(m->x.targets, targets, N);
+    // head: f at its input (1 all-reduce of (N, C)); the blocks: f at each half's input
+    head_backward(&k, c, &m->h, block_input(&k, m->a, m->acts_bf16, m->enc, k.nb), tg, dloss, m->dx);
+    blocks_backward(&k, c, m->a, m->acts_bf16, m->enc, m->dx);
+    if (!m->sp) {
+        embed_backward(&k, m->dx, in);
         return;
     }
-    const float *x = L ? m->a[L - 1].out : m->enc;
-    // head: f at its input all-reduces d lnf-input (each rank saw only its vocabulary columns)
-    tp_head_backward(k, c, &m->tv, &m->h, x, m->lnfw, m->wte, m->dlnfw, m->dlnfb, m->dwte, targets,
-                     dloss, m->dx);
-    for (int l = L - 1; l >= 0; l--)  // f at each half's input: 2 all-reduces per block
-        tp_block_backward(k, c, &m->w[l], &m->dw[l], &m->a[l], &m->s, l ? m->a[l - 1].out : m->enc,
-                          m->dx, m->dx);
-    tp_embed_backward(k, &m->tv, m->dwte, m->dwpe, m->dx, inputs, m->B, m->T, m->cfg.C);
+    // SP: the embedding needs every position's gradient (its rows of wte see all the tokens):
+    // the reverse of its forward reduce-scatter; dwpe then comes out whole on every rank
+    tp_seq_all_gather(c, m->dx, m->s.full, m->B, m->T, m->cfg.C, TP_SITE_EMBED_BWD);
+    embed_backward(&k, m->s.full, in);
+    sp_grads_all_reduce(&k, c);
+}
+
+// Σ g² over elements [lo, hi) of the flat buffer, read from g (hi - lo elements of the storage
+// precision, from lo): sq[0] the sliced tensors', sq[1] the replicated ones'; skip[i]: left out.
+static void norm_parts(const Core *c, size_t lo, size_t hi, const void *g, double sq[2]) {
+    sq[0] = sq[1] = 0.0;
+    for (int i = 0; i < c->nplist; i++) {
+        const size_t b = c->plist[i].offset, e = b + c->plist[i].size;
+        const size_t from = b > lo ? b : lo, to = e < hi ? e : hi;  // the tensor's part in range
+        if ((c->skip && c->skip[i]) || from >= to) continue;
+        if (c->dtype == GPT2_BF16)
+            sq[c->sharded[i] ? 0 : 1] += bf16_sum_squares(c->k, (const uint16_t *)g + (from - lo), to - from,
+                                                          c->x->work_grads, c->x->work_size);
+        else sq[c->sharded[i] ? 0 : 1] += c->k->sum_squares((const float *)g + (from - lo), to - from);
+    }
+}
+
+// AdamW on [lo, hi): master, grad, m, v point at element lo (adamw_step's shard-local
+// convention); bf16 also rounds the master into params_bf16[lo, hi).
+static void adamw_range(const Core *c, const AdamW *h, int step, size_t lo, size_t hi, const void *grad,
+                        float *master, float *opt_m, float *opt_v, float scale) {
+    if (c->dtype == GPT2_BF16)
+        adamw_step_bf16(h, c->k, step, master, c->params_bf16 + lo, grad, opt_m, opt_v, lo, hi,
+                        c->plist, c->nplist, scale, c->x->work_grads, c->x->work_size);
+    else adamw_step(h, c->k, step, master, grad, opt_m, opt_v, lo, hi, c->plist, c->nplist, scale);
 }
 
 void tpm_adamw_step(TpModel *m, const AdamW *h, int step, DistGroup *g) {
-    const Kernels *k = kernels_get(DEV_CPU);
+    const Core c = core_of_model(m);
     // ||grad||² of the FULL model: each slice lives on one rank (sum over the group), each
     // replicated tensor on all of them with the same value (count it once).
-    double sq[2] = {0.0, 0.0};  // sharded, replicated
-    for (int i = 0; i < m->nplist; i++)
-        sq[m->sharded[i] ? 0 : 1] += k->sum_squares(m->grads + m->plist[i].offset, m->plist[i].size);
+    double sq[2];  // sharded, replicated
+    norm_parts(&c, 0, m->n, tpm_grad_buf(m), sq);
     dist_all_reduce(&sq[0], &sq[0], 1, DIST_F64, DIST_SUM, g);
     float scale = adamw_clip_scale(h, sq[0] + sq[1], step);
-    adamw_step(h, k, step, m->params, m->grads, m->opt_m, m->opt_v, 0, m->n, m->plist, m->nplist,
-               scale);
+    adamw_range(&c, h, step, 0, m->n, tpm_grad_buf(m), m->params, m->opt_m, m->opt_v, scale);
+}
+
+// ---- moving the weights in and out (host or device buffers, staged through the host) ------------
+
+void tpm_to_host_f32(float *host, const void *buf, size_t n, DistDtype type) {
+    LAB_CHECK(type == DIST_F32 || type == DIST_BF16, "tpm_to_host_f32: fp32 or bf16 buffers only");
+    if (type == DIST_F32) {
+        mem_copy(host, buf, n * sizeof(float));
+        return;
+    }
+    uint16_t *h16 = lab_xmalloc(n * sizeof(uint16_t));
+    mem_copy(h16, buf, n * sizeof(uint16_t));
+    kernels_cpu.bf16_to_f32(host, h16, n);
+    free(h16);
+}
+
+// buf (n floats) readable on the host: itself, or a copy (*tmp, to free).
+static const float *on_host(const float *buf, size_t n, float **tmp) {
+    *tmp = NULL;
+    if (mem_device_of(buf) == DEV_CPU) return buf;
+    *tmp = lab_xmalloc(n * sizeof(float));
+    mem_copy(*tmp, buf, n * sizeof(float));
+    return *tmp;
+}
+// Where to write n floats meant for buf: buf on the host, else a host buffer (*tmp) that
+// to_dev then copies over.
+static float *for_host(float *buf, size_t n, float **tmp) {
+    *tmp = mem_device_of(buf) == DEV_CPU ? NULL : lab_xcalloc(n, sizeof(float));
+    return *tmp ? *tmp : buf;
+}
+static void to_dev(float *buf, float *tmp, size_t n) {
+    if (!tmp) return;
+    mem_copy(buf, tmp, n * sizeof(float));
+    free(tmp);
 }
 
 // Block l's shard, the local wte rows, wpe, lnfw, lnfb of a flat buffer of m's layout (the
@@ -254,9 +639,11 @@ static void flat_views(const TpModel *m, const float *flat, int l, TpBlock *b) {
 }
 #define FLAT(m, flat, view) ((float *)(flat) + ((m)->view - (m)->params))
 
-void tpm_gather_flat(const TpModel *m, DistGroup *g, const float *flat, float *full_mem) {
+void tpm_gather_flat(const TpModel *m, DistGroup *g, const float *flat_any, float *full_mem) {
     const GPT2Config *cfg = &m->cfg;
     const size_t n = gpt2_param_count(cfg), C = (size_t)cfg->C;
+    float *tmp;
+    const float *flat = on_host(flat_any, m->n, &tmp);
     float *mine = lab_xcalloc(n, sizeof(float));  // zero where another rank writes
     for (int l = 0; l < cfg->L; l++) {
         TpBlock fb, sb;
@@ -272,11 +659,13 @@ void tpm_gather_flat(const TpModel *m, DistGroup *g, const float *flat, float *f
     }
     dist_reduce(mine, m->r == 0 ? full_mem : NULL, n, DIST_F32, DIST_SUM, 0, g);
     free(mine);
+    free(tmp);
 }
 
-void tpm_take_flat(const TpModel *m, const float *full_mem, float *flat) {
+void tpm_take_flat(const TpModel *m, const float *full_mem, float *flat_any) {
     const GPT2Config *cfg = &m->cfg;
     const size_t C = (size_t)cfg->C;
+    float *tmp, *flat = for_host(flat_any, m->n, &tmp);
     for (int l = 0; l < cfg->L; l++) {
         TpBlock fb, sb;
         tp_block_of_model(&fb, cfg, (float *)full_mem, l);
@@ -287,22 +676,29 @@ void tpm_take_flat(const TpModel *m, const float *full_mem, float *flat) {
     memcpy(FLAT(m, flat, wpe), full_mem + full_offset(cfg, GPT2_WPE), (size_t)cfg->T * C * sizeof(float));
     memcpy(FLAT(m, flat, lnfw), full_mem + full_offset(cfg, GPT2_LNFW), C * sizeof(float));
     memcpy(FLAT(m, flat, lnfb), full_mem + full_offset(cfg, GPT2_LNFB), C * sizeof(float));
+    to_dev(flat_any, tmp, m->n);
 }
 
 void tpm_gather_full(const TpModel *m, DistGroup *g, float *full) {
     const size_t n = gpt2_param_count(&m->cfg);
     float *sum = m->r == 0 ? lab_xcalloc(n, sizeof(float)) : NULL;
-    tpm_gather_flat(m, g, m->params, sum);
+    // the weights the forward reads (bf16: widened, as train_params_to_host)
+    float *w = m->dtype == GPT2_BF16 ? lab_xmalloc(m->n * sizeof(float)) : NULL;
+    if (w) tpm_to_host_f32(w, m->params_bf16, m->n, DIST_BF16);
+    tpm_gather_flat(m, g, w ? w : m->params, sum);
     if (m->r == 0) gpt2_to_llmc(&m->cfg, sum, full);  // memory order -> llm.c's order
+    free(w);
     free(sum);
 }
 
 double tpm_replicated_max_diff(const TpModel *m, DistGroup *g) {
     double worst = 0.0;
+    float *tmp;
+    const float *params = on_host(m->params, m->n, &tmp);
     for (int i = 0; i < m->nplist; i++) {
         if (m->sharded[i]) continue;
         size_t n = m->plist[i].size;
-        const float *mine = m->params + m->plist[i].offset;
+        const float *mine = params + m->plist[i].offset;
         float *ref = lab_xmalloc(n * sizeof(float));
         memcpy(ref, mine, n * sizeof(float));
         dist_broadcast(ref, n, DIST_F32, 0, g);
@@ -312,6 +708,7 @@ double tpm_replicated_max_diff(const TpModel *m, DistGroup *g) {
         }
         free(ref);
     }
+    free(tmp);
     dist_all_reduce(&worst, &worst, 1, DIST_F64, DIST_MAX, g);
     return worst;
 }
@@ -327,6 +724,8 @@ size_t tpm_block_act_floats(const TpModel *m) {
     return 6 * N * C + 4 * N + 4 * N * (C / t) + 2 * att + 2 * N * (4 * C / t);
 }
 
+size_t tpm_block_act_bytes(const TpModel *m) { return esize(m->dtype) * tpm_block_act_floats(m); }
+
 void tpm_weight_split(const TpModel *m, size_t *sharded, size_t *replicated) {
     *sharded = *replicated = 0;
     for (int i = 0; i < m->nplist; i++) *(m->sharded[i] ? sharded : replicated) += m->plist[i].size;
@@ -336,154 +735,143 @@ void tpm_weight_split(const TpModel *m, size_t *sharded, size_t *replicated) {
 
 void tpm_stage_build(TpStage *st, GPT2Config cfg, int tp, int r, int l0, int l1, int B, int T,
                      uint64_t seed) {
-    memset(st, 0, sizeof *st);
-    tp_check_config(&cfg, tp);
-    LAB_CHECK(0 <= l0 && l0 < l1 && l1 <= cfg.L, "tp stage: blocks [%d, %d) of %d", l0, l1, cfg.L);
-    st->cfg = cfg, st->tp = tp, st->r = r, st->l0 = l0, st->l1 = l1, st->B = B, st->T = T;
-    st->has_embed = l0 == 0, st->has_head = l1 == cfg.L;
-    st->tv = tp_vocab(cfg.V, tp, r);
-    const size_t C = (size_t)cfg.C, nb = (size_t)(l1 - l0), Vl = (size_t)st->tv.Vl;
+    TpOpts o = {.dev = DEV_CPU, .dtype = GPT2_FP32, .sp = 0};
+    tpm_stage_build_opts(st, cfg, tp, r, l0, l1, B, T, seed, o);
+}
 
-    // 1. The layout (tp_model.h); add() fills the TpModel-shaped list, so borrow one.
-    TpModel *lay = lab_xcalloc(1, sizeof(TpModel));
-    size_t at = 0, off_wte = 0, off_wpe = 0, off_lnf = 0, off_block[64], sizes[TP_BLOCK_TENSORS];
-    LAB_CHECK(nb <= 64, "tp stage: at most 64 blocks");
-    tp_block_sizes(cfg.C, tp, sizes);
-    if (st->has_embed || st->has_head)
-        off_wte = add(lay, &at, st->has_embed ? "wte (local rows)" : "wte (local rows, tied copy)",
-                      GPT2_WTE, -1, Vl * C, 1, 1);
-    if (st->has_embed) off_wpe = add(lay, &at, "wpe", GPT2_WPE, -1, (size_t)cfg.T * C, 1, 0);
-    for (size_t j = 0; j < nb; j++) {
-        off_block[j] = at;
-        for (int i = 0; i < TP_BLOCK_TENSORS; i++) {
-            char name[32];
-            snprintf(name, sizeof name, "h.%zu.%s", (size_t)l0 + j, block_names[i]);
-            add(lay, &at, name, -1, l0 + (int)j, sizes[i], block_decay[i], block_sharded[i]);
-        }
+void tpm_stage_build_opts(TpStage *st, GPT2Config cfg, int tp, int r, int l0, int l1, int B, int T,
+                          uint64_t seed, TpOpts o) {
+    if (o.sp) lab_fail_collective("tensor-parallel pipeline stages run without sequence parallelism "
+                                  "(only the whole model, chapter 07, has it)");
+    stage_build(st, cfg, tp, r, l0, l1, B, T, seed, o, 0);
+    if (st->dtype == GPT2_BF16) {  // the blocks' one fp32 working set, the widened input / output
+        const size_t NC = (size_t)B * T * (size_t)cfg.C;
+        tp_block_acts_alloc(&st->wa, B, T, cfg.C, cfg.NH, tp, st->dev);
+        st->x.block_in = mem_alloc(NC * sizeof(float), MEM_ACTS, st->dev);
+        st->out = mem_alloc(NC * sizeof(float), MEM_ACTS, st->dev);
     }
-    if (st->has_head) {
-        off_lnf = add(lay, &at, "lnfw", GPT2_LNFW, -1, C, 0, 0);
-        add(lay, &at, "lnfb", GPT2_LNFB, -1, C, 0, 0);
-    }
-    st->n = at, st->nplist = lay->nplist;
-    memcpy(st->plist, lay->plist, sizeof st->plist);
-    memcpy(st->sharded, lay->sharded, sizeof st->sharded);
-    if (st->has_head && !st->has_embed) st->tied_copy[0] = 1;
-    free(lay);
-
-    // 2. Weights, gradients, Adam state.
-    flat_buffers(st->n, &st->params, &st->grads, &st->opt_m, &st->opt_v);
-    if (st->has_embed || st->has_head) st->wte = st->params + off_wte, st->dwte = st->grads + off_wte;
-    if (st->has_embed) st->wpe = st->params + off_wpe, st->dwpe = st->grads + off_wpe;
-    if (st->has_head) {
-        st->lnfw = st->params + off_lnf, st->dlnfw = st->grads + off_lnf;
-        st->lnfb = st->lnfw + C, st->dlnfb = st->dlnfw + C;
-    }
-    block_views(&st->w, &st->dw, st->params, st->grads, off_block, nb, cfg.C, tp);
-
-    // 3. The slices of gpt2_init_params(seed)'s model (the tied copy: the same rows as wte).
-    if (st->wte) tp_wte_init(st->wte, &cfg, seed, &st->tv);
-    if (st->has_embed) {
-        size_t wpe0 = full_offset(&cfg, GPT2_WPE);
-        gpt2_init_slice(&cfg, seed, wpe0, wpe0 + (size_t)cfg.T * C, st->wpe);
-    }
-    if (st->has_head) {
-        size_t lnf0 = full_offset(&cfg, GPT2_LNFW), lnb0 = full_offset(&cfg, GPT2_LNFB);
-        gpt2_init_slice(&cfg, seed, lnf0, lnf0 + C, st->lnfw);
-        gpt2_init_slice(&cfg, seed, lnb0, lnb0 + C, st->lnfb);
-    }
-    for (size_t j = 0; j < nb; j++) tp_block_init(&st->w[j], &cfg, seed, l0 + (int)j, tp, r);
-    tp_scratch_alloc(&st->s, B, T, cfg.C, cfg.NH, tp, DEV_CPU);
 }
 
 void tpm_stage_free(TpStage *st) {
     tp_scratch_free(&st->s);
-    mem_free(st->params), mem_free(st->grads), mem_free(st->opt_m), mem_free(st->opt_v);
+    if (st->dtype == GPT2_BF16) tp_block_acts_free(&st->wa);
+    mem_free(st->out);
+    storage_free(st);
     free(st->w), free(st->dw);
     memset(st, 0, sizeof *st);
+}
+
+// Elements of one block's saved set on a stage (tp_block_acts_alloc's): see tpm_block_act_floats.
+static size_t stage_set_elems(const TpStage *st) {
+    const size_t N = (size_t)st->B * st->T, C = (size_t)st->cfg.C, t = (size_t)st->tp;
+    const size_t att = (size_t)st->B * (size_t)(st->cfg.NH / st->tp) * st->T * st->T;
+    // ln1, attproj, residual2, ln2, fcproj, out (N,C); 4 LayerNorm statistics (N); qkv + atty
+    // (N,4C/t); preatt, att; fch, fch_gelu (N,4C/t) each
+    return 6 * N * C + 4 * N + 12 * N * (C / t) + 2 * att;
 }
 
 void tpm_stage_acts_alloc(TpStageActs *x, const TpStage *st) {
     const int nb = st->l1 - st->l0, N = st->B * st->T, C = st->cfg.C;
     memset(x, 0, sizeof *x);
-    x->a = lab_xcalloc((size_t)nb, sizeof(TpBlockActs));
-    for (int j = 0; j < nb; j++)
-        tp_block_acts_alloc(&x->a[j], st->B, st->T, C, st->cfg.NH, st->tp, DEV_CPU);
-    if (st->has_head) tp_head_acts_alloc(&x->h, N, C, &st->tv, DEV_CPU);
-    x->in = mem_alloc((size_t)N * C * sizeof(float), MEM_ACTS, DEV_CPU);
-    x->dx = mem_alloc((size_t)N * C * sizeof(float), MEM_ACTS, DEV_CPU);
+    if (st->dtype == GPT2_BF16) {  // the sets stored rounded; they compute in st->wa
+        x->a_bf16 = mem_alloc((size_t)nb * stage_set_elems(st) * sizeof(uint16_t), MEM_ACTS, st->dev);
+    } else {
+        x->a = lab_xcalloc((size_t)nb, sizeof(TpBlockActs));
+        for (int j = 0; j < nb; j++)
+            tp_block_acts_alloc(&x->a[j], st->B, st->T, C, st->cfg.NH, st->tp, st->dev);
+    }
+    if (st->has_head) tp_head_acts_alloc(&x->h, N, C, &st->tv, st->dev);
+    x->in = mem_alloc((size_t)N * C * sizeof(float), MEM_ACTS, st->dev);
+    x->dx = mem_alloc((size_t)N * C * sizeof(float), MEM_ACTS, st->dev);
 }
 
 void tpm_stage_acts_free(TpStageActs *x, const TpStage *st) {
-    for (int j = 0; j < st->l1 - st->l0; j++) tp_block_acts_free(&x->a[j]);
+    if (x->a)
+        for (int j = 0; j < st->l1 - st->l0; j++) tp_block_acts_free(&x->a[j]);
     if (st->has_head) tp_head_acts_free(&x->h);
-    mem_free(x->in), mem_free(x->dx);
+    mem_free(x->in), mem_free(x->dx), mem_free(x->a_bf16);
     free(x->a);
     memset(x, 0, sizeof *x);
 }
 
 size_t tpm_stage_act_bytes(const TpStage *st) {
-    const size_t N = (size_t)st->B * st->T, C = (size_t)st->cfg.C, t = (size_t)st->tp;
-    const size_t att = (size_t)st->B * (size_t)(st->cfg.NH / st->tp) * st->T * st->T;
-    // a block: ln1, attproj, residual2, ln2, fcproj, out (N,C); 4 LayerNorm statistics (N);
-    // qkv + atty (N,4C/t); preatt, att; fch, fch_gelu (N,4C/t) each
-    size_t floats = (size_t)(st->l1 - st->l0) * (6 * N * C + 4 * N + 12 * N * (C / t) + 2 * att);
+    const size_t N = (size_t)st->B * st->T, C = (size_t)st->cfg.C;
+    // the blocks' sets, at the storage's bytes per element
+    size_t bytes = (size_t)(st->l1 - st->l0) * stage_set_elems(st) * esize(st->dtype);
     // the head: lnf, dlnf (N,C); mean, rstd, losses and the loss's 3 statistics (N); logits and
-    // dlogits (N, Vl)
+    // dlogits (N, Vl); in, dx (N,C): fp32
+    size_t floats = 2 * N * C;
     if (st->has_head) floats += 2 * N * C + 6 * N + 2 * N * (size_t)st->tv.Vl;
-    return 4 * (floats + 2 * N * C);  // + in, dx
+    return bytes + 4 * floats;
 }
+
+size_t tpm_stage_work_act_bytes(const TpStage *st) {
+    if (st->dtype != GPT2_BF16) return 0;
+    return 4 * (stage_set_elems(st) + 2 * (size_t)st->B * st->T * (size_t)st->cfg.C);  // wa, block_in, out
+}
+
+// The activations the stage's blocks compute in: the micro-batch's own sets, or the working set.
+static TpBlockActs *stage_sets(TpStage *st, TpStageActs *x) { return x->a ? x->a : &st->wa; }
 
 float tpm_stage_forward(TpStage *st, TpComm *c, TpStageActs *x, const int *inputs,
                         const int *targets) {
-    const Kernels *k = kernels_get(DEV_CPU);
-    const int N = st->B * st->T;
-    if (st->has_embed)  // the vocab-parallel lookup: one all-reduce of (N, C)
-        tp_embed_forward(k, c, &st->tv, x->in, inputs, st->wte, st->wpe, st->B, st->T, st->cfg.C);
-    const float *h = x->in;
-    for (int j = 0; j < st->l1 - st->l0; j++) {
-        tp_block_forward(k, c, &st->w[j], &x->a[j], h);  // the two g all-reduces
-        h = x->a[j].out;
-    }
+    const Core k = core_of_stage(st);
+    const size_t N = (size_t)st->B * st->T;
+    const int *in = batch_on_dev(st->x.inputs, inputs, N), *tg = batch_on_dev(st->x.targets, targets, N);
+    if (st->has_embed) embed_forward(&k, c, x->in, in);  // the vocab-parallel lookup: 1 all-reduce
+    blocks_forward(&k, c, stage_sets(st, x), x->a_bf16, x->in);  // the two g all-reduces each
     if (!st->has_head) return 0.0f;
-    tp_head_forward(k, c, &st->tv, &x->h, h, st->lnfw, st->lnfb, st->wte, targets);
-    double sum = 0.0;
-    for (int i = 0; i < N; i++) sum += x->h.losses[i];
-    return (float)(sum / N);
+    return head_forward(&k, c, &x->h, block_input(&k, stage_sets(st, x), x->a_bf16, x->in, k.nb), tg);
 }
 
 const float *tpm_stage_output(const TpStage *st, const TpStageActs *x) {
-    return st->l1 > st->l0 ? x->a[st->l1 - st->l0 - 1].out : x->in;
+    const int nb = st->l1 - st->l0;
+    if (st->dtype == GPT2_FP32) return x->a[nb - 1].out;
+    const Core k = core_of_stage(st);
+    stored_output(&k, &st->wa, x->a_bf16, nb - 1, st->out);
+    return st->out;
 }
 
 void tpm_stage_backward(TpStage *st, TpComm *c, TpStageActs *x, const int *inputs,
                         const int *targets, float dloss) {
-    const Kernels *k = kernels_get(DEV_CPU);
-    const int nb = st->l1 - st->l0;
+    const Core k = core_of_stage(st);
+    const size_t N = (size_t)st->B * st->T;
+    const int *in = batch_on_dev(st->x.inputs, inputs, N), *tg = batch_on_dev(st->x.targets, targets, N);
+    TpBlockActs *a = stage_sets(st, x);
     if (st->has_head)  // from the loss; f at the head's input: one all-reduce of (N, C)
-        tp_head_backward(k, c, &st->tv, &x->h, tpm_stage_output(st, x), st->lnfw, st->wte,
-                         st->dlnfw, st->dlnfb, st->dwte, targets, dloss, x->dx);
-    for (int j = nb - 1; j >= 0; j--)  // the two f all-reduces per block
-        tp_block_backward(k, c, &st->w[j], &st->dw[j], &x->a[j], &st->s,
-                          j ? x->a[j - 1].out : x->in, x->dx, x->dx);
-    if (st->has_embed)
-        tp_embed_backward(k, &st->tv, st->dwte, st->dwpe, x->dx, inputs, st->B, st->T, st->cfg.C);
+        head_backward(&k, c, &x->h, block_input(&k, a, x->a_bf16, x->in, k.nb), tg, dloss, x->dx);
+    blocks_backward(&k, c, a, x->a_bf16, x->in, x->dx);  // the two f all-reduces per block
+    if (st->has_embed) embed_backward(&k, x->dx, in);
 }
 
-void tpm_stage_norm_parts_range(const TpStage *st, size_t lo, size_t hi, const void *gv, double sq[2]) {
-    const float *g = gv;
-    const Kernels *k = kernels_get(DEV_CPU);
-    sq[0] = sq[1] = 0.0;
-    for (int i = 0; i < st->nplist; i++) {
-        const size_t b = st->plist[i].offset, e = b + st->plist[i].size;
-        const size_t from = b > lo ? b : lo, to = e < hi ? e : hi;  // the tensor's part in range
-        if (st->tied_copy[i] || from >= to) continue;
-        sq[st->sharded[i] ? 0 : 1] += k->sum_squares(g + (from - lo), to - from);
-    }
+void *tpm_stage_grad_buf(const TpStage *st) {
+    return st->dtype == GPT2_BF16 ? (void *)st->grads_bf16 : (void *)st->grads;
+}
+DistDtype tpm_stage_dist_dtype(const TpStage *st) { return st->dtype == GPT2_BF16 ? DIST_BF16 : DIST_F32; }
+void *tpm_stage_wte_grad(const TpStage *st) {
+    if (!st->wte) return NULL;
+    return (char *)tpm_stage_grad_buf(st) + off_of(st->params, st->wte) * esize(st->dtype);
+}
+void tpm_stage_zero_grad(TpStage *st) { mem_zero(tpm_stage_grad_buf(st), st->n * esize(st->dtype)); }
+void tpm_stage_poison_grad(TpStage *st) { poison(tpm_stage_grad_buf(st), tpm_stage_dist_dtype(st)); }
+
+void tpm_stage_adamw_range(TpStage *st, const AdamW *h, int step, size_t lo, size_t hi,
+                           const void *grad_shard, float scale) {
+    LAB_CHECK(st->opt_lo <= lo && lo <= hi && hi <= st->n, "tpm_stage_adamw_range: [%zu, %zu) of %zu "
+              "(the optimizer state from %zu)", lo, hi, st->n, st->opt_lo);
+    const Core c = core_of_stage(st);
+    const size_t o = lo - st->opt_lo;  // m, v (and a bf16 master) hold [opt_lo, ...)
+    float *master = st->dtype == GPT2_BF16 ? st->params + o : st->params + lo;
+    adamw_range(&c, h, step, lo, hi, grad_shard, master, st->opt_m + o, st->opt_v + o, scale);
+}
+
+void tpm_stage_norm_parts_range(const TpStage *st, size_t lo, size_t hi, const void *g, double sq[2]) {
+    const Core c = core_of_stage(st);
+    norm_parts(&c, lo, hi, g, sq);
 }
 
 void tpm_stage_norm_parts(const TpStage *st, double sq[2]) {
-    tpm_stage_norm_parts_range(st, 0, st->n, st->grads, sq);
+    tpm_stage_norm_parts_range(st, 0, st->n, tpm_stage_grad_buf(st), sq);
 }
 
 // The views of buf's tensors (a buffer in the stage's layout) at the offsets of st's own.
@@ -491,9 +879,11 @@ static float *stage_at(const TpStage *st, const float *buf, const float *view) {
     return view ? (float *)buf + (view - st->params) : NULL;
 }
 
-void tpm_stage_unshard_buf(const TpStage *st, const float *buf, float *full_mem, int with_replicated) {
+void tpm_stage_unshard_buf(const TpStage *st, const float *buf_any, float *full_mem, int with_replicated) {
     const GPT2Config *cfg = &st->cfg;
     const size_t C = (size_t)cfg->C;
+    float *tmp;
+    const float *buf = on_host(buf_any, st->n, &tmp);
     for (int j = 0; j < st->l1 - st->l0; j++) {
         TpBlock fb, sb;
         tp_block_of_model(&fb, cfg, full_mem, st->l0 + j);
@@ -510,15 +900,24 @@ void tpm_stage_unshard_buf(const TpStage *st, const float *buf, float *full_mem,
         memcpy(full_mem + full_offset(cfg, GPT2_LNFW), stage_at(st, buf, st->lnfw), C * sizeof(float));
         memcpy(full_mem + full_offset(cfg, GPT2_LNFB), stage_at(st, buf, st->lnfb), C * sizeof(float));
     }
+    free(tmp);
 }
 
 void tpm_stage_unshard(const TpStage *st, float *full_mem, int with_replicated) {
-    tpm_stage_unshard_buf(st, st->params, full_mem, with_replicated);
+    if (st->dtype == GPT2_FP32) {
+        tpm_stage_unshard_buf(st, st->params, full_mem, with_replicated);
+        return;
+    }
+    float *w = lab_xmalloc(st->n * sizeof(float));  // the weights the forward reads, widened
+    tpm_to_host_f32(w, st->params_bf16, st->n, DIST_BF16);
+    tpm_stage_unshard_buf(st, w, full_mem, with_replicated);
+    free(w);
 }
 
-void tpm_stage_shard_buf(const TpStage *st, const float *full_mem, float *buf) {
+void tpm_stage_shard_buf(const TpStage *st, const float *full_mem, float *buf_any) {
     const GPT2Config *cfg = &st->cfg;
     const size_t C = (size_t)cfg->C;
+    float *tmp, *buf = for_host(buf_any, st->n, &tmp);
     for (int j = 0; j < st->l1 - st->l0; j++) {
         TpBlock fb, sb;
         tp_block_of_model(&fb, cfg, (float *)full_mem, st->l0 + j);
@@ -534,36 +933,5 @@ void tpm_stage_shard_buf(const TpStage *st, const float *full_mem, float *buf) {
         memcpy(stage_at(st, buf, st->lnfw), full_mem + full_offset(cfg, GPT2_LNFW), C * sizeof(float));
         memcpy(stage_at(st, buf, st->lnfb), full_mem + full_offset(cfg, GPT2_LNFB), C * sizeof(float));
     }
-}
-
-// ---- API stubs (being implemented) --------------------------------------------------------------
-void tpm_build_opts(TpModel *m, GPT2Config cfg, int tp, int r, int B, int T, uint64_t seed, TpOpts o) {
-    if (o.dev != DEV_CPU || o.dtype != GPT2_FP32) lab_fail("tpm_build_opts: not yet");
-    tpm_build_sp(m, cfg, tp, r, B, T, seed, o.sp);
-}
-void *tpm_grad_buf(const TpModel *m) { return m->grads; }
-DistDtype tpm_dist_dtype(const TpModel *m) { (void)m; return DIST_F32; }
-void tpm_poison_grad(TpModel *m) { m->grads[0] = NAN; }
-void tpm_master_to_params(TpModel *m) { (void)m; }
-size_t tpm_block_act_bytes(const TpModel *m) { return 4 * tpm_block_act_floats(m); }
-void tpm_stage_build_opts(TpStage *st, GPT2Config cfg, int tp, int r, int l0, int l1, int B, int T,
-                          uint64_t seed, TpOpts o) {
-    if (o.dev != DEV_CPU || o.dtype != GPT2_FP32 || o.sp) lab_fail("tpm_stage_build_opts: not yet");
-    tpm_stage_build(st, cfg, tp, r, l0, l1, B, T, seed);
-}
-size_t tpm_stage_work_act_bytes(const TpStage *st) { (void)st; return 0; }
-void *tpm_stage_grad_buf(const TpStage *st) { return st->grads; }
-void *tpm_stage_wte_grad(const TpStage *st) { return st->dwte; }
-DistDtype tpm_stage_dist_dtype(const TpStage *st) { (void)st; return DIST_F32; }
-void tpm_stage_zero_grad(TpStage *st) { memset(st->grads, 0, st->n * sizeof(float)); }
-void tpm_stage_poison_grad(TpStage *st) { st->grads[0] = NAN; }
-void tpm_stage_adamw_range(TpStage *st, const AdamW *h, int step, size_t lo, size_t hi,
-                           const void *grad_shard, float scale) {
-    adamw_step(h, kernels_get(DEV_CPU), step, st->params + lo, grad_shard, st->opt_m, st->opt_v, lo, hi,
-               st->plist, st->nplist, scale);
-}
-void tpm_stage_master_to_params(TpStage *st, size_t lo, size_t hi) { (void)st, (void)lo, (void)hi; }
-void tpm_to_host_f32(float *host, const void *buf, size_t n, DistDtype type) {
-    if (type != DIST_F32) lab_fail("tpm_to_host_f32: not yet");
-    mem_copy(host, buf, n * sizeof(float));
+    to_dev(buf_any, tmp, st->n);
 }

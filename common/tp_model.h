@@ -180,6 +180,12 @@ typedef struct TpStage {
     const Kernels *k;
     float *params, *grads, *opt_m, *opt_v;   // bf16: params = the fp32 master, grads NULL
     uint16_t *params_bf16, *grads_bf16;      // (n) each in bf16, else NULL
+    // Adam m, v and, in bf16, the fp32 master (params) hold elements [opt_lo, opt_lo + their
+    // length) of the flat buffer; 0 (tpm_stage_build*) = the whole buffer. Chapter 09's ZeRO-1
+    // frees them, reallocates them to its DP piece (same MEM tags, on dev) and sets opt_lo = lo.
+    // fp32 params (the weights the forward reads) stay whole: opt_lo applies to m, v only there.
+    // (The views below are taken at build time, before any such change.)
+    size_t opt_lo;
     // views (NULL where the stage has none; bf16: into the master, the d* views NULL)
     float *wte, *wpe, *lnfw, *lnfb, *dwte, *dwpe, *dlnfw, *dlnfb;
     TpBlock *w, *dw;         // (l1 - l0) (bf16: w views the master, dw NULL)
@@ -220,7 +226,8 @@ size_t tpm_stage_work_act_bytes(const TpStage *st);
 float tpm_stage_forward(TpStage *st, TpComm *c, TpStageActs *x, const int *inputs,
                         const int *targets);
 // The stage's output (B·T, C) after tpm_stage_forward: what goes to the next stage (on st->dev).
-// bf16: the stored, rounded output widened into st->out (valid until the next call on st).
+// bf16: the last block's stored output widened into st->out (valid until the next call on st):
+// already bf16-rounded values, so sending them as bf16 (pipe_exec's bf16 messages) is exact.
 const float *tpm_stage_output(const TpStage *st, const TpStageActs *x);
 // Backward of one micro-batch (gradients accumulated): the last stage starts from the loss
 // (dloss per position), others from x->dx; leaves d in in x->dx (the first stage: used up by
@@ -242,14 +249,13 @@ DistDtype tpm_stage_dist_dtype(const TpStage *st);
 void tpm_stage_zero_grad(TpStage *st);
 void tpm_stage_poison_grad(TpStage *st);  // the first gradient element := NaN (--inject-nan-step)
 // AdamW on elements [lo, hi) of the stage (grad_shard: hi - lo elements of the storage
-// precision, from element lo; scale: adamw_clip_scale's). The master (params) and params_bf16
-// are the whole stage's, indexed from lo; opt_m and opt_v hold [lo, hi) from their start (the
-// whole buffers when lo = 0, hi = n: pass tpm_stage_grad_buf; a ZeRO-1 caller sizes them to its
-// piece). bf16 also rounds master[lo, hi) into params_bf16[lo, hi).
+// precision on st->dev, from element lo; scale: adamw_clip_scale's). Element i is m, v at
+// i - opt_lo; the fp32 params at i; a bf16 master at i - opt_lo and params_bf16 at i (rounded
+// from the master). Not ZeRO: lo = 0, hi = n, tpm_stage_grad_buf(st).
 void tpm_stage_adamw_range(TpStage *st, const AdamW *h, int step, size_t lo, size_t hi,
                            const void *grad_shard, float scale);
-// After the master changed outside tpm_stage_adamw_range (a checkpoint, an all-gather of the
-// ZeRO pieces into params): bf16 rounds master[lo, hi) into params_bf16; fp32 does nothing.
+// After the master changed outside tpm_stage_adamw_range (a checkpoint): bf16 rounds the master's
+// elements [lo, hi) (at i - opt_lo) into params_bf16[lo, hi); fp32 does nothing.
 void tpm_stage_master_to_params(TpStage *st, size_t lo, size_t hi);
 // n elements of a buffer in `type` (DIST_F32 or DIST_BF16; host or device) -> fp32 on the host.
 void tpm_to_host_f32(float *host, const void *buf, size_t n, DistDtype type);
