@@ -196,6 +196,17 @@ static void sync_tied_wte(Chunk *ch, int v, int p, int pp, DistGroup *ppg) {
     free(mine), free(other);
 }
 
+// --zero 1 in bf16: AdamW on this replica's piece [lo, lo + count) with Adam m, v of the piece
+// only and the master WHOLE (tp_model indexes a bf16 master from opt_lo, which means a master
+// of the piece; it cannot reallocate its master yet, its views point into it), so this calls
+// optim.h's mixed-precision step directly: the master and the bf16 weights at element lo, the
+// piece's bf16 gradient, tp_model's fp32 gradient scratch to widen it into.
+static void zero_adamw_bf16(TpStage *st, const AdamW *opt, int step, const ZPiece *z, float scale) {
+    adamw_step_bf16(opt, st->k, step, st->params + z->lo, st->params_bf16 + z->lo, z->grad,
+                    st->opt_m, st->opt_v, z->lo, z->lo + z->count, st->plist, st->nplist, scale,
+                    st->x.work_grads, st->x.work_size);
+}
+
 // ---------------------------------------------------------------------------------------------
 // layouts are views of one model: the state gathered whole, and a whole state sliced
 
@@ -339,6 +350,7 @@ static void train(const LabArgs *args, const Flags3d *f) {
         st->opt_v = mem_alloc(zp[c].count * sizeof(float), MEM_OPT_V, dev);
         mem_zero(st->opt_m, zp[c].count * sizeof(float));
         mem_zero(st->opt_v, zp[c].count * sizeof(float));
+        if (dtype == GPT2_FP32) st->opt_lo = zp[c].lo;  // m, v hold [lo, lo + count)
     }
     const int start = args->resume || args->load_weights ? load_state(args, ch, v, zp, f->zero) : 0;
     if (!args->quiet && rank == 0 && args->resume) printf("resumed from %s at step %d\n", args->resume, start);
@@ -433,7 +445,10 @@ static void train(const LabArgs *args, const Flags3d *f) {
             // themselves, bf16 the bf16 weights the forward reads (half the bytes; the master's
             // other pieces are the other replicas' to update)
             const ZPiece *z = &zp[c];
-            tpm_stage_adamw_range(st, &opt, step, z->lo, z->lo + z->count, z->grad, scale);
+            if (st->dtype == GPT2_BF16)  // the master stays whole here (see zero_adamw_bf16)
+                zero_adamw_bf16(st, &opt, step, z, scale);
+            else
+                tpm_stage_adamw_range(st, &opt, step, z->lo, z->lo + z->count, z->grad, scale);
             tok = trace_begin("dp all-gather", TRACE_COMM);
             if (st->dtype == GPT2_BF16)
                 dist_all_gather_n(st->params_bf16 + z->lo, st->params_bf16, st->n, DIST_BF16, grid.dpg);
