@@ -276,7 +276,7 @@ static int load_state(const LabArgs *a, Chunk *ch, int v, const ZPiece *zp, int 
     for (int c = 0; c < v; c++) {
         TpStage *st = &ch[c].st;
         tpm_stage_shard_buf(st, fp, st->params);
-        tpm_stage_master_to_params(st, 0, st->n);
+        tpm_stage_master_to_params(st, st->opt_lo, st->n);  // (bf16: opt_lo 0, the whole master)
         if (!a->resume) continue;
         float *whole = lab_xmalloc(st->n * sizeof(float));
         const size_t lo = zero ? zp[c].lo : 0, count = zero ? zp[c].count : st->n;
