@@ -339,6 +339,33 @@ static void check_bf16_memory(const char *what, const RunResults *r, int dp, int
     }
 }
 
+// Bytes per step of the bf16 (2,2,2) 1F1B run (m = 2 micro-batches of Bm = 2 rows), by hand in
+// dist's counting model (an all-reduce of S bytes on 2 ranks sends S; a send its bytes; a
+// broadcast's root its bytes): TP exactly the fp32 formula (the pieces reduce fp32: checked by
+// the fp32 tests' closed form, here against the same run's fp32 twin); DP the bf16 gradients,
+// 2 bytes x the stage's elements n_p, + the loss's float (4); PP m messages of Bm·T·C bf16 values
+// (stage 0 the activations forward, stage 1 the gradients back), the tied wte's gradient
+// Vl·C bf16 values, the clip norm's double (8), and on the last stage the loss's broadcast (4).
+// Seen failing with fp32 PP messages in a bf16 run (pipe_exec's bf16 flag off): "rank 0 sent
+// 16392 bytes per step in its pp group, by hand 12296".
+static void check_bf16_bytes(const char *what, const RunResults *r, const RunResults *fp32) {
+    CalcModel cm = calc_model_from_gpt2(&SMALL_CFG);
+    const double Bm = 2, m = 2, T = SMALL_CFG.T, C = SMALL_CFG.C, Vl = SMALL_CFG.V / 2;
+    for (int rk = 0; rk < 8; rk++) {
+        const int p = rk / 4;
+        const double n = (double)calc_stage_params(&cm, 2, 2, p);
+        const double want[3] = {-1, 2 * n + 4, m * Bm * T * C * 2 + Vl * C * 2 + 8 + (p == 1 ? 4 : 0)};
+        static const char *dims[3] = {"tp", "dp", "pp"};
+        for (int i = 0; i < 3; i++) {
+            char k[32];
+            snprintf(k, sizeof k, "%s_sent_r%d", dims[i], rk);
+            const double w = i == 0 ? results_get(fp32, k, -2) : want[i];
+            cr_assert_eq(results_get(r, k, -1), w, "%s: rank %d sent %g bytes per step in its %s "
+                         "group, by hand %g", what, rk, results_get(r, k, -1), dims[i], w);
+        }
+    }
+}
+
 static const struct Bf16Case {
     int dp, tp, pp;
     const char *sched;
@@ -367,6 +394,14 @@ Test(threed09, bf16_layouts_match_single_device_bf16, .timeout = 240) {
         harness_assert_results_match(what, &r, &o, BF16_LOSS_RTOL, BF16_PARAM_ATOL);
         if (c->v == 1) check_bf16_memory(what, &r, c->dp, c->tp, c->pp, c->m, c->zero,
                                          strcmp(c->sched, "1f1b") == 0);
+        if (i == 0) {  // the (2,2,2) run's bytes, against its fp32 twin for TP
+            RunResults f32;
+            char f[256];
+            snprintf(f, sizeof f, "%s --tp 2 --pp 2 --micro-batches 2", SMALL);
+            run(RUN3D, 8, f, &f32);
+            check_bf16_bytes(what, &r, &f32);
+            results_free(&f32);
+        }
         results_free(&r);
     }
     results_free(&o);
