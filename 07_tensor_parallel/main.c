@@ -19,7 +19,10 @@
 // clipping summed over the group). --sequence-parallel (Korthikanti et al. 2022): between the
 // halves the stream lives on T/tp positions of each sequence per rank; each all-reduce of B·T·C
 // becomes a reduce-scatter (g) or an all-gather (f), and the LayerNorms' partial gradients are
-// all-reduced. --save / --resume move the FULL model (any --tp, or chapter 00, resumes it). The
+// all-reduced. --save / --resume move the FULL model (any --tp, or chapter 00, resumes it).
+// --dtype bf16: gpt2's mixed precision piece by piece (bf16 weights, gradients and stored
+// activations, an fp32 master; every piece computes in fp32 and the all-reduces carry fp32);
+// --device cuda runs the same pieces on the GPU's kernels, --backend nccl their collectives. The
 // pieces are common/tp.h's; tp_model.c lays them out in one flat buffer; this file is the
 // training loop, the checkpoints and the report (report.c).
 #include <math.h>
@@ -57,6 +60,12 @@ static const char *USAGE =
     "                                                          sequence parallelism: the same bytes\n"
     "                                                          on the wire (reduce-scatter +\n"
     "                                                          all-gather), fewer activations\n"
+    "  mpirun -np 2 ./07_tensor_parallel/run --tp 2 --dtype bf16\n"
+    "                                                          mixed precision: bf16 weights,\n"
+    "                                                          gradients and stored activations,\n"
+    "                                                          fp32 master; fp32 compute and wire\n"
+    "  mpirun -np 2 ./07_tensor_parallel/run --tp 2 --device cuda --backend nccl\n"
+    "                                                          on GPUs (one per rank), NCCL\n"
     "  mpirun -np 4 ./07_tensor_parallel/run --tp 4 --save s.ckpt --stop-at 4\n"
     "  ./00_memory_budget/run --train --resume s.ckpt           the checkpoint holds the full model,\n"
     "                                                          not the slices: chapter 00 (or any\n"
@@ -88,15 +97,17 @@ static void mutate_heads(TpModel *m, uint64_t seed) {
     float *buf = lab_xcalloc(tp_block_count(m->cfg.C, m->tp), sizeof(float));
     tp_block_views(&other, buf, m->cfg.C, m->tp);
     size_t rows = (size_t)3 * m->cfg.C / m->tp;
-    for (int l = 0; l < m->cfg.L; l++) {
+    for (int l = 0; l < m->cfg.L; l++) {  // (into the master in bf16; host or device)
         tp_block_init(&other, &m->cfg, seed, l, m->tp, (m->r + 1) % m->tp);
-        memcpy(m->w[l].qkvw, other.qkvw, rows * m->cfg.C * sizeof(float));
-        memcpy(m->w[l].qkvb, other.qkvb, rows * sizeof(float));
+        mem_copy(m->w[l].qkvw, other.qkvw, rows * m->cfg.C * sizeof(float));
+        mem_copy(m->w[l].qkvb, other.qkvb, rows * sizeof(float));
     }
+    tpm_master_to_params(m);
     free(buf);
 }
 
-// --save, --save-weights: the FULL model (and Adam's m, v), gathered from the slices of TP group
+// --save, --save-weights: the FULL model (bf16: its fp32 master; and Adam's m, v), gathered from
+// the slices of TP group
 // 0 (ckg: a copy of the TP group, so that a save's traffic stays out of the step's counters),
 // written by world rank 0 in the lab's usual formats: any --tp, and chapter 00, resumes it.
 static void save_state(const TpModel *m, DistGroup *ckg, int in_group0, const LabArgs *args, int step) {
@@ -131,6 +142,7 @@ static int load_state(TpModel *m, const LabArgs *args) {
         dist_broadcast(buf[i], n, DIST_F32, 0, dist_world());
         tpm_take_flat(m, buf[i], flat[i]);
     }
+    tpm_master_to_params(m);  // bf16: the weights the forward reads, from the loaded master
     if (args->resume && !args->quiet && dist_rank() == 0)
         printf("resumed from %s at step %d\n", args->resume, start);
     for (int i = 0; i < 3; i++) free(buf[i]);
@@ -159,9 +171,13 @@ static void train(const LabArgs *args, const TpFlags *f) {
     int row0, Bl;  // this group's rows of the global batch (every rank of a group: the same)
     data_slice(args->batch, dpg->rank, dp, &row0, &Bl);
 
-    // 2. This rank's share of the model, initialized slice by slice from --seed.
+    // 2. This rank's share of the model, initialized slice by slice from --seed, on --device in
+    //    --dtype (bf16: the fp32 master beside bf16 weights and gradients).
+    if (strcmp(args->backend, "nccl") == 0) dist_set_backend(DIST_BACKEND_NCCL);
+    const TpOpts opts = {.dev = lab_args_device(args),
+                         .dtype = strcmp(args->dtype, "bf16") == 0 ? GPT2_BF16 : GPT2_FP32, .sp = f->sp};
     TpModel m;
-    tpm_build_sp(&m, cfg, tp, tpg->rank, Bl, cfg.T, (uint64_t)args->seed, f->sp);
+    tpm_build_opts(&m, cfg, tp, tpg->rank, Bl, cfg.T, (uint64_t)args->seed, opts);
     if (strcmp(f->mutate, "heads") == 0) mutate_heads(&m, (uint64_t)args->seed);
     if (strcmp(f->mutate, "attn-f") == 0) skipped = TP_SITE_ATTN_F;
     if (strcmp(f->mutate, "mlp-f") == 0) skipped = TP_SITE_MLP_F;
@@ -209,11 +225,11 @@ static void train(const LabArgs *args, const TpFlags *f) {
         tok = trace_begin("backward", TRACE_COMPUTE);
         tpm_backward(&m, &comm, inputs, targets, 1.0f / ((float)Bl * (float)cfg.T));
         trace_end(tok);
-        if (step == args->inject_nan_step && rank == 0) m.grads[0] = NAN;  // --inject-nan-step
+        if (step == args->inject_nan_step && rank == 0) tpm_poison_grad(&m);  // --inject-nan-step
         // 6. Data parallel across groups (--tp < world): average the slices rank r of every
-        //    group holds (the same slices), and the loss.
+        //    group holds (the same slices; in their storage precision, bf16 like 03), and the loss.
         if (dp > 1) {
-            dist_all_reduce(m.grads, m.grads, m.n, DIST_F32, DIST_AVG, dpg);
+            dist_all_reduce(tpm_grad_buf(&m), tpm_grad_buf(&m), m.n, tpm_dist_dtype(&m), DIST_AVG, dpg);
             dist_all_reduce(&loss, &loss, 1, DIST_F32, DIST_AVG, dpg);
         }
         // 7. Every rank updates its own slice; the replicated tensors get the same update
@@ -288,8 +304,8 @@ int main(int argc, char **argv) {
          "the local vocabulary only, give each rank the next rank's heads, or (with "
          "--sequence-parallel) forget the all-reduce of the LayerNorms' partial gradients"},
     };
-    lab_parse_args_for(LAB_FLAGS_MODEL | LAB_FLAGS_TRAINING | LAB_FLAGS_OUTPUT | LAB_FLAGS_RELIABILITY |
-                           LAB_FLAGS_KILL, argc, argv, &args,
+    lab_parse_args_for(LAB_FLAGS_MODEL | LAB_FLAGS_TRAINING | LAB_FLAGS_HARDWARE | LAB_FLAGS_OUTPUT |
+                           LAB_FLAGS_RELIABILITY | LAB_FLAGS_KILL, argc, argv, &args,
                        extra, (int)(sizeof extra / sizeof extra[0]), "07_tensor_parallel/run",
                        USAGE);
     train(&args, &f);

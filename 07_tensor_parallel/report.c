@@ -108,12 +108,19 @@ void tp7_measure(Tp7Figures *f, const TpModel *m, const TpComm *comm, DistGroup 
     // multiple of t), the rest whole. Counted from the full model's shapes, not from our layout.
     size_t sh, rep;
     tpm_weight_split(m, &sh, &rep);
-    f->sharded = 4.0 * (double)sh, f->replicated = 4.0 * (double)rep;
+    // bytes per stored element: the weights and gradients the pieces read / write, and every
+    // block's saved activations (bf16: 2; the fp32 master, Adam m and v stay 4)
+    const double eb = m->dtype == GPT2_BF16 ? 2.0 : 4.0;
+    f->bf16 = m->dtype == GPT2_BF16;
+    f->sharded = eb * (double)sh, f->replicated = eb * (double)rep;
     const double C = c->C, V = m->tv.Vp, T = c->T;
     double full_sharded = V * C + L * (3 * C * C + 3 * C + C * C + 4 * C * C + 4 * C + 4 * C * C);
     double full_replicated = T * C + 2 * C + L * 6 * C;
     f->params = (double)mem_peak(MEM_PARAMS);
-    f->want_params = 4.0 * (full_sharded / tp + full_replicated);
+    f->want_params = eb * (full_sharded / tp + full_replicated);
+    f->grads = (double)mem_peak(MEM_GRADS), f->want_grads = f->want_params;
+    f->master = (double)mem_peak(MEM_MASTER);
+    f->want_master = f->bf16 ? 4.0 * (full_sharded / tp + full_replicated) : 0.0;
     // Activations: per block (tp_block_acts) ln1, attproj, residual2, ln2, fcproj, out (N·C
     // each, replicated), 4 LayerNorm statistics (N), qkv and atty (4N·C/t), preatt and att
     // (2·B·NH/t·T²), fch and fch_gelu (8N·C/t); the backward's scratch (one block's worth:
@@ -124,6 +131,9 @@ void tp7_measure(Tp7Figures *f, const TpModel *m, const TpComm *comm, DistGroup 
     // (N·C), which also holds a gathered gradient (N·C) and a scattered one (N·C/t) and keeps
     // dresidual2 on N/t rows: 3N·C + 2N·C/t + 12N·C/t + 2·B·NH/t·T²; the head adds lnf's local
     // part (N·C/t) and keeps 2N/t statistics; the embedding's output and d x: 2N·C/t.
+    // bf16 (tp_model.h): every block's set stored at 2 bytes per element, plus ONE fp32 working
+    // set of a block and the widened input of the running piece (N·C, SP: N·C/t); the scratch
+    // (gradients), the head and the embedding stay fp32.
     const double att = (double)m->B * (c->NH / tp) * T * T, Vl = m->tv.Vl;
     double block, scratch, head, embed;
     if (sp) {
@@ -137,8 +147,9 @@ void tp7_measure(Tp7Figures *f, const TpModel *m, const TpComm *comm, DistGroup 
         head = 2 * NC + 3 * N + 2 * N * Vl + 3 * N;
         embed = 2 * NC;
     }
-    f->block_acts = 4.0 * block;
-    f->want_acts = 4.0 * (L * block + scratch + head + embed);
+    f->block_acts = eb * block;
+    const double work = f->bf16 ? 4.0 * (block + (sp ? NC / tp : NC)) : 0.0;
+    f->want_acts = eb * L * block + work + 4.0 * (scratch + head + embed);
     f->acts = (double)mem_peak(MEM_ACTS);
     // Megatron (Korthikanti et al. 2022, fp16 activations, 1-byte dropout masks), bytes per
     // layer: s·b·h·(10 + 24/t + 5·a·s/(h·t)) without SP, s·b·h·(34/t + 5·a·s/(h·t)) with it.
@@ -152,6 +163,7 @@ void tp7_measure(Tp7Figures *f, const TpModel *m, const TpComm *comm, DistGroup 
     f->megatron_block_acts = sp ? sbh * (34.0 / tp + 5.0 * as_ht) : sbh * (10.0 + 24.0 / tp + 5.0 * as_ht);
     f->adjusted_block_acts = sp ? sbh * (8.0 + 56.0 / tp + 8.0 * as_ht) + 16.0 * sb / tp
                                 : sbh * (24.0 + 48.0 / tp + 8.0 * as_ht) + 16.0 * sb;
+    f->adjusted_block_acts *= eb / 4.0;  // bf16 stores 2 bytes per element, as Megatron's fp16
     f->peak = (double)mem_total_peak();
     f->tokens_per_s = elapsed > 0 ? (double)global_batch * T * steps / elapsed : 0;
 }
@@ -197,16 +209,19 @@ void tp7_print_report(const Tp7Figures *f, const TpModel *m, DistGroup *tpg, int
         {"acts", F_ACTS, COL_BYTES}, {"peak mem", F_PEAK, COL_BYTES}};
     session_print_rank_table("Per rank (communication per step; memory peaks)", cols, 6, all,
                              world, F_N, NULL);
-    printf("\nMemory of rank 0 against the formulas (fp32):\n");
+    printf("\nMemory of rank 0 against the formulas (%s):\n", f->bf16 ? "bf16 mixed precision" : "fp32");
     printf("  weights       %10s  formula %10s = sliced %s / %d + replicated %s\n",
            mem_format(a, sizeof a, f->params), mem_format(b, sizeof b, f->want_params),
            mem_format(d, sizeof d, f->sharded * tp), tp, mem_format(e, sizeof e, f->replicated));
-    printf("  activations   %10s  formula %10s = %d blocks x %s + backward scratch + head + "
+    if (f->bf16)
+        printf("  fp32 master   %10s  formula %10s (4 bytes per weight: the bf16 ones are 2)\n",
+               mem_format(a, sizeof a, f->master), mem_format(b, sizeof b, f->want_master));
+    printf("  activations   %10s  formula %10s = %d blocks x %s + %sbackward scratch + head + "
            "embedding\n", mem_format(a, sizeof a, f->acts), mem_format(b, sizeof b, f->want_acts), L,
-           mem_format(d, sizeof d, f->block_acts));
-    printf("  one block saves %s here (fp32, no dropout); Megatron's %s for this shape: %s "
+           mem_format(d, sizeof d, f->block_acts), f->bf16 ? "one fp32 block working set + input + " : "");
+    printf("  one block saves %s here (%s, no dropout); Megatron's %s for this shape: %s "
            "(fp16),\n  adjusted for what this model stores (README): %s = %s\n",
-           mem_format(a, sizeof a, f->block_acts),
+           mem_format(a, sizeof a, f->block_acts), f->bf16 ? "bf16" : "fp32",
            f->sp ? "sbh(34/t + 5as/(ht))" : "sbh(10 + 24/t + 5as/(ht))",
            mem_format(b, sizeof b, f->megatron_block_acts),
            f->sp ? "sbh(8 + 56/t + 8as/(ht)) + 16sb/t" : "sbh(24 + 48/t + 8as/(ht)) + 16sb",
@@ -231,7 +246,10 @@ void tp7_results(const Tp7Figures *f, RunResults *out) {
     results_set(out, "want_tp_sent_per_step", f->want_tp_sent);
     results_set(out, "mem_params", f->params);
     results_set(out, "want_mem_params", f->want_params);
-    results_set(out, "mem_grads", (double)mem_peak(MEM_GRADS));
+    results_set(out, "mem_grads", f->grads);
+    results_set(out, "want_mem_grads", f->want_grads);
+    results_set(out, "mem_master", f->master);
+    results_set(out, "want_mem_master", f->want_master);
     results_set(out, "mem_acts", f->acts);
     results_set(out, "want_mem_acts", f->want_acts);
     results_set(out, "block_acts", f->block_acts);

@@ -15,7 +15,10 @@ typedef struct Tp7Figures {
     double want_calls[TP_NSITES], want_floats[TP_NSITES]; // the formula
     double tp_sent, tp_recv, want_tp_sent;  // bytes per step in the TP group (dist's counters)
     double layer_sent, want_layer_sent;     // of one block (its 4 all-reduces), per step
+    int bf16;                               // --dtype bf16: 2-byte weights, grads, stored acts
     double params, want_params;             // bytes of weights on this rank
+    double grads, want_grads;               // of their gradients
+    double master, want_master;             // of the fp32 master (bf16 only; 0 in fp32)
     double sharded, replicated;             // of which sliced / replicated (bytes)
     double acts, want_acts;                 // peak activation bytes (MEM_ACTS) on this rank
     double block_acts, megatron_block_acts; // one block's saved activations, and Megatron's

@@ -250,32 +250,27 @@ static Piece piece_head(const Core *c) {  // wte's local rows (the output layer)
     return p;
 }
 
-// The piece's fp32 weights, one pointer per span.
-static void piece_weights(const Core *c, const Piece *p, float *w[2]) {
+// The piece's spans as fp32, one pointer per span: in place in f32 (fp32), or the bf16 spans of
+// b16 widened into work (bf16).
+static void piece_fp32(const Core *c, const Piece *p, float *f32, const uint16_t *b16, float *work,
+                       float *out[2]) {
     size_t at = 0;
     for (int i = 0; i < p->n; i++) {
         if (c->dtype == GPT2_FP32) {
-            w[i] = c->params + p->off[i];
+            out[i] = f32 + p->off[i];
             continue;
         }
-        w[i] = c->x->work + at;
-        c->k->bf16_to_f32(w[i], c->params_bf16 + p->off[i], p->size[i]);
+        out[i] = work + at;
+        c->k->bf16_to_f32(out[i], b16 + p->off[i], p->size[i]);
         at += p->size[i];
     }
 }
-
-// The piece's fp32 weight gradients (bf16: the sum so far, widened: the backward adds to it).
+// Its weights; its weight gradients (bf16: the sum so far, widened: the backward adds to it).
+static void piece_weights(const Core *c, const Piece *p, float *w[2]) {
+    piece_fp32(c, p, c->params, c->params_bf16, c->x->work, w);
+}
 static void piece_grads(const Core *c, const Piece *p, float *g[2]) {
-    size_t at = 0;
-    for (int i = 0; i < p->n; i++) {
-        if (c->dtype == GPT2_FP32) {
-            g[i] = c->grads + p->off[i];
-            continue;
-        }
-        g[i] = c->x->work_grads + at;
-        c->k->bf16_to_f32(g[i], c->grads_bf16 + p->off[i], p->size[i]);
-        at += p->size[i];
-    }
+    piece_fp32(c, p, c->grads, c->grads_bf16, c->x->work_grads, g);
 }
 
 // After the piece's backward: bf16 rounds its fp32 gradients back into their spans, once.

@@ -2,14 +2,18 @@
 // section, used by common/tp.c) right? Each one runs on the CPU and on the GPU with the same
 // random inputs and the outputs are compared, as tools/gpu_check does for the other kernels;
 // then tp.h's halves (a tp = 2 shard, rank 1) and a whole TP block (tp = 1, one rank: every
-// all-reduce the identity) run on both devices, forward and backward.
+// all-reduce the identity) run on both devices, forward and backward; then tp_model.h's whole
+// model (tp = 1) and a pipeline stage of it, in fp32 and in bf16 (on CUDA a bf16 model's
+// matmuls run in TF32), with and without SP: the loss and every gradient.
 //
 //   make BUILD=build-cuda CUDA=1 build-cuda/tools/gpu_check_tp && ./build-cuda/tools/gpu_check_tp
 //   EMU_TOOL=gpu_check_tp bash tests/cuda_emu/run.sh      (on a CPU: the CUDA code emulated)
 //
 // Comparison: rel = max |cuda - cpu| / max |cpu| over the tensor, within a tolerance per kind:
 // 1e-6 for one formula per element (the GPU's expf against the CPU's exp_approx included),
-// 1e-5 for sums in another order, 1e-4 for what goes through matmuls (cuBLAS vs CBLAS). "exact"
+// 1e-5 for sums in another order, 1e-4 for what goes through matmuls (cuBLAS vs CBLAS); a bf16
+// model: 2e-3 on the loss and 1e-2 on the bf16 gradients (TF32 matmuls, and a value next to a
+// rounding boundary lands one bf16 step away: 2^-8 = 3.9e-3 of the largest). "exact"
 // where both devices do the same float operations in the same order. Exit status 0 when every
 // check passes; in a build without CUDA it says so and exits 0.
 #include <stdio.h>
@@ -31,11 +35,14 @@ int main(void) {
 #include "kernels.h"
 #include "mem.h"
 #include "tp.h"
+#include "tp_model.h"
 
 #define EXACT 0.0
 #define TOL_ELEMENTWISE 1e-6
 #define TOL_REDUCTION 1e-5
 #define TOL_MATMUL 1e-4
+#define TOL_BF16_LOSS 2e-3
+#define TOL_BF16_GRADS 1e-2
 
 static const Kernels *kc, *kg;
 static int nfail = 0;
@@ -75,10 +82,9 @@ static void dev_free_all(void) {
     nlive = 0;
 }
 
-// Compares n floats of a device buffer with the CPU's; one table row.
-static void check(const char *what, const char *output, const float *cpu, const float *dev, size_t n, double tol) {
-    float *got = lab_xmalloc((n ? n : 1) * sizeof(float));
-    lab_cuda_memcpy(got, dev, n * sizeof(float));
+// Compares n floats the GPU computed (got, copied to the host) with the CPU's; one table row.
+static void check_host(const char *what, const char *output, const float *cpu, const float *got, size_t n,
+                       double tol) {
     double err = 0.0, scale = 0.0;
     for (size_t i = 0; i < n; i++) {
         double a = cpu[i], b = got[i];
@@ -95,6 +101,12 @@ static void check(const char *what, const char *output, const float *cpu, const 
     else snprintf(tol_s, sizeof tol_s, "%.0e", tol);
     printf("%-32s %-10s %9zu %12.3e %12.3e %10s  %s\n", what, output, n, err, rel, tol_s, ok ? "OK" : "FAIL");
     if (!ok) nfail++;
+}
+// The same for a device buffer.
+static void check(const char *what, const char *output, const float *cpu, const float *dev, size_t n, double tol) {
+    float *got = lab_xmalloc((n ? n : 1) * sizeof(float));
+    lab_cuda_memcpy(got, dev, n * sizeof(float));
+    check_host(what, output, cpu, got, n, tol);
     free(got);
 }
 
@@ -281,6 +293,59 @@ static void check_block(int sp) {
     dev_free_all();
 }
 
+// ---- tp_model: the whole model and a stage, on both devices ---------------------------------------
+// tp = 1 (tp_comm_single); the same batch; one forward and one backward. The model's gradients
+// (all of them, widened from bf16), and a stage of blocks [1, L) fed the same input: its loss.
+static void check_model(GPT2Dtype dtype, int sp) {
+    const GPT2Config cfg = {.V = 96, .T = 16, .L = 2, .C = 32, .NH = 4};
+    const int MB = 2, MN = MB * cfg.T;
+    int *in = host_tokens((size_t)MN, cfg.V), *tg = host_tokens((size_t)MN, cfg.V);
+    const int bf16 = dtype == GPT2_BF16;
+    char what[64];
+    snprintf(what, sizeof what, "tp_model %s%s (tp 1)", bf16 ? "bf16" : "fp32", sp ? " SP" : "");
+    TpModel m[2];
+    float loss[2], *g[2];
+    TpComm c = tp_comm_single();
+    for (int d = 0; d < 2; d++) {
+        const TpOpts o = {.dev = d ? DEV_CUDA : DEV_CPU, .dtype = dtype, .sp = sp};
+        tpm_build_opts(&m[d], cfg, 1, 0, MB, cfg.T, 7, o);
+        tpm_zero_grad(&m[d]);
+        loss[d] = tpm_forward(&m[d], &c, in, tg);
+        tpm_backward(&m[d], &c, in, tg, 1.0f / (float)MN);
+        g[d] = lab_xmalloc(m[d].n * sizeof(float));
+        tpm_to_host_f32(g[d], tpm_grad_buf(&m[d]), m[d].n, tpm_dist_dtype(&m[d]));
+    }
+    check_host(what, "loss", &loss[0], &loss[1], 1, bf16 ? TOL_BF16_LOSS : TOL_MATMUL);
+    check_host(what, "grads", g[0], g[1], m[0].n, bf16 ? TOL_BF16_GRADS : TOL_MATMUL);
+    for (int d = 0; d < 2; d++) tpm_free(&m[d]), free(g[d]);
+    if (sp) {
+        free(in), free(tg);
+        return;
+    }
+    // the last stage (blocks [1, L) and the head) from the same random input
+    float *x = host_rand((size_t)MN * cfg.C, -1.0f, 1.0f);
+    snprintf(what, sizeof what, "tp stage [1,%d) %s (tp 1)", cfg.L, bf16 ? "bf16" : "fp32");
+    for (int d = 0; d < 2; d++) {
+        const TpOpts o = {.dev = d ? DEV_CUDA : DEV_CPU, .dtype = dtype, .sp = 0};
+        TpStage st;
+        TpStageActs a;
+        tpm_stage_build_opts(&st, cfg, 1, 0, 1, cfg.L, MB, cfg.T, 7, o);
+        tpm_stage_acts_alloc(&a, &st);
+        tpm_stage_zero_grad(&st);
+        mem_copy(a.in, x, (size_t)MN * cfg.C * sizeof(float));
+        loss[d] = tpm_stage_forward(&st, &c, &a, NULL, tg);
+        tpm_stage_backward(&st, &c, &a, NULL, tg, 1.0f / (float)MN);
+        g[d] = lab_xmalloc((size_t)MN * cfg.C * sizeof(float));
+        mem_copy(g[d], a.dx, (size_t)MN * cfg.C * sizeof(float));
+        tpm_stage_acts_free(&a, &st);
+        tpm_stage_free(&st);
+    }
+    check_host(what, "loss", &loss[0], &loss[1], 1, bf16 ? TOL_BF16_LOSS : TOL_MATMUL);
+    check_host(what, "dinput", g[0], g[1], (size_t)MN * cfg.C, bf16 ? TOL_BF16_GRADS : TOL_MATMUL);
+    for (int d = 0; d < 2; d++) free(g[d]);
+    free(x), free(in), free(tg);
+}
+
 int main(void) {
     if (lab_cuda_device_count() == 0)
         lab_fail("gpu_check_tp: no CUDA GPU is visible (nvidia-smi lists the GPUs; CUDA_VISIBLE_DEVICES may hide them)");
@@ -295,6 +360,8 @@ int main(void) {
     check_halves();
     check_block(0);
     check_block(1);
+    for (int bf16 = 0; bf16 < 2; bf16++)
+        for (int sp = 0; sp < 2; sp++) check_model(bf16 ? GPT2_BF16 : GPT2_FP32, sp);
     lab_cuda_synchronize();
     if (nfail) printf("\nFAIL: %d check(s) failed\n", nfail);
     else printf("\nOK: every check passed\n");
