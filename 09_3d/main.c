@@ -153,21 +153,16 @@ static void stage_backward(void *ctx, int chunk, int mb, float *din) {
 }
 
 // a := a + b, n elements of the storage type dt (host buffers): bf16 widened, added in fp32,
-// rounded once, as chapter 08 sums its tied wte. IEEE addition commutes, so both holders of the
-// tied wte compute the same bits.
+// rounded once (to nearest even), as chapter 08 sums its tied wte. IEEE addition commutes, so
+// both holders of the tied wte compute the same bits.
 static void add_in_place(void *a, const void *b, size_t n, DistDtype dt) {
-    if (dt == DIST_F32) {
-        float *x = a;
-        const float *y = b;
-        for (size_t i = 0; i < n; i++) x[i] = x[i] + y[i];
-        return;
-    }
-    float *x = lab_xmalloc(n * sizeof(float)), *y = lab_xmalloc(n * sizeof(float));
-    kernels_cpu.bf16_to_f32(x, a, n);
-    kernels_cpu.bf16_to_f32(y, b, n);
-    for (size_t i = 0; i < n; i++) x[i] = x[i] + y[i];
-    kernels_cpu.f32_to_bf16(a, x, n);
-    free(x), free(y);
+    float *fa = a;
+    const float *fb = b;
+    uint16_t *ha = a;
+    const uint16_t *hb = b;
+    for (size_t i = 0; i < n; i++)
+        if (dt == DIST_F32) fa[i] = fa[i] + fb[i];
+        else ha[i] = bf16_from_f32(bf16_to_f32(ha[i]) + bf16_to_f32(hb[i]));
 }
 
 // The tied wte: the first chunk's slice (embedding lookups) and the last chunk's copy (output

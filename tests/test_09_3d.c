@@ -174,6 +174,14 @@ static void check_link(const char *what, const RunResults *r, const RunResults *
         cr_assert(dp <= PARAM_ATOL, "%s: final weights differ from the whole run by %g", what, (double)dp);
 }
 
+// One run of prog (one process) that writes no dump: a checkpoint chain's first link.
+static void run_no_dump(const char *prog, const char *flags) {
+    char cmd[640], *log = NULL;
+    snprintf(cmd, sizeof cmd, "%s %s", prog, flags);
+    cr_assert_eq(harness_run(cmd, &log, 120), 0, "%s:\n%s", cmd, log);
+    free(log);
+}
+
 Test(threed09, a_checkpoint_of_any_layout_resumes_under_any_other, .timeout = 180) {
     const char *CK = "--layers 4 --channels 32 --heads 4 --seq 16 --batch 8 --steps 5";
     struct { const char *prog; int np; const char *layout; const char *name; } link[5] = {
@@ -191,10 +199,7 @@ Test(threed09, a_checkpoint_of_any_layout_resumes_under_any_other, .timeout = 18
         if (i > 0) n += snprintf(flags + n, sizeof flags - (size_t)n, " --resume %s", path[i - 1]);
         if (i < 4) snprintf(flags + n, sizeof flags - (size_t)n, " --stop-at %d --save %s", i + 1, path[i]);
         if (i == 0) {  // the chain's start: chapter 00's state after step 1
-            char cmd[640], *log = NULL;
-            snprintf(cmd, sizeof cmd, "%s %s", link[i].prog, flags);
-            cr_assert_eq(harness_run(cmd, &log, 120), 0, "%s:\n%s", cmd, log);
-            free(log);
+            run_no_dump(link[i].prog, flags);
             continue;
         }
         run(link[i].prog, link[i].np, flags, &r);
@@ -426,10 +431,7 @@ Test(threed09, a_bf16_checkpoint_resumes_under_other_layouts, .timeout = 120) {
         if (i > 0) n += snprintf(flags + n, sizeof flags - (size_t)n, " --resume %s", path[i - 1]);
         if (i < 3) snprintf(flags + n, sizeof flags - (size_t)n, " --stop-at %d --save %s", i + 1, path[i]);
         if (i == 0) {  // the chain's start: chapter 00's bf16 state after step 1
-            char cmd[640], *log = NULL;
-            snprintf(cmd, sizeof cmd, "%s %s", link[i].prog, flags);
-            cr_assert_eq(harness_run(cmd, &log, 120), 0, "%s:\n%s", cmd, log);
-            free(log);
+            run_no_dump(link[i].prog, flags);
             continue;
         }
         run(link[i].prog, link[i].np, flags, &r);
