@@ -174,6 +174,15 @@ static void check_link(const char *what, const RunResults *r, const RunResults *
         cr_assert(dp <= PARAM_ATOL, "%s: final weights differ from the whole run by %g", what, (double)dp);
 }
 
+// A checkpoint chain's link: the model, the layout, --resume the previous link's state (resume
+// not NULL), --stop-at stop_at --save save (save not NULL; the last link runs to the end).
+static void link_flags(char *out, size_t len, const char *model, const char *layout,
+                       const char *resume, int stop_at, const char *save) {
+    int n = snprintf(out, len, "%s %s", model, layout);
+    if (resume) n += snprintf(out + n, len - (size_t)n, " --resume %s", resume);
+    if (save) snprintf(out + n, len - (size_t)n, " --stop-at %d --save %s", stop_at, save);
+}
+
 // One run of prog (one process) that writes no dump: a checkpoint chain's first link.
 static void run_no_dump(const char *prog, const char *flags) {
     char cmd[640], *log = NULL;
@@ -195,9 +204,8 @@ Test(threed09, a_checkpoint_of_any_layout_resumes_under_any_other, .timeout = 18
     run(ORACLE, 1, CK, &whole);
     for (int i = 0; i < 5; i++) {
         snprintf(path[i], sizeof path[i], "/tmp/test09_ck%d_%d.bin", i, (int)getpid());
-        int n = snprintf(flags, sizeof flags, "%s %s", CK, link[i].layout);
-        if (i > 0) n += snprintf(flags + n, sizeof flags - (size_t)n, " --resume %s", path[i - 1]);
-        if (i < 4) snprintf(flags + n, sizeof flags - (size_t)n, " --stop-at %d --save %s", i + 1, path[i]);
+        link_flags(flags, sizeof flags, CK, link[i].layout, i > 0 ? path[i - 1] : NULL, i + 1,
+                   i < 4 ? path[i] : NULL);
         if (i == 0) {  // the chain's start: chapter 00's state after step 1
             run_no_dump(link[i].prog, flags);
             continue;
@@ -427,9 +435,8 @@ Test(threed09, a_bf16_checkpoint_resumes_under_other_layouts, .timeout = 120) {
     run(ORACLE, 1, CK, &whole);
     for (int i = 0; i < 4; i++) {
         snprintf(path[i], sizeof path[i], "/tmp/test09_bf16ck%d_%d.bin", i, (int)getpid());
-        int n = snprintf(flags, sizeof flags, "%s %s", CK, link[i].layout);
-        if (i > 0) n += snprintf(flags + n, sizeof flags - (size_t)n, " --resume %s", path[i - 1]);
-        if (i < 3) snprintf(flags + n, sizeof flags - (size_t)n, " --stop-at %d --save %s", i + 1, path[i]);
+        link_flags(flags, sizeof flags, CK, link[i].layout, i > 0 ? path[i - 1] : NULL, i + 1,
+                   i < 3 ? path[i] : NULL);
         if (i == 0) {  // the chain's start: chapter 00's bf16 state after step 1
             run_no_dump(link[i].prog, flags);
             continue;
