@@ -29,9 +29,9 @@
 // tensor order, contiguous) at the shard's widths (tp_block_dims): with tp = 1 a "shard" IS a
 // block unit of the model, so tp_block_views(&v, m->params + gpt2_block_unit(m, l)->offset, C, 1)
 // reads block l in place (also in a pipeline stage). Shard / unshard / init work on host memory
-// (a GPU run shards on the host and uploads). fp32 only: the bf16 storage of gpt2.h is not
-// wired into these pieces (a bf16 chapter would widen a shard into fp32 as gpt2's work buffer
-// does). Sequence parallelism composes the halves below with its own reduce-scatter /
+// (a GPU run shards on the host and uploads). The pieces compute in fp32; bf16 storage is
+// tp_model.h's (it widens a piece's bf16 weights and stored activations into fp32 buffers
+// before the piece runs, as gpt2's work buffer does). Sequence parallelism composes the halves below with its own reduce-scatter /
 // all-gather in place of tp_block_forward's all-reduces.
 #pragma once
 #include <stddef.h>

@@ -152,6 +152,9 @@ static void stage_build(TpStage *st, GPT2Config cfg, int tp, int r, int l0, int 
         if (st->grads) st->dlnfw = st->grads + off_lnf, st->dlnfb = st->dlnfw + C;
     }
     block_views(&st->w, &st->dw, st->params, st->grads, off_block, nb, cfg.C, tp);
+    st->off_wte = off_wte, st->off_wpe = off_wpe, st->off_lnf = off_lnf;
+    st->off_block = lab_xcalloc(nb, sizeof(size_t));
+    memcpy(st->off_block, off_block, nb * sizeof(size_t));
 
     // 3. The slices of gpt2_init_params(seed)'s model, on the host (each element from its index
     //    in the full model: no rank ever holds the full model; the tied copy: wte's rows), then
@@ -197,7 +200,8 @@ typedef struct Core {
     float *params, *grads;
     uint16_t *params_bf16, *grads_bf16;
     const TpMixed *x;
-    const TpBlock *w;                    // (nb) views into params: the blocks' offsets
+    const TpBlock *w;                    // (nb) the model's views into params (SP's pack), or NULL
+    const size_t *off_block;             // (nb) where each block's shard starts in the flat buffer
     size_t off_wte, off_wpe, off_lnf;    // into the flat buffer (where the struct has them)
     TpScratch *s;
     const GPT2Param *plist;
@@ -209,15 +213,15 @@ static size_t off_of(const float *params, const float *view) { return view ? (si
 
 static Core core_of_stage(const TpStage *st) {
     Core c = {&st->cfg, st->tp, st->B, st->T, 0, st->l1 - st->l0, &st->tv, st->dtype, st->dev, st->k,
-              st->params, st->grads, st->params_bf16, st->grads_bf16, &st->x, st->w,
-              off_of(st->params, st->wte), off_of(st->params, st->wpe), off_of(st->params, st->lnfw),
+              st->params, st->grads, st->params_bf16, st->grads_bf16, &st->x, NULL, st->off_block,
+              st->off_wte, st->off_wpe, st->off_lnf,
               (TpScratch *)&st->s, st->plist, st->sharded, st->tied_copy, st->nplist};
     return c;
 }
 
 static Core core_of_model(const TpModel *m) {
     Core c = {&m->cfg, m->tp, m->B, m->T, m->sp, m->cfg.L, &m->tv, m->dtype, m->dev, m->k,
-              m->params, m->grads, m->params_bf16, m->grads_bf16, &m->x, m->w,
+              m->params, m->grads, m->params_bf16, m->grads_bf16, &m->x, m->w, m->off_block,
               off_of(m->params, m->wte), off_of(m->params, m->wpe), off_of(m->params, m->lnfw),
               (TpScratch *)&m->s, m->plist, m->sharded, NULL, m->nplist};
     return c;
@@ -241,7 +245,7 @@ static Piece piece_embed(const Core *c) {  // wte's local rows (Vl, C), wpe (T, 
     return p;
 }
 static Piece piece_block(const Core *c, int j) {  // one shard: tp_block_count contiguous elements
-    Piece p = {1, {off_of(c->params, c->w[j].ln1w), 0}, {tp_block_count(c->cfg->C, c->tp), 0}};
+    Piece p = {1, {c->off_block[j], 0}, {tp_block_count(c->cfg->C, c->tp), 0}};
     return p;
 }
 static Piece piece_head(const Core *c) {  // wte's local rows (the output layer), lnfw lnfb
@@ -443,7 +447,7 @@ void tpm_build_opts(TpModel *m, GPT2Config cfg, int tp, int r, int B, int T, uin
     m->params_bf16 = st->params_bf16, m->grads_bf16 = st->grads_bf16;
     m->wte = st->wte, m->wpe = st->wpe, m->lnfw = st->lnfw, m->lnfb = st->lnfb;
     m->dwte = st->dwte, m->dwpe = st->dwpe, m->dlnfw = st->dlnfw, m->dlnfb = st->dlnfb;
-    m->w = st->w, m->dw = st->dw, m->s = st->s, m->x = st->x;
+    m->w = st->w, m->dw = st->dw, m->s = st->s, m->x = st->x, m->off_block = st->off_block;
     free(st);
 
     // 2. Activations for (B, T): every block's saved set (bf16: one fp32 working set, the sets
@@ -475,7 +479,7 @@ void tpm_free(TpModel *m) {
     TpStage st = {.params = m->params, .grads = m->grads, .opt_m = m->opt_m, .opt_v = m->opt_v,
                   .params_bf16 = m->params_bf16, .grads_bf16 = m->grads_bf16, .x = m->x};
     storage_free(&st);
-    free(m->a), free(m->w), free(m->dw);
+    free(m->a), free(m->w), free(m->dw), free(m->off_block);
     memset(m, 0, sizeof *m);
 }
 
@@ -752,7 +756,7 @@ void tpm_stage_free(TpStage *st) {
     if (st->dtype == GPT2_BF16) tp_block_acts_free(&st->wa);
     mem_free(st->out);
     storage_free(st);
-    free(st->w), free(st->dw);
+    free(st->w), free(st->dw), free(st->off_block);
     memset(st, 0, sizeof *st);
 }
 
@@ -844,8 +848,8 @@ void *tpm_stage_grad_buf(const TpStage *st) {
 }
 DistDtype tpm_stage_dist_dtype(const TpStage *st) { return st->dtype == GPT2_BF16 ? DIST_BF16 : DIST_F32; }
 void *tpm_stage_wte_grad(const TpStage *st) {
-    if (!st->wte) return NULL;
-    return (char *)tpm_stage_grad_buf(st) + off_of(st->params, st->wte) * esize(st->dtype);
+    if (!st->has_embed && !st->has_head) return NULL;
+    return (char *)tpm_stage_grad_buf(st) + st->off_wte * esize(st->dtype);
 }
 void tpm_stage_zero_grad(TpStage *st) { mem_zero(tpm_stage_grad_buf(st), st->n * esize(st->dtype)); }
 void tpm_stage_poison_grad(TpStage *st) { poison(tpm_stage_grad_buf(st), tpm_stage_dist_dtype(st)); }
@@ -860,6 +864,25 @@ void tpm_stage_adamw_range(TpStage *st, const AdamW *h, int step, size_t lo, siz
     adamw_range(&c, h, step, lo, hi, grad_shard, master, st->opt_m + o, st->opt_v + o, scale);
 }
 
+void tpm_stage_shard_optimizer(TpStage *st, size_t lo, size_t hi) {
+    LAB_CHECK(st->opt_lo == 0 && lo <= hi && hi <= st->n, "tpm_stage_shard_optimizer: [%zu, %zu) of %zu, "
+              "once", lo, hi, st->n);
+    const size_t n = hi - lo;
+    float **buf[3] = {&st->opt_m, &st->opt_v, st->dtype == GPT2_BF16 ? &st->params : NULL};
+    static const MemCategory cat[3] = {MEM_OPT_M, MEM_OPT_V, MEM_MASTER};
+    for (int i = 0; i < 3 && buf[i]; i++) {  // the piece's elements kept, the rest freed
+        float *piece = mem_alloc(n * sizeof(float), cat[i], st->dev);
+        mem_copy(piece, *buf[i] + lo, n * sizeof(float));
+        mem_free(*buf[i]);
+        *buf[i] = piece;
+    }
+    st->opt_lo = lo;
+    if (st->dtype != GPT2_BF16) return;
+    // the views into the whole master would dangle: none from now on (the offsets stay)
+    st->wte = st->wpe = st->lnfw = st->lnfb = NULL;
+    memset(st->w, 0, (size_t)(st->l1 - st->l0) * sizeof(TpBlock));
+}
+
 void tpm_stage_norm_parts_range(const TpStage *st, size_t lo, size_t hi, const void *g, double sq[2]) {
     const Core c = core_of_stage(st);
     norm_parts(&c, lo, hi, g, sq);
@@ -869,10 +892,8 @@ void tpm_stage_norm_parts(const TpStage *st, double sq[2]) {
     tpm_stage_norm_parts_range(st, 0, st->n, tpm_stage_grad_buf(st), sq);
 }
 
-// The views of buf's tensors (a buffer in the stage's layout) at the offsets of st's own.
-static float *stage_at(const TpStage *st, const float *buf, const float *view) {
-    return view ? (float *)buf + (view - st->params) : NULL;
-}
+// Element `off` of buf (a buffer in the stage's layout).
+static float *stage_at(const float *buf, size_t off) { return (float *)buf + off; }
 
 void tpm_stage_unshard_buf(const TpStage *st, const float *buf_any, float *full_mem, int with_replicated) {
     const GPT2Config *cfg = &st->cfg;
@@ -882,18 +903,18 @@ void tpm_stage_unshard_buf(const TpStage *st, const float *buf_any, float *full_
     for (int j = 0; j < st->l1 - st->l0; j++) {
         TpBlock fb, sb;
         tp_block_of_model(&fb, cfg, full_mem, st->l0 + j);
-        tp_block_views(&sb, stage_at(st, buf, st->w[j].ln1w), cfg->C, st->tp);
+        tp_block_views(&sb, stage_at(buf, st->off_block[j]), cfg->C, st->tp);
         tp_block_unshard(&fb, &sb, cfg->C, st->tp, st->r, with_replicated);
     }
     if (st->has_embed) {
-        tp_wte_unshard(full_mem + full_offset(cfg, GPT2_WTE), stage_at(st, buf, st->wte), &st->tv, cfg->C);
+        tp_wte_unshard(full_mem + full_offset(cfg, GPT2_WTE), stage_at(buf, st->off_wte), &st->tv, cfg->C);
         if (with_replicated)
-            memcpy(full_mem + full_offset(cfg, GPT2_WPE), stage_at(st, buf, st->wpe),
+            memcpy(full_mem + full_offset(cfg, GPT2_WPE), stage_at(buf, st->off_wpe),
                    (size_t)cfg->T * C * sizeof(float));
     }
     if (st->has_head && with_replicated) {
-        memcpy(full_mem + full_offset(cfg, GPT2_LNFW), stage_at(st, buf, st->lnfw), C * sizeof(float));
-        memcpy(full_mem + full_offset(cfg, GPT2_LNFB), stage_at(st, buf, st->lnfb), C * sizeof(float));
+        memcpy(full_mem + full_offset(cfg, GPT2_LNFW), stage_at(buf, st->off_lnf), C * sizeof(float));
+        memcpy(full_mem + full_offset(cfg, GPT2_LNFB), stage_at(buf, st->off_lnf + C), C * sizeof(float));
     }
     free(tmp);
 }
@@ -916,17 +937,17 @@ void tpm_stage_shard_buf(const TpStage *st, const float *full_mem, float *buf_an
     for (int j = 0; j < st->l1 - st->l0; j++) {
         TpBlock fb, sb;
         tp_block_of_model(&fb, cfg, (float *)full_mem, st->l0 + j);
-        tp_block_views(&sb, stage_at(st, buf, st->w[j].ln1w), cfg->C, st->tp);
+        tp_block_views(&sb, stage_at(buf, st->off_block[j]), cfg->C, st->tp);
         tp_block_shard(&sb, &fb, cfg->C, st->tp, st->r);
     }
-    if (st->wte)  // the first stage's rows, or the last stage's copy of the same rows
-        tp_wte_shard(stage_at(st, buf, st->wte), full_mem + full_offset(cfg, GPT2_WTE), &st->tv, cfg->C);
+    if (st->has_embed || st->has_head)  // the first stage's rows, or the last stage's copy of them
+        tp_wte_shard(stage_at(buf, st->off_wte), full_mem + full_offset(cfg, GPT2_WTE), &st->tv, cfg->C);
     if (st->has_embed)
-        memcpy(stage_at(st, buf, st->wpe), full_mem + full_offset(cfg, GPT2_WPE),
+        memcpy(stage_at(buf, st->off_wpe), full_mem + full_offset(cfg, GPT2_WPE),
                (size_t)cfg->T * C * sizeof(float));
     if (st->has_head) {
-        memcpy(stage_at(st, buf, st->lnfw), full_mem + full_offset(cfg, GPT2_LNFW), C * sizeof(float));
-        memcpy(stage_at(st, buf, st->lnfb), full_mem + full_offset(cfg, GPT2_LNFB), C * sizeof(float));
+        memcpy(stage_at(buf, st->off_lnf), full_mem + full_offset(cfg, GPT2_LNFW), C * sizeof(float));
+        memcpy(stage_at(buf, st->off_lnf + C), full_mem + full_offset(cfg, GPT2_LNFB), C * sizeof(float));
     }
     to_dev(buf_any, tmp, st->n);
 }

@@ -51,13 +51,14 @@ typedef struct TpOpts {
     int sp;                  // sequence parallelism (TpModel only; a TpStage refuses it)
 } TpOpts;
 
-// The bf16 machinery both structs carry (tp_model.c's, the caller only reads it).
+// What a bf16 or a device run needs besides the flat buffers, in both structs (tp_model.c's;
+// NULL where not needed: fp32 has no work buffers, the host reads the batch in place).
 typedef struct TpMixed {
-    float *work, *work_grads;   // (work_size) fp32: the running piece's weights / gradients
-    size_t work_size;           // (MEM_OTHER, as gpt2's)
-    float *block_in;            // the widened stored output the running piece reads (MEM_ACTS)
-    int *inputs, *targets;      // (B·T) device copies of the batch (CUDA only; MEM_OTHER)
-    float *host_losses;         // (B·T) the per-position losses read back (CUDA only)
+    float *work, *work_grads;   // bf16: (work_size) fp32, the running piece's weights / gradients
+    size_t work_size;           //       (MEM_OTHER, as gpt2's)
+    float *block_in;            // bf16: the widened stored output the running piece reads (MEM_ACTS)
+    int *inputs, *targets;      // a device: (B·T) copies of the batch (MEM_OTHER)
+    float *host_losses;         // a device: (B·T) the per-position losses read back
 } TpMixed;
 
 typedef struct TpModel {
@@ -77,6 +78,7 @@ typedef struct TpModel {
     // views into params / grads (bf16: into the master; the d* views NULL)
     float *wte, *wpe, *lnfw, *lnfb, *dwte, *dwpe, *dlnfw, *dlnfb;
     TpBlock *w, *dw;         // (L) (bf16: w views the master, for its layout; dw NULL)
+    size_t *off_block;       // (L) where each block's shard starts in the flat buffer
     TpBlockActs *a;          // (L) fp32; bf16: (1) the working set
     uint16_t *acts_bf16;     // bf16: (L · tpm_block_act_floats) the stored sets (MEM_ACTS)
     TpMixed x;
@@ -181,11 +183,14 @@ typedef struct TpStage {
     float *params, *grads, *opt_m, *opt_v;   // bf16: params = the fp32 master, grads NULL
     uint16_t *params_bf16, *grads_bf16;      // (n) each in bf16, else NULL
     // Adam m, v and, in bf16, the fp32 master (params) hold elements [opt_lo, opt_lo + their
-    // length) of the flat buffer; 0 (tpm_stage_build*) = the whole buffer. Chapter 09's ZeRO-1
-    // frees them, reallocates them to its DP piece (same MEM tags, on dev) and sets opt_lo = lo.
-    // fp32 params (the weights the forward reads) stay whole: opt_lo applies to m, v only there.
-    // (The views below are taken at build time, before any such change.)
+    // length) of the flat buffer; 0 (tpm_stage_build*) = the whole buffer;
+    // tpm_stage_shard_optimizer keeps a ZeRO-1 piece only. fp32 params (the weights the
+    // forward reads) stay whole: opt_lo applies to m, v only there.
     size_t opt_lo;
+    // Where the tensors start in the flat buffer (valid for every buffer of its layout, and
+    // after tpm_stage_shard_optimizer, which NULLs the bf16 views into the master below).
+    size_t off_wte, off_wpe, off_lnf;   // (where the stage has them)
+    size_t *off_block;                  // (l1 - l0)
     // views (NULL where the stage has none; bf16: into the master, the d* views NULL)
     float *wte, *wpe, *lnfw, *lnfb, *dwte, *dwpe, *dlnfw, *dlnfb;
     TpBlock *w, *dw;         // (l1 - l0) (bf16: w views the master, dw NULL)
@@ -254,6 +259,11 @@ void tpm_stage_poison_grad(TpStage *st);  // the first gradient element := NaN (
 // from the master). Not ZeRO: lo = 0, hi = n, tpm_stage_grad_buf(st).
 void tpm_stage_adamw_range(TpStage *st, const AdamW *h, int step, size_t lo, size_t hi,
                            const void *grad_shard, float scale);
+// ZeRO-1 (chapter 09): keep the optimizer state of elements [lo, hi) only: Adam m, v and, in
+// bf16, the fp32 master reallocated to their piece [lo, hi) copied from the whole (same MEM
+// tags, on st->dev); opt_lo = lo. Once per stage. bf16: the views into the master (wte, wpe,
+// lnfw, lnfb, w) become NULL; the off_* offsets stay valid.
+void tpm_stage_shard_optimizer(TpStage *st, size_t lo, size_t hi);
 // After the master changed outside tpm_stage_adamw_range (a checkpoint): bf16 rounds the master's
 // elements [lo, hi) (at i - opt_lo) into params_bf16[lo, hi); fp32 does nothing.
 void tpm_stage_master_to_params(TpStage *st, size_t lo, size_t hi);

@@ -39,6 +39,14 @@ Test(reliability, chapter_05_zero, .timeout = 400) {
     harness_assert_reliable("./05_zero/run --quiet --zero 3", 3, MODEL, &CFG);
 }
 
+// 07: a TP group of 2 in bf16: the save gathers the slices of the fp32 master (and Adam m, v) to
+// rank 0 in the lab's format; the NaN is injected into rank 0's bf16 gradients (tpm_poison_grad)
+// and must stop both ranks through the group's clipping norm (10.2 s at load 8; seen failing
+// with tpm_poison_grad a no-op: "nan: the run succeeded").
+Test(reliability, chapter_07_tensor_parallel, .timeout = 400) {
+    harness_assert_reliable("./07_tensor_parallel/run --quiet --tp 2 --dtype bf16", 2, MODEL, &CFG);
+}
+
 // 08: a pipeline of 2 stages (1F1B, 4 micro-batches): the save gathers the whole model (weights,
 // Adam m and v) to rank 0 in the lab's format; the NaN is injected on the last stage and must be
 // seen by every stage through the global clipping norm.

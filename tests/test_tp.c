@@ -188,3 +188,58 @@ Test(tp_model, two_stages_compute_what_the_whole_model_computes) {
         tpm_free(&m);
     }
 }
+
+// ZeRO-1's pieces (chapter 09): a stage whose optimizer state is cut to [lo, hi)
+// (tpm_stage_shard_optimizer) and stepped on its gradient piece updates exactly those elements
+// as the whole stage's step does: two stages holding [0, k) and [k, n) give, together, the
+// weights the unsharded step gives, bit for bit, in fp32 and in bf16 (master and bf16 weights).
+// Seen failing: the bf16 master indexed from lo instead of lo - opt_lo in
+// tpm_stage_adamw_range (by hand: the piece's master written out of its bounds, the test
+// crashes with "malloc(): invalid size").
+Test(tp_model, zero1_pieces_of_the_optimizer_step_are_the_whole_step) {
+    const GPT2Config cfg = small_cfg();
+    const int B = 2, T = cfg.T, N = B * T;
+    int in[16], tg[16];
+    for (int i = 0; i < N; i++) in[i] = (i * 3 + 1) % cfg.V, tg[i] = (i * 11 + 2) % cfg.V;
+    const AdamW h = {.lr = 1e-3f, .beta1 = 0.9f, .beta2 = 0.95f, .eps = 1e-8f, .weight_decay = 0.1f,
+                     .grad_clip = 0.0f, .warmup_steps = 0, .total_steps = 10, .min_lr_frac = 0.1f};
+    for (int d = 0; d < 2; d++) {
+        const TpOpts o = {.dev = DEV_CPU, .dtype = d ? GPT2_BF16 : GPT2_FP32, .sp = 0};
+        TpComm c = tp_comm_single();
+        TpStage st[3];  // the whole, [0, k), [k, n)
+        size_t k = 0;
+        for (int s = 0; s < 3; s++) {
+            TpStageActs x;
+            tpm_stage_build_opts(&st[s], cfg, 1, 0, 0, cfg.L, B, T, 5, o);
+            tpm_stage_acts_alloc(&x, &st[s]);
+            tpm_stage_zero_grad(&st[s]);
+            tpm_stage_forward(&st[s], &c, &x, in, tg);
+            tpm_stage_backward(&st[s], &c, &x, in, tg, 1.0f / N);
+            tpm_stage_acts_free(&x, &st[s]);
+            k = st[s].n / 3;  // (a cut inside a tensor)
+            const size_t lo = s == 2 ? k : 0, hi = s == 1 ? k : st[s].n;
+            const size_t esz = d ? 2 : 4;
+            const char *g = (const char *)tpm_stage_grad_buf(&st[s]) + lo * esz;
+            if (s) tpm_stage_shard_optimizer(&st[s], lo, hi);
+            tpm_stage_adamw_range(&st[s], &h, 0, lo, hi, g, 1.0f);
+        }
+        const size_t n = st[0].n;
+        float *whole = malloc(n * sizeof(float)), *got = malloc(n * sizeof(float));
+        // the weights the forward reads: fp32 params, or params_bf16 widened
+        DistDtype t = tpm_stage_dist_dtype(&st[0]);
+        const void *w0 = d ? (const void *)st[0].params_bf16 : (const void *)st[0].params;
+        tpm_to_host_f32(whole, w0, n, t);
+        for (int s = 1; s < 3; s++) {
+            const size_t lo = s == 2 ? k : 0, hi = s == 1 ? k : n, esz = d ? 2 : 4;
+            const char *w = d ? (const char *)st[s].params_bf16 : (const char *)st[s].params;
+            tpm_to_host_f32(got + lo, w + lo * esz, hi - lo, t);
+            if (d)  // and the master piece: the whole step's master there
+                cr_expect(memcmp(st[s].params, st[0].params + lo, (hi - lo) * sizeof(float)) == 0,
+                          "bf16: the master of piece %d differs from the whole step's", s);
+        }
+        cr_expect(memcmp(whole, got, n * sizeof(float)) == 0, "%s: the pieces' step differs from the whole step",
+                  d ? "bf16" : "fp32");
+        free(whole), free(got);
+        for (int s = 0; s < 3; s++) tpm_stage_free(&st[s]);
+    }
+}

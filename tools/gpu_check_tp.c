@@ -12,8 +12,9 @@
 // Comparison: rel = max |cuda - cpu| / max |cpu| over the tensor, within a tolerance per kind:
 // 1e-6 for one formula per element (the GPU's expf against the CPU's exp_approx included),
 // 1e-5 for sums in another order, 1e-4 for what goes through matmuls (cuBLAS vs CBLAS); a bf16
-// model: 2e-3 on the loss and 1e-2 on the bf16 gradients (TF32 matmuls, and a value next to a
-// rounding boundary lands one bf16 step away: 2^-8 = 3.9e-3 of the largest). "exact"
+// model: 2e-3 on the loss (gpu_check.sh's bf16 bound) and 1e-2 on the bf16 gradients (TF32
+// matmuls, and a value next to a rounding boundary lands one bf16 step away: up to 2^-7 =
+// 7.8e-3 of the value; measured in the emulator 6.3e-3, one step of a gradient at 0.31). "exact"
 // where both devices do the same float operations in the same order. Exit status 0 when every
 // check passes; in a build without CUDA it says so and exits 0.
 #include <stdio.h>
