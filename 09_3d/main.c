@@ -199,17 +199,6 @@ static void sync_tied_wte(Chunk *ch, int v, int p, int pp, DistGroup *ppg) {
     free(mine), free(other);
 }
 
-// --zero 1 in bf16: AdamW on this replica's piece [lo, lo + count) with Adam m, v of the piece
-// only and the master WHOLE (tp_model indexes a bf16 master from opt_lo, which means a master
-// of the piece; it cannot reallocate its master yet, its views point into it), so this calls
-// optim.h's mixed-precision step directly: the master and the bf16 weights at element lo, the
-// piece's bf16 gradient, tp_model's fp32 gradient scratch to widen it into.
-static void zero_adamw_bf16(TpStage *st, const AdamW *opt, int step, const ZPiece *z, float scale) {
-    adamw_step_bf16(opt, st->k, step, st->params + z->lo, st->params_bf16 + z->lo, z->grad,
-                    st->opt_m, st->opt_v, z->lo, z->lo + z->count, st->plist, st->nplist, scale,
-                    st->x.work_grads, st->x.work_size);
-}
-
 // ---------------------------------------------------------------------------------------------
 // layouts are views of one model: the state gathered whole, and a whole state sliced
 
@@ -219,8 +208,8 @@ enum { WHOLE_WEIGHTS, WHOLE_MASTER, WHOLE_ADAM_M, WHOLE_ADAM_V };
 // widened: the --dump), WHOLE_MASTER (the fp32 weights AdamW updates: fp32 params, bf16 the
 // master), Adam m or v, memory order, summed onto world rank 0's `full` (NULL elsewhere):
 // replica 0's ranks write their slices (the replicated tensors from TP rank 0) into zeroed
-// buffers (x + 0 == x: exact). --zero 1: m and v (and bf16's master, whose pieces only this
-// replica updates) are first all-gathered over DP into the stage's layout. Collective.
+// buffers (x + 0 == x: exact). --zero 1: m and v (and bf16's master) exist for this replica's
+// piece only: they are first all-gathered over DP into the stage's layout. Collective.
 static void gather_full(Chunk *ch, int v, const Grid *g, int zero, int which, float *full) {
     const size_t n = gpt2_param_count(&ch[0].st.cfg);
     float *mine = lab_xcalloc(n, sizeof(float));
@@ -233,12 +222,9 @@ static void gather_full(Chunk *ch, int v, const Grid *g, int zero, int which, fl
         const float *buf = which == WHOLE_MASTER ? st->params : which == WHOLE_ADAM_M ? st->opt_m
                                                                                      : st->opt_v;
         float *whole = NULL;
-        const int pieces = zero && (which != WHOLE_MASTER || st->dtype == GPT2_BF16);
-        if (pieces) {
-            size_t lo, count;
-            shard_range(st->n, g->dpg->size, g->dpg->rank, &lo, &count);
+        if (zero && (which != WHOLE_MASTER || st->dtype == GPT2_BF16)) {  // (fp32: params whole)
             whole = mem_alloc(st->n * sizeof(float), MEM_OTHER, st->dev);
-            dist_all_gather_n(which == WHOLE_MASTER ? buf + lo : buf, whole, st->n, DIST_F32, g->dpg);
+            dist_all_gather_n(buf, whole, st->n, DIST_F32, g->dpg);
             buf = whole;
         }
         if (g->c.d == 0) tpm_stage_unshard_buf(st, buf, mine, g->c.t == 0);
@@ -266,9 +252,10 @@ static void save_state(const LabArgs *a, Chunk *ch, int v, const Grid *g, int ze
 }
 
 // --resume (the state of any layout, or of chapter 00) / --load-weights: every rank reads the
-// whole file and keeps its slices (--zero 1: of m and v, its piece): into the master, then bf16
-// rounds it into the weights the forward reads. Returns the step to start at.
-static int load_state(const LabArgs *a, Chunk *ch, int v, const ZPiece *zp, int zero) {
+// whole file and keeps its slices (--zero 1: of m, v and bf16's master, its piece): into the
+// master, then bf16 rounds it into the weights the forward reads (--zero 1: each replica its
+// piece, all-gathered over DP). Returns the step to start at. Collective over DP.
+static int load_state(const LabArgs *a, Chunk *ch, int v, const ZPiece *zp, int zero, DistGroup *dpg) {
     const GPT2Config cfg = ch[0].st.cfg;
     const size_t n = gpt2_param_count(&cfg);
     float *fp = lab_xcalloc(n, sizeof(float)), *fm = lab_xcalloc(n, sizeof(float)),
@@ -278,11 +265,20 @@ static int load_state(const LabArgs *a, Chunk *ch, int v, const ZPiece *zp, int 
     else ckpt_load_weights_into(a->load_weights, &cfg, fp, n);
     for (int c = 0; c < v; c++) {
         TpStage *st = &ch[c].st;
-        tpm_stage_shard_buf(st, fp, st->params);
-        tpm_stage_master_to_params(st, st->opt_lo, st->n);  // (bf16: opt_lo 0, the whole master)
-        if (!a->resume) continue;
         float *whole = lab_xmalloc(st->n * sizeof(float));
         const size_t lo = zero ? zp[c].lo : 0, count = zero ? zp[c].count : st->n;
+        // the master: fp32 the whole weights; bf16 the optimizer's range (--zero 1: the piece)
+        const int bf16 = st->dtype == GPT2_BF16;
+        const size_t mlo = bf16 ? lo : 0, mcount = bf16 ? count : st->n;
+        tpm_stage_shard_buf(st, fp, whole);
+        mem_copy(st->params, whole + mlo, mcount * sizeof(float));
+        tpm_stage_master_to_params(st, mlo, mlo + mcount);
+        if (bf16 && zero)
+            dist_all_gather_n(st->params_bf16 + lo, st->params_bf16, st->n, DIST_BF16, dpg);
+        if (!a->resume) {
+            free(whole);
+            continue;
+        }
         tpm_stage_shard_buf(st, fm, whole);
         mem_copy(st->opt_m, whole + lo, count * sizeof(float));
         tpm_stage_shard_buf(st, fv, whole);
@@ -340,22 +336,18 @@ static void train(const LabArgs *args, const Flags3d *f) {
         ch[c].acts = lab_xcalloc((size_t)m, sizeof(TpStageActs *));
     }
     // --zero 1: this replica's piece of every chunk's flat buffer (shard_range over DP); Adam's
-    // m and v shrink to the piece (tpm_stage_adamw_range reads them from the piece's start), and
-    // the piece's averaged gradient has a buffer of its own, in the gradients' precision.
+    // m and v (and bf16's fp32 master: 05's bf16 ZeRO-1) shrink to the piece, and the piece's
+    // averaged gradient has a buffer of its own, in the gradients' precision.
     ZPiece *zp = lab_xcalloc((size_t)v, sizeof(ZPiece));
     for (int c = 0; f->zero && c < v; c++) {
         TpStage *st = &ch[c].st;
         const size_t e = dist_dtype_size(tpm_stage_dist_dtype(st));
         shard_range(st->n, dp, grid.c.d, &zp[c].lo, &zp[c].count);
         zp[c].grad = mem_alloc(zp[c].count * e, MEM_GRADS, dev);
-        mem_free(st->opt_m), mem_free(st->opt_v);
-        st->opt_m = mem_alloc(zp[c].count * sizeof(float), MEM_OPT_M, dev);
-        st->opt_v = mem_alloc(zp[c].count * sizeof(float), MEM_OPT_V, dev);
-        mem_zero(st->opt_m, zp[c].count * sizeof(float));
-        mem_zero(st->opt_v, zp[c].count * sizeof(float));
-        if (dtype == GPT2_FP32) st->opt_lo = zp[c].lo;  // m, v hold [lo, lo + count)
+        tpm_stage_shard_optimizer(st, zp[c].lo, zp[c].lo + zp[c].count);
     }
-    const int start = args->resume || args->load_weights ? load_state(args, ch, v, zp, f->zero) : 0;
+    const int start =
+        args->resume || args->load_weights ? load_state(args, ch, v, zp, f->zero, grid.dpg) : 0;
     if (!args->quiet && rank == 0 && args->resume) printf("resumed from %s at step %d\n", args->resume, start);
     mem_reset_peaks();  // the figures: the full-size m, v that --zero 1 replaced do not count
     TpComm comm = tp_comm_group(grid.tpg);
@@ -445,13 +437,10 @@ static void train(const LabArgs *args, const Flags3d *f) {
             }
             // ZeRO-1: AdamW on my piece (m, v exist for it only), then every replica's updated
             // piece all-gathered into the whole stage's weights, in place: fp32 the weights
-            // themselves, bf16 the bf16 weights the forward reads (half the bytes; the master's
-            // other pieces are the other replicas' to update)
+            // themselves, bf16 the bf16 weights the forward reads (half the bytes; the master
+            // exists for the piece only)
             const ZPiece *z = &zp[c];
-            if (st->dtype == GPT2_BF16)  // the master stays whole here (see zero_adamw_bf16)
-                zero_adamw_bf16(st, &opt, step, z, scale);
-            else
-                tpm_stage_adamw_range(st, &opt, step, z->lo, z->lo + z->count, z->grad, scale);
+            tpm_stage_adamw_range(st, &opt, step, z->lo, z->lo + z->count, z->grad, scale);
             tok = trace_begin("dp all-gather", TRACE_COMM);
             if (st->dtype == GPT2_BF16)
                 dist_all_gather_n(st->params_bf16 + z->lo, st->params_bf16, st->n, DIST_BF16, grid.dpg);

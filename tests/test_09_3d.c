@@ -323,9 +323,8 @@ static double bf16_set_bytes(const GPT2Config *c, int tp, int nb, int Bm, int ha
 }
 
 // Memory per rank of a bf16 run (one chunk per stage): bf16 weights 2 bytes per element of the
-// rank's share (chapter 00's calc_stage_params for the same tp, pp, stage), the fp32 master 4
-// (whole on every replica: tpm_stage_adamw_range keeps it so; ZeRO-1 shards Adam), Adam m 4 per
-// element of the stage or, --zero 1, of this replica's piece; activations peak at min(pp - p, m)
+// rank's share (chapter 00's calc_stage_params for the same tp, pp, stage), the fp32 master and
+// Adam m 4 per element of the stage or, --zero 1, of this replica's piece (05's bf16 ZeRO-1); activations peak at min(pp - p, m)
 // sets (1F1B) or m sets (GPipe: every forward before any backward). Seen failing with ZeRO-1's Adam m allocated 1000 elements too long (made
 // by hand in main.c, then restored): "rank 0's mem_opt_m is 72224 bytes, formula 68224".
 static void check_bf16_memory(const char *what, const RunResults *r, int dp, int tp, int pp, int m,
@@ -337,7 +336,7 @@ static void check_bf16_memory(const char *what, const RunResults *r, int dp, int
         double opt = n;
         if (zero) opt = (double)(long long)(n / dp) + ((long long)n % dp > d ? 1 : 0);
         const int sets = is_1f1b && pp - p < m ? pp - p : m;
-        const double want[4] = {2 * n, 4 * n, 4 * opt,
+        const double want[4] = {2 * n, 4 * opt, 4 * opt,
                                 sets * bf16_set_bytes(&SMALL_CFG, tp, SMALL_CFG.L / pp, BATCH / dp / m,
                                                       p == pp - 1)};
         static const char *keys[4] = {"mem_params", "mem_master", "mem_opt_m", "acts_peak"};
@@ -461,11 +460,12 @@ Test(threed09, a_bf16_checkpoint_resumes_under_other_layouts, .timeout = 120) {
 }
 
 // The same layout resuming its own bf16 state is bit-exact: the file holds the fp32 master (under
-// --zero 1 all-gathered from the replicas' pieces: each replica updates only its piece of it) and
-// Adam's m, v; the bf16 weights are the master rounded, as after every step. DP 2 x PP 2, ZeRO-1,
-// 4 steps stopped and resumed at 2. Seen failing with the master saved without that all-gather
-// (the other replica's pieces stale): "the resumed steps' losses differ: 5.53870392 5.54251003
-// vs 5.5282011 5.53675842".
+// --zero 1 all-gathered from the replicas' pieces: each replica holds only its piece of it) and
+// Adam's m, v; the bf16 weights are the master rounded, as after every step (--zero 1: each
+// replica rounds its piece, all-gathered). DP 2 x PP 2, ZeRO-1, 4 steps stopped and resumed at 2.
+// Seen failing with that all-gather of the bf16 weights skipped after the load (the other piece
+// keeps the initial weights): "the resumed steps' losses differ: 5.53978348 5.53668833 vs
+// 5.5282011 5.53675842" (and the cross-layout chain below: link 2 off by 1.8e-3).
 Test(threed09, a_bf16_zero_1_resume_in_the_same_layout_is_bit_exact, .timeout = 120) {
     char path[64], flags[512];
     snprintf(path, sizeof path, "/tmp/test09_bf16same_%d.bin", (int)getpid());
