@@ -272,9 +272,10 @@ static int load_state(const LabArgs *a, Chunk *ch, int v, const ZPiece *zp, int 
         const size_t mlo = bf16 ? lo : 0, mcount = bf16 ? count : st->n;
         tpm_stage_shard_buf(st, fp, whole);
         mem_copy(st->params, whole + mlo, mcount * sizeof(float));
-        tpm_stage_master_to_params(st, mlo, mlo + mcount);
-        if (bf16 && zero)
-            dist_all_gather_n(st->params_bf16 + lo, st->params_bf16, st->n, DIST_BF16, dpg);
+        if (bf16) {  // (fp32: the master is what the forward reads)
+            tpm_stage_master_to_params(st, mlo, mlo + mcount);
+            if (zero) dist_all_gather_n(st->params_bf16 + lo, st->params_bf16, st->n, DIST_BF16, dpg);
+        }
         if (!a->resume) {
             free(whole);
             continue;
