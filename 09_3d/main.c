@@ -19,6 +19,9 @@
 //     over TP, the replicated tensors counted once, the stages summed over PP, nothing over DP;
 //   - AdamW on every rank's flat buffer.
 // With dp = tp = pp = 1 and one micro-batch this is chapter 00's single-device step.
+// The same step runs on --device cuda and in --dtype bf16: the loop reaches the stages' buffers
+// only through common/tp_model.h (bf16: bf16 weights, gradients and stored activations around
+// an fp32 master; DP averages and PP sends bf16; see README "On CUDA and in bf16").
 #include <math.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -355,6 +358,7 @@ static void train(const LabArgs *args, const Flags3d *f) {
     const AdamW opt = lab_args_adamw(args);
     DataSource data;
     lab_args_data(args, &data);
+    // the batch stays on the host on every device (tp_model copies it in on CUDA)
     int *inputs = mem_alloc((size_t)Bm * T * sizeof(int), MEM_OTHER, DEV_CPU);
     int *targets = mem_alloc((size_t)Bm * T * sizeof(int), MEM_OTHER, DEV_CPU);
     Stage work = {.ch = ch, .comm = &comm, .data = &data, .B = B, .Bm = Bm, .T = T, .row0 = row0,
