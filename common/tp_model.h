@@ -262,7 +262,8 @@ void tpm_stage_adamw_range(TpStage *st, const AdamW *h, int step, size_t lo, siz
 // ZeRO-1 (chapter 09): keep the optimizer state of elements [lo, hi) only: Adam m, v and, in
 // bf16, the fp32 master reallocated to their piece [lo, hi) copied from the whole (same MEM
 // tags, on st->dev); opt_lo = lo. Once per stage. bf16: the views into the master (wte, wpe,
-// lnfw, lnfb, w) become NULL; the off_* offsets stay valid.
+// lnfw, lnfb, w) become NULL; the off_* offsets stay valid; st->params then holds the piece
+// only (tpm_stage_unshard_buf / tpm_stage_shard_buf want whole-stage buffers: gather it first).
 void tpm_stage_shard_optimizer(TpStage *st, size_t lo, size_t hi);
 // After the master changed outside tpm_stage_adamw_range (a checkpoint): bf16 rounds the master's
 // elements [lo, hi) (at i - opt_lo) into params_bf16[lo, hi); fp32 does nothing.
