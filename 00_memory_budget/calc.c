@@ -345,6 +345,7 @@ CalcSetup calc_setup_lab(int dp, int tp, int pp, int v, int m, int batch, int T,
     s.micro_batch = dp > 0 && m > 0 ? batch / (dp * m) : 0;  // chapter 09 refuses a remainder
     s.seq_len = T;
     s.acts = CALC_ACTS_LAB;
+    s.tp_fp32 = 1;
     return s;
 }
 

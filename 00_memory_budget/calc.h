@@ -117,6 +117,8 @@ typedef struct CalcSetup {
     int chunks;         // v, model chunks per pipeline rank (interleaved 1F1B); 0 or 1: one.
                         // Virtual stage vs = chunk * pp + stage holds layers of S = pp * v.
     CalcActModel acts;  // which activation list (CALC_ACTS_PAPER unless said)
+    int tp_fp32;        // 1: TP reduces fp32 values whatever the dtype (the lab's TP pieces compute
+                        // in fp32 and reduce their fp32 buffers; Megatron reduces bf16: 0)
 } CalcSetup;
 
 // fp32, Adam, ZeRO-0, DP=TP=PP=1, no SP, micro-batch 1, seq_len = T, no recomputation, one
@@ -124,7 +126,8 @@ typedef struct CalcSetup {
 CalcSetup calc_setup_default(void);
 // The setup of a lab run (chapter 09's flags): fp32, Adam, --batch sequences per step over dp
 // replicas and m micro-batches (micro-batch = batch / (dp m)), T tokens, v chunks, ZeRO 0 or 1,
-// the lab's activation list. The run's figures are calc_rank_memory / calc_rank_comm of it.
+// the lab's activation list, TP on the wire in fp32 (tp_fp32). The run's figures are
+// calc_rank_memory / calc_rank_comm of it (a bf16 run: set dtype; its DP and PP carry bf16).
 CalcSetup calc_setup_lab(int dp, int tp, int pp, int v, int m, int batch, int T, int zero);
 const char *calc_dtype_name(CalcDtype d);          // "fp32", "bf16"
 const char *calc_recompute_name(CalcRecompute r);  // "none", "selective", "full"

@@ -50,6 +50,7 @@ CalcComm calc_rank_comm(const CalcModel *m, const CalcSetup *s, int stage, int r
     const double w = s->dtype == CALC_BF16 ? 2 : 4;
     const double N = (double)s->micro_batch * (s->seq_len > 0 ? s->seq_len : m->T);  // tokens
     const double act = N * m->C * w;                   // one micro-batch's (b, s, h) tensor
+    const double tact = s->tp_fp32 ? N * m->C * 4 : act;  // the same as TP reduces it
     const double Vl = (double)((m->V + tp - 1) / tp);  // vocabulary rows per TP rank
     const int full = s->recompute == CALC_RECOMPUTE_FULL;
     double repl_elems = 0;  // TP-replicated parameters of this rank (their grads, under SP)
@@ -59,7 +60,7 @@ CalcComm calc_rank_comm(const CalcModel *m, const CalcSetup *s, int stage, int r
         // TP, per micro-batch: 4 all-reduces per layer (6 with full recomputation), the
         // embedding's sum, the head's f, the cross-entropy's three (b, s) fp32 vectors
         const int calls = layers * (4 + 2 * full) + first + last;
-        for (int i = 0; i < calls; i++) all_reduce(&k.tp, 1, act, tp);
+        for (int i = 0; i < calls; i++) all_reduce(&k.tp, 1, tact, tp);
         for (int i = 0; last && i < 3; i++) all_reduce(&k.tp, 1, 4 * N, tp);
         // DP: the chunk's flat buffer of n elements, cut into dp pieces (calc_piece)
         const int64_t n = calc_stage_params(m, tp, S, vs);
@@ -83,7 +84,7 @@ CalcComm calc_rank_comm(const CalcModel *m, const CalcSetup *s, int stage, int r
     all_reduce(&k.tp, 0, 8, tp);
     // with SP each TP rank's norms (and biases added after a reduce-scatter) see only its
     // sequence shard: their gradients are summed over TP (Megatron's LayerNorm all-reduce)
-    if (s->sp) all_reduce(&k.tp, 0, repl_elems * w, tp);
+    if (s->sp) all_reduce(&k.tp, 0, repl_elems * (s->tp_fp32 ? 4 : w), tp);
     // DP once per step: the loss (a float); with ZeRO the norm of the pieces, two doubles
     all_reduce(&k.dp, 0, 4, dp);
     if (s->zero > 0) all_reduce(&k.dp, 0, 16, dp);

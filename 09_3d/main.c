@@ -19,6 +19,9 @@
 //     over TP, the replicated tensors counted once, the stages summed over PP, nothing over DP;
 //   - AdamW on every rank's flat buffer.
 // With dp = tp = pp = 1 and one micro-batch this is chapter 00's single-device step.
+// The same step runs on --device cuda and in --dtype bf16: the loop reaches the stages' buffers
+// only through common/tp_model.h (bf16: bf16 weights, gradients and stored activations around
+// an fp32 master; DP averages and PP sends bf16; see README "On CUDA and in bf16").
 #include <math.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -57,9 +60,17 @@ static const char *USAGE =
     "                                                     over the 2 replicas (chapter 05)\n"
     "  mpirun -np 8 ./09_3d/run --tp 8 --pp 1 --heads 8   TP alone (chapter 07)\n"
     "  mpirun -np 1 ./09_3d/run                           one rank: chapter 00's training\n"
+    "  mpirun -np 8 ./09_3d/run --tp 2 --pp 2 --dtype bf16\n"
+    "                                                     mixed precision: bf16 weights, gradients and\n"
+    "                                                     stored activations, fp32 master and Adam\n"
+    "  mpirun -np 4 ./09_3d/run --tp 2 --pp 2 --device cuda\n"
+    "                                                     on a GPU (the MPI backend stages device\n"
+    "                                                     buffers: ranks may share one GPU; --backend\n"
+    "                                                     nccl: one GPU per rank)\n"
     "  mpirun -np 8 ./09_3d/run --tp 2 --pp 2 --stop-at 10 --save s.bin, then\n"
     "  mpirun -np 4 ./09_3d/run --tp 4 --resume s.bin     a checkpoint of any layout resumes\n"
-    "                                                     under any other (the lab's state format)\n"
+    "                                                     under any other, in either precision\n"
+    "                                                     (the lab's state format: the fp32 master)\n"
     "\n"
     "It prints the grid (which rank is which coordinate and in which groups), the schedule, and\n"
     "after training each dimension's bytes per step against its formula and the memory per rank.\n"
@@ -77,7 +88,8 @@ typedef struct Flags3d {
 // --zero 1: the piece of a chunk's flat buffer this replica updates.
 typedef struct ZPiece {
     size_t lo, count;
-    float *grad;           // (count) the piece's averaged gradient
+    void *grad;            // (count) the piece's averaged gradient, in the stage's storage
+                           // precision (tpm_stage_dist_dtype), on its device
 } ZPiece;
 
 // One chunk of layers on this rank: its TP stage and the micro-batches in flight on it.
@@ -143,64 +155,98 @@ static void stage_backward(void *ctx, int chunk, int mb, float *din) {
     w->ch[chunk].acts[mb] = NULL;
 }
 
+// a := a + b, n elements of the storage type dt (host buffers): bf16 widened, added in fp32,
+// rounded once (to nearest even), as chapter 08 sums its tied wte. IEEE addition commutes, so
+// both holders of the tied wte compute the same bits.
+static void add_in_place(void *a, const void *b, size_t n, DistDtype dt) {
+    float *fa = a;
+    const float *fb = b;
+    uint16_t *ha = a;
+    const uint16_t *hb = b;
+    for (size_t i = 0; i < n; i++)
+        if (dt == DIST_F32) fa[i] = fa[i] + fb[i];
+        else ha[i] = bf16_from_f32(bf16_to_f32(ha[i]) + bf16_to_f32(hb[i]));
+}
+
 // The tied wte: the first chunk's slice (embedding lookups) and the last chunk's copy (output
-// layer) sum their gradients, over the PP group (the same TP slice t on both ends).
+// layer) sum their gradients, over the PP group (the same TP slice t on both ends), in the
+// gradients' storage precision (bf16: half the bytes, like 08). The message travels from a
+// buffer on the stage's device (so that NCCL can move it too); the sum is done on the host.
 static void sync_tied_wte(Chunk *ch, int v, int p, int pp, DistGroup *ppg) {
     TpStage *first = p == 0 ? &ch[0].st : NULL, *last = p == pp - 1 ? &ch[v - 1].st : NULL;
     if (first && first == last) return;  // one stage holds both uses: one buffer
     if (!first && !last) return;
     const TpStage *any = first ? first : last;
-    const size_t n = (size_t)any->tv.Vl * any->cfg.C;
-    float *other = lab_xmalloc(n * sizeof(float));
+    const DistDtype dt = tpm_stage_dist_dtype(any);
+    const size_t n = (size_t)any->tv.Vl * any->cfg.C, bytes = n * dist_dtype_size(dt);
+    char *mine = lab_xmalloc(bytes), *other = lab_xmalloc(bytes);
     if (first && last) {  // both on this rank (pp = 1, v > 1)
-        for (size_t i = 0; i < n; i++) first->dwte[i] = first->dwte[i] + last->dwte[i];
-        memcpy(last->dwte, first->dwte, n * sizeof(float));
+        mem_copy(mine, tpm_stage_wte_grad(first), bytes);
+        mem_copy(other, tpm_stage_wte_grad(last), bytes);
+        add_in_place(mine, other, n, dt);
+        mem_copy(tpm_stage_wte_grad(first), mine, bytes);
+        mem_copy(tpm_stage_wte_grad(last), mine, bytes);
     } else {
-        TpStage *mine = first ? first : last;
+        TpStage *st = first ? first : last;
+        void *g = tpm_stage_wte_grad(st);
+        void *recv = mem_alloc(bytes, MEM_COMM, st->dev);
         int tok = trace_begin("sum tied wte gradient", TRACE_COMM);
-        dist_sendrecv(mine->dwte, n, first ? pp - 1 : 0, other, n, first ? pp - 1 : 0, DIST_F32,
-                      30000, ppg);
+        dist_sendrecv(g, n, first ? pp - 1 : 0, recv, n, first ? pp - 1 : 0, dt, 30000, ppg);
         trace_end(tok);
-        for (size_t i = 0; i < n; i++) mine->dwte[i] = mine->dwte[i] + other[i];  // a+b == b+a
+        mem_copy(mine, g, bytes);
+        mem_copy(other, recv, bytes);
+        add_in_place(mine, other, n, dt);  // a+b == b+a: both ends the same bits
+        mem_copy(g, mine, bytes);
+        mem_free(recv);
     }
-    free(other);
+    free(mine), free(other);
 }
 
 // ---------------------------------------------------------------------------------------------
 // layouts are views of one model: the state gathered whole, and a whole state sliced
 
-// The whole model's weights (which 0), Adam m (1) or v (2), memory order, summed onto world rank
-// 0's `full` (NULL elsewhere): replica 0's ranks write their slices (the replicated tensors from
-// TP rank 0) into zeroed buffers (x + 0 == x: exact). --zero 1: m and v are first all-gathered
-// over DP into the stage's layout. Collective over the world.
+enum { WHOLE_WEIGHTS, WHOLE_MASTER, WHOLE_ADAM_M, WHOLE_ADAM_V };
+
+// The whole model's WHOLE_WEIGHTS (what the forward reads: fp32 params, bf16 params_bf16
+// widened: the --dump), WHOLE_MASTER (the fp32 weights AdamW updates: fp32 params, bf16 the
+// master), Adam m or v, memory order, summed onto world rank 0's `full` (NULL elsewhere):
+// replica 0's ranks write their slices (the replicated tensors from TP rank 0) into zeroed
+// buffers (x + 0 == x: exact). --zero 1: m and v (and bf16's master) exist for this replica's
+// piece only: they are first all-gathered over DP into the stage's layout. Collective.
 static void gather_full(Chunk *ch, int v, const Grid *g, int zero, int which, float *full) {
     const size_t n = gpt2_param_count(&ch[0].st.cfg);
     float *mine = lab_xcalloc(n, sizeof(float));
     for (int c = 0; c < v; c++) {
         TpStage *st = &ch[c].st;
-        const float *buf = which == 0 ? st->params : which == 1 ? st->opt_m : st->opt_v;
+        if (which == WHOLE_WEIGHTS) {
+            if (g->c.d == 0) tpm_stage_unshard(st, mine, g->c.t == 0);
+            continue;
+        }
+        const float *buf = which == WHOLE_MASTER ? st->params : which == WHOLE_ADAM_M ? st->opt_m
+                                                                                     : st->opt_v;
         float *whole = NULL;
-        if (which > 0 && zero) {
-            whole = lab_xmalloc(st->n * sizeof(float));
+        if (zero && (which != WHOLE_MASTER || st->dtype == GPT2_BF16)) {  // (fp32: params whole)
+            whole = mem_alloc(st->n * sizeof(float), MEM_OTHER, st->dev);
             dist_all_gather_n(buf, whole, st->n, DIST_F32, g->dpg);
             buf = whole;
         }
         if (g->c.d == 0) tpm_stage_unshard_buf(st, buf, mine, g->c.t == 0);
-        free(whole);
+        mem_free(whole);
     }
     dist_reduce(mine, full, n, DIST_F32, DIST_SUM, 0, dist_world());
     free(mine);
 }
 
 // --save: the training state in the lab's format (common/ckpt.h: what 00, 03 and 05 write), the
-// same file whatever the layout. Collective.
+// same file whatever the layout; bf16 saves the fp32 master (as 00 and 03 do), so a state
+// resumes across layouts and precisions. Collective.
 static void save_state(const LabArgs *a, Chunk *ch, int v, const Grid *g, int zero, int step) {
     const GPT2Config cfg = ch[0].st.cfg;
     const size_t n = gpt2_param_count(&cfg);
     float *full[3] = {NULL, NULL, NULL};
     for (int i = 0; i < 3; i++) {
         if (g->rank == 0) full[i] = lab_xcalloc(n, sizeof(float));
-        gather_full(ch, v, g, zero, i, full[i]);
+        gather_full(ch, v, g, zero, WHOLE_MASTER + i, full[i]);
     }
     if (g->rank == 0)
         ckpt_save_training(a->save, &cfg, step, (uint64_t)a->seed, (uint64_t)a->data_seed, full[0],
@@ -209,8 +255,10 @@ static void save_state(const LabArgs *a, Chunk *ch, int v, const Grid *g, int ze
 }
 
 // --resume (the state of any layout, or of chapter 00) / --load-weights: every rank reads the
-// whole file and keeps its slices (--zero 1: of m and v, its piece). Returns the step to start at.
-static int load_state(const LabArgs *a, Chunk *ch, int v, const ZPiece *zp, int zero) {
+// whole file and keeps its slices (--zero 1: of m, v and bf16's master, its piece): into the
+// master, then bf16 rounds it into the weights the forward reads (--zero 1: each replica its
+// piece, all-gathered over DP). Returns the step to start at. Collective over DP.
+static int load_state(const LabArgs *a, Chunk *ch, int v, const ZPiece *zp, int zero, DistGroup *dpg) {
     const GPT2Config cfg = ch[0].st.cfg;
     const size_t n = gpt2_param_count(&cfg);
     float *fp = lab_xcalloc(n, sizeof(float)), *fm = lab_xcalloc(n, sizeof(float)),
@@ -220,13 +268,25 @@ static int load_state(const LabArgs *a, Chunk *ch, int v, const ZPiece *zp, int 
     else ckpt_load_weights_into(a->load_weights, &cfg, fp, n);
     for (int c = 0; c < v; c++) {
         TpStage *st = &ch[c].st;
-        tpm_stage_shard_buf(st, fp, st->params);
-        if (!a->resume) continue;
         float *whole = lab_xmalloc(st->n * sizeof(float));
+        const size_t lo = zero ? zp[c].lo : 0, count = zero ? zp[c].count : st->n;
+        // the master: fp32 the whole weights; bf16 the optimizer's range (--zero 1: the piece)
+        const int bf16 = st->dtype == GPT2_BF16;
+        const size_t mlo = bf16 ? lo : 0, mcount = bf16 ? count : st->n;
+        tpm_stage_shard_buf(st, fp, whole);
+        mem_copy(st->params, whole + mlo, mcount * sizeof(float));
+        if (bf16) {  // (fp32: the master is what the forward reads)
+            tpm_stage_master_to_params(st, mlo, mlo + mcount);
+            if (zero) dist_all_gather_n(st->params_bf16 + lo, st->params_bf16, st->n, DIST_BF16, dpg);
+        }
+        if (!a->resume) {
+            free(whole);
+            continue;
+        }
         tpm_stage_shard_buf(st, fm, whole);
-        memcpy(st->opt_m, whole + zp[c].lo, (zero ? zp[c].count : st->n) * sizeof(float));
+        mem_copy(st->opt_m, whole + lo, count * sizeof(float));
         tpm_stage_shard_buf(st, fv, whole);
-        memcpy(st->opt_v, whole + zp[c].lo, (zero ? zp[c].count : st->n) * sizeof(float));
+        mem_copy(st->opt_v, whole + lo, count * sizeof(float));
         free(whole);
     }
     free(fp), free(fm), free(fv);
@@ -242,14 +302,14 @@ static void train(const LabArgs *args, const Flags3d *f) {
     const int L = cfg.L, T = cfg.T, B = args->batch, v = f->v, m = f->m;
     const int tp = f->tp, pp = f->pp;
     int dp = f->dp;
-    // 09 runs on the CPU in fp32 over MPI: common/tp.c's blocks take a kernel table, but the TP
-    // stage (tp_model.c), the tied-wte sum, ZeRO-1's pieces and the checkpoint views are host code.
-    if (strcmp(args->device, "cpu") != 0 || strcmp(args->backend, "mpi") != 0 ||
-        strcmp(args->dtype, "fp32") != 0)
-        lab_fail_collective("--device %s --backend %s --dtype %s: 09_3d runs only --device cpu "
-                            "--backend mpi --dtype fp32 (its TP stages, common/tp_model.c, are "
-                            "host-side fp32; tp.h's pieces alone run on CUDA: tools/gpu_check_tp)", args->device,
-                            args->backend, args->dtype);
+    // Where and in which precision the TP stages live (common/tp_model.h's top: bf16 stores the
+    // weights, gradients and the blocks' saved activations in bf16, the master and Adam in fp32,
+    // and computes every piece in fp32). The MPI backend takes device buffers (staged through
+    // the host, so several ranks can share one GPU); NCCL moves every op 09 issues on device
+    // buffers (one GPU per rank).
+    const Device dev = lab_args_device(args);
+    const GPT2Dtype dtype = strcmp(args->dtype, "bf16") == 0 ? GPT2_BF16 : GPT2_FP32;
+    if (strcmp(args->backend, "nccl") == 0) dist_set_backend(DIST_BACKEND_NCCL);  // (flags.c: cuda only)
     // 1. The grid: one clear refusal of an impossible layout, on every rank.
     grid_check(world, &dp, tp, pp, v, cfg.NH, L);
     if (strcmp(f->schedule, "interleaved") != 0 && v != 1)
@@ -275,39 +335,41 @@ static void train(const LabArgs *args, const Flags3d *f) {
     Chunk *ch = lab_xcalloc((size_t)v, sizeof(Chunk));
     for (int c = 0; c < v; c++) {
         ch[c].vs = c * pp + p;
-        tpm_stage_build(&ch[c].st, cfg, tp, grid.c.t, ch[c].vs * per, (ch[c].vs + 1) * per, Bm, T,
-                        (uint64_t)args->seed);
+        tpm_stage_build_opts(&ch[c].st, cfg, tp, grid.c.t, ch[c].vs * per, (ch[c].vs + 1) * per,
+                             Bm, T, (uint64_t)args->seed, (TpOpts){.dev = dev, .dtype = dtype});
         ch[c].acts = lab_xcalloc((size_t)m, sizeof(TpStageActs *));
     }
     // --zero 1: this replica's piece of every chunk's flat buffer (shard_range over DP); Adam's
-    // m and v shrink to the piece, and the piece's averaged gradient has a buffer of its own.
+    // m and v (and bf16's fp32 master: 05's bf16 ZeRO-1) shrink to the piece, and the piece's
+    // averaged gradient has a buffer of its own, in the gradients' precision.
     ZPiece *zp = lab_xcalloc((size_t)v, sizeof(ZPiece));
     for (int c = 0; f->zero && c < v; c++) {
         TpStage *st = &ch[c].st;
+        const size_t e = dist_dtype_size(tpm_stage_dist_dtype(st));
         shard_range(st->n, dp, grid.c.d, &zp[c].lo, &zp[c].count);
-        zp[c].grad = mem_alloc(zp[c].count * sizeof(float), MEM_GRADS, DEV_CPU);
-        mem_free(st->opt_m), mem_free(st->opt_v);
-        st->opt_m = mem_alloc(zp[c].count * sizeof(float), MEM_OPT_M, DEV_CPU);
-        st->opt_v = mem_alloc(zp[c].count * sizeof(float), MEM_OPT_V, DEV_CPU);
-        memset(st->opt_m, 0, zp[c].count * sizeof(float));
-        memset(st->opt_v, 0, zp[c].count * sizeof(float));
+        zp[c].grad = mem_alloc(zp[c].count * e, MEM_GRADS, dev);
+        tpm_stage_shard_optimizer(st, zp[c].lo, zp[c].lo + zp[c].count);
     }
-    const int start = args->resume || args->load_weights ? load_state(args, ch, v, zp, f->zero) : 0;
+    const int start =
+        args->resume || args->load_weights ? load_state(args, ch, v, zp, f->zero, grid.dpg) : 0;
     if (!args->quiet && rank == 0 && args->resume) printf("resumed from %s at step %d\n", args->resume, start);
     mem_reset_peaks();  // the figures: the full-size m, v that --zero 1 replaced do not count
     TpComm comm = tp_comm_group(grid.tpg);
     const AdamW opt = lab_args_adamw(args);
     DataSource data;
     lab_args_data(args, &data);
+    // the batch stays on the host on every device (tp_model copies it in on CUDA)
     int *inputs = mem_alloc((size_t)Bm * T * sizeof(int), MEM_OTHER, DEV_CPU);
     int *targets = mem_alloc((size_t)Bm * T * sizeof(int), MEM_OTHER, DEV_CPU);
     Stage work = {.ch = ch, .comm = &comm, .data = &data, .B = B, .Bm = Bm, .T = T, .row0 = row0,
                   .inputs = inputs, .targets = targets,
                   .dloss = 1.0f / ((float)Bm * (float)T * (float)m), .BTC = (size_t)Bm * T * cfg.C};
+    // bf16: the stage boundary messages travel as bf16 (08's executor): the activation is a
+    // stored bf16 layer already (no loss), the gradient is rounded once per boundary
     PipeExec x;
     pipe_exec_init(&x, &s,
                    (PipeWork){&work, stage_f_begin, stage_forward, stage_b_begin, stage_backward, NULL},
-                   grid.ppg, p, work.BTC, 0, kernels_get(DEV_CPU), DEV_CPU);
+                   grid.ppg, p, work.BTC, dtype == GPT2_BF16, ch[0].st.k, dev);
     const int skip_dp_stage = strcmp(f->mutate, "dp-skip-stage") == 0 ? pp - 1 : -1;
     const int norm_double = strcmp(f->mutate, "norm-replicated") == 0;
     const int tied_unsynced = strcmp(f->mutate, "tied-unsynced") == 0;
@@ -340,11 +402,11 @@ static void train(const LabArgs *args, const Flags3d *f) {
     Session hooks = {.args = args, .rank = rank, .start = start};
     for (int step = start; step < end; step++) {
         session_step_begin(&hooks, step);
-        for (int c = 0; c < v; c++) memset(ch[c].st.grads, 0, ch[c].st.n * sizeof(float));
+        for (int c = 0; c < v; c++) tpm_stage_zero_grad(&ch[c].st);
         // 3. The pipeline table: forwards and backwards of the m micro-batches (TP inside).
         work.step = step;
         double loss_sum = pipe_exec_step(&x);
-        if (step == args->inject_nan_step && rank == world - 1) ch[0].st.grads[0] = NAN;  // fault
+        if (step == args->inject_nan_step && rank == world - 1) tpm_stage_poison_grad(&ch[0].st);
         // 4. The tied wte's two copies: their gradients summed across the pipeline.
         if (!tied_unsynced) sync_tied_wte(ch, v, p, pp, grid.ppg);
         // 5. DP: average every stage's gradients over the replicas holding the same slice
@@ -352,9 +414,11 @@ static void train(const LabArgs *args, const Flags3d *f) {
         int tok = trace_begin(f->zero ? "dp reduce-scatter" : "dp all-reduce", TRACE_COMM);
         for (int c = 0; c < v; c++) {
             TpStage *st = &ch[c].st;
-            if (f->zero) dist_reduce_scatter_n(st->grads, zp[c].grad, st->n, DIST_F32, DIST_AVG, grid.dpg);
+            void *g = tpm_stage_grad_buf(st);
+            const DistDtype dt = tpm_stage_dist_dtype(st);  // bf16: half the bytes, as 03
+            if (f->zero) dist_reduce_scatter_n(g, zp[c].grad, st->n, dt, DIST_AVG, grid.dpg);
             else if (dp > 1 && p != skip_dp_stage)
-                dist_all_reduce(st->grads, st->grads, st->n, DIST_F32, DIST_AVG, grid.dpg);
+                dist_all_reduce(g, g, st->n, dt, DIST_AVG, grid.dpg);
         }
         trace_end(tok);
         // 6. The global norm over TP x PP (replicated tensors once; --zero 1: over the pieces,
@@ -373,18 +437,20 @@ static void train(const LabArgs *args, const Flags3d *f) {
         for (int c = 0; c < v; c++) {
             TpStage *st = &ch[c].st;
             if (!f->zero) {
-                adamw_step(&opt, kernels_get(DEV_CPU), step, st->params, st->grads, st->opt_m,
-                           st->opt_v, 0, st->n, st->plist, st->nplist, scale);
+                tpm_stage_adamw_range(st, &opt, step, 0, st->n, tpm_stage_grad_buf(st), scale);
                 continue;
             }
             // ZeRO-1: AdamW on my piece (m, v exist for it only), then every replica's updated
-            // piece all-gathered into the whole stage's weights
+            // piece all-gathered into the whole stage's weights, in place: fp32 the weights
+            // themselves, bf16 the bf16 weights the forward reads (half the bytes; the master
+            // exists for the piece only)
             const ZPiece *z = &zp[c];
-            adamw_step(&opt, kernels_get(DEV_CPU), step, st->params + z->lo, z->grad, st->opt_m,
-                       st->opt_v, z->lo, z->lo + z->count, st->plist, st->nplist, scale);
-            memcpy(z->grad, st->params + z->lo, z->count * sizeof(float));  // (the send buffer)
+            tpm_stage_adamw_range(st, &opt, step, z->lo, z->lo + z->count, z->grad, scale);
             tok = trace_begin("dp all-gather", TRACE_COMM);
-            dist_all_gather_n(z->grad, st->params, st->n, DIST_F32, grid.dpg);
+            if (st->dtype == GPT2_BF16)
+                dist_all_gather_n(st->params_bf16 + z->lo, st->params_bf16, st->n, DIST_BF16, grid.dpg);
+            else
+                dist_all_gather_n(st->params + z->lo, st->params, st->n, DIST_F32, grid.dpg);
             trace_end(tok);
         }
         // 7. The step's loss: the last stage's mean over micro-batches, over replicas, to rank 0.
@@ -417,24 +483,25 @@ static void train(const LabArgs *args, const Flags3d *f) {
     // the norm's parts); PP an activation forward and a gradient back per micro-batch and
     // boundary, the tied wte's gradient, the norm, the loss
     const CalcModel cm = calc_model_from_gpt2(&cfg);
-    const CalcSetup cs = calc_setup_lab(dp, tp, pp, v, m, B, T, f->zero);
+    CalcSetup cs = calc_setup_lab(dp, tp, pp, v, m, B, T, f->zero);
+    if (dtype == GPT2_BF16) cs.dtype = CALC_BF16;  // DP and PP carry bf16, TP stays fp32
     const CalcComm k = calc_rank_comm(&cm, &cs, grid.c.p, grid.c.d);
     formula[0] = k.tp.step_bytes, formula[1] = k.dp.step_bytes, formula[2] = k.pp.step_bytes;
-    double mine[11] = {(double)dist_group_bytes_sent(grid.tpg) / nsteps,
+    double mine[12] = {(double)dist_group_bytes_sent(grid.tpg) / nsteps,
                       (double)dist_group_bytes_sent(grid.dpg) / nsteps,
                       (double)dist_group_bytes_sent(grid.ppg) / nsteps,
                       (double)mem_peak(MEM_PARAMS), (double)x.acts_peak, (double)mem_peak(MEM_OPT_M),
                       (double)grid.c.t + 100.0 * grid.c.d + 10000.0 * grid.c.p,
                       (double)(ch[0].st.l0 + 100 * ch[v - 1].st.l1), formula[0], formula[1],
-                      formula[2]};
-    double *all = rank == 0 ? lab_xcalloc((size_t)world * 11, sizeof(double)) : NULL;
-    dist_gather(mine, all, 11, DIST_F64, 0, dist_world());
+                      formula[2], (double)mem_peak(MEM_MASTER)};
+    double *all = rank == 0 ? lab_xcalloc((size_t)world * 12, sizeof(double)) : NULL;
+    dist_gather(mine, all, 12, DIST_F64, 0, dist_world());
     if (!args->quiet && rank == 0) {
-        printf("\n  %-5s %-9s %-8s %21s %21s %21s %11s %11s\n", "rank", "(t,d,p)", "blocks",
+        printf("\n  %-5s %-9s %-8s %21s %21s %21s %11s %11s %11s\n", "rank", "(t,d,p)", "blocks",
                "TP sent/step (formula)", "DP sent/step (formula)", "PP sent/step (formula)",
-               "weights", "acts peak");
+               "weights", "master", "acts peak");
         for (int r = 0; r < world; r++) {
-            const double *a = all + (size_t)r * 11;
+            const double *a = all + (size_t)r * 12;
             char b[8][32], co[24], blk[16], col[3][48];
             for (int i = 0; i < 3; i++)
                 snprintf(col[i], sizeof col[i], "%s (%s%s)", mem_format(b[i], 32, a[i]),
@@ -442,11 +509,17 @@ static void train(const LabArgs *args, const Flags3d *f) {
             int c = (int)a[6];
             snprintf(co, sizeof co, "(%d,%d,%d)", c % 100, (c / 100) % 100, c / 10000);
             snprintf(blk, sizeof blk, "[%d,%d)", (int)a[7] % 100, (int)a[7] / 100);
-            printf("  %-5d %-9s %-8s %21s %21s %21s %11s %11s\n", r, co, v > 1 ? "chunks" : blk,
-                   col[0], col[1], col[2], mem_format(b[3], 32, a[3]), mem_format(b[4], 32, a[4]));
+            char mb[32];
+            printf("  %-5d %-9s %-8s %21s %21s %21s %11s %11s %11s\n", r, co, v > 1 ? "chunks" : blk,
+                   col[0], col[1], col[2], mem_format(b[3], 32, a[3]),
+                   a[11] > 0 ? mem_format(mb, sizeof mb, a[11]) : "-", mem_format(b[4], 32, a[4]));
         }
         printf("  sent/step: bytes this rank sent in its TP, DP and PP group per step (dist's "
                "counters); '=' when equal to the formula to the byte\n");
+        if (dtype == GPT2_BF16)
+            printf("  bf16: weights 2 B and master 4 B per element, the blocks' saved activations "
+                   "2 B; TP reduces fp32, DP and PP carry bf16\n  gradients and activations (the "
+                   "loss and norms stay fp32): the formula is chapter 00's with dtype bf16, tp_fp32\n");
     }
 
     // 9. --dump: the full model's weights in llm.c's order on world rank 0: replica 0's ranks
@@ -454,7 +527,7 @@ static void train(const LabArgs *args, const Flags3d *f) {
     if (args->dump || args->save_weights) {
         const size_t n = gpt2_param_count(&cfg);
         float *sum = rank == 0 ? lab_xcalloc(n, sizeof(float)) : NULL;
-        gather_full(ch, v, &grid, f->zero, 0, sum);
+        gather_full(ch, v, &grid, f->zero, WHOLE_WEIGHTS, sum);
         if (rank == 0 && args->save_weights) {
             float *llmc = lab_xmalloc(n * sizeof(float));
             gpt2_to_llmc(&cfg, sum, llmc);
@@ -466,14 +539,13 @@ static void train(const LabArgs *args, const Flags3d *f) {
             results_init(&out, end, n);
             memcpy(out.losses, losses, (size_t)end * sizeof(float));
             gpt2_to_llmc(&cfg, sum, out.params);
-            results_set(&out, "world_size", world);
-            results_set(&out, "tp", tp), results_set(&out, "dp", dp), results_set(&out, "pp", pp);
             for (int r = 0; r < world && r < 8; r++) {
-                const double *a = all + (size_t)r * 11;
-                static const char *keys[8] = {"tp_sent", "dp_sent", "pp_sent", "mem_params",
-                                              "acts_peak", "mem_opt_m", "coord", "blocks"};
-                for (int k = 0; k < 8; k++) {
-                    if (k == 7) continue;  // (results hold 64 figures: 7 per rank for 8 ranks)
+                const double *a = all + (size_t)r * 12;
+                static const char *keys[12] = {"tp_sent", "dp_sent", "pp_sent", "mem_params",
+                                               "acts_peak", "mem_opt_m", "coord", "blocks", NULL,
+                                               NULL, NULL, "mem_master"};
+                for (int k = 0; k < 12; k++) {
+                    if (!keys[k] || k == 7) continue;  // (results hold 64 figures: 8 per rank)
                     char key[32];
                     snprintf(key, sizeof key, "%s_r%d", keys[k], r);
                     results_set(&out, key, a[k]);
