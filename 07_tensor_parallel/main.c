@@ -106,10 +106,10 @@ static void mutate_heads(TpModel *m, uint64_t seed) {
     free(buf);
 }
 
-// --save, --save-weights: the FULL model (bf16: its fp32 master; and Adam's m, v), gathered from
-// the slices of TP group
-// 0 (ckg: a copy of the TP group, so that a save's traffic stays out of the step's counters),
-// written by world rank 0 in the lab's usual formats: any --tp, and chapter 00, resumes it.
+// --save: the FULL training state (bf16: its fp32 master; and Adam's m, v), gathered from the
+// slices of TP group 0 (ckg: a copy of the TP group, so that a save's traffic stays out of the
+// step's counters), written by world rank 0 in the lab's format: any --tp, and chapter 00,
+// resumes it. (--save-weights writes the weights the forward reads: tpm_gather_full, below.)
 static void save_state(const TpModel *m, DistGroup *ckg, int in_group0, const LabArgs *args, int step) {
     if (!in_group0) return;
     const size_t n = gpt2_param_count(&m->cfg);

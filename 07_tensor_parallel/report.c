@@ -164,6 +164,7 @@ void tp7_measure(Tp7Figures *f, const TpModel *m, const TpComm *comm, DistGroup 
     f->adjusted_block_acts = sp ? sbh * (8.0 + 56.0 / tp + 8.0 * as_ht) + 16.0 * sb / tp
                                 : sbh * (24.0 + 48.0 / tp + 8.0 * as_ht) + 16.0 * sb;
     f->adjusted_block_acts *= eb / 4.0;  // bf16 stores 2 bytes per element, as Megatron's fp16
+                                         // (the printed coefficients halve with it)
     f->peak = (double)mem_total_peak();
     f->tokens_per_s = elapsed > 0 ? (double)global_batch * T * steps / elapsed : 0;
 }
@@ -224,7 +225,8 @@ void tp7_print_report(const Tp7Figures *f, const TpModel *m, DistGroup *tpg, int
            mem_format(a, sizeof a, f->block_acts), f->bf16 ? "bf16" : "fp32",
            f->sp ? "sbh(34/t + 5as/(ht))" : "sbh(10 + 24/t + 5as/(ht))",
            mem_format(b, sizeof b, f->megatron_block_acts),
-           f->sp ? "sbh(8 + 56/t + 8as/(ht)) + 16sb/t" : "sbh(24 + 48/t + 8as/(ht)) + 16sb",
+           f->bf16 ? (f->sp ? "sbh(4 + 28/t + 4as/(ht)) + 8sb/t" : "sbh(12 + 24/t + 4as/(ht)) + 8sb")
+                   : (f->sp ? "sbh(8 + 56/t + 8as/(ht)) + 16sb/t" : "sbh(24 + 48/t + 8as/(ht)) + 16sb"),
            mem_format(d, sizeof d, f->adjusted_block_acts));
     (void)tpg;
 }

@@ -53,8 +53,9 @@ static const char *USAGE =
     "                                                     v chunks of layers per rank: a smaller bubble\n"
     "  mpirun -np 4 ./08_pipeline/run --schedule zb --micro-batches 8      ZB-H1: backward split\n"
     "                                                     into B and W, W fills the bubbles\n"
-    "  mpirun -np 4 ./08_pipeline/run --schedule zb --max-w-stores 4     ... at most 4 deferred\n"
-    "                                                     W's (W stores) waiting per stage\n"
+    "  mpirun -np 4 ./08_pipeline/run --schedule zb --micro-batches 8 --max-w-stores 2\n"
+    "                                                     ... at most 2 deferred W's (W stores)\n"
+    "                                                     waiting per stage: fewer bytes, more bubble\n"
     "  ./08_pipeline/run --compare --stages 4 --micro-batches 8   the four schedules side by side\n"
     "                                                     (simulated; no training, one process)\n"
     "The picture: one row per stage, time to the right; F3 = forward of micro-batch 3, B3 its\n"
@@ -573,8 +574,8 @@ static void train(const LabArgs *args, const PipeFlags *f) {
     if (f->max_w > 0 && strcmp(f->schedule, "zb") != 0)
         lab_fail_collective("--max-w-stores %d: only --schedule zb defers W's; use it with "
                             "--schedule zb, or leave it out", f->max_w);
-    if (f->max_w > 0) sched_zb_h1_capped(&s, p, m, f->max_w);
-    else sched_make(&s, f->schedule, p, v, m);
+    sched_make(&s, f->schedule, p, v, m);  // checks the name and --chunks for every schedule
+    if (f->max_w > 0) sched_free(&s), sched_zb_h1_capped(&s, p, m, f->max_w);
     char err[256];
     if (sched_check(&s, err, sizeof err) != 0) lab_fail_collective("schedule %s: %s", s.name, err);
     SimResult sim;

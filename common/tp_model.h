@@ -223,8 +223,8 @@ void tpm_stage_acts_free(TpStageActs *x, const TpStage *st);
 // (bf16: the blocks' sets at 2 bytes per element; the head, in and dx stay fp32).
 size_t tpm_stage_act_bytes(const TpStage *st);
 // Bytes the stage itself allocates for activations besides its scratch s (MEM_ACTS): bf16 the
-// working set, the widened input and `out` (3 (B·T, C)-sized tensors and one block's set of
-// floats); fp32 0.
+// fp32 working set wa (one block's set of floats) and two (B·T, C) fp32 tensors, the widened
+// input block_in and `out`; fp32 0.
 size_t tpm_stage_work_act_bytes(const TpStage *st);
 // Forward of one micro-batch: the first stage embeds `inputs`, others read x->in; returns the
 // micro-batch's mean loss on the last stage (targets), 0 elsewhere.

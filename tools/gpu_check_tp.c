@@ -4,7 +4,8 @@
 // then tp.h's halves (a tp = 2 shard, rank 1) and a whole TP block (tp = 1, one rank: every
 // all-reduce the identity) run on both devices, forward and backward; then tp_model.h's whole
 // model (tp = 1) and a pipeline stage of it, in fp32 and in bf16 (on CUDA a bf16 model's
-// matmuls run in TF32), with and without SP: the loss and every gradient.
+// matmuls run in TF32), with and without SP: the model's loss and each of its gradient tensors,
+// the stage's loss and input gradient.
 //
 //   make BUILD=build-cuda CUDA=1 build-cuda/tools/gpu_check_tp && ./build-cuda/tools/gpu_check_tp
 //   EMU_TOOL=gpu_check_tp bash tests/cuda_emu/run.sh      (on a CPU: the CUDA code emulated)
@@ -296,7 +297,8 @@ static void check_block(int sp) {
 
 // ---- tp_model: the whole model and a stage, on both devices ---------------------------------------
 // tp = 1 (tp_comm_single); the same batch; one forward and one backward. The model's gradients
-// (all of them, widened from bf16), and a stage of blocks [1, L) fed the same input: its loss.
+// (tensor by tensor, widened from bf16), and a stage of blocks [1, L) fed the same input: its
+// loss and the gradient of its input.
 static void check_model(GPT2Dtype dtype, int sp) {
     const GPT2Config cfg = {.V = 96, .T = 16, .L = 2, .C = 32, .NH = 4};
     const int MB = 2, MN = MB * cfg.T;
@@ -317,7 +319,9 @@ static void check_model(GPT2Dtype dtype, int sp) {
         tpm_to_host_f32(g[d], tpm_grad_buf(&m[d]), m[d].n, tpm_dist_dtype(&m[d]));
     }
     check_host(what, "loss", &loss[0], &loss[1], 1, bf16 ? TOL_BF16_LOSS : TOL_MATMUL);
-    check_host(what, "grads", g[0], g[1], m[0].n, bf16 ? TOL_BF16_GRADS : TOL_MATMUL);
+    for (int i = 0; i < m[0].nplist; i++)  // tensor by tensor: each against its own scale
+        check_host(what, m[0].plist[i].name, g[0] + m[0].plist[i].offset, g[1] + m[0].plist[i].offset,
+                   m[0].plist[i].size, bf16 ? TOL_BF16_GRADS : TOL_MATMUL);
     for (int d = 0; d < 2; d++) tpm_free(&m[d]), free(g[d]);
     if (sp) {
         free(in), free(tg);
