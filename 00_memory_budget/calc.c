@@ -339,8 +339,10 @@ CalcSetup calc_setup_default(void) {
     return s;
 }
 
-CalcSetup calc_setup_lab(int dp, int tp, int pp, int v, int m, int batch, int T, int zero) {
+CalcSetup calc_setup_lab(int dp, int tp, int pp, int v, int m, int batch, int T, int zero,
+                         CalcDtype dtype) {
     CalcSetup s = calc_setup_default();
+    s.dtype = dtype;
     s.dp = dp, s.tp = tp, s.pp = pp, s.chunks = v, s.micro_batches = m, s.zero = zero;
     s.micro_batch = dp > 0 && m > 0 ? batch / (dp * m) : 0;  // chapter 09 refuses a remainder
     s.seq_len = T;
@@ -418,7 +420,7 @@ const char *calc_setup_check(const CalcModel *m, const CalcSetup *s) {
         return msg("micro_batches %d: must be 0 (a full pipeline) or positive", s->micro_batches);
     if (s->seq_len < 0) return msg("--seq-len %d: must be positive (0 = the model's T)", s->seq_len);
     if (s->sp != 0 && s->sp != 1) return msg("--seq-parallel: must be 0 or 1");
-    if (s->chunks < 0) return msg("--chunks %d: must be at least 1 (chunks per pipeline rank)", s->chunks);
+    if (s->chunks < 0) return msg("--chunks %d: must be 0 or more (chunks per pipeline rank; 0 and 1: one)", s->chunks);
     if (s->acts != CALC_ACTS_PAPER && s->acts != CALC_ACTS_LAB)
         return msg("activation model %d: unknown (valid: paper, lab)", s->acts);
     if (s->acts == CALC_ACTS_LAB && (s->sp || s->recompute != CALC_RECOMPUTE_NONE))
@@ -551,9 +553,10 @@ static double chunk_set_bytes(const CalcModel *m, const CalcSetup *s, int stage,
         // gradient into it (2 N*h), lnf's mean and rstd, the cross-entropy's max, sum of exp,
         // target logit and loss (6 N), the logits and their softmax over the rank's
         // vocabulary rows (2 N V/t)
+        // (kept in fp32 also in a bf16 run: only the blocks' saved sets are stored in bf16)
         const double Vl = (double)((m->V + s->tp - 1) / s->tp);
-        acts += w * 2 * N * h;
-        if (vs == S - 1) acts += w * (2 * N * h + 6 * N + 2 * N * Vl);
+        acts += 4 * 2 * N * h;
+        if (vs == S - 1) acts += 4 * (2 * N * h + 6 * N + 2 * N * Vl);
     } else if (vs == S - 1) {
         double norm = 2 * w * N * h;                // final norm input and output
         double logits = 4.0 * N * m->V;             // fp32 logits for the loss

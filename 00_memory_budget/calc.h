@@ -124,11 +124,12 @@ typedef struct CalcSetup {
 // fp32, Adam, ZeRO-0, DP=TP=PP=1, no SP, micro-batch 1, seq_len = T, no recomputation, one
 // chunk, Korthikanti's activations.
 CalcSetup calc_setup_default(void);
-// The setup of a lab run (chapter 09's flags): fp32, Adam, --batch sequences per step over dp
+// The setup of a lab run (chapter 09's flags): dtype (fp32, or bf16 mixed precision), Adam, --batch sequences per step over dp
 // replicas and m micro-batches (micro-batch = batch / (dp m)), T tokens, v chunks, ZeRO 0 or 1,
 // the lab's activation list, TP on the wire in fp32 (tp_fp32). The run's figures are
-// calc_rank_memory / calc_rank_comm of it (a bf16 run: set dtype; its DP and PP carry bf16).
-CalcSetup calc_setup_lab(int dp, int tp, int pp, int v, int m, int batch, int T, int zero);
+// calc_rank_memory / calc_rank_comm of it (bf16: DP and PP carry bf16, TP fp32).
+CalcSetup calc_setup_lab(int dp, int tp, int pp, int v, int m, int batch, int T, int zero,
+                         CalcDtype dtype);
 const char *calc_dtype_name(CalcDtype d);          // "fp32", "bf16"
 const char *calc_recompute_name(CalcRecompute r);  // "none", "selective", "full"
 int calc_parse_dtype(const char *s, CalcDtype *out);          // 0 ok, -1 unknown

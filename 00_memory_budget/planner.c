@@ -9,7 +9,8 @@
 //   compute   one micro-batch on one stage: 6 * N * b * s / (tp * pp) FLOPs at peak * MFU;
 //             x 4/3 with full recomputation (the forward runs twice); selective recomputation
 //             adds the attention core's forward, 4 * b * s^2 * C per layer / tp; 1F1B runs
-//             m + pp - 1 such slots (the bubble is the pp - 1).
+//             m + pp - 1 such slots (the bubble is the pp - 1), m + (pp - 1) / v with v chunks
+//             per rank (interleaved 1F1B: each warm-up op is a chunk, 1/v of a slot).
 //   TP, PP, DP the bytes and message hops one rank sends per micro-batch and per step in each
 //             group, from calc_rank_comm (comm.c: the same count chapter 09's run is checked
 //             against to the byte), timed as bytes / bw + hops * alpha: TP over NVLink (it
@@ -104,7 +105,7 @@ void calc_plan_time(const CalcModel *m, const CalcPlanSpec *p, CalcPlan *c) {
     if (s->recompute == CALC_RECOMPUTE_SELECTIVE)   // QK^T and AV run again in backward
         slot_flops += layers * 4.0 * s->micro_batch * seq * seq * m->C / s->tp;
     double slot_compute = slot_flops / (p->peak_flops * p->mfu);
-    double slots = nmb + s->pp - 1;
+    double slots = nmb + (double)(s->pp - 1) / v;  // interleaved: a chunk's warm-up is 1/v of a slot
     c->t_compute = slots * slot_compute;
 
     // Communication: calc_rank_comm's bytes of every stage (replica 0), timed on the link its

@@ -483,8 +483,8 @@ static void train(const LabArgs *args, const Flags3d *f) {
     // the norm's parts); PP an activation forward and a gradient back per micro-batch and
     // boundary, the tied wte's gradient, the norm, the loss
     const CalcModel cm = calc_model_from_gpt2(&cfg);
-    CalcSetup cs = calc_setup_lab(dp, tp, pp, v, m, B, T, f->zero);
-    if (dtype == GPT2_BF16) cs.dtype = CALC_BF16;  // DP and PP carry bf16, TP stays fp32
+    const CalcSetup cs = calc_setup_lab(dp, tp, pp, v, m, B, T, f->zero,
+                                        dtype == GPT2_BF16 ? CALC_BF16 : CALC_FP32);
     const CalcComm k = calc_rank_comm(&cm, &cs, grid.c.p, grid.c.d);
     formula[0] = k.tp.step_bytes, formula[1] = k.dp.step_bytes, formula[2] = k.pp.step_bytes;
     double mine[12] = {(double)dist_group_bytes_sent(grid.tpg) / nsteps,

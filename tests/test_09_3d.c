@@ -54,7 +54,7 @@ static void check_figures(const char *what, const GPT2Config *cfg, const RunResu
                           int pp, int v, int m, int is_1f1b, int zero) {
     const int world = dp * tp * pp;
     const CalcModel cm = calc_model_from_gpt2(cfg);
-    const CalcSetup cs = calc_setup_lab(dp, tp, pp, v, m, BATCH, cfg->T, zero);
+    const CalcSetup cs = calc_setup_lab(dp, tp, pp, v, m, BATCH, cfg->T, zero, CALC_FP32);
     for (int rk = 0; rk < world && rk < 8; rk++) {
         char k[32];
         const int t = rk % tp, d = (rk / tp) % dp, p = rk / (tp * dp);  // TP fastest, DP, PP
@@ -381,23 +381,27 @@ static void check_bf16_bytes(const char *what, const RunResults *r, const RunRes
     }
 }
 
-// Every rank's bytes per step of a bf16 run against chapter 00's calculator for the same layout
-// with dtype bf16 (DP and PP carry bf16; calc_setup_lab's tp_fp32: TP reduces fp32), to the byte.
-static void check_bf16_comm_vs_calc(const char *what, const RunResults *r, int dp, int tp, int pp,
-                                    int v, int m, int zero) {
+// Every rank's bytes per step and memory of a bf16 run against chapter 00's calculator for the
+// same layout with dtype bf16 (DP and PP carry bf16; calc_setup_lab's tp_fp32: TP reduces fp32;
+// the blocks' saved sets in bf16, the rest of the activations fp32), to the byte. The
+// calculator's activation peak is 1F1B's (or, v > 1, the interleaved table's): not GPipe's.
+static void check_bf16_vs_calc(const char *what, const RunResults *r, int dp, int tp, int pp, int v,
+                               int m, int zero, int with_acts) {
     const CalcModel cm = calc_model_from_gpt2(&SMALL_CFG);
-    CalcSetup cs = calc_setup_lab(dp, tp, pp, v, m, BATCH, SMALL_CFG.T, zero);
-    cs.dtype = CALC_BF16;
-    static const char *dims[3] = {"tp", "dp", "pp"};
+    const CalcSetup cs = calc_setup_lab(dp, tp, pp, v, m, BATCH, SMALL_CFG.T, zero, CALC_BF16);
     for (int rk = 0; rk < dp * tp * pp && rk < 8; rk++) {
-        const CalcComm c = calc_rank_comm(&cm, &cs, rk / (tp * dp), (rk / tp) % dp);
-        const double want[3] = {c.tp.step_bytes, c.dp.step_bytes, c.pp.step_bytes};
-        for (int i = 0; i < 3; i++) {
+        const int p = rk / (tp * dp), d = (rk / tp) % dp;
+        const CalcComm c = calc_rank_comm(&cm, &cs, p, d);
+        const CalcBreakdown b = calc_rank_memory(&cm, &cs, p, d);
+        const double want[7] = {c.tp.step_bytes, c.dp.step_bytes, c.pp.step_bytes, b.params,
+                                b.master, b.m, b.acts};
+        static const char *keys[7] = {"tp_sent", "dp_sent", "pp_sent", "mem_params", "mem_master",
+                                      "mem_opt_m", "acts_peak"};
+        for (int i = 0; i < (with_acts ? 7 : 6); i++) {
             char k[32];
-            snprintf(k, sizeof k, "%s_sent_r%d", dims[i], rk);
-            cr_assert_eq(results_get(r, k, -1), want[i], "%s: rank %d sent %g bytes per step in its "
-                         "%s group, calculator (bf16) %g", what, rk, results_get(r, k, -1), dims[i],
-                         want[i]);
+            snprintf(k, sizeof k, "%s_r%d", keys[i], rk);
+            cr_assert_eq(results_get(r, k, -1), want[i], "%s: rank %d's %s is %g bytes, calculator "
+                         "(bf16) %g", what, rk, keys[i], results_get(r, k, -1), want[i]);
         }
     }
 }
@@ -430,7 +434,8 @@ Test(threed09, bf16_layouts_match_single_device_bf16, .timeout = 240) {
         harness_assert_results_match(what, &r, &o, BF16_LOSS_RTOL, BF16_PARAM_ATOL);
         if (c->v == 1) check_bf16_memory(what, &r, c->dp, c->tp, c->pp, c->m, c->zero,
                                          strcmp(c->sched, "1f1b") == 0);
-        check_bf16_comm_vs_calc(what, &r, c->dp, c->tp, c->pp, c->v, c->m, c->zero);
+        check_bf16_vs_calc(what, &r, c->dp, c->tp, c->pp, c->v, c->m, c->zero,
+                           strcmp(c->sched, "gpipe") != 0);
         if (i == 0) {  // the (2,2,2) run's bytes, against its fp32 twin for TP
             RunResults f32;
             char f[256];

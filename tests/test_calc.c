@@ -693,7 +693,7 @@ static void check_printed(int dp, int tp, int pp, int m, int zero) {
     Printed st[8];
     cr_assert_eq(run_layout(flags, st, 8), pp, "%s: one row per stage", flags);
     const CalcModel cm = calc_model_from_gpt2(&LAB_CFG);
-    const CalcSetup cs = calc_setup_lab(dp, tp, pp, 1, m, 8, 16, zero);
+    const CalcSetup cs = calc_setup_lab(dp, tp, pp, 1, m, 8, 16, zero, CALC_FP32);
     for (int p = 0; p < pp; p++) {
         CalcBreakdown b = calc_rank_memory(&cm, &cs, p, 0);
         CalcComm k = calc_rank_comm(&cm, &cs, p, 0);
@@ -769,16 +769,16 @@ Test(calc_cli, bad_layouts_refused_with_the_valid_choices, .timeout = 60) {
 // What calc_setup_check refuses for a layout (in process: no run needed).
 Test(calc, bad_layout_setups_refused) {
     const CalcModel m = calc_model_from_gpt2(&LAB_CFG);
-    CalcSetup s = calc_setup_lab(1, 3, 1, 1, 2, 8, 16, 0);
+    CalcSetup s = calc_setup_lab(1, 3, 1, 1, 2, 8, 16, 0, CALC_FP32);
     assert_msg(calc_setup_check(&m, &s), "valid --tp: 1, 2, 4");
-    s = calc_setup_lab(1, 1, 2, 4, 2, 8, 16, 0);   // 8 virtual stages of 4 layers
+    s = calc_setup_lab(1, 1, 2, 4, 2, 8, 16, 0, CALC_FP32);   // 8 virtual stages of 4 layers
     assert_msg(calc_setup_check(&m, &s), "virtual stages do not split the 4 layers");
-    s = calc_setup_lab(1, 1, 2, 2, 3, 6, 16, 0);   // interleaved: m must be a multiple of pp
+    s = calc_setup_lab(1, 1, 2, 2, 3, 6, 16, 0, CALC_FP32);   // interleaved: m must be a multiple of pp
     assert_msg(calc_setup_check(&m, &s), "must be a multiple of --pp 2 (valid: 2, 4, ...)");
-    s = calc_setup_lab(2, 2, 1, 1, 2, 8, 16, 0);
+    s = calc_setup_lab(2, 2, 1, 1, 2, 8, 16, 0, CALC_FP32);
     s.sp = 1;                                      // the lab's stage has no SP
     assert_msg(calc_setup_check(&m, &s), "drop --seq-parallel");
-    s = calc_setup_lab(2, 2, 1, 1, 2, 8, 16, 0);
+    s = calc_setup_lab(2, 2, 1, 1, 2, 8, 16, 0, CALC_FP32);
     s.chunks = -1;
     assert_msg(calc_setup_check(&m, &s), "--chunks -1");
     s.chunks = 1;
@@ -794,7 +794,7 @@ Test(calc, bad_layout_setups_refused) {
 // calc_piece: "replica 0: DP 317802 bytes per step, by hand 317806".
 Test(calc, uneven_zero_1_pieces_per_replica) {
     const CalcModel m = calc_model_from_gpt2(&LAB_CFG);
-    const CalcSetup s = calc_setup_lab(3, 1, 1, 1, 2, 6, 16, 1);
+    const CalcSetup s = calc_setup_lab(3, 1, 1, 1, 2, 6, 16, 1, CALC_FP32);
     const double psi = 59584, piece[3] = {19862, 19861, 19861};
     for (int d = 0; d < 3; d++) {
         CalcBreakdown b = calc_rank_memory(&m, &s, 0, d);
