@@ -214,53 +214,19 @@ static long wte_of(const GPT2 *m, int want_head) {
     return m->has_embed ? 0 : -1;
 }
 
-// gsum := a + b, elementwise, in the model's precision (bf16: widened, added, rounded). The two
-// holders compute the same sum (IEEE addition commutes), so their copies stay identical.
-static void add_wte(const GPT2 *m, void *mine, const void *theirs, size_t n) {
-    if (m->dtype == GPT2_FP32) {
-        float *a = mine;
-        const float *b = theirs;
-        for (size_t i = 0; i < n; i++) a[i] = a[i] + b[i];
-        return;
-    }
-    float *a = lab_xmalloc(n * sizeof(float)), *b = lab_xmalloc(n * sizeof(float));
-    kernels_cpu.bf16_to_f32(a, mine, n);
-    kernels_cpu.bf16_to_f32(b, theirs, n);
-    for (size_t i = 0; i < n; i++) a[i] = a[i] + b[i];
-    kernels_cpu.f32_to_bf16(mine, a, n);
-    free(a), free(b);
-}
-
 // The tied embedding: the first chunk's wte gradient (embedding lookups) and the last chunk's
-// (output layer) are summed; both holders end with the sum.
+// (output layer) are summed; both holders end with the sum (common/pipe_exec's pipe_sum_tied).
 static void sync_tied_wte(Chunk *ch, int v, int rank, int p, DistGroup *g) {
     Chunk *first = rank == 0 ? &ch[0] : NULL, *last = rank == p - 1 ? &ch[v - 1] : NULL;
     if (first && last && first == last) return;  // one model holds both uses: one buffer
     const GPT2 *any = first ? &first->model : last ? &last->model : NULL;
     if (!any) return;
     const size_t n = (size_t)any->cfg.V * any->cfg.C, e = any->dtype == GPT2_BF16 ? 2 : 4;
-    const DistDtype dt = train_dtype(any);
-    char *tmp_mine = lab_xmalloc(n * e), *tmp_other = lab_xmalloc(n * e);
-    if (first && last) {  // both on this rank (p = 1, v > 1): add locally
-        char *ga = (char *)train_grads(&first->model) + (size_t)wte_of(&first->model, 0) * e;
-        char *gb = (char *)train_grads(&last->model) + (size_t)wte_of(&last->model, 1) * e;
-        mem_copy(tmp_mine, ga, n * e);
-        mem_copy(tmp_other, gb, n * e);
-        add_wte(any, tmp_mine, tmp_other, n);
-        mem_copy(ga, tmp_mine, n * e);
-        mem_copy(gb, tmp_mine, n * e);
-    } else {
-        Chunk *c = first ? first : last;
-        char *gw = (char *)train_grads(&c->model) + (size_t)wte_of(&c->model, first == NULL) * e;
-        mem_copy(tmp_mine, gw, n * e);
-        int peer = first ? p - 1 : 0;
-        int tok = trace_begin("sum tied wte gradient", TRACE_COMM);
-        dist_sendrecv(tmp_mine, n, peer, tmp_other, n, peer, dt, 30000, g);
-        trace_end(tok);
-        add_wte(any, tmp_mine, tmp_other, n);
-        mem_copy(gw, tmp_mine, n * e);
-    }
-    free(tmp_mine), free(tmp_other);
+    char *mine = (char *)train_grads(&(first ? first : last)->model) +
+                 (size_t)wte_of(&(first ? first : last)->model, first == NULL) * e;
+    char *local = first && last ? (char *)train_grads(&last->model) + (size_t)wte_of(&last->model, 1) * e
+                                : NULL;
+    pipe_sum_tied(mine, local, first ? p - 1 : 0, n, train_dtype(any), g);
 }
 
 // Σ g² over this rank's gradients, the head's copy of wte left out (the first stage counts wte).

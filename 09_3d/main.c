@@ -155,51 +155,18 @@ static void stage_backward(void *ctx, int chunk, int mb, float *din) {
     w->ch[chunk].acts[mb] = NULL;
 }
 
-// a := a + b, n elements of the storage type dt (host buffers): bf16 widened, added in fp32,
-// rounded once (to nearest even), as chapter 08 sums its tied wte. IEEE addition commutes, so
-// both holders of the tied wte compute the same bits.
-static void add_in_place(void *a, const void *b, size_t n, DistDtype dt) {
-    float *fa = a;
-    const float *fb = b;
-    uint16_t *ha = a;
-    const uint16_t *hb = b;
-    for (size_t i = 0; i < n; i++)
-        if (dt == DIST_F32) fa[i] = fa[i] + fb[i];
-        else ha[i] = bf16_from_f32(bf16_to_f32(ha[i]) + bf16_to_f32(hb[i]));
-}
-
 // The tied wte: the first chunk's slice (embedding lookups) and the last chunk's copy (output
-// layer) sum their gradients, over the PP group (the same TP slice t on both ends), in the
-// gradients' storage precision (bf16: half the bytes, like 08). The message travels from a
-// buffer on the stage's device (so that NCCL can move it too); the sum is done on the host.
+// layer) sum their gradients over the PP group (the same TP slice t on both ends), in the
+// gradients' storage precision (bf16: half the bytes, like 08): common/pipe_exec's
+// pipe_sum_tied.
 static void sync_tied_wte(Chunk *ch, int v, int p, int pp, DistGroup *ppg) {
     TpStage *first = p == 0 ? &ch[0].st : NULL, *last = p == pp - 1 ? &ch[v - 1].st : NULL;
     if (first && first == last) return;  // one stage holds both uses: one buffer
     if (!first && !last) return;
     const TpStage *any = first ? first : last;
-    const DistDtype dt = tpm_stage_dist_dtype(any);
-    const size_t n = (size_t)any->tv.Vl * any->cfg.C, bytes = n * dist_dtype_size(dt);
-    char *mine = lab_xmalloc(bytes), *other = lab_xmalloc(bytes);
-    if (first && last) {  // both on this rank (pp = 1, v > 1)
-        mem_copy(mine, tpm_stage_wte_grad(first), bytes);
-        mem_copy(other, tpm_stage_wte_grad(last), bytes);
-        add_in_place(mine, other, n, dt);
-        mem_copy(tpm_stage_wte_grad(first), mine, bytes);
-        mem_copy(tpm_stage_wte_grad(last), mine, bytes);
-    } else {
-        TpStage *st = first ? first : last;
-        void *g = tpm_stage_wte_grad(st);
-        void *recv = mem_alloc(bytes, MEM_COMM, st->dev);
-        int tok = trace_begin("sum tied wte gradient", TRACE_COMM);
-        dist_sendrecv(g, n, first ? pp - 1 : 0, recv, n, first ? pp - 1 : 0, dt, 30000, ppg);
-        trace_end(tok);
-        mem_copy(mine, g, bytes);
-        mem_copy(other, recv, bytes);
-        add_in_place(mine, other, n, dt);  // a+b == b+a: both ends the same bits
-        mem_copy(g, mine, bytes);
-        mem_free(recv);
-    }
-    free(mine), free(other);
+    const size_t n = (size_t)any->tv.Vl * any->cfg.C;
+    pipe_sum_tied(tpm_stage_wte_grad(first ? first : last), first && last ? tpm_stage_wte_grad(last) : NULL,
+                  first ? pp - 1 : 0, n, tpm_stage_dist_dtype(any), ppg);
 }
 
 // ---------------------------------------------------------------------------------------------

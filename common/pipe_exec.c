@@ -142,3 +142,29 @@ double pipe_exec_step(PipeExec *x) {
     dist_wait_all(x->works, x->nworks);
     return loss_sum;
 }
+
+void pipe_sum_tied(void *mine, void *local, int peer, size_t n, DistDtype dt, DistGroup *g) {
+    const size_t bytes = n * dist_dtype_size(dt);
+    char *a = lab_xmalloc(bytes), *b = lab_xmalloc(bytes);
+    mem_copy(a, mine, bytes);
+    if (local) {
+        mem_copy(b, local, bytes);
+    } else {
+        void *recv = mem_alloc(bytes, MEM_COMM, mem_device_of(mine));
+        int tok = trace_begin("sum tied wte gradient", TRACE_COMM);
+        dist_sendrecv(mine, n, peer, recv, n, peer, dt, 30000, g);
+        trace_end(tok);
+        mem_copy(b, recv, bytes);
+        mem_free(recv);
+    }
+    float *fa = (float *)a;
+    const float *fb = (const float *)b;
+    uint16_t *ha = (uint16_t *)a;
+    const uint16_t *hb = (const uint16_t *)b;
+    for (size_t i = 0; i < n; i++)
+        if (dt == DIST_F32) fa[i] = fa[i] + fb[i];
+        else ha[i] = bf16_from_f32(bf16_to_f32(ha[i]) + bf16_to_f32(hb[i]));
+    mem_copy(mine, a, bytes);
+    if (local) mem_copy(local, a, bytes);
+    free(a), free(b);
+}

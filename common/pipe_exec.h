@@ -66,3 +66,12 @@ void pipe_exec_init(PipeExec *x, const Schedule *s, PipeWork w, DistGroup *g, in
 // the stage holding the last virtual stage). Resets live and the peaks' base at its start.
 double pipe_exec_step(PipeExec *x);
 void pipe_exec_free(PipeExec *x);
+
+// The tied embedding across a pipeline: the first stage's wte gradient (from the embedding's
+// lookups) and the last stage's copy (from the output layer) must both become their sum. `mine`
+// (n gradient values of type dt, DIST_F32 or DIST_BF16, on its device) is this rank's; `local`
+// the other use when this rank holds both (pp = 1 with chunks: a local add), else NULL and the
+// other use is on pipeline rank `peer` (one sendrecv, tag 30000, from device buffers so that NCCL
+// can move it too). The sum is taken on the host, bf16 widened to fp32 and rounded once (to
+// nearest even); IEEE addition commutes, so both holders end with the same bits.
+void pipe_sum_tied(void *mine, void *local, int peer, size_t n, DistDtype dt, DistGroup *g);
