@@ -113,13 +113,10 @@ $(LIBCOMMON): $(COMMON_OBJS)
 # is always the binary of the build last asked for (a `make SAN=1 test` leaves sanitizer
 # binaries there until the next plain `make`). Copied under a temporary name and renamed, so a
 # run in progress keeps its binary.
-# CHAPTER_USES_<chapter>: other chapters' sources it links (09 prints chapter 00's accounting
-# of its layout, calc.h: the same functions its test checks the run against).
-CHAPTER_USES_09_3d := 00_memory_budget/calc.c 00_memory_budget/comm.c
 define chapter_rule
-$(BUILD)/bin/$(1)/run: $(wildcard $(1)/*.c) $(wildcard $(1)/*.h) $(CHAPTER_USES_$(1)) $(wildcard $(dir $(CHAPTER_USES_$(1)))*.h) $(LIBCOMMON) $(COMMON_HDRS)
+$(BUILD)/bin/$(1)/run: $(wildcard $(1)/*.c) $(wildcard $(1)/*.h) $(LIBCOMMON) $(COMMON_HDRS)
 	@mkdir -p $$(dir $$@)
-	$$(CC) $$(CFLAGS_ALL) -I$(1) $(addprefix -I,$(sort $(dir $(CHAPTER_USES_$(1))))) $(wildcard $(1)/*.c) $(CHAPTER_USES_$(1)) $(LIBCOMMON) $$(LDLIBS_ALL) -o $$@
+	$$(CC) $$(CFLAGS_ALL) -I$(1) $(wildcard $(1)/*.c) $(LIBCOMMON) $$(LDLIBS_ALL) -o $$@
 $(1)/run: $(BUILD)/bin/$(1)/run FORCE
 	@cmp -s $$< $$@ || { cp $$< $$@.tmp && mv -f $$@.tmp $$@; }
 $(1): $(1)/run
@@ -140,7 +137,7 @@ MPI_TEST_SRCS := $(wildcard tests/mpi_*.c)
 MPI_TEST_MAIN := tests/mpitest.c
 MPI_TEST_BINS := $(patsubst tests/%.c,$(BUILD)/tests/%,$(MPI_TEST_SRCS))
 HARNESS_SRCS := $(wildcard tests/harness*.c)
-# Chapter sources a test links directly (everything but main.c), e.g. 00_memory_budget/calc.c,
+# Chapter sources a test links directly (everything but main.c), e.g. 00_memory_budget/planner.c,
 # compiled once into $(BUILD)/chapters/ and linked into every test that needs them.
 CHAPTER_LIB_SRCS := $(filter-out %/main.c,$(foreach c,$(CHAPTERS),$(wildcard $(c)/*.c)))
 CHAPTER_LIB_OBJS := $(patsubst %.c,$(BUILD)/chapters/%.o,$(CHAPTER_LIB_SRCS))

@@ -2,7 +2,7 @@
 //
 // Two halves:
 //   ./00_memory_budget/run [--model 7b --dtype bf16 ...]   the calculator, cost and planner
-//                                                          (calc.c, planner.c, calc_cli.c)
+//                                                          (common/calc.c, planner.c, calc_cli.c)
 //   ./00_memory_budget/run --train [--steps 200 ...]       a real single-device training run of
 //                                                          the tiny GPT whose measured memory is
 //                                                          printed next to the calculator's

@@ -12,7 +12,7 @@
 //             m + pp - 1 such slots (the bubble is the pp - 1), m + (pp - 1) / v with v chunks
 //             per rank (interleaved 1F1B: each warm-up op is a chunk, 1/v of a slot).
 //   TP, PP, DP the bytes and message hops one rank sends per micro-batch and per step in each
-//             group, from calc_rank_comm (comm.c: the same count chapter 09's run is checked
+//             group, from calc_rank_comm (common/calc_comm.c: the same count chapter 09's run is checked
 //             against to the byte), timed as bytes / bw + hops * alpha: TP over NVLink (it
 //             stays inside a node) once per micro-batch slot; PP per slot over NVLink when the
 //             whole job fits in a node, else InfiniBand; DP once per step (ZeRO-2/3 also per

@@ -46,7 +46,7 @@ static void diffs(const char *what, const RunResults *a, const RunResults *b, fl
 
 // Every rank's bytes per step in its TP, DP and PP group, and its weights, Adam state and
 // activation peak, against chapter 00's functions for that layout (calc_setup_lab: the run's
-// flags; calc_rank_comm, calc_rank_memory: 00_memory_budget/comm.c, calc.c), to the byte. What
+// flags; calc_rank_comm, calc_rank_memory: common/calc_comm.c, calc.c), to the byte. What
 // `./00_memory_budget/run --layout DPxTPxPP` prints for the same flags (test_calc checks that).
 // Seen failing with the tied wte's gradient dropped from calc_rank_comm's PP count: "(2,2,2) 1f1b
 // v=1 m=2: rank 0 sent 24584 bytes per step in its pp group, calculator 8200".

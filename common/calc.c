@@ -14,6 +14,8 @@
 #include "check.h"
 #include "schedule.h"
 
+int calc_micro_batches(const CalcSetup *s) { return s->micro_batches > 0 ? s->micro_batches : s->pp; }
+
 #define GIB (1024.0 * 1024.0 * 1024.0)
 
 // Messages returned by the *_check functions live here until the next call.

@@ -1,4 +1,6 @@
-// calc.h: chapter 00's memory calculator, cost estimator and layout planner.
+// calc.h: the lab's one set of formulas (chapter 00 teaches them; every chapter prints its
+// formula columns from them): memory calculator, bytes on the wire, cost estimator, and the
+// layout planner's interface (planner.c and the CLI stay in 00_memory_budget/).
 //
 // Three questions the notes ask before any GPU is switched on:
 //   1. memory: how many bytes does one rank hold for params, grads, master weights, Adam m and v,
@@ -202,7 +204,7 @@ double calc_activation_bytes_lab(const GPT2Config *cfg, int B, int T, GPT2Dtype 
 int calc_fits(const CalcBreakdown *b, double mem_bytes);
 
 // ------------------------------------------------------------------------------------------
-// Bytes on the wire per rank (comm.c): what one rank sends per step in its TP, DP and PP group,
+// Bytes on the wire per rank (calc_comm.c): what one rank sends per step in its TP, DP and PP group,
 // counted the way common/dist.c counts (what chapter 09 prints and its 8-rank test checks to
 // the byte). A ring all-reduce of S bytes on n ranks sends 2(n-1)S/n (integer division), a
 // reduce-scatter or all-gather of pieces every piece but one, a send its bytes, a broadcast's

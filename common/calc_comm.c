@@ -1,4 +1,4 @@
-// comm.c: the bytes one rank sends per step in its TP, DP and PP group (calc.h, "Bytes on the
+// calc_comm.c: the bytes one rank sends per step in its TP, DP and PP group (calc.h, "Bytes on the
 // wire per rank"), for any model and layout: the planner's communication times are these bytes
 // over a bandwidth, and chapter 09's 8-rank run is checked against them to the byte.
 //
@@ -20,8 +20,6 @@ double calc_ring_all_reduce_bytes(double bytes, int n) {
     if (prod < 1.8e19) return (double)(2ull * (unsigned long long)(n - 1) * (unsigned long long)bytes / (unsigned)n);
     return prod / n;
 }
-
-int calc_micro_batches(const CalcSetup *s) { return s->micro_batches > 0 ? s->micro_batches : s->pp; }
 
 // Adds one collective to a group's count, once per micro-batch or once per step.
 static void add(CalcTraffic *t, int per_mb, double bytes, double hops) {
