@@ -259,7 +259,7 @@ static int broadcast_replica(Session *s) {
         dist_broadcast(&start, 1, DIST_I32, 0, s->world);
     }
     trace_end(tok);
-    s->start = start;
+    session_start_at(s, start);
     return start;
 }
 
