@@ -127,6 +127,21 @@ Test(train00, progress_lines_say_the_runs_losses) {
     free(out);
 }
 
+// The loop skeleton with a chapter's own (sharded) state, as 05-09 give it: the checkpoint
+// cadence calls the chapter's save on every rank, the final weights come from the chapter's
+// gather, the save's bytes are counted apart (tests/mpi_session.c), on 1, 2 and 3 ranks.
+// Mutant: mutants/session-save-cost-uncounted.patch
+Test(session, loop_drives_a_chapters_own_state_on_1_2_3_ranks, .timeout = 120) {
+    for (int np = 1; np <= 3; np++) {
+        char cmd[256], *out = NULL;
+        snprintf(cmd, sizeof cmd, "%s/tests/mpi_session", harness_build_dir());
+        int rc = harness_mpirun(np, cmd, &out, 60);
+        cr_assert(rc == 0 && harness_contains(out, "mpi_session: OK"), "-np %d (rc %d):\n%s", np,
+                  rc, out);
+        free(out);
+    }
+}
+
 // A NaN in a gradient stops the run with a message naming the step, promptly, and the
 // checkpoint written before it survives intact.
 Test(train00, nan_fails_cleanly_and_keeps_the_checkpoint) {
