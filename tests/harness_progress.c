@@ -23,7 +23,7 @@ int harness_progress_matches(const char *output, const RunResults *r, int start,
                              int steps, int log_every) {
     char line[512];
     const char *p = output;
-    int want = start;  // the next step that must print a line
+    int want = log_every > 0 ? start : end;  // the next step that must print a line (0: none)
     while (want < end && !(want % log_every == 0 || want == end - 1)) want++;
     int ok = 1, throughput = 0;
     while (ok && next_line(&p, line, sizeof line)) {

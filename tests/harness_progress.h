@@ -7,7 +7,8 @@
 #include "results.h"
 
 // The progress lines of a run of steps [start, end) out of `steps` (common/session.c): one line
-// on the whole job for each step s with s % log_every == 0 or s == end - 1, in order, reading
+// on the whole job for each step s with s % log_every == 0 or s == end - 1 (none when
+// log_every is 0), in order, reading
 // "step s+1/steps  loss L ...", L being r's loss of step s as %.4f; lr, tok/s positive; ETA
 // not negative, and 0.0 at the last of `steps`; then "<end - start> steps in". 1 if so; else
 // prints why and the output (stderr) and returns 0.
