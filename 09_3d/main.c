@@ -81,7 +81,6 @@ typedef struct Flags3d {
     int tp, pp, dp;        // dp 0: world / (tp·pp)
     const char *schedule;
     int m, v;              // micro-batches per step (per replica), chunks per rank
-    const char *mutate;    // break one mechanism (the tests' negative checks)
     int zero;              // 1: ZeRO-1 over DP (optimizer state sharded over the replicas)
 } Flags3d;
 
@@ -186,7 +185,7 @@ static void gather_full(Chunk *ch, int v, const Grid *g, int zero, int which, fl
     for (int c = 0; c < v; c++) {
         TpStage *st = &ch[c].st;
         if (which == WHOLE_WEIGHTS) {
-            if (g->c.d == 0) tpm_stage_unshard(st, mine, g->c.t == 0);
+            if (g->c.d == 0) tpm_unshard_weights(st, mine, g->c.t == 0);
             continue;
         }
         const float *buf = which == WHOLE_MASTER ? st->params : which == WHOLE_ADAM_M ? st->opt_m
@@ -197,7 +196,7 @@ static void gather_full(Chunk *ch, int v, const Grid *g, int zero, int which, fl
             dist_all_gather_n(buf, whole, st->n, DIST_F32, g->dpg);
             buf = whole;
         }
-        if (g->c.d == 0) tpm_stage_unshard_buf(st, buf, mine, g->c.t == 0);
+        if (g->c.d == 0) tpm_unshard(st, buf, mine, g->c.t == 0);
         mem_free(whole);
     }
     dist_reduce(mine, full, n, DIST_F32, DIST_SUM, 0, dist_world());
@@ -240,7 +239,7 @@ static int load_state(const LabArgs *a, Chunk *ch, int v, const ZPiece *zp, int 
         // the master: fp32 the whole weights; bf16 the optimizer's range (--zero 1: the piece)
         const int bf16 = st->dtype == GPT2_BF16;
         const size_t mlo = bf16 ? lo : 0, mcount = bf16 ? count : st->n;
-        tpm_stage_shard_buf(st, fp, whole);
+        tpm_shard(st, fp, whole);
         mem_copy(st->params, whole + mlo, mcount * sizeof(float));
         if (bf16) {  // (fp32: the master is what the forward reads)
             tpm_stage_master_to_params(st, mlo, mlo + mcount);
@@ -250,9 +249,9 @@ static int load_state(const LabArgs *a, Chunk *ch, int v, const ZPiece *zp, int 
             free(whole);
             continue;
         }
-        tpm_stage_shard_buf(st, fm, whole);
+        tpm_shard(st, fm, whole);
         mem_copy(st->opt_m, whole + lo, count * sizeof(float));
-        tpm_stage_shard_buf(st, fv, whole);
+        tpm_shard(st, fv, whole);
         mem_copy(st->opt_v, whole + lo, count * sizeof(float));
         free(whole);
     }
@@ -292,7 +291,7 @@ static void train(const LabArgs *args, const Flags3d *f) {
     LAB_CHECK(!s.split, "09_3d: the zb schedule (split backward) is not wired to TP stages");
 
     Grid grid;
-    grid_init(&grid, tp, dp, pp, strcmp(f->mutate, "groups-tp-slowest") == 0);
+    grid_init(&grid, tp, dp, pp);
     const int p = grid.c.p, S = pp * v, per = L / S;
     int row0, Bl;  // this replica's rows of the global batch
     data_slice(B, grid.c.d, dp, &row0, &Bl);
@@ -337,9 +336,6 @@ static void train(const LabArgs *args, const Flags3d *f) {
     pipe_exec_init(&x, &s,
                    (PipeWork){&work, stage_f_begin, stage_forward, stage_b_begin, stage_backward, NULL},
                    grid.ppg, p, work.BTC, dtype == GPT2_BF16, ch[0].st.k, dev);
-    const int skip_dp_stage = strcmp(f->mutate, "dp-skip-stage") == 0 ? pp - 1 : -1;
-    const int norm_double = strcmp(f->mutate, "norm-replicated") == 0;
-    const int tied_unsynced = strcmp(f->mutate, "tied-unsynced") == 0;
 
     if (!args->quiet) grid_print(stdout, &grid);
     if (!args->quiet && rank == 0) {
@@ -375,7 +371,7 @@ static void train(const LabArgs *args, const Flags3d *f) {
         double loss_sum = pipe_exec_step(&x);
         if (step == args->inject_nan_step && rank == world - 1) tpm_stage_poison_grad(&ch[0].st);
         // 4. The tied wte's two copies: their gradients summed across the pipeline.
-        if (!tied_unsynced) sync_tied_wte(ch, v, p, pp, grid.ppg);
+        sync_tied_wte(ch, v, p, pp, grid.ppg);
         // 5. DP: average every stage's gradients over the replicas holding the same slice
         //    (--zero 1: reduce-scatter, each replica keeps the average of its piece only).
         int tok = trace_begin(f->zero ? "dp reduce-scatter" : "dp all-reduce", TRACE_COMM);
@@ -384,8 +380,7 @@ static void train(const LabArgs *args, const Flags3d *f) {
             void *g = tpm_stage_grad_buf(st);
             const DistDtype dt = tpm_stage_dist_dtype(st);  // bf16: half the bytes, as 03
             if (f->zero) dist_reduce_scatter_n(g, zp[c].grad, st->n, dt, DIST_AVG, grid.dpg);
-            else if (dp > 1 && p != skip_dp_stage)
-                dist_all_reduce(g, g, st->n, dt, DIST_AVG, grid.dpg);
+            else if (dp > 1) dist_all_reduce(g, g, st->n, dt, DIST_AVG, grid.dpg);
         }
         trace_end(tok);
         // 6. The global norm over TP x PP (replicated tensors once; --zero 1: over the pieces,
@@ -399,7 +394,6 @@ static void train(const LabArgs *args, const Flags3d *f) {
             sq[0] += part[0], sq[1] += part[1];
         }
         if (f->zero) dist_all_reduce(sq, sq, 2, DIST_F64, DIST_SUM, grid.dpg);  // disjoint pieces
-        if (norm_double) sq[0] += sq[1], sq[1] = 0;  // the bug: replicated summed over TP too
         float scale = adamw_clip_scale(&opt, grid_clip_norm_sq(&grid, sq), step);
         for (int c = 0; c < v; c++) {
             TpStage *st = &ch[c].st;
@@ -537,7 +531,7 @@ static void train(const LabArgs *args, const Flags3d *f) {
 int main(int argc, char **argv) {
     dist_init(&argc, &argv);
     LabArgs args = lab_args_defaults();
-    Flags3d f = {.tp = 1, .pp = 1, .dp = 0, .schedule = "1f1b", .m = 2, .v = 1, .mutate = "none"};
+    Flags3d f = {.tp = 1, .pp = 1, .dp = 0, .schedule = "1f1b", .m = 2, .v = 1};
     FlagSpec extra[] = {
         {"--tp", FLAG_INT, &f.tp, 1, 1 << 20, NULL,
          "tensor-parallel degree: ranks per TP group (consecutive ranks); must divide --heads"},
@@ -553,11 +547,6 @@ int main(int argc, char **argv) {
         {"--zero", FLAG_INT, &f.zero, 0, 1, NULL,
          "1: ZeRO-1 over DP (reduce-scatter the gradients, AdamW on this replica's piece with m, v "
          "for it only, all-gather the weights); 0: DDP's all-reduce"},
-        {"--mutate", FLAG_CHOICE, &f.mutate, 0, 0,
-         "none|norm-replicated|dp-skip-stage|groups-tp-slowest|tied-unsynced",
-         "break one mechanism on purpose (what the tests must catch): count the TP-replicated "
-         "tensors on every TP rank in the clip norm, skip the DP average on the last stage, build "
-         "the groups with TP as the slowest coordinate, leave the tied wte's two copies unsynced"},
     };
     lab_parse_args_for(LAB_FLAGS_MODEL | LAB_FLAGS_TRAINING | LAB_FLAGS_HARDWARE | LAB_FLAGS_OUTPUT |
                            LAB_FLAGS_RELIABILITY | LAB_FLAGS_KILL,
