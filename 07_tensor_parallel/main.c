@@ -97,11 +97,12 @@ static void gather_whole(const TpStage *m, const float *buf, DistGroup *g, float
 // slices of TP group 0 (ckg: a copy of the TP group, so that a save's traffic stays out of the
 // step's counters), written by world rank 0 in the lab's format: any --tp, and chapter 00,
 // resumes it. (--save-weights writes the weights the forward reads, below.)
-static void save_state(const TpStage *m, DistGroup *ckg, int in_group0, const LabArgs *args, int step) {
+static void save_state(const TpStage *m, const TpOpt *o, DistGroup *ckg, int in_group0,
+                       const LabArgs *args, int step) {
     if (!in_group0) return;
     const size_t n = gpt2_param_count(&m->cfg);
     float *buf[3] = {NULL, NULL, NULL};
-    const float *flat[3] = {m->params, m->opt_m, m->opt_v};
+    const float *flat[3] = {o->master, o->m, o->v};
     for (int i = 0; i < 3; i++) {
         if (ckg->rank == 0) buf[i] = lab_xcalloc(n, sizeof(float));
         gather_whole(m, flat[i], ckg, buf[i]);
@@ -114,11 +115,11 @@ static void save_state(const TpStage *m, DistGroup *ckg, int in_group0, const La
 
 // --resume / --load-weights: world rank 0 reads the full model, every rank takes its slices
 // (tpm_shard: the exact inverse of the gather). Returns the step to continue from.
-static int load_state(TpStage *m, const LabArgs *args) {
+static int load_state(TpStage *m, TpOpt *o, const LabArgs *args) {
     if (!args->resume && !args->load_weights) return 0;
     const size_t n = gpt2_param_count(&m->cfg);
     float *buf[3] = {lab_xcalloc(n, sizeof(float)), lab_xcalloc(n, sizeof(float)), lab_xcalloc(n, sizeof(float))};
-    float *flat[3] = {m->params, m->opt_m, m->opt_v};
+    float *flat[3] = {o->master, o->m, o->v};
     int start = 0;
     if (dist_rank() == 0) {
         if (args->resume) start = ckpt_resume_training(args->resume, &m->cfg, buf[0], buf[1], buf[2], n);
@@ -129,7 +130,7 @@ static int load_state(TpStage *m, const LabArgs *args) {
         dist_broadcast(buf[i], n, DIST_F32, 0, dist_world());
         tpm_shard(m, buf[i], flat[i]);
     }
-    tpm_stage_master_to_params(m, 0, m->n);  // bf16: the weights the forward reads, from the master
+    tpm_stage_set_weights(m, o);  // bf16: the weights the forward reads, from the master
     if (args->resume && !args->quiet && dist_rank() == 0)
         printf("resumed from %s at step %d\n", args->resume, start);
     for (int i = 0; i < 3; i++) free(buf[i]);
@@ -161,15 +162,18 @@ static void train(const LabArgs *args, const TpFlags *f) {
     // 2. This rank's share of the model, initialized slice by slice from --seed, on --device in
     //    --dtype (bf16: the fp32 master beside bf16 weights and gradients).
     if (strcmp(args->backend, "nccl") == 0) dist_set_backend(DIST_BACKEND_NCCL);
-    //    Every block (l0 = 0, l1 = L) and one batch's activations, kept across the steps.
+    //    Every block (l0 = 0, l1 = L) and one batch's activations, kept across the steps; the
+    //    optimizer's state of the whole slice (bf16: the fp32 master; Adam's m, v).
     const TpOpts opts = {.dev = lab_args_device(args),
                          .dtype = strcmp(args->dtype, "bf16") == 0 ? GPT2_BF16 : GPT2_FP32, .sp = f->sp};
     TpStage m;
     TpStageActs acts;
     tpm_stage_build_opts(&m, cfg, tp, tpg->rank, 0, cfg.L, Bl, cfg.T, (uint64_t)args->seed, opts);
     tpm_stage_acts_alloc(&acts, &m);
+    TpOpt ost;
+    tpm_opt_alloc(&ost, &m, (uint64_t)args->seed, 0, m.n);
     DistGroup *ckg = dist_split(dist_world(), rank / tp, rank % tp, "tp-ckpt");
-    const int start = load_state(&m, args);
+    const int start = load_state(&m, &ost, args);
     TpComm comm = tp_comm_group(tpg);
     AdamW opt = lab_args_adamw(args);
     DataSource data;
@@ -217,7 +221,7 @@ static void train(const LabArgs *args, const TpFlags *f) {
         // 7. Every rank updates its own slice; the replicated tensors get the same update
         //    everywhere (same gradients, same clip scale).
         tok = trace_begin("optimizer", TRACE_COMPUTE);
-        tpm_stage_adamw_step(&m, &opt, step, tpg);
+        tpm_stage_adamw_step(&m, &opt, step, &ost, tpg);
         trace_end(tok);
         losses[step] = loss;
         double now = lab_now();
@@ -227,7 +231,7 @@ static void train(const LabArgs *args, const TpFlags *f) {
                    adamw_lr(&opt, step), (double)args->batch * cfg.T / (now - t_last));
         t_last = now;
         if (args->save && args->save_every > 0 && (step + 1) % args->save_every == 0 && step + 1 < steps)
-            save_state(&m, ckg, dpg->rank == 0, args, step + 1);
+            save_state(&m, &ost, ckg, dpg->rank == 0, args, step + 1);
     }
     double elapsed = lab_now() - t0;
 
@@ -235,14 +239,14 @@ static void train(const LabArgs *args, const TpFlags *f) {
     Tp7Figures fig;
     tp7_measure(&fig, &m, &comm, tpg, steps - start, elapsed, args->batch);
     if (args->save) {
-        save_state(&m, ckg, dpg->rank == 0, args, steps);
+        save_state(&m, &ost, ckg, dpg->rank == 0, args, steps);
         if (!args->quiet && rank == 0) printf("saved training state (step %d) to %s\n", steps, args->save);
     }
     if (!args->quiet) tp7_print_report(&fig, &m, tpg, world);
     trace_finish();  // --trace: the timeline (collective)
     // 9. --dump: the full model's weights gathered back (rank 0 of each group; world rank 0
     //    writes), the losses, the figures.
-    double replicated_diff = args->dump ? tpm_replicated_max_diff(&m, tpg) : 0.0;
+    double replicated_diff = args->dump ? tpm_replicated_max_diff(&m, &ost, tpg) : 0.0;
     float *full = tpg->rank == 0 ? lab_xcalloc(gpt2_param_count(&cfg), sizeof(float)) : NULL;
     if (args->dump || args->save_weights) {  // the weights the forward reads, in llm.c's order
         float *mem = tpg->rank == 0 ? lab_xcalloc(gpt2_param_count(&cfg), sizeof(float)) : NULL;
@@ -269,6 +273,7 @@ static void train(const LabArgs *args, const TpFlags *f) {
     mem_free(inputs);
     mem_free(targets);
     data_free(&data);
+    tpm_opt_free(&ost, &m);
     tpm_stage_acts_free(&acts, &m);
     tpm_stage_free(&m);
     dist_group_free(ckg);

@@ -45,26 +45,13 @@ static const char *const block_names[TP_BLOCK_TENSORS] = {
 // Bytes per stored element (params_bf16, the stored activations) of dtype.
 static size_t esize(GPT2Dtype dtype) { return dtype == GPT2_BF16 ? sizeof(uint16_t) : sizeof(float); }
 
-// Views of n blocks' weights and gradients (blocks at off[0 .. n) of the flat buffers); grads
-// NULL (bf16: the pieces' gradients live in grads_bf16): no gradient views.
-static void block_views(TpBlock **w, TpBlock **dw, float *params, float *grads, const size_t *off,
-                        size_t n, int C, int tp) {
-    *w = lab_xcalloc(n, sizeof(TpBlock));
-    *dw = grads ? lab_xcalloc(n, sizeof(TpBlock)) : NULL;
-    for (size_t j = 0; j < n; j++) {
-        tp_block_views(&(*w)[j], params + off[j], C, tp);
-        if (grads) tp_block_views(&(*dw)[j], grads + off[j], C, tp);
-    }
-}
-
-// The stage's buffers of n elements on dev (mem_alloc zeroes them): fp32 weights, gradients,
-// Adam m and v; bf16 the fp32 master (in params), bf16 weights and gradients, Adam m and v, and
-// the fp32 work buffers of the largest piece (work_size floats). CUDA: the batch's device copies.
+// The stage's buffers of n elements on dev (mem_alloc zeroes them): fp32 weights and gradients;
+// bf16 weights and gradients and the fp32 work buffers of the largest piece (work_size floats).
+// CUDA: the batch's device copies. (The optimizer's state is the caller's: TpOpt.)
 static void storage_alloc(TpStage *st, size_t work_size) {
     const size_t n = st->n, N = (size_t)st->B * st->T;
     const Device dev = st->dev;
     if (st->dtype == GPT2_BF16) {
-        st->params = mem_alloc(n * sizeof(float), MEM_MASTER, dev);
         st->params_bf16 = mem_alloc(n * sizeof(uint16_t), MEM_PARAMS, dev);
         st->grads_bf16 = mem_alloc(n * sizeof(uint16_t), MEM_GRADS, dev);
         st->x.work_size = work_size;
@@ -74,8 +61,6 @@ static void storage_alloc(TpStage *st, size_t work_size) {
         st->params = mem_alloc(n * sizeof(float), MEM_PARAMS, dev);
         st->grads = mem_alloc(n * sizeof(float), MEM_GRADS, dev);
     }
-    st->opt_m = mem_alloc(n * sizeof(float), MEM_OPT_M, dev);
-    st->opt_v = mem_alloc(n * sizeof(float), MEM_OPT_V, dev);
     if (dev != DEV_CPU) {  // the host's batch and losses cross over (on the host: read in place)
         st->x.inputs = mem_alloc(N * sizeof(int), MEM_OTHER, dev);
         st->x.targets = mem_alloc(N * sizeof(int), MEM_OTHER, dev);
@@ -84,10 +69,35 @@ static void storage_alloc(TpStage *st, size_t work_size) {
 }
 
 static void storage_free(TpStage *st) {
-    mem_free(st->params), mem_free(st->grads), mem_free(st->opt_m), mem_free(st->opt_v);
+    mem_free(st->params), mem_free(st->grads);
     mem_free(st->params_bf16), mem_free(st->grads_bf16);
     mem_free(st->x.work), mem_free(st->x.work_grads), mem_free(st->x.block_in);
     mem_free(st->x.inputs), mem_free(st->x.targets), free(st->x.host_losses);
+}
+
+// The stage's slices of gpt2_init_params(seed)'s model, fp32 on the host (n floats, to free):
+// each element from its index in the full model (no rank ever holds the full model; the tied
+// copy: wte's rows).
+static float *init_host(const TpStage *st, uint64_t seed) {
+    const GPT2Config *cfg = &st->cfg;
+    const size_t C = (size_t)cfg->C;
+    float *h = lab_xcalloc(st->n, sizeof(float));
+    if (st->has_embed || st->has_head) tp_wte_init(h + st->off_wte, cfg, seed, &st->tv);
+    if (st->has_embed) {
+        size_t wpe0 = full_offset(cfg, GPT2_WPE);
+        gpt2_init_slice(cfg, seed, wpe0, wpe0 + (size_t)cfg->T * C, h + st->off_wpe);
+    }
+    if (st->has_head) {
+        size_t lnf0 = full_offset(cfg, GPT2_LNFW), lnb0 = full_offset(cfg, GPT2_LNFB);
+        gpt2_init_slice(cfg, seed, lnf0, lnf0 + C, h + st->off_lnf);
+        gpt2_init_slice(cfg, seed, lnb0, lnb0 + C, h + st->off_lnf + C);
+    }
+    for (int j = 0; j < st->l1 - st->l0; j++) {
+        TpBlock b;
+        tp_block_views(&b, h + st->off_block[j], cfg->C, st->tp);
+        tp_block_init(&b, cfg, seed, st->l0 + j, st->tp, st->r);
+    }
+    return h;
 }
 
 // Rows of the residual stream on this rank: B·T, or B·T/t under sequence parallelism.
@@ -151,45 +161,22 @@ void tpm_stage_build_opts(TpStage *st, GPT2Config cfg, int tp, int r, int l0, in
     if (st->has_embed && Vl * C + (size_t)cfg.T * C > work) work = Vl * C + (size_t)cfg.T * C;
     if (st->has_head && Vl * C + 2 * C > work) work = Vl * C + 2 * C;
     storage_alloc(st, work);
-    if (st->has_embed || st->has_head) {
-        st->wte = st->params + off_wte;
-        if (st->grads) st->dwte = st->grads + off_wte;
-    }
-    if (st->has_embed) {
-        st->wpe = st->params + off_wpe;
-        if (st->grads) st->dwpe = st->grads + off_wpe;
-    }
-    if (st->has_head) {
-        st->lnfw = st->params + off_lnf, st->lnfb = st->lnfw + C;
-        if (st->grads) st->dlnfw = st->grads + off_lnf, st->dlnfb = st->dlnfw + C;
-    }
-    block_views(&st->w, &st->dw, st->params, st->grads, off_block, nb, cfg.C, tp);
     st->off_wte = off_wte, st->off_wpe = off_wpe, st->off_lnf = off_lnf;
     st->off_block = lab_xcalloc(nb, sizeof(size_t));
     memcpy(st->off_block, off_block, nb * sizeof(size_t));
 
-    // 3. The slices of gpt2_init_params(seed)'s model, on the host (each element from its index
-    //    in the full model: no rank ever holds the full model; the tied copy: wte's rows), then
-    //    copied to the device; bf16 rounds them into the weights the pieces read.
-    float *h = lab_xcalloc(st->n, sizeof(float));
-    if (st->has_embed || st->has_head) tp_wte_init(h + off_wte, &cfg, seed, &st->tv);
-    if (st->has_embed) {
-        size_t wpe0 = full_offset(&cfg, GPT2_WPE);
-        gpt2_init_slice(&cfg, seed, wpe0, wpe0 + (size_t)cfg.T * C, h + off_wpe);
+    // 3. The weights: fp32 the initial values, bf16 them rounded (on the host, as the CPU rounds
+    //    the master after a step; the master itself is the caller's, tpm_opt_alloc).
+    float *h = init_host(st, seed);
+    if (st->dtype == GPT2_BF16) {
+        uint16_t *h16 = lab_xmalloc(st->n * sizeof(uint16_t));
+        kernels_cpu.f32_to_bf16(h16, h, st->n);
+        mem_copy(st->params_bf16, h16, st->n * sizeof(uint16_t));
+        free(h16);
+    } else {
+        mem_copy(st->params, h, st->n * sizeof(float));
     }
-    if (st->has_head) {
-        size_t lnf0 = full_offset(&cfg, GPT2_LNFW), lnb0 = full_offset(&cfg, GPT2_LNFB);
-        gpt2_init_slice(&cfg, seed, lnf0, lnf0 + C, h + off_lnf);
-        gpt2_init_slice(&cfg, seed, lnb0, lnb0 + C, h + off_lnf + C);
-    }
-    for (size_t j = 0; j < nb; j++) {
-        TpBlock b;
-        tp_block_views(&b, h + off_block[j], cfg.C, tp);
-        tp_block_init(&b, &cfg, seed, l0 + (int)j, tp, r);
-    }
-    mem_copy(st->params, h, st->n * sizeof(float));
     free(h);
-    tpm_stage_master_to_params(st, 0, st->n);
     if (o.sp) tp_sp_scratch_alloc(&st->s, B, T, cfg.C, cfg.NH, tp, o.dev);
     else tp_scratch_alloc(&st->s, B, T, cfg.C, cfg.NH, tp, o.dev);
     // 4. bf16: the blocks' one fp32 working set, the widened input; a stage that sends its
@@ -202,11 +189,34 @@ void tpm_stage_build_opts(TpStage *st, GPT2Config cfg, int tp, int r, int l0, in
     }
 }
 
-void tpm_stage_master_to_params(TpStage *st, size_t lo, size_t hi) {
-    LAB_CHECK(st->opt_lo <= lo && lo <= hi && hi <= st->n, "tpm_stage_master_to_params: [%zu, %zu) "
-              "of %zu (the master from %zu)", lo, hi, st->n, st->opt_lo);
+// ---- the optimizer's state: the caller's (tp_model.h) ---------------------------------------------
+
+void tpm_opt_alloc(TpOpt *o, TpStage *st, uint64_t seed, size_t lo, size_t hi) {
+    LAB_CHECK(lo <= hi && hi <= st->n, "tpm_opt_alloc: [%zu, %zu) of %zu", lo, hi, st->n);
+    const size_t n = hi - lo;
+    memset(o, 0, sizeof *o);
+    o->lo = lo, o->hi = hi;
+    if (st->dtype == GPT2_BF16) {  // the fp32 master of the piece: the initial values, unrounded
+        o->master = mem_alloc(n * sizeof(float), MEM_MASTER, st->dev);
+        float *h = init_host(st, seed);
+        mem_copy(o->master, h + lo, n * sizeof(float));
+        free(h);
+    } else {
+        o->master = st->params + lo;  // the weights themselves
+    }
+    o->m = mem_alloc(n * sizeof(float), MEM_OPT_M, st->dev);
+    o->v = mem_alloc(n * sizeof(float), MEM_OPT_V, st->dev);
+}
+
+void tpm_opt_free(TpOpt *o, const TpStage *st) {
+    if (st->dtype == GPT2_BF16) mem_free(o->master);
+    mem_free(o->m), mem_free(o->v);
+    memset(o, 0, sizeof *o);
+}
+
+void tpm_stage_set_weights(TpStage *st, const TpOpt *o) {
     if (st->dtype == GPT2_BF16)
-        st->k->f32_to_bf16(st->params_bf16 + lo, st->params + (lo - st->opt_lo), hi - lo);
+        st->k->f32_to_bf16(st->params_bf16 + o->lo, o->master, o->hi - o->lo);
 }
 
 static int nblocks(const TpStage *st) { return st->l1 - st->l0; }
@@ -460,15 +470,6 @@ static void norm_parts(const TpStage *c, size_t lo, size_t hi, const void *g, do
     }
 }
 
-// AdamW on [lo, hi): master, grad, m, v point at element lo (adamw_step's shard-local
-// convention); bf16 also rounds the master into params_bf16[lo, hi).
-static void adamw_range(const TpStage *c, const AdamW *h, int step, size_t lo, size_t hi, const void *grad,
-                        float *master, float *opt_m, float *opt_v, float scale) {
-    if (c->dtype == GPT2_BF16)
-        adamw_step_bf16(h, c->k, step, master, c->params_bf16 + lo, grad, opt_m, opt_v, lo, hi,
-                        c->plist, c->nplist, scale, c->x.work_grads, c->x.work_size);
-    else adamw_step(h, c->k, step, master, grad, opt_m, opt_v, lo, hi, c->plist, c->nplist, scale);
-}
 
 // ---- moving the weights in and out (host or device buffers, staged through the host) ------------
 
@@ -504,12 +505,12 @@ static void to_dev(float *buf, float *tmp, size_t n) {
     free(tmp);
 }
 
-double tpm_replicated_max_diff(const TpStage *m, DistGroup *g) {
-    LAB_CHECK(mem_size_of(m->params) == m->n * sizeof(float), "tpm_replicated_max_diff: the master "
-              "is a ZeRO piece");
+double tpm_replicated_max_diff(const TpStage *m, const TpOpt *o, DistGroup *g) {
+    LAB_CHECK(o->lo == 0 && o->hi == m->n, "tpm_replicated_max_diff: the master is a piece [%zu, %zu)",
+              o->lo, o->hi);
     double worst = 0.0;
     float *tmp;
-    const float *params = on_host(m->params, m->n, &tmp);
+    const float *params = on_host(o->master, m->n, &tmp);
     for (int i = 0; i < m->nplist; i++) {
         if (m->sharded[i]) continue;
         size_t n = m->plist[i].size;
@@ -541,7 +542,7 @@ void tpm_stage_free(TpStage *st) {
     if (st->dtype == GPT2_BF16) tp_block_acts_free(&st->wa);
     mem_free(st->out);
     storage_free(st);
-    free(st->w), free(st->dw), free(st->off_block);
+    free(st->off_block);
     memset(st, 0, sizeof *st);
 }
 
@@ -664,32 +665,13 @@ void *tpm_stage_wte_grad(const TpStage *st) {
 void tpm_stage_zero_grad(TpStage *st) { mem_zero(tpm_stage_grad_buf(st), st->n * esize(st->dtype)); }
 void tpm_stage_poison_grad(TpStage *st) { poison(tpm_stage_grad_buf(st), tpm_stage_dist_dtype(st)); }
 
-void tpm_stage_adamw_range(TpStage *st, const AdamW *h, int step, size_t lo, size_t hi,
-                           const void *grad_shard, float scale) {
-    LAB_CHECK(st->opt_lo <= lo && lo <= hi && hi <= st->n, "tpm_stage_adamw_range: [%zu, %zu) of %zu "
-              "(the optimizer state from %zu)", lo, hi, st->n, st->opt_lo);
-    const size_t o = lo - st->opt_lo;  // m, v (and a bf16 master) hold [opt_lo, ...)
-    float *master = st->dtype == GPT2_BF16 ? st->params + o : st->params + lo;
-    adamw_range(st, h, step, lo, hi, grad_shard, master, st->opt_m + o, st->opt_v + o, scale);
-}
-
-void tpm_stage_shard_optimizer(TpStage *st, size_t lo, size_t hi) {
-    LAB_CHECK(st->opt_lo == 0 && lo <= hi && hi <= st->n, "tpm_stage_shard_optimizer: [%zu, %zu) of %zu, "
-              "once", lo, hi, st->n);
-    const size_t n = hi - lo;
-    float **buf[3] = {&st->opt_m, &st->opt_v, st->dtype == GPT2_BF16 ? &st->params : NULL};
-    static const MemCategory cat[3] = {MEM_OPT_M, MEM_OPT_V, MEM_MASTER};
-    for (int i = 0; i < 3 && buf[i]; i++) {  // the piece's elements kept, the rest freed
-        float *piece = mem_alloc(n * sizeof(float), cat[i], st->dev);
-        mem_copy(piece, *buf[i] + lo, n * sizeof(float));
-        mem_free(*buf[i]);
-        *buf[i] = piece;
-    }
-    st->opt_lo = lo;
-    if (st->dtype != GPT2_BF16) return;
-    // the views into the whole master would dangle: none from now on (the offsets stay)
-    st->wte = st->wpe = st->lnfw = st->lnfb = NULL;
-    memset(st->w, 0, (size_t)(st->l1 - st->l0) * sizeof(TpBlock));
+void tpm_stage_adamw(TpStage *st, const AdamW *h, int step, const TpOpt *o, const void *grad_shard,
+                     float scale) {
+    const size_t lo = o->lo, hi = o->hi;  // master, grad, m, v: shard-local from lo (optim.h)
+    if (st->dtype == GPT2_BF16)
+        adamw_step_bf16(h, st->k, step, o->master, st->params_bf16 + lo, grad_shard, o->m, o->v, lo, hi,
+                        st->plist, st->nplist, scale, st->x.work_grads, st->x.work_size);
+    else adamw_step(h, st->k, step, o->master, grad_shard, o->m, o->v, lo, hi, st->plist, st->nplist, scale);
 }
 
 void tpm_stage_norm_parts_range(const TpStage *st, size_t lo, size_t hi, const void *g, double sq[2]) {
@@ -700,14 +682,14 @@ void tpm_stage_norm_parts(const TpStage *st, double sq[2]) {
     tpm_stage_norm_parts_range(st, 0, st->n, tpm_stage_grad_buf(st), sq);
 }
 
-void tpm_stage_adamw_step(TpStage *st, const AdamW *h, int step, DistGroup *g) {
+void tpm_stage_adamw_step(TpStage *st, const AdamW *h, int step, const TpOpt *o, DistGroup *g) {
     // ||grad||² of the FULL model: each slice lives on one rank (sum over the group), each
     // replicated tensor on all of them with the same value (count it once).
     double sq[2];  // sharded, replicated
     tpm_stage_norm_parts(st, sq);
     dist_all_reduce(&sq[0], &sq[0], 1, DIST_F64, DIST_SUM, g);
     float scale = adamw_clip_scale(h, sq[0] + sq[1], step);
-    tpm_stage_adamw_range(st, h, step, 0, st->n, tpm_stage_grad_buf(st), scale);
+    tpm_stage_adamw(st, h, step, o, tpm_stage_grad_buf(st), scale);
 }
 
 // Element `off` of buf (a buffer in the stage's layout).

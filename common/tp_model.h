@@ -2,8 +2,8 @@
 // pieces: blocks [l0, l1) of TP slice r of t. Chapter 07 builds every block (l0 = 0, l1 = L),
 // chapter 09 one pipeline stage (or chunk) each; t = 1 holds whole tensors.
 //
-// Rank r of a TP group of t ranks holds ONE flat buffer of weights (and one of gradients, and
-// Adam's m and v of the same length), in this order:
+// Rank r of a TP group of t ranks holds ONE flat buffer of weights (and one of gradients of the
+// same length; the caller's optimizer state, TpOpt, has the same layout), in this order:
 //   wte_local (Vl, C)        rows [r·Vl, (r+1)·Vl) of the tied wte, padded rows zero   sharded
 //                            (when the stage has the embedding or the head; a last stage that
 //                            is not the first holds a COPY of the tied wte: its gradient is
@@ -23,8 +23,9 @@
 // Device and precision (TpOpts; zero-initialized: the host, fp32, no SP). The buffers live on
 // opts.dev and the pieces run on kernels_get(dev) (bf16 on CUDA: kernels_get_tf32, as gpt2).
 // Mixed precision (GPT2_BF16) is gpt2.c's, piece by piece, so the numbers mean the same thing:
-//   weights    params_bf16 (MEM_PARAMS, 2 bytes) is what the pieces read; params is the fp32
-//              master (MEM_MASTER) AdamW updates, rounded into params_bf16 after each step;
+//   weights    params_bf16 (MEM_PARAMS, 2 bytes) is what the pieces read; the caller's TpOpt
+//              holds the fp32 master (MEM_MASTER) AdamW updates, rounded into params_bf16 after
+//              each step; params is NULL;
 //   gradients  grads_bf16 (MEM_GRADS, 2 bytes); grads is NULL;
 //   pieces     the embedding (wte_local, wpe), each block shard (one span), the head (wte_local;
 //              lnfw, lnfb): before a piece runs its bf16 spans are widened into ONE fp32 `work`
@@ -83,20 +84,13 @@ typedef struct TpStage {
     Device dev;
     GPT2Dtype dtype;
     const Kernels *k;
-    float *params, *grads, *opt_m, *opt_v;   // bf16: params = the fp32 master, grads NULL
-    uint16_t *params_bf16, *grads_bf16;      // (n) each in bf16, else NULL
-    // Adam m, v and, in bf16, the fp32 master (params) hold elements [opt_lo, opt_lo + their
-    // length) of the flat buffer; 0 (tpm_stage_build*) = the whole buffer;
-    // tpm_stage_shard_optimizer keeps a ZeRO-1 piece only. fp32 params (the weights the
-    // forward reads) stay whole: opt_lo applies to m, v only there.
-    size_t opt_lo;
-    // Where the tensors start in the flat buffer (valid for every buffer of its layout, and
-    // after tpm_stage_shard_optimizer, which NULLs the bf16 views into the master below).
+    // The weights and gradients in the storage precision, n each (the master and Adam's m, v
+    // are the caller's: TpOpt, as Session keeps them for a GPT2)
+    float *params, *grads;                   // fp32, else NULL
+    uint16_t *params_bf16, *grads_bf16;      // bf16, else NULL
+    // Where the tensors start in the flat buffer (valid for every buffer of its layout)
     size_t off_wte, off_wpe, off_lnf;   // (where the stage has them)
     size_t *off_block;                  // (l1 - l0)
-    // views (NULL where the stage has none; bf16: into the master, the d* views NULL)
-    float *wte, *wpe, *lnfw, *lnfb, *dwte, *dwpe, *dlnfw, *dlnfb;
-    TpBlock *w, *dw;         // (l1 - l0) (bf16: w views the master, dw NULL)
     TpScratch s;             // the blocks' backward scratch (one micro-batch at a time)
     TpBlockActs wa;          // bf16: the ONE fp32 working set of the blocks (else unused)
     float *out;              // bf16, a stage without the head: (B·T, C) tpm_stage_output's copy
@@ -168,29 +162,35 @@ void *tpm_stage_wte_grad(const TpStage *st);
 DistDtype tpm_stage_dist_dtype(const TpStage *st);
 void tpm_stage_zero_grad(TpStage *st);
 void tpm_stage_poison_grad(TpStage *st);  // the first gradient element := NaN (--inject-nan-step)
-// AdamW on elements [lo, hi) of the stage (grad_shard: hi - lo elements of the storage
-// precision on st->dev, from element lo; scale: adamw_clip_scale's). Element i is m, v at
-// i - opt_lo; the fp32 params at i; a bf16 master at i - opt_lo and params_bf16 at i (rounded
-// from the master). Not ZeRO: lo = 0, hi = n, tpm_stage_grad_buf(st).
-void tpm_stage_adamw_range(TpStage *st, const AdamW *h, int step, size_t lo, size_t hi,
-                           const void *grad_shard, float scale);
+// The optimizer's state of elements [lo, hi) of a stage's flat buffer: the caller's (chapter 07:
+// the whole buffer; 09 under ZeRO-1: its replica's piece), as Session keeps it for a GPT2.
+typedef struct TpOpt {
+    size_t lo, hi;
+    float *master;           // (hi - lo) from element lo: bf16 the fp32 master (MEM_MASTER);
+                             // fp32 st->params + lo, the weights themselves
+    float *m, *v;            // (hi - lo) Adam's moments (MEM_OPT_M, MEM_OPT_V), zeroed
+} TpOpt;
+// Allocates o for [lo, hi) on st->dev; a bf16 master starts at the initial fp32 weights of
+// tpm_stage_build's seed (the weights are those rounded).
+void tpm_opt_alloc(TpOpt *o, TpStage *st, uint64_t seed, size_t lo, size_t hi);
+void tpm_opt_free(TpOpt *o, const TpStage *st);
+// After the master changed outside tpm_stage_adamw (a checkpoint): bf16 rounds it into
+// params_bf16[lo, hi); fp32 does nothing (the master is the weights).
+void tpm_stage_set_weights(TpStage *st, const TpOpt *o);
+// AdamW on elements [o->lo, o->hi) of the stage (grad_shard: hi - lo elements of the storage
+// precision on st->dev, from element lo; scale: adamw_clip_scale's): common/optim.h's
+// adamw_step, or in bf16 adamw_step_bf16 (the master updated, then rounded into params_bf16).
+// Not ZeRO: o covers [0, n) and grad_shard is tpm_stage_grad_buf(st).
+void tpm_stage_adamw(TpStage *st, const AdamW *h, int step, const TpOpt *o, const void *grad_shard,
+                     float scale);
 // Clip (the global norm: the sharded tensors' squares summed over g, the replicated ones counted
-// once) and AdamW on the whole flat buffer: chapter 07's step. Fails the run naming the step on
-// NaN/Inf.
-void tpm_stage_adamw_step(TpStage *st, const AdamW *h, int step, DistGroup *g);
+// once) and AdamW on the whole flat buffer (o: [0, n)): chapter 07's step. Fails the run naming
+// the step on NaN/Inf.
+void tpm_stage_adamw_step(TpStage *st, const AdamW *h, int step, const TpOpt *o, DistGroup *g);
 // Largest |w - w on group rank 0| over the replicated tensors (LayerNorms, wpe, the row-parallel
-// biases; bf16: of the fp32 master, which must be whole): 0 when every rank applied the same
-// updates to them. Collective over g.
-double tpm_replicated_max_diff(const TpStage *st, DistGroup *g);
-// ZeRO-1 (chapter 09): keep the optimizer state of elements [lo, hi) only: Adam m, v and, in
-// bf16, the fp32 master reallocated to their piece [lo, hi) copied from the whole (same MEM
-// tags, on st->dev); opt_lo = lo. Once per stage. bf16: the views into the master (wte, wpe,
-// lnfw, lnfb, w) become NULL; the off_* offsets stay valid; st->params then holds the piece
-// only (tpm_unshard / tpm_shard want whole-stage buffers: gather it first).
-void tpm_stage_shard_optimizer(TpStage *st, size_t lo, size_t hi);
-// After the master changed outside tpm_stage_adamw_range (a checkpoint): bf16 rounds the master's
-// elements [lo, hi) (at i - opt_lo) into params_bf16[lo, hi); fp32 does nothing.
-void tpm_stage_master_to_params(TpStage *st, size_t lo, size_t hi);
+// biases) of the master (o: [0, n)): 0 when every rank applied the same updates to them.
+// Collective over g.
+double tpm_replicated_max_diff(const TpStage *st, const TpOpt *o, DistGroup *g);
 // n elements of a buffer in `type` (DIST_F32 or DIST_BF16; host or device) -> fp32 on the host.
 void tpm_to_host_f32(float *host, const void *buf, size_t n, DistDtype type);
 // ---- whole <-> slice: every save, load and dump of a layout goes through these two -----------
@@ -200,7 +200,7 @@ void tpm_to_host_f32(float *host, const void *buf, size_t n, DistDtype type);
 // with_replicated, the tied copy never. Summing such buffers over a TP x PP grid (one
 // with_replicated per TP group) gives the whole model exactly (x + 0 == x). The weights the
 // forward reads: fp32 params; bf16 params_bf16 widened (a --dump's; a checkpoint saves the
-// master: tpm_unshard(st, st->params, ...)).
+// master: tpm_unshard(st, o.master, ...)).
 void tpm_unshard_weights(const TpStage *st, float *full_mem, int with_replicated);
 // The same for any fp32 buffer laid out as the stage's flat buffer (its master, Adam's m or v,
 // fp32 gradients; host or device; bf16 gradients: tpm_to_host_f32 first).
@@ -208,5 +208,5 @@ void tpm_unshard_weights(const TpStage *st, float *full_mem, int with_replicated
 void tpm_unshard(const TpStage *st, const float *buf, float *full_mem, int with_replicated);
 // The reverse: buf (st->n floats, the stage's layout, host or device) := this rank's slices of
 // full_mem (the full model's memory order, host), the tied copy included (a checkpoint of any
-// layout resumes here). Into st->params in bf16: tpm_stage_master_to_params(st, 0, n) after.
+// layout resumes here). Into a master: tpm_stage_set_weights after.
 void tpm_shard(const TpStage *st, const float *full_mem, float *buf);

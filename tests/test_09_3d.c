@@ -415,7 +415,7 @@ Test(threed09, bf16_layouts_match_single_device_bf16, .timeout = 240) {
 // -> 3D 2x2x2 bf16 -> DP 2 x TP 2 --zero 1 bf16 -> chapter 00 bf16, a step each, must end as 00's
 // uninterrupted bf16 run (the bf16 bounds: each link sums in its own order). Measured: the
 // resumed steps' losses within 8.6e-8, 8.6e-7, 5e-6, the final weights within 2.4e-4. Seen
-// failing with the bf16 weights left stale after a resume (tpm_stage_master_to_params skipped in
+// failing with the bf16 weights left stale after a resume (tpm_stage_set_weights skipped in
 // load_state: the forward reads the initial weights; link 1's losses 1.3e-3 off).
 Test(threed09, a_bf16_checkpoint_resumes_under_other_layouts, .timeout = 120) {
     static const ChainLink link[4] = {

@@ -193,13 +193,12 @@ Test(tp_model, two_stages_compute_what_the_whole_model_computes) {
     }
 }
 
-// ZeRO-1's pieces (chapter 09): a stage whose optimizer state is cut to [lo, hi)
-// (tpm_stage_shard_optimizer) and stepped on its gradient piece updates exactly those elements
-// as the whole stage's step does: two stages holding [0, k) and [k, n) give, together, the
-// weights the unsharded step gives, bit for bit, in fp32 and in bf16 (master and bf16 weights).
-// Seen failing: the bf16 master indexed from lo instead of lo - opt_lo in
-// tpm_stage_adamw_range (by hand: the piece's master written out of its bounds, the test
-// crashes with "malloc(): invalid size").
+// ZeRO-1's pieces (chapter 09): a stage whose optimizer state (TpOpt) is the piece [lo, hi)
+// only, stepped on its gradient piece, updates exactly those elements as the whole stage's step
+// does: two stages holding [0, k) and [k, n) give, together, the weights the unsharded step
+// gives, bit for bit, in fp32 and in bf16 (master and bf16 weights). Seen failing: the bf16 master indexed from lo
+// instead of lo - opt_lo in the old tpm_stage_adamw_range (by hand: the piece's master written
+// out of its bounds, the test crashes with "malloc(): invalid size").
 Test(tp_model, zero1_pieces_of_the_optimizer_step_are_the_whole_step) {
     const GPT2Config cfg = small_cfg();
     const int B = 2, T = cfg.T, N = B * T;
@@ -211,6 +210,7 @@ Test(tp_model, zero1_pieces_of_the_optimizer_step_are_the_whole_step) {
         const TpOpts o = {.dev = DEV_CPU, .dtype = d ? GPT2_BF16 : GPT2_FP32, .sp = 0};
         TpComm c = tp_comm_single();
         TpStage st[3];  // the whole, [0, k), [k, n)
+        TpOpt os[3];
         size_t k = 0;
         for (int s = 0; s < 3; s++) {
             TpStageActs x;
@@ -224,8 +224,8 @@ Test(tp_model, zero1_pieces_of_the_optimizer_step_are_the_whole_step) {
             const size_t lo = s == 2 ? k : 0, hi = s == 1 ? k : st[s].n;
             const size_t esz = d ? 2 : 4;
             const char *g = (const char *)tpm_stage_grad_buf(&st[s]) + lo * esz;
-            if (s) tpm_stage_shard_optimizer(&st[s], lo, hi);
-            tpm_stage_adamw_range(&st[s], &h, 0, lo, hi, g, 1.0f);
+            tpm_opt_alloc(&os[s], &st[s], 5, lo, hi);
+            tpm_stage_adamw(&st[s], &h, 0, &os[s], g, 1.0f);
         }
         const size_t n = st[0].n;
         float *whole = malloc(n * sizeof(float)), *got = malloc(n * sizeof(float));
@@ -238,12 +238,12 @@ Test(tp_model, zero1_pieces_of_the_optimizer_step_are_the_whole_step) {
             const char *w = d ? (const char *)st[s].params_bf16 : (const char *)st[s].params;
             tpm_to_host_f32(got + lo, w + lo * esz, hi - lo, t);
             if (d)  // and the master piece: the whole step's master there
-                cr_expect(memcmp(st[s].params, st[0].params + lo, (hi - lo) * sizeof(float)) == 0,
+                cr_expect(memcmp(os[s].master, os[0].master + lo, (hi - lo) * sizeof(float)) == 0,
                           "bf16: the master of piece %d differs from the whole step's", s);
         }
         cr_expect(memcmp(whole, got, n * sizeof(float)) == 0, "%s: the pieces' step differs from the whole step",
                   d ? "bf16" : "fp32");
         free(whole), free(got);
-        for (int s = 0; s < 3; s++) tpm_stage_free(&st[s]);
+        for (int s = 0; s < 3; s++) tpm_opt_free(&os[s], &st[s]), tpm_stage_free(&st[s]);
     }
 }
