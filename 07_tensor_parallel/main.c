@@ -23,8 +23,8 @@
 // --dtype bf16: gpt2's mixed precision piece by piece (bf16 weights, gradients and stored
 // activations, an fp32 master; every piece computes in fp32 and the all-reduces carry fp32);
 // --device cuda runs the same pieces on the GPU's kernels, --backend nccl their collectives. The
-// pieces are common/tp.h's; tp_model.c lays them out in one flat buffer; this file is the
-// training loop, the checkpoints and the report (report.c).
+// pieces are common/tp.h's; tp_model.c lays them out in one flat buffer (the TpStage of every
+// block); this file is the training loop, the checkpoints and the report (report.c).
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -78,46 +78,34 @@ static const char *USAGE =
 typedef struct TpFlags {
     int tp;               // ranks per TP group (0: all ranks)
     int sp;               // --sequence-parallel
-    const char *mutate;   // break one mechanism on purpose (the tests' negative checks)
 } TpFlags;
 
-// --mutate: the comm that forgets one all-reduce (the bugs the tests must catch).
-static TpSite skipped = TP_NSITES;  // none
-static void all_reduce_maybe(TpComm *c, float *buf, size_t n, TpOp op, TpSite site) {
-    if (site == skipped) return;
-    int tok = trace_begin(tp_site_name(site), TRACE_COMM);
-    dist_all_reduce(buf, buf, n, DIST_F32, op == TP_MAX ? DIST_MAX : DIST_SUM, (DistGroup *)c->ctx);
-    trace_end(tok);
-}
-
-// --mutate heads: every block's q, k, v rows are the next rank's heads, while the projection
-// keeps this rank's columns (a shard / unshard index bug).
-static void mutate_heads(TpModel *m, uint64_t seed) {
-    TpBlock other;
-    float *buf = lab_xcalloc(tp_block_count(m->cfg.C, m->tp), sizeof(float));
-    tp_block_views(&other, buf, m->cfg.C, m->tp);
-    size_t rows = (size_t)3 * m->cfg.C / m->tp;
-    for (int l = 0; l < m->cfg.L; l++) {  // (into the master in bf16; host or device)
-        tp_block_init(&other, &m->cfg, seed, l, m->tp, (m->r + 1) % m->tp);
-        mem_copy(m->w[l].qkvw, other.qkvw, rows * m->cfg.C * sizeof(float));
-        mem_copy(m->w[l].qkvb, other.qkvb, rows * sizeof(float));
-    }
-    tpm_master_to_params(m);
-    free(buf);
+// The whole model's `buf` (a buffer of m's layout: the master, Adam's m or v) in memory order on
+// g's rank 0 (full: zeroed, gpt2_param_count floats; NULL elsewhere): every rank writes its
+// slices (the replicated tensors from rank 0) into a zeroed buffer, the group sums them (x + 0
+// == x: exact). Collective over g.
+static void gather_whole(const TpStage *m, const float *buf, DistGroup *g, float *full) {
+    const size_t n = gpt2_param_count(&m->cfg);
+    float *mine = lab_xcalloc(n, sizeof(float));
+    if (buf) tpm_unshard(m, buf, mine, g->rank == 0);
+    else tpm_unshard_weights(m, mine, g->rank == 0);  // the weights the forward reads
+    dist_reduce(mine, full, n, DIST_F32, DIST_SUM, 0, g);
+    free(mine);
 }
 
 // --save: the FULL training state (bf16: its fp32 master; and Adam's m, v), gathered from the
 // slices of TP group 0 (ckg: a copy of the TP group, so that a save's traffic stays out of the
 // step's counters), written by world rank 0 in the lab's format: any --tp, and chapter 00,
-// resumes it. (--save-weights writes the weights the forward reads: tpm_gather_full, below.)
-static void save_state(const TpModel *m, DistGroup *ckg, int in_group0, const LabArgs *args, int step) {
+// resumes it. (--save-weights writes the weights the forward reads, below.)
+static void save_state(const TpStage *m, const TpOpt *o, DistGroup *ckg, int in_group0,
+                       const LabArgs *args, int step) {
     if (!in_group0) return;
     const size_t n = gpt2_param_count(&m->cfg);
     float *buf[3] = {NULL, NULL, NULL};
-    const float *flat[3] = {m->params, m->opt_m, m->opt_v};
+    const float *flat[3] = {o->master, o->m, o->v};
     for (int i = 0; i < 3; i++) {
         if (ckg->rank == 0) buf[i] = lab_xcalloc(n, sizeof(float));
-        tpm_gather_flat(m, ckg, flat[i], buf[i]);
+        gather_whole(m, flat[i], ckg, buf[i]);
     }
     if (ckg->rank == 0)
         ckpt_save_training(args->save, &m->cfg, step, (uint64_t)args->seed, (uint64_t)args->data_seed,
@@ -126,12 +114,12 @@ static void save_state(const TpModel *m, DistGroup *ckg, int in_group0, const La
 }
 
 // --resume / --load-weights: world rank 0 reads the full model, every rank takes its slices
-// (tpm_take_flat: the exact inverse of the gather). Returns the step to continue from.
-static int load_state(TpModel *m, const LabArgs *args) {
+// (tpm_shard: the exact inverse of the gather). Returns the step to continue from.
+static int load_state(TpStage *m, TpOpt *o, const LabArgs *args) {
     if (!args->resume && !args->load_weights) return 0;
     const size_t n = gpt2_param_count(&m->cfg);
     float *buf[3] = {lab_xcalloc(n, sizeof(float)), lab_xcalloc(n, sizeof(float)), lab_xcalloc(n, sizeof(float))};
-    float *flat[3] = {m->params, m->opt_m, m->opt_v};
+    float *flat[3] = {o->master, o->m, o->v};
     int start = 0;
     if (dist_rank() == 0) {
         if (args->resume) start = ckpt_resume_training(args->resume, &m->cfg, buf[0], buf[1], buf[2], n);
@@ -140,9 +128,9 @@ static int load_state(TpModel *m, const LabArgs *args) {
     dist_broadcast(&start, 1, DIST_I32, 0, dist_world());
     for (int i = 0; i < (args->resume ? 3 : 1); i++) {
         dist_broadcast(buf[i], n, DIST_F32, 0, dist_world());
-        tpm_take_flat(m, buf[i], flat[i]);
+        tpm_shard(m, buf[i], flat[i]);
     }
-    tpm_master_to_params(m);  // bf16: the weights the forward reads, from the loaded master
+    tpm_stage_set_weights(m, o);  // bf16: the weights the forward reads, from the master
     if (args->resume && !args->quiet && dist_rank() == 0)
         printf("resumed from %s at step %d\n", args->resume, start);
     for (int i = 0; i < 3; i++) free(buf[i]);
@@ -174,22 +162,19 @@ static void train(const LabArgs *args, const TpFlags *f) {
     // 2. This rank's share of the model, initialized slice by slice from --seed, on --device in
     //    --dtype (bf16: the fp32 master beside bf16 weights and gradients).
     if (strcmp(args->backend, "nccl") == 0) dist_set_backend(DIST_BACKEND_NCCL);
+    //    Every block (l0 = 0, l1 = L) and one batch's activations, kept across the steps; the
+    //    optimizer's state of the whole slice (bf16: the fp32 master; Adam's m, v).
     const TpOpts opts = {.dev = lab_args_device(args),
                          .dtype = strcmp(args->dtype, "bf16") == 0 ? GPT2_BF16 : GPT2_FP32, .sp = f->sp};
-    TpModel m;
-    tpm_build_opts(&m, cfg, tp, tpg->rank, Bl, cfg.T, (uint64_t)args->seed, opts);
-    if (strcmp(f->mutate, "heads") == 0) mutate_heads(&m, (uint64_t)args->seed);
-    if (strcmp(f->mutate, "attn-f") == 0) skipped = TP_SITE_ATTN_F;
-    if (strcmp(f->mutate, "mlp-f") == 0) skipped = TP_SITE_MLP_F;
-    if (strcmp(f->mutate, "ce-sumexp") == 0) skipped = TP_SITE_CE_SUMEXP;
-    if (strcmp(f->mutate, "sp-grads") == 0) {
-        if (!f->sp) lab_fail_collective("--mutate sp-grads breaks sequence parallelism: add --sequence-parallel");
-        skipped = TP_SITE_SP_GRADS;
-    }
+    TpStage m;
+    TpStageActs acts;
+    tpm_stage_build_opts(&m, cfg, tp, tpg->rank, 0, cfg.L, Bl, cfg.T, (uint64_t)args->seed, opts);
+    tpm_stage_acts_alloc(&acts, &m);
+    TpOpt ost;
+    tpm_opt_alloc(&ost, &m, (uint64_t)args->seed, 0, m.n);
     DistGroup *ckg = dist_split(dist_world(), rank / tp, rank % tp, "tp-ckpt");
-    const int start = load_state(&m, args);
+    const int start = load_state(&m, &ost, args);
     TpComm comm = tp_comm_group(tpg);
-    comm.all_reduce = all_reduce_maybe;
     AdamW opt = lab_args_adamw(args);
     DataSource data;
     lab_args_data(args, &data);
@@ -216,26 +201,27 @@ static void train(const LabArgs *args, const TpFlags *f) {
         //    Sequence parallel: the stream on this rank's T/tp positions of each sequence;
         //    each all-reduce of B·T·C a reduce-scatter (g) or an all-gather (f).
         int tok = trace_begin("forward", TRACE_COMPUTE);
-        float loss = tpm_forward(&m, &comm, inputs, targets);
+        float loss = tpm_stage_forward(&m, &comm, &acts, inputs, targets);
         trace_end(tok);
         // 5. Backward: head (f: 1), L blocks (f: 2 each); the mean over this group's rows.
         //    Sequence parallel: the mirror image, then one all-reduce of the LayerNorms' and
         //    the row-parallel biases' gradients (each rank saw its positions only).
-        tpm_zero_grad(&m);
+        tpm_stage_zero_grad(&m);
         tok = trace_begin("backward", TRACE_COMPUTE);
-        tpm_backward(&m, &comm, inputs, targets, 1.0f / ((float)Bl * (float)cfg.T));
+        tpm_stage_backward(&m, &comm, &acts, inputs, targets, 1.0f / ((float)Bl * (float)cfg.T));
         trace_end(tok);
-        if (step == args->inject_nan_step && rank == 0) tpm_poison_grad(&m);  // --inject-nan-step
+        if (step == args->inject_nan_step && rank == 0) tpm_stage_poison_grad(&m);  // --inject-nan-step
         // 6. Data parallel across groups (--tp < world): average the slices rank r of every
         //    group holds (the same slices; in their storage precision, bf16 like 03), and the loss.
         if (dp > 1) {
-            dist_all_reduce(tpm_grad_buf(&m), tpm_grad_buf(&m), m.n, tpm_dist_dtype(&m), DIST_AVG, dpg);
+            dist_all_reduce(tpm_stage_grad_buf(&m), tpm_stage_grad_buf(&m), m.n, tpm_stage_dist_dtype(&m),
+                            DIST_AVG, dpg);
             dist_all_reduce(&loss, &loss, 1, DIST_F32, DIST_AVG, dpg);
         }
         // 7. Every rank updates its own slice; the replicated tensors get the same update
         //    everywhere (same gradients, same clip scale).
         tok = trace_begin("optimizer", TRACE_COMPUTE);
-        tpm_adamw_step(&m, &opt, step, tpg);
+        tpm_stage_adamw_step(&m, &opt, step, &ost, tpg);
         trace_end(tok);
         losses[step] = loss;
         double now = lab_now();
@@ -245,7 +231,7 @@ static void train(const LabArgs *args, const TpFlags *f) {
                    adamw_lr(&opt, step), (double)args->batch * cfg.T / (now - t_last));
         t_last = now;
         if (args->save && args->save_every > 0 && (step + 1) % args->save_every == 0 && step + 1 < steps)
-            save_state(&m, ckg, dpg->rank == 0, args, step + 1);
+            save_state(&m, &ost, ckg, dpg->rank == 0, args, step + 1);
     }
     double elapsed = lab_now() - t0;
 
@@ -253,16 +239,21 @@ static void train(const LabArgs *args, const TpFlags *f) {
     Tp7Figures fig;
     tp7_measure(&fig, &m, &comm, tpg, steps - start, elapsed, args->batch);
     if (args->save) {
-        save_state(&m, ckg, dpg->rank == 0, args, steps);
+        save_state(&m, &ost, ckg, dpg->rank == 0, args, steps);
         if (!args->quiet && rank == 0) printf("saved training state (step %d) to %s\n", steps, args->save);
     }
     if (!args->quiet) tp7_print_report(&fig, &m, tpg, world);
     trace_finish();  // --trace: the timeline (collective)
     // 9. --dump: the full model's weights gathered back (rank 0 of each group; world rank 0
     //    writes), the losses, the figures.
-    double replicated_diff = args->dump ? tpm_replicated_max_diff(&m, tpg) : 0.0;
-    float *full = tpg->rank == 0 ? lab_xmalloc(gpt2_param_count(&cfg) * sizeof(float)) : NULL;
-    if (args->dump || args->save_weights) tpm_gather_full(&m, tpg, full);
+    double replicated_diff = args->dump ? tpm_replicated_max_diff(&m, &ost, tpg) : 0.0;
+    float *full = tpg->rank == 0 ? lab_xcalloc(gpt2_param_count(&cfg), sizeof(float)) : NULL;
+    if (args->dump || args->save_weights) {  // the weights the forward reads, in llm.c's order
+        float *mem = tpg->rank == 0 ? lab_xcalloc(gpt2_param_count(&cfg), sizeof(float)) : NULL;
+        gather_whole(&m, NULL, tpg, mem);
+        if (mem) gpt2_to_llmc(&cfg, mem, full);
+        free(mem);
+    }
     if (args->save_weights && rank == 0) ckpt_save_weights(args->save_weights, &cfg, full);
     if (args->dump && rank == 0) {
         RunResults out;
@@ -282,7 +273,9 @@ static void train(const LabArgs *args, const TpFlags *f) {
     mem_free(inputs);
     mem_free(targets);
     data_free(&data);
-    tpm_free(&m);
+    tpm_opt_free(&ost, &m);
+    tpm_stage_acts_free(&acts, &m);
+    tpm_stage_free(&m);
     dist_group_free(ckg);
     dist_group_free(dpg);
     dist_group_free(tpg);
@@ -291,18 +284,13 @@ static void train(const LabArgs *args, const TpFlags *f) {
 int main(int argc, char **argv) {
     dist_init(&argc, &argv);
     LabArgs args = lab_args_defaults();
-    TpFlags f = {.tp = 0, .sp = 0, .mutate = "none"};
+    TpFlags f = {.tp = 0, .sp = 0};
     FlagSpec extra[] = {
         {"--tp", FLAG_INT, &f.tp, 0, 1 << 20, NULL,
          "ranks per tensor-parallel group (0: all ranks); must divide the heads and the ranks"},
         {"--sequence-parallel", FLAG_BOOL, &f.sp, 0, 1, NULL,
          "sequence parallelism: LayerNorms and residuals on T/tp positions per rank, g a "
          "reduce-scatter, f an all-gather (--seq must be a multiple of --tp)"},
-        {"--mutate", FLAG_CHOICE, &f.mutate, 0, 0, "none|attn-f|mlp-f|ce-sumexp|heads|sp-grads",
-         "break one mechanism on purpose (what the tests must catch): forget f's backward "
-         "all-reduce (or reduce-scatter) at the attention / MLP input, normalise the softmax by "
-         "the local vocabulary only, give each rank the next rank's heads, or (with "
-         "--sequence-parallel) forget the all-reduce of the LayerNorms' partial gradients"},
     };
     lab_parse_args_for(LAB_FLAGS_MODEL | LAB_FLAGS_TRAINING | LAB_FLAGS_HARDWARE | LAB_FLAGS_OUTPUT |
                            LAB_FLAGS_RELIABILITY | LAB_FLAGS_KILL, argc, argv, &args,

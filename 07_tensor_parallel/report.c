@@ -20,7 +20,7 @@ static void picture_row(const char *label, int n, int nvalid, int tp, int width)
     printf("\n");
 }
 
-void tp7_print_layout(const TpModel *m, int world, int dp) {
+void tp7_print_layout(const TpStage *m, int world, int dp) {
     const GPT2Config *c = &m->cfg;
     const int tp = m->tp, Cl = c->C / tp, Hl = 4 * c->C / tp;
     char b[32];
@@ -50,7 +50,7 @@ void tp7_print_layout(const TpModel *m, int world, int dp) {
            m->tv.nvalid, mem_format(b, sizeof b, (double)m->n * 4));
 }
 
-void tp7_measure(Tp7Figures *f, const TpModel *m, const TpComm *comm, DistGroup *tpg, int steps,
+void tp7_measure(Tp7Figures *f, const TpStage *m, const TpComm *comm, DistGroup *tpg, int steps,
                  double elapsed, int global_batch) {
     memset(f, 0, sizeof *f);
     const GPT2Config *c = &m->cfg;
@@ -171,7 +171,7 @@ void tp7_measure(Tp7Figures *f, const TpModel *m, const TpComm *comm, DistGroup 
 
 enum { F_SENT, F_RECV, F_PARAMS, F_ACTS, F_OPT, F_PEAK, F_N };
 
-void tp7_print_report(const Tp7Figures *f, const TpModel *m, DistGroup *tpg, int world) {
+void tp7_print_report(const Tp7Figures *f, const TpStage *m, DistGroup *tpg, int world) {
     double mine[F_N] = {f->tp_sent, f->tp_recv, f->params, f->acts,
                         (double)(mem_peak(MEM_OPT_M) + mem_peak(MEM_OPT_V)), f->peak};
     double all[F_N * 64];

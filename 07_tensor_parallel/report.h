@@ -27,10 +27,10 @@ typedef struct Tp7Figures {
     double peak, tokens_per_s;
 } Tp7Figures;
 
-void tp7_print_layout(const TpModel *m, int world, int dp);
+void tp7_print_layout(const TpStage *m, int world, int dp);
 // Reads the counters of the run's `steps` steps (comm: the TpComm the loop used).
-void tp7_measure(Tp7Figures *f, const TpModel *m, const TpComm *comm, DistGroup *tpg, int steps,
+void tp7_measure(Tp7Figures *f, const TpStage *m, const TpComm *comm, DistGroup *tpg, int steps,
                  double elapsed, int global_batch);
 // Collective over the world (a per-rank table gathered to rank 0).
-void tp7_print_report(const Tp7Figures *f, const TpModel *m, DistGroup *tpg, int world);
+void tp7_print_report(const Tp7Figures *f, const TpStage *m, DistGroup *tpg, int world);
 void tp7_results(const Tp7Figures *f, RunResults *out);

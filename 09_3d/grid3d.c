@@ -57,21 +57,11 @@ void grid_check(int world, int *dp, int tp, int pp, int chunks, int NH, int L) {
                             pp * chunks, 2 * pp * chunks);
 }
 
-void grid_init(Grid *g, int tp, int dp, int pp, int tp_slowest) {
+void grid_init(Grid *g, int tp, int dp, int pp) {
     g->world = dist_size(), g->rank = dist_rank(), g->tp = tp, g->dp = dp, g->pp = pp;
-    g->tp_slowest = tp_slowest;
     LAB_CHECK(g->world == tp * dp * pp, "grid: %d ranks for %d x %d x %d", g->world, tp, dp, pp);
     int color[3], key[3];
-    for (int dim = 0; dim < 3; dim++) {
-        if (!tp_slowest) {
-            grid_group_color(g->rank, tp, dp, pp, dim, &color[dim], &key[dim]);
-        } else {  // the bug: p fastest, then d, then t (a TP group spread across the "nodes")
-            const int pc = g->rank % pp, dc = (g->rank / pp) % dp, tc = g->rank / (pp * dp);
-            const int c3[3] = {tc, dc, pc};
-            color[dim] = dim == GRID_TP ? dc + dp * pc : dim == GRID_DP ? tc + tp * pc : tc + tp * dc;
-            key[dim] = c3[dim];
-        }
-    }
+    for (int dim = 0; dim < 3; dim++) grid_group_color(g->rank, tp, dp, pp, dim, &color[dim], &key[dim]);
     g->c = (GridCoord){key[GRID_TP], key[GRID_DP], key[GRID_PP]};
     g->tpg = dist_split(dist_world(), color[GRID_TP], key[GRID_TP], "tp");
     g->dpg = dist_split(dist_world(), color[GRID_DP], key[GRID_DP], "dp");
@@ -113,8 +103,8 @@ void grid_print(FILE *out, const Grid *g) {
     int *all = g->rank == 0 ? lab_xcalloc((size_t)g->world * W, sizeof(int)) : NULL;
     dist_gather(mine, all, W, DIST_I32, 0, dist_world());
     if (g->rank == 0) {
-        fprintf(out, "the grid: %d ranks = dp %d x tp %d x pp %d, TP fastest, then DP, then PP%s\n",
-                g->world, g->dp, g->tp, g->pp, g->tp_slowest ? "  (--mutate: TP SLOWEST)" : "");
+        fprintf(out, "the grid: %d ranks = dp %d x tp %d x pp %d, TP fastest, then DP, then PP\n",
+                g->world, g->dp, g->tp, g->pp);
         for (int p = 0; p < g->pp; p++) {
             fprintf(out, "  stage p=%d%*s", p, 4, "");
             for (int t = 0; t < g->tp; t++) fprintf(out, " t=%-3d", t);

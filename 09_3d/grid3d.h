@@ -31,16 +31,14 @@ typedef struct Grid {
     int rank;
     GridCoord c;                 // this rank's coordinates
     DistGroup *tpg, *dpg, *ppg;  // its groups (group rank == c.t, c.d, c.p)
-    int tp_slowest;              // --mutate groups-tp-slowest: the grid built in reverse order
 } Grid;
 
 // Checks the arguments against the world and the model (world == dp·tp·pp, tp divides the
 // heads, pp·chunks divides the layers): one message naming the valid choices, every rank exits
 // (lab_fail_collective). dp 0: inferred as world / (tp·pp).
 void grid_check(int world, int *dp, int tp, int pp, int chunks, int NH, int L);
-// Builds the grid and its three groups (collective over the world). tp_slowest: the bug of
-// building the groups with TP as the slowest coordinate (rank = p + pp·(d + dp·t)).
-void grid_init(Grid *g, int tp, int dp, int pp, int tp_slowest);
+// Builds the grid and its three groups (collective over the world).
+void grid_init(Grid *g, int tp, int dp, int pp);
 void grid_free(Grid *g);
 // The picture: which world rank sits at which (t, d, p), and the members of each group.
 void grid_print(FILE *out, const Grid *g);

@@ -81,20 +81,16 @@ typedef struct Flags3d {
     int tp, pp, dp;        // dp 0: world / (tp·pp)
     const char *schedule;
     int m, v;              // micro-batches per step (per replica), chunks per rank
-    const char *mutate;    // break one mechanism (the tests' negative checks)
     int zero;              // 1: ZeRO-1 over DP (optimizer state sharded over the replicas)
 } Flags3d;
 
-// --zero 1: the piece of a chunk's flat buffer this replica updates.
-typedef struct ZPiece {
-    size_t lo, count;
-    void *grad;            // (count) the piece's averaged gradient, in the stage's storage
-                           // precision (tpm_stage_dist_dtype), on its device
-} ZPiece;
-
-// One chunk of layers on this rank: its TP stage and the micro-batches in flight on it.
+// One chunk of layers on this rank: its TP stage, the optimizer's state of it and the
+// micro-batches in flight on it.
 typedef struct Chunk {
     TpStage st;
+    TpOpt o;               // [0, n), or under --zero 1 this replica's piece [lo, hi)
+    void *zgrad;           // --zero 1: (hi - lo) the piece's averaged gradient, in the stage's
+                           // storage precision (tpm_stage_dist_dtype), on its device
     int vs;                // virtual stage chunk·pp + p
     TpStageActs **acts;    // (m) NULL when micro-batch i is not in flight on this chunk
 } Chunk;
@@ -176,7 +172,7 @@ enum { WHOLE_WEIGHTS, WHOLE_MASTER, WHOLE_ADAM_M, WHOLE_ADAM_V };
 
 // The whole model's WHOLE_WEIGHTS (what the forward reads: fp32 params, bf16 params_bf16
 // widened: the --dump), WHOLE_MASTER (the fp32 weights AdamW updates: fp32 params, bf16 the
-// master), Adam m or v, memory order, summed onto world rank 0's `full` (NULL elsewhere):
+// master: TpOpt's), Adam m or v, memory order, summed onto world rank 0's `full` (NULL elsewhere):
 // replica 0's ranks write their slices (the replicated tensors from TP rank 0) into zeroed
 // buffers (x + 0 == x: exact). --zero 1: m and v (and bf16's master) exist for this replica's
 // piece only: they are first all-gathered over DP into the stage's layout. Collective.
@@ -186,18 +182,18 @@ static void gather_full(Chunk *ch, int v, const Grid *g, int zero, int which, fl
     for (int c = 0; c < v; c++) {
         TpStage *st = &ch[c].st;
         if (which == WHOLE_WEIGHTS) {
-            if (g->c.d == 0) tpm_stage_unshard(st, mine, g->c.t == 0);
+            if (g->c.d == 0) tpm_unshard_weights(st, mine, g->c.t == 0);
             continue;
         }
-        const float *buf = which == WHOLE_MASTER ? st->params : which == WHOLE_ADAM_M ? st->opt_m
-                                                                                     : st->opt_v;
+        const TpOpt *o = &ch[c].o;
+        const float *buf = which == WHOLE_MASTER ? o->master : which == WHOLE_ADAM_M ? o->m : o->v;
         float *whole = NULL;
-        if (zero && (which != WHOLE_MASTER || st->dtype == GPT2_BF16)) {  // (fp32: params whole)
+        if (zero && (which != WHOLE_MASTER || st->dtype == GPT2_BF16)) {  // (fp32: the weights, whole)
             whole = mem_alloc(st->n * sizeof(float), MEM_OTHER, st->dev);
             dist_all_gather_n(buf, whole, st->n, DIST_F32, g->dpg);
             buf = whole;
         }
-        if (g->c.d == 0) tpm_stage_unshard_buf(st, buf, mine, g->c.t == 0);
+        if (g->c.d == 0) tpm_unshard(st, buf, mine, g->c.t == 0);
         mem_free(whole);
     }
     dist_reduce(mine, full, n, DIST_F32, DIST_SUM, 0, dist_world());
@@ -225,7 +221,7 @@ static void save_state(const LabArgs *a, Chunk *ch, int v, const Grid *g, int ze
 // whole file and keeps its slices (--zero 1: of m, v and bf16's master, its piece): into the
 // master, then bf16 rounds it into the weights the forward reads (--zero 1: each replica its
 // piece, all-gathered over DP). Returns the step to start at. Collective over DP.
-static int load_state(const LabArgs *a, Chunk *ch, int v, const ZPiece *zp, int zero, DistGroup *dpg) {
+static int load_state(const LabArgs *a, Chunk *ch, int v, int zero, DistGroup *dpg) {
     const GPT2Config cfg = ch[0].st.cfg;
     const size_t n = gpt2_param_count(&cfg);
     float *fp = lab_xcalloc(n, sizeof(float)), *fm = lab_xcalloc(n, sizeof(float)),
@@ -235,25 +231,26 @@ static int load_state(const LabArgs *a, Chunk *ch, int v, const ZPiece *zp, int 
     else ckpt_load_weights_into(a->load_weights, &cfg, fp, n);
     for (int c = 0; c < v; c++) {
         TpStage *st = &ch[c].st;
+        const TpOpt *o = &ch[c].o;
         float *whole = lab_xmalloc(st->n * sizeof(float));
-        const size_t lo = zero ? zp[c].lo : 0, count = zero ? zp[c].count : st->n;
+        const size_t lo = o->lo, count = o->hi - o->lo;
         // the master: fp32 the whole weights; bf16 the optimizer's range (--zero 1: the piece)
-        const int bf16 = st->dtype == GPT2_BF16;
-        const size_t mlo = bf16 ? lo : 0, mcount = bf16 ? count : st->n;
-        tpm_stage_shard_buf(st, fp, whole);
-        mem_copy(st->params, whole + mlo, mcount * sizeof(float));
-        if (bf16) {  // (fp32: the master is what the forward reads)
-            tpm_stage_master_to_params(st, mlo, mlo + mcount);
+        tpm_shard(st, fp, whole);
+        if (st->dtype == GPT2_BF16) {  // (fp32: the master is what the forward reads)
+            mem_copy(o->master, whole + lo, count * sizeof(float));
+            tpm_stage_set_weights(st, o);
             if (zero) dist_all_gather_n(st->params_bf16 + lo, st->params_bf16, st->n, DIST_BF16, dpg);
+        } else {
+            mem_copy(st->params, whole, st->n * sizeof(float));
         }
         if (!a->resume) {
             free(whole);
             continue;
         }
-        tpm_stage_shard_buf(st, fm, whole);
-        mem_copy(st->opt_m, whole + lo, count * sizeof(float));
-        tpm_stage_shard_buf(st, fv, whole);
-        mem_copy(st->opt_v, whole + lo, count * sizeof(float));
+        tpm_shard(st, fm, whole);
+        mem_copy(o->m, whole + lo, count * sizeof(float));
+        tpm_shard(st, fv, whole);
+        mem_copy(o->v, whole + lo, count * sizeof(float));
         free(whole);
     }
     free(fp), free(fm), free(fv);
@@ -292,7 +289,7 @@ static void train(const LabArgs *args, const Flags3d *f) {
     LAB_CHECK(!s.split, "09_3d: the zb schedule (split backward) is not wired to TP stages");
 
     Grid grid;
-    grid_init(&grid, tp, dp, pp, strcmp(f->mutate, "groups-tp-slowest") == 0);
+    grid_init(&grid, tp, dp, pp);
     const int p = grid.c.p, S = pp * v, per = L / S;
     int row0, Bl;  // this replica's rows of the global batch
     data_slice(B, grid.c.d, dp, &row0, &Bl);
@@ -306,21 +303,22 @@ static void train(const LabArgs *args, const Flags3d *f) {
                              Bm, T, (uint64_t)args->seed, (TpOpts){.dev = dev, .dtype = dtype});
         ch[c].acts = lab_xcalloc((size_t)m, sizeof(TpStageActs *));
     }
-    // --zero 1: this replica's piece of every chunk's flat buffer (shard_range over DP); Adam's
-    // m and v (and bf16's fp32 master: 05's bf16 ZeRO-1) shrink to the piece, and the piece's
-    // averaged gradient has a buffer of its own, in the gradients' precision.
-    ZPiece *zp = lab_xcalloc((size_t)v, sizeof(ZPiece));
-    for (int c = 0; f->zero && c < v; c++) {
+    // The optimizer's state of each chunk: the whole flat buffer, or under --zero 1 this replica's
+    // piece of it (shard_range over DP): Adam's m and v (and bf16's fp32 master: 05's bf16
+    // ZeRO-1) exist for the piece only, and the piece's averaged gradient has a buffer of its
+    // own, in the gradients' precision.
+    for (int c = 0; c < v; c++) {
         TpStage *st = &ch[c].st;
-        const size_t e = dist_dtype_size(tpm_stage_dist_dtype(st));
-        shard_range(st->n, dp, grid.c.d, &zp[c].lo, &zp[c].count);
-        zp[c].grad = mem_alloc(zp[c].count * e, MEM_GRADS, dev);
-        tpm_stage_shard_optimizer(st, zp[c].lo, zp[c].lo + zp[c].count);
+        size_t lo = 0, count = st->n;
+        if (f->zero) {
+            shard_range(st->n, dp, grid.c.d, &lo, &count);
+            ch[c].zgrad = mem_alloc(count * dist_dtype_size(tpm_stage_dist_dtype(st)), MEM_GRADS, dev);
+        }
+        tpm_opt_alloc(&ch[c].o, st, (uint64_t)args->seed, lo, lo + count);
     }
-    const int start =
-        args->resume || args->load_weights ? load_state(args, ch, v, zp, f->zero, grid.dpg) : 0;
+    const int start = args->resume || args->load_weights ? load_state(args, ch, v, f->zero, grid.dpg) : 0;
     if (!args->quiet && rank == 0 && args->resume) printf("resumed from %s at step %d\n", args->resume, start);
-    mem_reset_peaks();  // the figures: the full-size m, v that --zero 1 replaced do not count
+    mem_reset_peaks();  // the figures: from here on
     TpComm comm = tp_comm_group(grid.tpg);
     const AdamW opt = lab_args_adamw(args);
     DataSource data;
@@ -337,9 +335,6 @@ static void train(const LabArgs *args, const Flags3d *f) {
     pipe_exec_init(&x, &s,
                    (PipeWork){&work, stage_f_begin, stage_forward, stage_b_begin, stage_backward, NULL},
                    grid.ppg, p, work.BTC, dtype == GPT2_BF16, ch[0].st.k, dev);
-    const int skip_dp_stage = strcmp(f->mutate, "dp-skip-stage") == 0 ? pp - 1 : -1;
-    const int norm_double = strcmp(f->mutate, "norm-replicated") == 0;
-    const int tied_unsynced = strcmp(f->mutate, "tied-unsynced") == 0;
 
     if (!args->quiet) grid_print(stdout, &grid);
     if (!args->quiet && rank == 0) {
@@ -375,7 +370,7 @@ static void train(const LabArgs *args, const Flags3d *f) {
         double loss_sum = pipe_exec_step(&x);
         if (step == args->inject_nan_step && rank == world - 1) tpm_stage_poison_grad(&ch[0].st);
         // 4. The tied wte's two copies: their gradients summed across the pipeline.
-        if (!tied_unsynced) sync_tied_wte(ch, v, p, pp, grid.ppg);
+        sync_tied_wte(ch, v, p, pp, grid.ppg);
         // 5. DP: average every stage's gradients over the replicas holding the same slice
         //    (--zero 1: reduce-scatter, each replica keeps the average of its piece only).
         int tok = trace_begin(f->zero ? "dp reduce-scatter" : "dp all-reduce", TRACE_COMM);
@@ -383,9 +378,8 @@ static void train(const LabArgs *args, const Flags3d *f) {
             TpStage *st = &ch[c].st;
             void *g = tpm_stage_grad_buf(st);
             const DistDtype dt = tpm_stage_dist_dtype(st);  // bf16: half the bytes, as 03
-            if (f->zero) dist_reduce_scatter_n(g, zp[c].grad, st->n, dt, DIST_AVG, grid.dpg);
-            else if (dp > 1 && p != skip_dp_stage)
-                dist_all_reduce(g, g, st->n, dt, DIST_AVG, grid.dpg);
+            if (f->zero) dist_reduce_scatter_n(g, ch[c].zgrad, st->n, dt, DIST_AVG, grid.dpg);
+            else if (dp > 1) dist_all_reduce(g, g, st->n, dt, DIST_AVG, grid.dpg);
         }
         trace_end(tok);
         // 6. The global norm over TP x PP (replicated tensors once; --zero 1: over the pieces,
@@ -393,31 +387,29 @@ static void train(const LabArgs *args, const Flags3d *f) {
         double sq[2] = {0, 0};
         for (int c = 0; c < v; c++) {
             double part[2];
-            if (f->zero) tpm_stage_norm_parts_range(&ch[c].st, zp[c].lo, zp[c].lo + zp[c].count,
-                                                    zp[c].grad, part);
+            if (f->zero) tpm_stage_norm_parts_range(&ch[c].st, ch[c].o.lo, ch[c].o.hi, ch[c].zgrad, part);
             else tpm_stage_norm_parts(&ch[c].st, part);
             sq[0] += part[0], sq[1] += part[1];
         }
         if (f->zero) dist_all_reduce(sq, sq, 2, DIST_F64, DIST_SUM, grid.dpg);  // disjoint pieces
-        if (norm_double) sq[0] += sq[1], sq[1] = 0;  // the bug: replicated summed over TP too
         float scale = adamw_clip_scale(&opt, grid_clip_norm_sq(&grid, sq), step);
         for (int c = 0; c < v; c++) {
             TpStage *st = &ch[c].st;
             if (!f->zero) {
-                tpm_stage_adamw_range(st, &opt, step, 0, st->n, tpm_stage_grad_buf(st), scale);
+                tpm_stage_adamw(st, &opt, step, &ch[c].o, tpm_stage_grad_buf(st), scale);
                 continue;
             }
             // ZeRO-1: AdamW on my piece (m, v exist for it only), then every replica's updated
             // piece all-gathered into the whole stage's weights, in place: fp32 the weights
             // themselves, bf16 the bf16 weights the forward reads (half the bytes; the master
             // exists for the piece only)
-            const ZPiece *z = &zp[c];
-            tpm_stage_adamw_range(st, &opt, step, z->lo, z->lo + z->count, z->grad, scale);
+            const size_t lo = ch[c].o.lo;
+            tpm_stage_adamw(st, &opt, step, &ch[c].o, ch[c].zgrad, scale);
             tok = trace_begin("dp all-gather", TRACE_COMM);
             if (st->dtype == GPT2_BF16)
-                dist_all_gather_n(st->params_bf16 + z->lo, st->params_bf16, st->n, DIST_BF16, grid.dpg);
+                dist_all_gather_n(st->params_bf16 + lo, st->params_bf16, st->n, DIST_BF16, grid.dpg);
             else
-                dist_all_gather_n(st->params + z->lo, st->params, st->n, DIST_F32, grid.dpg);
+                dist_all_gather_n(st->params + lo, st->params, st->n, DIST_F32, grid.dpg);
             trace_end(tok);
         }
         // 7. The step's loss: the last stage's mean over micro-batches, over replicas, to rank 0.
@@ -527,8 +519,10 @@ static void train(const LabArgs *args, const Flags3d *f) {
     pipe_exec_free(&x);
     mem_free(inputs), mem_free(targets);
     data_free(&data);
-    for (int c = 0; c < v; c++) tpm_stage_free(&ch[c].st), free(ch[c].acts), mem_free(zp[c].grad);
-    free(zp);
+    for (int c = 0; c < v; c++) {
+        tpm_opt_free(&ch[c].o, &ch[c].st);
+        tpm_stage_free(&ch[c].st), free(ch[c].acts), mem_free(ch[c].zgrad);
+    }
     free(ch);
     grid_free(&grid);
     sched_free(&s);
@@ -537,7 +531,7 @@ static void train(const LabArgs *args, const Flags3d *f) {
 int main(int argc, char **argv) {
     dist_init(&argc, &argv);
     LabArgs args = lab_args_defaults();
-    Flags3d f = {.tp = 1, .pp = 1, .dp = 0, .schedule = "1f1b", .m = 2, .v = 1, .mutate = "none"};
+    Flags3d f = {.tp = 1, .pp = 1, .dp = 0, .schedule = "1f1b", .m = 2, .v = 1};
     FlagSpec extra[] = {
         {"--tp", FLAG_INT, &f.tp, 1, 1 << 20, NULL,
          "tensor-parallel degree: ranks per TP group (consecutive ranks); must divide --heads"},
@@ -553,11 +547,6 @@ int main(int argc, char **argv) {
         {"--zero", FLAG_INT, &f.zero, 0, 1, NULL,
          "1: ZeRO-1 over DP (reduce-scatter the gradients, AdamW on this replica's piece with m, v "
          "for it only, all-gather the weights); 0: DDP's all-reduce"},
-        {"--mutate", FLAG_CHOICE, &f.mutate, 0, 0,
-         "none|norm-replicated|dp-skip-stage|groups-tp-slowest|tied-unsynced",
-         "break one mechanism on purpose (what the tests must catch): count the TP-replicated "
-         "tensors on every TP rank in the clip norm, skip the DP average on the last stage, build "
-         "the groups with TP as the slowest coordinate, leave the tied wte's two copies unsynced"},
     };
     lab_parse_args_for(LAB_FLAGS_MODEL | LAB_FLAGS_TRAINING | LAB_FLAGS_HARDWARE | LAB_FLAGS_OUTPUT |
                            LAB_FLAGS_RELIABILITY | LAB_FLAGS_KILL,

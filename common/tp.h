@@ -253,7 +253,7 @@ void tp_head_backward(const Kernels *k, TpComm *c, const TpVocab *tv, TpHeadActs
 // backward swaps them (g: all-gather of the gradient, f: reduce-scatter). An all-reduce IS a
 // reduce-scatter and an all-gather, so the bytes on the wire are the same. The replicated
 // tensors whose gradients now come from N/t rows (ln1, ln2, lnf, attprojb, fcprojb) get
-// partial gradients: the group sums them (tpm_backward, site "sp grads").
+// partial gradients: the group sums them (tpm_stage_backward, site "sp grads").
 //
 // The layout is (B, T, C), so one sequence's positions are contiguous and its T/t-blocks are
 // the ranks' parts: the collectives below make one call per sequence (Megatron keeps (T, B, C)

@@ -40,35 +40,18 @@ static const char *const block_names[TP_BLOCK_TENSORS] = {
     "ln1w", "ln1b", "qkvw", "qkvb", "attprojw", "attprojb",
     "ln2w", "ln2b", "fcw", "fcb", "fcprojw", "fcprojb"};
 
-// ---- the flat buffers, on a device, in a precision (both structs) ----------------------------------
-//
-// The whole model IS a stage of blocks [0, L) with the embedding and the head: tpm_build_opts
-// builds one (stage_build) and moves its fields into the TpModel, so the layout, the storage and
-// the pieces below are written once.
+// ---- the flat buffers, on a device, in a precision ---------------------------------------------
 
 // Bytes per stored element (params_bf16, the stored activations) of dtype.
 static size_t esize(GPT2Dtype dtype) { return dtype == GPT2_BF16 ? sizeof(uint16_t) : sizeof(float); }
 
-// Views of n blocks' weights and gradients (blocks at off[0 .. n) of the flat buffers); grads
-// NULL (bf16: the pieces' gradients live in grads_bf16): no gradient views.
-static void block_views(TpBlock **w, TpBlock **dw, float *params, float *grads, const size_t *off,
-                        size_t n, int C, int tp) {
-    *w = lab_xcalloc(n, sizeof(TpBlock));
-    *dw = grads ? lab_xcalloc(n, sizeof(TpBlock)) : NULL;
-    for (size_t j = 0; j < n; j++) {
-        tp_block_views(&(*w)[j], params + off[j], C, tp);
-        if (grads) tp_block_views(&(*dw)[j], grads + off[j], C, tp);
-    }
-}
-
-// The stage's buffers of n elements on dev (mem_alloc zeroes them): fp32 weights, gradients,
-// Adam m and v; bf16 the fp32 master (in params), bf16 weights and gradients, Adam m and v, and
-// the fp32 work buffers of the largest piece (work_size floats). CUDA: the batch's device copies.
+// The stage's buffers of n elements on dev (mem_alloc zeroes them): fp32 weights and gradients;
+// bf16 weights and gradients and the fp32 work buffers of the largest piece (work_size floats).
+// CUDA: the batch's device copies. (The optimizer's state is the caller's: TpOpt.)
 static void storage_alloc(TpStage *st, size_t work_size) {
     const size_t n = st->n, N = (size_t)st->B * st->T;
     const Device dev = st->dev;
     if (st->dtype == GPT2_BF16) {
-        st->params = mem_alloc(n * sizeof(float), MEM_MASTER, dev);
         st->params_bf16 = mem_alloc(n * sizeof(uint16_t), MEM_PARAMS, dev);
         st->grads_bf16 = mem_alloc(n * sizeof(uint16_t), MEM_GRADS, dev);
         st->x.work_size = work_size;
@@ -78,8 +61,6 @@ static void storage_alloc(TpStage *st, size_t work_size) {
         st->params = mem_alloc(n * sizeof(float), MEM_PARAMS, dev);
         st->grads = mem_alloc(n * sizeof(float), MEM_GRADS, dev);
     }
-    st->opt_m = mem_alloc(n * sizeof(float), MEM_OPT_M, dev);
-    st->opt_v = mem_alloc(n * sizeof(float), MEM_OPT_V, dev);
     if (dev != DEV_CPU) {  // the host's batch and losses cross over (on the host: read in place)
         st->x.inputs = mem_alloc(N * sizeof(int), MEM_OTHER, dev);
         st->x.targets = mem_alloc(N * sizeof(int), MEM_OTHER, dev);
@@ -88,21 +69,62 @@ static void storage_alloc(TpStage *st, size_t work_size) {
 }
 
 static void storage_free(TpStage *st) {
-    mem_free(st->params), mem_free(st->grads), mem_free(st->opt_m), mem_free(st->opt_v);
+    mem_free(st->params), mem_free(st->grads);
     mem_free(st->params_bf16), mem_free(st->grads_bf16);
     mem_free(st->x.work), mem_free(st->x.work_grads), mem_free(st->x.block_in);
     mem_free(st->x.inputs), mem_free(st->x.targets), free(st->x.host_losses);
 }
 
-// Blocks [l0, l1) of the full model, with the embedding when l0 == 0 and the head when l1 == L;
-// sp: the scratch of sequence parallelism (the whole model's only).
-static void stage_build(TpStage *st, GPT2Config cfg, int tp, int r, int l0, int l1, int B, int T,
-                        uint64_t seed, TpOpts o, int sp) {
+// The stage's slices of gpt2_init_params(seed)'s model, fp32 on the host (n floats, to free):
+// each element from its index in the full model (no rank ever holds the full model; the tied
+// copy: wte's rows).
+static float *init_host(const TpStage *st, uint64_t seed) {
+    const GPT2Config *cfg = &st->cfg;
+    const size_t C = (size_t)cfg->C;
+    float *h = lab_xcalloc(st->n, sizeof(float));
+    if (st->has_embed || st->has_head) tp_wte_init(h + st->off_wte, cfg, seed, &st->tv);
+    if (st->has_embed) {
+        size_t wpe0 = full_offset(cfg, GPT2_WPE);
+        gpt2_init_slice(cfg, seed, wpe0, wpe0 + (size_t)cfg->T * C, h + st->off_wpe);
+    }
+    if (st->has_head) {
+        size_t lnf0 = full_offset(cfg, GPT2_LNFW), lnb0 = full_offset(cfg, GPT2_LNFB);
+        gpt2_init_slice(cfg, seed, lnf0, lnf0 + C, h + st->off_lnf);
+        gpt2_init_slice(cfg, seed, lnb0, lnb0 + C, h + st->off_lnf + C);
+    }
+    for (int j = 0; j < st->l1 - st->l0; j++) {
+        TpBlock b;
+        tp_block_views(&b, h + st->off_block[j], cfg->C, st->tp);
+        tp_block_init(&b, cfg, seed, st->l0 + j, st->tp, st->r);
+    }
+    return h;
+}
+
+// Rows of the residual stream on this rank: B·T, or B·T/t under sequence parallelism.
+static size_t stream_rows(const TpStage *c) { return (size_t)c->B * c->T / (size_t)(c->sp ? c->tp : 1); }
+
+// One block's activations for the stage's micro-batch (SP: tp.h's SP set, whose attproj and
+// fcproj live in the scratch's one `partial`).
+static void block_set_alloc(const TpStage *st, TpBlockActs *a) {
+    const GPT2Config *c = &st->cfg;
+    if (st->sp) tp_sp_block_acts_alloc(a, st->B, st->T, c->C, c->NH, st->tp, st->s.partial, st->dev);
+    else tp_block_acts_alloc(a, st->B, st->T, c->C, c->NH, st->tp, st->dev);
+}
+
+// Blocks [l0, l1) of the full model, with the embedding when l0 == 0 and the head when l1 == L.
+void tpm_stage_build_opts(TpStage *st, GPT2Config cfg, int tp, int r, int l0, int l1, int B, int T,
+                          uint64_t seed, TpOpts o) {
     memset(st, 0, sizeof *st);
     tp_check_config(&cfg, tp);
     LAB_CHECK(0 <= l0 && l0 < l1 && l1 <= cfg.L, "tp stage: blocks [%d, %d) of %d", l0, l1, cfg.L);
     LAB_CHECK(o.dtype == GPT2_FP32 || o.dtype == GPT2_BF16, "tp_model: dtype %d", (int)o.dtype);
-    st->cfg = cfg, st->tp = tp, st->r = r, st->l0 = l0, st->l1 = l1, st->B = B, st->T = T;
+    // SP's partial gradients are summed once per backward (tpm_stage_backward): one batch per
+    // step on the whole model (chapter 07), not micro-batches accumulating on a stage
+    if (o.sp && (l0 != 0 || l1 != cfg.L))
+        lab_fail_collective("tensor-parallel pipeline stages run without sequence parallelism "
+                            "(only the whole model, chapter 07, has it)");
+    if (o.sp) tp_check_sequence_parallel(T, tp);
+    st->cfg = cfg, st->tp = tp, st->r = r, st->l0 = l0, st->l1 = l1, st->B = B, st->T = T, st->sp = o.sp;
     st->has_embed = l0 == 0, st->has_head = l1 == cfg.L;
     st->dev = o.dev, st->dtype = o.dtype;
     // bf16 on CUDA: the matmuls on tensor cores (TF32 inputs), as gpt2_build_dtype
@@ -139,93 +161,65 @@ static void stage_build(TpStage *st, GPT2Config cfg, int tp, int r, int l0, int 
     if (st->has_embed && Vl * C + (size_t)cfg.T * C > work) work = Vl * C + (size_t)cfg.T * C;
     if (st->has_head && Vl * C + 2 * C > work) work = Vl * C + 2 * C;
     storage_alloc(st, work);
-    if (st->has_embed || st->has_head) {
-        st->wte = st->params + off_wte;
-        if (st->grads) st->dwte = st->grads + off_wte;
-    }
-    if (st->has_embed) {
-        st->wpe = st->params + off_wpe;
-        if (st->grads) st->dwpe = st->grads + off_wpe;
-    }
-    if (st->has_head) {
-        st->lnfw = st->params + off_lnf, st->lnfb = st->lnfw + C;
-        if (st->grads) st->dlnfw = st->grads + off_lnf, st->dlnfb = st->dlnfw + C;
-    }
-    block_views(&st->w, &st->dw, st->params, st->grads, off_block, nb, cfg.C, tp);
     st->off_wte = off_wte, st->off_wpe = off_wpe, st->off_lnf = off_lnf;
     st->off_block = lab_xcalloc(nb, sizeof(size_t));
     memcpy(st->off_block, off_block, nb * sizeof(size_t));
 
-    // 3. The slices of gpt2_init_params(seed)'s model, on the host (each element from its index
-    //    in the full model: no rank ever holds the full model; the tied copy: wte's rows), then
-    //    copied to the device; bf16 rounds them into the weights the pieces read.
-    float *h = lab_xcalloc(st->n, sizeof(float));
-    if (st->has_embed || st->has_head) tp_wte_init(h + off_wte, &cfg, seed, &st->tv);
-    if (st->has_embed) {
-        size_t wpe0 = full_offset(&cfg, GPT2_WPE);
-        gpt2_init_slice(&cfg, seed, wpe0, wpe0 + (size_t)cfg.T * C, h + off_wpe);
+    // 3. The weights: fp32 the initial values, bf16 them rounded (on the host, as the CPU rounds
+    //    the master after a step; the master itself is the caller's, tpm_opt_alloc).
+    float *h = init_host(st, seed);
+    if (st->dtype == GPT2_BF16) {
+        uint16_t *h16 = lab_xmalloc(st->n * sizeof(uint16_t));
+        kernels_cpu.f32_to_bf16(h16, h, st->n);
+        mem_copy(st->params_bf16, h16, st->n * sizeof(uint16_t));
+        free(h16);
+    } else {
+        mem_copy(st->params, h, st->n * sizeof(float));
     }
-    if (st->has_head) {
-        size_t lnf0 = full_offset(&cfg, GPT2_LNFW), lnb0 = full_offset(&cfg, GPT2_LNFB);
-        gpt2_init_slice(&cfg, seed, lnf0, lnf0 + C, h + off_lnf);
-        gpt2_init_slice(&cfg, seed, lnb0, lnb0 + C, h + off_lnf + C);
-    }
-    for (size_t j = 0; j < nb; j++) {
-        TpBlock b;
-        tp_block_views(&b, h + off_block[j], cfg.C, tp);
-        tp_block_init(&b, &cfg, seed, l0 + (int)j, tp, r);
-    }
-    mem_copy(st->params, h, st->n * sizeof(float));
     free(h);
-    tpm_stage_master_to_params(st, 0, st->n);
-    if (sp) tp_sp_scratch_alloc(&st->s, B, T, cfg.C, cfg.NH, tp, o.dev);
+    if (o.sp) tp_sp_scratch_alloc(&st->s, B, T, cfg.C, cfg.NH, tp, o.dev);
     else tp_scratch_alloc(&st->s, B, T, cfg.C, cfg.NH, tp, o.dev);
+    // 4. bf16: the blocks' one fp32 working set, the widened input; a stage that sends its
+    //    output, the widened copy of it (tpm_stage_output)
+    if (st->dtype == GPT2_BF16) {
+        const size_t NC = stream_rows(st) * C;
+        block_set_alloc(st, &st->wa);
+        st->x.block_in = mem_alloc(NC * sizeof(float), MEM_ACTS, st->dev);
+        if (!st->has_head) st->out = mem_alloc(NC * sizeof(float), MEM_ACTS, st->dev);
+    }
 }
 
-void tpm_stage_master_to_params(TpStage *st, size_t lo, size_t hi) {
-    LAB_CHECK(st->opt_lo <= lo && lo <= hi && hi <= st->n, "tpm_stage_master_to_params: [%zu, %zu) "
-              "of %zu (the master from %zu)", lo, hi, st->n, st->opt_lo);
+// ---- the optimizer's state: the caller's (tp_model.h) ---------------------------------------------
+
+void tpm_opt_alloc(TpOpt *o, TpStage *st, uint64_t seed, size_t lo, size_t hi) {
+    LAB_CHECK(lo <= hi && hi <= st->n, "tpm_opt_alloc: [%zu, %zu) of %zu", lo, hi, st->n);
+    const size_t n = hi - lo;
+    memset(o, 0, sizeof *o);
+    o->lo = lo, o->hi = hi;
+    if (st->dtype == GPT2_BF16) {  // the fp32 master of the piece: the initial values, unrounded
+        o->master = mem_alloc(n * sizeof(float), MEM_MASTER, st->dev);
+        float *h = init_host(st, seed);
+        mem_copy(o->master, h + lo, n * sizeof(float));
+        free(h);
+    } else {
+        o->master = st->params + lo;  // the weights themselves
+    }
+    o->m = mem_alloc(n * sizeof(float), MEM_OPT_M, st->dev);
+    o->v = mem_alloc(n * sizeof(float), MEM_OPT_V, st->dev);
+}
+
+void tpm_opt_free(TpOpt *o, const TpStage *st) {
+    if (st->dtype == GPT2_BF16) mem_free(o->master);
+    mem_free(o->m), mem_free(o->v);
+    memset(o, 0, sizeof *o);
+}
+
+void tpm_stage_set_weights(TpStage *st, const TpOpt *o) {
     if (st->dtype == GPT2_BF16)
-        st->k->f32_to_bf16(st->params_bf16 + lo, st->params + (lo - st->opt_lo), hi - lo);
+        st->k->f32_to_bf16(st->params_bf16 + o->lo, o->master, o->hi - o->lo);
 }
 
-// What the pieces below read of either struct: the storage, the layout, the kernels.
-typedef struct Core {
-    const GPT2Config *cfg;
-    int tp, B, T, sp, nb;
-    const TpVocab *tv;
-    GPT2Dtype dtype;
-    Device dev;
-    const Kernels *k;
-    float *params, *grads;
-    uint16_t *params_bf16, *grads_bf16;
-    const TpMixed *x;
-    const TpBlock *w;                    // (nb) the model's views into params (SP's pack), or NULL
-    const size_t *off_block;             // (nb) where each block's shard starts in the flat buffer
-    size_t off_wte, off_wpe, off_lnf;    // into the flat buffer (where the struct has them)
-    TpScratch *s;
-    const GPT2Param *plist;
-    const int *sharded, *skip;           // skip: the tied copy (left out of the norm), or NULL
-    int nplist;
-} Core;
-
-static size_t off_of(const float *params, const float *view) { return view ? (size_t)(view - params) : 0; }
-
-static Core core_of_stage(const TpStage *st) {
-    Core c = {&st->cfg, st->tp, st->B, st->T, 0, st->l1 - st->l0, &st->tv, st->dtype, st->dev, st->k,
-              st->params, st->grads, st->params_bf16, st->grads_bf16, &st->x, NULL, st->off_block,
-              st->off_wte, st->off_wpe, st->off_lnf,
-              (TpScratch *)&st->s, st->plist, st->sharded, st->tied_copy, st->nplist};
-    return c;
-}
-
-static Core core_of_model(const TpModel *m) {
-    Core c = {&m->cfg, m->tp, m->B, m->T, m->sp, m->cfg.L, &m->tv, m->dtype, m->dev, m->k,
-              m->params, m->grads, m->params_bf16, m->grads_bf16, &m->x, m->w, m->off_block,
-              off_of(m->params, m->wte), off_of(m->params, m->wpe), off_of(m->params, m->lnfw),
-              (TpScratch *)&m->s, m->plist, m->sharded, NULL, m->nplist};
-    return c;
-}
+static int nblocks(const TpStage *st) { return st->l1 - st->l0; }
 
 // ---- the pieces: embedding, block shards, head ----------------------------------------------------
 //
@@ -239,24 +233,24 @@ typedef struct Piece {
     size_t off[2], size[2];
 } Piece;
 
-static Piece piece_embed(const Core *c) {  // wte's local rows (Vl, C), wpe (T, C)
-    const size_t C = (size_t)c->cfg->C;
-    Piece p = {2, {c->off_wte, c->off_wpe}, {(size_t)c->tv->Vl * C, (size_t)c->cfg->T * C}};
+static Piece piece_embed(const TpStage *c) {  // wte's local rows (Vl, C), wpe (T, C)
+    const size_t C = (size_t)c->cfg.C;
+    Piece p = {2, {c->off_wte, c->off_wpe}, {(size_t)c->tv.Vl * C, (size_t)c->cfg.T * C}};
     return p;
 }
-static Piece piece_block(const Core *c, int j) {  // one shard: tp_block_count contiguous elements
-    Piece p = {1, {c->off_block[j], 0}, {tp_block_count(c->cfg->C, c->tp), 0}};
+static Piece piece_block(const TpStage *c, int j) {  // one shard: tp_block_count contiguous elements
+    Piece p = {1, {c->off_block[j], 0}, {tp_block_count(c->cfg.C, c->tp), 0}};
     return p;
 }
-static Piece piece_head(const Core *c) {  // wte's local rows (the output layer), lnfw lnfb
-    const size_t C = (size_t)c->cfg->C;
-    Piece p = {2, {c->off_wte, c->off_lnf}, {(size_t)c->tv->Vl * C, 2 * C}};
+static Piece piece_head(const TpStage *c) {  // wte's local rows (the output layer), lnfw lnfb
+    const size_t C = (size_t)c->cfg.C;
+    Piece p = {2, {c->off_wte, c->off_lnf}, {(size_t)c->tv.Vl * C, 2 * C}};
     return p;
 }
 
 // The piece's spans as fp32, one pointer per span: in place in f32 (fp32), or the bf16 spans of
 // b16 widened into work (bf16).
-static void piece_fp32(const Core *c, const Piece *p, float *f32, const uint16_t *b16, float *work,
+static void piece_fp32(const TpStage *c, const Piece *p, float *f32, const uint16_t *b16, float *work,
                        float *out[2]) {
     size_t at = 0;
     for (int i = 0; i < p->n; i++) {
@@ -270,19 +264,19 @@ static void piece_fp32(const Core *c, const Piece *p, float *f32, const uint16_t
     }
 }
 // Its weights; its weight gradients (bf16: the sum so far, widened: the backward adds to it).
-static void piece_weights(const Core *c, const Piece *p, float *w[2]) {
-    piece_fp32(c, p, c->params, c->params_bf16, c->x->work, w);
+static void piece_weights(const TpStage *c, const Piece *p, float *w[2]) {
+    piece_fp32(c, p, c->params, c->params_bf16, c->x.work, w);
 }
-static void piece_grads(const Core *c, const Piece *p, float *g[2]) {
-    piece_fp32(c, p, c->grads, c->grads_bf16, c->x->work_grads, g);
+static void piece_grads(const TpStage *c, const Piece *p, float *g[2]) {
+    piece_fp32(c, p, c->grads, c->grads_bf16, c->x.work_grads, g);
 }
 
 // After the piece's backward: bf16 rounds its fp32 gradients back into their spans, once.
-static void piece_grads_done(const Core *c, const Piece *p) {
+static void piece_grads_done(const TpStage *c, const Piece *p) {
     if (c->dtype == GPT2_FP32) return;
     size_t at = 0;
     for (int i = 0; i < p->n; i++) {
-        c->k->f32_to_bf16(c->grads_bf16 + p->off[i], c->x->work_grads + at, p->size[i]);
+        c->k->f32_to_bf16(c->grads_bf16 + p->off[i], c->x.work_grads + at, p->size[i]);
         at += p->size[i];
     }
 }
@@ -296,22 +290,19 @@ static const int *batch_on_dev(int *dev_buf, const int *host, size_t n) {
 
 // The mean of the N per-position losses (the same on every rank of the group), summed on the
 // host in position order.
-static float mean_loss(const Core *c, const float *losses) {
+static float mean_loss(const TpStage *c, const float *losses) {
     const int N = c->B * c->T;
-    if (c->x->host_losses) {
-        mem_copy(c->x->host_losses, losses, (size_t)N * sizeof(float));
-        losses = c->x->host_losses;
+    if (c->x.host_losses) {
+        mem_copy(c->x.host_losses, losses, (size_t)N * sizeof(float));
+        losses = c->x.host_losses;
     }
     double sum = 0.0;
     for (int i = 0; i < N; i++) sum += losses[i];
     return (float)(sum / N);
 }
 
-// Rows of the residual stream on this rank: B·T, or B·T/t under sequence parallelism.
-static size_t stream_rows(const Core *c) { return (size_t)c->B * c->T / (size_t)(c->sp ? c->tp : 1); }
-
 // The activations block j computes in: its own set (fp32), the one working set (bf16).
-static TpBlockActs *acts_of(const Core *c, TpBlockActs *a, int j) {
+static TpBlockActs *acts_of(const TpStage *c, TpBlockActs *a, int j) {
     return c->dtype == GPT2_BF16 ? a : &a[j];
 }
 
@@ -319,53 +310,53 @@ static TpBlockActs *acts_of(const Core *c, TpBlockActs *a, int j) {
 static size_t set_elems(const TpBlockActs *a) { return mem_size_of(a->mem) / sizeof(float); }
 
 // Block j's stored output, widened into dst (bf16; the stored sets have the working set's layout).
-static void stored_output(const Core *c, const TpBlockActs *ws, const uint16_t *store, int j, float *dst) {
+static void stored_output(const TpStage *c, const TpBlockActs *ws, const uint16_t *store, int j, float *dst) {
     const size_t E = set_elems(ws), out = (size_t)(ws->out - ws->mem);
-    c->k->bf16_to_f32(dst, store + (size_t)j * E + out, stream_rows(c) * (size_t)c->cfg->C);
+    c->k->bf16_to_f32(dst, store + (size_t)j * E + out, stream_rows(c) * (size_t)c->cfg.C);
 }
 
 // The input of local block j (j = nb: of the head): `in` for j = 0; else block j-1's output, in
 // place (fp32) or as stored, rounded, widened into block_in (bf16: exactly what a bf16 model's
 // next piece reads, in its forward and again in its backward).
-static const float *block_input(const Core *c, const TpBlockActs *a, const uint16_t *store,
+static const float *block_input(const TpStage *c, const TpBlockActs *a, const uint16_t *store,
                                 const float *in, int j) {
     if (j == 0) return in;
     if (c->dtype == GPT2_FP32) return a[j - 1].out;
-    stored_output(c, a, store, j - 1, c->x->block_in);
-    return c->x->block_in;
+    stored_output(c, a, store, j - 1, c->x.block_in);
+    return c->x.block_in;
 }
 
-static void embed_forward(const Core *c, TpComm *comm, float *out, const int *inputs) {
+static void embed_forward(const TpStage *c, TpComm *comm, float *out, const int *inputs) {
     Piece p = piece_embed(c);
     float *w[2];
     piece_weights(c, &p, w);
     if (c->sp)  // (N/t, C): this rank's positions
-        tp_sp_embed_forward(c->k, comm, c->tv, out, c->s->full, inputs, w[0], w[1], c->B, c->T, c->cfg->C);
+        tp_sp_embed_forward(c->k, comm, &c->tv, out, c->s.full, inputs, w[0], w[1], c->B, c->T, c->cfg.C);
     else  // each rank looks up the tokens it owns, one all-reduce of (N, C) sums them
-        tp_embed_forward(c->k, comm, c->tv, out, inputs, w[0], w[1], c->B, c->T, c->cfg->C);
+        tp_embed_forward(c->k, comm, &c->tv, out, inputs, w[0], w[1], c->B, c->T, c->cfg.C);
 }
 
-static void embed_backward(const Core *c, const float *dout, const int *inputs) {
+static void embed_backward(const TpStage *c, const float *dout, const int *inputs) {
     Piece p = piece_embed(c);
     float *g[2];
     piece_grads(c, &p, g);
-    tp_embed_backward(c->k, c->tv, g[0], g[1], dout, inputs, c->B, c->T, c->cfg->C);
+    tp_embed_backward(c->k, &c->tv, g[0], g[1], dout, inputs, c->B, c->T, c->cfg.C);
     piece_grads_done(c, &p);
 }
 
 // The blocks, forward: a (fp32: nb sets; bf16: the working set, each block's set then stored
 // rounded in store), from the stream `in`. g after each half: 2 all-reduces (SP: 2 all-gathers
 // and 2 reduce-scatters) per block.
-static void blocks_forward(const Core *c, TpComm *comm, TpBlockActs *a, uint16_t *store, const float *in) {
-    for (int j = 0; j < c->nb; j++) {
+static void blocks_forward(const TpStage *c, TpComm *comm, TpBlockActs *a, uint16_t *store, const float *in) {
+    for (int j = 0; j < nblocks(c); j++) {
         Piece p = piece_block(c, j);
         float *w[2];
         piece_weights(c, &p, w);
         TpBlock wv;
-        tp_block_views(&wv, w[0], c->cfg->C, c->tp);
+        tp_block_views(&wv, w[0], c->cfg.C, c->tp);
         TpBlockActs *aj = acts_of(c, a, j);
         const float *x = block_input(c, a, store, in, j);
-        if (c->sp) tp_sp_block_forward(c->k, comm, &wv, aj, c->s, x);
+        if (c->sp) tp_sp_block_forward(c->k, comm, &wv, aj, (TpScratch *)&c->s, x);
         else tp_block_forward(c->k, comm, &wv, aj, x);
         if (c->dtype == GPT2_BF16) c->k->f32_to_bf16(store + (size_t)j * set_elems(aj), aj->mem, set_elems(aj));
     }
@@ -374,117 +365,52 @@ static void blocks_forward(const Core *c, TpComm *comm, TpBlockActs *a, uint16_t
 // The blocks, backward, from the top: dx the gradient of the last block's output, then of each
 // block's input (in place). f at each half's input: 2 all-reduces per block (SP: reduce-scatters,
 // and the g's all-gathers).
-static void blocks_backward(const Core *c, TpComm *comm, TpBlockActs *a, const uint16_t *store,
+static void blocks_backward(const TpStage *c, TpComm *comm, TpBlockActs *a, const uint16_t *store,
                             const float *in, float *dx) {
-    for (int j = c->nb - 1; j >= 0; j--) {
+    for (int j = nblocks(c) - 1; j >= 0; j--) {
         Piece p = piece_block(c, j);
         float *w[2], *g[2];
         piece_weights(c, &p, w);
         piece_grads(c, &p, g);
         TpBlock wv, dwv;
-        tp_block_views(&wv, w[0], c->cfg->C, c->tp);
-        tp_block_views(&dwv, g[0], c->cfg->C, c->tp);
+        tp_block_views(&wv, w[0], c->cfg.C, c->tp);
+        tp_block_views(&dwv, g[0], c->cfg.C, c->tp);
         TpBlockActs *aj = acts_of(c, a, j);
         if (c->dtype == GPT2_BF16)  // the stored set back into the working set
             c->k->bf16_to_f32(aj->mem, store + (size_t)j * set_elems(aj), set_elems(aj));
         const float *x = block_input(c, a, store, in, j);
-        if (c->sp) tp_sp_block_backward(c->k, comm, &wv, &dwv, aj, c->s, x, dx, dx);
-        else tp_block_backward(c->k, comm, &wv, &dwv, aj, c->s, x, dx, dx);
+        if (c->sp) tp_sp_block_backward(c->k, comm, &wv, &dwv, aj, (TpScratch *)&c->s, x, dx, dx);
+        else tp_block_backward(c->k, comm, &wv, &dwv, aj, (TpScratch *)&c->s, x, dx, dx);
         piece_grads_done(c, &p);
     }
 }
 
 // lnf, logits on this rank's vocabulary rows, the loss from three all-reduces of N floats.
-static float head_forward(const Core *c, TpComm *comm, TpHeadActs *h, const float *x, const int *targets) {
+static float head_forward(const TpStage *c, TpComm *comm, TpHeadActs *h, const float *x, const int *targets) {
     Piece p = piece_head(c);
     float *w[2];
     piece_weights(c, &p, w);
-    const int C = c->cfg->C;
-    if (c->sp) tp_sp_head_forward(c->k, comm, c->tv, h, x, w[1], w[1] + C, w[0], targets);
-    else tp_head_forward(c->k, comm, c->tv, h, x, w[1], w[1] + C, w[0], targets);
+    const int C = c->cfg.C;
+    if (c->sp) tp_sp_head_forward(c->k, comm, &c->tv, h, x, w[1], w[1] + C, w[0], targets);
+    else tp_head_forward(c->k, comm, &c->tv, h, x, w[1], w[1] + C, w[0], targets);
     return mean_loss(c, h->losses);
 }
 
 // From the loss; f at the head's input all-reduces d lnf-input (each rank saw only its
 // vocabulary columns): dx.
-static void head_backward(const Core *c, TpComm *comm, TpHeadActs *h, const float *x, const int *targets,
+static void head_backward(const TpStage *c, TpComm *comm, TpHeadActs *h, const float *x, const int *targets,
                           float dloss, float *dx) {
     Piece p = piece_head(c);
     float *w[2], *g[2];
     piece_weights(c, &p, w);
     piece_grads(c, &p, g);
-    const int C = c->cfg->C;
+    const int C = c->cfg.C;
     if (c->sp)
-        tp_sp_head_backward(c->k, comm, c->tv, h, x, w[1], w[0], g[1], g[1] + C, g[0], targets, dloss, dx);
-    else tp_head_backward(c->k, comm, c->tv, h, x, w[1], w[0], g[1], g[1] + C, g[0], targets, dloss, dx);
+        tp_sp_head_backward(c->k, comm, &c->tv, h, x, w[1], w[0], g[1], g[1] + C, g[0], targets, dloss, dx);
+    else tp_head_backward(c->k, comm, &c->tv, h, x, w[1], w[0], g[1], g[1] + C, g[0], targets, dloss, dx);
     piece_grads_done(c, &p);
 }
 
-// ---- the whole model --------------------------------------------------------------------------------
-
-void tpm_build(TpModel *m, GPT2Config cfg, int tp, int r, int B, int T, uint64_t seed) {
-    tpm_build_sp(m, cfg, tp, r, B, T, seed, 0);
-}
-
-void tpm_build_sp(TpModel *m, GPT2Config cfg, int tp, int r, int B, int T, uint64_t seed, int sp) {
-    TpOpts o = {.dev = DEV_CPU, .dtype = GPT2_FP32, .sp = sp};
-    tpm_build_opts(m, cfg, tp, r, B, T, seed, o);
-}
-
-void tpm_build_opts(TpModel *m, GPT2Config cfg, int tp, int r, int B, int T, uint64_t seed, TpOpts o) {
-    memset(m, 0, sizeof *m);
-    tp_check_config(&cfg, tp);
-    if (o.sp) tp_check_sequence_parallel(T, tp);
-    // 1. Weights, gradients, Adam state: the stage of every block, moved into m.
-    TpStage *st = lab_xcalloc(1, sizeof(TpStage));
-    stage_build(st, cfg, tp, r, 0, cfg.L, B, T, seed, o, o.sp);
-    m->cfg = cfg, m->tp = tp, m->r = r, m->tv = st->tv, m->B = B, m->T = T, m->n = st->n, m->sp = o.sp;
-    m->nplist = st->nplist;
-    memcpy(m->plist, st->plist, sizeof m->plist);
-    memcpy(m->sharded, st->sharded, sizeof m->sharded);
-    m->dev = st->dev, m->dtype = st->dtype, m->k = st->k;
-    m->params = st->params, m->grads = st->grads, m->opt_m = st->opt_m, m->opt_v = st->opt_v;
-    m->params_bf16 = st->params_bf16, m->grads_bf16 = st->grads_bf16;
-    m->wte = st->wte, m->wpe = st->wpe, m->lnfw = st->lnfw, m->lnfb = st->lnfb;
-    m->dwte = st->dwte, m->dwpe = st->dwpe, m->dlnfw = st->dlnfw, m->dlnfb = st->dlnfb;
-    m->w = st->w, m->dw = st->dw, m->s = st->s, m->x = st->x, m->off_block = st->off_block;
-    free(st);
-
-    // 2. Activations for (B, T): every block's saved set (bf16: one fp32 working set, the sets
-    //    stored rounded, the widened input), the head's, the embedding's output and d x.
-    const size_t C = (size_t)cfg.C, L = (size_t)cfg.L, rows = (size_t)B * T / (size_t)(o.sp ? tp : 1);
-    const size_t nsets = o.dtype == GPT2_BF16 ? 1 : L;
-    m->a = lab_xcalloc(nsets, sizeof(TpBlockActs));
-    for (size_t l = 0; l < nsets; l++) {  // SP (tp.h's SP section): the stream on B·T/t positions
-        if (o.sp) tp_sp_block_acts_alloc(&m->a[l], B, T, cfg.C, cfg.NH, tp, m->s.partial, o.dev);
-        else tp_block_acts_alloc(&m->a[l], B, T, cfg.C, cfg.NH, tp, o.dev);
-    }
-    LAB_CHECK(set_elems(&m->a[0]) == tpm_block_act_floats(m), "tp_model: a block's set is %zu floats, "
-              "the formula %zu", set_elems(&m->a[0]), tpm_block_act_floats(m));
-    if (o.dtype == GPT2_BF16) {
-        m->acts_bf16 = mem_alloc(L * set_elems(&m->a[0]) * sizeof(uint16_t), MEM_ACTS, o.dev);
-        m->x.block_in = mem_alloc(rows * C * sizeof(float), MEM_ACTS, o.dev);
-    }
-    if (o.sp) tp_sp_head_acts_alloc(&m->h, B, T, cfg.C, tp, &m->tv, o.dev);
-    else tp_head_acts_alloc(&m->h, B * T, cfg.C, &m->tv, o.dev);
-    m->enc = mem_alloc(rows * C * sizeof(float), MEM_ACTS, o.dev);
-    m->dx = mem_alloc(rows * C * sizeof(float), MEM_ACTS, o.dev);
-}
-
-void tpm_free(TpModel *m) {
-    for (int l = 0; l < (m->dtype == GPT2_BF16 ? 1 : m->cfg.L); l++) tp_block_acts_free(&m->a[l]);
-    tp_scratch_free(&m->s);
-    tp_head_acts_free(&m->h);
-    mem_free(m->enc), mem_free(m->dx), mem_free(m->acts_bf16);
-    TpStage st = {.params = m->params, .grads = m->grads, .opt_m = m->opt_m, .opt_v = m->opt_v,
-                  .params_bf16 = m->params_bf16, .grads_bf16 = m->grads_bf16, .x = m->x};
-    storage_free(&st);
-    free(m->a), free(m->w), free(m->dw), free(m->off_block);
-    memset(m, 0, sizeof *m);
-}
-
-void *tpm_grad_buf(const TpModel *m) { return m->dtype == GPT2_BF16 ? (void *)m->grads_bf16 : (void *)m->grads; }
-DistDtype tpm_dist_dtype(const TpModel *m) { return m->dtype == GPT2_BF16 ? DIST_BF16 : DIST_F32; }
 
 // The first element of a gradient buffer of `type` := NaN (host or device).
 static void poison(void *g, DistDtype type) {
@@ -493,32 +419,18 @@ static void poison(void *g, DistDtype type) {
     if (type == DIST_BF16) mem_copy(g, &nan16, sizeof nan16);
     else mem_copy(g, &nan, sizeof nan);
 }
-void tpm_poison_grad(TpModel *m) { poison(tpm_grad_buf(m), tpm_dist_dtype(m)); }
-void tpm_zero_grad(TpModel *m) { mem_zero(tpm_grad_buf(m), m->n * esize(m->dtype)); }
-
-void tpm_master_to_params(TpModel *m) {
-    if (m->dtype == GPT2_BF16) m->k->f32_to_bf16(m->params_bf16, m->params, m->n);
-}
-
-float tpm_forward(TpModel *m, TpComm *c, const int *inputs, const int *targets) {
-    const Core k = core_of_model(m);
-    const size_t N = (size_t)m->B * m->T;
-    const int *in = batch_on_dev(m->x.inputs, inputs, N), *tg = batch_on_dev(m->x.targets, targets, N);
-    // embedding (1 all-reduce; SP: a reduce-scatter onto this rank's positions), the blocks,
-    // the head (lnf, logits on this rank's vocabulary rows, the loss from 3 all-reduces of N)
-    embed_forward(&k, c, m->enc, in);
-    blocks_forward(&k, c, m->a, m->acts_bf16, m->enc);
-    return head_forward(&k, c, &m->h, block_input(&k, m->a, m->acts_bf16, m->enc, k.nb), tg);
-}
 
 // The replicated tensors whose gradients SP leaves partial (each rank: its positions' share).
 static const int sp_partial[TP_BLOCK_TENSORS] = {1, 1, 0, 0, 0, 1, 1, 1, 0, 0, 0, 1};
 
 // Under SP: one all-reduce of the partial gradients, packed, L·6C + 2C floats (fp32 on the wire;
 // bf16 widens the stored gradients into the pack and rounds the sums back).
-static void sp_grads_all_reduce(const Core *k, TpComm *c) {
-    const int L = k->nb;
-    const size_t C = (size_t)k->cfg->C, n = (size_t)(6 * L + 2) * C;
+static void sp_grads_all_reduce(const TpStage *k, TpComm *c) {
+    const int L = nblocks(k);
+    const size_t C = (size_t)k->cfg.C, n = (size_t)(6 * L + 2) * C;
+    size_t sizes[TP_BLOCK_TENSORS], in_block[TP_BLOCK_TENSORS];  // where a tensor starts in a shard
+    tp_block_sizes(k->cfg.C, k->tp, sizes);
+    for (size_t i = 0, at = 0; i < TP_BLOCK_TENSORS; at += sizes[i], i++) in_block[i] = at;
     // (the host's pack is not counted, as before; a device's is communication memory)
     float *pack = k->dev == DEV_CPU ? lab_xmalloc(n * sizeof(float)) : mem_alloc(n * sizeof(float), MEM_COMM, k->dev);
     for (int pass = 0; pass < 2; pass++) {  // 0: pack, 1: unpack the sums
@@ -529,7 +441,7 @@ static void sp_grads_all_reduce(const Core *k, TpComm *c) {
                     at -= C;
                     continue;
                 }
-                size_t off = t < L ? off_of(k->params, (&k->w[t].ln1w)[i]) : k->off_lnf + (size_t)i * C;
+                size_t off = t < L ? k->off_block[t] + in_block[i] : k->off_lnf + (size_t)i * C;
                 if (k->dtype == GPT2_BF16) {
                     if (pass == 0) k->k->bf16_to_f32(pack + at, k->grads_bf16 + off, C);
                     else k->k->f32_to_bf16(k->grads_bf16 + off, pack + at, C);
@@ -543,59 +455,21 @@ static void sp_grads_all_reduce(const Core *k, TpComm *c) {
     else mem_free(pack);
 }
 
-void tpm_backward(TpModel *m, TpComm *c, const int *inputs, const int *targets, float dloss) {
-    const Core k = core_of_model(m);
-    const size_t N = (size_t)m->B * m->T;
-    const int *in = batch_on_dev(m->x.inputs, inputs, N), *tg = batch_on_dev(m->x.targets, targets, N);
-    // head: f at its input (1 all-reduce of (N, C)); the blocks: f at each half's input
-    head_backward(&k, c, &m->h, block_input(&k, m->a, m->acts_bf16, m->enc, k.nb), tg, dloss, m->dx);
-    blocks_backward(&k, c, m->a, m->acts_bf16, m->enc, m->dx);
-    if (!m->sp) {
-        embed_backward(&k, m->dx, in);
-        return;
-    }
-    // SP: the embedding needs every position's gradient (its rows of wte see all the tokens):
-    // the reverse of its forward reduce-scatter; dwpe then comes out whole on every rank
-    tp_seq_all_gather(c, m->dx, m->s.full, m->B, m->T, m->cfg.C, TP_SITE_EMBED_BWD);
-    embed_backward(&k, m->s.full, in);
-    sp_grads_all_reduce(&k, c);
-}
-
 // Σ g² over elements [lo, hi) of the flat buffer, read from g (hi - lo elements of the storage
-// precision, from lo): sq[0] the sliced tensors', sq[1] the replicated ones'; skip[i]: left out.
-static void norm_parts(const Core *c, size_t lo, size_t hi, const void *g, double sq[2]) {
+// precision, from lo): sq[0] the sliced tensors', sq[1] the replicated ones'; the tied copy left out.
+static void norm_parts(const TpStage *c, size_t lo, size_t hi, const void *g, double sq[2]) {
     sq[0] = sq[1] = 0.0;
     for (int i = 0; i < c->nplist; i++) {
         const size_t b = c->plist[i].offset, e = b + c->plist[i].size;
         const size_t from = b > lo ? b : lo, to = e < hi ? e : hi;  // the tensor's part in range
-        if ((c->skip && c->skip[i]) || from >= to) continue;
+        if (c->tied_copy[i] || from >= to) continue;
         if (c->dtype == GPT2_BF16)
             sq[c->sharded[i] ? 0 : 1] += bf16_sum_squares(c->k, (const uint16_t *)g + (from - lo), to - from,
-                                                          c->x->work_grads, c->x->work_size);
+                                                          c->x.work_grads, c->x.work_size);
         else sq[c->sharded[i] ? 0 : 1] += c->k->sum_squares((const float *)g + (from - lo), to - from);
     }
 }
 
-// AdamW on [lo, hi): master, grad, m, v point at element lo (adamw_step's shard-local
-// convention); bf16 also rounds the master into params_bf16[lo, hi).
-static void adamw_range(const Core *c, const AdamW *h, int step, size_t lo, size_t hi, const void *grad,
-                        float *master, float *opt_m, float *opt_v, float scale) {
-    if (c->dtype == GPT2_BF16)
-        adamw_step_bf16(h, c->k, step, master, c->params_bf16 + lo, grad, opt_m, opt_v, lo, hi,
-                        c->plist, c->nplist, scale, c->x->work_grads, c->x->work_size);
-    else adamw_step(h, c->k, step, master, grad, opt_m, opt_v, lo, hi, c->plist, c->nplist, scale);
-}
-
-void tpm_adamw_step(TpModel *m, const AdamW *h, int step, DistGroup *g) {
-    const Core c = core_of_model(m);
-    // ||grad||² of the FULL model: each slice lives on one rank (sum over the group), each
-    // replicated tensor on all of them with the same value (count it once).
-    double sq[2];  // sharded, replicated
-    norm_parts(&c, 0, m->n, tpm_grad_buf(m), sq);
-    dist_all_reduce(&sq[0], &sq[0], 1, DIST_F64, DIST_SUM, g);
-    float scale = adamw_clip_scale(h, sq[0] + sq[1], step);
-    adamw_range(&c, h, step, 0, m->n, tpm_grad_buf(m), m->params, m->opt_m, m->opt_v, scale);
-}
 
 // ---- moving the weights in and out (host or device buffers, staged through the host) ------------
 
@@ -631,69 +505,12 @@ static void to_dev(float *buf, float *tmp, size_t n) {
     free(tmp);
 }
 
-// Block l's shard, the local wte rows, wpe, lnfw, lnfb of a flat buffer of m's layout (the
-// offsets of m->params' views, applied to `flat`).
-static void flat_views(const TpModel *m, const float *flat, int l, TpBlock *b) {
-    tp_block_views(b, (float *)flat + (m->w[l].ln1w - m->params), m->cfg.C, m->tp);
-}
-#define FLAT(m, flat, view) ((float *)(flat) + ((m)->view - (m)->params))
-
-void tpm_gather_flat(const TpModel *m, DistGroup *g, const float *flat_any, float *full_mem) {
-    const GPT2Config *cfg = &m->cfg;
-    const size_t n = gpt2_param_count(cfg), C = (size_t)cfg->C;
-    float *tmp;
-    const float *flat = on_host(flat_any, m->n, &tmp);
-    float *mine = lab_xcalloc(n, sizeof(float));  // zero where another rank writes
-    for (int l = 0; l < cfg->L; l++) {
-        TpBlock fb, sb;
-        tp_block_of_model(&fb, cfg, mine, l);
-        flat_views(m, flat, l, &sb);
-        tp_block_unshard(&fb, &sb, cfg->C, m->tp, m->r, m->r == 0);
-    }
-    tp_wte_unshard(mine + full_offset(cfg, GPT2_WTE), FLAT(m, flat, wte), &m->tv, cfg->C);
-    if (m->r == 0) {
-        memcpy(mine + full_offset(cfg, GPT2_WPE), FLAT(m, flat, wpe), (size_t)cfg->T * C * sizeof(float));
-        memcpy(mine + full_offset(cfg, GPT2_LNFW), FLAT(m, flat, lnfw), C * sizeof(float));
-        memcpy(mine + full_offset(cfg, GPT2_LNFB), FLAT(m, flat, lnfb), C * sizeof(float));
-    }
-    dist_reduce(mine, m->r == 0 ? full_mem : NULL, n, DIST_F32, DIST_SUM, 0, g);
-    free(mine);
-    free(tmp);
-}
-
-void tpm_take_flat(const TpModel *m, const float *full_mem, float *flat_any) {
-    const GPT2Config *cfg = &m->cfg;
-    const size_t C = (size_t)cfg->C;
-    float *tmp, *flat = for_host(flat_any, m->n, &tmp);
-    for (int l = 0; l < cfg->L; l++) {
-        TpBlock fb, sb;
-        tp_block_of_model(&fb, cfg, (float *)full_mem, l);
-        flat_views(m, flat, l, &sb);
-        tp_block_shard(&sb, &fb, cfg->C, m->tp, m->r);
-    }
-    tp_wte_shard(FLAT(m, flat, wte), full_mem + full_offset(cfg, GPT2_WTE), &m->tv, cfg->C);
-    memcpy(FLAT(m, flat, wpe), full_mem + full_offset(cfg, GPT2_WPE), (size_t)cfg->T * C * sizeof(float));
-    memcpy(FLAT(m, flat, lnfw), full_mem + full_offset(cfg, GPT2_LNFW), C * sizeof(float));
-    memcpy(FLAT(m, flat, lnfb), full_mem + full_offset(cfg, GPT2_LNFB), C * sizeof(float));
-    to_dev(flat_any, tmp, m->n);
-}
-
-void tpm_gather_full(const TpModel *m, DistGroup *g, float *full) {
-    const size_t n = gpt2_param_count(&m->cfg);
-    float *sum = m->r == 0 ? lab_xcalloc(n, sizeof(float)) : NULL;
-    // the weights the forward reads (bf16: widened, as train_params_to_host)
-    float *w = m->dtype == GPT2_BF16 ? lab_xmalloc(m->n * sizeof(float)) : NULL;
-    if (w) tpm_to_host_f32(w, m->params_bf16, m->n, DIST_BF16);
-    tpm_gather_flat(m, g, w ? w : m->params, sum);
-    if (m->r == 0) gpt2_to_llmc(&m->cfg, sum, full);  // memory order -> llm.c's order
-    free(w);
-    free(sum);
-}
-
-double tpm_replicated_max_diff(const TpModel *m, DistGroup *g) {
+double tpm_replicated_max_diff(const TpStage *m, const TpOpt *o, DistGroup *g) {
+    LAB_CHECK(o->lo == 0 && o->hi == m->n, "tpm_replicated_max_diff: the master is a piece [%zu, %zu)",
+              o->lo, o->hi);
     double worst = 0.0;
     float *tmp;
-    const float *params = on_host(m->params, m->n, &tmp);
+    const float *params = on_host(o->master, m->n, &tmp);
     for (int i = 0; i < m->nplist; i++) {
         if (m->sharded[i]) continue;
         size_t n = m->plist[i].size;
@@ -712,25 +529,7 @@ double tpm_replicated_max_diff(const TpModel *m, DistGroup *g) {
     return worst;
 }
 
-size_t tpm_block_act_floats(const TpModel *m) {
-    const size_t N = (size_t)m->B * m->T, C = (size_t)m->cfg.C, t = (size_t)m->tp;
-    const size_t att = (size_t)m->B * (size_t)(m->cfg.NH / m->tp) * m->T * m->T;
-    // SP: ln1, ln2 gathered (N,C); residual2, out this rank's positions (N/t,C); the 4
-    // statistics (N/t); qkv, atty, preatt, att, fch, fch_gelu as below
-    if (m->sp) return 2 * N * C + 4 * (N / t) + 4 * N * (C / t) + 2 * att + 2 * (N / t) * C + 2 * N * (4 * C / t);
-    // ln1, attproj, residual2, ln2, fcproj, out: (N,C) each, replicated; 4 LayerNorm statistics
-    // (N); qkv (N,3C/t) and atty (N,C/t); preatt and att (B,NH/t,T,T); fch, fch_gelu (N,4C/t)
-    return 6 * N * C + 4 * N + 4 * N * (C / t) + 2 * att + 2 * N * (4 * C / t);
-}
-
-size_t tpm_block_act_bytes(const TpModel *m) { return esize(m->dtype) * tpm_block_act_floats(m); }
-
-void tpm_weight_split(const TpModel *m, size_t *sharded, size_t *replicated) {
-    *sharded = *replicated = 0;
-    for (int i = 0; i < m->nplist; i++) *(m->sharded[i] ? sharded : replicated) += m->plist[i].size;
-}
-
-// ---- one pipeline stage of a TP model (tp_model.h) ---------------------------------------------
+// ---- the stage's work: a micro-batch's activations, forward, backward ----------------------------
 
 void tpm_stage_build(TpStage *st, GPT2Config cfg, int tp, int r, int l0, int l1, int B, int T,
                      uint64_t seed) {
@@ -738,50 +537,50 @@ void tpm_stage_build(TpStage *st, GPT2Config cfg, int tp, int r, int l0, int l1,
     tpm_stage_build_opts(st, cfg, tp, r, l0, l1, B, T, seed, o);
 }
 
-void tpm_stage_build_opts(TpStage *st, GPT2Config cfg, int tp, int r, int l0, int l1, int B, int T,
-                          uint64_t seed, TpOpts o) {
-    if (o.sp) lab_fail_collective("tensor-parallel pipeline stages run without sequence parallelism "
-                                  "(only the whole model, chapter 07, has it)");
-    stage_build(st, cfg, tp, r, l0, l1, B, T, seed, o, 0);
-    if (st->dtype == GPT2_BF16) {  // the blocks' one fp32 working set, the widened input / output
-        const size_t NC = (size_t)B * T * (size_t)cfg.C;
-        tp_block_acts_alloc(&st->wa, B, T, cfg.C, cfg.NH, tp, st->dev);
-        st->x.block_in = mem_alloc(NC * sizeof(float), MEM_ACTS, st->dev);
-        st->out = mem_alloc(NC * sizeof(float), MEM_ACTS, st->dev);
-    }
-}
-
 void tpm_stage_free(TpStage *st) {
     tp_scratch_free(&st->s);
     if (st->dtype == GPT2_BF16) tp_block_acts_free(&st->wa);
     mem_free(st->out);
     storage_free(st);
-    free(st->w), free(st->dw), free(st->off_block);
+    free(st->off_block);
     memset(st, 0, sizeof *st);
 }
 
-// Elements of one block's saved set on a stage (tp_block_acts_alloc's): see tpm_block_act_floats.
-static size_t stage_set_elems(const TpStage *st) {
+size_t tpm_block_act_floats(const TpStage *st) {
     const size_t N = (size_t)st->B * st->T, C = (size_t)st->cfg.C, t = (size_t)st->tp;
     const size_t att = (size_t)st->B * (size_t)(st->cfg.NH / st->tp) * st->T * st->T;
-    // ln1, attproj, residual2, ln2, fcproj, out (N,C); 4 LayerNorm statistics (N); qkv + atty
-    // (N,4C/t); preatt, att; fch, fch_gelu (N,4C/t) each
-    return 6 * N * C + 4 * N + 12 * N * (C / t) + 2 * att;
+    // SP: ln1, ln2 gathered (N,C); residual2, out this rank's positions (N/t,C); the 4
+    // statistics (N/t); qkv, atty, preatt, att, fch, fch_gelu as below
+    if (st->sp) return 2 * N * C + 4 * (N / t) + 4 * N * (C / t) + 2 * att + 2 * (N / t) * C + 2 * N * (4 * C / t);
+    // ln1, attproj, residual2, ln2, fcproj, out: (N,C) each, replicated; 4 LayerNorm statistics
+    // (N); qkv (N,3C/t) and atty (N,C/t); preatt and att (B,NH/t,T,T); fch, fch_gelu (N,4C/t)
+    return 6 * N * C + 4 * N + 4 * N * (C / t) + 2 * att + 2 * N * (4 * C / t);
+}
+
+size_t tpm_block_act_bytes(const TpStage *st) { return esize(st->dtype) * tpm_block_act_floats(st); }
+
+void tpm_weight_split(const TpStage *st, size_t *sharded, size_t *replicated) {
+    *sharded = *replicated = 0;
+    for (int i = 0; i < st->nplist; i++)
+        if (!st->tied_copy[i]) *(st->sharded[i] ? sharded : replicated) += st->plist[i].size;
 }
 
 void tpm_stage_acts_alloc(TpStageActs *x, const TpStage *st) {
-    const int nb = st->l1 - st->l0, N = st->B * st->T, C = st->cfg.C;
+    const int nb = st->l1 - st->l0, C = st->cfg.C;
+    const size_t rows = stream_rows(st);
     memset(x, 0, sizeof *x);
     if (st->dtype == GPT2_BF16) {  // the sets stored rounded; they compute in st->wa
-        x->a_bf16 = mem_alloc((size_t)nb * stage_set_elems(st) * sizeof(uint16_t), MEM_ACTS, st->dev);
+        x->a_bf16 = mem_alloc((size_t)nb * tpm_block_act_floats(st) * sizeof(uint16_t), MEM_ACTS, st->dev);
     } else {
         x->a = lab_xcalloc((size_t)nb, sizeof(TpBlockActs));
-        for (int j = 0; j < nb; j++)
-            tp_block_acts_alloc(&x->a[j], st->B, st->T, C, st->cfg.NH, st->tp, st->dev);
+        for (int j = 0; j < nb; j++) block_set_alloc(st, &x->a[j]);
+        LAB_CHECK(set_elems(&x->a[0]) == tpm_block_act_floats(st), "tp_model: a block's set is %zu "
+                  "floats, the formula %zu", set_elems(&x->a[0]), tpm_block_act_floats(st));
     }
-    if (st->has_head) tp_head_acts_alloc(&x->h, N, C, &st->tv, st->dev);
-    x->in = mem_alloc((size_t)N * C * sizeof(float), MEM_ACTS, st->dev);
-    x->dx = mem_alloc((size_t)N * C * sizeof(float), MEM_ACTS, st->dev);
+    if (st->has_head && st->sp) tp_sp_head_acts_alloc(&x->h, st->B, st->T, C, st->tp, &st->tv, st->dev);
+    else if (st->has_head) tp_head_acts_alloc(&x->h, st->B * st->T, C, &st->tv, st->dev);
+    x->in = mem_alloc(rows * C * sizeof(float), MEM_ACTS, st->dev);
+    x->dx = mem_alloc(rows * C * sizeof(float), MEM_ACTS, st->dev);
 }
 
 void tpm_stage_acts_free(TpStageActs *x, const TpStage *st) {
@@ -794,19 +593,21 @@ void tpm_stage_acts_free(TpStageActs *x, const TpStage *st) {
 }
 
 size_t tpm_stage_act_bytes(const TpStage *st) {
-    const size_t N = (size_t)st->B * st->T, C = (size_t)st->cfg.C;
+    const size_t N = (size_t)st->B * st->T, C = (size_t)st->cfg.C, t = (size_t)st->tp;
+    const size_t rows = stream_rows(st), Vl = (size_t)st->tv.Vl;
     // the blocks' sets, at the storage's bytes per element
-    size_t bytes = (size_t)(st->l1 - st->l0) * stage_set_elems(st) * esize(st->dtype);
-    // the head: lnf, dlnf (N,C); mean, rstd, losses and the loss's 3 statistics (N); logits and
-    // dlogits (N, Vl); in, dx (N,C): fp32
-    size_t floats = 2 * N * C;
-    if (st->has_head) floats += 2 * N * C + 6 * N + 2 * N * (size_t)st->tv.Vl;
+    size_t bytes = (size_t)(st->l1 - st->l0) * tpm_block_act_bytes(st);
+    // the head: lnf, dlnf (N,C); mean, rstd (N; SP N/t, and lnf's local part (N/t,C)); losses and
+    // the loss's 3 statistics (N); logits and dlogits (N, Vl); in, dx (rows,C): fp32
+    size_t floats = 2 * rows * C;
+    if (st->has_head && st->sp) floats += 2 * N * C + N / t * C + 2 * (N / t) + 4 * N + 2 * N * Vl;
+    else if (st->has_head) floats += 2 * N * C + 6 * N + 2 * N * Vl;
     return bytes + 4 * floats;
 }
 
 size_t tpm_stage_work_act_bytes(const TpStage *st) {
-    if (st->dtype != GPT2_BF16) return 0;
-    return 4 * (stage_set_elems(st) + 2 * (size_t)st->B * st->T * (size_t)st->cfg.C);  // wa, block_in, out
+    if (st->dtype != GPT2_BF16) return 0;  // wa, block_in and (a stage that sends) out
+    return 4 * (tpm_block_act_floats(st) + (st->has_head ? 1 : 2) * stream_rows(st) * (size_t)st->cfg.C);
 }
 
 // The activations the stage's blocks compute in: the micro-batch's own sets, or the working set.
@@ -814,33 +615,43 @@ static TpBlockActs *stage_sets(TpStage *st, TpStageActs *x) { return x->a ? x->a
 
 float tpm_stage_forward(TpStage *st, TpComm *c, TpStageActs *x, const int *inputs,
                         const int *targets) {
-    const Core k = core_of_stage(st);
     const size_t N = (size_t)st->B * st->T;
     const int *in = batch_on_dev(st->x.inputs, inputs, N), *tg = batch_on_dev(st->x.targets, targets, N);
-    if (st->has_embed) embed_forward(&k, c, x->in, in);  // the vocab-parallel lookup: 1 all-reduce
-    blocks_forward(&k, c, stage_sets(st, x), x->a_bf16, x->in);  // the two g all-reduces each
+    // the embedding (the vocab-parallel lookup: 1 all-reduce; SP: a reduce-scatter onto this
+    // rank's positions), the blocks (g after each half), the head (lnf, logits on this rank's
+    // vocabulary rows, the loss from 3 all-reduces of N)
+    if (st->has_embed) embed_forward(st, c, x->in, in);
+    blocks_forward(st, c, stage_sets(st, x), x->a_bf16, x->in);
     if (!st->has_head) return 0.0f;
-    return head_forward(&k, c, &x->h, block_input(&k, stage_sets(st, x), x->a_bf16, x->in, k.nb), tg);
+    return head_forward(st, c, &x->h, block_input(st, stage_sets(st, x), x->a_bf16, x->in, nblocks(st)), tg);
 }
 
 const float *tpm_stage_output(const TpStage *st, const TpStageActs *x) {
-    const int nb = st->l1 - st->l0;
+    const int nb = nblocks(st);
     if (st->dtype == GPT2_FP32) return x->a[nb - 1].out;
-    const Core k = core_of_stage(st);
-    stored_output(&k, &st->wa, x->a_bf16, nb - 1, st->out);
+    LAB_CHECK(st->out, "tpm_stage_output: the last stage sends no output");
+    stored_output(st, &st->wa, x->a_bf16, nb - 1, st->out);
     return st->out;
 }
 
 void tpm_stage_backward(TpStage *st, TpComm *c, TpStageActs *x, const int *inputs,
                         const int *targets, float dloss) {
-    const Core k = core_of_stage(st);
     const size_t N = (size_t)st->B * st->T;
     const int *in = batch_on_dev(st->x.inputs, inputs, N), *tg = batch_on_dev(st->x.targets, targets, N);
     TpBlockActs *a = stage_sets(st, x);
     if (st->has_head)  // from the loss; f at the head's input: one all-reduce of (N, C)
-        head_backward(&k, c, &x->h, block_input(&k, a, x->a_bf16, x->in, k.nb), tg, dloss, x->dx);
-    blocks_backward(&k, c, a, x->a_bf16, x->in, x->dx);  // the two f all-reduces per block
-    if (st->has_embed) embed_backward(&k, x->dx, in);
+        head_backward(st, c, &x->h, block_input(st, a, x->a_bf16, x->in, nblocks(st)), tg, dloss, x->dx);
+    blocks_backward(st, c, a, x->a_bf16, x->in, x->dx);  // the two f all-reduces per block
+    if (!st->has_embed) return;
+    if (!st->sp) {
+        embed_backward(st, x->dx, in);
+        return;
+    }
+    // SP: the embedding needs every position's gradient (its rows of wte see all the tokens):
+    // the reverse of its forward reduce-scatter; dwpe then comes out whole on every rank
+    tp_seq_all_gather(c, x->dx, st->s.full, st->B, st->T, st->cfg.C, TP_SITE_EMBED_BWD);
+    embed_backward(st, st->s.full, in);
+    sp_grads_all_reduce(st, c);
 }
 
 void *tpm_stage_grad_buf(const TpStage *st) {
@@ -854,48 +665,37 @@ void *tpm_stage_wte_grad(const TpStage *st) {
 void tpm_stage_zero_grad(TpStage *st) { mem_zero(tpm_stage_grad_buf(st), st->n * esize(st->dtype)); }
 void tpm_stage_poison_grad(TpStage *st) { poison(tpm_stage_grad_buf(st), tpm_stage_dist_dtype(st)); }
 
-void tpm_stage_adamw_range(TpStage *st, const AdamW *h, int step, size_t lo, size_t hi,
-                           const void *grad_shard, float scale) {
-    LAB_CHECK(st->opt_lo <= lo && lo <= hi && hi <= st->n, "tpm_stage_adamw_range: [%zu, %zu) of %zu "
-              "(the optimizer state from %zu)", lo, hi, st->n, st->opt_lo);
-    const Core c = core_of_stage(st);
-    const size_t o = lo - st->opt_lo;  // m, v (and a bf16 master) hold [opt_lo, ...)
-    float *master = st->dtype == GPT2_BF16 ? st->params + o : st->params + lo;
-    adamw_range(&c, h, step, lo, hi, grad_shard, master, st->opt_m + o, st->opt_v + o, scale);
-}
-
-void tpm_stage_shard_optimizer(TpStage *st, size_t lo, size_t hi) {
-    LAB_CHECK(st->opt_lo == 0 && lo <= hi && hi <= st->n, "tpm_stage_shard_optimizer: [%zu, %zu) of %zu, "
-              "once", lo, hi, st->n);
-    const size_t n = hi - lo;
-    float **buf[3] = {&st->opt_m, &st->opt_v, st->dtype == GPT2_BF16 ? &st->params : NULL};
-    static const MemCategory cat[3] = {MEM_OPT_M, MEM_OPT_V, MEM_MASTER};
-    for (int i = 0; i < 3 && buf[i]; i++) {  // the piece's elements kept, the rest freed
-        float *piece = mem_alloc(n * sizeof(float), cat[i], st->dev);
-        mem_copy(piece, *buf[i] + lo, n * sizeof(float));
-        mem_free(*buf[i]);
-        *buf[i] = piece;
-    }
-    st->opt_lo = lo;
-    if (st->dtype != GPT2_BF16) return;
-    // the views into the whole master would dangle: none from now on (the offsets stay)
-    st->wte = st->wpe = st->lnfw = st->lnfb = NULL;
-    memset(st->w, 0, (size_t)(st->l1 - st->l0) * sizeof(TpBlock));
+void tpm_stage_adamw(TpStage *st, const AdamW *h, int step, const TpOpt *o, const void *grad_shard,
+                     float scale) {
+    const size_t lo = o->lo, hi = o->hi;  // master, grad, m, v: shard-local from lo (optim.h)
+    if (st->dtype == GPT2_BF16)
+        adamw_step_bf16(h, st->k, step, o->master, st->params_bf16 + lo, grad_shard, o->m, o->v, lo, hi,
+                        st->plist, st->nplist, scale, st->x.work_grads, st->x.work_size);
+    else adamw_step(h, st->k, step, o->master, grad_shard, o->m, o->v, lo, hi, st->plist, st->nplist, scale);
 }
 
 void tpm_stage_norm_parts_range(const TpStage *st, size_t lo, size_t hi, const void *g, double sq[2]) {
-    const Core c = core_of_stage(st);
-    norm_parts(&c, lo, hi, g, sq);
+    norm_parts(st, lo, hi, g, sq);
 }
 
 void tpm_stage_norm_parts(const TpStage *st, double sq[2]) {
     tpm_stage_norm_parts_range(st, 0, st->n, tpm_stage_grad_buf(st), sq);
 }
 
+void tpm_stage_adamw_step(TpStage *st, const AdamW *h, int step, const TpOpt *o, DistGroup *g) {
+    // ||grad||² of the FULL model: each slice lives on one rank (sum over the group), each
+    // replicated tensor on all of them with the same value (count it once).
+    double sq[2];  // sharded, replicated
+    tpm_stage_norm_parts(st, sq);
+    dist_all_reduce(&sq[0], &sq[0], 1, DIST_F64, DIST_SUM, g);
+    float scale = adamw_clip_scale(h, sq[0] + sq[1], step);
+    tpm_stage_adamw(st, h, step, o, tpm_stage_grad_buf(st), scale);
+}
+
 // Element `off` of buf (a buffer in the stage's layout).
 static float *stage_at(const float *buf, size_t off) { return (float *)buf + off; }
 
-void tpm_stage_unshard_buf(const TpStage *st, const float *buf_any, float *full_mem, int with_replicated) {
+void tpm_unshard(const TpStage *st, const float *buf_any, float *full_mem, int with_replicated) {
     const GPT2Config *cfg = &st->cfg;
     const size_t C = (size_t)cfg->C;
     float *tmp;
@@ -919,18 +719,18 @@ void tpm_stage_unshard_buf(const TpStage *st, const float *buf_any, float *full_
     free(tmp);
 }
 
-void tpm_stage_unshard(const TpStage *st, float *full_mem, int with_replicated) {
+void tpm_unshard_weights(const TpStage *st, float *full_mem, int with_replicated) {
     if (st->dtype == GPT2_FP32) {
-        tpm_stage_unshard_buf(st, st->params, full_mem, with_replicated);
+        tpm_unshard(st, st->params, full_mem, with_replicated);
         return;
     }
     float *w = lab_xmalloc(st->n * sizeof(float));  // the weights the forward reads, widened
     tpm_to_host_f32(w, st->params_bf16, st->n, DIST_BF16);
-    tpm_stage_unshard_buf(st, w, full_mem, with_replicated);
+    tpm_unshard(st, w, full_mem, with_replicated);
     free(w);
 }
 
-void tpm_stage_shard_buf(const TpStage *st, const float *full_mem, float *buf_any) {
+void tpm_shard(const TpStage *st, const float *full_mem, float *buf_any) {
     const GPT2Config *cfg = &st->cfg;
     const size_t C = (size_t)cfg->C;
     float *tmp, *buf = for_host(buf_any, st->n, &tmp);

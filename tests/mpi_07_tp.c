@@ -247,31 +247,34 @@ static void run_seq_f(DistGroup *g) {
 }
 
 // Checkpoints move between layouts (not an exercise; tp07 suite): the full model's state in
-// memory order, taken into this rank's slices (tpm_take_flat) and gathered back
-// (tpm_gather_flat), is the same bits; and the slices taken from gpt2_init_params' full model
-// are the bits tpm_build initializes alone (the take and the layout agree). V = 250: padded on
-// tp = 4.
+// memory order, taken into this rank's slices (tpm_shard) and gathered back (tpm_unshard on
+// every rank, summed), is the same bits; and the slices taken from gpt2_init_params' full model
+// are the bits tpm_stage_build initializes alone (the take and the layout agree). V = 250:
+// padded on tp = 4.
 static void run_ckpt(DistGroup *g) {
     GPT2 m;
     full(&m, 250);
     gpt2_init_params(&m, SEED);  // (full() gave its biases values: start from the plain init)
     const size_t n = gpt2_param_count(&m.cfg);
-    TpModel t;
-    tpm_build(&t, m.cfg, g->size, g->rank, B_, T_, SEED);
+    TpStage t;
+    tpm_stage_build(&t, m.cfg, g->size, g->rank, 0, m.cfg.L, B_, T_, SEED);
     float *flat = lab_xcalloc(t.n, sizeof(float));
-    tpm_take_flat(&t, m.params, flat);
+    tpm_shard(&t, m.params, flat);
     mpi_check(memcmp(flat, t.params, t.n * sizeof(float)) == 0, "tp=%d rank %d: the slices taken "
-              "from the full init differ from tpm_build's own init", g->size, g->rank);
+              "from the full init differ from tpm_stage_build's own init", g->size, g->rank);
     float *state = lab_xcalloc(n, sizeof(float)), *back = lab_xcalloc(n, sizeof(float));
     uint32_t r = 12345;  // a state with no structure (Adam's m, v look like this)
     for (size_t i = 0; i < n; i++) r = r * 1664525u + 1013904223u, state[i] = (float)(r >> 8) / 16777216.0f - 0.5f;
-    tpm_take_flat(&t, state, flat);
-    tpm_gather_flat(&t, g, flat, g->rank == 0 ? back : NULL);
+    tpm_shard(&t, state, flat);
+    float *mine = lab_xcalloc(n, sizeof(float));
+    tpm_unshard(&t, flat, mine, g->rank == 0);
+    dist_reduce(mine, g->rank == 0 ? back : NULL, n, DIST_F32, DIST_SUM, 0, g);
+    free(mine);
     if (g->rank == 0)
         mpi_check(memcmp(state, back, n * sizeof(float)) == 0, "tp=%d: gather(take(state)) != state",
                   g->size);
     free(state), free(back), free(flat);
-    tpm_free(&t);
+    tpm_stage_free(&t);
     gpt2_free(&m);
 }
 

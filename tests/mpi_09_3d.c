@@ -47,7 +47,7 @@ static void run(int kind, DistGroup *world) {
         const int t = r % tp, d = (r / tp) % dp, p = r / (tp * dp);
         if (kind == 0) {
             Grid g;
-            grid_init(&g, tp, dp, pp, 0);
+            grid_init(&g, tp, dp, pp);
             mpi_check(g.c.t == t && g.c.d == d && g.c.p == p, "%dx%dx%d: rank %d at (%d,%d,%d), want "
                       "(%d,%d,%d)", dp, tp, pp, r, g.c.t, g.c.d, g.c.p, t, d, p);
             expect_members(&g, GRID_TP, tp, dp, pp, "tp");

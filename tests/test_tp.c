@@ -106,13 +106,14 @@ Test(tp, shards_of_all_ranks_rebuild_the_full_block) {
 //
 // One rank (tp 1, tp_comm_single): a model cut into two TpStages, blocks [0, 1) and [1, 3), the
 // first's output handed to the second's input and the second's input gradient back, must
-// compute exactly what the TpModel computes (the same pieces, kernels and rounding points):
+// compute exactly what the stage of every block (chapter 07's model) computes (the same pieces, kernels and rounding points):
 // the same loss and the same gradients bit for bit (wte aside: the model adds the head's and
 // the embedding's parts into one buffer, the stages keep one part each), in fp32 and in bf16.
 // In bf16 that checks that a stage's output is the stored, rounded value (what the model's next
 // block reads). And the activation bytes a stage reports are the bytes it allocates. Seen
 // failing: tpm_stage_output returning the working set's unrounded fp32 output in bf16 (by hand:
-// "bf16: loss 4.16345072 (model) vs 4.16349554 (stages)", and every gradient of stage 0).
+// "bf16: loss 4.16345072 (model) vs 4.16349554 (stages)", and every gradient of stage 0). The
+// whole model's activation bytes are checked the same way, with and without SP.
 #include "mem.h"
 #include "tp_model.h"
 
@@ -127,10 +128,15 @@ static void grad_of(const TpStage *st, int i, float *out) {
     tpm_to_host_f32(out, (const char *)tpm_stage_grad_buf(st) + st->plist[i].offset * esz,
                     st->plist[i].size, tpm_stage_dist_dtype(st));
 }
-static void model_grad_of(const TpModel *m, int i, float *out) {
-    const size_t esz = m->dtype == GPT2_BF16 ? 2 : 4;
-    tpm_to_host_f32(out, (const char *)tpm_grad_buf(m) + m->plist[i].offset * esz, m->plist[i].size,
-                    tpm_dist_dtype(m));
+
+// Builds st and allocates x, expecting tpm_stage_act_bytes to be what acts_alloc allocated.
+static void build_counted(TpStage *st, TpStageActs *x, GPT2Config cfg, int l0, int l1, int B, TpOpts o) {
+    tpm_stage_build_opts(st, cfg, 1, 0, l0, l1, B, cfg.T, 42, o);
+    size_t before = mem_current(MEM_ACTS);
+    tpm_stage_acts_alloc(x, st);
+    cr_expect_eq(mem_current(MEM_ACTS) - before, tpm_stage_act_bytes(st), "%s [%d, %d)%s: acts_alloc "
+                 "allocated %zu B, tpm_stage_act_bytes says %zu", o.dtype == GPT2_BF16 ? "bf16" : "fp32",
+                 l0, l1, o.sp ? " SP" : "", mem_current(MEM_ACTS) - before, tpm_stage_act_bytes(st));
 }
 
 Test(tp_model, two_stages_compute_what_the_whole_model_computes) {
@@ -142,22 +148,16 @@ Test(tp_model, two_stages_compute_what_the_whole_model_computes) {
         const TpOpts o = {.dev = DEV_CPU, .dtype = d ? GPT2_BF16 : GPT2_FP32, .sp = 0};
         const char *dt = d ? "bf16" : "fp32";
         TpComm c = tp_comm_single();
-        TpModel m;
-        tpm_build_opts(&m, cfg, 1, 0, B, T, 42, o);
-        tpm_zero_grad(&m);
-        float lm = tpm_forward(&m, &c, in, tg);
-        tpm_backward(&m, &c, in, tg, 1.0f / N);
+        TpStage m, st[2];
+        TpStageActs mx, x[2];
+        build_counted(&m, &mx, cfg, 0, cfg.L, B, o);
+        tpm_stage_zero_grad(&m);
+        float lm = tpm_stage_forward(&m, &c, &mx, in, tg);
+        tpm_stage_backward(&m, &c, &mx, in, tg, 1.0f / N);
 
-        TpStage st[2];
-        TpStageActs x[2];
         const int cut[3] = {0, 1, cfg.L};
         for (int s = 0; s < 2; s++) {
-            tpm_stage_build_opts(&st[s], cfg, 1, 0, cut[s], cut[s + 1], B, T, 42, o);
-            size_t before = mem_current(MEM_ACTS);
-            tpm_stage_acts_alloc(&x[s], &st[s]);
-            cr_expect_eq(mem_current(MEM_ACTS) - before, tpm_stage_act_bytes(&st[s]),
-                         "%s stage %d: acts_alloc allocated %zu B, tpm_stage_act_bytes says %zu", dt, s,
-                         mem_current(MEM_ACTS) - before, tpm_stage_act_bytes(&st[s]));
+            build_counted(&st[s], &x[s], cfg, cut[s], cut[s + 1], B, o);
             tpm_stage_zero_grad(&st[s]);
         }
         tpm_stage_forward(&st[0], &c, &x[0], in, NULL);
@@ -175,7 +175,7 @@ Test(tp_model, two_stages_compute_what_the_whole_model_computes) {
             for (int s = 0; s < 2; s++)
                 for (int j = 0; j < st[s].nplist; j++) {
                     if (strcmp(st[s].plist[j].name, m.plist[i].name) != 0) continue;
-                    model_grad_of(&m, i, a);
+                    grad_of(&m, i, a);
                     grad_of(&st[s], j, b);
                     cr_expect(memcmp(a, b, m.plist[i].size * sizeof(float)) == 0,
                               "%s: the gradient of %s differs between the model and stage %d", dt,
@@ -185,17 +185,20 @@ Test(tp_model, two_stages_compute_what_the_whole_model_computes) {
         cr_expect_eq(compared, m.nplist - 1, "%s: compared %d tensors of %d", dt, compared, m.nplist - 1);
         free(a), free(b);
         for (int s = 0; s < 2; s++) tpm_stage_acts_free(&x[s], &st[s]), tpm_stage_free(&st[s]);
-        tpm_free(&m);
+        tpm_stage_acts_free(&mx, &m), tpm_stage_free(&m);
+        TpOpts sp = o;  // the SP model's sets (tp 1: its one rank's positions are all of them)
+        sp.sp = 1;
+        build_counted(&m, &mx, cfg, 0, cfg.L, B, sp);
+        tpm_stage_acts_free(&mx, &m), tpm_stage_free(&m);
     }
 }
 
-// ZeRO-1's pieces (chapter 09): a stage whose optimizer state is cut to [lo, hi)
-// (tpm_stage_shard_optimizer) and stepped on its gradient piece updates exactly those elements
-// as the whole stage's step does: two stages holding [0, k) and [k, n) give, together, the
-// weights the unsharded step gives, bit for bit, in fp32 and in bf16 (master and bf16 weights).
-// Seen failing: the bf16 master indexed from lo instead of lo - opt_lo in
-// tpm_stage_adamw_range (by hand: the piece's master written out of its bounds, the test
-// crashes with "malloc(): invalid size").
+// ZeRO-1's pieces (chapter 09): a stage whose optimizer state (TpOpt) is the piece [lo, hi)
+// only, stepped on its gradient piece, updates exactly those elements as the whole stage's step
+// does: two stages holding [0, k) and [k, n) give, together, the weights the unsharded step
+// gives, bit for bit, in fp32 and in bf16 (master and bf16 weights). Seen failing: the bf16 master indexed from lo
+// instead of lo - opt_lo in the old tpm_stage_adamw_range (by hand: the piece's master written
+// out of its bounds, the test crashes with "malloc(): invalid size").
 Test(tp_model, zero1_pieces_of_the_optimizer_step_are_the_whole_step) {
     const GPT2Config cfg = small_cfg();
     const int B = 2, T = cfg.T, N = B * T;
@@ -207,6 +210,7 @@ Test(tp_model, zero1_pieces_of_the_optimizer_step_are_the_whole_step) {
         const TpOpts o = {.dev = DEV_CPU, .dtype = d ? GPT2_BF16 : GPT2_FP32, .sp = 0};
         TpComm c = tp_comm_single();
         TpStage st[3];  // the whole, [0, k), [k, n)
+        TpOpt os[3];
         size_t k = 0;
         for (int s = 0; s < 3; s++) {
             TpStageActs x;
@@ -220,8 +224,8 @@ Test(tp_model, zero1_pieces_of_the_optimizer_step_are_the_whole_step) {
             const size_t lo = s == 2 ? k : 0, hi = s == 1 ? k : st[s].n;
             const size_t esz = d ? 2 : 4;
             const char *g = (const char *)tpm_stage_grad_buf(&st[s]) + lo * esz;
-            if (s) tpm_stage_shard_optimizer(&st[s], lo, hi);
-            tpm_stage_adamw_range(&st[s], &h, 0, lo, hi, g, 1.0f);
+            tpm_opt_alloc(&os[s], &st[s], 5, lo, hi);
+            tpm_stage_adamw(&st[s], &h, 0, &os[s], g, 1.0f);
         }
         const size_t n = st[0].n;
         float *whole = malloc(n * sizeof(float)), *got = malloc(n * sizeof(float));
@@ -234,12 +238,12 @@ Test(tp_model, zero1_pieces_of_the_optimizer_step_are_the_whole_step) {
             const char *w = d ? (const char *)st[s].params_bf16 : (const char *)st[s].params;
             tpm_to_host_f32(got + lo, w + lo * esz, hi - lo, t);
             if (d)  // and the master piece: the whole step's master there
-                cr_expect(memcmp(st[s].params, st[0].params + lo, (hi - lo) * sizeof(float)) == 0,
+                cr_expect(memcmp(os[s].master, os[0].master + lo, (hi - lo) * sizeof(float)) == 0,
                           "bf16: the master of piece %d differs from the whole step's", s);
         }
         cr_expect(memcmp(whole, got, n * sizeof(float)) == 0, "%s: the pieces' step differs from the whole step",
                   d ? "bf16" : "fp32");
         free(whole), free(got);
-        for (int s = 0; s < 3; s++) tpm_stage_free(&st[s]);
+        for (int s = 0; s < 3; s++) tpm_opt_free(&os[s], &st[s]), tpm_stage_free(&st[s]);
     }
 }

@@ -306,23 +306,25 @@ static void check_model(GPT2Dtype dtype, int sp) {
     const int bf16 = dtype == GPT2_BF16;
     char what[64];
     snprintf(what, sizeof what, "tp_model %s%s (tp 1)", bf16 ? "bf16" : "fp32", sp ? " SP" : "");
-    TpModel m[2];
+    TpStage m[2];
+    TpStageActs ma[2];
     float loss[2], *g[2];
     TpComm c = tp_comm_single();
-    for (int d = 0; d < 2; d++) {
+    for (int d = 0; d < 2; d++) {  // every block: chapter 07's model
         const TpOpts o = {.dev = d ? DEV_CUDA : DEV_CPU, .dtype = dtype, .sp = sp};
-        tpm_build_opts(&m[d], cfg, 1, 0, MB, cfg.T, 7, o);
-        tpm_zero_grad(&m[d]);
-        loss[d] = tpm_forward(&m[d], &c, in, tg);
-        tpm_backward(&m[d], &c, in, tg, 1.0f / (float)MN);
+        tpm_stage_build_opts(&m[d], cfg, 1, 0, 0, cfg.L, MB, cfg.T, 7, o);
+        tpm_stage_acts_alloc(&ma[d], &m[d]);
+        tpm_stage_zero_grad(&m[d]);
+        loss[d] = tpm_stage_forward(&m[d], &c, &ma[d], in, tg);
+        tpm_stage_backward(&m[d], &c, &ma[d], in, tg, 1.0f / (float)MN);
         g[d] = lab_xmalloc(m[d].n * sizeof(float));
-        tpm_to_host_f32(g[d], tpm_grad_buf(&m[d]), m[d].n, tpm_dist_dtype(&m[d]));
+        tpm_to_host_f32(g[d], tpm_stage_grad_buf(&m[d]), m[d].n, tpm_stage_dist_dtype(&m[d]));
     }
     check_host(what, "loss", &loss[0], &loss[1], 1, bf16 ? TOL_BF16_LOSS : TOL_MATMUL);
     for (int i = 0; i < m[0].nplist; i++)  // tensor by tensor: each against its own scale
         check_host(what, m[0].plist[i].name, g[0] + m[0].plist[i].offset, g[1] + m[0].plist[i].offset,
                    m[0].plist[i].size, bf16 ? TOL_BF16_GRADS : TOL_MATMUL);
-    for (int d = 0; d < 2; d++) tpm_free(&m[d]), free(g[d]);
+    for (int d = 0; d < 2; d++) tpm_stage_acts_free(&ma[d], &m[d]), tpm_stage_free(&m[d]), free(g[d]);
     if (sp) {
         free(in), free(tg);
         return;
