@@ -7,6 +7,7 @@
 #   make grade          the exercise table (id, title, tests passed, points)
 #   make student        the student version in ./student (exercise solutions replaced by stubs)
 #   make bench          single-rank training speed vs this core's SGEMM peak
+#   make mutants        every deliberate bug in mutants/*.patch is caught by the test that names it
 #   make gpu-check      on a machine with a GPU: the CUDA path against the CPU path (tools/gpu_check.sh)
 #
 # Options: CC=clang (default gcc; MPI flags come from mpicc -showme), CUDA=0|1 (default: 1 when nvcc is found),
@@ -177,6 +178,11 @@ tour: $(addsuffix /run,$(CHAPTERS))
 bench: $(TOOL_BINS) $(addsuffix /run,$(CHAPTERS))
 	@BUILD=$(BUILD) bash tools/bench.sh
 
+# Every deliberate bug in mutants/*.patch is caught by the tests that name it (mutants/README.md);
+# MUTANTS="a b" runs only those.
+mutants: tests
+	@BUILD=$(BUILD) bash tools/mutants.sh $(MUTANTS)
+
 gpu-check:
 	@BUILD=$(if $(filter build,$(BUILD)),build-cuda,$(BUILD)) bash tools/gpu_check.sh
 
@@ -189,4 +195,4 @@ clean:
 help:
 	@sed -n '/^# The lab/,/^$$/p' Makefile | sed 's/^# \{0,1\}//'
 
-.PHONY: all test tests grade tour bench gpu-check student clean help deps
+.PHONY: all test tests grade tour bench gpu-check student clean help deps mutants
