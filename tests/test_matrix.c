@@ -43,6 +43,8 @@ typedef struct {
     const char *flags;  // the chapter's layout flags
     const char *model;  // model flags the oracle gets too (e.g. --vocab 251)
     const char *label;  // one, several, uneven (and why)
+    int twin_np;             // > 0: a run the chapter says gives the same bits (the same
+    const char *twin_flags;  // computation laid out otherwise): checked bit for bit
 } Layout;
 
 typedef struct {
@@ -56,16 +58,17 @@ typedef struct {
                            // EXACT_FP32 | EXACT_BF16
 } Row;
 
+#define L(np, flags, model, label) {np, flags, model, label, 0, NULL}
 #define ONE_SEVERAL_UNEVEN(flags) \
-    {{1, flags, "", "one"}, {2, flags, "", "several"}, {3, flags, "", "uneven (3 ranks)"}}
+    {L(1, flags, "", "one"), L(2, flags, "", "several"), L(3, flags, "", "uneven (3 ranks)")}
 #define DP_BOUNDS 1e-6f, 2e-4f, 1e-4f, 8e-3f  // test_02/03/05/06
 #define ZERO_ROW(s) \
     {"05 --zero " #s, "./05_zero/run --quiet", ONE_SEVERAL_UNEVEN("--zero " #s), {"", NULL}, DP_BOUNDS, EXACT}
-#define PIPE_LAYOUTS(f) {{1, f, "", "one"}, {2, f, "", "several"}, {4, f, "", "several (4 stages)"}}
+#define PIPE_LAYOUTS(f) {L(1, f, "", "one"), L(2, f, "", "several"), L(4, f, "", "several (4 stages)")}
 
 // Every training chapter, one line each (08 every schedule, 05 every stage).
 static const Row ROWS[] = {
-    {"00 --train", ORACLE, {{1, "", "", "one"}}, {"", NULL}, 0, 0, 0, 0, EXACT},
+    {"00 --train", ORACLE, {L(1, "", "", "one")}, {"", NULL}, 0, 0, 0, 0, EXACT},
     {"02", "./02_data_parallel/run --quiet", ONE_SEVERAL_UNEVEN(""), {"", NULL}, DP_BOUNDS, EXACT},
     {"03", "./03_ddp/run --quiet --overlap-steps 0", ONE_SEVERAL_UNEVEN(""), {"", "--grad-accum 4"},
      DP_BOUNDS, EXACT},
@@ -73,7 +76,7 @@ static const Row ROWS[] = {
     {"06", "./06_fsdp/run --quiet", ONE_SEVERAL_UNEVEN(""), {"", "--grad-accum 2"}, DP_BOUNDS, EXACT},
     // 07's uneven count is the vocabulary: V = 251 over tp 2
     {"07", "./07_tensor_parallel/run --quiet",
-     {{1, "--tp 1", "", "one"}, {2, "--tp 2", "", "several"}, {2, "--tp 2", "--vocab 251", "uneven (V=251 on tp 2)"}},
+     {L(1, "--tp 1", "", "one"), L(2, "--tp 2", "", "several"), L(2, "--tp 2", "--vocab 251", "uneven (V=251 on tp 2)")},
      {"", NULL}, 1e-6f, 2e-5f, 1e-4f, 8e-3f, 0},
     // 08's accumulation is its micro-batches (m = 1: none); layers must divide over the stages,
     // so its third layout is 4 stages; interleaved needs m a multiple of the stages (m 4 and 8)
@@ -84,14 +87,16 @@ static const Row ROWS[] = {
     {"08 zb", "./08_pipeline/run --quiet", PIPE_LAYOUTS("--schedule zb"),
      {"--micro-batches 1", "--micro-batches 4"}, 1e-6f, 3e-5f, 2e-4f, 8e-3f, EXACT_BF16},
     {"08 interleaved", "./08_pipeline/run --quiet",
-     {{1, "--schedule interleaved --chunks 2", "", "one (2 chunks)"},
-      {2, "--schedule interleaved --chunks 2", "", "several"},
-      {4, "--schedule interleaved --chunks 1", "", "several (4 stages)"}},
+     // two chunks on one rank: the message between them rounds as a real one (bf16), so the
+     // bits are 1F1B's on 2 ranks (the same stage boundaries)
+     {{1, "--schedule interleaved --chunks 2", "", "one (2 chunks)", 2, "--schedule 1f1b"},
+      L(2, "--schedule interleaved --chunks 2", "", "several"),
+      L(4, "--schedule interleaved --chunks 1", "", "several (4 stages)")},
      {"--micro-batches 4", "--micro-batches 8"}, 1e-6f, 3e-5f, 2e-4f, 8e-3f, 0},
     // 09: one rank, (dp, tp, pp) = (1, 2, 2), and ZeRO-1 over dp 3 (uneven pieces)
     {"09", "./09_3d/run --quiet",
-     {{1, "", "", "one"}, {4, "--tp 2 --pp 2", "", "several (1,2,2)"},
-      {3, "--dp 3 --zero 1", "", "uneven (ZeRO-1 over dp 3)"}},
+     {L(1, "", "", "one"), L(4, "--tp 2 --pp 2", "", "several (1,2,2)"),
+      L(3, "--dp 3 --zero 1", "", "uneven (ZeRO-1 over dp 3)")},
      {"--micro-batches 1", "--micro-batches 2"}, 1e-6f, 1e-5f, 2e-4f, 8e-3f, 0},
 };
 #define NROWS ((int)(sizeof ROWS / sizeof ROWS[0]))
@@ -203,6 +208,19 @@ static void run_cell(Tally *t, const Row *row, const Layout *lay, const char *ac
     log = NULL;
     snprintf(w2, sizeof w2, "%s uninterrupted", what);
     check(t, w2, &whole, &o, 0, rtol, atol);
+    if (lay->twin_np > 0) {
+        RunResults tw;
+        snprintf(more, sizeof more, "%s %s %s", model, lay->twin_flags, acc);
+        snprintf(w2, sizeof w2, "%s vs -np %d %s (the same bits)", what, lay->twin_np, lay->twin_flags);
+        if (harness_run_dump(row->prog, lay->twin_np, more, &tw, &log, 180) != 0) {
+            fail_run(t, w2, log);
+        } else {
+            check(t, w2, &whole, &tw, 0, 0.0f, 0.0f);
+            results_free(&tw);
+        }
+        free(log);
+        log = NULL;
+    }
 
     snprintf(ck, sizeof ck, "/tmp/lab_matrix_%d_%d.ckpt", (int)getppid(), (int)getpid());
     snprintf(cmd, sizeof cmd, "%s %s --stop-at %d --save %s", row->prog, flags, STOP, ck);
@@ -251,14 +269,18 @@ MATRIX_TESTS(ch00, "00 --train")
 MATRIX_TESTS(ch02, "02")
 MATRIX_TESTS(ch03, "03")
 MATRIX_TESTS(ch05_zero0, "05 --zero 0")
+// Mutant: mutants/zero12-bf16-save-whole-weights.patch (bf16 resumed cells, 05 --zero 1 and 2)
 MATRIX_TESTS(ch05_zero1, "05 --zero 1")
 MATRIX_TESTS(ch05_zero2, "05 --zero 2")
 MATRIX_TESTS(ch05_zero3, "05 --zero 3")
+// Mutant: mutants/fsdp-bf16-accum-rounds-addend.patch (bf16 --grad-accum 2 cells)
 MATRIX_TESTS(ch06, "06")
 MATRIX_TESTS(ch07, "07")
+// Mutant: mutants/pipe-one-stage-ckpt-order.patch (-np 1 resumed cells of every schedule)
 MATRIX_TESTS(ch08_gpipe, "08 gpipe")
 MATRIX_TESTS(ch08_1f1b, "08 1f1b")
 MATRIX_TESTS(ch08_zb, "08 zb")
+// Mutant: mutants/pipe-local-msg-skips-bf16-rounding.patch (bf16 two chunks on one rank vs 1F1B on 2)
 MATRIX_TESTS(ch08_interleaved, "08 interleaved")
 MATRIX_TESTS(ch09, "09")
 
