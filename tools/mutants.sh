@@ -6,18 +6,22 @@
 # test's failure line) and one closing line "N passed, N failed" (mutants caught / not caught);
 # exits non-zero when a mutant survives, no longer applies, does not build or names a missing test.
 #
-# One scratch copy serves every mutant: the tracked (and untracked, not ignored) files and the
-# build directory, copied with their timestamps, so that make rebuilds only what a patch touches;
-# after a mutant the patch is reverted (git apply -R) and its files are rebuilt by the next one.
+# One scratch copy per worker serves all its mutants: the tracked (and untracked, not ignored)
+# files and the build directory, copied with their timestamps, so that make rebuilds only what a
+# patch touches; after a mutant the patch is reverted (git apply -R) and its files are rebuilt by
+# the next one. Two workers by default: the tests are mostly mpirun start-up and small ranks
+# waiting on each other, so two mutants at a time overlap on two cores.
 #
 # Environment: BUILD (default build: the build directory to copy and to build in),
-# MUTANTS_JOBS (make -j, default 2), MUTANTS_TEST_TIMEOUT (seconds per test binary, default 600),
-# MUTANTS_KEEP=1 (keep the scratch copy and print where it is).
+# MUTANTS_WORKERS (mutants at a time, default 2), MUTANTS_JOBS (make -j per worker, default 2),
+# MUTANTS_TEST_TIMEOUT (seconds per test binary, default 600), MUTANTS_KEEP=1 (keep the scratch
+# copies and print where they are).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 root=$PWD
 build=${BUILD:-build}
 jobs=${MUTANTS_JOBS:-2}
+workers=${MUTANTS_WORKERS:-2}
 test_timeout=${MUTANTS_TEST_TIMEOUT:-600}
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OPENBLAS_NUM_THREADS=1
 
@@ -40,19 +44,23 @@ if [ ${#patches[@]} -eq 0 ]; then
   exit 2
 fi
 
-# --- the scratch copy ----------------------------------------------------------------------------
-scratch=$(mktemp -d /tmp/lab-mutants-XXXXXX)
+# --- the scratch copies --------------------------------------------------------------------------
+tmp=$(mktemp -d /tmp/lab-mutants-XXXXXX)
 if [ "${MUTANTS_KEEP:-0}" = 1 ]; then
-  echo "scratch copy: $scratch"
+  echo "scratch copies under $tmp"
 else
-  trap 'rm -rf "$scratch"' EXIT
+  trap 'rm -rf "$tmp"' EXIT
 fi
+[ "$workers" -gt ${#patches[@]} ] && workers=${#patches[@]}
 t_copy=$(date +%s.%N)
-git ls-files -z --cached --others --exclude-standard |
-  while IFS= read -r -d '' f; do [ -e "$f" ] && printf '%s\0' "$f"; done |
-  xargs -0 cp -a --parents -t "$scratch"
-[ -d "$build" ] && cp -a "$build" "$scratch/$build"
-echo "scratch copy of the tree and $build/ in $(awk -v a="$t_copy" -v b="$(date +%s.%N)" 'BEGIN { printf "%.1f", b - a }') s"
+for w in $(seq 0 $((workers - 1))); do
+  mkdir -p "$tmp/w$w"
+  git ls-files -z --cached --others --exclude-standard |
+    while IFS= read -r -d '' f; do [ -e "$f" ] && printf '%s\0' "$f"; done |
+    xargs -0 cp -a --parents -t "$tmp/w$w"
+  [ -d "$build" ] && cp -a "$build" "$tmp/w$w/$build"
+done
+echo "$workers scratch copies of the tree and $build/ in $(awk -v a="$t_copy" -v b="$(date +%s.%N)" 'BEGIN { printf "%.1f", b - a }') s"
 
 # Programs a test binary launches: the chapters and tests/mpi_* programs its source names.
 targets_of() {
@@ -84,13 +92,13 @@ failure_line() {
 
 secs() { awk -v a="$1" -v b="$2" 'BEGIN { printf "%.1f", b - a }'; }
 
-rows=()
-row() { rows+=("$(printf '%-34s %-56s %-6s %7s %7s  %s' "$1" "$2" "$3" "$4" "$5" "$6")"); }
-npass=0
-nfail=0
-log=$scratch/.mutant.log
-t_all=$(date +%s.%N)
-for patch in "${patches[@]}"; do
+# One mutant in the scratch copy $3: its table rows into $2.rows, pass/fail into $2.status.
+row() { printf '%-34s %-56s %-6s %7s %7s  %s\n' "$1" "$2" "$3" "$4" "$5" "$6" >>"$out.rows"; }
+run_mutant() {
+  local patch=$1 out=$2 scratch=$3 name ok head declared c b t rest suite test exe rc t0 t_build t_test
+  local log=$out.log synth failing crashing files
+  local -a caught_by bins targets
+  : >"$out.rows"
   name=$(basename "$patch" .patch)
   echo "── $name"
   ok=1
@@ -99,8 +107,8 @@ for patch in "${patches[@]}"; do
   mapfile -t caught_by < <(sed -n 's/^Caught-by: *//p' <<<"$head")
   if [ "$declared" != "$name" ] || ! grep -q '^Breaks: .' <<<"$head" || [ ${#caught_by[@]} -eq 0 ]; then
     row "$name" "-" "no" - - "bad header: needs 'Mutant: $name', 'Breaks: ...', 'Caught-by: <binary> <suite>/<test>'"
-    nfail=$((nfail + 1))
-    continue
+    echo fail >"$out.status"
+    return
   fi
   # every Caught-by is "<binary> <suite>/<test>"
   bins=()
@@ -113,13 +121,13 @@ for patch in "${patches[@]}"; do
       bins+=("$b")
     fi
   done
-  if [ $ok = 0 ]; then nfail=$((nfail + 1)); continue; fi
+  if [ $ok = 0 ]; then echo fail >"$out.status"; return; fi
 
   if ! (cd "$scratch" && git apply --check "$patch" 2>"$log"); then
     files=$(grep -E '^diff --git ' "$patch" | awk '{ sub(/^b\//, "", $4); print $4 }' | paste -sd, -)
     row "$name" "-" "no" - - "mutant $name no longer applies to $files: $(head -n 1 "$log")"
-    nfail=$((nfail + 1))
-    continue
+    echo fail >"$out.status"
+    return
   fi
   (cd "$scratch" && git apply "$patch")
 
@@ -128,9 +136,9 @@ for patch in "${patches[@]}"; do
   t0=$(date +%s.%N)
   if ! (cd "$scratch" && make -j"$jobs" BUILD="$build" "${targets[@]}" >"$log" 2>&1); then
     row "$name" "-" "no" "$(secs "$t0" "$(date +%s.%N)")" - "does not build: $(grep -m1 -E 'error' "$log")"
-    nfail=$((nfail + 1))
     (cd "$scratch" && git apply -R "$patch")
-    continue
+    echo fail >"$out.status"
+    return
   fi
   t_build=$(secs "$t0" "$(date +%s.%N)")
 
@@ -169,9 +177,36 @@ for patch in "${patches[@]}"; do
   done
   if ! (cd "$scratch" && git apply -R "$patch" 2>"$log"); then
     echo "mutants.sh: cannot revert $name in the scratch copy: $(head -n 1 "$log")" >&2
-    exit 2
+    echo fatal >"$out.status"
+    return
   fi
-  if [ $ok = 1 ]; then npass=$((npass + 1)); else nfail=$((nfail + 1)); fi
+  if [ $ok = 1 ]; then echo pass >"$out.status"; else echo fail >"$out.status"; fi
+}
+
+# The workers: worker w takes mutants w, w + W, w + 2W, ... in its own scratch copy.
+t_all=$(date +%s.%N)
+for w in $(seq 0 $((workers - 1))); do
+  (
+    i=$w
+    while [ "$i" -lt ${#patches[@]} ]; do
+      run_mutant "${patches[$i]}" "$tmp/m$i" "$tmp/w$w"
+      [ "$(cat "$tmp/m$i.status")" = fatal ] && break
+      i=$((i + workers))
+    done
+  ) &
+done
+wait
+npass=0
+nfail=0
+rows=()
+for i in "${!patches[@]}"; do
+  st=$(cat "$tmp/m$i.status" 2>/dev/null || echo fail)
+  if [ "$st" = pass ]; then npass=$((npass + 1)); else nfail=$((nfail + 1)); fi
+  if [ -s "$tmp/m$i.rows" ]; then
+    mapfile -t -O ${#rows[@]} rows <"$tmp/m$i.rows"
+  else
+    rows+=("$(printf '%-34s %-56s %-6s %7s %7s  %s' "$(basename "${patches[$i]}" .patch)" - no - - "not run (a worker stopped)")")
+  fi
 done
 
 echo
