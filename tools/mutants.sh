@@ -135,7 +135,7 @@ run_mutant() {
   mapfile -t targets < <(for b in $(printf '%s\n' "${bins[@]}" | sort -u); do targets_of "$b"; done | sort -u)
   t0=$(date +%s.%N)
   if ! (cd "$scratch" && make -j"$jobs" BUILD="$build" "${targets[@]}" >"$log" 2>&1); then
-    row "$name" "-" "no" "$(secs "$t0" "$(date +%s.%N)")" - "does not build: $(grep -m1 -E 'error' "$log")"
+    row "$name" "-" "no" "$(secs "$t0" "$(date +%s.%N)")" - "does not build: $(grep -m1 -E ': (fatal )?error:|\*\*\*' "$log")"
     (cd "$scratch" && git apply -R "$patch")
     echo fail >"$out.status"
     return
