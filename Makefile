@@ -7,6 +7,8 @@
 #   make grade          the exercise table (id, title, tests passed, points)
 #   make student        the student version in ./student (exercise solutions replaced by stubs)
 #   make bench          single-rank training speed vs this core's SGEMM peak
+#   make matrix         the test matrix: every chapter x dtype x layout x resume x accumulation vs 00
+#   make mutants        every deliberate bug in mutants/*.patch is caught by the test that names it
 #   make gpu-check      on a machine with a GPU: the CUDA path against the CPU path (tools/gpu_check.sh)
 #
 # Options: CC=clang (default gcc; MPI flags come from mpicc -showme), CUDA=0|1 (default: 1 when nvcc is found),
@@ -129,7 +131,10 @@ $(foreach c,$(CHAPTERS),$(eval $(call chapter_rule,$(c))))
 # --- tests ---------------------------------------------------------------------------------------
 # tests/test_*.c   Criterion unit tests (one binary each)
 # tests/mpi_*.c    MPI programs that the Criterion tests launch with mpirun (see tests/harness.h)
-TEST_SRCS := $(wildcard tests/test_*.c)
+# tests/test_matrix.c: the test matrix (every chapter x dtype x layout x resume x accumulation),
+# built with the others but run by `make matrix`, not by `make test`
+MATRIX_BIN := $(BUILD)/tests/test_matrix
+TEST_SRCS := $(filter-out tests/test_matrix.c,$(wildcard tests/test_*.c))
 TEST_BINS := $(patsubst tests/%.c,$(BUILD)/tests/%,$(TEST_SRCS))
 MPI_TEST_SRCS := $(wildcard tests/mpi_*.c)
 # tests/mpitest.c: the check counter and main() of mpi_collectives and mpi_ring, linked into every
@@ -160,7 +165,7 @@ $(BUILD)/tools/%: tools/%.c $(LIBCOMMON)
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS_ALL) $< $(LIBCOMMON) $(LDLIBS_ALL) -o $@
 
-tests: $(TEST_BINS) $(MPI_TEST_BINS) $(TOOL_BINS) $(addsuffix /run,$(CHAPTERS))
+tests: $(TEST_BINS) $(MATRIX_BIN) $(MPI_TEST_BINS) $(TOOL_BINS) $(addsuffix /run,$(CHAPTERS))
 
 all: $(addsuffix /run,$(CHAPTERS)) tests
 
@@ -177,6 +182,18 @@ tour: $(addsuffix /run,$(CHAPTERS))
 bench: $(TOOL_BINS) $(addsuffix /run,$(CHAPTERS))
 	@BUILD=$(BUILD) bash tools/bench.sh
 
+# The test matrix (tests/test_matrix.c), two tests at a time: their runs are mostly mpirun
+# start-up and small ranks, so two cores overlap them.
+matrix: $(MATRIX_BIN) $(addsuffix /run,$(CHAPTERS))
+	@LAB_MATRIX_JOBS=$${LAB_MATRIX_JOBS:-2} LAB_BUILD=$(BUILD) OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 \
+	  OPENBLAS_NUM_THREADS=1 bash -c 't0=$$(date +%s); $(MATRIX_BIN) -j$$LAB_MATRIX_JOBS; rc=$$?; \
+	  echo "matrix: $$(( $$(date +%s) - t0 )) s"; exit $$rc'
+
+# Every deliberate bug in mutants/*.patch is caught by the tests that name it (mutants/README.md);
+# MUTANTS="a b" runs only those.
+mutants: tests
+	@BUILD=$(BUILD) bash tools/mutants.sh $(MUTANTS)
+
 gpu-check:
 	@BUILD=$(if $(filter build,$(BUILD)),build-cuda,$(BUILD)) bash tools/gpu_check.sh
 
@@ -189,4 +206,4 @@ clean:
 help:
 	@sed -n '/^# The lab/,/^$$/p' Makefile | sed 's/^# \{0,1\}//'
 
-.PHONY: all test tests grade tour bench gpu-check student clean help deps
+.PHONY: all test tests grade tour bench gpu-check student clean help deps mutants matrix

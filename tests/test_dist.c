@@ -29,6 +29,7 @@ static void run_mpi_dist(int np) {
 
 Test(dist, ops_on_1_rank, .timeout = 200) { run_mpi_dist(1); }
 Test(dist, ops_on_2_ranks, .timeout = 200) { run_mpi_dist(2); }
+// Mutant: mutants/dist-allreduce-bytes-rounding.patch (3 ranks: a message that does not split evenly)
 Test(dist, ops_on_3_ranks, .timeout = 200) { run_mpi_dist(3); }
 Test(dist, ops_on_4_ranks, .timeout = 200) { run_mpi_dist(4); }
 Test(dist, ops_on_5_ranks, .timeout = 200) { run_mpi_dist(5); }
