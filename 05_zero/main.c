@@ -90,11 +90,11 @@ typedef struct Zero {
     int master_full;
     void *param_shard;    // stage 3: my pieces of the parameters (model dtype), else NULL
     void *grad_shard;     // stage >= 2: my pieces of the averaged gradients, else NULL
-    // stage >= 2: unit gradient buffers backward writes into (MEM_COMM); stage 3: their
-    // reduce-scatters in flight
-    void **gbuf;          // (nunits)
-    DistWork *rs;         // (nunits)
-    int *rs_order, nrs, rs_done;  // launch order, launched, waited
+    // stage >= 2: each unit's gradient buffer backward writes into (MEM_COMM; stage 3: its
+    // reduce-scatter in flight); stage 3: its gathered weights (MEM_COMM) and their all-gather
+    ZeroUnit *unit;       // (nunits)
+    int *ag_live;         // stage 3: 0 none, 1 issued, 2 ready
+    int *rs_order, nrs, rs_done;  // stage 3: reduce-scatter launch order, launched, waited
     int in_flight;
     // stage 2: buckets of the flat gradient: bucket k = [n - (k+1)B, n - kB) (clipped at 0),
     // numbered in backward order; a buffer (MEM_COMM) from its first copy until its
@@ -105,21 +105,7 @@ typedef struct Zero {
     DistWork *bw;         // (nbuckets)
     int b_launched, b_done;  // buckets launched (in order), waited
     double *b_t0;
-    // stage 3: gathered unit weights (MEM_COMM) and their all-gathers
-    void **wbuf;          // (nunits)
-    DistWork *ag;         // (nunits)
-    int *ag_live;         // 0 none, 1 issued, 2 ready
-    double *ag_t0, *rs_t0;  // when each unit's all-gather / reduce-scatter was started (--trace)
 } Zero;
-
-// --trace: a collective as a span on the communication track, from its start to the moment its
-// wait returned (it ran on the communication thread somewhere in between).
-static void trace_in_flight(const char *what, int u, double t0) {
-    if (!trace_enabled()) return;
-    char name[48];
-    snprintf(name, sizeof name, "%s unit %d", what, u);
-    trace_span(name, TRACE_COMM, t0, lab_now());
-}
 
 static void *piece_ptr(const Zero *zz, void *shard, int u) {
     return (char *)shard + zz->z.p[u].local * zz->e;
@@ -128,11 +114,8 @@ static void *piece_ptr(const Zero *zz, void *shard, int u) {
 // Stage 3: start the all-gather of unit u (if not yet), into a fresh buffer.
 static void gather_issue(Zero *zz, int u) {
     if (zz->stage < 3 || zz->ag_live[u]) return;
-    const ZeroPiece *p = &zz->z.p[u];
-    zz->wbuf[u] = mem_alloc(p->unit_size * zz->e, MEM_COMM, zz->s->dev);
-    zz->ag_t0[u] = lab_now();
-    zz->ag[u] = zero_gather_unit(&zz->z, u, zz->param_shard, zz->wbuf[u], zz->s->dt,
-                                 zz->s->world);
+    zero_unit_gather(&zz->z, u, &zz->unit[u], zz->param_shard, zz->s->dt, zz->s->dev,
+                     zz->s->world);
     zz->ag_live[u] = 1;
 }
 
@@ -143,21 +126,17 @@ static const void *unit_weights(Zero *zz, int u, int next) {
     gather_issue(zz, u);
     if (next >= 0) gather_issue(zz, next);  // in flight while unit u computes
     if (zz->ag_live[u] == 1) {
-        int tok = trace_begin("wait all-gather", TRACE_COMPUTE);
-        dist_wait(&zz->ag[u]);
-        trace_end(tok);
-        trace_in_flight("all-gather", u, zz->ag_t0[u]);
+        zero_unit_wait(&zz->unit[u], u);
         zz->ag_live[u] = 2;
     }
-    return zz->wbuf[u];
+    return zz->unit[u].w;
 }
 
 // Stage 3: the unit's gathered weights are freed after use: only the pieces stay.
 static void unit_release(Zero *zz, int u) {
     if (zz->stage < 3) return;
     LAB_CHECK(zz->ag_live[u] == 2, "unit %d released before it was gathered", u);
-    mem_free(zz->wbuf[u]);
-    zz->wbuf[u] = NULL;
+    zero_unit_free(&zz->unit[u]);
     zz->ag_live[u] = 0;
 }
 
@@ -165,18 +144,13 @@ static void unit_release(Zero *zz, int u) {
 // gradient); stage >= 2 a fresh zeroed unit buffer (in flight until its reduce-scatter is done).
 static void *unit_grads(Zero *zz, int u) {
     if (zz->stage < 2) return NULL;
-    if (!zz->gbuf[u]) zz->gbuf[u] = mem_alloc(zz->z.p[u].unit_size * zz->e, MEM_COMM, zz->s->dev);
-    return zz->gbuf[u];
+    return zero_unit_grad(&zz->z, u, &zz->unit[u], zz->e, MEM_COMM, zz->s->dev);
 }
 
 static void rs_wait_oldest(Zero *zz) {
     int u = zz->rs_order[zz->rs_done++];
-    int tok = trace_begin("wait reduce-scatter", TRACE_COMPUTE);
-    dist_wait(&zz->rs[u]);
-    trace_end(tok);
-    trace_in_flight("reduce-scatter", u, zz->rs_t0[u]);
-    mem_free(zz->gbuf[u]);
-    zz->gbuf[u] = NULL;
+    zero_unit_grad_wait(&zz->unit[u], u);
+    zero_unit_grad_free(&zz->unit[u]);
 }
 
 // Stage 2: bucket k's range of the flat gradient.
@@ -232,7 +206,7 @@ static void unit_into_buckets(Zero *zz, int u) {
             zz->bbuf[k] = mem_alloc((hi - lo) * zz->e, MEM_COMM, zz->s->dev);
         }
         size_t a = lo > ub ? lo : ub, b = hi < ue ? hi : ue;  // the unit's part of the bucket
-        mem_copy((char *)zz->bbuf[k] + (a - lo) * zz->e, (char *)zz->gbuf[u] + (a - ub) * zz->e,
+        mem_copy((char *)zz->bbuf[k] + (a - lo) * zz->e, (char *)zz->unit[u].g + (a - ub) * zz->e,
                  (b - a) * zz->e);
         // complete once its lowest element is in; --mutate bucket-early launches a bucket as
         // soon as a unit ends inside it (its lower part, another unit's, still missing)
@@ -240,8 +214,7 @@ static void unit_into_buckets(Zero *zz, int u) {
         if (lo < ub) break;  // the rest of this bucket is the next unit's
     }
     trace_end(tok);
-    mem_free(zz->gbuf[u]);
-    zz->gbuf[u] = NULL;
+    zero_unit_grad_free(&zz->unit[u]);
 }
 
 // Stage >= 2: unit u's gradient is complete. Stage 2: into the buckets. Stage 3: reduce-scatter
@@ -253,9 +226,8 @@ static void unit_grads_done(Zero *zz, int u) {
         unit_into_buckets(zz, u);
         return;
     }
-    zz->rs_t0[u] = lab_now();
-    zz->rs[u] = zero_unit_reduce_scatter(&zz->z, u, zz->gbuf[u], piece_ptr(zz, zz->grad_shard, u),
-                                         zz->s->dt, DIST_AVG, 1, zz->s->world);
+    zero_unit_grad_scatter(&zz->z, u, &zz->unit[u], piece_ptr(zz, zz->grad_shard, u), zz->s->dt,
+                           zz->s->world);
     zz->rs_order[zz->nrs++] = u;
     while (zz->nrs - zz->rs_done > zz->in_flight) rs_wait_oldest(zz);
 }
@@ -327,7 +299,7 @@ static void backward(Zero *zz, float dloss) {
 // The step after backward
 
 // Stage 0: the whole gradient averaged on every rank (DDP). Stage 1 reduce-scatters in its step
-// (zero1_step), stages 2 and 3 during backward.
+// (zero_step), stages 2 and 3 during backward.
 static void average_gradients(Zero *zz) {
     Session *s = zz->s;
     if (zz->stage != 0 || s->N == 1) return;
@@ -337,57 +309,29 @@ static void average_gradients(Zero *zz) {
     trace_end(tok);
 }
 
-// Where the step reads my gradient pieces, and whether at their global offsets.
-static const void *step_grads(Zero *zz, int *full) {
-    *full = zz->stage < 2;
-    return zz->stage < 2 ? train_grads(zz->m) : zz->grad_shard;
-}
-static void *step_params(Zero *zz, int *full) {
-    *full = zz->stage < 3;
-    return zz->stage < 3 ? train_params(zz->m) : zz->param_shard;
-}
-
-// Global clipping from pieces: Σ g² over my pieces, summed over the ranks (each element is in
-// exactly one rank's pieces, so it is counted once). Stage 0 owns everything: no sum needed.
-static float clip_scale(Zero *zz, int step) {
-    int full;
-    const void *g = step_grads(zz, &full);
-    double sq = zero_local_sum_squares(&zz->z, zz->m, g, full);
-    if (zz->z.N > 1) dist_all_reduce(&sq, &sq, 1, DIST_F64, DIST_SUM, zz->s->world);
-    return adamw_clip_scale(&zz->s->opt, sq, step);
+// My buffers as the step sees them: the gradient whole (stages 0, 1) or my averaged pieces
+// (2, 3); the parameters whole (0-2) or my pieces (3); the master whole (fp32, 0-2) or pieces.
+static ZeroShard shard_bufs(Zero *zz) {
+    ZeroShard b = zero_shard_of(zz->m, zz->s->plist, zz->s->nplist);
+    b.grads_full = zz->stage < 2;
+    b.grads = b.grads_full ? train_grads(zz->m) : zz->grad_shard;
+    b.params_full = zz->stage < 3;
+    b.params = b.params_full ? train_params(zz->m) : zz->param_shard;
+    b.master = zz->master;
+    b.master_full = zz->master_full;
+    b.opt_m = zz->opt_m;
+    b.opt_v = zz->opt_v;
+    return b;
 }
 
-// Stage 1, 2: every rank needs the whole updated parameters: all-gather the shards in place
-// (one uneven all-gather of the flat buffer: my shard is shard_range(Ψ, N, r)). --mutate stale
-// skips every one after the first (at setup): every other rank's shard stays stale here.
-static void gather_params(Zero *zz) {
-    static int gathers = 0;
-    if (zz->stage == 0 || zz->stage == 3 || zz->z.N == 1) return;
-    if (mutation == MUT_STALE && gathers++ > 0) return;
-    Session *s = zz->s;
-    char *p = train_params(zz->m);
-    int tok = trace_begin("all-gather params", TRACE_COMM);
-    dist_all_gather_n(p + zz->z.shard_begin * zz->e, p, zz->z.n, s->dt, s->world);
-    trace_end(tok);
-}
-
+// Every stage is zero.c's one step: stage 1 reduce-scatters there, stage 0 all-reduced before
+// it, stages 2 and 3 during backward; stages 1 and 2 all-gather the parameters after it.
 static void optimizer_step(Zero *zz, int step) {
-    if (zz->stage == 1) {  // reduce-scatter, my pieces' update, all-gather: zero.c
-        int tok = trace_begin("ZeRO-1 step: reduce-scatter, update, all-gather", TRACE_COMM);
-        zero1_step(&zz->z, zz->m, &zz->s->opt, step, zz->master, zz->master_full, zz->opt_m,
-                   zz->opt_v, zz->s->plist, zz->s->nplist, zz->s->world);
-        trace_end(tok);
-        return;
-    }
-    int gfull, pfull;
-    const void *g = step_grads(zz, &gfull);
-    void *p = step_params(zz, &pfull);
-    float scale = clip_scale(zz, step);
-    int tok = trace_begin("optimizer (my pieces)", TRACE_COMPUTE);
-    zero_adamw_step(&zz->z, &zz->s->opt, zz->m, step, zz->master, zz->master_full, p, pfull, g,
-                    gfull, zz->opt_m, zz->opt_v, zz->s->plist, zz->s->nplist, scale);
+    ZeroShard b = shard_bufs(zz);
+    int tok = trace_begin("ZeRO step: (reduce-scatter,) clip, update my pieces, (all-gather)",
+                          TRACE_COMM);
+    zero_step(&zz->z, &b, &zz->s->opt, step, zz->s->world);
     trace_end(tok);
-    gather_params(zz);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -437,47 +381,27 @@ static void alloc_state(Zero *zz, const ZeroFlags *f) {
         zz->param_shard = mem_alloc(sn * zz->e, MEM_PARAMS, s->dev);
         if (!s->bf16) zz->master = zz->param_shard;  // fp32: the pieces ARE the master
     }
-    zz->gbuf = lab_xcalloc((size_t)zz->nunits, sizeof(void *));
-    zz->rs = lab_xcalloc((size_t)zz->nunits, sizeof(DistWork));
+    zz->unit = lab_xcalloc((size_t)zz->nunits, sizeof(ZeroUnit));
     zz->rs_order = lab_xcalloc((size_t)zz->nunits, sizeof(int));
-    zz->wbuf = lab_xcalloc((size_t)zz->nunits, sizeof(void *));
-    zz->ag = lab_xcalloc((size_t)zz->nunits, sizeof(DistWork));
     zz->ag_live = lab_xcalloc((size_t)zz->nunits, sizeof(int));
-    zz->ag_t0 = lab_xcalloc((size_t)zz->nunits, sizeof(double));
-    zz->rs_t0 = lab_xcalloc((size_t)zz->nunits, sizeof(double));
     zz->nbuckets = zz->stage == 2 ? (int)((s->n + zz->bucket - 1) / zz->bucket) : 0;
     zz->bbuf = lab_xcalloc((size_t)zz->nbuckets + 1, sizeof(void *));
     zz->bw = lab_xcalloc((size_t)zz->nbuckets + 1, sizeof(DistWork));
     zz->b_t0 = lab_xcalloc((size_t)zz->nbuckets + 1, sizeof(double));
 }
 
-// My pieces of a whole fp32 array (host, memory order) into a shard buffer of mine.
-static void take(Zero *zz, const float *full, float *dst, int dst_full) {
-    if (dst_full) {
-        for (int u = 0; u < zz->nunits; u++) {
-            const ZeroPiece *p = &zz->z.p[u];
-            size_t at = p->unit_offset + p->begin;
-            mem_copy(dst + at, full + at, p->count * sizeof(float));
-        }
-    } else {
-        zero_take_pieces(&zz->z, full, dst);
-    }
-}
-
 // The weights the forward pass reads, from my master pieces: bf16 rounds them; then stages 1, 2
 // all-gather the whole parameters (stage 0 holds them all, stage 3 only ever its pieces).
 static void params_from_master(Zero *zz) {
-    Session *s = zz->s;
-    if (s->bf16) {
-        int full;
-        void *p = step_params(zz, &full);
+    ZeroShard b = shard_bufs(zz);
+    if (zz->s->bf16) {
         for (int u = 0; u < zz->nunits; u++) {
             const ZeroPiece *q = &zz->z.p[u];
-            size_t at = full ? q->unit_offset + q->begin : q->local;
-            zz->m->k->f32_to_bf16((uint16_t *)p + at, zz->master + q->local, q->count);
+            size_t at = b.params_full ? q->unit_offset + q->begin : q->local;
+            zz->m->k->f32_to_bf16((uint16_t *)b.params + at, zz->master + q->local, q->count);
         }
     }
-    gather_params(zz);
+    zero_gather_params(&zz->z, &b, zz->s->world);
 }
 
 // --resume (rank 0 reads the whole state and every rank takes its pieces: any stage and world
@@ -485,38 +409,14 @@ static void params_from_master(Zero *zz) {
 // own pieces (gpt2_init_slice: a piece is exactly that slice of the full initialization).
 static int load_or_init(Zero *zz, const LabArgs *args) {
     Session *s = zz->s;
-    const size_t n = s->n;
     int start = 0;
     if (args->resume || args->load_weights) {
-        float *w = lab_xcalloc(n, sizeof(float));
-        float *mm = args->resume ? lab_xcalloc(n, sizeof(float)) : NULL;
-        float *vv = args->resume ? lab_xcalloc(n, sizeof(float)) : NULL;
-        if (s->rank == 0) {
-            if (args->resume) start = ckpt_resume_training(args->resume, &s->cfg, w, mm, vv, n);
-            else ckpt_load_weights_into(args->load_weights, &s->cfg, w, n);
-        }
-        dist_broadcast(w, n, DIST_F32, 0, s->world);
-        take(zz, w, zz->master, zz->master_full);
-        if (args->resume) {
-            dist_broadcast(mm, n, DIST_F32, 0, s->world);
-            dist_broadcast(vv, n, DIST_F32, 0, s->world);
-            dist_broadcast(&start, 1, DIST_I32, 0, s->world);
-            zero_take_pieces(&zz->z, mm, zz->opt_m);
-            zero_take_pieces(&zz->z, vv, zz->opt_v);
-            if (!args->quiet && s->rank == 0)
-                printf("resumed from %s at step %d\n", args->resume, start);
-        }
-        free(w); free(mm); free(vv);
+        start = zero_load_training(&zz->z, &s->cfg, args->resume, args->load_weights, zz->master,
+                                   zz->master_full, zz->opt_m, zz->opt_v, s->world);
+        if (args->resume && !args->quiet && s->rank == 0)
+            printf("resumed from %s at step %d\n", args->resume, start);
     } else {
-        for (int u = 0; u < zz->nunits; u++) {
-            const ZeroPiece *p = &zz->z.p[u];
-            size_t at = p->unit_offset + p->begin;
-            float *piece = lab_xcalloc(p->count ? p->count : 1, sizeof(float));
-            gpt2_init_slice(&s->cfg, (uint64_t)args->seed, at, at + p->count, piece);
-            mem_copy(zz->master + (zz->master_full ? at : p->local), piece,
-                     p->count * sizeof(float));
-            free(piece);
-        }
+        zero_init_pieces(&zz->z, &s->cfg, (uint64_t)args->seed, zz->master, zz->master_full);
     }
     params_from_master(zz);
     s->start = start;
@@ -526,21 +426,9 @@ static int load_or_init(Zero *zz, const LabArgs *args) {
 // --save: rank 0 writes the WHOLE state (gathered from the pieces) in the lab's usual format.
 static void save_state(Zero *zz, const LabArgs *args, int step) {
     Session *s = zz->s;
-    const size_t n = s->n;
-    float *w = s->rank == 0 ? lab_xcalloc(n, sizeof(float)) : NULL;
-    float *mm = s->rank == 0 ? lab_xcalloc(n, sizeof(float)) : NULL;
-    float *vv = s->rank == 0 ? lab_xcalloc(n, sizeof(float)) : NULL;
-    if (zz->master_full) {  // fp32, stages 0-2: every rank holds the whole parameters
-        if (s->rank == 0) mem_copy(w, zz->master, n * sizeof(float));
-    } else {
-        zero_gather_full(&zz->z, zz->master, w, s->world);
-    }
-    zero_gather_full(&zz->z, zz->opt_m, mm, s->world);
-    zero_gather_full(&zz->z, zz->opt_v, vv, s->world);
-    if (s->rank == 0)
-        ckpt_save_training(args->save, &s->cfg, step, (uint64_t)args->seed,
-                           (uint64_t)args->data_seed, w, mm, vv, n);
-    free(w); free(mm); free(vv);
+    zero_save_training(&zz->z, args->save, &s->cfg, step, (uint64_t)args->seed,
+                       (uint64_t)args->data_seed, zz->master, zz->master_full, zz->opt_m,
+                       zz->opt_v, s->world);
 }
 
 // Stage 3 at the end: the session reports the final weights from the model's own buffer, so
@@ -563,8 +451,7 @@ static void free_state(Zero *zz) {
     mem_free(zz->grad_shard);
     mem_free(zz->param_shard);
     (void)s;
-    free(zz->gbuf); free(zz->rs); free(zz->rs_order);
-    free(zz->wbuf); free(zz->ag); free(zz->ag_live); free(zz->ag_t0); free(zz->rs_t0);
+    free(zz->unit); free(zz->rs_order); free(zz->ag_live);
     free(zz->bbuf); free(zz->bw); free(zz->b_t0);
     zero_layout_free(&zz->z);
 }

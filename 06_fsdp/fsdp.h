@@ -63,12 +63,9 @@ const char *fsdp_unit_name(int u, int L, char *buf, size_t len);
 
 typedef struct FsdpUnit {
     FsdpState state;
-    void *w;                    // GATHERING, GATHERED: the whole unit (MEM_COMM), else NULL
-    DistWork ag;
-    double ag_t0;               // when its all-gather was issued (--trace)
-    void *g;                    // its unsharded gradient while backward accumulates (MEM_GRADS)
-    DistWork rs;
-    double rs_t0;
+    ZeroUnit buf;               // the gather, wait, free and reduce-scatter ZeRO-3 shares (zero.h):
+                                // buf.w the whole unit while GATHERING, GATHERED (MEM_COMM);
+                                // buf.g its unsharded gradient while backward accumulates (MEM_GRADS)
 } FsdpUnit;
 
 typedef struct Fsdp {

@@ -181,7 +181,13 @@ static void keep_log(const Fsdp *F, int *dst, int *n, int from) {
 // they are over different groups: the loss over the world, Σ g² over the shard group.
 static void optimizer_step(Run *r, int step, float *loss) {
     Session *s = r->s;
-    double sq = zero_local_sum_squares(&r->z, r->m, r->grad_shard, 0);
+    ZeroShard b = zero_shard_of(r->m, s->plist, s->nplist);
+    b.params = r->param_shard;
+    b.grads = r->grad_shard;
+    b.master = r->master;
+    b.opt_m = r->opt_m;
+    b.opt_v = r->opt_v;
+    double sq = zero_sum_squares(&r->z, &b);
     // each element lives in one piece of the shard group (the replicas hold the same pieces)
     if (r->R == 1 && r->G > 1) {
         double v[2] = {sq, (double)*loss};
@@ -194,8 +200,7 @@ static void optimizer_step(Run *r, int step, float *loss) {
     }
     float scale = adamw_clip_scale(&s->opt, sq, step);
     int tok = trace_begin("optimizer (my pieces)", TRACE_COMPUTE);
-    zero_adamw_step(&r->z, &s->opt, r->m, step, r->master, 0, r->param_shard, 0, r->grad_shard,
-                    0, r->opt_m, r->opt_v, s->plist, s->nplist, scale);
+    zero_adamw(&r->z, &b, &s->opt, step, scale);
     trace_end(tok);
 }
 
@@ -251,11 +256,11 @@ static int load_or_init(Run *r, const LabArgs *args) {
     int start = 0;
     if (args->resume || args->load_weights) {
         start = zero_load_training(&r->z, &s->cfg, args->resume, args->load_weights, r->master,
-                                   r->opt_m, r->opt_v, s->world);
+                                   0, r->opt_m, r->opt_v, s->world);
         if (args->resume && !args->quiet && s->rank == 0)
             printf("resumed from %s at step %d\n", args->resume, start);
     } else {
-        zero_init_pieces(&r->z, &s->cfg, (uint64_t)args->seed, r->master);
+        zero_init_pieces(&r->z, &s->cfg, (uint64_t)args->seed, r->master, 0);
     }
     params_from_master(r);
     s->start = start;
@@ -266,7 +271,7 @@ static int load_or_init(Run *r, const LabArgs *args) {
 static void save_state(Run *r, const LabArgs *args, int step) {
     if (r->s->rank >= r->G) return;
     zero_save_training(&r->z, args->save, &r->s->cfg, step, (uint64_t)args->seed,
-                       (uint64_t)args->data_seed, r->master, r->opt_m, r->opt_v, r->shard);
+                       (uint64_t)args->data_seed, r->master, 0, r->opt_m, r->opt_v, r->shard);
 }
 
 // At the end the session reports the final weights from the model's own buffer: the whole

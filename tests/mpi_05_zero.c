@@ -4,7 +4,7 @@
 // Launched by tests/test_05_zero.c as
 //   mpirun -np N build/tests/mpi_05_zero <what>...
 // with <what> among
-//   zero1-step    zero1_step (exercise 05.2) on a small GPT-2's full gradient buffer: the
+//   zero1-step    zero_step (exercise 05.2) on a small GPT-2's full gradient buffer: the
 //                 parameters every rank ends with and the Adam m, v of its pieces equal one
 //                 AdamW step of a single device on the averaged gradient, with clipping that
 //                 that bites (so the norm must be the global one) and without clipping (so the
@@ -74,7 +74,7 @@ static void hand_layout(ZeroLayout *z, const size_t *offset, const size_t *size,
 // Gradient element i on rank r: multiples of 1/64, so sums over ranks are exact in fp32.
 static float grad_of(int r, size_t i) { return (float)((int)((i * 7 + (size_t)r * 5) % 17) - 8) / 64.0f; }
 
-static void test_zero1_step(DistGroup *g, float grad_clip) {
+static void test_zero_step(DistGroup *g, float grad_clip) {
     const int N = g->size;
     GPT2Config cfg = {.V = 32, .T = 8, .L = 2, .C = 16, .NH = 2};
     GPT2 m;
@@ -112,7 +112,13 @@ static void test_zero1_step(DistGroup *g, float grad_clip) {
 
     float *opt_m = lab_xcalloc(z.shard_n + 1, sizeof(float));
     float *opt_v = lab_xcalloc(z.shard_n + 1, sizeof(float));
-    zero1_step(&z, &m, &h, 0, m.params, 1, opt_m, opt_v, plist, nplist, g);
+    ZeroShard b = zero_shard_of(&m, plist, nplist);
+    b.params = b.master = m.params;
+    b.grads = m.grads;
+    b.params_full = b.grads_full = b.master_full = 1;
+    b.opt_m = opt_m;
+    b.opt_v = opt_v;
+    zero_step(&z, &b, &h, 0, g);
 
     // every parameter on every rank; m and v of my pieces
     size_t bad = 0, first = 0;
@@ -121,7 +127,7 @@ static void test_zero1_step(DistGroup *g, float grad_clip) {
             if (!bad) first = i;
             bad++;
         }
-    mpi_check(bad == 0, "zero1_step on %s (rank %d of %d): %zu parameters differ from one "
+    mpi_check(bad == 0, "zero_step on %s (rank %d of %d): %zu parameters differ from one "
               "device's step, first %zu: %g, want %g", g->name, g->rank, N, bad, first,
               bad ? (double)m.params[first] : 0.0, bad ? (double)ref_p[first] : 0.0);
     bad = 0;
@@ -130,7 +136,7 @@ static void test_zero1_step(DistGroup *g, float grad_clip) {
             size_t i = z.p[u].unit_offset + z.p[u].begin + j, l = z.p[u].local + j;
             if (!(fabsf(opt_m[l] - ref_m[i]) <= 1e-7f) || !(fabsf(opt_v[l] - ref_v[i]) <= 1e-9f)) bad++;
         }
-    mpi_check(bad == 0, "zero1_step on %s (rank %d of %d): Adam m or v of %zu elements of my "
+    mpi_check(bad == 0, "zero_step on %s (rank %d of %d): Adam m or v of %zu elements of my "
               "pieces differ from one device's", g->name, g->rank, N, bad);
     free(ref_p); free(ref_g); free(ref_m); free(ref_v);
     free(opt_m); free(opt_v); free(plist);
@@ -263,7 +269,7 @@ static void run_kind(int kind, DistGroup *g) {
     // clipping that bites (the norm must be global; it hides the average's 1/N, which clipping
     // removes), then none (Adam's m and v see the average itself)
     for (flat_mode = 0; flat_mode <= 1; flat_mode++) {
-        if (kind == 0) { test_zero1_step(g, 0.05f); test_zero1_step(g, 0.0f); }
+        if (kind == 0) { test_zero_step(g, 0.05f); test_zero_step(g, 0.0f); }
         else if (kind == 1) test_gather_unit(g);
     }
     if (kind == 2) test_v_ops(g);

@@ -350,7 +350,7 @@ Test(zero05, stages_1_2_3_on_8_ranks_match_and_meet_the_formulas_fp32_and_bf16, 
 Test(zero05, clipping_counts_every_element_once, .timeout = 150) {
     RunResults o;
     run_oracle(SMALL " --grad-clip 0.05", &o);
-    // stage 1's clipping is in zero1_step, stages 2 and 3 share clip_scale in main.c
+    // every stage clips in zero.c's zero_step: stage 1 from the reduce-scattered whole gradient, 3 from its pieces
     check_stage(&o, 3, 1, SMALL " --grad-clip 0.05", 0);
     check_stage(&o, 3, 3, SMALL " --grad-clip 0.05", 0);
     results_free(&o);
