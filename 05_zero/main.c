@@ -67,12 +67,7 @@ typedef struct ZeroFlags {
     int stage;       // 0..3
     int in_flight;   // ZeRO-2: bucket buffers alive; ZeRO-3: unit gradients in flight
     int bucket_kb;   // ZeRO-2: bucket size (KiB of the gradient's dtype)
-    const char *mutate;  // break one mechanism on purpose (the tests' negative checks)
 } ZeroFlags;
-
-// --mutate: the bugs the tests must catch (each flips one mechanism).
-enum { MUT_NONE, MUT_DROP_LAST, MUT_STALE, MUT_BUCKET_EARLY, MUT_SUM };
-static int mutation = MUT_NONE;
 
 // ---------------------------------------------------------------------------------------------
 // The state of one rank
@@ -183,7 +178,7 @@ static void bucket_launch(Zero *zz, int k) {
     size_t local = zero_range_counts(&zz->z, lo, hi, counts, &at);
     zz->b_t0[k] = lab_now();
     zz->bw[k] = dist_ireduce_scatter_v(zz->bbuf[k], (char *)zz->grad_shard + local * zz->e, counts,
-                                       zz->s->dt, mutation == MUT_SUM ? DIST_SUM : DIST_AVG,
+                                       zz->s->dt, DIST_AVG,
                                        zz->s->world);
     free(counts);
     zz->b_launched = k + 1;
@@ -208,9 +203,7 @@ static void unit_into_buckets(Zero *zz, int u) {
         size_t a = lo > ub ? lo : ub, b = hi < ue ? hi : ue;  // the unit's part of the bucket
         mem_copy((char *)zz->bbuf[k] + (a - lo) * zz->e, (char *)zz->unit[u].g + (a - ub) * zz->e,
                  (b - a) * zz->e);
-        // complete once its lowest element is in; --mutate bucket-early launches a bucket as
-        // soon as a unit ends inside it (its lower part, another unit's, still missing)
-        if (lo >= ub || (mutation == MUT_BUCKET_EARLY && b == hi && lo < ub)) bucket_launch(zz, k);
+        if (lo >= ub) bucket_launch(zz, k);  // complete once its lowest element is in
         if (lo < ub) break;  // the rest of this bucket is the next unit's
     }
     trace_end(tok);
@@ -337,20 +330,6 @@ static void optimizer_step(Zero *zz, int step) {
 // ---------------------------------------------------------------------------------------------
 // Setup: the sharded state, initialized, loaded or resumed
 
-// --mutate drop-last: the last shard one element short (the bug of a partition that drops the
-// remainder): on every rank the last rank's last piece loses its last element, so that element is
-// never reduce-scattered, stepped or gathered.
-static void drop_last_element(ZeroLayout *z) {
-    const int N = z->N, last = N - 1;
-    for (int u = z->nunits - 1; u >= 0; u--) {
-        size_t *c = &z->counts[(size_t)u * N + last];
-        if (*c == 0) continue;
-        (*c)--;
-        if (z->r == last) { z->p[u].count--; z->shard_n--; }
-        break;
-    }
-}
-
 static void alloc_state(Zero *zz, const ZeroFlags *f) {
     Session *s = zz->s;
     GPT2 *m = zz->m;
@@ -363,7 +342,6 @@ static void alloc_state(Zero *zz, const ZeroFlags *f) {
     zz->e = s->e;
     // stage 0 is the layout of one part: every rank owns everything
     zero_layout_init_flat(&zz->z, m, f->stage == 0 ? 1 : N, f->stage == 0 ? 0 : s->rank);
-    if (mutation == MUT_DROP_LAST) drop_last_element(&zz->z);
     const size_t sn = zz->z.shard_n;
     zz->master_full = !s->bf16 && zz->stage < 3;
     if (zz->master_full) zz->master = m->params;
@@ -715,7 +693,7 @@ static void train(const LabArgs *args, const ZeroFlags *f) {
 int main(int argc, char **argv) {
     dist_init(&argc, &argv);
     LabArgs args = lab_args_defaults();
-    ZeroFlags f = {.stage = 1, .in_flight = 2, .bucket_kb = 256, .mutate = "none"};
+    ZeroFlags f = {.stage = 1, .in_flight = 2, .bucket_kb = 256};
     FlagSpec extra[] = {
         {"--zero", FLAG_INT, &f.stage, 0, 3, NULL,
          "ZeRO stage: 0 DDP, 1 shard optimizer state, 2 + gradients, 3 + parameters"},
@@ -724,16 +702,9 @@ int main(int argc, char **argv) {
          "whose reduce-scatter may still be in flight"},
         {"--bucket-kb", FLAG_INT, &f.bucket_kb, 1, 1 << 20, NULL,
          "ZeRO-2: bucket size in KiB of the gradient (fp32 4 B, bf16 2 B an element)"},
-        {"--mutate", FLAG_CHOICE, &f.mutate, 0, 0, "none|drop-last|stale|bucket-early|sum",
-         "break one mechanism on purpose (what the tests must catch): the last shard one element "
-         "short, stages 1-2's all-gather skipped after step 1, ZeRO-2 buckets launched before "
-         "they are full, gradients summed and not averaged"},
     };
     lab_parse_args(argc, argv, &args, extra, (int)(sizeof extra / sizeof extra[0]), "05_zero/run",
                    USAGE);
-    static const char *muts[] = {"none", "drop-last", "stale", "bucket-early", "sum"};
-    for (int i = 0; i < 5; i++)
-        if (strcmp(f.mutate, muts[i]) == 0) mutation = i;
     train(&args, &f);
     dist_finalize();
     return 0;

@@ -217,14 +217,7 @@ const void *fsdp_weights(const Fsdp *F, int u) {
 void fsdp_after_op(Fsdp *F, const FsdpPlan *p, int k) {
     const FsdpOp *o = &p->ops[k];
     for (int i = 0; i < o->nfree; i++) {
-        int u = o->free[i];
-        if (F->mutate_keep_zeroed && !o->backward) {
-            // the bug: the storage is released (read back as zeros) but the state says GATHERED,
-            // so backward does not gather the unit again
-            mem_zero(F->u[u].buf.w, F->z->p[u].unit_size * F->e);
-            continue;
-        }
-        fsdp_unit_step(F, u);  // GATHERED -> FREED
+        fsdp_unit_step(F, o->free[i]);  // GATHERED -> FREED
     }
 }
 
@@ -286,7 +279,7 @@ void fsdp_grads_reap(Fsdp *F) {
     const ZeroPiece *p = &F->z->p[u];
     zero_unit_grad_wait(&U->buf, u);
     char *mine = (char *)U->buf.g + p->begin * F->e;
-    if (F->rep && F->rep->size > 1 && !F->mutate_skip_replicate) {
+    if (F->rep && F->rep->size > 1) {
         // HSDP: the replicas of my piece (same position in every shard group) averaged
         double t0 = lab_now();
         DistWork w = dist_iall_reduce(mine, mine, p->count, F->dt, DIST_AVG, F->rep);

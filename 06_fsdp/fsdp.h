@@ -91,9 +91,6 @@ typedef struct Fsdp {
     int *log, nlog, log_cap;    // every all-gather issued in the current micro-batch, in order
     int unplanned;              // all-gathers an op had to issue itself (not in the plan)
     int wasted;                 // gathered units freed without being used
-    // --mutate (the tests' negative checks)
-    int mutate_keep_zeroed;     // reshard frees the storage but the unit stays GATHERED
-    int mutate_skip_replicate;  // HSDP: the pieces are not all-reduced over the replicas
 } Fsdp;
 
 void fsdp_init(Fsdp *F, const ZeroLayout *z, DistGroup *shard, DistGroup *rep, DistDtype dt,

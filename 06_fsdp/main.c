@@ -76,7 +76,6 @@ typedef struct FsdpFlags {
     int grad_accum;       // --grad-accum
     int no_sync;          // --no-sync
     int shard_group;      // --shard-group (0: the whole world)
-    const char *mutate;   // --mutate (hidden: the tests' negative checks)
 } FsdpFlags;
 
 enum { PH_FWD, PH_BWD, PH_OPT, PH_N };
@@ -103,8 +102,6 @@ typedef struct Run {
     double peak[PH_N][C_N];   // measured, the largest over the run's steps
     int fwd_log[64], nfwd_log, bwd_log[64], nbwd_log;  // step 1's all-gathers, in order
 } Run;
-
-static int mutated(const Run *r, const char *what) { return strcmp(r->f->mutate, what) == 0; }
 
 // ---------------------------------------------------------------------------------------------
 // One micro-batch: the plan's ops, forward then backward
@@ -220,10 +217,6 @@ static void setup(Run *r, Session *s, const FsdpFlags *f) {
     r->rep = r->R == 1 ? NULL : dist_split(s->world, s->rank % r->G, s->rank, "replicate");
     zero_layout_init(&r->z, m, r->G, s->rank % r->G);
     fsdp_plan_build(&r->plan, s->cfg.L, f->reshard);
-    if (mutated(r, "prefetch-wrong")) {  // backward's queue in forward order: the wrong units
-        int *u = r->plan.entry_unit + r->plan.nfwd_entries, n = r->plan.nentries - r->plan.nfwd_entries;
-        for (int i = 0; i < n / 2; i++) { int t = u[i]; u[i] = u[n - 1 - i]; u[n - 1 - i] = t; }
-    }
     // the whole model the session built goes: only my pieces stay
     if (s->bf16) {
         mem_free(m->params_bf16); m->params_bf16 = NULL;
@@ -242,8 +235,6 @@ static void setup(Run *r, Session *s, const FsdpFlags *f) {
               s->bf16 ? m->work_grads : NULL, s->bf16 ? m->work_size : 0, r->param_shard,
               r->grad_shard);
     r->F.prefetch = f->prefetch;
-    r->F.mutate_keep_zeroed = mutated(r, "no-regather");
-    r->F.mutate_skip_replicate = mutated(r, "hsdp-no-allreduce");
 }
 
 // bf16: the weights the forward reads, rounded from my master pieces.
@@ -630,7 +621,6 @@ static void train(const LabArgs *args, const FsdpFlags *f) {
             const int last = micro == K - 1;
             // no_sync: the first K-1 micro-batches keep the whole unit gradients
             int sync = f->no_sync ? last : 1;
-            if (last && mutated(&r, "last-micro-no-rs")) sync = 0;
             data_batch(&s.data, (uint64_t)step, args->batch, s.T, row0 + micro * Bm, Bm,
                        s.inputs, s.targets);
             fsdp_begin_micro(&r.F);
@@ -683,8 +673,7 @@ static void train(const LabArgs *args, const FsdpFlags *f) {
 int main(int argc, char **argv) {
     dist_init(&argc, &argv);
     LabArgs args = lab_args_defaults();
-    FsdpFlags f = {.reshard = 1, .prefetch = 1, .grad_accum = 1, .no_sync = 0, .shard_group = 0,
-                   .mutate = "none"};
+    FsdpFlags f = {.reshard = 1, .prefetch = 1, .grad_accum = 1, .no_sync = 0, .shard_group = 0};
     FlagSpec extra[] = {
         {"--reshard-after-forward", FLAG_INT, &f.reshard, 0, 1, NULL,
          "1: free each unit after its forward, gather it again for backward; 0: keep it"},
@@ -695,9 +684,6 @@ int main(int argc, char **argv) {
          "accumulate whole unit gradients, reduce-scatter only on the last micro-batch"},
         {"--shard-group", FLAG_INT, &f.shard_group, 0, 1e6, NULL,
          "HSDP: shard within groups of this many consecutive ranks (0: all ranks)"},
-        {"--mutate", FLAG_CHOICE, &f.mutate, 0, 0,
-         "none|no-regather|prefetch-wrong|last-micro-no-rs|hsdp-no-allreduce",
-         "break one mechanism on purpose (the tests' negative checks)"},
     };
     lab_parse_args(argc, argv, &args, extra, (int)(sizeof extra / sizeof extra[0]), "06_fsdp/run",
                    USAGE);
