@@ -65,7 +65,7 @@ static void run_oracle(const char *flags, RunResults *out) {
     free(log);
 }
 
-// extra: 05's own flags (--bucket-kb, --mutate ...), not given to the oracle
+// extra: 05's own flags (--bucket-kb, --in-flight ...), not given to the oracle
 static void run_zero_x(int np, int stage, const char *extra, const char *flags, RunResults *out) {
     char *log = NULL, prog[256];
     snprintf(prog, sizeof prog, ZERO " --zero %d %s", stage, extra);
@@ -266,6 +266,9 @@ Test(zero05, one_rank_every_stage_is_single_device_training_bit_exact, .timeout 
 // on every other rank: losses off by 1.4e-2, weights by 4.3e-3). The clipping norm's all-reduce
 // skipped is caught here only by the byte counts: see clipping_counts_every_element_once.
 // (Stage 0 is checked on 1, 3 and 4 ranks.)
+// Mutant: mutants/05-stale.patch (the all-gather after the step skipped: stale shards)
+// Mutant: mutants/05-bucket-early.patch (a ZeRO-2 bucket launched before its lower part is in)
+// Mutant: mutants/05-sum.patch (ZeRO-2's buckets summed, not averaged)
 Test(zero05, stages_1_2_3_on_2_ranks_match_and_meet_the_formulas, .timeout = 150) {
     RunResults o;
     run_oracle(SMALL, &o);
@@ -279,8 +282,9 @@ Test(zero05, stages_1_2_3_on_2_ranks_match_and_meet_the_formulas, .timeout = 150
 // shard boundaries cut blocks. (These breaks were seen to fail here on the earlier by-unit
 // layout: the last piece of every unit one element short, weights off by 3.3e-2; rank 0's piece
 // one element too long, caught by the memory formulas only. The flat layout's own break,
-// --mutate drop-last, is each_mutation_breaks_the_equivalence's.) Stage 2 with 16 KiB buckets,
-// 2 in flight: its gradient memory is checked to the byte.
+// mutants/05-drop-last.patch, is caught here.) Stage 2 with 16 KiB buckets, 2 in flight: its
+// gradient memory is checked to the byte.
+// Mutant: mutants/05-drop-last.patch
 Test(zero05, every_stage_on_3_ranks_uneven_pieces_matches_and_meets_the_formulas, .timeout = 150) {
     RunResults o;
     run_oracle(SMALL, &o);

@@ -1,7 +1,7 @@
 // test_06_fsdp.c: chapter 06 (FSDP) against single-device training, its collectives and its
 // per-phase memory against formulas written here, its checkpoints across layouts (06 <-> 03),
-// the negative checks (each mechanism broken by a hidden --mutate must make a check fail), bad
-// input, and its exercises.
+// bad input, and its exercises. The mechanisms broken on purpose are mutants/06-*.patch, each
+// caught by the test that names it.
 //
 // The oracle is chapter 00's single-device run with the same flags. One rank with one
 // micro-batch is the same operations in the same order (unit buffers accumulate what the full
@@ -201,6 +201,11 @@ Test(fsdp06, every_mode_on_1_rank_is_single_device_training, .timeout = 120) {
     modes_hold(1, m, 3);
 }
 
+// Mutant: mutants/06-no-regather.patch (a unit freed after forward, not gathered again: zeros)
+// Mutant: mutants/06-prefetch-wrong.patch (backward's queue in forward order: the order, the
+//   count of all-gathers and backward's gathered peak of the prefetch-0 mode catch it)
+// Mutant: mutants/06-last-micro-no-rs.patch (the last micro-batch's hooks do nothing, both
+//   accumulation modes)
 Test(fsdp06, every_mode_on_2_ranks_matches_and_meets_the_formulas, .timeout = 150) {
     const Mode m[] = {{1, 0, 1, 0, 0, 0}, {1, 1, 2, 0, 0, 0}, {1, 1, 2, 1, 0, 0},
                       {1, 1, 1, 0, 1, 0}, {1, 1, 1, 0, 0, 1}};
@@ -215,6 +220,7 @@ Test(fsdp06, every_mode_on_3_ranks_uneven_pieces, .timeout = 150) {
     modes_hold(3, m, 4);
 }
 
+// Mutant: mutants/06-hsdp-no-allreduce.patch (the replicas' pieces never all-reduced)
 Test(fsdp06, every_mode_on_4_ranks_with_hsdp, .timeout = 150) {
     const Mode m[] = {{1, 2, 1, 0, 0, 0}, {1, 1, 1, 0, 2, 0}, {0, 1, 2, 1, 2, 0},
                       {0, 1, 2, 0, 0, 0}};
