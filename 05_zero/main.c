@@ -25,14 +25,12 @@
 #include <string.h>
 
 #include "check.h"
-#include "ckpt.h"
 #include "data.h"
 #include "dist.h"
 #include "flags.h"
 #include "gpt2.h"
 #include "mem.h"
-#include "optim.h"
-#include "results.h"
+#include "report.h"
 #include "session.h"
 #include "shard.h"
 #include "trace.h"
@@ -75,6 +73,7 @@ typedef struct ZeroFlags {
 typedef struct Zero {
     int stage;
     Session *s;
+    LabArgs sargs;        // the session's arguments: ours without --save (save_state saves)
     GPT2 *m;
     ZeroLayout z;
     int L, nunits;
@@ -435,259 +434,99 @@ static void free_state(Zero *zz) {
 }
 
 // ---------------------------------------------------------------------------------------------
-// What each rank reports
-
-enum { F_PARAMS, F_GRADS, F_MASTER, F_OPT_M, F_OPT_V, F_ACTS, F_COMM, F_TOTAL,
-       X_PARAMS, X_GRADS, X_MASTER, X_OPT_M, X_OPT_V,  // the formulas
-       F_RS_SENT, F_RS_RECV, F_AG_SENT, F_AG_RECV, F_AR_SENT, F_AR_RECV, F_SENT, F_RECV,
-       F_STEP, F_NFIELDS };
-
-static const char *STAGE_NAME[4] = {"ZeRO-0 (DDP)", "ZeRO-1", "ZeRO-2", "ZeRO-3"};
-
-// Bytes per rank per category by the formulas: Ψ elements, s = my shard's elements, e bytes per
-// param/grad element, fp32 master only in bf16 (in fp32 the parameters are the master).
-static void formulas(const Zero *zz, double *x) {
-    const double n = (double)zz->s->n, sh = (double)zz->z.shard_n, e = (double)zz->e;
-    const int st = zz->stage;
-    x[X_PARAMS - X_PARAMS] = e * (st >= 3 ? sh : n);
-    x[X_GRADS - X_PARAMS] = e * (st >= 2 ? sh : n);
-    x[X_MASTER - X_PARAMS] = zz->s->bf16 ? 4.0 * sh : 0.0;
-    x[X_OPT_M - X_PARAMS] = 4.0 * sh;
-    x[X_OPT_V - X_PARAMS] = 4.0 * sh;
-}
-
-static void report(Zero *zz, double *mine, const LabArgs *args) {
-    Session *s = zz->s;
-    const int N = s->N;
-    static const MemCategory cats[] = {MEM_PARAMS, MEM_GRADS, MEM_MASTER, MEM_OPT_M, MEM_OPT_V,
-                                       MEM_ACTS, MEM_COMM};
-    for (int i = 0; i < 7; i++) mine[F_PARAMS + i] = (double)mem_peak(cats[i]);
-    mine[F_TOTAL] = (double)mem_total_peak();
-    formulas(zz, mine + X_PARAMS);
-    double *all = session_gather_report(s, mine, F_NFIELDS);
-    unshard_for_report(zz);
-    session_finish(s);
-    if (s->rank != 0) { free(all); return; }
-    const double n = (double)s->n, e = (double)zz->e;
-    const int nrun = session_steps_run(s);
-    if (!args->quiet && nrun > 0) {
-        double elapsed = session_elapsed(s);
-        printf("%d steps in %.2f s: %.0f tokens/s (all ranks), %.1f ms per step\n", nrun, elapsed,
-               (double)args->batch * s->T * nrun / elapsed, 1e3 * elapsed / nrun);
-        static const char *names[] = {"params", "grads", "master", "adam m", "adam v"};
-        printf("\nMemory per rank: measured peak (mem.h), '=' where it equals the formula, %s:\n"
-               "  %-8s", STAGE_NAME[zz->stage], "rank");
-        for (int c = 0; c < 5; c++) printf(" %13s", names[c]);
-        printf(" %11s %11s %11s\n", "acts", "comm bufs", "peak total");
-        for (int r = 0; r < N; r++) {
-            const double *a = all + (size_t)r * F_NFIELDS;
-            printf("  %-8d", r);
-            for (int c = 0; c < 5; c++) {
-                char b1[32], cell[48];
-                snprintf(cell, sizeof cell, "%s %s", mem_format(b1, sizeof b1, a[F_PARAMS + c]),
-                         a[F_PARAMS + c] == a[X_PARAMS + c] ? "=" : "!=");
-                printf(" %13s", cell);
-            }
-            char b1[32], b2[32], b3[32];
-            printf(" %11s %11s %11s\n", mem_format(b1, sizeof b1, a[F_ACTS]),
-                   mem_format(b2, sizeof b2, a[F_COMM]), mem_format(b3, sizeof b3, a[F_TOTAL]));
-        }
-        printf("  %-8s", "formula");
-        for (int c = 0; c < 5; c++) {
-            char b1[32], cell[48];
-            snprintf(cell, sizeof cell, "%s  ", mem_format(b1, sizeof b1, all[X_PARAMS + c]));
-            printf(" %13s", cell);
-        }
-        printf("   (rank 0's)\n");
-        if (zz->stage == 2) {
-            // what backward holds of the gradient: my shard, the bucket buffers alive, and the
-            // unit gradients the kernels write (the embedding's through all of backward: the
-            // tied head adds to it first; one other unit at a time)
-            char b1[32], b2[32], b3[32];
-            size_t umax = 0;
-            for (int u = 1; u < zz->nunits; u++)
-                if (zz->z.p[u].unit_size > umax) umax = zz->z.p[u].unit_size;
-            const size_t nb = (size_t)zz->nbuckets, inf = (size_t)zz->in_flight;
-            const double buckets = e * (double)(nb > inf ? inf * zz->bucket : s->n);
-            const double units = e * (double)(zz->z.p[0].unit_size + umax);
-            printf("  grads + comm bufs, ZeRO-2: formula Ψ/N + in_flight·bucket + (embedding + "
-                   "largest other unit) = %s + %d x %s + %s\n",
-                   mem_format(b1, sizeof b1, all[X_GRADS]), zz->in_flight,
-                   mem_format(b2, sizeof b2, e * (double)zz->bucket),
-                   mem_format(b3, sizeof b3, units));
-            for (int r = 0; r < N; r++) {
-                const double *a = all + (size_t)r * F_NFIELDS;
-                const double want = a[X_GRADS] + buckets + units, got = a[F_GRADS] + a[F_COMM];
-                printf("    rank %-3d measured %s %s formula %s\n", r,
-                       mem_format(b1, sizeof b1, got), got == want ? "=" : "!=",
-                       mem_format(b2, sizeof b2, want));
-            }
-        }
-        const char *K = s->bf16 ? "2+2+12" : "4+4+8";
-        static const char *fm[4][2] = {
-            {"(2+2+K)Ψ", "(4+4+8)Ψ"}, {"2Ψ+2Ψ+KΨ/N", "4Ψ+4Ψ+8Ψ/N"},
-            {"2Ψ+(2+K)Ψ/N", "4Ψ+(4+8)Ψ/N"}, {"(2+2+K)Ψ/N", "(4+4+8)Ψ/N"}};
-        printf("  formula %s with bytes %s per parameter (N = %d; Ψ/N = shard_range(Ψ, N, r), "
-               "uneven when N does not divide Ψ)\n", fm[zz->stage][s->bf16 ? 0 : 1], K, zz->stage ? N : 1);
-
-        printf("\nBytes on the wire per rank per step (dist counters), %s:\n", STAGE_NAME[zz->stage]);
-        printf("  %-6s %13s %13s %13s %13s %13s\n", "rank", "reduce-scat", "all-gather",
-               "all-reduce", "sent", "received");
-        for (int r = 0; r < N; r++) {
-            const double *a = all + (size_t)r * F_NFIELDS;
-            char b[5][32];
-            printf("  %-6d %13s %13s %13s %13s %13s\n", r, mem_format(b[0], 32, a[F_RS_SENT]),
-                   mem_format(b[1], 32, a[F_AG_SENT]), mem_format(b[2], 32, a[F_AR_SENT]),
-                   mem_format(b[3], 32, a[F_SENT]), mem_format(b[4], 32, a[F_RECV]));
-        }
-        double mult = zz->stage == 3 ? 3.0 : 2.0;
-        char b1[32];
-        printf("  formula: %gΨ(N-1)/N x %g B = %s per rank (+ the loss and the clipping norm, "
-               "all-reduced%s)\n", mult, e, mem_format(b1, sizeof b1, mult * n * (N - 1) / N * e),
-               zz->stage == 3 ? "; the head is gathered once, its forward and backward run back "
-                                "to back" : "");
-        // the four stages side by side: the formula for this model on N ranks (rank 0's
-        // pieces), one bar each, and this run's measured figure beside its own
-        const double sh = (double)shard_count(s->n, N, 0), kb = s->bf16 ? 12.0 : 8.0;
-        const double per_stage[4] = {n * (2 * e + kb), n * 2 * e + kb * sh, n * e + (e + kb) * sh,
-                                     (2 * e + kb) * sh};
-        const double *a0 = all;
-        double held = a0[F_PARAMS] + a0[F_GRADS] + a0[F_MASTER] + a0[F_OPT_M] + a0[F_OPT_V];
-        printf("\nModel state per rank (params + grads + master + Adam m, v) on %d ranks, rank 0; "
-               "one # = 1/40 of DDP's:\n", N);
-        for (int st = 0; st < 4; st++) {
-            int bars = (int)lround(40.0 * per_stage[st] / per_stage[0]);
-            printf("  %-12s |", STAGE_NAME[st]);
-            for (int i = 0; i < 40; i++) putchar(i < bars ? '#' : ' ');
-            char b2[32];
-            printf("| %10s formula", mem_format(b1, sizeof b1, per_stage[st]));
-            if (st == zz->stage) printf("   <- this run: %s measured", mem_format(b2, sizeof b2, held));
-            printf("\n");
-        }
-        printf("  (activations, %s per rank here, are not sharded by ZeRO: every rank runs its own "
-               "rows through the whole model)\n", mem_format(b1, sizeof b1, a0[F_ACTS]));
-    }
-    if (args->dump) {
-        RunResults out;
-        session_dump_open(s, &out);
-        results_set(&out, "world_size", N);
-        results_set(&out, "stage", zz->stage);
-        static const char *keys[] = {"params", "grads", "master", "opt_m", "opt_v", "acts", "comm"};
-        const int who[2] = {0, N - 1};
-        for (int i = 0; i < 2; i++) {
-            const double *a = all + (size_t)who[i] * F_NFIELDS;
-            const char *tag = i == 0 ? "first" : "last";
-            char key[48];
-            for (int c = 0; c < 7; c++) {
-                snprintf(key, sizeof key, "%s_%s", tag, keys[c]);
-                results_set(&out, key, a[F_PARAMS + c]);
-            }
-            static const char *bk[] = {"rs_sent", "rs_recv", "ag_sent", "ag_recv", "ar_sent",
-                                       "ar_recv", "sent", "recv"};
-            for (int c = 0; c < 8; c++) {
-                snprintf(key, sizeof key, "%s_%s", tag, bk[c]);
-                results_set(&out, key, a[F_RS_SENT + c]);
-            }
-        }
-        session_dump_close(s, &out);
-    }
-    free(all);
-}
-
-// ---------------------------------------------------------------------------------------------
 // training
 
-static void train(const LabArgs *args, const ZeroFlags *f) {
+// The session (its checkpoints are this chapter's: save_state), the sharded state, initialized
+// or loaded, the communication thread (stages 2, 3), the banner; rank r's rows [row0, row0 + Bl).
+static int setup(Zero *zz, Session *s, const LabArgs *args, const ZeroFlags *f, int *row0,
+                 int *Bl) {
     const int rank = dist_rank(), N = dist_size();
-    int row0, Bl;
-    data_slice(args->batch, rank, N, &row0, &Bl);
-    if (Bl == 0)
+    data_slice(args->batch, rank, N, row0, Bl);
+    if (*Bl == 0)
         lab_fail_collective("--batch %d over %d ranks leaves rank %d without rows; use --batch "
                             ">= %d (one sequence per rank at least)", args->batch, N, N - 1, N);
-    // The session never writes checkpoints here: its state would be the whole model on rank 0;
-    // this chapter gathers the pieces and saves them itself (save_state).
-    LabArgs sargs = *args;
-    sargs.save = NULL;
-    Session s;
-    session_init(&s, &sargs, Bl, 0);
-    Zero zz;
-    memset(&zz, 0, sizeof zz);
-    zz.s = &s;
-    zz.m = &s.model;
-    alloc_state(&zz, f);
-    const int start = load_or_init(&zz, args);
-    if (f->stage >= 2 && N > 1) dist_comm_thread_start(s.world);
-    if (!args->quiet && rank == 0) {
-        char model[128], b1[32];
-        printf("%s on %d rank%s: %s (%s), device %s\n", STAGE_NAME[f->stage], N, N > 1 ? "s" : "",
-               session_model_line(&s, model, sizeof model), s.bf16 ? "bf16" : "fp32",
-               s.model.k->name);
-        printf("partition: the flat buffer (embedding, %d blocks, head) cut in %d shards by "
-               "shard_range(Ψ, N, r): %zu elements on rank 0 (%s of fp32)", s.cfg.L, zz.z.N,
-               zz.z.shard_n, mem_format(b1, sizeof b1, 4.0 * (double)zz.z.shard_n));
-        if (f->stage == 2)
-            printf("; %d buckets of %zu elements, %d alive at most", zz.nbuckets, zz.bucket,
-                   zz.in_flight);
-        printf("\n");
-    }
+    memset(zz, 0, sizeof *zz);
+    zz->sargs = *args;  // the session keeps a pointer to its arguments
+    zz->sargs.save = NULL;
+    session_init(s, &zz->sargs, *Bl, 0);
+    zz->s = s;
+    zz->m = &s->model;
+    alloc_state(zz, f);
+    const int start = load_or_init(zz, args);
+    if (f->stage >= 2 && N > 1) dist_comm_thread_start(s->world);
+    zero5_banner(&(Zero5View){s, &zz->z, zz->stage, zz->in_flight, zz->nbuckets, zz->bucket},
+                 args);
     mem_reset_peaks();  // the session built a whole model first; what a stage holds from here on
     dist_counters_reset();
+    return start;
+}
+
+// --inject-nan-step with stages 2, 3 (no full gradient): a NaN into my averaged piece.
+static void inject_nan_piece(Zero *zz, int step, const LabArgs *args) {
+    if (zz->stage < 2 || step != args->inject_nan_step || zz->s->rank != zz->s->N - 1 ||
+        !zz->z.shard_n)
+        return;
+    float nan = NAN;
+    uint16_t h = 0x7fc0;
+    if (zz->s->bf16) mem_copy(zz->grad_shard, &h, 2);
+    else mem_copy(zz->grad_shard, &nan, 4);
+}
+
+// --save at this step: the checkpoint, its collectives kept out of the per-step figures.
+static void save_if_due(Zero *zz, const LabArgs *args, int step, DistCounters *save_cost) {
+    const int last = step == zz->s->end - 1;
+    if (!args->save || !(last || (args->save_every > 0 && (step + 1) % args->save_every == 0)))
+        return;
+    DistCounters before = *dist_counters();
+    save_state(zz, args, step + 1);
+    const DistCounters *after = dist_counters();
+    for (int k = 0; k < OP_NKINDS; k++) {
+        save_cost->sent[k] += after->sent[k] - before.sent[k];
+        save_cost->recv[k] += after->recv[k] - before.recv[k];
+    }
+    if (last && !args->quiet && zz->s->rank == 0)
+        printf("saved training state (step %d) to %s\n", step + 1, args->save);
+}
+
+// Every rank's figures to rank 0, which prints the tables (report.c); the session ends.
+static void finish(Zero *zz, const DistCounters *save_cost, const LabArgs *args) {
+    Session *s = zz->s;
+    if (zz->stage >= 2 && s->N > 1) dist_comm_thread_stop(s->world);
+    Zero5View v = {s, &zz->z, zz->stage, zz->in_flight, zz->nbuckets, zz->bucket};
+    double mine[Z5_NFIELDS] = {0};
+    zero5_figures(&v, mine, save_cost);
+    double *all = session_gather_report(s, mine, Z5_NFIELDS);
+    unshard_for_report(zz);
+    session_finish(s);
+    if (s->rank == 0) zero5_report(&v, all, args);
+    free(all);
+    free_state(zz);
+    session_free(s);
+}
+
+static void train(const LabArgs *args, const ZeroFlags *f) {
+    Session s;
+    Zero zz;
+    int row0, Bl;
+    const int start = setup(&zz, &s, args, f, &row0, &Bl);
     const float dloss = 1.0f / ((float)Bl * (float)s.T);
-    int saves = 0;
     DistCounters save_cost;
     memset(&save_cost, 0, sizeof save_cost);
     for (int step = start; step < s.end; step++) {
         session_step_begin(&s, step);
         if (zz.stage < 2) gpt2_zero_grad(zz.m);
-        if (zz.stage < 2) session_inject_nan(&s, step, N - 1);
+        if (zz.stage < 2) session_inject_nan(&s, step, s.N - 1);
         data_batch(&s.data, (uint64_t)step, args->batch, s.T, row0, Bl, s.inputs, s.targets);
         float loss = forward(&zz);
         backward(&zz, dloss);
-        if (zz.stage >= 2 && step == args->inject_nan_step && rank == N - 1 && zz.z.shard_n) {
-            float nan = NAN;  // a NaN into my averaged gradient piece
-            if (s.bf16) { uint16_t h = 0x7fc0; mem_copy(zz.grad_shard, &h, 2); }
-            else mem_copy(zz.grad_shard, &nan, 4);
-        }
-        average_gradients(&zz);
+        inject_nan_piece(&zz, step, args);
+        average_gradients(&zz);  // stage 0; the other stages reduce-scatter
         dist_all_reduce(&loss, &loss, 1, DIST_F32, DIST_AVG, s.world);
         optimizer_step(&zz, step);
         session_step_end(&s, step, loss);
-        int last = step == s.end - 1;
-        if (args->save && (last || (args->save_every > 0 && (step + 1) % args->save_every == 0))) {
-            DistCounters before = *dist_counters();
-            save_state(&zz, args, step + 1);
-            const DistCounters *after = dist_counters();
-            for (int k = 0; k < OP_NKINDS; k++) {
-                save_cost.sent[k] += after->sent[k] - before.sent[k];
-                save_cost.recv[k] += after->recv[k] - before.recv[k];
-            }
-            saves++;
-            if (last && !args->quiet && rank == 0)
-                printf("saved training state (step %d) to %s\n", step + 1, args->save);
-        }
+        save_if_due(&zz, args, step, &save_cost);
     }
-    if (zz.stage >= 2 && N > 1) dist_comm_thread_stop(s.world);
-    const int nrun = session_steps_run(&s);
-    double mine[F_NFIELDS] = {0};
-    const DistCounters *c = dist_counters();
-    double d = nrun > 0 ? nrun : 1;
-#define PER_STEP(kind, dir) (((double)c->dir[kind] - (double)save_cost.dir[kind]) / d)
-    mine[F_RS_SENT] = PER_STEP(OP_REDUCE_SCATTER, sent);
-    mine[F_RS_RECV] = PER_STEP(OP_REDUCE_SCATTER, recv);
-    mine[F_AG_SENT] = PER_STEP(OP_ALL_GATHER, sent);
-    mine[F_AG_RECV] = PER_STEP(OP_ALL_GATHER, recv);
-    mine[F_AR_SENT] = PER_STEP(OP_ALL_REDUCE, sent);
-    mine[F_AR_RECV] = PER_STEP(OP_ALL_REDUCE, recv);
-    for (int k = 0; k < OP_NKINDS; k++) {
-        mine[F_SENT] += ((double)c->sent[k] - (double)save_cost.sent[k]) / d;
-        mine[F_RECV] += ((double)c->recv[k] - (double)save_cost.recv[k]) / d;
-    }
-#undef PER_STEP
-    mine[F_STEP] = nrun ? session_elapsed(&s) / nrun : 0;
-    (void)saves;
-    report(&zz, mine, args);
-    free_state(&zz);
-    session_free(&s);
+    finish(&zz, &save_cost, args);
 }
 
 int main(int argc, char **argv) {
