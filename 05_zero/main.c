@@ -30,7 +30,7 @@
 #include "flags.h"
 #include "gpt2.h"
 #include "mem.h"
-#include "report.h"
+#include "zero5_report.h"
 #include "session.h"
 #include "shard.h"
 #include "trace.h"

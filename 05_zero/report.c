@@ -1,6 +1,6 @@
 // report.c: chapter 05's tables and --dump figures (report.h); every formula column from the
 // calculator (common/calc.h: calc_shard_state, calc_zero_wire_bytes, calc_zero2_grad_bytes).
-#include "report.h"
+#include "zero5_report.h"
 
 #include <math.h>
 #include <stdio.h>

@@ -1,4 +1,4 @@
-// report.h: what chapter 05 prints and dumps: the memory of every rank against the formulas
+// zero5_report.h: what chapter 05 prints and dumps: the memory of every rank against the formulas
 // (common/calc.h, calc_shard.c), the bytes on the wire, the four stages side by side.
 #pragma once
 #include <stddef.h>
