@@ -562,8 +562,14 @@ static void mpi_zero_passes(const char *what, int max_np) {
 
 // Breaks seen to fail: DIST_SUM instead of DIST_AVG; the norm's all-reduce left out; the
 // all-gather left out.
-Test(ex05_2, zero1_step_is_one_device_step_on_1_to_5_ranks, .timeout = 120) {
+Test(ex05_2, zero_step_is_one_device_step_on_1_to_5_ranks, .timeout = 120) {
     mpi_zero_passes("zero1-step", 5);
+}
+
+// The same step on a flat buffer that is no GPT-2 (a layout of one unit, a hand-made parameter
+// list): what chapter 09's pipeline stage would hand it.
+Test(zero05, zero_step_on_a_bare_flat_buffer_on_1_to_5_ranks, .timeout = 120) {
+    mpi_zero_passes("buffer-step", 5);
 }
 
 // dist.h's v-ops (05's flat partition runs on them), on 1..5 ranks.
