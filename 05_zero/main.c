@@ -25,14 +25,12 @@
 #include <string.h>
 
 #include "check.h"
-#include "ckpt.h"
 #include "data.h"
 #include "dist.h"
 #include "flags.h"
 #include "gpt2.h"
 #include "mem.h"
-#include "optim.h"
-#include "results.h"
+#include "zero5_report.h"
 #include "session.h"
 #include "shard.h"
 #include "trace.h"
@@ -67,12 +65,7 @@ typedef struct ZeroFlags {
     int stage;       // 0..3
     int in_flight;   // ZeRO-2: bucket buffers alive; ZeRO-3: unit gradients in flight
     int bucket_kb;   // ZeRO-2: bucket size (KiB of the gradient's dtype)
-    const char *mutate;  // break one mechanism on purpose (the tests' negative checks)
 } ZeroFlags;
-
-// --mutate: the bugs the tests must catch (each flips one mechanism).
-enum { MUT_NONE, MUT_DROP_LAST, MUT_STALE, MUT_BUCKET_EARLY, MUT_SUM };
-static int mutation = MUT_NONE;
 
 // ---------------------------------------------------------------------------------------------
 // The state of one rank
@@ -80,6 +73,7 @@ static int mutation = MUT_NONE;
 typedef struct Zero {
     int stage;
     Session *s;
+    LabArgs sargs;        // the session's arguments: ours without --save (save_state saves)
     GPT2 *m;
     ZeroLayout z;
     int L, nunits;
@@ -90,11 +84,11 @@ typedef struct Zero {
     int master_full;
     void *param_shard;    // stage 3: my pieces of the parameters (model dtype), else NULL
     void *grad_shard;     // stage >= 2: my pieces of the averaged gradients, else NULL
-    // stage >= 2: unit gradient buffers backward writes into (MEM_COMM); stage 3: their
-    // reduce-scatters in flight
-    void **gbuf;          // (nunits)
-    DistWork *rs;         // (nunits)
-    int *rs_order, nrs, rs_done;  // launch order, launched, waited
+    // stage >= 2: each unit's gradient buffer backward writes into (MEM_COMM; stage 3: its
+    // reduce-scatter in flight); stage 3: its gathered weights (MEM_COMM) and their all-gather
+    ZeroUnit *unit;       // (nunits)
+    int *ag_live;         // stage 3: 0 none, 1 issued, 2 ready
+    int *rs_order, nrs, rs_done;  // stage 3: reduce-scatter launch order, launched, waited
     int in_flight;
     // stage 2: buckets of the flat gradient: bucket k = [n - (k+1)B, n - kB) (clipped at 0),
     // numbered in backward order; a buffer (MEM_COMM) from its first copy until its
@@ -105,21 +99,7 @@ typedef struct Zero {
     DistWork *bw;         // (nbuckets)
     int b_launched, b_done;  // buckets launched (in order), waited
     double *b_t0;
-    // stage 3: gathered unit weights (MEM_COMM) and their all-gathers
-    void **wbuf;          // (nunits)
-    DistWork *ag;         // (nunits)
-    int *ag_live;         // 0 none, 1 issued, 2 ready
-    double *ag_t0, *rs_t0;  // when each unit's all-gather / reduce-scatter was started (--trace)
 } Zero;
-
-// --trace: a collective as a span on the communication track, from its start to the moment its
-// wait returned (it ran on the communication thread somewhere in between).
-static void trace_in_flight(const char *what, int u, double t0) {
-    if (!trace_enabled()) return;
-    char name[48];
-    snprintf(name, sizeof name, "%s unit %d", what, u);
-    trace_span(name, TRACE_COMM, t0, lab_now());
-}
 
 static void *piece_ptr(const Zero *zz, void *shard, int u) {
     return (char *)shard + zz->z.p[u].local * zz->e;
@@ -128,11 +108,8 @@ static void *piece_ptr(const Zero *zz, void *shard, int u) {
 // Stage 3: start the all-gather of unit u (if not yet), into a fresh buffer.
 static void gather_issue(Zero *zz, int u) {
     if (zz->stage < 3 || zz->ag_live[u]) return;
-    const ZeroPiece *p = &zz->z.p[u];
-    zz->wbuf[u] = mem_alloc(p->unit_size * zz->e, MEM_COMM, zz->s->dev);
-    zz->ag_t0[u] = lab_now();
-    zz->ag[u] = zero_gather_unit(&zz->z, u, zz->param_shard, zz->wbuf[u], zz->s->dt,
-                                 zz->s->world);
+    zero_unit_gather(&zz->z, u, &zz->unit[u], zz->param_shard, zz->s->dt, zz->s->dev,
+                     zz->s->world);
     zz->ag_live[u] = 1;
 }
 
@@ -143,21 +120,17 @@ static const void *unit_weights(Zero *zz, int u, int next) {
     gather_issue(zz, u);
     if (next >= 0) gather_issue(zz, next);  // in flight while unit u computes
     if (zz->ag_live[u] == 1) {
-        int tok = trace_begin("wait all-gather", TRACE_COMPUTE);
-        dist_wait(&zz->ag[u]);
-        trace_end(tok);
-        trace_in_flight("all-gather", u, zz->ag_t0[u]);
+        zero_unit_wait(&zz->unit[u], u);
         zz->ag_live[u] = 2;
     }
-    return zz->wbuf[u];
+    return zz->unit[u].w;
 }
 
 // Stage 3: the unit's gathered weights are freed after use: only the pieces stay.
 static void unit_release(Zero *zz, int u) {
     if (zz->stage < 3) return;
     LAB_CHECK(zz->ag_live[u] == 2, "unit %d released before it was gathered", u);
-    mem_free(zz->wbuf[u]);
-    zz->wbuf[u] = NULL;
+    zero_unit_free(&zz->unit[u]);
     zz->ag_live[u] = 0;
 }
 
@@ -165,18 +138,13 @@ static void unit_release(Zero *zz, int u) {
 // gradient); stage >= 2 a fresh zeroed unit buffer (in flight until its reduce-scatter is done).
 static void *unit_grads(Zero *zz, int u) {
     if (zz->stage < 2) return NULL;
-    if (!zz->gbuf[u]) zz->gbuf[u] = mem_alloc(zz->z.p[u].unit_size * zz->e, MEM_COMM, zz->s->dev);
-    return zz->gbuf[u];
+    return zero_unit_grad(&zz->z, u, &zz->unit[u], zz->e, MEM_COMM, zz->s->dev);
 }
 
 static void rs_wait_oldest(Zero *zz) {
     int u = zz->rs_order[zz->rs_done++];
-    int tok = trace_begin("wait reduce-scatter", TRACE_COMPUTE);
-    dist_wait(&zz->rs[u]);
-    trace_end(tok);
-    trace_in_flight("reduce-scatter", u, zz->rs_t0[u]);
-    mem_free(zz->gbuf[u]);
-    zz->gbuf[u] = NULL;
+    zero_unit_grad_wait(&zz->unit[u], u);
+    zero_unit_grad_free(&zz->unit[u]);
 }
 
 // Stage 2: bucket k's range of the flat gradient.
@@ -209,7 +177,7 @@ static void bucket_launch(Zero *zz, int k) {
     size_t local = zero_range_counts(&zz->z, lo, hi, counts, &at);
     zz->b_t0[k] = lab_now();
     zz->bw[k] = dist_ireduce_scatter_v(zz->bbuf[k], (char *)zz->grad_shard + local * zz->e, counts,
-                                       zz->s->dt, mutation == MUT_SUM ? DIST_SUM : DIST_AVG,
+                                       zz->s->dt, DIST_AVG,
                                        zz->s->world);
     free(counts);
     zz->b_launched = k + 1;
@@ -232,16 +200,13 @@ static void unit_into_buckets(Zero *zz, int u) {
             zz->bbuf[k] = mem_alloc((hi - lo) * zz->e, MEM_COMM, zz->s->dev);
         }
         size_t a = lo > ub ? lo : ub, b = hi < ue ? hi : ue;  // the unit's part of the bucket
-        mem_copy((char *)zz->bbuf[k] + (a - lo) * zz->e, (char *)zz->gbuf[u] + (a - ub) * zz->e,
+        mem_copy((char *)zz->bbuf[k] + (a - lo) * zz->e, (char *)zz->unit[u].g + (a - ub) * zz->e,
                  (b - a) * zz->e);
-        // complete once its lowest element is in; --mutate bucket-early launches a bucket as
-        // soon as a unit ends inside it (its lower part, another unit's, still missing)
-        if (lo >= ub || (mutation == MUT_BUCKET_EARLY && b == hi && lo < ub)) bucket_launch(zz, k);
+        if (lo >= ub) bucket_launch(zz, k);  // complete once its lowest element is in
         if (lo < ub) break;  // the rest of this bucket is the next unit's
     }
     trace_end(tok);
-    mem_free(zz->gbuf[u]);
-    zz->gbuf[u] = NULL;
+    zero_unit_grad_free(&zz->unit[u]);
 }
 
 // Stage >= 2: unit u's gradient is complete. Stage 2: into the buckets. Stage 3: reduce-scatter
@@ -253,9 +218,8 @@ static void unit_grads_done(Zero *zz, int u) {
         unit_into_buckets(zz, u);
         return;
     }
-    zz->rs_t0[u] = lab_now();
-    zz->rs[u] = zero_unit_reduce_scatter(&zz->z, u, zz->gbuf[u], piece_ptr(zz, zz->grad_shard, u),
-                                         zz->s->dt, DIST_AVG, 1, zz->s->world);
+    zero_unit_grad_scatter(&zz->z, u, &zz->unit[u], piece_ptr(zz, zz->grad_shard, u), zz->s->dt,
+                           zz->s->world);
     zz->rs_order[zz->nrs++] = u;
     while (zz->nrs - zz->rs_done > zz->in_flight) rs_wait_oldest(zz);
 }
@@ -327,7 +291,7 @@ static void backward(Zero *zz, float dloss) {
 // The step after backward
 
 // Stage 0: the whole gradient averaged on every rank (DDP). Stage 1 reduce-scatters in its step
-// (zero1_step), stages 2 and 3 during backward.
+// (zero_step), stages 2 and 3 during backward.
 static void average_gradients(Zero *zz) {
     Session *s = zz->s;
     if (zz->stage != 0 || s->N == 1) return;
@@ -337,75 +301,33 @@ static void average_gradients(Zero *zz) {
     trace_end(tok);
 }
 
-// Where the step reads my gradient pieces, and whether at their global offsets.
-static const void *step_grads(Zero *zz, int *full) {
-    *full = zz->stage < 2;
-    return zz->stage < 2 ? train_grads(zz->m) : zz->grad_shard;
-}
-static void *step_params(Zero *zz, int *full) {
-    *full = zz->stage < 3;
-    return zz->stage < 3 ? train_params(zz->m) : zz->param_shard;
-}
-
-// Global clipping from pieces: Σ g² over my pieces, summed over the ranks (each element is in
-// exactly one rank's pieces, so it is counted once). Stage 0 owns everything: no sum needed.
-static float clip_scale(Zero *zz, int step) {
-    int full;
-    const void *g = step_grads(zz, &full);
-    double sq = zero_local_sum_squares(&zz->z, zz->m, g, full);
-    if (zz->z.N > 1) dist_all_reduce(&sq, &sq, 1, DIST_F64, DIST_SUM, zz->s->world);
-    return adamw_clip_scale(&zz->s->opt, sq, step);
+// My buffers as the step sees them: the gradient whole (stages 0, 1) or my averaged pieces
+// (2, 3); the parameters whole (0-2) or my pieces (3); the master whole (fp32, 0-2) or pieces.
+static ZeroShard shard_bufs(Zero *zz) {
+    ZeroShard b = zero_shard_of(zz->m, zz->s->plist, zz->s->nplist);
+    b.grads_full = zz->stage < 2;
+    b.grads = b.grads_full ? train_grads(zz->m) : zz->grad_shard;
+    b.params_full = zz->stage < 3;
+    b.params = b.params_full ? train_params(zz->m) : zz->param_shard;
+    b.master = zz->master;
+    b.master_full = zz->master_full;
+    b.opt_m = zz->opt_m;
+    b.opt_v = zz->opt_v;
+    return b;
 }
 
-// Stage 1, 2: every rank needs the whole updated parameters: all-gather the shards in place
-// (one uneven all-gather of the flat buffer: my shard is shard_range(Ψ, N, r)). --mutate stale
-// skips every one after the first (at setup): every other rank's shard stays stale here.
-static void gather_params(Zero *zz) {
-    static int gathers = 0;
-    if (zz->stage == 0 || zz->stage == 3 || zz->z.N == 1) return;
-    if (mutation == MUT_STALE && gathers++ > 0) return;
-    Session *s = zz->s;
-    char *p = train_params(zz->m);
-    int tok = trace_begin("all-gather params", TRACE_COMM);
-    dist_all_gather_n(p + zz->z.shard_begin * zz->e, p, zz->z.n, s->dt, s->world);
-    trace_end(tok);
-}
-
+// Every stage is zero.c's one step: stage 1 reduce-scatters there, stage 0 all-reduced before
+// it, stages 2 and 3 during backward; stages 1 and 2 all-gather the parameters after it.
 static void optimizer_step(Zero *zz, int step) {
-    if (zz->stage == 1) {  // reduce-scatter, my pieces' update, all-gather: zero.c
-        int tok = trace_begin("ZeRO-1 step: reduce-scatter, update, all-gather", TRACE_COMM);
-        zero1_step(&zz->z, zz->m, &zz->s->opt, step, zz->master, zz->master_full, zz->opt_m,
-                   zz->opt_v, zz->s->plist, zz->s->nplist, zz->s->world);
-        trace_end(tok);
-        return;
-    }
-    int gfull, pfull;
-    const void *g = step_grads(zz, &gfull);
-    void *p = step_params(zz, &pfull);
-    float scale = clip_scale(zz, step);
-    int tok = trace_begin("optimizer (my pieces)", TRACE_COMPUTE);
-    zero_adamw_step(&zz->z, &zz->s->opt, zz->m, step, zz->master, zz->master_full, p, pfull, g,
-                    gfull, zz->opt_m, zz->opt_v, zz->s->plist, zz->s->nplist, scale);
+    ZeroShard b = shard_bufs(zz);
+    int tok = trace_begin("ZeRO step: (reduce-scatter,) clip, update my pieces, (all-gather)",
+                          TRACE_COMM);
+    zero_step(&zz->z, &b, &zz->s->opt, step, zz->s->world);
     trace_end(tok);
-    gather_params(zz);
 }
 
 // ---------------------------------------------------------------------------------------------
 // Setup: the sharded state, initialized, loaded or resumed
-
-// --mutate drop-last: the last shard one element short (the bug of a partition that drops the
-// remainder): on every rank the last rank's last piece loses its last element, so that element is
-// never reduce-scattered, stepped or gathered.
-static void drop_last_element(ZeroLayout *z) {
-    const int N = z->N, last = N - 1;
-    for (int u = z->nunits - 1; u >= 0; u--) {
-        size_t *c = &z->counts[(size_t)u * N + last];
-        if (*c == 0) continue;
-        (*c)--;
-        if (z->r == last) { z->p[u].count--; z->shard_n--; }
-        break;
-    }
-}
 
 static void alloc_state(Zero *zz, const ZeroFlags *f) {
     Session *s = zz->s;
@@ -419,7 +341,6 @@ static void alloc_state(Zero *zz, const ZeroFlags *f) {
     zz->e = s->e;
     // stage 0 is the layout of one part: every rank owns everything
     zero_layout_init_flat(&zz->z, m, f->stage == 0 ? 1 : N, f->stage == 0 ? 0 : s->rank);
-    if (mutation == MUT_DROP_LAST) drop_last_element(&zz->z);
     const size_t sn = zz->z.shard_n;
     zz->master_full = !s->bf16 && zz->stage < 3;
     if (zz->master_full) zz->master = m->params;
@@ -437,47 +358,27 @@ static void alloc_state(Zero *zz, const ZeroFlags *f) {
         zz->param_shard = mem_alloc(sn * zz->e, MEM_PARAMS, s->dev);
         if (!s->bf16) zz->master = zz->param_shard;  // fp32: the pieces ARE the master
     }
-    zz->gbuf = lab_xcalloc((size_t)zz->nunits, sizeof(void *));
-    zz->rs = lab_xcalloc((size_t)zz->nunits, sizeof(DistWork));
+    zz->unit = lab_xcalloc((size_t)zz->nunits, sizeof(ZeroUnit));
     zz->rs_order = lab_xcalloc((size_t)zz->nunits, sizeof(int));
-    zz->wbuf = lab_xcalloc((size_t)zz->nunits, sizeof(void *));
-    zz->ag = lab_xcalloc((size_t)zz->nunits, sizeof(DistWork));
     zz->ag_live = lab_xcalloc((size_t)zz->nunits, sizeof(int));
-    zz->ag_t0 = lab_xcalloc((size_t)zz->nunits, sizeof(double));
-    zz->rs_t0 = lab_xcalloc((size_t)zz->nunits, sizeof(double));
     zz->nbuckets = zz->stage == 2 ? (int)((s->n + zz->bucket - 1) / zz->bucket) : 0;
     zz->bbuf = lab_xcalloc((size_t)zz->nbuckets + 1, sizeof(void *));
     zz->bw = lab_xcalloc((size_t)zz->nbuckets + 1, sizeof(DistWork));
     zz->b_t0 = lab_xcalloc((size_t)zz->nbuckets + 1, sizeof(double));
 }
 
-// My pieces of a whole fp32 array (host, memory order) into a shard buffer of mine.
-static void take(Zero *zz, const float *full, float *dst, int dst_full) {
-    if (dst_full) {
-        for (int u = 0; u < zz->nunits; u++) {
-            const ZeroPiece *p = &zz->z.p[u];
-            size_t at = p->unit_offset + p->begin;
-            mem_copy(dst + at, full + at, p->count * sizeof(float));
-        }
-    } else {
-        zero_take_pieces(&zz->z, full, dst);
-    }
-}
-
 // The weights the forward pass reads, from my master pieces: bf16 rounds them; then stages 1, 2
 // all-gather the whole parameters (stage 0 holds them all, stage 3 only ever its pieces).
 static void params_from_master(Zero *zz) {
-    Session *s = zz->s;
-    if (s->bf16) {
-        int full;
-        void *p = step_params(zz, &full);
+    ZeroShard b = shard_bufs(zz);
+    if (zz->s->bf16) {
         for (int u = 0; u < zz->nunits; u++) {
             const ZeroPiece *q = &zz->z.p[u];
-            size_t at = full ? q->unit_offset + q->begin : q->local;
-            zz->m->k->f32_to_bf16((uint16_t *)p + at, zz->master + q->local, q->count);
+            size_t at = b.params_full ? q->unit_offset + q->begin : q->local;
+            zz->m->k->f32_to_bf16((uint16_t *)b.params + at, zz->master + q->local, q->count);
         }
     }
-    gather_params(zz);
+    zero_gather_params(&zz->z, &b, zz->s->world);
 }
 
 // --resume (rank 0 reads the whole state and every rank takes its pieces: any stage and world
@@ -485,38 +386,14 @@ static void params_from_master(Zero *zz) {
 // own pieces (gpt2_init_slice: a piece is exactly that slice of the full initialization).
 static int load_or_init(Zero *zz, const LabArgs *args) {
     Session *s = zz->s;
-    const size_t n = s->n;
     int start = 0;
     if (args->resume || args->load_weights) {
-        float *w = lab_xcalloc(n, sizeof(float));
-        float *mm = args->resume ? lab_xcalloc(n, sizeof(float)) : NULL;
-        float *vv = args->resume ? lab_xcalloc(n, sizeof(float)) : NULL;
-        if (s->rank == 0) {
-            if (args->resume) start = ckpt_resume_training(args->resume, &s->cfg, w, mm, vv, n);
-            else ckpt_load_weights_into(args->load_weights, &s->cfg, w, n);
-        }
-        dist_broadcast(w, n, DIST_F32, 0, s->world);
-        take(zz, w, zz->master, zz->master_full);
-        if (args->resume) {
-            dist_broadcast(mm, n, DIST_F32, 0, s->world);
-            dist_broadcast(vv, n, DIST_F32, 0, s->world);
-            dist_broadcast(&start, 1, DIST_I32, 0, s->world);
-            zero_take_pieces(&zz->z, mm, zz->opt_m);
-            zero_take_pieces(&zz->z, vv, zz->opt_v);
-            if (!args->quiet && s->rank == 0)
-                printf("resumed from %s at step %d\n", args->resume, start);
-        }
-        free(w); free(mm); free(vv);
+        start = zero_load_training(&zz->z, &s->cfg, args->resume, args->load_weights, zz->master,
+                                   zz->master_full, zz->opt_m, zz->opt_v, s->world);
+        if (args->resume && !args->quiet && s->rank == 0)
+            printf("resumed from %s at step %d\n", args->resume, start);
     } else {
-        for (int u = 0; u < zz->nunits; u++) {
-            const ZeroPiece *p = &zz->z.p[u];
-            size_t at = p->unit_offset + p->begin;
-            float *piece = lab_xcalloc(p->count ? p->count : 1, sizeof(float));
-            gpt2_init_slice(&s->cfg, (uint64_t)args->seed, at, at + p->count, piece);
-            mem_copy(zz->master + (zz->master_full ? at : p->local), piece,
-                     p->count * sizeof(float));
-            free(piece);
-        }
+        zero_init_pieces(&zz->z, &s->cfg, (uint64_t)args->seed, zz->master, zz->master_full);
     }
     params_from_master(zz);
     s->start = start;
@@ -526,21 +403,9 @@ static int load_or_init(Zero *zz, const LabArgs *args) {
 // --save: rank 0 writes the WHOLE state (gathered from the pieces) in the lab's usual format.
 static void save_state(Zero *zz, const LabArgs *args, int step) {
     Session *s = zz->s;
-    const size_t n = s->n;
-    float *w = s->rank == 0 ? lab_xcalloc(n, sizeof(float)) : NULL;
-    float *mm = s->rank == 0 ? lab_xcalloc(n, sizeof(float)) : NULL;
-    float *vv = s->rank == 0 ? lab_xcalloc(n, sizeof(float)) : NULL;
-    if (zz->master_full) {  // fp32, stages 0-2: every rank holds the whole parameters
-        if (s->rank == 0) mem_copy(w, zz->master, n * sizeof(float));
-    } else {
-        zero_gather_full(&zz->z, zz->master, w, s->world);
-    }
-    zero_gather_full(&zz->z, zz->opt_m, mm, s->world);
-    zero_gather_full(&zz->z, zz->opt_v, vv, s->world);
-    if (s->rank == 0)
-        ckpt_save_training(args->save, &s->cfg, step, (uint64_t)args->seed,
-                           (uint64_t)args->data_seed, w, mm, vv, n);
-    free(w); free(mm); free(vv);
+    zero_save_training(&zz->z, args->save, &s->cfg, step, (uint64_t)args->seed,
+                       (uint64_t)args->data_seed, zz->master, zz->master_full, zz->opt_m,
+                       zz->opt_v, s->world);
 }
 
 // Stage 3 at the end: the session reports the final weights from the model's own buffer, so
@@ -563,272 +428,111 @@ static void free_state(Zero *zz) {
     mem_free(zz->grad_shard);
     mem_free(zz->param_shard);
     (void)s;
-    free(zz->gbuf); free(zz->rs); free(zz->rs_order);
-    free(zz->wbuf); free(zz->ag); free(zz->ag_live); free(zz->ag_t0); free(zz->rs_t0);
+    free(zz->unit); free(zz->rs_order); free(zz->ag_live);
     free(zz->bbuf); free(zz->bw); free(zz->b_t0);
     zero_layout_free(&zz->z);
 }
 
 // ---------------------------------------------------------------------------------------------
-// What each rank reports
-
-enum { F_PARAMS, F_GRADS, F_MASTER, F_OPT_M, F_OPT_V, F_ACTS, F_COMM, F_TOTAL,
-       X_PARAMS, X_GRADS, X_MASTER, X_OPT_M, X_OPT_V,  // the formulas
-       F_RS_SENT, F_RS_RECV, F_AG_SENT, F_AG_RECV, F_AR_SENT, F_AR_RECV, F_SENT, F_RECV,
-       F_STEP, F_NFIELDS };
-
-static const char *STAGE_NAME[4] = {"ZeRO-0 (DDP)", "ZeRO-1", "ZeRO-2", "ZeRO-3"};
-
-// Bytes per rank per category by the formulas: Ψ elements, s = my shard's elements, e bytes per
-// param/grad element, fp32 master only in bf16 (in fp32 the parameters are the master).
-static void formulas(const Zero *zz, double *x) {
-    const double n = (double)zz->s->n, sh = (double)zz->z.shard_n, e = (double)zz->e;
-    const int st = zz->stage;
-    x[X_PARAMS - X_PARAMS] = e * (st >= 3 ? sh : n);
-    x[X_GRADS - X_PARAMS] = e * (st >= 2 ? sh : n);
-    x[X_MASTER - X_PARAMS] = zz->s->bf16 ? 4.0 * sh : 0.0;
-    x[X_OPT_M - X_PARAMS] = 4.0 * sh;
-    x[X_OPT_V - X_PARAMS] = 4.0 * sh;
-}
-
-static void report(Zero *zz, double *mine, const LabArgs *args) {
-    Session *s = zz->s;
-    const int N = s->N;
-    static const MemCategory cats[] = {MEM_PARAMS, MEM_GRADS, MEM_MASTER, MEM_OPT_M, MEM_OPT_V,
-                                       MEM_ACTS, MEM_COMM};
-    for (int i = 0; i < 7; i++) mine[F_PARAMS + i] = (double)mem_peak(cats[i]);
-    mine[F_TOTAL] = (double)mem_total_peak();
-    formulas(zz, mine + X_PARAMS);
-    double *all = session_gather_report(s, mine, F_NFIELDS);
-    unshard_for_report(zz);
-    session_finish(s);
-    if (s->rank != 0) { free(all); return; }
-    const double n = (double)s->n, e = (double)zz->e;
-    const int nrun = session_steps_run(s);
-    if (!args->quiet && nrun > 0) {
-        double elapsed = session_elapsed(s);
-        printf("%d steps in %.2f s: %.0f tokens/s (all ranks), %.1f ms per step\n", nrun, elapsed,
-               (double)args->batch * s->T * nrun / elapsed, 1e3 * elapsed / nrun);
-        static const char *names[] = {"params", "grads", "master", "adam m", "adam v"};
-        printf("\nMemory per rank: measured peak (mem.h), '=' where it equals the formula, %s:\n"
-               "  %-8s", STAGE_NAME[zz->stage], "rank");
-        for (int c = 0; c < 5; c++) printf(" %13s", names[c]);
-        printf(" %11s %11s %11s\n", "acts", "comm bufs", "peak total");
-        for (int r = 0; r < N; r++) {
-            const double *a = all + (size_t)r * F_NFIELDS;
-            printf("  %-8d", r);
-            for (int c = 0; c < 5; c++) {
-                char b1[32], cell[48];
-                snprintf(cell, sizeof cell, "%s %s", mem_format(b1, sizeof b1, a[F_PARAMS + c]),
-                         a[F_PARAMS + c] == a[X_PARAMS + c] ? "=" : "!=");
-                printf(" %13s", cell);
-            }
-            char b1[32], b2[32], b3[32];
-            printf(" %11s %11s %11s\n", mem_format(b1, sizeof b1, a[F_ACTS]),
-                   mem_format(b2, sizeof b2, a[F_COMM]), mem_format(b3, sizeof b3, a[F_TOTAL]));
-        }
-        printf("  %-8s", "formula");
-        for (int c = 0; c < 5; c++) {
-            char b1[32], cell[48];
-            snprintf(cell, sizeof cell, "%s  ", mem_format(b1, sizeof b1, all[X_PARAMS + c]));
-            printf(" %13s", cell);
-        }
-        printf("   (rank 0's)\n");
-        if (zz->stage == 2) {
-            // what backward holds of the gradient: my shard, the bucket buffers alive, and the
-            // unit gradients the kernels write (the embedding's through all of backward: the
-            // tied head adds to it first; one other unit at a time)
-            char b1[32], b2[32], b3[32];
-            size_t umax = 0;
-            for (int u = 1; u < zz->nunits; u++)
-                if (zz->z.p[u].unit_size > umax) umax = zz->z.p[u].unit_size;
-            const size_t nb = (size_t)zz->nbuckets, inf = (size_t)zz->in_flight;
-            const double buckets = e * (double)(nb > inf ? inf * zz->bucket : s->n);
-            const double units = e * (double)(zz->z.p[0].unit_size + umax);
-            printf("  grads + comm bufs, ZeRO-2: formula Ψ/N + in_flight·bucket + (embedding + "
-                   "largest other unit) = %s + %d x %s + %s\n",
-                   mem_format(b1, sizeof b1, all[X_GRADS]), zz->in_flight,
-                   mem_format(b2, sizeof b2, e * (double)zz->bucket),
-                   mem_format(b3, sizeof b3, units));
-            for (int r = 0; r < N; r++) {
-                const double *a = all + (size_t)r * F_NFIELDS;
-                const double want = a[X_GRADS] + buckets + units, got = a[F_GRADS] + a[F_COMM];
-                printf("    rank %-3d measured %s %s formula %s\n", r,
-                       mem_format(b1, sizeof b1, got), got == want ? "=" : "!=",
-                       mem_format(b2, sizeof b2, want));
-            }
-        }
-        const char *K = s->bf16 ? "2+2+12" : "4+4+8";
-        static const char *fm[4][2] = {
-            {"(2+2+K)Ψ", "(4+4+8)Ψ"}, {"2Ψ+2Ψ+KΨ/N", "4Ψ+4Ψ+8Ψ/N"},
-            {"2Ψ+(2+K)Ψ/N", "4Ψ+(4+8)Ψ/N"}, {"(2+2+K)Ψ/N", "(4+4+8)Ψ/N"}};
-        printf("  formula %s with bytes %s per parameter (N = %d; Ψ/N = shard_range(Ψ, N, r), "
-               "uneven when N does not divide Ψ)\n", fm[zz->stage][s->bf16 ? 0 : 1], K, zz->stage ? N : 1);
-
-        printf("\nBytes on the wire per rank per step (dist counters), %s:\n", STAGE_NAME[zz->stage]);
-        printf("  %-6s %13s %13s %13s %13s %13s\n", "rank", "reduce-scat", "all-gather",
-               "all-reduce", "sent", "received");
-        for (int r = 0; r < N; r++) {
-            const double *a = all + (size_t)r * F_NFIELDS;
-            char b[5][32];
-            printf("  %-6d %13s %13s %13s %13s %13s\n", r, mem_format(b[0], 32, a[F_RS_SENT]),
-                   mem_format(b[1], 32, a[F_AG_SENT]), mem_format(b[2], 32, a[F_AR_SENT]),
-                   mem_format(b[3], 32, a[F_SENT]), mem_format(b[4], 32, a[F_RECV]));
-        }
-        double mult = zz->stage == 3 ? 3.0 : 2.0;
-        char b1[32];
-        printf("  formula: %gΨ(N-1)/N x %g B = %s per rank (+ the loss and the clipping norm, "
-               "all-reduced%s)\n", mult, e, mem_format(b1, sizeof b1, mult * n * (N - 1) / N * e),
-               zz->stage == 3 ? "; the head is gathered once, its forward and backward run back "
-                                "to back" : "");
-        // the four stages side by side: the formula for this model on N ranks (rank 0's
-        // pieces), one bar each, and this run's measured figure beside its own
-        const double sh = (double)shard_count(s->n, N, 0), kb = s->bf16 ? 12.0 : 8.0;
-        const double per_stage[4] = {n * (2 * e + kb), n * 2 * e + kb * sh, n * e + (e + kb) * sh,
-                                     (2 * e + kb) * sh};
-        const double *a0 = all;
-        double held = a0[F_PARAMS] + a0[F_GRADS] + a0[F_MASTER] + a0[F_OPT_M] + a0[F_OPT_V];
-        printf("\nModel state per rank (params + grads + master + Adam m, v) on %d ranks, rank 0; "
-               "one # = 1/40 of DDP's:\n", N);
-        for (int st = 0; st < 4; st++) {
-            int bars = (int)lround(40.0 * per_stage[st] / per_stage[0]);
-            printf("  %-12s |", STAGE_NAME[st]);
-            for (int i = 0; i < 40; i++) putchar(i < bars ? '#' : ' ');
-            char b2[32];
-            printf("| %10s formula", mem_format(b1, sizeof b1, per_stage[st]));
-            if (st == zz->stage) printf("   <- this run: %s measured", mem_format(b2, sizeof b2, held));
-            printf("\n");
-        }
-        printf("  (activations, %s per rank here, are not sharded by ZeRO: every rank runs its own "
-               "rows through the whole model)\n", mem_format(b1, sizeof b1, a0[F_ACTS]));
-    }
-    if (args->dump) {
-        RunResults out;
-        session_dump_open(s, &out);
-        results_set(&out, "world_size", N);
-        results_set(&out, "stage", zz->stage);
-        static const char *keys[] = {"params", "grads", "master", "opt_m", "opt_v", "acts", "comm"};
-        const int who[2] = {0, N - 1};
-        for (int i = 0; i < 2; i++) {
-            const double *a = all + (size_t)who[i] * F_NFIELDS;
-            const char *tag = i == 0 ? "first" : "last";
-            char key[48];
-            for (int c = 0; c < 7; c++) {
-                snprintf(key, sizeof key, "%s_%s", tag, keys[c]);
-                results_set(&out, key, a[F_PARAMS + c]);
-            }
-            static const char *bk[] = {"rs_sent", "rs_recv", "ag_sent", "ag_recv", "ar_sent",
-                                       "ar_recv", "sent", "recv"};
-            for (int c = 0; c < 8; c++) {
-                snprintf(key, sizeof key, "%s_%s", tag, bk[c]);
-                results_set(&out, key, a[F_RS_SENT + c]);
-            }
-        }
-        session_dump_close(s, &out);
-    }
-    free(all);
-}
-
-// ---------------------------------------------------------------------------------------------
 // training
 
-static void train(const LabArgs *args, const ZeroFlags *f) {
+// The session (its checkpoints are this chapter's: save_state), the sharded state, initialized
+// or loaded, the communication thread (stages 2, 3), the banner; rank r's rows [row0, row0 + Bl).
+static int setup(Zero *zz, Session *s, const LabArgs *args, const ZeroFlags *f, int *row0,
+                 int *Bl) {
     const int rank = dist_rank(), N = dist_size();
-    int row0, Bl;
-    data_slice(args->batch, rank, N, &row0, &Bl);
-    if (Bl == 0)
+    data_slice(args->batch, rank, N, row0, Bl);
+    if (*Bl == 0)
         lab_fail_collective("--batch %d over %d ranks leaves rank %d without rows; use --batch "
                             ">= %d (one sequence per rank at least)", args->batch, N, N - 1, N);
-    // The session never writes checkpoints here: its state would be the whole model on rank 0;
-    // this chapter gathers the pieces and saves them itself (save_state).
-    LabArgs sargs = *args;
-    sargs.save = NULL;
-    Session s;
-    session_init(&s, &sargs, Bl, 0);
-    Zero zz;
-    memset(&zz, 0, sizeof zz);
-    zz.s = &s;
-    zz.m = &s.model;
-    alloc_state(&zz, f);
-    const int start = load_or_init(&zz, args);
-    if (f->stage >= 2 && N > 1) dist_comm_thread_start(s.world);
-    if (!args->quiet && rank == 0) {
-        char model[128], b1[32];
-        printf("%s on %d rank%s: %s (%s), device %s\n", STAGE_NAME[f->stage], N, N > 1 ? "s" : "",
-               session_model_line(&s, model, sizeof model), s.bf16 ? "bf16" : "fp32",
-               s.model.k->name);
-        printf("partition: the flat buffer (embedding, %d blocks, head) cut in %d shards by "
-               "shard_range(Ψ, N, r): %zu elements on rank 0 (%s of fp32)", s.cfg.L, zz.z.N,
-               zz.z.shard_n, mem_format(b1, sizeof b1, 4.0 * (double)zz.z.shard_n));
-        if (f->stage == 2)
-            printf("; %d buckets of %zu elements, %d alive at most", zz.nbuckets, zz.bucket,
-                   zz.in_flight);
-        printf("\n");
-    }
+    memset(zz, 0, sizeof *zz);
+    zz->sargs = *args;  // the session keeps a pointer to its arguments
+    zz->sargs.save = NULL;
+    session_init(s, &zz->sargs, *Bl, 0);
+    zz->s = s;
+    zz->m = &s->model;
+    alloc_state(zz, f);
+    const int start = load_or_init(zz, args);
+    if (f->stage >= 2 && N > 1) dist_comm_thread_start(s->world);
+    zero5_banner(&(Zero5View){s, &zz->z, zz->stage, zz->in_flight, zz->nbuckets, zz->bucket},
+                 args);
     mem_reset_peaks();  // the session built a whole model first; what a stage holds from here on
     dist_counters_reset();
+    return start;
+}
+
+// --inject-nan-step with stages 2, 3 (no full gradient): a NaN into my averaged piece.
+static void inject_nan_piece(Zero *zz, int step, const LabArgs *args) {
+    if (zz->stage < 2 || step != args->inject_nan_step || zz->s->rank != zz->s->N - 1 ||
+        !zz->z.shard_n)
+        return;
+    float nan = NAN;
+    uint16_t h = 0x7fc0;
+    if (zz->s->bf16) mem_copy(zz->grad_shard, &h, 2);
+    else mem_copy(zz->grad_shard, &nan, 4);
+}
+
+// --save at this step: the checkpoint, its collectives kept out of the per-step figures.
+static void save_if_due(Zero *zz, const LabArgs *args, int step, DistCounters *save_cost) {
+    const int last = step == zz->s->end - 1;
+    if (!args->save || !(last || (args->save_every > 0 && (step + 1) % args->save_every == 0)))
+        return;
+    DistCounters before = *dist_counters();
+    save_state(zz, args, step + 1);
+    const DistCounters *after = dist_counters();
+    for (int k = 0; k < OP_NKINDS; k++) {
+        save_cost->sent[k] += after->sent[k] - before.sent[k];
+        save_cost->recv[k] += after->recv[k] - before.recv[k];
+    }
+    if (last && !args->quiet && zz->s->rank == 0)
+        printf("saved training state (step %d) to %s\n", step + 1, args->save);
+}
+
+// Every rank's figures to rank 0, which prints the tables (report.c); the session ends.
+static void finish(Zero *zz, const DistCounters *save_cost, const LabArgs *args) {
+    Session *s = zz->s;
+    if (zz->stage >= 2 && s->N > 1) dist_comm_thread_stop(s->world);
+    Zero5View v = {s, &zz->z, zz->stage, zz->in_flight, zz->nbuckets, zz->bucket};
+    double mine[Z5_NFIELDS] = {0};
+    zero5_figures(&v, mine, save_cost);
+    double *all = session_gather_report(s, mine, Z5_NFIELDS);
+    unshard_for_report(zz);
+    session_finish(s);
+    if (s->rank == 0) zero5_report(&v, all, args);
+    free(all);
+    free_state(zz);
+    session_free(s);
+}
+
+static void train(const LabArgs *args, const ZeroFlags *f) {
+    Session s;
+    Zero zz;
+    int row0, Bl;
+    const int start = setup(&zz, &s, args, f, &row0, &Bl);
     const float dloss = 1.0f / ((float)Bl * (float)s.T);
-    int saves = 0;
     DistCounters save_cost;
     memset(&save_cost, 0, sizeof save_cost);
     for (int step = start; step < s.end; step++) {
         session_step_begin(&s, step);
         if (zz.stage < 2) gpt2_zero_grad(zz.m);
-        if (zz.stage < 2) session_inject_nan(&s, step, N - 1);
+        if (zz.stage < 2) session_inject_nan(&s, step, s.N - 1);
         data_batch(&s.data, (uint64_t)step, args->batch, s.T, row0, Bl, s.inputs, s.targets);
         float loss = forward(&zz);
         backward(&zz, dloss);
-        if (zz.stage >= 2 && step == args->inject_nan_step && rank == N - 1 && zz.z.shard_n) {
-            float nan = NAN;  // a NaN into my averaged gradient piece
-            if (s.bf16) { uint16_t h = 0x7fc0; mem_copy(zz.grad_shard, &h, 2); }
-            else mem_copy(zz.grad_shard, &nan, 4);
-        }
-        average_gradients(&zz);
+        inject_nan_piece(&zz, step, args);
+        average_gradients(&zz);  // stage 0; the other stages reduce-scatter
         dist_all_reduce(&loss, &loss, 1, DIST_F32, DIST_AVG, s.world);
         optimizer_step(&zz, step);
         session_step_end(&s, step, loss);
-        int last = step == s.end - 1;
-        if (args->save && (last || (args->save_every > 0 && (step + 1) % args->save_every == 0))) {
-            DistCounters before = *dist_counters();
-            save_state(&zz, args, step + 1);
-            const DistCounters *after = dist_counters();
-            for (int k = 0; k < OP_NKINDS; k++) {
-                save_cost.sent[k] += after->sent[k] - before.sent[k];
-                save_cost.recv[k] += after->recv[k] - before.recv[k];
-            }
-            saves++;
-            if (last && !args->quiet && rank == 0)
-                printf("saved training state (step %d) to %s\n", step + 1, args->save);
-        }
+        save_if_due(&zz, args, step, &save_cost);
     }
-    if (zz.stage >= 2 && N > 1) dist_comm_thread_stop(s.world);
-    const int nrun = session_steps_run(&s);
-    double mine[F_NFIELDS] = {0};
-    const DistCounters *c = dist_counters();
-    double d = nrun > 0 ? nrun : 1;
-#define PER_STEP(kind, dir) (((double)c->dir[kind] - (double)save_cost.dir[kind]) / d)
-    mine[F_RS_SENT] = PER_STEP(OP_REDUCE_SCATTER, sent);
-    mine[F_RS_RECV] = PER_STEP(OP_REDUCE_SCATTER, recv);
-    mine[F_AG_SENT] = PER_STEP(OP_ALL_GATHER, sent);
-    mine[F_AG_RECV] = PER_STEP(OP_ALL_GATHER, recv);
-    mine[F_AR_SENT] = PER_STEP(OP_ALL_REDUCE, sent);
-    mine[F_AR_RECV] = PER_STEP(OP_ALL_REDUCE, recv);
-    for (int k = 0; k < OP_NKINDS; k++) {
-        mine[F_SENT] += ((double)c->sent[k] - (double)save_cost.sent[k]) / d;
-        mine[F_RECV] += ((double)c->recv[k] - (double)save_cost.recv[k]) / d;
-    }
-#undef PER_STEP
-    mine[F_STEP] = nrun ? session_elapsed(&s) / nrun : 0;
-    (void)saves;
-    report(&zz, mine, args);
-    free_state(&zz);
-    session_free(&s);
+    finish(&zz, &save_cost, args);
 }
 
 int main(int argc, char **argv) {
     dist_init(&argc, &argv);
     LabArgs args = lab_args_defaults();
-    ZeroFlags f = {.stage = 1, .in_flight = 2, .bucket_kb = 256, .mutate = "none"};
+    ZeroFlags f = {.stage = 1, .in_flight = 2, .bucket_kb = 256};
     FlagSpec extra[] = {
         {"--zero", FLAG_INT, &f.stage, 0, 3, NULL,
          "ZeRO stage: 0 DDP, 1 shard optimizer state, 2 + gradients, 3 + parameters"},
@@ -837,16 +541,9 @@ int main(int argc, char **argv) {
          "whose reduce-scatter may still be in flight"},
         {"--bucket-kb", FLAG_INT, &f.bucket_kb, 1, 1 << 20, NULL,
          "ZeRO-2: bucket size in KiB of the gradient (fp32 4 B, bf16 2 B an element)"},
-        {"--mutate", FLAG_CHOICE, &f.mutate, 0, 0, "none|drop-last|stale|bucket-early|sum",
-         "break one mechanism on purpose (what the tests must catch): the last shard one element "
-         "short, stages 1-2's all-gather skipped after step 1, ZeRO-2 buckets launched before "
-         "they are full, gradients summed and not averaged"},
     };
     lab_parse_args(argc, argv, &args, extra, (int)(sizeof extra / sizeof extra[0]), "05_zero/run",
                    USAGE);
-    static const char *muts[] = {"none", "drop-last", "stale", "bucket-early", "sum"};
-    for (int i = 0; i < 5; i++)
-        if (strcmp(f.mutate, muts[i]) == 0) mutation = i;
     train(&args, &f);
     dist_finalize();
     return 0;

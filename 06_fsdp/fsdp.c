@@ -128,8 +128,8 @@ void fsdp_init(Fsdp *F, const ZeroLayout *z, DistGroup *shard, DistGroup *rep, D
 
 void fsdp_free(Fsdp *F) {
     for (int u = 0; u < F->nunits; u++) {
-        mem_free(F->u[u].w);
-        mem_free(F->u[u].g);
+        zero_unit_free(&F->u[u].buf);
+        zero_unit_grad_free(&F->u[u].buf);
     }
     free(F->u);
     free(F->rsq);
@@ -141,43 +141,25 @@ static void *piece_in(const Fsdp *F, void *shard, int u) {
     return (char *)shard + F->z->p[u].local * F->e;
 }
 
-static void trace_in_flight(const char *what, int u, double t0) {
-    if (!trace_enabled()) return;
-    char name[48];
-    snprintf(name, sizeof name, "%s unit %d", what, u);
-    trace_span(name, TRACE_COMM, t0, lab_now());
-}
-
 void fsdp_unit_step(Fsdp *F, int u) {
     FsdpUnit *U = &F->u[u];
-    const ZeroPiece *p = &F->z->p[u];
-    const FsdpState from = U->state;
-    int tok = from == FSDP_GATHERING ? trace_begin("wait all-gather", TRACE_COMPUTE) : -1;
-    if (from == FSDP_SHARDED || from == FSDP_FREED) U->ag_t0 = lab_now();
     // EXERCISE 06.1 Unit gather and free -> 06_fsdp/README.md#exercise-061-unit-gather-and-free
     switch (U->state) {
     case FSDP_SHARDED:
     case FSDP_FREED:  // room for the whole unit; every rank's piece lands at its place
-        U->w = mem_alloc(p->unit_size * F->e, MEM_COMM, F->dev);
-        U->ag = dist_iall_gather_n(piece_in(F, F->param_shard, u), U->w, p->unit_size, F->dt,
-                                   F->shard);
+        zero_unit_gather(F->z, u, &U->buf, F->param_shard, F->dt, F->dev, F->shard);
         U->state = FSDP_GATHERING;
         break;
     case FSDP_GATHERING:  // the whole unit is here once its all-gather is done
-        dist_wait(&U->ag);
+        zero_unit_wait(&U->buf, u);
         U->state = FSDP_GATHERED;
         break;
     case FSDP_GATHERED:  // only my piece stays
-        mem_free(U->w);
-        U->w = NULL;
+        zero_unit_free(&U->buf);
         U->state = FSDP_FREED;
         break;
     }
     // END EXERCISE 06.1
-    if (from == FSDP_GATHERING) {
-        trace_end(tok);
-        trace_in_flight("all-gather", u, U->ag_t0);
-    }
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -229,20 +211,13 @@ void fsdp_before_op(Fsdp *F, const FsdpPlan *p, int k) {
 
 const void *fsdp_weights(const Fsdp *F, int u) {
     LAB_CHECK(F->u[u].state == FSDP_GATHERED, "unit %d's weights read while not gathered", u);
-    return F->u[u].w;
+    return F->u[u].buf.w;
 }
 
 void fsdp_after_op(Fsdp *F, const FsdpPlan *p, int k) {
     const FsdpOp *o = &p->ops[k];
     for (int i = 0; i < o->nfree; i++) {
-        int u = o->free[i];
-        if (F->mutate_keep_zeroed && !o->backward) {
-            // the bug: the storage is released (read back as zeros) but the state says GATHERED,
-            // so backward does not gather the unit again
-            mem_zero(F->u[u].w, F->z->p[u].unit_size * F->e);
-            continue;
-        }
-        fsdp_unit_step(F, u);  // GATHERED -> FREED
+        fsdp_unit_step(F, o->free[i]);  // GATHERED -> FREED
     }
 }
 
@@ -262,22 +237,17 @@ void fsdp_end_micro(Fsdp *F) {
 // Gradients: the unit buffers and the reduce-scatter hook
 
 void *fsdp_unit_grads(Fsdp *F, int u) {
-    FsdpUnit *U = &F->u[u];
-    if (!U->g) U->g = mem_alloc(F->z->p[u].unit_size * F->e, MEM_GRADS, F->dev);
-    return U->g;
+    return zero_unit_grad(F->z, u, &F->u[u].buf, F->e, MEM_GRADS, F->dev);
 }
 
 void fsdp_grads_done(Fsdp *F, int u, int sync) {
     FsdpUnit *U = &F->u[u];
     if (!sync) return;  // no_sync: the whole unit gradient stays, the next micro-batch adds to it
-    LAB_CHECK(U->g, "unit %d's gradient reduce-scattered before its backward", u);
     const ZeroPiece *p = &F->z->p[u];
-    U->rs_t0 = lab_now();
     // EXERCISE 06.3 The reduce-scatter hook -> 06_fsdp/README.md#exercise-063-the-reduce-scatter-hook
     // the unit's gradient summed over the shard group and divided by its size; my piece lands
     // in place, where it sits inside the unit buffer, on the communication thread
-    U->rs = dist_ireduce_scatter_n(U->g, (char *)U->g + p->begin * F->e, p->unit_size, F->dt,
-                                   DIST_AVG, F->shard);
+    zero_unit_grad_scatter(F->z, u, &U->buf, (char *)U->buf.g + p->begin * F->e, F->dt, F->shard);
     F->rsq[F->rs_tail++] = u;
     // END EXERCISE 06.3
     while (F->rs_tail - F->rs_head > F->in_flight) fsdp_grads_reap(F);
@@ -307,19 +277,19 @@ void fsdp_grads_reap(Fsdp *F) {
     int u = F->rsq[F->rs_head++];
     FsdpUnit *U = &F->u[u];
     const ZeroPiece *p = &F->z->p[u];
-    int tok = trace_begin("wait reduce-scatter", TRACE_COMPUTE);
-    dist_wait(&U->rs);
-    trace_end(tok);
-    trace_in_flight("reduce-scatter", u, U->rs_t0);
-    char *mine = (char *)U->g + p->begin * F->e;
-    if (F->rep && F->rep->size > 1 && !F->mutate_skip_replicate) {
+    zero_unit_grad_wait(&U->buf, u);
+    char *mine = (char *)U->buf.g + p->begin * F->e;
+    if (F->rep && F->rep->size > 1) {
         // HSDP: the replicas of my piece (same position in every shard group) averaged
         double t0 = lab_now();
         DistWork w = dist_iall_reduce(mine, mine, p->count, F->dt, DIST_AVG, F->rep);
         dist_wait(&w);
-        trace_in_flight("all-reduce (replicas)", u, t0);
+        if (trace_enabled()) {
+            char name[48];
+            snprintf(name, sizeof name, "all-reduce (replicas) unit %d", u);
+            trace_span(name, TRACE_COMM, t0, lab_now());
+        }
     }
     add_into(F, piece_in(F, F->grad_shard, u), mine, p->count);
-    mem_free(U->g);
-    U->g = NULL;
+    zero_unit_grad_free(&U->buf);
 }

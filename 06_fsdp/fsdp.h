@@ -63,12 +63,9 @@ const char *fsdp_unit_name(int u, int L, char *buf, size_t len);
 
 typedef struct FsdpUnit {
     FsdpState state;
-    void *w;                    // GATHERING, GATHERED: the whole unit (MEM_COMM), else NULL
-    DistWork ag;
-    double ag_t0;               // when its all-gather was issued (--trace)
-    void *g;                    // its unsharded gradient while backward accumulates (MEM_GRADS)
-    DistWork rs;
-    double rs_t0;
+    ZeroUnit buf;               // the gather, wait, free and reduce-scatter ZeRO-3 shares (zero.h):
+                                // buf.w the whole unit while GATHERING, GATHERED (MEM_COMM);
+                                // buf.g its unsharded gradient while backward accumulates (MEM_GRADS)
 } FsdpUnit;
 
 typedef struct Fsdp {
@@ -94,9 +91,6 @@ typedef struct Fsdp {
     int *log, nlog, log_cap;    // every all-gather issued in the current micro-batch, in order
     int unplanned;              // all-gathers an op had to issue itself (not in the plan)
     int wasted;                 // gathered units freed without being used
-    // --mutate (the tests' negative checks)
-    int mutate_keep_zeroed;     // reshard frees the storage but the unit stays GATHERED
-    int mutate_skip_replicate;  // HSDP: the pieces are not all-reduced over the replicas
 } Fsdp;
 
 void fsdp_init(Fsdp *F, const ZeroLayout *z, DistGroup *shard, DistGroup *rep, DistDtype dt,

@@ -390,3 +390,40 @@ const FlagSpec *calc_cli_flags(CalcCliArgs *a, int *n);
 // Runs the memory calculator, then --cost and --plan when asked, and prints (call on one
 // rank). Bad input ends the job with lab_fail_collective. Returns 0.
 int calc_cli_run(const CalcCliArgs *a, const LabArgs *lab);
+
+// ------------------------------------------------------------------------------------------
+// Sharded data parallelism (calc_shard.c): the formula columns of chapters 05 (ZeRO, the flat
+// buffer in N pieces) and 06 (FSDP, every unit in N pieces), for the lab's GPT-2, whose flat
+// buffer is its units in memory order: the embedding (wte, wpe), the L blocks, the head (the
+// final LayerNorm; the output layer is wte, tied).
+
+// The elements of each unit, sizes[0 .. L+1] (room for L + 2); returns L + 2.
+int calc_gpt2_units(const CalcModel *m, int64_t *sizes);
+// The elements rank q of N owns when every unit is cut into N pieces by the runtime's rule
+// (calc_piece of each unit: FSDP's layout, common/zero.h's zero_layout_init).
+int64_t calc_unit_shard(const int64_t *sizes, int nunits, int N, int q);
+// The model states (params, grads, master, m, v; acts and total 0 .. total of the five) of a
+// rank owning `shard` elements of a model of psi under ZeRO stage `zero` (which states are
+// sharded: calc_zero_shard; what a sharded state holds: the rank's own shard, exactly).
+CalcBreakdown calc_shard_state(int64_t psi, int64_t shard, int zero, CalcDtype dtype);
+// Bytes one rank sends per step for the gradients and parameters of ZeRO stage `zero` on N
+// ranks, e bytes a value, N dividing psi: 2 psi (N-1)/N (stage 0's all-reduce; 1, 2: the
+// reduce-scatter and the all-gather), 3 psi (N-1)/N for stage 3 (parameters gathered for
+// forward and again for backward). The loss and the clipping norm are extra.
+double calc_zero_wire_bytes(int64_t psi, int zero, int N, double e);
+// ZeRO-2's gradient memory during backward, bytes (chapter 05's buckets): my shard, the bucket
+// buffers alive (in_flight of `bucket` elements; the whole gradient when it is fewer buckets),
+// and the unit gradients the kernels write (the embedding's all through backward, the tied
+// head adds to it first; one other unit at a time, the largest).
+double calc_zero2_grad_bytes(int64_t psi, int64_t shard, int64_t bucket, int in_flight,
+                             int64_t embed, int64_t largest_unit, double e);
+// FSDP's collectives per step of K micro-batches over L blocks: all-gathers K (2L+3) with
+// reshard after forward (every unit again for its backward but the head, which runs back to
+// back; the embedding twice in forward, for the tied head), K (L+2) without; reduce-scatters
+// (L+2) per micro-batch that syncs (K, or 1 with no_sync).
+int calc_fsdp_all_gathers(int L, int reshard, int K);
+int calc_fsdp_reduce_scatters(int L, int K, int no_sync);
+// Their bytes per rank and step when G divides every unit: all-gather K (2 psi - head) (G-1)/G
+// e with reshard (K psi (G-1)/G e without), reduce-scatter (K or 1) psi (G-1)/G e.
+void calc_fsdp_wire_bytes(int64_t psi, int64_t head, int G, int K, int reshard, int no_sync,
+                          double e, double *all_gather, double *reduce_scatter);

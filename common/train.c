@@ -35,15 +35,18 @@ void train_adamw_step(const AdamW *h, GPT2 *m, int step, float *master, float *o
                       float *opt_v, const GPT2Param *plist, int nplist) {
     const Kernels *k = m->k;
     const size_t n = m->num_params;
-    if (m->dtype == GPT2_FP32) {
-        float scale = adamw_clip_scale(h, k->sum_squares(m->grads, n), step);
-        adamw_step(h, k, step, master, m->grads, opt_m, opt_v, 0, n, plist, nplist, scale);
-        return;
-    }
-    double norm_sq = bf16_sum_squares(k, m->grads_bf16, n, m->work_grads, m->work_size);
+    double norm_sq = m->dtype == GPT2_FP32
+                         ? k->sum_squares(m->grads, n)
+                         : bf16_sum_squares(k, m->grads_bf16, n, m->work_grads, m->work_size);
     float scale = adamw_clip_scale(h, norm_sq, step);
-    adamw_step_bf16(h, k, step, master, m->params_bf16, m->grads_bf16, opt_m, opt_v, 0, n, plist,
-                    nplist, scale, m->work_grads, m->work_size);
+    AdamWRange r = {.lo = 0, .hi = n, .master = master, .grad = train_grads(m), .m = opt_m,
+                    .v = opt_v};
+    if (m->dtype == GPT2_BF16) {  // the weights rounded from the master; grads widened in chunks
+        r.bf16 = m->params_bf16;
+        r.scratch = m->work_grads;
+        r.chunk = m->work_size;
+    }
+    adamw_update(h, k, step, &r, plist, nplist, scale);
 }
 
 // n values of the model's precision (fp32 or bf16 storage) -> fp32 on the host, in llm.c's

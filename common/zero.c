@@ -1,6 +1,7 @@
 // zero.c: the ZeRO partitions (flat, and by unit) and the sharded AdamW step.
 #include "zero.h"
 
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -8,7 +9,7 @@
 #include "ckpt.h"
 #include "mem.h"
 #include "shard.h"
-#include "train.h"
+#include "trace.h"
 
 static void fill_counts(ZeroLayout *z);
 
@@ -83,6 +84,21 @@ void zero_layout_init_flat(ZeroLayout *z, const GPT2 *m, int N, int r) {
     fill_counts(z);
 }
 
+void zero_layout_init_buffer(ZeroLayout *z, size_t n, int N, int r) {
+    memset(z, 0, sizeof *z);
+    z->N = N;
+    z->r = r;
+    z->n = n;
+    z->nunits = 1;
+    z->flat = 1;
+    z->p = lab_xcalloc(1, sizeof(ZeroPiece));
+    z->p[0].unit_size = n;
+    shard_range(n, N, r, &z->shard_begin, &z->shard_n);
+    z->p[0].begin = z->shard_begin;
+    z->p[0].count = z->shard_n;
+    fill_counts(z);
+}
+
 void zero_layout_free(ZeroLayout *z) {
     free(z->p);
     free(z->counts);
@@ -141,92 +157,100 @@ DistWork zero_unit_all_gather(const ZeroLayout *z, int u, const void *piece, voi
 // Element i of this rank's piece u: global index unit_offset + begin + i, shard index local + i.
 static size_t piece_global(const ZeroPiece *p) { return p->unit_offset + p->begin; }
 
-double zero_local_sum_squares(const ZeroLayout *z, const GPT2 *m, const void *g, int full) {
-    const size_t e = m->dtype == GPT2_BF16 ? 2 : 4;
+ZeroShard zero_shard_of(const GPT2 *m, const GPT2Param *plist, int nplist) {
+    ZeroShard b;
+    memset(&b, 0, sizeof b);
+    b.k = m->k;
+    b.dt = m->dtype == GPT2_BF16 ? DIST_BF16 : DIST_F32;
+    b.scratch = m->work_grads;
+    b.chunk = m->work_size;
+    b.plist = plist;
+    b.nplist = nplist;
+    return b;
+}
+
+double zero_sum_squares(const ZeroLayout *z, const ZeroShard *b) {
+    const size_t e = dist_dtype_size(b->dt);
+    const int full = b->grads_full;
     double sum = 0.0;
     for (int u = 0; u < z->nunits;) {
-        // one run: pieces u.. that follow each other in g
+        // one run: pieces u.. that follow each other in the gradient buffer
         size_t at = full ? piece_global(&z->p[u]) : z->p[u].local, len = z->p[u].count;
         int v = u + 1;
         while (v < z->nunits && (full ? piece_global(&z->p[v]) : z->p[v].local) == at + len) {
             len += z->p[v].count;
             v++;
         }
-        const char *run = (const char *)g + at * e;
+        const char *run = (const char *)b->grads + at * e;
         if (len > 0) {
-            if (m->dtype == GPT2_BF16)
-                sum += bf16_sum_squares(m->k, (const uint16_t *)run, len, m->work_grads,
-                                        m->work_size);
+            if (b->dt == DIST_BF16)
+                sum += bf16_sum_squares(b->k, (const uint16_t *)run, len, b->scratch, b->chunk);
             else
-                sum += m->k->sum_squares((const float *)run, len);
+                sum += b->k->sum_squares((const float *)run, len);
         }
         u = v;
     }
     return sum;
 }
 
-void zero_adamw_step(const ZeroLayout *z, const AdamW *h, GPT2 *m, int step, float *master,
-                     int master_full, void *param, int params_full, const void *grad,
-                     int grads_full, float *opt_m, float *opt_v, const GPT2Param *plist,
-                     int nplist, float scale) {
-    const size_t e = m->dtype == GPT2_BF16 ? 2 : 4;
+void zero_adamw(const ZeroLayout *z, const ZeroShard *b, const AdamW *h, int step, float scale) {
+    const size_t e = dist_dtype_size(b->dt);
     for (int u = 0; u < z->nunits; u++) {
         const ZeroPiece *p = &z->p[u];
         if (p->count == 0) continue;
         // lo, hi: global indices (weight decay is looked up by them); pointers at element lo
-        size_t lo = piece_global(p), hi = lo + p->count, loc = p->local;
-        float *w = master + (master_full ? lo : loc);
-        const void *gp = (const char *)grad + (grads_full ? lo : loc) * e;
-        if (m->dtype == GPT2_FP32) {
-            adamw_step(h, m->k, step, w, gp, opt_m + loc, opt_v + loc, lo, hi, plist, nplist,
-                       scale);
-        } else {
-            uint16_t *pb = (uint16_t *)param + (params_full ? lo : loc);
-            adamw_step_bf16(h, m->k, step, w, pb, gp, opt_m + loc, opt_v + loc, lo, hi, plist,
-                            nplist, scale, m->work_grads, m->work_size);
+        const size_t lo = piece_global(p), loc = p->local;
+        AdamWRange r = {.lo = lo, .hi = lo + p->count, .m = b->opt_m + loc, .v = b->opt_v + loc};
+        r.master = b->master + (b->master_full ? lo : loc);
+        r.grad = (const char *)b->grads + (b->grads_full ? lo : loc) * e;
+        if (b->dt == DIST_BF16) {
+            r.bf16 = (uint16_t *)b->params + (b->params_full ? lo : loc);
+            r.scratch = b->scratch;
+            r.chunk = b->chunk;
         }
+        adamw_update(h, b->k, step, &r, b->plist, b->nplist, scale);
     }
 }
 
-void zero1_step(const ZeroLayout *z, GPT2 *m, const AdamW *h, int step, float *master,
-                int master_full, float *opt_m, float *opt_v, const GPT2Param *plist, int nplist,
-                DistGroup *g) {
-    char *grads = train_grads(m), *params = train_params(m);
-    const DistDtype dt = train_dtype(m);
-    const size_t e = dist_dtype_size(dt);
-    float scale = 1.0f;
+void zero_gather_params(const ZeroLayout *z, const ZeroShard *b, DistGroup *g) {
+    if (z->N == 1 || !b->params_full) return;
+    char *params = b->params;
+    const size_t e = dist_dtype_size(b->dt);
+    if (z->flat) {
+        dist_all_gather_n(params + z->shard_begin * e, params, z->n, b->dt, g);
+        return;
+    }
+    for (int u = 0; u < z->nunits; u++) {
+        const ZeroPiece *p = &z->p[u];
+        char *unit = params + p->unit_offset * e;
+        zero_unit_all_gather(z, u, unit + p->begin * e, unit, b->dt, 0, g);
+    }
+}
+
+void zero_step(const ZeroLayout *z, const ZeroShard *b, const AdamW *h, int step, DistGroup *g) {
+    char *grads = b->grads;
+    const size_t e = dist_dtype_size(b->dt);
     // EXERCISE 05.2 ZeRO-1 reduce-scatter, shard update, all-gather -> 05_zero/README.md#exercise-052-zero-1-reduce-scatter-shard-update-all-gather
     // 1. the gradient summed over the ranks and divided by N, my pieces landing in place: flat,
     //    the whole buffer is one reduce-scatter (my shard is shard_range(Ψ, N, r): the _n op);
     //    by unit, one per unit (my piece of each)
-    if (z->flat) {
-        dist_reduce_scatter_n(grads, grads + z->shard_begin * e, z->n, dt, DIST_AVG, g);
-    } else {
+    if (b->grads_full && z->N > 1 && z->flat) {
+        dist_reduce_scatter_n(grads, grads + z->shard_begin * e, z->n, b->dt, DIST_AVG, g);
+    } else if (b->grads_full && z->N > 1) {
         for (int u = 0; u < z->nunits; u++) {
             const ZeroPiece *p = &z->p[u];
             char *unit = grads + p->unit_offset * e;
-            zero_unit_reduce_scatter(z, u, unit, unit + p->begin * e, dt, DIST_AVG, 0, g);
+            zero_unit_reduce_scatter(z, u, unit, unit + p->begin * e, b->dt, DIST_AVG, 0, g);
         }
     }
     // 2. the global norm from the pieces (each element is in exactly one rank's pieces), then
     //    AdamW on my pieces only
-    double sq = zero_local_sum_squares(z, m, grads, 1);
+    double sq = zero_sum_squares(z, b);
     if (z->N > 1) dist_all_reduce(&sq, &sq, 1, DIST_F64, DIST_SUM, g);
-    scale = adamw_clip_scale(h, sq, step);
-    zero_adamw_step(z, h, m, step, master, master_full, params, 1, grads, 1, opt_m, opt_v, plist,
-                    nplist, scale);
+    zero_adamw(z, b, h, step, adamw_clip_scale(h, sq, step));
     // 3. every rank's updated pieces to every rank: the whole parameters, in place
-    if (z->N > 1 && z->flat) {
-        dist_all_gather_n(params + z->shard_begin * e, params, z->n, dt, g);
-    } else if (z->N > 1) {
-        for (int u = 0; u < z->nunits; u++) {
-            const ZeroPiece *p = &z->p[u];
-            char *unit = params + p->unit_offset * e;
-            zero_unit_all_gather(z, u, unit + p->begin * e, unit, dt, 0, g);
-        }
-    }
+    zero_gather_params(z, b, g);
     // END EXERCISE 05.2
-    (void)scale;
 }
 
 DistWork zero_gather_unit(const ZeroLayout *z, int u, const void *shard, void *out, DistDtype dt,
@@ -241,6 +265,59 @@ DistWork zero_gather_unit(const ZeroLayout *z, int u, const void *shard, void *o
                              g);
     // END EXERCISE 05.3
     return w;
+}
+
+void zero_unit_gather(const ZeroLayout *z, int u, ZeroUnit *U, const void *shard, DistDtype dt,
+                      Device dev, DistGroup *g) {
+    U->w = mem_alloc(z->p[u].unit_size * dist_dtype_size(dt), MEM_COMM, dev);
+    U->ag_t0 = lab_now();
+    U->ag = zero_gather_unit(z, u, shard, U->w, dt, g);
+}
+
+// --trace: a collective as a span on the communication track, from its start to the moment its
+// wait returned (it ran on the communication thread somewhere in between).
+static void trace_in_flight(const char *what, int u, double t0) {
+    if (!trace_enabled()) return;
+    char name[48];
+    snprintf(name, sizeof name, "%s unit %d", what, u);
+    trace_span(name, TRACE_COMM, t0, lab_now());
+}
+
+void zero_unit_wait(ZeroUnit *U, int u) {
+    int tok = trace_begin("wait all-gather", TRACE_COMPUTE);
+    dist_wait(&U->ag);
+    trace_end(tok);
+    trace_in_flight("all-gather", u, U->ag_t0);
+}
+
+void zero_unit_free(ZeroUnit *U) {
+    mem_free(U->w);
+    U->w = NULL;
+}
+
+void *zero_unit_grad(const ZeroLayout *z, int u, ZeroUnit *U, size_t e, MemCategory cat,
+                     Device dev) {
+    if (!U->g) U->g = mem_alloc(z->p[u].unit_size * e, cat, dev);
+    return U->g;
+}
+
+void zero_unit_grad_scatter(const ZeroLayout *z, int u, ZeroUnit *U, void *piece, DistDtype dt,
+                            DistGroup *g) {
+    LAB_CHECK(U->g, "unit %d's gradient reduce-scattered before its backward", u);
+    U->rs_t0 = lab_now();
+    U->rs = zero_unit_reduce_scatter(z, u, U->g, piece, dt, DIST_AVG, 1, g);
+}
+
+void zero_unit_grad_wait(ZeroUnit *U, int u) {
+    int tok = trace_begin("wait reduce-scatter", TRACE_COMPUTE);
+    dist_wait(&U->rs);
+    trace_end(tok);
+    trace_in_flight("reduce-scatter", u, U->rs_t0);
+}
+
+void zero_unit_grad_free(ZeroUnit *U) {
+    mem_free(U->g);
+    U->g = NULL;
 }
 
 void zero_gather_full(const ZeroLayout *z, const float *shard, float *full, DistGroup *g) {
@@ -259,22 +336,27 @@ void zero_gather_full(const ZeroLayout *z, const float *shard, float *full, Dist
     }
 }
 
-void zero_take_pieces(const ZeroLayout *z, const float *full, float *shard) {
+void zero_take_pieces(const ZeroLayout *z, const float *full, float *dst, int dst_full) {
     for (int u = 0; u < z->nunits; u++) {
         const ZeroPiece *p = &z->p[u];
-        mem_copy(shard + p->local, full + piece_global(p), p->count * sizeof(float));
+        const size_t at = piece_global(p);
+        mem_copy(dst + (dst_full ? at : p->local), full + at, p->count * sizeof(float));
     }
 }
 
 void zero_save_training(const ZeroLayout *z, const char *path, const GPT2Config *cfg, int step,
-                        uint64_t seed, uint64_t data_seed, const float *master,
+                        uint64_t seed, uint64_t data_seed, const float *master, int master_full,
                         const float *opt_m, const float *opt_v, DistGroup *g) {
     const size_t n = z->n;
     const int root = g->rank == 0;
     float *w = root ? lab_xcalloc(n, sizeof(float)) : NULL;
     float *mm = root ? lab_xcalloc(n, sizeof(float)) : NULL;
     float *vv = root ? lab_xcalloc(n, sizeof(float)) : NULL;
-    zero_gather_full(z, master, w, g);
+    if (master_full) {  // every rank holds the whole weights: rank 0's are the model's
+        if (root) mem_copy(w, master, n * sizeof(float));
+    } else {
+        zero_gather_full(z, master, w, g);
+    }
     zero_gather_full(z, opt_m, mm, g);
     zero_gather_full(z, opt_v, vv, g);
     if (root) ckpt_save_training(path, cfg, step, seed, data_seed, w, mm, vv, n);
@@ -284,8 +366,8 @@ void zero_save_training(const ZeroLayout *z, const char *path, const GPT2Config 
 }
 
 int zero_load_training(const ZeroLayout *z, const GPT2Config *cfg, const char *resume,
-                       const char *load_weights, float *master, float *opt_m, float *opt_v,
-                       DistGroup *world) {
+                       const char *load_weights, float *master, int master_full, float *opt_m,
+                       float *opt_v, DistGroup *world) {
     const size_t n = z->n;
     int start = 0;
     float *w = lab_xcalloc(n, sizeof(float));
@@ -296,13 +378,13 @@ int zero_load_training(const ZeroLayout *z, const GPT2Config *cfg, const char *r
         else ckpt_load_weights_into(load_weights, cfg, w, n);
     }
     dist_broadcast(w, n, DIST_F32, 0, world);
-    zero_take_pieces(z, w, master);
+    zero_take_pieces(z, w, master, master_full);
     if (resume) {
         dist_broadcast(mm, n, DIST_F32, 0, world);
         dist_broadcast(vv, n, DIST_F32, 0, world);
         dist_broadcast(&start, 1, DIST_I32, 0, world);
-        zero_take_pieces(z, mm, opt_m);
-        zero_take_pieces(z, vv, opt_v);
+        zero_take_pieces(z, mm, opt_m, 0);
+        zero_take_pieces(z, vv, opt_v, 0);
     }
     free(w);
     free(mm);
@@ -310,13 +392,14 @@ int zero_load_training(const ZeroLayout *z, const GPT2Config *cfg, const char *r
     return start;
 }
 
-void zero_init_pieces(const ZeroLayout *z, const GPT2Config *cfg, uint64_t seed, float *master) {
+void zero_init_pieces(const ZeroLayout *z, const GPT2Config *cfg, uint64_t seed, float *master,
+                      int master_full) {
     for (int u = 0; u < z->nunits; u++) {
         const ZeroPiece *p = &z->p[u];
         size_t at = piece_global(p);
         float *piece = lab_xcalloc(p->count ? p->count : 1, sizeof(float));
         gpt2_init_slice(cfg, seed, at, at + p->count, piece);
-        mem_copy(master + p->local, piece, p->count * sizeof(float));
+        mem_copy(master + (master_full ? at : p->local), piece, p->count * sizeof(float));
         free(piece);
     }
 }

@@ -49,6 +49,9 @@ typedef struct ZeroLayout {
 // shards, my pieces the units' intersections with mine.
 void zero_layout_init(ZeroLayout *z, const GPT2 *m, int N, int r);
 void zero_layout_init_flat(ZeroLayout *z, const GPT2 *m, int N, int r);
+// The flat layout of any buffer of n elements as one unit (a pipeline stage's flat buffer, a
+// TP slice's: what has no GPT-2 units to cut by), over N parts as seen by part r.
+void zero_layout_init_buffer(ZeroLayout *z, size_t n, int N, int r);
 void zero_layout_free(ZeroLayout *z);
 // Rank q's piece of unit u for every q (N counts: the blocks of the unit's v-collectives).
 void zero_unit_counts(const ZeroLayout *z, int u, size_t *counts);
@@ -59,29 +62,47 @@ size_t zero_range_counts(const ZeroLayout *z, size_t lo, size_t hi, size_t *coun
 // Elements part q owns (any q in [0, N)): the formula side of the memory tables.
 size_t zero_shard_elems(const ZeroLayout *z, int q);
 
-// Σ g² of this rank's gradient pieces, in double. `g` holds dtype elements; full: g is the whole
-// flat buffer (the pieces are read at their global offsets), else g is the shard buffer.
-// Pieces adjacent in memory are summed as one run (so one part = one sum over everything, op for
-// op the single-device clipping norm).
-double zero_local_sum_squares(const ZeroLayout *z, const GPT2 *m, const void *g, int full);
+// One rank's buffers for the sharded step, over ANY flat buffer the layout cuts (a whole GPT-2,
+// a pipeline stage's chunk, a TP slice): the step needs no model, only these and the parameter
+// list whose numbering the layout cuts (weight decay is looked up in it).
+typedef struct ZeroShard {
+    const Kernels *k;
+    DistDtype dt;             // the type of params and grads (DIST_F32, or DIST_BF16: mixed precision)
+    void *params;             // the weights the forward reads: the whole buffer (params_full) or
+    int params_full;          //   my pieces (ZeRO-3)
+    void *grads;              // the gradient: the whole buffer, reduce-scattered by the step
+    int grads_full;           //   (grads_full), or my averaged pieces (ZeRO-2, -3: done in backward)
+    float *master;            // the fp32 weights AdamW updates: the whole buffer (master_full) or
+    int master_full;          //   my pieces; fp32: the params themselves
+    float *opt_m, *opt_v;     // Adam's m, v: my pieces
+    float *scratch;           // bf16: fp32 scratch the gradients are widened in, chunk floats
+    size_t chunk;
+    const GPT2Param *plist;
+    int nplist;
+} ZeroShard;
 
-// One AdamW step on this rank's pieces. master/opt_m/opt_v: shard buffers (fp32). param: the
-// model-dtype weights the step rounds into (bf16) — params_full ? the full flat buffer : the
-// shard buffer; grad likewise (grads_full). fp32: master is the fp32 parameters themselves
-// (then param is ignored; master may point into the full buffer: master_full).
-void zero_adamw_step(const ZeroLayout *z, const AdamW *h, GPT2 *m, int step, float *master,
-                     int master_full, void *param, int params_full, const void *grad,
-                     int grads_full, float *opt_m, float *opt_v, const GPT2Param *plist,
-                     int nplist, float scale);
+// The ZeroShard fields a GPT-2 gives (k, dt, scratch, chunk); the buffers are the caller's.
+ZeroShard zero_shard_of(const GPT2 *m, const GPT2Param *plist, int nplist);
 
-// ZeRO-1's step after backward, on the model's full gradient and parameter buffers (its dtype):
-// reduce-scatter every unit's gradient (average) so that my piece of it lands in place (flat:
-// the whole buffer is one range, one reduce-scatter), clip
-// from the pieces (Σ g² over mine, summed over g), AdamW on my pieces only, then all-gather
-// every unit's parameters in place: every rank holds the whole updated model again.
-void zero1_step(const ZeroLayout *z, GPT2 *m, const AdamW *h, int step, float *master,
-                int master_full, float *opt_m, float *opt_v, const GPT2Param *plist, int nplist,
-                DistGroup *g);
+// Σ g² of this rank's gradient pieces (b->grads, whole or pieces), in double. Pieces adjacent
+// in memory are summed as one run (so one part = one sum over everything, op for op the
+// single-device clipping norm).
+double zero_sum_squares(const ZeroLayout *z, const ZeroShard *b);
+// One AdamW step (optim.h's adamw_update) on each of this rank's pieces; bf16 rounds the master
+// into b->params.
+void zero_adamw(const ZeroLayout *z, const ZeroShard *b, const AdamW *h, int step, float scale);
+// Every rank's pieces of the parameters to every rank, in place in the whole buffer
+// (params_full; nothing to do on one part).
+void zero_gather_params(const ZeroLayout *z, const ZeroShard *b, DistGroup *g);
+
+// ZeRO's step after backward (05's every stage; a pipeline stage's flat buffer in 09):
+//   1. grads_full (ZeRO-1): reduce-scatter the whole gradient (average over g), my pieces
+//      landing in place (flat: the whole buffer is one reduce-scatter; by unit, one per unit)
+//   2. clip from the pieces: Σ g² over mine, summed over g (each element counted once)
+//   3. AdamW on my pieces only
+//   4. params_full (ZeRO-1, -2): all-gather the updated parameters in place
+// On a layout of one part (stage 0: DDP, its gradient already all-reduced) nothing moves.
+void zero_step(const ZeroLayout *z, const ZeroShard *b, const AdamW *h, int step, DistGroup *g);
 
 // Unit u's v-collectives (blocks: the ranks' pieces of u), blocking or started (nonblocking: wait
 // the returned DistWork). reduce-scatter: unit_grad (the whole unit) -> my piece (AVG divides by
@@ -96,26 +117,60 @@ DistWork zero_unit_all_gather(const ZeroLayout *z, int u, const void *piece, voi
 DistWork zero_gather_unit(const ZeroLayout *z, int u, const void *shard, void *out, DistDtype dt,
                           DistGroup *g);
 
+// ZeRO-3 and FSDP share the life of a unit: its whole weights gathered from the pieces for the
+// ops that read them, then freed (my piece stays); its whole gradient, written by backward,
+// reduce-scattered back into the pieces. The order (when to gather, prefetch, free) is the
+// chapter's: 05 gathers just in time with one unit ahead, 06 walks a plan (06_fsdp/fsdp.h).
+typedef struct ZeroUnit {
+    void *w;          // the whole unit's weights (MEM_COMM): from zero_unit_gather to _free
+    DistWork ag;
+    double ag_t0;     // when its all-gather started (--trace)
+    void *g;          // the whole unit's gradient (zero_unit_grad) until zero_unit_grad_free
+    DistWork rs;
+    double rs_t0;     // when its reduce-scatter started (--trace)
+} ZeroUnit;
+
+// Start the all-gather of unit u from my pieces (shard, dtype dt) into a fresh buffer U->w
+// (MEM_COMM on dev); zero_unit_wait before reading it; zero_unit_free after the last read.
+void zero_unit_gather(const ZeroLayout *z, int u, ZeroUnit *U, const void *shard, DistDtype dt,
+                      Device dev, DistGroup *g);
+void zero_unit_wait(ZeroUnit *U, int u);
+void zero_unit_free(ZeroUnit *U);
+// Unit u's gradient buffer (e bytes an element, zeroed at first use, counted under cat).
+void *zero_unit_grad(const ZeroLayout *z, int u, ZeroUnit *U, size_t e, MemCategory cat,
+                     Device dev);
+// Start the reduce-scatter of U->g (average over g) into my piece: `piece` is where it lands
+// (in my shard, or in place inside U->g). zero_unit_grad_wait, then zero_unit_grad_free.
+void zero_unit_grad_scatter(const ZeroLayout *z, int u, ZeroUnit *U, void *piece, DistDtype dt,
+                            DistGroup *g);
+void zero_unit_grad_wait(ZeroUnit *U, int u);
+void zero_unit_grad_free(ZeroUnit *U);
+
 // Whole-model fp32 arrays <-> this rank's shard buffer (host or device, memory order).
 // gather: every rank passes its shard; rank 0's full (n floats) receives all pieces.
 void zero_gather_full(const ZeroLayout *z, const float *shard, float *full, DistGroup *g);
-// scatter: every rank holds the same full array (after a broadcast) and copies its pieces.
-void zero_take_pieces(const ZeroLayout *z, const float *full, float *shard);
+// scatter: every rank holds the same full array (after a broadcast) and copies its pieces
+// (dst_full: into a whole-model buffer, each piece at its global offset; else my shard buffer).
+void zero_take_pieces(const ZeroLayout *z, const float *full, float *dst, int dst_full);
 
 // The sharded training state (master pieces, Adam m and v pieces: z->shard_n fp32 each, host or
 // device) <-> the lab's one checkpoint format (the whole model, common/ckpt.h), so that any
 // layout resumes any other's (05 and 06 on N ranks, 03 on M). Shared by 05_zero and 06_fsdp.
+// master_full: the master is a whole-model buffer every rank holds in full (05's fp32 stages 0-2,
+// where the master IS the model's parameters); else my shard buffer, like m and v.
 // save: collective over g (the ranks of ONE copy of the pieces, e.g. HSDP's first shard
 //   group); g's rank 0 writes path.
 void zero_save_training(const ZeroLayout *z, const char *path, const GPT2Config *cfg, int step,
-                        uint64_t seed, uint64_t data_seed, const float *master,
+                        uint64_t seed, uint64_t data_seed, const float *master, int master_full,
                         const float *opt_m, const float *opt_v, DistGroup *g);
 // load: collective over world: world rank 0 reads --resume (weights, Adam state, step) or
 //   --load-weights (weights only; m, v untouched), broadcasts, every rank takes its pieces.
 //   Returns the step to continue from (0 for --load-weights).
 int zero_load_training(const ZeroLayout *z, const GPT2Config *cfg, const char *resume,
-                       const char *load_weights, float *master, float *opt_m, float *opt_v,
-                       DistGroup *world);
+                       const char *load_weights, float *master, int master_full, float *opt_m,
+                       float *opt_v, DistGroup *world);
 // Fresh: each rank initializes only its own pieces (gpt2_init_slice: a piece is exactly that
-// slice of the full model's initialization), into master (z->shard_n fp32, host or device).
-void zero_init_pieces(const ZeroLayout *z, const GPT2Config *cfg, uint64_t seed, float *master);
+// slice of the full model's initialization), into master (z->shard_n fp32, host or device; or
+// master_full: a whole-model buffer, each piece at its global offset).
+void zero_init_pieces(const ZeroLayout *z, const GPT2Config *cfg, uint64_t seed, float *master,
+                      int master_full);

@@ -4,11 +4,12 @@
 // Launched by tests/test_05_zero.c as
 //   mpirun -np N build/tests/mpi_05_zero <what>...
 // with <what> among
-//   zero1-step    zero1_step (exercise 05.2) on a small GPT-2's full gradient buffer: the
+//   zero1-step    zero_step (exercise 05.2) on a small GPT-2's full gradient buffer: the
 //                 parameters every rank ends with and the Adam m, v of its pieces equal one
 //                 AdamW step of a single device on the averaged gradient, with clipping that
 //                 that bites (so the norm must be the global one) and without clipping (so the
 //                 gradient must be the average, not the sum)
+//   buffer-step   zero_step on a flat buffer with no GPT-2 (zero_layout_init_buffer: 09's stage)
 //   gather-unit   zero_gather_unit (exercise 05.3) on units of 0, 1, N-1, N+1, 37 and 3N+2
 //                 elements: every rank ends with the whole unit, each piece at its place
 //   v-ops         dist_reduce_scatter_v / dist_all_gather_v (+ dist_i*_v, + on the
@@ -74,7 +75,7 @@ static void hand_layout(ZeroLayout *z, const size_t *offset, const size_t *size,
 // Gradient element i on rank r: multiples of 1/64, so sums over ranks are exact in fp32.
 static float grad_of(int r, size_t i) { return (float)((int)((i * 7 + (size_t)r * 5) % 17) - 8) / 64.0f; }
 
-static void test_zero1_step(DistGroup *g, float grad_clip) {
+static void test_zero_step(DistGroup *g, float grad_clip) {
     const int N = g->size;
     GPT2Config cfg = {.V = 32, .T = 8, .L = 2, .C = 16, .NH = 2};
     GPT2 m;
@@ -108,11 +109,18 @@ static void test_zero1_step(DistGroup *g, float grad_clip) {
     float scale = adamw_clip_scale(&h, sq, 0);
     if (grad_clip > 0)
         mpi_check(scale < 0.5f, "the test's clipping does not bite (scale %g)", (double)scale);
-    adamw_step(&h, m.k, 0, ref_p, ref_g, ref_m, ref_v, 0, n, plist, nplist, scale);
+    AdamWRange ref = {.lo = 0, .hi = n, .master = ref_p, .grad = ref_g, .m = ref_m, .v = ref_v};
+    adamw_update(&h, m.k, 0, &ref, plist, nplist, scale);
 
     float *opt_m = lab_xcalloc(z.shard_n + 1, sizeof(float));
     float *opt_v = lab_xcalloc(z.shard_n + 1, sizeof(float));
-    zero1_step(&z, &m, &h, 0, m.params, 1, opt_m, opt_v, plist, nplist, g);
+    ZeroShard b = zero_shard_of(&m, plist, nplist);
+    b.params = b.master = m.params;
+    b.grads = m.grads;
+    b.params_full = b.grads_full = b.master_full = 1;
+    b.opt_m = opt_m;
+    b.opt_v = opt_v;
+    zero_step(&z, &b, &h, 0, g);
 
     // every parameter on every rank; m and v of my pieces
     size_t bad = 0, first = 0;
@@ -121,7 +129,7 @@ static void test_zero1_step(DistGroup *g, float grad_clip) {
             if (!bad) first = i;
             bad++;
         }
-    mpi_check(bad == 0, "zero1_step on %s (rank %d of %d): %zu parameters differ from one "
+    mpi_check(bad == 0, "zero_step on %s (rank %d of %d): %zu parameters differ from one "
               "device's step, first %zu: %g, want %g", g->name, g->rank, N, bad, first,
               bad ? (double)m.params[first] : 0.0, bad ? (double)ref_p[first] : 0.0);
     bad = 0;
@@ -130,7 +138,7 @@ static void test_zero1_step(DistGroup *g, float grad_clip) {
             size_t i = z.p[u].unit_offset + z.p[u].begin + j, l = z.p[u].local + j;
             if (!(fabsf(opt_m[l] - ref_m[i]) <= 1e-7f) || !(fabsf(opt_v[l] - ref_v[i]) <= 1e-9f)) bad++;
         }
-    mpi_check(bad == 0, "zero1_step on %s (rank %d of %d): Adam m or v of %zu elements of my "
+    mpi_check(bad == 0, "zero_step on %s (rank %d of %d): Adam m or v of %zu elements of my "
               "pieces differ from one device's", g->name, g->rank, N, bad);
     free(ref_p); free(ref_g); free(ref_m); free(ref_v);
     free(opt_m); free(opt_v); free(plist);
@@ -257,16 +265,76 @@ static void test_v_ops(DistGroup *g) {
     }
 }
 
-static const char *const KINDS[] = {"zero1-step", "gather-unit", "v-ops"};
+// zero_step on a flat buffer that is no GPT-2 (what a pipeline stage of chapter 09 holds): one
+// unit (zero_layout_init_buffer), a hand-made parameter list, no model. ZeRO-1 (the whole
+// gradient, reduce-scattered by the step) and ZeRO-2 (my averaged piece, reduce-scattered
+// before): every rank ends with one device's AdamW step on the averaged gradient.
+static void test_buffer_step(DistGroup *g) {
+    const int N = g->size;
+    const size_t n = 37 * (size_t)N + 5, half = n / 2;
+    const GPT2Param pl[3] = {{.name = "w", .offset = 0, .size = half, .decay = 1},
+                             {.name = "b", .offset = half, .size = 3, .decay = 0},
+                             {.name = "w2", .offset = half + 3, .size = n - half - 3, .decay = 1}};
+    const Kernels *k = kernels_get(DEV_CPU);
+    AdamW h = adamw_defaults();
+    h.grad_clip = 0.05f;
+    for (int stage = 1; stage <= 2; stage++) {
+        ZeroLayout z;
+        zero_layout_init_buffer(&z, n, N, g->rank);
+        float *p = lab_xmalloc(n * sizeof(float)), *grad = lab_xmalloc(n * sizeof(float));
+        float *ref_p = lab_xmalloc(n * sizeof(float)), *ref_g = lab_xmalloc(n * sizeof(float));
+        float *ref_m = lab_xcalloc(n, sizeof(float)), *ref_v = lab_xcalloc(n, sizeof(float));
+        for (size_t i = 0; i < n; i++) {
+            ref_p[i] = p[i] = (float)((int)((i * 13) % 29) - 14) / 100.0f;
+            grad[i] = grad_of(g->rank, i);
+            float sum = 0.0f;
+            for (int r = 0; r < N; r++) sum += grad_of(r, i);
+            ref_g[i] = sum / (float)N;
+        }
+        double sq = 0.0;
+        for (size_t i = 0; i < n; i++) sq += (double)ref_g[i] * (double)ref_g[i];
+        AdamWRange ref = {.lo = 0, .hi = n, .master = ref_p, .grad = ref_g, .m = ref_m, .v = ref_v};
+        adamw_update(&h, k, 0, &ref, pl, 3, adamw_clip_scale(&h, sq, 0));
+        float *opt_m = lab_xcalloc(z.shard_n + 1, sizeof(float));
+        float *opt_v = lab_xcalloc(z.shard_n + 1, sizeof(float));
+        float *piece = lab_xcalloc(z.shard_n + 1, sizeof(float));
+        ZeroShard b = {.k = k, .dt = DIST_F32, .params = p, .params_full = 1, .master = p,
+                       .master_full = 1, .opt_m = opt_m, .opt_v = opt_v, .plist = pl, .nplist = 3};
+        if (stage == 1) {
+            b.grads = grad;
+            b.grads_full = 1;
+        } else {
+            dist_reduce_scatter_n(grad, piece, n, DIST_F32, DIST_AVG, g);
+            b.grads = piece;
+        }
+        zero_step(&z, &b, &h, 0, g);
+        size_t bad = 0;
+        for (size_t i = 0; i < n; i++)
+            if (!(fabsf(p[i] - ref_p[i]) <= 1e-6f * fmaxf(1.0f, fabsf(ref_p[i])))) bad++;
+        for (size_t j = 0; j < z.shard_n; j++) {
+            size_t i = z.shard_begin + j;
+            if (!(fabsf(opt_m[j] - ref_m[i]) <= 1e-7f) || !(fabsf(opt_v[j] - ref_v[i]) <= 1e-9f)) bad++;
+        }
+        mpi_check(bad == 0, "zero_step on a flat buffer of %zu, ZeRO-%d (rank %d of %d): %zu "
+                  "parameters or Adam states differ from one device's step", n, stage, g->rank,
+                  N, bad);
+        free(p); free(grad); free(ref_p); free(ref_g); free(ref_m); free(ref_v);
+        free(opt_m); free(opt_v); free(piece);
+        zero_layout_free(&z);
+    }
+}
+
+static const char *const KINDS[] = {"zero1-step", "gather-unit", "v-ops", "buffer-step"};
 
 static void run_kind(int kind, DistGroup *g) {
     // clipping that bites (the norm must be global; it hides the average's 1/N, which clipping
     // removes), then none (Adam's m and v see the average itself)
     for (flat_mode = 0; flat_mode <= 1; flat_mode++) {
-        if (kind == 0) { test_zero1_step(g, 0.05f); test_zero1_step(g, 0.0f); }
+        if (kind == 0) { test_zero_step(g, 0.05f); test_zero_step(g, 0.0f); }
         else if (kind == 1) test_gather_unit(g);
     }
     if (kind == 2) test_v_ops(g);
+    if (kind == 3) test_buffer_step(g);
 }
 
 // --device [--nccl] (v-ops only): the ops on device twins of the buffers, staged through host
@@ -282,6 +350,6 @@ int main(int argc, char **argv) {
     want_nccl = mpi_take_device_flags(&argc, &argv);
     const char *prog = want_nccl ? "mpi_05_zero (nccl)" : mpi_use_device ? "mpi_05_zero (device, staged)"
                                                                        : "mpi_05_zero";
-    return mpi_test_main(argc, argv, prog, "usage: mpi_05_zero [--device [--nccl]] <what>... (zero1-step gather-unit v-ops)",
-                         KINDS, 3, run_with_backend);
+    return mpi_test_main(argc, argv, prog, "usage: mpi_05_zero [--device [--nccl]] <what>... (zero1-step gather-unit v-ops buffer-step)",
+                         KINDS, 4, run_with_backend);
 }

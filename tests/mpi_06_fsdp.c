@@ -84,12 +84,12 @@ static void test_unit_step(DistGroup *g, int bf16) {
             mpi_check(F.u[u].state == FSDP_GATHERED, "unit %d: after the wait state %d, want "
                       "GATHERED", u, (int)F.u[u].state);
             size_t bad = 0;
-            for (size_t i = 0; i < size[u] && F.u[u].w; i++) {
+            for (size_t i = 0; i < size[u] && F.u[u].buf.w; i++) {
                 float want = bf16 ? bf16_to_f32(bf16_from_f32(value_of(u, i))) : value_of(u, i);
-                float got = bf16 ? bf16_to_f32(((uint16_t *)F.u[u].w)[i]) : ((float *)F.u[u].w)[i];
+                float got = bf16 ? bf16_to_f32(((uint16_t *)F.u[u].buf.w)[i]) : ((float *)F.u[u].buf.w)[i];
                 bad += got != want;
             }
-            mpi_check(F.u[u].w != NULL || size[u] == 0, "unit %d: gathered without a buffer", u);
+            mpi_check(F.u[u].buf.w != NULL || size[u] == 0, "unit %d: gathered without a buffer", u);
             mpi_check(bad == 0, "%s rank %d of %d, %s: unit %d of %zu elements, %zu wrong after "
                       "the gather", g->name, g->rank, N, bf16 ? "bf16" : "fp32", u, size[u], bad);
         }
@@ -98,8 +98,8 @@ static void test_unit_step(DistGroup *g, int bf16) {
         mpi_check(held == want, "gathered units hold %zu B of MEM_COMM, want %zu", held, want);
         for (int u = 0; u < nu; u++) {
             fsdp_unit_step(&F, u);
-            mpi_check(F.u[u].state == FSDP_FREED && F.u[u].w == NULL, "unit %d: after the free "
-                      "state %d, buffer %p", u, (int)F.u[u].state, F.u[u].w);
+            mpi_check(F.u[u].state == FSDP_FREED && F.u[u].buf.w == NULL, "unit %d: after the free "
+                      "state %d, buffer %p", u, (int)F.u[u].state, F.u[u].buf.w);
         }
         mpi_check(mem_current(MEM_COMM) == comm0, "freed units still hold %zu B of MEM_COMM",
                   mem_current(MEM_COMM) - comm0);
@@ -145,7 +145,7 @@ static void test_rs_hook(DistGroup *g, int replicas) {
             float want = 0.5f + (float)(sum / N);
             bad += fabsf(gshard[z.p[u].local + i] - want) > 1e-6f;
         }
-        mpi_check(F.u[u].g == NULL, "unit %d's gradient buffer not freed after its reduce-scatter", u);
+        mpi_check(F.u[u].buf.g == NULL, "unit %d's gradient buffer not freed after its reduce-scatter", u);
     }
     mpi_check(bad == 0, "%s rank %d of %d (%s): %zu elements of my gradient pieces are not 0.5 "
               "+ the average over the ranks", g->name, g->rank, N,

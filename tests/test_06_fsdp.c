@@ -1,7 +1,7 @@
 // test_06_fsdp.c: chapter 06 (FSDP) against single-device training, its collectives and its
 // per-phase memory against formulas written here, its checkpoints across layouts (06 <-> 03),
-// the negative checks (each mechanism broken by a hidden --mutate must make a check fail), bad
-// input, and its exercises.
+// bad input, and its exercises. The mechanisms broken on purpose are mutants/06-*.patch, each
+// caught by the test that names it.
 //
 // The oracle is chapter 00's single-device run with the same flags. One rank with one
 // micro-batch is the same operations in the same order (unit buffers accumulate what the full
@@ -41,14 +41,12 @@
 typedef struct Mode {
     int reshard, prefetch, K, no_sync, G;  // G: --shard-group (0: all ranks)
     int bf16;
-    const char *mutate;                     // NULL: none
 } Mode;
 
 static void mode_flags(const Mode *m, char *buf, size_t len) {
     snprintf(buf, len, "%s --reshard-after-forward %d --prefetch %d --grad-accum %d%s "
-             "--shard-group %d%s%s%s", RUN, m->reshard, m->prefetch, m->K,
-             m->no_sync ? " --no-sync" : "", m->G, m->bf16 ? " --dtype bf16" : "",
-             m->mutate ? " --mutate " : "", m->mutate ? m->mutate : "");
+             "--shard-group %d%s", RUN, m->reshard, m->prefetch, m->K,
+             m->no_sync ? " --no-sync" : "", m->G, m->bf16 ? " --dtype bf16" : "");
 }
 
 static void run_oracle(const char *flags, RunResults *out) {
@@ -165,7 +163,7 @@ static int mode_holds(const RunResults *oracle, int np, const Mode *m) {
         return 0;
     }
     free(log);
-    const int exact = np == 1 && m->K == 1 && !m->mutate;
+    const int exact = np == 1 && m->K == 1;
     float lt = exact ? 0 : m->bf16 ? BF16_LOSS_RTOL : LOSS_RTOL;
     float pt = exact ? 0 : m->bf16 ? BF16_PARAM_ATOL : PARAM_ATOL;
     int ok = harness_results_match(what, &r, oracle, lt, pt);
@@ -199,65 +197,39 @@ static void modes_hold(int np, const Mode *modes, int n) {
 // every mode on 1, 2, 3, 4 ranks (8: one)
 
 Test(fsdp06, every_mode_on_1_rank_is_single_device_training, .timeout = 120) {
-    const Mode m[] = {{1, 1, 1, 0, 0, 0, NULL}, {0, 2, 1, 0, 0, 0, NULL}, {1, 1, 2, 1, 0, 0, NULL}};
+    const Mode m[] = {{1, 1, 1, 0, 0, 0}, {0, 2, 1, 0, 0, 0}, {1, 1, 2, 1, 0, 0}};
     modes_hold(1, m, 3);
 }
 
+// Mutant: mutants/06-no-regather.patch (a unit freed after forward, not gathered again: zeros)
+// Mutant: mutants/06-prefetch-wrong.patch (backward's queue in forward order: the order, the
+//   count of all-gathers and backward's gathered peak of the prefetch-0 mode catch it)
+// Mutant: mutants/06-last-micro-no-rs.patch (the last micro-batch's hooks do nothing, both
+//   accumulation modes)
 Test(fsdp06, every_mode_on_2_ranks_matches_and_meets_the_formulas, .timeout = 150) {
-    const Mode m[] = {{1, 0, 1, 0, 0, 0, NULL}, {1, 1, 2, 0, 0, 0, NULL}, {1, 1, 2, 1, 0, 0, NULL},
-                      {1, 1, 1, 0, 1, 0, NULL}, {1, 1, 1, 0, 0, 1, NULL}};
+    const Mode m[] = {{1, 0, 1, 0, 0, 0}, {1, 1, 2, 0, 0, 0}, {1, 1, 2, 1, 0, 0},
+                      {1, 1, 1, 0, 1, 0}, {1, 1, 1, 0, 0, 1}};
     modes_hold(2, m, 5);
 }
 
 // 3 ranks: uneven pieces (49,984 and 128 are not multiples of 3); --shard-group 1 is HSDP with
 // groups of one: no sharding, 3 replicas (DDP by reduce-scatters of one and all-reduces).
 Test(fsdp06, every_mode_on_3_ranks_uneven_pieces, .timeout = 150) {
-    const Mode m[] = {{1, 1, 1, 0, 0, 0, NULL}, {0, 0, 1, 0, 0, 0, NULL}, {1, 2, 2, 1, 0, 0, NULL},
-                      {1, 1, 1, 0, 1, 0, NULL}};
+    const Mode m[] = {{1, 1, 1, 0, 0, 0}, {0, 0, 1, 0, 0, 0}, {1, 2, 2, 1, 0, 0},
+                      {1, 1, 1, 0, 1, 0}};
     modes_hold(3, m, 4);
 }
 
+// Mutant: mutants/06-hsdp-no-allreduce.patch (the replicas' pieces never all-reduced)
 Test(fsdp06, every_mode_on_4_ranks_with_hsdp, .timeout = 150) {
-    const Mode m[] = {{1, 2, 1, 0, 0, 0, NULL}, {1, 1, 1, 0, 2, 0, NULL}, {0, 1, 2, 1, 2, 0, NULL},
-                      {0, 1, 2, 0, 0, 0, NULL}};
+    const Mode m[] = {{1, 2, 1, 0, 0, 0}, {1, 1, 1, 0, 2, 0}, {0, 1, 2, 1, 2, 0},
+                      {0, 1, 2, 0, 0, 0}};
     modes_hold(4, m, 4);
 }
 
 Test(fsdp06, hsdp_2_groups_of_4_on_8_ranks, .timeout = 150) {
-    const Mode m[] = {{1, 2, 1, 0, 4, 0, NULL}};
+    const Mode m[] = {{1, 2, 1, 0, 4, 0}};
     modes_hold(8, m, 1);
-}
-
-// ---------------------------------------------------------------------------------------------
-// negative checks: each mechanism broken on purpose makes the checks above fail
-
-static void broken(int np, Mode m, const char *mutate) {
-    RunResults o;
-    run_oracle(RUN, &o);
-    m.mutate = mutate;
-    cr_expect(!mode_holds(&o, np, &m), "--mutate %s -np %d: the checks still pass", mutate, np);
-    results_free(&o);
-}
-
-// The unit's storage released after forward but its state left GATHERED: backward is not
-// preceded by a re-gather and reads zeros (losses off by 1.6e-2).
-Test(fsdp06, a_unit_freed_before_its_backward_regather_fails, .timeout = 60) {
-    broken(2, (Mode){1, 1, 1, 0, 0, 0, NULL}, "no-regather");
-}
-// Backward's queue in forward order: block 0 prefetched during the head's backward, not block 1
-// (numerics survive: the order, the count of all-gathers and the backward's gathered peak
-// catch it; with prefetch 1 the order alone, seen failing too).
-Test(fsdp06, prefetch_of_the_wrong_unit_in_backward_fails, .timeout = 60) {
-    broken(2, (Mode){1, 0, 1, 0, 0, 0, NULL}, "prefetch-wrong");
-}
-// The last micro-batch's hooks do nothing: its gradients never reach the pieces (both modes).
-Test(fsdp06, the_last_micro_batch_not_reduce_scattered_fails, .timeout = 60) {
-    broken(2, (Mode){1, 1, 2, 0, 0, 0, NULL}, "last-micro-no-rs");
-    broken(2, (Mode){1, 1, 2, 1, 0, 0, NULL}, "last-micro-no-rs");
-}
-// HSDP without the all-reduce across the replicas: each group trains on its half of the batch.
-Test(fsdp06, hsdp_without_the_replicas_all_reduce_fails, .timeout = 60) {
-    broken(4, (Mode){1, 1, 1, 0, 2, 0, NULL}, "hsdp-no-allreduce");
 }
 
 // ---------------------------------------------------------------------------------------------

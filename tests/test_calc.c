@@ -806,3 +806,81 @@ Test(calc, uneven_zero_1_pieces_per_replica) {
                      k.dp.step_bytes, want);
     }
 }
+
+// ---- sharded data parallelism (calc_shard.c): 05's and 06's formula columns ----------------
+
+// The default model of 05 and 06 (V=256 T=64 L=4 C=128): 834,304 parameters in units embed
+// 40,960, four blocks of 198,272, head 256.
+static const GPT2Config SHARD_CFG = {.V = 256, .T = 64, .L = 4, .C = 128, .NH = 4};
+
+Test(calc_shard, gpt2_units_tile_the_parameter_count) {
+    const CalcModel m = calc_model_from_gpt2(&SHARD_CFG);
+    int64_t sz[8], sum = 0;
+    cr_assert_eq(calc_gpt2_units(&m, sz), 6);
+    const int64_t want[6] = {40960, 198272, 198272, 198272, 198272, 256};
+    for (int u = 0; u < 6; u++) {
+        cr_assert_eq(sz[u], want[u], "unit %d: %lld elements, want %lld", u, (long long)sz[u],
+                     (long long)want[u]);
+        sum += sz[u];
+    }
+    cr_assert_eq(sum, calc_param_count(&m), "the units are the whole flat buffer");
+    cr_assert_eq(sum, 834304);
+}
+
+// FSDP's by-unit shard on 3 ranks, by hand: 40,960 = 13,654 + 2 x 13,653; 198,272 = 2 x 66,091
+// + 66,090 (four times); 256 = 86 + 2 x 85. Rank 0 owns 13,654 + 4 x 66,091 + 86 = 278,104,
+// rank 1 278,102, rank 2 278,098: not the flat pieces of 05 (278,102, 278,101, 278,101), which
+// is why 06 needs its own.
+Test(calc_shard, fsdp_unit_shard_differs_from_the_flat_piece) {
+    const CalcModel m = calc_model_from_gpt2(&SHARD_CFG);
+    int64_t sz[8];
+    const int n = calc_gpt2_units(&m, sz);
+    cr_assert_eq(calc_unit_shard(sz, n, 3, 0), 278104);
+    cr_assert_eq(calc_unit_shard(sz, n, 3, 1), 278102);
+    cr_assert_eq(calc_unit_shard(sz, n, 3, 2), 278098);
+    cr_assert_eq(calc_piece(834304, 3, 0), 278102);
+    cr_assert_eq(calc_unit_shard(sz, n, 1, 0), 834304, "one part owns everything");
+}
+
+// The model states of each ZeRO stage with rank 0's flat piece on 3 ranks (s = 278,102):
+// fp32 4+4+8 bytes, bf16 2+2+12, sharding one more state per stage.
+Test(calc_shard, zero_stage_states_per_rank) {
+    const double n = 834304, s = 278102;
+    const double fp32[4][5] = {{4 * n, 4 * n, 0, 4 * n, 4 * n}, {4 * n, 4 * n, 0, 4 * s, 4 * s},
+                               {4 * n, 4 * s, 0, 4 * s, 4 * s}, {4 * s, 4 * s, 0, 4 * s, 4 * s}};
+    for (int z = 0; z < 4; z++) {
+        CalcBreakdown b = calc_shard_state(834304, 278102, z, CALC_FP32);
+        const double got[5] = {b.params, b.grads, b.master, b.m, b.v};
+        for (int c = 0; c < 5; c++)
+            cr_assert_eq(got[c], fp32[z][c], "ZeRO-%d state %d: %.0f, want %.0f", z, c, got[c],
+                         fp32[z][c]);
+        cr_assert_eq(b.total, got[0] + got[1] + got[2] + got[3] + got[4]);
+    }
+    CalcBreakdown b = calc_shard_state(834304, 278102, 2, CALC_BF16);
+    cr_assert(b.params == 2 * n && b.grads == 2 * s && b.master == 4 * s && b.m == 4 * s &&
+              b.v == 4 * s, "bf16 ZeRO-2: 2Ψ + (2 + 12)Ψ/N");
+}
+
+// 05's wire and ZeRO-2 gradient formulas (the figures its run on 3 ranks prints: 4.24 MiB on the
+// wire; grads + buckets 2.00 MiB with 16 KiB buckets, 2 in flight), and 06's counts (L = 4:
+// 11 all-gathers with reshard, 6 without; 6 reduce-scatters a syncing micro-batch).
+Test(calc_shard, zero_and_fsdp_traffic) {
+    cr_assert_eq(calc_zero_wire_bytes(834304, 1, 3, 4), 2.0 * 834304 * 2 / 3 * 4);
+    cr_assert_eq(calc_zero_wire_bytes(834304, 3, 4, 2), 3.0 * 834304 * 3 / 4 * 2);
+    cr_assert_eq(calc_zero_wire_bytes(834304, 0, 1, 4), 0, "one rank sends nothing");
+    const double g = calc_zero2_grad_bytes(834304, 278102, 4096, 2, 40960, 198272, 4);
+    cr_assert_eq(g, 4.0 * (278102 + 2 * 4096 + 40960 + 198272));
+    // fewer buckets than in flight: the whole gradient
+    cr_assert_eq(calc_zero2_grad_bytes(1000, 500, 4096, 2, 10, 20, 4), 4.0 * (500 + 1000 + 30));
+    cr_assert_eq(calc_fsdp_all_gathers(4, 1, 1), 11);
+    cr_assert_eq(calc_fsdp_all_gathers(4, 0, 2), 12);
+    cr_assert_eq(calc_fsdp_reduce_scatters(4, 2, 0), 12);
+    cr_assert_eq(calc_fsdp_reduce_scatters(4, 2, 1), 6);
+    double ag, rs;
+    calc_fsdp_wire_bytes(834304, 256, 2, 1, 1, 0, 4, &ag, &rs);
+    cr_assert_eq(ag, (2.0 * 834304 - 256) * 1 / 2 * 4);
+    cr_assert_eq(rs, 834304.0 * 1 / 2 * 4);
+    calc_fsdp_wire_bytes(834304, 256, 4, 2, 0, 1, 2, &ag, &rs);
+    cr_assert_eq(ag, 2 * 834304.0 * 3 / 4 * 2);
+    cr_assert_eq(rs, 834304.0 * 3 / 4 * 2);
+}
