@@ -21,6 +21,7 @@
 #include <unistd.h>
 
 #include "harness.h"
+#include "pipe_exec.h"
 #include "schedule.h"
 
 #define ORACLE "./00_memory_budget/run --train --quiet"
@@ -629,6 +630,43 @@ Test(pipe08, deadlock_and_bad_tables_are_found) {
     cr_assert_eq(sched_check(&s, err, sizeof err), -1);
     cr_assert(strstr(err, "twice"), "%s", err);
     sched_free(&s);
+}
+
+// A student's interleaved order that forgets to reverse the backwards' chunks (EXERCISE 08.2
+// without `c = v - 1 - c`), p 2, v 2, m 2: well formed, yet stage 0's B(0) of chunk 0 waits
+// for the gradient of chunk 0 on stage 1, whose B waits for chunk 1 on stage 0: a deadlock.
+// Seen: 09 under --quiet (which simulated the table only to print it) hung in that receive
+// until killed, where 08 refused it; the executor now refuses every table before it runs.
+static void unreversed_interleaved(Schedule *s) {
+    sched_interleaved(s, 2, 2, 2);
+    for (int r = 0; r < 2; r++)
+        for (int j = 0, k = 0; j < s->nops[r]; j++)
+            if (s->ops[r][j].kind == PIPE_B) s->ops[r][j].chunk = interleaved_chunk(k++, 2, 2, 1);
+}
+
+Test(pipe08, unreversed_interleaved_table_is_found_as_a_deadlock) {
+    Schedule s;
+    unreversed_interleaved(&s);
+    char err[512];
+    cr_assert_eq(sched_check(&s, err, sizeof err), 0, "%s", err);  // well formed, yet:
+    cr_assert_eq(sched_validate(&s, err, sizeof err), -1);
+    cr_assert(strstr(err, "deadlock: stage 0 waits at op 4, B(mb 0, chunk 0)") &&
+                  strstr(err, "valid: "), "%s", err);
+    sched_free(&s);
+    sched_interleaved(&s, 2, 2, 2);  // the right order passes
+    cr_assert_eq(sched_validate(&s, err, sizeof err), 0, "%s", err);
+    sched_free(&s);
+}
+
+// The same table given to the executor (what 08 and 09 do with theirs): the job ends with the
+// message before any op runs, instead of hanging. Seen to fail without the check in
+// pipe_exec_init: the init returns, the test exits 0.
+// Mutant: mutants/exec-skips-deadlock-check.patch
+Test(pipe08, executor_refuses_a_deadlocking_table_before_it_runs, .exit_code = 1) {
+    Schedule s;
+    unreversed_interleaved(&s);
+    PipeExec x;
+    pipe_exec_init(&x, &s, (PipeWork){0}, NULL, 0, 16, 0, NULL, DEV_CPU);
 }
 
 // ---- bad input ------------------------------------------------------------------------------
