@@ -52,45 +52,66 @@ float adamw_clip_scale(const AdamW *h, double global_norm_sq, int step) {
     return norm > (double)h->grad_clip ? (float)((double)h->grad_clip / norm) : 1.0f;
 }
 
-void adamw_step(const AdamW *h, const Kernels *k, int step, float *param, const float *grad,
-                float *m, float *v, size_t lo, size_t hi, const GPT2Param *params, int nparams,
-                float grad_scale) {
-    LAB_CHECK(lo <= hi, "adamw_step: empty range [%zu, %zu)", lo, hi);
+// fp32 AdamW on [lo, hi): a range may start or end inside a parameter, so each parameter's
+// overlap with it is one kernel call, with that parameter's weight decay.
+static void update_f32(const AdamW *h, const Kernels *k, int step, float *param, const float *grad,
+                       float *m, float *v, size_t lo, size_t hi, const GPT2Param *params,
+                       int nparams, float grad_scale) {
+    LAB_CHECK(lo <= hi, "adamw_update: empty range [%zu, %zu)", lo, hi);
     int t = step + 1;
     float lr = adamw_lr(h, step);
     float bc1 = (float)(1.0 - pow((double)h->beta1, (double)t));
     float bc2 = (float)(1.0 - pow((double)h->beta2, (double)t));
     size_t covered = 0;
-    // A shard [lo, hi) may start or end inside a parameter: update the overlap of each one.
     for (int i = 0; i < nparams; i++) {
         size_t a = params[i].offset, b = params[i].offset + params[i].size;
         if (a < lo) a = lo;
         if (b > hi) b = hi;
         if (a >= b) continue;
-        size_t off = a - lo;  // position in the shard-local buffers
+        size_t off = a - lo;  // position in the range-local buffers
         float decay = params[i].decay ? h->weight_decay : 0.0f;
         k->adamw_update(param + off, grad + off, m + off, v + off, b - a, lr, h->beta1, h->beta2,
                         h->eps, decay, bc1, bc2, grad_scale);
         covered += b - a;
     }
     LAB_CHECK(covered == hi - lo,
-              "adamw_step: the parameter list covers %zu of the %zu elements in [%zu, %zu)",
+              "adamw_update: the parameter list covers %zu of the %zu elements in [%zu, %zu)",
               covered, hi - lo, lo, hi);
+}
+
+void adamw_update(const AdamW *h, const Kernels *k, int step, const AdamWRange *r,
+                  const GPT2Param *params, int nparams, float grad_scale) {
+    if (!r->bf16) {
+        update_f32(h, k, step, r->master, r->grad, r->m, r->v, r->lo, r->hi, params, nparams,
+                   grad_scale);
+        return;
+    }
+    LAB_CHECK(r->chunk > 0, "adamw_update: bf16 with a scratch buffer of 0 floats");
+    const uint16_t *grad = r->grad;
+    for (size_t a = r->lo; a < r->hi; a += r->chunk) {
+        size_t b = r->hi - a < r->chunk ? r->hi : a + r->chunk;
+        size_t off = a - r->lo;  // position in the range-local buffers
+        k->bf16_to_f32(r->scratch, grad + off, b - a);
+        update_f32(h, k, step, r->master + off, r->scratch, r->m + off, r->v + off, a, b, params,
+                   nparams, grad_scale);
+        k->f32_to_bf16(r->bf16 + off, r->master + off, b - a);
+    }
+}
+
+void adamw_step(const AdamW *h, const Kernels *k, int step, float *param, const float *grad,
+                float *m, float *v, size_t lo, size_t hi, const GPT2Param *params, int nparams,
+                float grad_scale) {
+    AdamWRange r = {.lo = lo, .hi = hi, .master = param, .grad = grad, .m = m, .v = v};
+    adamw_update(h, k, step, &r, params, nparams, grad_scale);
 }
 
 void adamw_step_bf16(const AdamW *h, const Kernels *k, int step, float *master, uint16_t *param,
                      const uint16_t *grad, float *m, float *v, size_t lo, size_t hi,
                      const GPT2Param *params, int nparams, float grad_scale, float *scratch,
                      size_t chunk) {
-    LAB_CHECK(chunk > 0, "adamw_step_bf16: a scratch buffer of 0 floats");
-    for (size_t a = lo; a < hi; a += chunk) {
-        size_t b = hi - a < chunk ? hi : a + chunk;
-        size_t off = a - lo;  // position in the shard-local buffers
-        k->bf16_to_f32(scratch, grad + off, b - a);
-        adamw_step(h, k, step, master + off, scratch, m + off, v + off, a, b, params, nparams,
-                   grad_scale);
-        k->f32_to_bf16(param + off, master + off, b - a);
-    }
+    AdamWRange r = {.lo = lo, .hi = hi, .master = master, .grad = grad, .m = m, .v = v,
+                    .bf16 = param, .scratch = scratch, .chunk = chunk};
+    adamw_update(h, k, step, &r, params, nparams, grad_scale);
 }
 
 double bf16_sum_squares(const Kernels *k, const uint16_t *g, size_t n, float *scratch, size_t chunk) {

@@ -28,17 +28,33 @@ float adamw_lr(const AdamW *h, int step);
 // with "NaN/Inf gradient at step S" when the norm is not finite.
 float adamw_clip_scale(const AdamW *h, double global_norm_sq, int step);
 
-// One AdamW step (t = step + 1 for bias correction) on elements [lo, hi) of the flat buffers.
-// param, grad, m, v point at element lo (shard-local storage). grad_scale multiplies the
-// gradient first (clipping). params: the model's parameter list (gpt2_params), nparams long.
+// The one AdamW entry point: a step (t = step + 1 for bias correction) on elements [lo, hi)
+// of the flat numbering of `params` (the parameter list the weight decay is looked up in), any
+// range of any buffer, fp32 or bf16. Every pointer points at element lo of its buffer (whole
+// buffers pass lo = 0 offsets; a shard passes its shard-local storage).
+//   fp32: AdamW updates `master`, which IS the model's weights; grad is fp32.
+//   bf16 (bf16 != NULL): master is the fp32 master copy; grad is bf16, widened to fp32 a chunk
+//     at a time into scratch (chunk floats, on the same device as the buffers); after each
+//     chunk's update the bf16 weights become the master rounded to nearest even.
+// grad_scale multiplies the gradient first (clipping: adamw_clip_scale).
+typedef struct AdamWRange {
+    size_t lo, hi;          // the range, in the parameter list's numbering
+    float *master;          // the fp32 weights AdamW updates
+    const void *grad;       // fp32, or bf16 when bf16 is set
+    float *m, *v;           // Adam's moments (fp32)
+    uint16_t *bf16;         // mixed precision: the bf16 weights rounded from master; NULL: fp32
+    float *scratch;         // bf16: where the gradient is widened, chunk floats at a time
+    size_t chunk;
+} AdamWRange;
+
+void adamw_update(const AdamW *h, const Kernels *k, int step, const AdamWRange *r,
+                  const GPT2Param *params, int nparams, float grad_scale);
+
+// The two entry points adamw_update replaces, kept as one-line forms of it until chapter 08
+// and the TP model switch (their owners do); new code calls adamw_update.
 void adamw_step(const AdamW *h, const Kernels *k, int step, float *param, const float *grad,
                 float *m, float *v, size_t lo, size_t hi, const GPT2Param *params, int nparams,
                 float grad_scale);
-
-// Mixed precision: bf16 parameters and gradients, fp32 master weights and m, v (all shard-local
-// from element lo, like adamw_step). The bf16 gradients are widened to fp32 a chunk at a time
-// into `scratch` (chunk floats on the same device); per chunk AdamW updates the fp32 master,
-// then the bf16 parameters become the master rounded to nearest even.
 void adamw_step_bf16(const AdamW *h, const Kernels *k, int step, float *master, uint16_t *param,
                      const uint16_t *grad, float *m, float *v, size_t lo, size_t hi,
                      const GPT2Param *params, int nparams, float grad_scale, float *scratch,

@@ -31,19 +31,27 @@ void train_master_init(GPT2 *m, float *master, uint64_t seed) {
     train_master_to_model(m, master);
 }
 
+AdamWRange train_adamw_range(GPT2 *m, size_t lo, size_t hi, float *master, const void *grad,
+                             float *opt_m, float *opt_v, uint16_t *params_bf16) {
+    AdamWRange r = {.lo = lo, .hi = hi, .master = master, .grad = grad, .m = opt_m, .v = opt_v};
+    if (m->dtype == GPT2_BF16) {
+        r.bf16 = params_bf16;
+        r.scratch = m->work_grads;
+        r.chunk = m->work_size;
+    }
+    return r;
+}
+
 void train_adamw_step(const AdamW *h, GPT2 *m, int step, float *master, float *opt_m,
                       float *opt_v, const GPT2Param *plist, int nplist) {
     const Kernels *k = m->k;
     const size_t n = m->num_params;
-    if (m->dtype == GPT2_FP32) {
-        float scale = adamw_clip_scale(h, k->sum_squares(m->grads, n), step);
-        adamw_step(h, k, step, master, m->grads, opt_m, opt_v, 0, n, plist, nplist, scale);
-        return;
-    }
-    double norm_sq = bf16_sum_squares(k, m->grads_bf16, n, m->work_grads, m->work_size);
+    double norm_sq = m->dtype == GPT2_FP32
+                         ? k->sum_squares(m->grads, n)
+                         : bf16_sum_squares(k, m->grads_bf16, n, m->work_grads, m->work_size);
     float scale = adamw_clip_scale(h, norm_sq, step);
-    adamw_step_bf16(h, k, step, master, m->params_bf16, m->grads_bf16, opt_m, opt_v, 0, n, plist,
-                    nplist, scale, m->work_grads, m->work_size);
+    AdamWRange r = train_adamw_range(m, 0, n, master, train_grads(m), opt_m, opt_v, m->params_bf16);
+    adamw_update(h, k, step, &r, plist, nplist, scale);
 }
 
 // n values of the model's precision (fp32 or bf16 storage) -> fp32 on the host, in llm.c's

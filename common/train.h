@@ -32,6 +32,12 @@ void train_master_init(GPT2 *m, float *master, uint64_t seed);
 void train_adamw_step(const AdamW *h, GPT2 *m, int step, float *master, float *opt_m,
                       float *opt_v, const GPT2Param *plist, int nplist);
 
+// The AdamWRange (optim.h) of elements [lo, hi) of model m's numbering in its precision: the
+// pointers as given (each at element lo of its buffer); bf16 also rounds into params_bf16 and
+// widens the gradient into the model's scratch (work_grads), fp32 ignores params_bf16.
+AdamWRange train_adamw_range(GPT2 *m, size_t lo, size_t hi, float *master, const void *grad,
+                             float *opt_m, float *opt_v, uint16_t *params_bf16);
+
 // The model's weights as fp32 on the host (n floats): checkpoints and results. bf16: the
 // weights the forward pass reads, widened (the training state keeps the master instead).
 // The full model's come in llm.c's order (the order of weights files and --dump files, the

@@ -177,14 +177,10 @@ void zero_adamw_step(const ZeroLayout *z, const AdamW *h, GPT2 *m, int step, flo
         size_t lo = piece_global(p), hi = lo + p->count, loc = p->local;
         float *w = master + (master_full ? lo : loc);
         const void *gp = (const char *)grad + (grads_full ? lo : loc) * e;
-        if (m->dtype == GPT2_FP32) {
-            adamw_step(h, m->k, step, w, gp, opt_m + loc, opt_v + loc, lo, hi, plist, nplist,
-                       scale);
-        } else {
-            uint16_t *pb = (uint16_t *)param + (params_full ? lo : loc);
-            adamw_step_bf16(h, m->k, step, w, pb, gp, opt_m + loc, opt_v + loc, lo, hi, plist,
-                            nplist, scale, m->work_grads, m->work_size);
-        }
+        uint16_t *pb = NULL;
+        if (m->dtype == GPT2_BF16) pb = (uint16_t *)param + (params_full ? lo : loc);
+        AdamWRange r = train_adamw_range(m, lo, hi, w, gp, opt_m + loc, opt_v + loc, pb);
+        adamw_update(h, m->k, step, &r, plist, nplist, scale);
     }
 }
 

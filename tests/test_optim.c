@@ -46,6 +46,13 @@ static void ref_step(double *p, const double *g, double *m, double *v, int step,
     }
 }
 
+// fp32 AdamW through the one entry point: elements [lo, hi), every buffer at element lo.
+static void step32(const AdamW *h, const Kernels *k, int step, float *p, const float *g, float *m,
+                   float *v, size_t lo, size_t hi, const GPT2Param *pl, int np, float scale) {
+    AdamWRange r = {.lo = lo, .hi = hi, .master = p, .grad = g, .m = m, .v = v};
+    adamw_update(h, k, step, &r, pl, np, scale);
+}
+
 Test(optim, defaults) {
     AdamW h = adamw_defaults();
     cr_assert_float_eq(h.lr, 1e-3f, 1e-12);
@@ -69,7 +76,7 @@ Test(optim, step_matches_double_reference) {
     for (int step = 0; step < 6; step++) {
         for (int i = 0; i < N; i++) rg[i] = g[i] = val(i, 100 + step) * (step + 1);
         float scale = step == 2 ? 0.25f : 1.0f;  // one clipped step
-        adamw_step(&h, k, step, p, g, m, v, 0, N, PARAMS, NP, scale);
+        step32(&h, k, step, p, g, m, v, 0, N, PARAMS, NP, scale);
         ref_step(rp, rg, rm, rv, step, h.lr, h.beta1, h.beta2, h.eps, h.weight_decay, scale);
         for (int i = 0; i < N; i++) {
             // fp32 vs double over a few element-wise operations: a few ulps of |p| <= 1.
@@ -88,7 +95,7 @@ Test(optim, weight_decay_only_on_decay_params) {
     h.weight_decay = 0.5f;
     float p[N], g[N] = {0}, m[N] = {0}, v[N] = {0};
     for (int i = 0; i < N; i++) p[i] = 1.0f;
-    adamw_step(&h, k, 0, p, g, m, v, 0, N, PARAMS, NP, 1.0f);
+    step32(&h, k, 0, p, g, m, v, 0, N, PARAMS, NP, 1.0f);
     for (int i = 0; i < N; i++) {
         float want = (i < 10 || i >= 17) ? 0.95f : 1.0f;
         cr_assert_float_eq(p[i], want, 1e-6, "element %d: %.7f, want %.7f", i, p[i], want);
@@ -102,7 +109,7 @@ Test(optim, first_step_is_bias_corrected) {
     h.weight_decay = 0.0f;
     float p[N] = {0}, g[N], m[N] = {0}, v[N] = {0};
     for (int i = 0; i < N; i++) g[i] = val(i, 7) + (val(i, 7) >= 0 ? 0.01f : -0.01f);
-    adamw_step(&h, k, 0, p, g, m, v, 0, N, PARAMS, NP, 1.0f);
+    step32(&h, k, 0, p, g, m, v, 0, N, PARAMS, NP, 1.0f);
     for (int i = 0; i < N; i++)
         cr_assert_float_eq(p[i], g[i] > 0 ? -1e-3f : 1e-3f, 1e-8, "element %d moved by %g", i, p[i]);
 }
@@ -120,15 +127,15 @@ Test(optim, zero_style_split_is_bit_exact) {
         for (int i = 0; i < N; i++) sp[i] = p[i] = val(i, 3);
         for (int step = 0; step < 4; step++) {
             for (int i = 0; i < N; i++) g[i] = val(i, 50 + step);
-            adamw_step(&h, k, step, p, g, m, v, 0, N, PARAMS, NP, 0.7f);
+            step32(&h, k, step, p, g, m, v, 0, N, PARAMS, NP, 0.7f);
             float *a_p = malloc(sizeof(float) * (size_t)(split + 1)), *b_p = malloc(sizeof(float) * (size_t)(N - split + 1));
             float *a_m = malloc(sizeof(float) * (size_t)(split + 1)), *b_m = malloc(sizeof(float) * (size_t)(N - split + 1));
             float *a_v = malloc(sizeof(float) * (size_t)(split + 1)), *b_v = malloc(sizeof(float) * (size_t)(N - split + 1));
             memcpy(a_p, sp, sizeof(float) * (size_t)split); memcpy(b_p, sp + split, sizeof(float) * (size_t)(N - split));
             memcpy(a_m, sm, sizeof(float) * (size_t)split); memcpy(b_m, sm + split, sizeof(float) * (size_t)(N - split));
             memcpy(a_v, sv, sizeof(float) * (size_t)split); memcpy(b_v, sv + split, sizeof(float) * (size_t)(N - split));
-            adamw_step(&h, k, step, a_p, g, a_m, a_v, 0, (size_t)split, PARAMS, NP, 0.7f);
-            adamw_step(&h, k, step, b_p, g + split, b_m, b_v, (size_t)split, N, PARAMS, NP, 0.7f);
+            step32(&h, k, step, a_p, g, a_m, a_v, 0, (size_t)split, PARAMS, NP, 0.7f);
+            step32(&h, k, step, b_p, g + split, b_m, b_v, (size_t)split, N, PARAMS, NP, 0.7f);
             memcpy(sp, a_p, sizeof(float) * (size_t)split); memcpy(sp + split, b_p, sizeof(float) * (size_t)(N - split));
             memcpy(sm, a_m, sizeof(float) * (size_t)split); memcpy(sm + split, b_m, sizeof(float) * (size_t)(N - split));
             memcpy(sv, a_v, sizeof(float) * (size_t)split); memcpy(sv + split, b_v, sizeof(float) * (size_t)(N - split));
@@ -140,13 +147,53 @@ Test(optim, zero_style_split_is_bit_exact) {
     }
 }
 
+Test(optim, bf16_range_is_fp32_on_widened_grads_then_rounded) {
+    // bf16 through adamw_update: any range [lo, hi) (inside parameters too), any chunk of the
+    // scratch (across parameter boundaries too) must equal, bit for bit, the fp32 update of the
+    // master on the widened gradients followed by rounding the master to bf16.
+    const Kernels *k = kernels_get(DEV_CPU);
+    AdamW h = adamw_defaults();
+    h.warmup_steps = 1;
+    h.total_steps = 4;
+    const size_t ranges[][2] = {{0, N}, {3, 22}, {10, 17}, {29, 30}, {5, 5}};
+    const size_t chunks[] = {1, 4, 7, 64};
+    for (size_t ri = 0; ri < sizeof ranges / sizeof ranges[0]; ri++)
+        for (size_t ci = 0; ci < sizeof chunks / sizeof chunks[0]; ci++) {
+            const size_t lo = ranges[ri][0], hi = ranges[ri][1];
+            float w[N], m[N] = {0}, v[N] = {0}, rw[N], rm[N] = {0}, rv[N] = {0}, g32[N];
+            float scratch[64];
+            uint16_t wb[N] = {0}, g16[N];
+            for (int i = 0; i < N; i++) rw[i] = w[i] = val(i, 9);
+            for (int step = 0; step < 3; step++) {
+                for (int i = 0; i < N; i++) {
+                    g16[i] = bf16_from_f32(val(i, 60 + step));
+                    g32[i] = bf16_to_f32(g16[i]);
+                }
+                AdamWRange r = {.lo = lo, .hi = hi, .master = w + lo, .grad = g16 + lo,
+                                .m = m + lo, .v = v + lo, .bf16 = wb + lo, .scratch = scratch,
+                                .chunk = chunks[ci]};
+                adamw_update(&h, k, step, &r, PARAMS, NP, 0.6f);
+                step32(&h, k, step, rw + lo, g32 + lo, rm + lo, rv + lo, lo, hi, PARAMS, NP, 0.6f);
+            }
+            cr_assert(memcmp(w, rw, sizeof w) == 0, "[%zu, %zu) chunk %zu: master differs", lo,
+                      hi, chunks[ci]);
+            cr_assert(memcmp(m, rm, sizeof m) == 0 && memcmp(v, rv, sizeof v) == 0,
+                      "[%zu, %zu) chunk %zu: m or v differs", lo, hi, chunks[ci]);
+            for (size_t i = 0; i < N; i++) {
+                uint16_t want = i >= lo && i < hi ? bf16_from_f32(rw[i]) : 0;
+                cr_assert_eq(wb[i], want, "[%zu, %zu) chunk %zu: bf16 weight %zu is %#x, want "
+                             "%#x (the master rounded)", lo, hi, chunks[ci], i, wb[i], want);
+            }
+        }
+}
+
 static void step_with_hole(void *arg) {
     (void)arg;
     // A list that misses [10,17): the update of [0,30) must refuse, not skip the bias.
     GPT2Param two[2] = {PARAMS[0], PARAMS[2]};
     AdamW h = adamw_defaults();
     float p[N] = {0}, g[N] = {0}, m[N] = {0}, v[N] = {0};
-    adamw_step(&h, kernels_get(DEV_CPU), 0, p, g, m, v, 0, N, two, 2, 1.0f);
+    step32(&h, kernels_get(DEV_CPU), 0, p, g, m, v, 0, N, two, 2, 1.0f);
 }
 
 Test(optim, range_not_covered_by_params_is_an_error) {
