@@ -674,7 +674,7 @@ static const GPT2Config CALC_CFG = {.V = 256, .T = 16, .L = 4, .C = 32, .NH = 2}
 // One chunk holding every block and the head keeps, per micro-batch, what chapter 00's
 // calculator says the whole model allocates for activations and their gradients, fp32 and
 // bf16, to the byte (two accountings of one runtime). Seen to fail: the bf16 set without the
-// widened block input (BTC fp32): "bf16 B 6: set 1345152, chapter 00 1357440".
+// widened block input (BTC fp32): "bf16 B 1: set 224192, chapter 00 226240".
 Test(calc_pipe, whole_model_set_is_chapter_00s_activation_bytes) {
     for (int dt = 0; dt < 2; dt++)
         for (int B = 1; B <= 8; B++) {
