@@ -216,13 +216,86 @@ static void print_time_report(const Schedule *s, const double *all, const TimeRe
            s->split ? "ZB-H1's formula, tf = tb = tw" : "(p-1)/(v m + p-1)");
 }
 
+// The last step's measured timeline (tl_all: per stage, maxops starts then maxops ends).
+static void print_last_step(const Schedule *s, double *tl_all, int maxops, int cols) {
+    double *st[SCHED_MAX_STAGES], *en[SCHED_MAX_STAGES], fsum = 0;
+    int fn = 0;
+    for (int r = 0; r < s->p; r++) {
+        st[r] = tl_all + (size_t)r * 2 * maxops;
+        en[r] = st[r] + maxops;
+        for (int j = 0; j < s->nops[r]; j++)
+            if (s->ops[r][j].kind == PIPE_F) fsum += en[r][j] - st[r][j], fn++;
+    }
+    printf("\nthe last step as it ran (unit: half the mean forward, %.2f ms):\n",
+           1e3 * fsum / fn / 2);
+    sched_print(stdout, s, st, en, fsum / fn / 2, cols);
+}
+
+// Per stage: sets and W stores alive, measured / from the table; the activation bytes and the
+// bytes sent, measured and by the calculator's formulas.
+static void print_memory_report(const Schedule *s, const double *all) {
+    printf("\n  memory and messages:\n");
+    printf("  %-6s %-8s %11s %11s %12s %12s %12s %12s\n", "stage", "blocks",
+           "sets sched", "W st sched", "acts peak", "formula", "sent/step", "formula");
+    for (int r = 0; r < s->p; r++) {
+        const double *a = all + (size_t)r * F_NFIELDS;
+        char b1[32], b2[32], b3[32], b4[32], blk[16], wst[24] = "-";
+        snprintf(blk, sizeof blk, "[%d,%d)", (int)a[F_L0], (int)a[F_L1]);
+        if (s->split)
+            snprintf(wst, sizeof wst, "%d/%d", (int)a[F_PEAK_W], (int)a[F_PEAK_W_SCHED]);
+        printf("  %-6d %-8s %5d/%-5d %11s %12s %12s %12s %12s\n", r,
+               s->v > 1 ? "chunks" : blk, (int)a[F_PEAK_SETS], (int)a[F_PEAK_SETS_SCHED], wst,
+               mem_format(b1, sizeof b1, a[F_PEAK_BYTES]),
+               a[F_PEAK_BYTES_FORMULA] >= 0 ? mem_format(b2, sizeof b2, a[F_PEAK_BYTES_FORMULA]) : "-",
+               mem_format(b3, sizeof b3, a[F_SENT]), mem_format(b4, sizeof b4, a[F_SENT_FORMULA]));
+    }
+    printf("  sets: activation sets alive at once (F .. B), measured / from the table; W st: "
+           "ZB-H1's W stores (what W reads, B .. W);\n"
+           "  acts peak: MEM_ACTS above the step's start, at op boundaries\n");
+}
+
+// --dump: losses, final weights, and the figures (stages 0..3: results.c holds 64).
+static void write_dump(const PipeRun *run, int end, const double *all, const TimeReport *tr,
+                       double theory) {
+    const Schedule *s = run->s;
+    RunResults out;
+    results_init(&out, end, run->n);
+    memcpy(out.losses, run->losses, (size_t)end * sizeof(float));
+    memcpy(out.params, run->params, run->n * sizeof(float));
+    results_set(&out, "stages", s->p);
+    results_set(&out, "chunks", s->v);
+    results_set(&out, "micro_batches", s->m);
+    results_set(&out, "bubble_theory", theory);
+    results_set(&out, "bottleneck", tr->meas.bottleneck);
+    results_set(&out, "bubble_bottleneck", tr->meas.bubble);
+    results_set(&out, "imbalance", tr->meas.imbalance);
+    results_set(&out, "bubble_bottleneck_sim", tr->sim.bubble);
+    results_set(&out, "imbalance_sim", tr->sim.imbalance);
+    // (the op times per stage stay out: results.c holds 64 figures, 4 stages' worth)
+    static const char *keys[F_NFIELDS] = {"bubble", NULL, NULL, NULL, NULL,
+        "peak_sets", "peak_sets_sched", "peak_act_bytes", "peak_act_bytes_formula",
+        "sent_per_step", "sent_per_step_formula", "l0", "l1", "peak_wstores",
+        "peak_wstores_sched"};
+    for (int r = 0; r < s->p && r < 4; r++) {
+        char key[48];
+        for (int k = 0; k < F_NFIELDS; k++) {
+            if (!keys[k]) continue;
+            snprintf(key, sizeof key, "%s_r%d", keys[k], r);
+            results_set(&out, key, all[(size_t)r * F_NFIELDS + k]);
+        }
+        snprintf(key, sizeof key, "bubble_sim_r%d", r);
+        results_set(&out, key, tr->sim_bubble[r]);
+    }
+    results_write(run->dump, &out);
+    results_free(&out);
+}
+
 void pipe8_report(const PipeRun *run, const PipeClock *c) {
     const Schedule *s = run->s;
     const PipeExec *x = run->x;
     DistGroup *g = c->g;
     const int rank = c->rank, p = s->p, v = s->v, m = s->m, start = c->start, end = c->end;
     const int B = run->B, Bm = run->Bm, T = run->T;
-    const size_t n = run->n;
     // the figures of every rank, to rank 0
     double mine[F_NFIELDS] = {0};
     double *idle = lab_xcalloc((size_t)c->n + 1, sizeof(double));
@@ -268,69 +341,11 @@ void pipe8_report(const PipeRun *run, const PipeClock *c) {
             printf("%d steps after the first in %.3f s: %.0f tokens/s\n", end - start - 1,
                    c->t_steps, (double)B * T * (end - start - 1) / c->t_steps);
         if (!run->quiet && end > start) {
-            double *st[SCHED_MAX_STAGES], *en[SCHED_MAX_STAGES], fsum = 0;
-            int fn = 0;
-            for (int r = 0; r < p; r++) {
-                st[r] = tl_all + (size_t)r * 2 * maxops;
-                en[r] = st[r] + maxops;
-                for (int j = 0; j < s->nops[r]; j++)
-                    if (s->ops[r][j].kind == PIPE_F) fsum += en[r][j] - st[r][j], fn++;
-            }
-            printf("\nthe last step as it ran (unit: half the mean forward, %.2f ms):\n",
-                   1e3 * fsum / fn / 2);
-            sched_print(stdout, s, st, en, fsum / fn / 2, run->cols);
+            print_last_step(s, tl_all, maxops, run->cols);
             print_time_report(s, all, &tr, theory);
-            printf("\n  memory and messages:\n");
-            printf("  %-6s %-8s %11s %11s %12s %12s %12s %12s\n", "stage", "blocks",
-                   "sets sched", "W st sched", "acts peak", "formula", "sent/step", "formula");
-            for (int r = 0; r < p; r++) {
-                const double *a = all + (size_t)r * F_NFIELDS;
-                char b1[32], b2[32], b3[32], b4[32], blk[16], wst[24] = "-";
-                snprintf(blk, sizeof blk, "[%d,%d)", (int)a[F_L0], (int)a[F_L1]);
-                if (s->split)
-                    snprintf(wst, sizeof wst, "%d/%d", (int)a[F_PEAK_W], (int)a[F_PEAK_W_SCHED]);
-                printf("  %-6d %-8s %5d/%-5d %11s %12s %12s %12s %12s\n", r,
-                       v > 1 ? "chunks" : blk, (int)a[F_PEAK_SETS], (int)a[F_PEAK_SETS_SCHED], wst,
-                       mem_format(b1, sizeof b1, a[F_PEAK_BYTES]),
-                       a[F_PEAK_BYTES_FORMULA] >= 0 ? mem_format(b2, sizeof b2, a[F_PEAK_BYTES_FORMULA]) : "-",
-                       mem_format(b3, sizeof b3, a[F_SENT]), mem_format(b4, sizeof b4, a[F_SENT_FORMULA]));
-            }
-            printf("  sets: activation sets alive at once (F .. B), measured / from the table; W st: "
-                   "ZB-H1's W stores (what W reads, B .. W);\n"
-                   "  acts peak: MEM_ACTS above the step's start, at op boundaries\n");
+            print_memory_report(s, all);
         }
-        if (run->dump) {
-            RunResults out;
-            results_init(&out, end, n);
-            memcpy(out.losses, run->losses, (size_t)end * sizeof(float));
-            memcpy(out.params, run->params, n * sizeof(float));
-            results_set(&out, "stages", p);
-            results_set(&out, "chunks", v);
-            results_set(&out, "micro_batches", m);
-            results_set(&out, "bubble_theory", theory);
-            results_set(&out, "bottleneck", tr.meas.bottleneck);
-            results_set(&out, "bubble_bottleneck", tr.meas.bubble);
-            results_set(&out, "imbalance", tr.meas.imbalance);
-            results_set(&out, "bubble_bottleneck_sim", tr.sim.bubble);
-            results_set(&out, "imbalance_sim", tr.sim.imbalance);
-            // (the op times per stage stay out: results.c holds 64 figures, 4 stages' worth)
-            static const char *keys[F_NFIELDS] = {"bubble", NULL, NULL, NULL, NULL,
-                "peak_sets", "peak_sets_sched", "peak_act_bytes", "peak_act_bytes_formula",
-                "sent_per_step", "sent_per_step_formula", "l0", "l1", "peak_wstores",
-                "peak_wstores_sched"};
-            for (int r = 0; r < p && r < 4; r++) {
-                char key[48];
-                for (int k = 0; k < F_NFIELDS; k++) {
-                    if (!keys[k]) continue;
-                    snprintf(key, sizeof key, "%s_r%d", keys[k], r);
-                    results_set(&out, key, all[(size_t)r * F_NFIELDS + k]);
-                }
-                snprintf(key, sizeof key, "bubble_sim_r%d", r);
-                results_set(&out, key, tr.sim_bubble[r]);
-            }
-            results_write(run->dump, &out);
-            results_free(&out);
-        }
+        if (run->dump) write_dump(run, end, all, &tr, theory);
     }
     free(busy_all), free(all), free(tl), free(tl_all);
 }
