@@ -14,6 +14,7 @@
 // losses, 3e-5 absolute on weights. bf16 (against 00 in bf16): every rounding to bf16 can
 // land on the other side, see BF16_* below.
 #include <criterion/criterion.h>
+#include <criterion/redirect.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -660,7 +661,8 @@ Test(pipe08, unreversed_interleaved_table_is_found_as_a_deadlock) {
 // message before any op runs, instead of hanging. Seen to fail without the check in
 // pipe_exec_init: the init returns, the test exits 0.
 // Mutant: mutants/exec-skips-deadlock-check.patch
-Test(pipe08, executor_refuses_a_deadlocking_table_before_it_runs, .exit_code = 1) {
+Test(pipe08, executor_refuses_a_deadlocking_table_before_it_runs, .exit_code = 1,
+     .init = cr_redirect_stderr) {
     Schedule s;
     unreversed_interleaved(&s);
     PipeExec x;
