@@ -209,7 +209,15 @@ static void adamw_all(const AdamW *h, Chunk *ch, int v, int step, float scale) {
 }
 
 // ---------------------------------------------------------------------------------------------
-// the whole model in llm.c's order (the --dump weights, the checkpoints)
+// the chapter's state, as the loop sees it (SessionState): the whole model in llm.c's order
+// for the checkpoints and the final weights
+
+// This rank's v chunks, and the session (the world, the config, the flags).
+typedef struct Pipe {
+    Chunk *ch;
+    int v;
+    const Session *s;
+} Pipe;
 
 enum { WHOLE_PARAMS, WHOLE_MASTER, WHOLE_ADAM_M, WHOLE_ADAM_V };
 
@@ -219,7 +227,8 @@ static float *chunk_buffer(Chunk *k, int which) {
 
 // full (n floats, llm.c's order) on rank 0: each element from the one rank holding it. which:
 // the weights the forward reads (widened in bf16), or the fp32 master, Adam's m or v (each
-// chunk's own buffer, in its memory order: the plist maps it to the file's).
+// chunk's own buffer, in its memory order: the plist maps it to the file's). full: n floats on
+// every rank (the reduction's input), the result on rank 0.
 static void gather_whole(Chunk *ch, int v, int which, float *full, size_t n, DistGroup *g) {
     memset(full, 0, n * sizeof(float));
     for (int c = 0; c < v; c++) {
@@ -257,39 +266,58 @@ static void scatter_whole(Chunk *ch, int v, int which, const float *full) {
     }
 }
 
-// --save: the training state after `step` steps, the whole model gathered to rank 0, in the
-// lab's format (the file 00 writes: 00 resumes it, and 08 resumes 00's, on any p and v).
-static void save_whole(const LabArgs *args, const GPT2Config *cfg, Chunk *ch, int v, int step,
-                       DistGroup *g) {
-    const size_t n = gpt2_param_count(cfg);
-    TrainState st = {.cfg = *cfg, .step = step, .seed = (uint64_t)args->seed,
-                     .data_seed = (uint64_t)args->data_seed, .n = n};
-    st.params = lab_xmalloc(n * sizeof(float));
-    st.m = lab_xmalloc(n * sizeof(float));
-    st.v = lab_xmalloc(n * sizeof(float));
-    gather_whole(ch, v, WHOLE_MASTER, st.params, n, g);
-    gather_whole(ch, v, WHOLE_ADAM_M, st.m, n, g);
-    gather_whole(ch, v, WHOLE_ADAM_V, st.v, n, g);
-    if (g->rank == 0) ckpt_save_state(args->save, &st);
+// state.save: the training state after `step` steps, the whole model gathered to rank 0, in
+// the lab's format (the file 00 writes: 00 resumes it, and 08 resumes 00's, on any p and v).
+static void pipe_save(void *ctx, const char *path, int step) {
+    Pipe *pp = ctx;
+    const Session *s = pp->s;
+    TrainState st = {.cfg = s->cfg, .step = step, .seed = (uint64_t)s->args->seed,
+                     .data_seed = (uint64_t)s->args->data_seed, .n = s->n};
+    st.params = lab_xmalloc(s->n * sizeof(float));
+    st.m = lab_xmalloc(s->n * sizeof(float));
+    st.v = lab_xmalloc(s->n * sizeof(float));
+    gather_whole(pp->ch, pp->v, WHOLE_MASTER, st.params, s->n, s->world);
+    gather_whole(pp->ch, pp->v, WHOLE_ADAM_M, st.m, s->n, s->world);
+    gather_whole(pp->ch, pp->v, WHOLE_ADAM_V, st.v, s->n, s->world);
+    if (s->rank == 0) ckpt_save_state(path, &st);
     free(st.params), free(st.m), free(st.v);
 }
 
-// The starting weights: --resume (weights, Adam state, step: every rank reads the file),
-// --load-weights, or fresh from the seed (every stage its slice of the full model's init, the
-// copy of wte too). Returns the first step.
-static int load_or_init(const LabArgs *args, const GPT2Config *cfg, Chunk *ch, int v) {
-    const size_t n = gpt2_param_count(cfg);
+// state.weights_to_host: the weights the forward reads, whole, into full on rank 0 (NULL on
+// the other ranks, which still give their part).
+static void pipe_weights(void *ctx, float *full) {
+    Pipe *pp = ctx;
+    const size_t n = pp->s->n;
+    float *buf = full ? full : lab_xmalloc(n * sizeof(float));
+    gather_whole(pp->ch, pp->v, WHOLE_PARAMS, buf, n, pp->s->world);
+    if (!full) free(buf);
+}
+
+// The starting weights: --resume (weights, Adam state, step) or --load-weights, read by rank 0
+// alone (a bad file: one message) and broadcast; or fresh from the seed (every stage its slice
+// of the full model's init, the copy of wte too). Returns the first step.
+static int load_or_init(Pipe *pp) {
+    const Session *s = pp->s;
+    const LabArgs *args = s->args;
+    Chunk *ch = pp->ch;
+    const int v = pp->v;
+    const size_t n = s->n;
     int start = 0;
     if (args->resume || args->load_weights) {
         TrainState st = {.params = lab_xmalloc(n * sizeof(float)),
                          .m = lab_xmalloc(n * sizeof(float)), .v = lab_xmalloc(n * sizeof(float))};
+        if (s->rank == 0) {
+            if (args->resume) ckpt_load_state(args->resume, &s->cfg, &st);
+            else ckpt_load_weights(args->load_weights, &s->cfg, st.params);
+        }
+        dist_broadcast(st.params, n, DIST_F32, 0, s->world);
         if (args->resume) {
-            ckpt_load_state(args->resume, cfg, &st);
+            dist_broadcast(st.m, n, DIST_F32, 0, s->world);
+            dist_broadcast(st.v, n, DIST_F32, 0, s->world);
+            dist_broadcast(&st.step, 1, DIST_I32, 0, s->world);
             scatter_whole(ch, v, WHOLE_ADAM_M, st.m);
             scatter_whole(ch, v, WHOLE_ADAM_V, st.v);
             start = st.step;
-        } else {
-            ckpt_load_weights(args->load_weights, cfg, st.params);
         }
         scatter_whole(ch, v, WHOLE_MASTER, st.params);
         free(st.params), free(st.m), free(st.v);
@@ -353,44 +381,36 @@ static void chunks_free(Chunk *ch, int v) {
     free(ch);
 }
 
+// One step is the table run by the executor, then the tied wte, the global norm and every
+// chunk's AdamW; the loop around it (progress line, fault hooks, checkpoints, the final
+// weights) is the Session's (common/session.h).
 static void train(const LabArgs *args, const PipeFlags *f) {
-    DistGroup *g = dist_world();
-    const int rank = g->rank, p = g->size, v = f->v, m = f->m;
     const GPT2Config cfg = lab_args_config(args);
-    const int B = args->batch, T = cfg.T, Bm = B / m;
-    Schedule s;
-    make_schedule(&s, f, p, cfg.L, B);
-    trace_init(args->trace);
-    if (strcmp(args->backend, "nccl") == 0) dist_set_backend(DIST_BACKEND_NCCL);
-    const Device dev = lab_args_device(args);
-    const GPT2Dtype dtype = strcmp(args->dtype, "bf16") == 0 ? GPT2_BF16 : GPT2_FP32;
-    Chunk *ch = chunks_build(&cfg, rank, p, v, m, dev, dtype);
-    const AdamW opt = lab_args_adamw(args);
-    DataSource data;
-    lab_args_data(args, &data);
-    int *inputs = mem_alloc((size_t)Bm * T * sizeof(int), MEM_OTHER, DEV_CPU);
-    int *targets = mem_alloc((size_t)Bm * T * sizeof(int), MEM_OTHER, DEV_CPU);
-    Stage work = {.ch = ch, .data = &data, .B = B, .Bm = Bm, .T = T, .m = m,
-                  .inputs = inputs, .targets = targets,
-                  .dloss = 1.0f / ((float)Bm * (float)T * (float)m), .split = s.split};
+    const int p = dist_world()->size, v = f->v, m = f->m, B = args->batch, Bm = B / m, T = cfg.T;
+    Schedule sc;
+    make_schedule(&sc, f, p, cfg.L, B);  // refuses what cannot run, before anything is built
+    Session s;
+    session_open(&s, args, Bm);  // this rank's batch buffers: one micro-batch
+    const int rank = s.rank;
+    const GPT2Dtype dtype = s.bf16 ? GPT2_BF16 : GPT2_FP32;
+    Chunk *ch = chunks_build(&cfg, rank, p, v, m, s.dev, dtype);
+    Pipe pp = {.ch = ch, .v = v, .s = &s};
+    Stage work = {.ch = ch, .data = &s.data, .B = B, .Bm = Bm, .T = T, .m = m,
+                  .inputs = s.inputs, .targets = s.targets,
+                  .dloss = 1.0f / ((float)Bm * (float)T * (float)m), .split = sc.split};
     PipeExec x;  // (refuses a table that would not run)
-    pipe_exec_init(&x, &s,
+    pipe_exec_init(&x, &sc,
                    (PipeWork){&work, stage_f_begin, stage_forward, stage_b_begin, stage_backward,
                               stage_weights},
-                   g, rank, (size_t)Bm * T * cfg.C, dtype == GPT2_BF16, ch[0].model.k, dev);
+                   s.world, rank, (size_t)Bm * T * cfg.C, dtype == GPT2_BF16, ch[0].model.k, s.dev);
     if (!args->quiet && rank == 0)
-        pipe8_print_setup(&s, &cfg, B, Bm, args->dtype, ch[0].model.k->name, f->picture_cols);
-    const int start = load_or_init(args, &cfg, ch, v), end = lab_args_end_step(args);
-    if (!args->quiet && rank == 0 && args->resume)
-        printf("resumed from %s at step %d\n", args->resume, start);
-    float *losses = lab_xcalloc((size_t)args->steps, sizeof(float));
-    for (int i = 0; i < args->steps; i++) losses[i] = NAN;  // (the steps not run here)
-    // the fault hook (--kill-rank, --kill-step) is the Session's; it reads only these fields
-    Session hooks = {.args = args, .rank = rank, .start = start};
+        pipe8_print_setup(&sc, &cfg, B, Bm, args->dtype, ch[0].model.k->name, f->picture_cols);
+    s.state = (SessionState){&pp, pipe_save, pipe_weights};
+    session_start_at(&s, load_or_init(&pp));
     PipeClock clk;
-    pipe8_clock_init(&clk, &s, g, start, end);
-    for (int step = start; step < end; step++) {
-        session_step_begin(&hooks, step);
+    pipe8_clock_init(&clk, &sc, s.world, s.start, s.end);
+    for (int step = s.start; step < s.end; step++) {
+        session_step_begin(&s, step);
         for (int c = 0; c < v; c++) gpt2_zero_grad(&ch[c].model);
         pipe8_clock_begin(&clk);  // the stages start the step together
         work.step = step;
@@ -398,48 +418,38 @@ static void train(const LabArgs *args, const PipeFlags *f) {
         pipe8_clock_end(&clk, &x, step);       // this step's op times, its span, bytes sent
 
         // the tied wte, then the global norm (NaN check) and every stage's AdamW step
-        sync_tied_wte(ch, v, rank, p, g);
-        if (step == args->inject_nan_step && rank == p - 1) train_inject_nan(&ch[v - 1].model);
+        sync_tied_wte(ch, v, rank, p, s.world);
+        if (session_nan_due(&s, step, p - 1)) session_poison(train_grads(&ch[v - 1].model), s.bf16);
         double norm_sq = local_norm_sq(ch, v);
-        dist_all_reduce(&norm_sq, &norm_sq, 1, DIST_F64, DIST_SUM, g);
-        adamw_all(&opt, ch, v, step, adamw_clip_scale(&opt, norm_sq, step));
+        dist_all_reduce(&norm_sq, &norm_sq, 1, DIST_F64, DIST_SUM, s.world);
+        adamw_all(&s.opt, ch, v, step, adamw_clip_scale(&s.opt, norm_sq, step));
 
         float loss = (float)(loss_sum / m);
-        dist_broadcast(&loss, 1, DIST_F32, p - 1, g);
-        losses[step] = loss;
-        double dt = pipe8_clock_step_time(&clk, step);
-        if (!args->quiet && rank == 0 && args->log_every > 0 &&
-            (step % args->log_every == 0 || step == end - 1))
-            printf("step %5d/%d  loss %.4f  lr %.2e  %.1f ms\n", step + 1, args->steps, loss,
-                   adamw_lr(&opt, step), 1e3 * dt);
-        if (args->save && args->save_every > 0 && (step + 1) % args->save_every == 0 &&
-            step != end - 1)
-            save_whole(args, &cfg, ch, v, step + 1, g);
+        dist_broadcast(&loss, 1, DIST_F32, p - 1, s.world);  // the last stage computed it
+        pipe8_clock_step_time(&clk, step);
+        session_step_end(&s, step, loss);  // the progress line, the --save-every checkpoint
     }
-    if (args->save) {
-        save_whole(args, &cfg, ch, v, end, g);
-        if (!args->quiet && rank == 0) printf("saved training state (step %d) to %s\n", end, args->save);
-    }
+    session_finish(&s);  // the final checkpoint, the final weights on rank 0, --save-weights
 
-    // the final weights, in llm.c's order, on rank 0; then the report (every rank's figures)
-    const size_t n = gpt2_param_count(&cfg);
-    float *full = lab_xmalloc(n * sizeof(float));
-    gather_whole(ch, v, WHOLE_PARAMS, full, n, g);
-    if (rank == 0 && args->save_weights) ckpt_save_weights(args->save_weights, &cfg, full);
-    PipeRun run = {.s = &s, .x = &x, .cfg = &cfg, .dtype = dtype, .B = B, .Bm = Bm, .T = T,
-                   .l0 = ch[0].model.l0, .l1 = ch[v - 1].model.l1, .losses = losses,
-                   .params = full, .n = n, .quiet = args->quiet, .cols = f->picture_cols,
-                   .dump = args->dump};
+    // the report (every rank's figures), the --dump
+    PipeRun run = {.s = &sc, .x = &x, .ses = &s, .dtype = dtype, .B = B, .Bm = Bm, .T = T,
+                   .l0 = ch[0].model.l0, .l1 = ch[v - 1].model.l1, .cols = f->picture_cols};
     pipe8_report(&run, &clk);
-    trace_finish();
 
     pipe8_clock_free(&clk);
-    free(full), free(losses);
     pipe_exec_free(&x);
-    mem_free(inputs), mem_free(targets);
-    data_free(&data);
     chunks_free(ch, v);
-    sched_free(&s);
+    sched_free(&sc);
+    session_free(&s);
+}
+
+// Was the flag on the command line (--name or --name=value)? (A value never starts with "--".)
+static int flag_given(int argc, char **argv, const char *name) {
+    const size_t len = strlen(name);
+    for (int i = 1; i < argc; i++)
+        if (strncmp(argv[i], name, len) == 0 && (argv[i][len] == '\0' || argv[i][len] == '='))
+            return 1;
+    return 0;
 }
 
 int main(int argc, char **argv) {
@@ -471,6 +481,10 @@ int main(int argc, char **argv) {
                            LAB_FLAGS_RELIABILITY | LAB_FLAGS_KILL,
                        argc, argv, &args, extra, (int)(sizeof extra / sizeof extra[0]),
                        "08_pipeline/run", USAGE);
+    if (!f.compare && flag_given(argc, argv, "--stages"))
+        lab_fail_collective("--stages %d is p for --compare (the schedules simulated, no "
+                            "training); a training run has one stage per rank (mpirun -np p): "
+                            "add --compare, or leave --stages out", f.stages);
     if (f.compare) {
         if (dist_rank() == 0) pipe8_compare(f.stages, f.m, f.v, f.max_w, f.picture_cols);
     } else {

@@ -10,6 +10,7 @@
 #include "gpt2.h"
 #include "pipe_exec.h"
 #include "schedule.h"
+#include "session.h"
 
 // --compare: the four schedules simulated for p stages and m micro-batches (interleaved with
 // v chunks, at least 2; zb capped at max_w W stores when max_w > 0), each with its picture.
@@ -51,15 +52,11 @@ void pipe8_clock_free(PipeClock *c);
 typedef struct PipeRun {
     const Schedule *s;
     const PipeExec *x;
-    const GPT2Config *cfg;
+    const Session *ses;       // the loop: config, flags, world, losses, final weights (rank 0)
     GPT2Dtype dtype;
     int B, Bm, T;
     int l0, l1;               // this rank's blocks: its first chunk's l0, its last chunk's l1
-    const float *losses;      // [end]
-    const float *params;      // the final weights in llm.c's order (rank 0), n floats
-    size_t n;
-    int quiet, cols;
-    const char *dump;
+    int cols;                 // --picture-cols
 } PipeRun;
 
 // Collective over the pipeline group: every stage's figures gathered to rank 0, which prints

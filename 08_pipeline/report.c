@@ -254,14 +254,14 @@ static void print_memory_report(const Schedule *s, const double *all) {
            "  acts peak: MEM_ACTS above the step's start, at op boundaries\n");
 }
 
-// --dump: losses, final weights, and the figures (stages 0..3: results.c holds 64).
-static void write_dump(const PipeRun *run, int end, const double *all, const TimeReport *tr,
+// --dump: losses, final weights (session_dump_open), and the figures (stages 0..3: results.c
+// holds 64). Not session_dump_close: its 8 memory figures, rank 0's alone, would not fit with
+// 4 stages' figures.
+static void write_dump(const PipeRun *run, const double *all, const TimeReport *tr,
                        double theory) {
     const Schedule *s = run->s;
     RunResults out;
-    results_init(&out, end, run->n);
-    memcpy(out.losses, run->losses, (size_t)end * sizeof(float));
-    memcpy(out.params, run->params, run->n * sizeof(float));
+    session_dump_open(run->ses, &out);
     results_set(&out, "stages", s->p);
     results_set(&out, "chunks", s->v);
     results_set(&out, "micro_batches", s->m);
@@ -286,7 +286,7 @@ static void write_dump(const PipeRun *run, int end, const double *all, const Tim
         snprintf(key, sizeof key, "bubble_sim_r%d", r);
         results_set(&out, key, tr->sim_bubble[r]);
     }
-    results_write(run->dump, &out);
+    results_write(run->ses->args->dump, &out);
     results_free(&out);
 }
 
@@ -309,7 +309,7 @@ void pipe8_report(const PipeRun *run, const PipeClock *c) {
     mine[F_PEAK_SETS] = x->live_peak;
     mine[F_PEAK_SETS_SCHED] = sched_peak_inflight(s, rank);
     mine[F_PEAK_BYTES] = (double)x->acts_peak;
-    mine[F_PEAK_BYTES_FORMULA] = calc_pipe_peak_bytes(run->cfg, s, rank, Bm, T, run->dtype);
+    mine[F_PEAK_BYTES_FORMULA] = calc_pipe_peak_bytes(&run->ses->cfg, s, rank, Bm, T, run->dtype);
     mine[F_SENT] = end > start ? c->sent_sum / (end - start) : 0;
     mine[F_SENT_FORMULA] = calc_pipe_sent_bytes(p, v, m, rank, (double)x->msg,
                                                 run->dtype == GPT2_BF16 ? 2 : 4);
@@ -337,15 +337,17 @@ void pipe8_report(const PipeRun *run, const PipeClock *c) {
     if (rank == 0) {
         const double theory = sched_theory_bubble(s, &UNIT_TIMES);
         const TimeReport tr = time_report(s, all, busy_all, c->span, c->n);
-        if (!run->quiet && end - start > 1)
+        const int quiet = run->ses->args->quiet;
+        session_print_throughput(run->ses, 0);  // every chapter's line
+        if (!quiet && end - start > 1)  // (the first step warms caches and allocators)
             printf("%d steps after the first in %.3f s: %.0f tokens/s\n", end - start - 1,
                    c->t_steps, (double)B * T * (end - start - 1) / c->t_steps);
-        if (!run->quiet && end > start) {
+        if (!quiet && end > start) {
             print_last_step(s, tl_all, maxops, run->cols);
             print_time_report(s, all, &tr, theory);
             print_memory_report(s, all);
         }
-        if (run->dump) write_dump(run, end, all, &tr, theory);
+        if (run->ses->args->dump) write_dump(run, all, &tr, theory);
     }
     free(busy_all), free(all), free(tl), free(tl_all);
 }

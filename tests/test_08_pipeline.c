@@ -23,6 +23,7 @@
 
 #include "calc.h"
 #include "harness.h"
+#include "harness_progress.h"
 #include "pipe_exec.h"
 #include "schedule.h"
 
@@ -250,6 +251,42 @@ Test(pipe08, checkpoints_resume_exactly_and_across_chapters, .timeout = 180) {
     results_free(&whole);
     unlink(ck);
 #undef ZB
+}
+
+// Without --quiet (every other run here is --quiet): the progress line is the loop's
+// (common/session.c), printed once for the whole job by rank 0 although the loss is the last
+// stage's, every --log-every steps and at the last, with the run's own losses, then "N steps
+// in". Straight through on 2 ranks (ZB-H1, bf16), and resumed at step 3 (1F1B, fp32:
+// "resumed from" once, the lines from step 4 on).
+// Mutant: mutants/session-progress-every-rank.patch
+// Mutant: mutants/session-progress-cadence.patch
+Test(pipe08, printed_progress_says_the_run, .timeout = 180) {
+#define PRINT "--layers 4 --channels 32 --heads 2 --seq 16 --batch 24 --steps 7 --micro-batches 4"
+    char ck[128], cmd[1024], *out = NULL;
+    RunResults r;
+    int rc = harness_run_dump("./08_pipeline/run", 2, PRINT " --schedule zb --dtype bf16 "
+                              "--log-every 3", &r, &out, 120);
+    cr_assert_eq(rc, 0, "08 failed:\n%s", out);
+    cr_assert(harness_progress_matches(out, &r, 0, 7, 7, 3),
+              "zb bf16: the progress lines do not say the run (details above on stderr)");
+    results_free(&r);
+    free(out), out = NULL;
+
+    snprintf(ck, sizeof ck, "/tmp/lab_test_08_print_%d.ckpt", (int)getpid());
+    snprintf(cmd, sizeof cmd, PIPE " " PRINT " --stop-at 3 --save %s", ck);
+    cr_assert_eq(harness_mpirun(2, cmd, &out, 120), 0, "08 --save failed:\n%s", out);
+    free(out), out = NULL;
+    snprintf(cmd, sizeof cmd, PRINT " --log-every 2 --resume %s", ck);
+    rc = harness_run_dump("./08_pipeline/run", 2, cmd, &r, &out, 120);
+    cr_assert_eq(rc, 0, "08 --resume failed:\n%s", out);
+    const char *once = strstr(out, "resumed from");
+    cr_assert(once && !strstr(once + 1, "resumed from"), "\"resumed from\" not once:\n%s", out);
+    cr_assert(harness_progress_matches(out, &r, 3, 7, 7, 2),
+              "resumed: the progress lines do not say the run (details above on stderr)");
+    results_free(&r);
+    free(out);
+    unlink(ck);
+#undef PRINT
 }
 
 // bf16 runs send the boundary messages as bf16, half the bytes (checked in every bf16 case of
@@ -730,6 +767,29 @@ Test(pipe08, bad_input_is_refused_with_a_clear_message, .timeout = 120) {
     // (the cap builds its own table: --chunks must still be refused, not trained as v = 1)
     harness_assert_refused(2, "./08_pipeline/run --layers 4 --steps 1 --schedule zb --chunks 2 --max-w-stores 2",
                            "only --schedule interleaved");
+    // --stages is --compare's: a training run has one stage per rank
+    harness_assert_refused(2, "./08_pipeline/run --layers 4 --steps 1 --stages 2",
+                           "--stages 2 is p for --compare", "add --compare");
+}
+
+// A state or weights file that does not fit the model: rank 0 alone reads it, so the job is
+// refused with one message, not one per rank (issue 23). Seen to fail with every rank reading:
+// the message printed twice on 2 ranks.
+Test(pipe08, bad_resume_or_weights_file_is_refused_once, .timeout = 120) {
+    char ck[128], wt[128], cmd[512], *out = NULL;
+    snprintf(ck, sizeof ck, "/tmp/lab_test_08_bad_%d.ckpt", (int)getpid());
+    snprintf(wt, sizeof wt, "/tmp/lab_test_08_bad_%d.bin", (int)getpid());
+    snprintf(cmd, sizeof cmd, PIPE " " SMALL " --steps 1 --save %s --save-weights %s", ck, wt);
+    cr_assert_eq(harness_mpirun(1, cmd, &out, 60), 0, "08 --save failed:\n%s", out);
+    free(out);
+    // (the same layers, other channels: the header's config does not match)
+    snprintf(cmd, sizeof cmd, "./08_pipeline/run --layers 4 --channels 64 --heads 2 --seq 16 "
+             "--batch 24 --steps 2 --resume %s", ck);
+    harness_assert_refused(2, cmd, "config mismatch", "C (--channels)");
+    snprintf(cmd, sizeof cmd, "./08_pipeline/run --layers 4 --channels 64 --heads 2 --seq 16 "
+             "--batch 24 --steps 2 --load-weights %s", wt);
+    harness_assert_refused(2, cmd, "config mismatch", "C (--channels)");
+    unlink(ck), unlink(wt);
 }
 
 // ---- exercises --------------------------------------------------------------------------------
