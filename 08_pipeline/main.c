@@ -35,10 +35,8 @@
 #include "optim.h"
 #include "pipe_exec.h"
 #include "pipe_report.h"
-#include "results.h"
 #include "schedule.h"
 #include "session.h"
-#include "trace.h"
 #include "train.h"
 
 static const char *USAGE =
