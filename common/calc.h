@@ -427,3 +427,36 @@ int calc_fsdp_reduce_scatters(int L, int K, int no_sync);
 // e with reshard (K psi (G-1)/G e without), reduce-scatter (K or 1) psi (G-1)/G e.
 void calc_fsdp_wire_bytes(int64_t psi, int64_t head, int G, int K, int reshard, int no_sync,
                           double e, double *all_gather, double *reduce_scatter);
+
+// ---- pipeline (calc_pipe.c) ----
+// Chapter 08's formula columns, from gpt2.h's size formulas and the schedule table alone, to
+// the byte: the activations a pipeline chunk keeps per micro-batch (Bm sequences of T tokens),
+// the most it keeps at once when its table runs, and the bytes a stage sends per step. A chunk
+// is nb consecutive blocks of cfg; the last virtual stage also holds the head.
+struct Schedule;
+
+// One activation set of a chunk (F allocates it, B frees it). fp32: the activations and their
+// gradients (gpt2_act_sizes_range, gpt2_dact_sizes_range), plus W's saved gradients (10C per
+// block and position) when split. bf16: the blocks' per-layer activations (ln1 .. residual3)
+// in bf16, 2 bytes each; in fp32 one layer of them (the scratch a block computes in) with the
+// embedding's and the head's, block_in (a block's input widened, BTC), the gradients, and W's
+// saved gradients when split.
+double calc_pipe_set_bytes(const GPT2Config *cfg, int nb, int has_head, int Bm, int T,
+                           GPT2Dtype dtype, int split);
+// ZB-H1: what a deferred W keeps from B to W (gpt2_acts_keep_for_w): per block and position
+// the inputs of its matmuls and LayerNorms (ln1, atty, ln2: C each; fch_gelu: 4C; the block's
+// input, residual2: C each), the two LayerNorms' mean and rstd (4), the gradient of the
+// block's output (C) and wsave (10C): fp32 20C + 4 floats. bf16 (gpt2.c's keep_for_w_bf16):
+// the 8C + 4 of them stored per block stay bf16 (with each block's output, C, but the last's),
+// and in fp32 one layer of them (8C + 4), the set's input (C), block_in (C), the gradients of
+// the blocks' outputs (C per block) and wsave (10C per block).
+double calc_pipe_w_bytes(const GPT2Config *cfg, int nb, int Bm, int T, GPT2Dtype dtype);
+// The most activation bytes alive at once on pipeline rank `rank` when its row of table s
+// runs op after op: + a set at F, - a set at B (split: + a W store), - a W store at W; every
+// chunk holds cfg->L / (p v) blocks, the last virtual stage the head.
+double calc_pipe_peak_bytes(const GPT2Config *cfg, const struct Schedule *s, int rank, int Bm,
+                            int T, GPT2Dtype dtype);
+// Bytes rank `rank` of p sends per step: one message of msg_elems elements (Bm·T·C) of
+// elem_bytes (fp32 4, bf16 2) per micro-batch for every boundary one of its v chunks has with
+// a chunk on another rank (forward to the next virtual stage, backward to the previous).
+double calc_pipe_sent_bytes(int p, int v, int m, int rank, double msg_elems, int elem_bytes);

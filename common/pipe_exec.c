@@ -20,6 +20,9 @@ static size_t slot_of(const PipeExec *x, int dir, int chunk, int mb) {
 
 void pipe_exec_init(PipeExec *x, const Schedule *s, PipeWork w, DistGroup *g, int stage,
                     size_t msg, int bf16, const Kernels *k, Device dev) {
+    // a bad table would hang in a receive (under --quiet nothing else simulates it): refuse it
+    char err[512];
+    if (sched_validate(s, err, sizeof err) != 0) lab_fail_collective("schedule %s: %s", s->name, err);
     *x = (PipeExec){.s = s, .w = w, .g = g, .stage = stage, .msg = msg, .bf16 = bf16, .k = k};
     LAB_CHECK(tag_of(x, 1, s->p * s->v - 1, s->m - 1) < 30000,
               "too many micro-batches x stages for MPI tags");

@@ -58,8 +58,9 @@ typedef struct PipeExec {
     int wlive, wlive_peak;        // split: W stores alive (B .. W), and the most at once
 } PipeExec;
 
-// Allocates the message buffers on dev. Fails the job if the tags would not fit under 30000
-// (tag 30000 and above are left to the caller).
+// Refuses a table that is not well formed or would deadlock (sched_validate; every rank fails
+// with one message), then allocates the message buffers on dev. Fails the job if the tags
+// would not fit under 30000 (tag 30000 and above are left to the caller).
 void pipe_exec_init(PipeExec *x, const Schedule *s, PipeWork w, DistGroup *g, int stage,
                     size_t msg, int bf16, const Kernels *k, Device dev);
 // Runs this stage's ops for one step; returns the sum of the micro-batch losses (0 except on

@@ -324,6 +324,26 @@ static int simulate(const Schedule *s, const SchedTimes *ts, size_t stride, SimR
     return res->deadlock ? -1 : 0;
 }
 
+// The one check every table passes before it runs (pipe_exec_init calls it, so 08 and 09 get
+// it whether or not they print the table): well formed, and no deadlock under unit op times
+// (whether a receive ever gets its message does not depend on the times).
+int sched_validate(const Schedule *s, char *err, size_t errlen) {
+    static const SchedTimes unit = {1.0, 1.0, 1.0, 0.0, 0.0, 0.0};
+    char why[256];
+    int rc = sched_check(s, why, sizeof why);
+    if (rc == 0) {
+        SimResult r;
+        rc = sched_simulate(s, &unit, &r);
+        if (rc != 0) snprintf(why, sizeof why, "%s", r.err);
+        sim_free(&r);
+    }
+    if (rc != 0)
+        snprintf(err, errlen, "%s; valid: a table that runs F and B (and W, split) once per "
+                 "micro-batch and chunk, each B after its F, each receive after the op that "
+                 "sends its message: what sched_make builds (gpipe, 1f1b, interleaved, zb)", why);
+    return rc;
+}
+
 int sched_simulate(const Schedule *s, const SchedTimes *t, SimResult *r) {
     return simulate(s, t, 0, r);
 }

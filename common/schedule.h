@@ -15,9 +15,10 @@
 // Without a split backward (split == 0) B computes the input AND weight gradients; with it
 // (ZB-H1), B only the input gradient, and W, any later, the weight gradients of the blocks.
 //
-// One table feeds: the executor (main.c, over send/recv), the simulator (sched_simulate: a time
-// model, the deadlock check, the bubble and activations in flight), the ASCII printer and the
-// trace. Generators: GPipe, 1F1B, interleaved 1F1B, ZB-H1.
+// One table feeds: the executor (pipe_exec.h, over send/recv; sched_validate refuses a bad table
+// before it runs), the simulator (sched_simulate: a time model, the deadlock check, the bubble
+// and activations in flight), the ASCII printer and the trace. Generators: GPipe, 1F1B,
+// interleaved 1F1B, ZB-H1.
 #pragma once
 #include <stddef.h>
 #include <stdio.h>
@@ -64,6 +65,11 @@ int interleaved_warmup(int r, int p, int v, int m);
 // of every chunk it holds, every B after its F, every W after its B. 0 if fine; else -1 and a
 // message naming the first problem in err.
 int sched_check(const Schedule *s, char *err, size_t errlen);
+
+// The check a table passes before it runs (pipe_exec_init calls it): sched_check, then the
+// simulator finds no deadlock. 0 if fine; else -1 and one message in err naming the problem and
+// what a valid table is.
+int sched_validate(const Schedule *s, char *err, size_t errlen);
 
 // The time model: one whole stage (L/p blocks) takes tf to forward a micro-batch, tb for the
 // input gradient and tw for the weight gradient (a chunk: 1/v of each); a message costs

@@ -14,13 +14,17 @@
 // losses, 3e-5 absolute on weights. bf16 (against 00 in bf16): every rounding to bf16 can
 // land on the other side, see BF16_* below.
 #include <criterion/criterion.h>
+#include <criterion/redirect.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
 
+#include "calc.h"
 #include "harness.h"
+#include "harness_progress.h"
+#include "pipe_exec.h"
 #include "schedule.h"
 
 #define ORACLE "./00_memory_budget/run --train --quiet"
@@ -54,8 +58,8 @@ typedef struct Case {
 
 // Bytes sent per step == the formula on every stage; by hand, stage 0 (one chunk, p > 1) sends
 // m activations of (24/m) x 16 x 32 elements of `elem` bytes (both models have batch 24, T 16,
-// C 32). bf16 runs send bf16 messages: elem 2. Seen to fail with --mutate bf16-msgs-fp32 (fp32
-// messages in a bf16 run): "stage 0 sent 49152 B per step, formula 24576 B".
+// C 32). bf16 runs send bf16 messages: elem 2. Seen to fail with fp32 messages in a bf16 run
+// (mutants/bf16-msgs-fp32.patch): "stage 0 sent 49152 B per step, formula 24576 B".
 static void assert_sent_bytes(const char *what, const RunResults *r, const Case *c, int elem) {
     for (int k = 0; k < c->np && k < 4; k++) {
         char key[48], key2[48];
@@ -249,49 +253,82 @@ Test(pipe08, checkpoints_resume_exactly_and_across_chapters, .timeout = 180) {
 #undef ZB
 }
 
-// bf16 runs send the boundary messages as bf16, half the bytes (checked in every bf16 case of
-// bf16_matches_single_device_bf16 by assert_sent_bytes). The negative check: with --mutate
-// bf16-msgs-fp32 (fp32 messages in a bf16 run) the count is off the formula.
-Test(pipe08, bf16_fp32_messages_are_caught, .timeout = 60) {
+// Without --quiet (every other run here is --quiet): the progress line is the loop's
+// (common/session.c), printed once for the whole job by rank 0 although the loss is the last
+// stage's, every --log-every steps and at the last, with the run's own losses, then "N steps
+// in". Straight through on 2 ranks (ZB-H1, bf16), and resumed at step 3 (1F1B, fp32:
+// "resumed from" once, the lines from step 4 on).
+// Mutant: mutants/session-progress-every-rank.patch
+// Mutant: mutants/session-progress-cadence.patch
+Test(pipe08, printed_progress_says_the_run, .timeout = 180) {
+#define PRINT "--layers 4 --channels 32 --heads 2 --seq 16 --batch 24 --steps 7 --micro-batches 4"
+    char ck[128], cmd[1024], *out = NULL;
     RunResults r;
-    run_pipe(2, SMALL " --dtype bf16 --schedule 1f1b --micro-batches 4 --steps 2 --mutate "
-             "bf16-msgs-fp32", &r);
-    cr_assert_neq(results_get(&r, "sent_per_step_r0", -1),
-                  results_get(&r, "sent_per_step_formula_r0", -2),
-                  "fp32 messages in a bf16 run, yet the bytes matched the formula");
-    cr_assert_eq(results_get(&r, "sent_per_step_r0", -1), 4.0 * (24 / 4) * 16 * 32 * 4);
+    int rc = harness_run_dump("./08_pipeline/run", 2, PRINT " --schedule zb --dtype bf16 "
+                              "--log-every 3", &r, &out, 120);
+    cr_assert_eq(rc, 0, "08 failed:\n%s", out);
+    cr_assert(harness_progress_matches(out, &r, 0, 7, 7, 3),
+              "zb bf16: the progress lines do not say the run (details above on stderr)");
+    results_free(&r);
+    free(out), out = NULL;
+
+    snprintf(ck, sizeof ck, "/tmp/lab_test_08_print_%d.ckpt", (int)getpid());
+    snprintf(cmd, sizeof cmd, PIPE " " PRINT " --stop-at 3 --save %s", ck);
+    cr_assert_eq(harness_mpirun(2, cmd, &out, 120), 0, "08 --save failed:\n%s", out);
+    free(out), out = NULL;
+    snprintf(cmd, sizeof cmd, PRINT " --log-every 2 --resume %s", ck);
+    rc = harness_run_dump("./08_pipeline/run", 2, cmd, &r, &out, 120);
+    cr_assert_eq(rc, 0, "08 --resume failed:\n%s", out);
+    const char *once = strstr(out, "resumed from");
+    cr_assert(once && !strstr(once + 1, "resumed from"), "\"resumed from\" not once:\n%s", out);
+    cr_assert(harness_progress_matches(out, &r, 3, 7, 7, 2),
+              "resumed: the progress lines do not say the run (details above on stderr)");
+    results_free(&r);
+    free(out);
+    unlink(ck);
+#undef PRINT
+}
+
+// bf16 runs send the boundary messages as bf16, half the bytes (checked in every bf16 case of
+// bf16_matches_single_device_bf16 by assert_sent_bytes; here on its own, one short run): stage
+// 0 sends m activations of (24/m) x 16 x 32 bf16 values, the formula's count. Seen to fail with
+// fp32 messages in a bf16 run: "stage 0 sent 49152 B per step, formula 24576 B".
+// Mutant: mutants/bf16-msgs-fp32.patch
+Test(pipe08, bf16_messages_are_half_the_bytes, .timeout = 60) {
+    static const Case c = {2, "1f1b", 4, 1};
+    RunResults r;
+    run_pipe(2, SMALL " --dtype bf16 --schedule 1f1b --micro-batches 4 --steps 2", &r);
+    assert_sent_bytes("bf16 1f1b np 2 m 4", &r, &c, 2);
     results_free(&r);
 }
 
-// ZB-H1 keeps from B to W only what W reads, in fp32 and in bf16: with the whole set kept
-// instead (--mutate zb-keeps-set), the measured peak exceeds the formula on every stage. Seen:
-// "stage 0 peak 1687552 B, formula 1106944 B" (fp32; the formula: 4 bytes x blocks x Bm T x
-// (20C + 4) per W store), bf16: "stage 0 peak 4042752 B, formula 3022848 B" (bf16 kept whole
-// until W, before gpt2.c's keep_for_w_bf16: what every bf16 run did).
-Test(pipe08, zb_keeping_whole_sets_is_caught, .timeout = 60) {
+// ZB-H1 keeps from B to W only what W reads, in fp32 and in bf16: the measured peak of
+// activation bytes is the formula's walk of the table (sets and W stores) on every stage, and
+// what W reads is still all there: the training is 1F1B's bit for bit (the same F and B order,
+// W later; a wrong offset in the kept layout would hide in the tolerance against the oracle).
+// Seen to fail with the whole set kept until W: "fp32 stage 0: peak 3993600 B, formula
+// 2985984 B".
+// Mutant: mutants/zb-keeps-set.patch
+Test(pipe08, zb_keeps_only_what_w_reads, .timeout = 90) {
     const char *dtypes[2] = {"fp32", "bf16"};
     for (int dt = 0; dt < 2; dt++) {
         char f[512];
-        snprintf(f, sizeof f, SMALL " --dtype %s --schedule zb --micro-batches 4 --mutate "
-                 "zb-keeps-set", dtypes[dt]);
-        RunResults r, plain;
-        run_pipe(2, f, &r);
-        // keeping only what W reads must not change what W reads: bit for bit the same training
-        // as keeping the whole sets (a wrong offset in the kept layout would hide in the bf16
-        // tolerance against the oracle)
+        RunResults zb, f1b;
         snprintf(f, sizeof f, SMALL " --dtype %s --schedule zb --micro-batches 4", dtypes[dt]);
-        run_pipe(2, f, &plain);
-        harness_assert_results_match(dtypes[dt], &plain, &r, 0.0f, 0.0f);
-        results_free(&plain);
+        run_pipe(2, f, &zb);
+        snprintf(f, sizeof f, SMALL " --dtype %s --schedule 1f1b --micro-batches 4", dtypes[dt]);
+        run_pipe(2, f, &f1b);
         for (int k = 0; k < 2; k++) {
             char key[48], key2[48];
             snprintf(key, sizeof key, "peak_act_bytes_r%d", k);
             snprintf(key2, sizeof key2, "peak_act_bytes_formula_r%d", k);
-            cr_assert_gt(results_get(&r, key, -1), results_get(&r, key2, -2),
-                         "%s stage %d: peak %g B with whole sets kept, formula %g B", dtypes[dt],
-                         k, results_get(&r, key, -1), results_get(&r, key2, -2));
+            cr_assert_eq(results_get(&zb, key, -1), results_get(&zb, key2, -2),
+                         "%s stage %d: peak %.0f B, formula %.0f B", dtypes[dt], k,
+                         results_get(&zb, key, -1), results_get(&zb, key2, -2));
         }
-        results_free(&r);
+        harness_assert_results_match(dtypes[dt], &zb, &f1b, 0.0f, 0.0f);
+        results_free(&zb);
+        results_free(&f1b);
     }
 }
 
@@ -631,6 +668,92 @@ Test(pipe08, deadlock_and_bad_tables_are_found) {
     sched_free(&s);
 }
 
+// A student's interleaved order that forgets to reverse the backwards' chunks (EXERCISE 08.2
+// without `c = v - 1 - c`), p 2, v 2, m 2: well formed, yet stage 0's B(0) of chunk 0 waits
+// for the gradient of chunk 0 on stage 1, whose B waits for chunk 1 on stage 0: a deadlock.
+// Seen: 09 under --quiet (which simulated the table only to print it) hung in that receive
+// until killed, where 08 refused it; the executor now refuses every table before it runs.
+static void unreversed_interleaved(Schedule *s) {
+    sched_interleaved(s, 2, 2, 2);
+    for (int r = 0; r < 2; r++)
+        for (int j = 0, k = 0; j < s->nops[r]; j++)
+            if (s->ops[r][j].kind == PIPE_B) s->ops[r][j].chunk = interleaved_chunk(k++, 2, 2, 1);
+}
+
+Test(pipe08, unreversed_interleaved_table_is_found_as_a_deadlock) {
+    Schedule s;
+    unreversed_interleaved(&s);
+    char err[512];
+    cr_assert_eq(sched_check(&s, err, sizeof err), 0, "%s", err);  // well formed, yet:
+    cr_assert_eq(sched_validate(&s, err, sizeof err), -1);
+    cr_assert(strstr(err, "deadlock: stage 0 waits at op 4, B(mb 0, chunk 0)") &&
+                  strstr(err, "valid: "), "%s", err);
+    sched_free(&s);
+    sched_interleaved(&s, 2, 2, 2);  // the right order passes
+    cr_assert_eq(sched_validate(&s, err, sizeof err), 0, "%s", err);
+    sched_free(&s);
+}
+
+// The same table given to the executor (what 08 and 09 do with theirs): the job ends with the
+// message before any op runs, instead of hanging. Seen to fail without the check in
+// pipe_exec_init: the init returns, the test exits 0.
+// Mutant: mutants/exec-skips-deadlock-check.patch
+Test(pipe08, executor_refuses_a_deadlocking_table_before_it_runs, .exit_code = 1,
+     .init = cr_redirect_stderr) {
+    Schedule s;
+    unreversed_interleaved(&s);
+    PipeExec x;
+    pipe_exec_init(&x, &s, (PipeWork){0}, NULL, 0, 16, 0, NULL, DEV_CPU);
+}
+
+// ---- the calculator's pipeline formulas (common/calc_pipe.c) -----------------------------
+
+static const GPT2Config CALC_CFG = {.V = 256, .T = 16, .L = 4, .C = 32, .NH = 2};
+
+// One chunk holding every block and the head keeps, per micro-batch, what chapter 00's
+// calculator says the whole model allocates for activations and their gradients, fp32 and
+// bf16, to the byte (two accountings of one runtime). Seen to fail: the bf16 set without the
+// widened block input (BTC fp32): "bf16 B 1: set 224192, chapter 00 226240".
+Test(calc_pipe, whole_model_set_is_chapter_00s_activation_bytes) {
+    for (int dt = 0; dt < 2; dt++)
+        for (int B = 1; B <= 8; B++) {
+            GPT2Dtype d = dt ? GPT2_BF16 : GPT2_FP32;
+            double set = calc_pipe_set_bytes(&CALC_CFG, 4, 1, B, 16, d, 0);
+            double lab = calc_activation_bytes_lab(&CALC_CFG, B, 16, d);
+            cr_assert_eq(set, lab, "%s B %d: set %.0f, chapter 00 %.0f", dt ? "bf16" : "fp32",
+                         B, set, lab);
+        }
+}
+
+// By hand, Bm 6, T 16, C 32, 2 blocks per stage: a W store in fp32 is 4 nb Bm T (20C + 4)
+// = 494592 bytes; a split set adds W's saved gradients, 4 x 10C per block and position, to
+// the plain set. ZB-H1 on p 2, m 4: stage 0 (F0 F1 B0 F2 B1 F3 ...) peaks at F3 with 2 sets
+// and 2 W stores. Bytes sent (Bm T C = 3072 values of 4 bytes): stage 0 of p 2 sends its m
+// activations; with v 2 chunk 1 (virtual stage 2) also sends m gradients back and m
+// activations on: 3m messages; one rank sends nothing.
+Test(calc_pipe, w_store_peak_and_sent_by_hand) {
+    const double BT = 6.0 * 16, C = 32;
+    cr_assert_eq(calc_pipe_w_bytes(&CALC_CFG, 2, 6, 16, GPT2_FP32), 4 * 2 * BT * (20 * C + 4));
+    double set = calc_pipe_set_bytes(&CALC_CFG, 2, 0, 6, 16, GPT2_FP32, 0);
+    double split = calc_pipe_set_bytes(&CALC_CFG, 2, 0, 6, 16, GPT2_FP32, 1);
+    cr_assert_eq(split - set, 4 * 10 * 2 * BT * C, "split set %.0f, plain %.0f", split, set);
+    Schedule s;
+    sched_zb_h1(&s, 2, 4);
+    double w = calc_pipe_w_bytes(&CALC_CFG, 2, 6, 16, GPT2_FP32);
+    double peak = calc_pipe_peak_bytes(&CALC_CFG, &s, 0, 6, 16, GPT2_FP32);
+    cr_assert_eq(peak, 2 * split + 2 * w, "zb stage 0 peak %.0f, by hand %.0f", peak,
+                 2 * split + 2 * w);
+    sched_free(&s);
+    sched_gpipe(&s, 2, 4);  // GPipe: all m sets at the turn
+    peak = calc_pipe_peak_bytes(&CALC_CFG, &s, 0, 6, 16, GPT2_FP32);
+    cr_assert_eq(peak, 4 * set, "gpipe stage 0 peak %.0f, 4 sets %.0f", peak, 4 * set);
+    sched_free(&s);
+    cr_assert_eq(calc_pipe_sent_bytes(2, 1, 4, 0, 3072, 4), 4 * 3072 * 4);
+    cr_assert_eq(calc_pipe_sent_bytes(2, 2, 4, 0, 3072, 4), 3 * 4 * 3072 * 4);
+    cr_assert_eq(calc_pipe_sent_bytes(2, 2, 4, 1, 3072, 2), 3 * 4 * 3072 * 2);
+    cr_assert_eq(calc_pipe_sent_bytes(1, 2, 4, 0, 3072, 4), 0);
+}
+
 // ---- bad input ------------------------------------------------------------------------------
 
 Test(pipe08, bad_input_is_refused_with_a_clear_message, .timeout = 120) {
@@ -644,6 +767,29 @@ Test(pipe08, bad_input_is_refused_with_a_clear_message, .timeout = 120) {
     // (the cap builds its own table: --chunks must still be refused, not trained as v = 1)
     harness_assert_refused(2, "./08_pipeline/run --layers 4 --steps 1 --schedule zb --chunks 2 --max-w-stores 2",
                            "only --schedule interleaved");
+    // --stages is --compare's: a training run has one stage per rank
+    harness_assert_refused(2, "./08_pipeline/run --layers 4 --steps 1 --stages 2",
+                           "--stages 2 is p for --compare", "add --compare");
+}
+
+// A state or weights file that does not fit the model: rank 0 alone reads it, so the job is
+// refused with one message, not one per rank (issue 23). Seen to fail with every rank reading:
+// the message printed twice on 2 ranks.
+Test(pipe08, bad_resume_or_weights_file_is_refused_once, .timeout = 120) {
+    char ck[128], wt[128], cmd[512], *out = NULL;
+    snprintf(ck, sizeof ck, "/tmp/lab_test_08_bad_%d.ckpt", (int)getpid());
+    snprintf(wt, sizeof wt, "/tmp/lab_test_08_bad_%d.bin", (int)getpid());
+    snprintf(cmd, sizeof cmd, PIPE " " SMALL " --steps 1 --save %s --save-weights %s", ck, wt);
+    cr_assert_eq(harness_mpirun(1, cmd, &out, 60), 0, "08 --save failed:\n%s", out);
+    free(out);
+    // (the same layers, other channels: the header's config does not match)
+    snprintf(cmd, sizeof cmd, "./08_pipeline/run --layers 4 --channels 64 --heads 2 --seq 16 "
+             "--batch 24 --steps 2 --resume %s", ck);
+    harness_assert_refused(2, cmd, "config mismatch", "C (--channels)");
+    snprintf(cmd, sizeof cmd, "./08_pipeline/run --layers 4 --channels 64 --heads 2 --seq 16 "
+             "--batch 24 --steps 2 --load-weights %s", wt);
+    harness_assert_refused(2, cmd, "config mismatch", "C (--channels)");
+    unlink(ck), unlink(wt);
 }
 
 // ---- exercises --------------------------------------------------------------------------------
