@@ -254,7 +254,7 @@ Test(pipe08, checkpoints_resume_exactly_and_across_chapters, .timeout = 180) {
 // bf16-msgs-fp32 (fp32 messages in a bf16 run) the count is off the formula.
 Test(pipe08, bf16_fp32_messages_are_caught, .timeout = 60) {
     RunResults r;
-    run_pipe(2, SMALL " --dtype bf16 --schedule 1f1b --micro-batches 4 --steps 2 --mutate "
+    run_pipe(2, SMALL " --dtype bf16 --schedule 1f1b --micro-batches 4 --mutate "
              "bf16-msgs-fp32", &r);
     cr_assert_neq(results_get(&r, "sent_per_step_r0", -1),
                   results_get(&r, "sent_per_step_formula_r0", -2),

@@ -274,7 +274,8 @@ Test(threed09, tied_embedding_copies_left_unsynced_are_caught, .timeout = 120) {
 // world rank 1 at (t,d,p) = (0,0,1) instead of (1,0,0).
 Test(threed09, groups_built_with_tp_slowest_are_caught, .timeout = 120) {
     char flags[256];
-    snprintf(flags, sizeof flags, "%s --tp 2 --pp 2 --mutate groups-tp-slowest --steps 1", SMALL);
+    snprintf(flags, sizeof flags, "--layers 4 --channels 32 --heads 4 --seq 16 --batch 8 --steps 1 "
+             "--tp 2 --pp 2 --mutate groups-tp-slowest");
     RunResults r;
     run(RUN3D, 8, flags, &r);
     int wrong = 0;
