@@ -174,6 +174,15 @@ static void check_config(const char *path, const GPT2Config *have, const GPT2Con
 #define WEIGHTS_BF16 5
 #define WEIGHTS_HEADER_INTS 256
 #define CRC_MARKER 0x4C414221  // "LAB!": header[10] holds a CRC32 of the tensor bytes
+#define HDR_CRC_MARKER 0x4C414248  // "LABH": header[11] holds a CRC32 of the header (with [11] = 0)
+
+// CRC32 of a weights header, its own CRC field taken as 0.
+static uint32_t header_crc(const int32_t *header) {
+    int32_t h[WEIGHTS_HEADER_INTS];
+    memcpy(h, header, sizeof(h));
+    h[11] = 0;
+    return crc32_of(h, sizeof(h));
+}
 
 void ckpt_save_weights(const char *path, const GPT2Config *cfg, const float *params) {
     size_t n = gpt2_param_count(cfg);
@@ -189,6 +198,9 @@ void ckpt_save_weights(const char *path, const GPT2Config *cfg, const float *par
     header[9] = CRC_MARKER;
     uint32_t crc = crc32_of(params, n * sizeof(float));
     memcpy(&header[10], &crc, sizeof(crc));
+    header[12] = HDR_CRC_MARKER;  // the tensor CRC does not cover the config: this one does
+    uint32_t hcrc = header_crc(header);
+    memcpy(&header[11], &hcrc, sizeof(hcrc));
     AtomicFile af;
     atomic_open(&af, path);
     atomic_write(&af, header, sizeof(header));
@@ -222,6 +234,13 @@ static FILE *weights_verify(const char *path, GPT2Config *cfg, int *version, int
     if (header[0] != WEIGHTS_MAGIC)
         WFAIL("wrong magic number %d (expected %d): not a GPT-2 weights file in llm.c's format",
               header[0], WEIGHTS_MAGIC);
+    if (header[12] == HDR_CRC_MARKER) {  // files the lab wrote: the header is checked first
+        uint32_t stored, crc = header_crc(header);
+        memcpy(&stored, &header[11], sizeof(stored));
+        if (crc != stored)
+            WFAIL("corrupted: CRC32 mismatch in the header (stored %08x, computed %08x); the "
+                  "file was damaged after it was written", stored, crc);
+    }
     if (header[1] != WEIGHTS_FP32 && header[1] != WEIGHTS_BF16)
         WFAIL("unsupported version %d (this lab reads 3 = fp32 and 5 = bf16)", header[1]);
     cfg->T = header[2];

@@ -2,8 +2,9 @@
 //
 // Weights: header of 256 int32 (magic 20240326, version 3 = fp32 / 5 = bf16, maxT, V, L, NH,
 // C, padded V), then the 16 tensors in llm.c's order. We also store a CRC32 of the tensor bytes
-// in header[10] (with header[9] = 0x4C414221 "LAB!" to say it is there); llm.c ignores both, and
-// files written by llm.c (no marker) load without the check.
+// in header[10] (with header[9] = 0x4C414221 "LAB!" to say it is there), and a CRC32 of the
+// header itself in header[11] (header[12] = 0x4C414248 "LABH"); llm.c ignores them, and files
+// written by llm.c (no markers) load without the checks.
 //
 // Training state (our format, little-endian): magic "LABSTATE", version, the config, step,
 // seeds, AdamW hyperparameters, params, Adam m, v, and a CRC32 of everything before it.

@@ -232,12 +232,17 @@ Test(ckpt, damaged_weights_are_refused) {
     magic = 20240326;
     memcpy(raw, &magic, 4);
 
-    int32_t version = 4;
+    int32_t version = 4, hdr_marker = 0;
     memcpy(raw + 4, &version, 4);
+    write_all(bad, raw, size);
+    expect_weights_refused(bad, "CRC32 mismatch in the header");  // the lab's: its header CRC
+    memcpy(raw + 48, &hdr_marker, 4);  // header[12] = 0: no header CRC, as llm.c writes them
     write_all(bad, raw, size);
     expect_weights_refused(bad, "unsupported version 4");
     version = 3;
+    hdr_marker = 0x4C414248;
     memcpy(raw + 4, &version, 4);
+    memcpy(raw + 48, &hdr_marker, 4);
 
     write_all(bad, raw, size);  // restored: loads again
     ckpt_load_weights(bad, &CFG, g_buf);
@@ -533,8 +538,9 @@ Test(ckpt, impossible_step_is_refused) {
 }
 
 // Issue 23, item 4: the exact size and the CRC come before any header field is used or said.
-// Seen failing before: the appended byte loaded (state and weights), and the peek of a state
-// whose step byte was flipped said step 145 (the CRC was only checked at the load).
+// Seen failing before: the appended byte loaded (state and weights), the peek of a state whose
+// step byte was flipped said step 145 (the CRC was only checked at the load), and a flipped NH
+// in a weights header (no CRC covered it) was reported as the file's NH.
 Test(ckpt, size_and_crc_come_before_the_header) {
     size_t n = gpt2_param_count(&CFG);
     TrainState s = make_state(n);
@@ -572,6 +578,10 @@ Test(ckpt, size_and_crc_come_before_the_header) {
     more[size] = 7;
     write_all(bad, more, size + 1);
     expect_weights_refused(bad, "appended");
+    raw[5 * 4] ^= 0x04;  // NH 2 -> 6: the size is the same, the header CRC is not
+    write_all(bad, raw, size);
+    expect_weights_refused(bad, "CRC32 mismatch in the header");
+    raw[5 * 4] ^= 0x04;
     GPT2Config got;
     cr_assert_neq(ckpt_weights_peek(bad, &got, why, sizeof why), 0, "the weights peek took it");
     cr_assert(strstr(why, "1 more than"), "%s", why);
