@@ -4,8 +4,9 @@
 // <path>. rename() is atomic on POSIX file systems, so <path> is always either the complete
 // old file or the complete new one, even if the job dies in the middle of a write.
 //
-// Reading: a file is checked before anything in it is trusted: magic, version, size, CRC32,
-// then the config against the run's.
+// Reading: a file is checked before anything in it is trusted: magic, an exact size, CRC32,
+// version, then the config against the run's. A refused load is said once for the job
+// (lab_fail_collective): chapters that load on every rank meet the same error on every rank.
 #include "ckpt.h"
 
 #include <errno.h>
@@ -134,7 +135,7 @@ void file_write_atomic(const char *path, const void *buf, size_t n) {
 
 static void read_exact(FILE *f, void *buf, size_t n, const char *path) {
     if (n && fread(buf, 1, n, f) != n)
-        lab_fail("cannot read %s: %s", path, ferror(f) ? strerror(errno) : "unexpected end of file");
+        lab_fail_collective("cannot read %s: %s", path, ferror(f) ? strerror(errno) : "unexpected end of file");
 }
 
 // CRC32 of n bytes from the current position (the position moves past them) into *crc; -1 on
@@ -163,7 +164,7 @@ static void check_config(const char *path, const GPT2Config *have, const GPT2Con
     int w[5] = {want->V, want->T, want->L, want->NH, want->C};
     for (int i = 0; i < 5; i++)
         if (h[i] != w[i])
-            lab_fail("config mismatch in %s: the file has %s = %d, this run has %d; run with the "
+            lab_fail_collective("config mismatch in %s: the file has %s = %d, this run has %d; run with the "
                      "file's config or use another file", path, names[i], h[i], w[i]);
 }
 
@@ -284,7 +285,7 @@ static FILE *weights_verify(const char *path, GPT2Config *cfg, int *version, int
 static FILE *weights_open(const char *path, GPT2Config *cfg, int *version, int *Vp) {
     char why[512];
     FILE *f = weights_verify(path, cfg, version, Vp, why, sizeof why);
-    if (!f) lab_fail("cannot load the weights file %s: %s", path, why);
+    if (!f) lab_fail_collective("cannot load the weights file %s: %s", path, why);
     return f;
 }
 
@@ -331,7 +332,7 @@ void ckpt_load_weights(const char *path, const GPT2Config *expect, float *params
     size_t C = (size_t)cfg.C;
     read_tensor(f, version, params, sizes[0], path);
     size_t skip = (size_t)(Vp - cfg.V) * C * (version == WEIGHTS_FP32 ? 4 : 2);
-    if (skip && fseek(f, (long)skip, SEEK_CUR) != 0) lab_fail("cannot read %s: %s", path, strerror(errno));
+    if (skip && fseek(f, (long)skip, SEEK_CUR) != 0) lab_fail_collective("cannot read %s: %s", path, strerror(errno));
     size_t rest = gpt2_param_count(&cfg) - sizes[0];
     read_tensor(f, version, params + sizes[0], rest, path);
     fclose(f);
@@ -465,7 +466,7 @@ int ckpt_state_peek(const char *path, int *step, int *total_steps, char *err, si
 void ckpt_load_state(const char *path, const GPT2Config *expect, TrainState *s) {
     uint8_t hdr[STATE_HEADER_BYTES];
     char why[512];
-    if (state_verify(path, hdr, why, sizeof why) != 0) lab_fail("cannot load %s: %s", path, why);
+    if (state_verify(path, hdr, why, sizeof why) != 0) lab_fail_collective("cannot load %s: %s", path, why);
     Packer k = {hdr, 8};
     int32_t version, cfg[5], step, sched[2];
     float hyper[6];
@@ -481,10 +482,10 @@ void ckpt_load_state(const char *path, const GPT2Config *expect, TrainState *s) 
     GPT2Config have = {.V = cfg[0], .T = cfg[1], .L = cfg[2], .NH = cfg[3], .C = cfg[4]};
     check_config(path, &have, expect);
     if (state_steps_why(step, sched[1], why, sizeof why) != 0)
-        lab_fail("cannot load %s: %s", path, why);
+        lab_fail_collective("cannot load %s: %s", path, why);
     size_t expect_n = gpt2_param_count(expect);
     if ((size_t)n != expect_n)
-        lab_fail("cannot load %s: it holds %llu parameters, this run expects %zu", path,
+        lab_fail_collective("cannot load %s: it holds %llu parameters, this run expects %zu", path,
                  (unsigned long long)n, expect_n);
     s->cfg = have;
     s->step = step;
@@ -495,7 +496,7 @@ void ckpt_load_state(const char *path, const GPT2Config *expect, TrainState *s) 
     s->n = (size_t)n;
     FILE *f = fopen(path, "rb");
     if (!f || fseek(f, (long)sizeof(hdr), SEEK_SET) != 0)
-        lab_fail("cannot read %s: %s", path, strerror(errno));
+        lab_fail_collective("cannot read %s: %s", path, strerror(errno));
     read_exact(f, s->params, s->n * sizeof(float), path);
     read_exact(f, s->m, s->n * sizeof(float), path);
     read_exact(f, s->v, s->n * sizeof(float), path);

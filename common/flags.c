@@ -322,6 +322,14 @@ static void check_input_file(const char *name, const char *path) {
     fclose(fp);
 }
 
+// The directory a path is in: "." for a bare name, "/" for "/name".
+static void dir_of(const char *path, char *dir, size_t n) {
+    const char *slash = strrchr(path, '/');
+    if (!slash) snprintf(dir, n, ".");
+    else if (slash == path) snprintf(dir, n, "/");
+    else snprintf(dir, n, "%.*s", (int)(slash - path), path);
+}
+
 // A file to write at the end of the run (or every --save-every steps): its directory must exist
 // and be writable now, so that a typo is found before the training, not after it, and the path
 // must be a regular file or nothing yet (the writer renames "<path>.tmp" over it: a FIFO or a
@@ -335,10 +343,7 @@ static void check_output_path(const char *name, const char *path) {
                   "that does not exist yet", name, path, S_ISFIFO(st.st_mode) ? "a FIFO"
                   : S_ISSOCK(st.st_mode) ? "a socket" : "a device");
     char dir[4096];
-    const char *slash = strrchr(path, '/');
-    if (!slash) snprintf(dir, sizeof dir, ".");
-    else if (slash == path) snprintf(dir, sizeof dir, "/");
-    else snprintf(dir, sizeof dir, "%.*s", (int)(slash - path), path);
+    dir_of(path, dir, sizeof dir);
     if (stat(dir, &st) != 0)
         flag_fail("%s %s: the directory %s does not exist (%s); create it or pick another path",
                   name, path, dir, strerror(errno));
@@ -361,11 +366,9 @@ static void file_key(const char *path, char *key, size_t n) {
                  (unsigned long long)st.st_ino);
         return;
     }
-    char dir[4096], real[4096];
+    char dir[4096], real[PATH_MAX];
     const char *slash = strrchr(path, '/'), *base = slash ? slash + 1 : path;
-    if (!slash) snprintf(dir, sizeof dir, ".");
-    else if (slash == path) snprintf(dir, sizeof dir, "/");
-    else snprintf(dir, sizeof dir, "%.*s", (int)(slash - path), path);
+    dir_of(path, dir, sizeof dir);
     if (!realpath(dir, real)) snprintf(real, sizeof real, "%s", dir);
     snprintf(key, n, "path %s/%s", real, base);
 }
@@ -396,10 +399,7 @@ static void probe_output(const char *name, const char *path) {
     if (fd < 0) {
         int err = errno;
         char dir[4096];
-        const char *slash = strrchr(path, '/');
-        if (!slash) snprintf(dir, sizeof dir, ".");
-        else if (slash == path) snprintf(dir, sizeof dir, "/");
-        else snprintf(dir, sizeof dir, "%.*s", (int)(slash - path), path);
+        dir_of(path, dir, sizeof dir);
         flag_fail("%s %s: cannot create %s, the temporary file it is written through: %s (the "
                   "directory %s exists but does not take new files); pick another directory",
                   name, path, tmp, strerror(err), dir);

@@ -15,6 +15,7 @@
 //   flipped step byte: "the state is at step 130 ... pass --steps > 130", no "CRC32";
 //   a byte appended to a state or weights file: accepted (exit 0);
 //   768 GiB of params: "out of host memory" printed by each rank, no size that fits;
+//   the state of another model on 08 and 09: "config mismatch" printed by each rank;
 //   --steps twice: accepted (the last won); --lr 1e-320: "is not a finite number".
 #include <criterion/criterion.h>
 #include <criterion/parameterized.h>
@@ -85,6 +86,9 @@ static const Bad BAD[] = {
      {0}, NULL},
     {"weights with a byte appended", "--load-weights @/app.bin", 0,
      {"--load-weights @/app.bin", "appended"}, {0}, NULL},
+    // item 6: one message, also where every rank loads the file (08, 09)
+    {"state of another model", "--resume @/other.ckpt", 0,
+     {"config mismatch in @/other.ckpt", "T (--seq) = 8, this run has 16"}, {0}, NULL},
     // item 6: one message naming what fits
     {"768 GiB of params", "--layers 64 --channels 16384 --heads 128 --seq 16 --batch 8 --steps 1", 1,
      {"out of host memory", "available", "per rank", "--layers"},
@@ -97,7 +101,8 @@ static const Bad BAD[] = {
 #define NBAD (sizeof BAD / sizeof BAD[0])
 
 // The inputs every case may read, and their checksums.
-static const char *INPUTS[] = {"t.txt", "s.ckpt", "w.bin", "flip.ckpt", "app.ckpt", "app.bin"};
+static const char *INPUTS[] = {"t.txt", "s.ckpt", "w.bin", "flip.ckpt", "app.ckpt", "app.bin",
+                               "other.ckpt"};
 #define NIN (sizeof INPUTS / sizeof INPUTS[0])
 
 static void write_bytes(const char *path, const void *p, size_t n) {
@@ -157,6 +162,15 @@ static void make_inputs(char *dir, size_t len) {
     snprintf(q, sizeof q, "%s/app.ckpt", dir);
     write_bytes(q, raw, size + 1);
     free(raw);
+    GPT2Config other = CFG;  // --seq 8: a whole, valid state of another model
+    other.T = 8;
+    st.cfg = other;
+    st.n = gpt2_param_count(&other);
+    float *more = calloc(st.n, sizeof(float));
+    st.params = st.m = st.v = more;
+    snprintf(q, sizeof q, "%s/other.ckpt", dir);
+    ckpt_save_state(q, &st);
+    free(more);
     snprintf(p, sizeof p, "%s/w.bin", dir);
     ckpt_save_weights(p, &CFG, zeros);
     raw = read_bytes(p, &size);
