@@ -2,8 +2,9 @@
 //
 // Weights: header of 256 int32 (magic 20240326, version 3 = fp32 / 5 = bf16, maxT, V, L, NH,
 // C, padded V), then the 16 tensors in llm.c's order. We also store a CRC32 of the tensor bytes
-// in header[10] (with header[9] = 0x4C414221 "LAB!" to say it is there); llm.c ignores both, and
-// files written by llm.c (no marker) load without the check.
+// in header[10] (with header[9] = 0x4C414221 "LAB!" to say it is there), and a CRC32 of the
+// header itself in header[11] (header[12] = 0x4C414248 "LABH"); llm.c ignores them, and files
+// written by llm.c (no markers) load without the checks.
 //
 // Training state (our format, little-endian): magic "LABSTATE", version, the config, step,
 // seeds, AdamW hyperparameters, params, Adam m, v, and a CRC32 of everything before it.
@@ -12,7 +13,8 @@
 // write error (ENOSPC, or EFBIG past `ulimit -f`: SIGXFSZ is ignored so that it is an error, not
 // a kill) ends the job with a message, the tmp removed; a tmp left by a killed save is removed
 // at the next save, with a note on stderr.
-// Loads validate magic, version, sizes, config and CRC, and refuse with a clear message.
+// Loads validate the whole file before they use or report a field of its header: magic, an exact
+// size (a byte short or appended is refused), the CRC, then version and config.
 #pragma once
 #include <stddef.h>
 #include <stdint.h>
@@ -29,6 +31,9 @@ void ckpt_save_weights(const char *path, const GPT2Config *cfg, const float *par
 // Reads header and checks it; if expect != NULL the config must match it exactly.
 // Returns the config and fills params (allocated by the caller with gpt2_param_count floats).
 GPT2Config ckpt_load_weights_config(const char *path);
+// The same checks as a load (magic, version, exact size, CRC), the config into *cfg: 0; or -1
+// with the reason in err (flag parsing calls it, so that a damaged file is refused before step 1).
+int ckpt_weights_peek(const char *path, GPT2Config *cfg, char *err, size_t errlen);
 void ckpt_load_weights(const char *path, const GPT2Config *expect, float *params);
 
 typedef struct TrainState {
@@ -42,10 +47,11 @@ typedef struct TrainState {
 } TrainState;
 
 void ckpt_save_state(const char *path, const TrainState *s);
-// The step and the run length (total_steps) a training-state file holds, from its header
-// alone (cheap: flag parsing calls it on every rank; the load checks the CRC). 0 on success;
-// -1 with the reason in err when it is not a state file or its steps cannot be (step < 0,
-// beyond --steps' range, or past a recorded total_steps).
+// The step and the run length (total_steps) a training-state file holds, read only after the
+// whole file passed the load's checks (exact size, CRC, version), so that a damaged header is
+// never reported as a step (flag parsing calls it on every rank). 0 on success; -1 with the
+// reason in err when it is not a whole state file or its steps cannot be (step < 0, beyond
+// --steps' range, or past a recorded total_steps).
 int ckpt_state_peek(const char *path, int *step, int *total_steps, char *err, size_t errlen);
 // Fills s (params/m/v must be allocated for expect's parameter count); checks the config
 // against *expect and refuses a mismatch naming the field.

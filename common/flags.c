@@ -8,7 +8,9 @@
 
 #include <ctype.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <float.h>
+#include <limits.h>
 #include <math.h>
 #include <mpi.h>
 #include <stdarg.h>
@@ -320,18 +322,28 @@ static void check_input_file(const char *name, const char *path) {
     fclose(fp);
 }
 
+// The directory a path is in: "." for a bare name, "/" for "/name".
+static void dir_of(const char *path, char *dir, size_t n) {
+    const char *slash = strrchr(path, '/');
+    if (!slash) snprintf(dir, n, ".");
+    else if (slash == path) snprintf(dir, n, "/");
+    else snprintf(dir, n, "%.*s", (int)(slash - path), path);
+}
+
 // A file to write at the end of the run (or every --save-every steps): its directory must exist
-// and be writable now, so that a typo is found before the training, not after it. (The writer
-// creates "<path>.tmp" next to it and renames it over <path>: the directory is what matters.)
+// and be writable now, so that a typo is found before the training, not after it, and the path
+// must be a regular file or nothing yet (the writer renames "<path>.tmp" over it: a FIFO or a
+// device there would be replaced by a regular file).
 static void check_output_path(const char *name, const char *path) {
     struct stat st;
     if (stat(path, &st) == 0 && S_ISDIR(st.st_mode))
         flag_fail("%s %s: is a directory; valid: a file path in a writable directory", name, path);
+    if (stat(path, &st) == 0 && !S_ISREG(st.st_mode))
+        flag_fail("%s %s: is %s, which the output would replace; valid: a regular file or a path "
+                  "that does not exist yet", name, path, S_ISFIFO(st.st_mode) ? "a FIFO"
+                  : S_ISSOCK(st.st_mode) ? "a socket" : "a device");
     char dir[4096];
-    const char *slash = strrchr(path, '/');
-    if (!slash) snprintf(dir, sizeof dir, ".");
-    else if (slash == path) snprintf(dir, sizeof dir, "/");
-    else snprintf(dir, sizeof dir, "%.*s", (int)(slash - path), path);
+    dir_of(path, dir, sizeof dir);
     if (stat(dir, &st) != 0)
         flag_fail("%s %s: the directory %s does not exist (%s); create it or pick another path",
                   name, path, dir, strerror(errno));
@@ -341,6 +353,106 @@ static void check_output_path(const char *name, const char *path) {
     if (access(dir, W_OK | X_OK) != 0)
         flag_fail("%s %s: cannot write in the directory %s (%s); pick a writable directory", name,
                   path, dir, strerror(errno));
+}
+
+// ---- every file of the run together ----------------------------------------------------------
+
+// What identifies the file a path names, after links: "dev:ino" when it exists, else the real
+// path of its directory and its name (a file not yet there is named by where it will be).
+static void file_key(const char *path, char *key, size_t n) {
+    struct stat st;
+    if (stat(path, &st) == 0) {
+        snprintf(key, n, "ino %llu:%llu", (unsigned long long)st.st_dev,
+                 (unsigned long long)st.st_ino);
+        return;
+    }
+    char dir[4096], real[PATH_MAX];
+    const char *slash = strrchr(path, '/'), *base = slash ? slash + 1 : path;
+    dir_of(path, dir, sizeof dir);
+    if (!realpath(dir, real)) snprintf(real, sizeof real, "%s", dir);
+    snprintf(key, n, "path %s/%s", real, base);
+}
+
+// A file flag the command line gave: the flag, its path, in or out, and the path's tmp.
+typedef struct GivenFile {
+    const char *name, *path;
+    int file;
+    char key[4200], tmp_key[4200];  // the file, and "<path>.tmp" that an output is written through
+} GivenFile;
+
+// The runtime writes every output through "<path>.tmp" (ckpt.c, results.c, trace.c): created,
+// then renamed over <path>. Created and removed here, before step 1, so that a directory that
+// exists but takes no files (/proc, /sys, a read-only mount, where root's access() says yes)
+// is refused now, not at the first save. Rank 0 writes the outputs, so rank 0 tries. A tmp
+// already there (left by a killed save) is left for the save to replace.
+static void probe_output(const char *name, const char *path) {
+    char tmp[4200];
+    snprintf(tmp, sizeof tmp, "%s.tmp", path);
+    struct stat st;
+    if (lstat(tmp, &st) == 0) {
+        if (!S_ISREG(st.st_mode))
+            flag_fail("%s %s: it is written through %s, which exists and is not a regular file; "
+                      "remove it or pick another path", name, path, tmp);
+        return;
+    }
+    int fd = open(tmp, O_WRONLY | O_CREAT | O_EXCL, 0644);
+    if (fd < 0) {
+        int err = errno;
+        char dir[4096];
+        dir_of(path, dir, sizeof dir);
+        flag_fail("%s %s: cannot create %s, the temporary file it is written through: %s (the "
+                  "directory %s exists but does not take new files); pick another directory",
+                  name, path, tmp, strerror(err), dir);
+    }
+    close(fd);
+    if (unlink(tmp) != 0)
+        flag_fail("%s %s: created %s but cannot remove it (%s); pick another directory", name,
+                  path, tmp, strerror(errno));
+}
+
+// Every output differs from every input and from every other output, its tmp included (a save
+// removes a stale "<path>.tmp"). One pair is allowed: --resume F --save F continues the state
+// it read (the load is done before the first save, and each save replaces F whole).
+static void check_files(const Flag *flags, int n) {
+    GivenFile *g = lab_xcalloc((size_t)n, sizeof(GivenFile));
+    int k = 0;
+    for (int i = 0; i < n; i++) {
+        if (flags[i].file == FILE_NONE || !*(const char *const *)flags[i].s.ptr) continue;
+        GivenFile *x = &g[k++];
+        x->name = flags[i].s.name;
+        x->path = *(const char *const *)flags[i].s.ptr;
+        x->file = flags[i].file;
+        file_key(x->path, x->key, sizeof x->key);
+        char tmp[4200];
+        snprintf(tmp, sizeof tmp, "%s.tmp", x->path);
+        file_key(tmp, x->tmp_key, sizeof x->tmp_key);
+    }
+    for (int i = 0; i < k; i++) {
+        if (g[i].file != FILE_OUT) continue;
+        for (int j = 0; j < k; j++) {
+            if (j == i) continue;
+            const GivenFile *o = &g[i], *x = &g[j];
+            int continues = strcmp(o->name, "--save") == 0 && strcmp(x->name, "--resume") == 0;
+            if (strcmp(o->key, x->key) == 0 && !continues) {
+                if (x->file == FILE_IN)
+                    flag_fail("%s %s and %s %s are the same file: writing %s would destroy the "
+                              "input; give %s another path", o->name, o->path, x->name, x->path,
+                              o->name, o->name);
+                if (j < i)  // each pair of outputs said once
+                    flag_fail("%s %s and %s %s are the same file: one output would overwrite the "
+                              "other; give each its own path", x->name, x->path, o->name, o->path);
+            }
+            if (strcmp(o->tmp_key, x->key) == 0)
+                flag_fail("%s %s is written through %s.tmp, which is the file of %s %s: the write "
+                          "would destroy it; give %s another path", o->name, o->path, o->path,
+                          x->name, x->path, o->name);
+        }
+    }
+    int world = 1;
+    if (flags_rank(&world) == 0)
+        for (int i = 0; i < k; i++)
+            if (g[i].file == FILE_OUT) probe_output(g[i].name, g[i].path);
+    free(g);
 }
 
 // ---- values ---------------------------------------------------------------------------------
@@ -367,9 +479,17 @@ static void set_value(const Flag *f, const char *value) {
         double x = (*value && !isspace((unsigned char)*value)) ? strtod(value, &end) : 0.0;
         if (!end || end == value || *end != '\0')
             flag_fail("%s '%s' is not a number; valid: a number in %s", name, value, valid);
-        if (errno == ERANGE || !isfinite(x) || fabs(x) > FLT_MAX)
-            flag_fail("%s '%s' is not a finite number (overflow, underflow or inf/nan); "
-                      "valid: a number in %s", name, value, valid);
+        if (isnan(x) || (isinf(x) && errno != ERANGE))  // "nan", "inf" written as such
+            flag_fail("%s '%s' is not a finite number; valid: a number in %s", name, value, valid);
+        // Beyond fp32 (1e999, 1e39), or so close to 0 that fp32 loses it (1e-320 is 0, 1e-40 a
+        // denormal): out of the range the float can hold, said with the range the flag takes.
+        if ((errno == ERANGE && fabs(x) > 1.0) || fabs(x) > FLT_MAX)
+            flag_fail("%s %s is out of range (beyond the largest fp32, %g); valid range: %s", name,
+                      value, (double)FLT_MAX, valid);
+        if (x != 0.0 ? fabs(x) < FLT_MIN : errno == ERANGE)
+            flag_fail("%s %s is out of range (nonzero values below %g underflow in fp32); valid "
+                      "range: %s, either 0 or at least %g", name, value, (double)FLT_MIN, valid,
+                      (double)FLT_MIN);
         if (x < f->s.min || x > f->s.max)
             flag_fail("%s %s is out of range; valid range: %s", name, value, valid);
         *(float *)f->s.ptr = (float)x;
@@ -565,6 +685,12 @@ static void check_combinations(const LabArgs *a) {
         flag_fail("--inject-nan-step %d: this run has %d steps (%s), so no NaN would be injected; "
                   "valid: 1 .. %d", a->inject_nan_step + 1, end, ends, end);
     if (a->resume) check_resume(a, end);
+    if (a->load_weights) {  // a damaged file refused now, once, not by each rank at its load
+        GPT2Config have;
+        char why[512];
+        if (ckpt_weights_peek(a->load_weights, &have, why, sizeof why) != 0)
+            flag_fail("--load-weights %s: %s", a->load_weights, why);
+    }
 }
 
 void lab_parse_args_for(unsigned groups, int argc, char **argv, LabArgs *a, const FlagSpec *extra,
@@ -577,6 +703,7 @@ void lab_parse_args_for(unsigned groups, int argc, char **argv, LabArgs *a, cons
     Table t = build_table(a, extra, nextra, groups);
     const Flag *flags = t.rows;
     const int n = t.n;
+    const char **given = lab_xcalloc((size_t)n, sizeof(char *));  // the value each flag got
     for (int i = 1; i < argc; i++) {
         const char *arg = argv[i];
         if (strncmp(arg, "--", 2) != 0 || arg[2] == '\0')
@@ -594,10 +721,19 @@ void lab_parse_args_for(unsigned groups, int argc, char **argv, LabArgs *a, cons
             if (strcmp(flags[j].s.name, name) == 0) f = &flags[j];
         if (!f) fail_unknown(name, flags, n);
         if (!f->taken) fail_not_taken(f, program);
+        // A flag given twice: which one did the user mean? (No flag is repeatable today; the
+        // last one winning silently hid a mistake in a long command line.)
+        const char *before = given[f - flags];
+        if (before && f->s.kind == FLAG_BOOL)
+            flag_fail("%s given twice; give it once", name);
+        if (before)
+            flag_fail("%s given twice (%s %s, then %s %s); give it once", name, name, before, name,
+                      eq ? eq + 1 : i + 1 < argc ? argv[i + 1] : "");
         if (f->s.kind == FLAG_BOOL) {
             if (eq) flag_fail("%s is a switch and takes no value (got '%s'); write just %s", name,
                               eq + 1, name);
             set_value(f, "");
+            given[f - flags] = "";
             continue;
         }
         const char *value;
@@ -614,7 +750,10 @@ void lab_parse_args_for(unsigned groups, int argc, char **argv, LabArgs *a, cons
             value = argv[++i];
         }
         set_value(f, value);
+        given[f - flags] = value;
     }
+    free(given);
+    check_files(flags, n);
     free(t.rows);
     // --inject-nan-step counts steps from 1 like the progress lines; the field is the index.
     if (a->inject_nan_step == 0)

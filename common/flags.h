@@ -85,10 +85,14 @@ enum {
 // group is taken (lab_parse_args_for with LAB_FLAGS_ALL).
 // `usage` is the chapter's --help text (what it shows, how to run it). --help prints it, then
 // every flag with its default and valid range, on rank 0, and exits 0 on every rank.
-// Checked here, before the first step, so that a mistake does not cost a run: input files
-// (--data --resume --load-weights) are regular readable files (a FIFO would block), output
-// paths (--save --save-weights --trace --dump) are in a writable directory, a --resume state
-// has steps left to run, fault flags name a step and rank of this run, --device cuda has a GPU.
+// Checked here, before the first step, so that a mistake does not cost a run: no flag is given
+// twice (none is repeatable), input files (--data --resume --load-weights) are regular readable
+// files (a FIFO would block) and a --resume/--load-weights file is whole (exact size, CRC),
+// output paths (--save --save-weights --trace --dump) are regular files or new, each differs
+// from every input and every other output after links (--resume F --save F excepted: the run
+// continues the state it read), and rank 0 creates and removes the "<path>.tmp" each is written
+// through, a --resume state has steps left to run, fault flags name a step and rank of this
+// run, --device cuda has a GPU.
 void lab_parse_args(int argc, char **argv, LabArgs *a, const FlagSpec *extra, int nextra,
                     const char *program, const char *usage);
 // The same, taking only the shared flag groups in `groups` (LAB_FLAGS_*).

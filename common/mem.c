@@ -5,6 +5,7 @@
 #include "mem.h"
 
 #include <stdint.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -41,6 +42,50 @@ static long find_alloc(const void *p) {
     return -1;
 }
 
+// Bytes the kernel says a new allocation can still get (MemAvailable), or -1.
+static double mem_available(void) {
+    FILE *f = fopen("/proc/meminfo", "r");
+    if (!f) return -1;
+    char line[256];
+    double kib = -1;
+    while (fgets(line, sizeof line, f))
+        if (sscanf(line, "MemAvailable: %lf kB", &kib) == 1) break;
+    fclose(f);
+    return kib < 0 ? -1 : kib * 1024.0;
+}
+
+// Ranks of this job on this machine (they share its memory): from the launcher, else the world.
+static int ranks_here(void) {
+    const char *names[] = {"OMPI_COMM_WORLD_LOCAL_SIZE", "MPI_LOCALNRANKS", "SLURM_NTASKS_PER_NODE"};
+    for (int i = 0; i < 3; i++) {
+        const char *v = getenv(names[i]);
+        if (v && atoi(v) > 0) return atoi(v);
+    }
+    return lab_log_world > 0 ? lab_log_world : 1;
+}
+
+// A host allocation failed: every rank builds the same model, so every rank meets it with the
+// same size; one message (lab_fail_collective), saying what fits and which flags size it.
+LAB_NORETURN static void fail_host_memory(size_t bytes, MemCategory cat) {
+    char want[32], avail[32], each[32];
+    const char *lower = cat == MEM_ACTS || cat == MEM_OTHER
+                            ? "a smaller --batch (or --seq)"
+                      : cat == MEM_COMM ? "a smaller model or smaller communication buffers"
+                                        : "a smaller model (--layers, --channels, --vocab)";
+    mem_format(want, sizeof want, (double)bytes);
+    double free_bytes = mem_available();
+    int ranks = ranks_here();
+    if (free_bytes < 0)
+        lab_fail_collective("out of host memory: allocating %s for %s failed; use %s", want,
+                            mem_category_name(cat), lower);
+    mem_format(avail, sizeof avail, free_bytes);
+    mem_format(each, sizeof each, free_bytes / ranks);
+    lab_fail_collective("out of host memory: allocating %s for %s failed; this machine has %s "
+                        "available (MemAvailable) for the %d rank%s of this job on it, about %s "
+                        "per rank for all of its buffers: use %s", want, mem_category_name(cat),
+                        avail, ranks, ranks == 1 ? "" : "s", each, lower);
+}
+
 void *mem_alloc(size_t bytes, MemCategory cat, Device dev) {
     LAB_CHECK((int)cat >= 0 && cat < MEM_NCATS, "mem_alloc: bad category %d", (int)cat);
     // Every allocation gets its own non-NULL pointer, even for 0 bytes, so it can be tracked.
@@ -61,8 +106,10 @@ void *mem_alloc(size_t bytes, MemCategory cat, Device dev) {
     }
     if (!p) {
         char buf[32];
-        lab_fail("out of %s memory: allocating %s for %s failed", dev == DEV_CUDA ? "GPU" : "host",
-                 mem_format(buf, sizeof buf, (double)bytes), mem_category_name(cat));
+        if (dev == DEV_CUDA)
+            lab_fail("out of GPU memory: allocating %s for %s failed",
+                     mem_format(buf, sizeof buf, (double)bytes), mem_category_name(cat));
+        fail_host_memory(bytes, cat);
     }
     if (nallocs == cap_allocs) {
         cap_allocs = cap_allocs ? 2 * cap_allocs : 64;

@@ -6,6 +6,7 @@
 // Times are microseconds from a t0 that every rank takes right after a barrier, so the rows
 // line up (on one node all ranks read the same monotonic clock anyway).
 #include "trace.h"
+#include <errno.h>
 
 #include <mpi.h>
 #include <signal.h>
@@ -106,7 +107,7 @@ static void write_json(const char *path, const Span *all, const int *counts, int
     // Past `ulimit -f` a write gets EFBIG (and the message below) instead of a SIGXFSZ kill.
     signal(SIGXFSZ, SIG_IGN);
     FILE *f = fopen(tmp, "w");
-    if (!f) lab_fail("--trace %s: cannot create %s (does the directory exist?)", path, tmp);
+    if (!f) lab_fail("--trace %s: cannot create %s: %s", path, tmp, strerror(errno));
     fprintf(f, "{\"traceEvents\":[\n");
     int first = 1;
     for (int r = 0; r < world; r++) {

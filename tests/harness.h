@@ -78,7 +78,7 @@ int harness_nan_fails_cleanly(const char *prog, int np, const char *flags, const
 
 // The reliability every training chapter owes, present and future, each check on np ranks;
 // prog: the program and its fixed flags, flags: the model flags WITHOUT --steps (each check
-// adds its own: the last --steps given wins). 1 when it holds; otherwise prints why (stderr).
+// adds its own; a flag given twice is refused). 1 when it holds; otherwise prints why (stderr).
 //   kill:        --kill-rank np-1 --kill-step 2 of a 1000-step run: the job ends with a non-zero
 //                status within HARNESS_PROMPT_S of the rank's message (no survivor waits forever).
 //   save-signal: a 2-step run saves F; a second run (LAB_SAVE_STALL_S: its first save stalls

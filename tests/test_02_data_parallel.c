@@ -26,7 +26,9 @@
 
 #define ORACLE "./00_memory_budget/run --train --quiet"
 #define DP "./02_data_parallel/run --quiet"
-#define SMALL "--layers 2 --channels 64 --heads 4 --seq 32 --batch 24 --steps 6"
+// SMALL_MODEL: for runs that set their own --batch and --steps (a flag given twice is refused)
+#define SMALL_MODEL "--layers 2 --channels 64 --heads 4 --seq 32"
+#define SMALL SMALL_MODEL " --batch 24 --steps 6"
 #define SMALL_NPARAMS 118528.0
 #define LOSS_RTOL 1e-6f
 #define PARAM_ATOL 2e-4f
@@ -101,7 +103,7 @@ Test(dp02, master_bytes_per_step_are_the_master_formula, .timeout = 180) {
     for (size_t i = 0; i < sizeof runs / sizeof runs[0]; i++) {
         RunResults r;
         char flags[256];
-        snprintf(flags, sizeof flags, SMALL " --steps 2 --batch %d --reduce %s", runs[i].batch,
+        snprintf(flags, sizeof flags, SMALL_MODEL " --steps 2 --batch %d --reduce %s", runs[i].batch,
                  runs[i].reduce);
         run_dp(runs[i].np, flags, &r);
         double N = runs[i].np, b = (double)(runs[i].batch / runs[i].np) * 32 * 4;
@@ -150,7 +152,7 @@ Test(dp02, printed_progress_and_table_match_the_run, .timeout = 120) {
 // Only the master has an optimizer: Adam's m and v live on rank 0 and nowhere else.
 Test(dp02, only_the_master_holds_optimizer_state, .timeout = 120) {
     RunResults r;
-    run_dp(3, SMALL " --steps 1", &r);
+    run_dp(3, SMALL_MODEL " --batch 24 --steps 1", &r);
     double S = 4.0 * SMALL_NPARAMS;
     cr_assert_eq(results_get(&r, "mem_opt_m", -1), S);
     cr_assert_eq(results_get(&r, "mem_opt_v", -1), S);
@@ -201,7 +203,7 @@ Test(dp02, bf16_matches_single_device_bf16_on_2_3_4_ranks, .timeout = 240) {
 // weights (4 B/param) and Adam's m, v.
 Test(dp02, bf16_halves_the_bytes_and_only_the_master_has_fp32_weights, .timeout = 120) {
     RunResults r;
-    run_dp(4, SMALL " --dtype bf16 --steps 2 --reduce tree", &r);
+    run_dp(4, SMALL_MODEL " --batch 24 --dtype bf16 --steps 2 --reduce tree", &r);
     double S = 2.0 * SMALL_NPARAMS, N = 4, b = (24 / 4) * 32 * 4;
     cr_assert_eq(results_get(&r, "bytes_sent_per_step", -1), (N - 1) * S + (N - 1) * 2 * b,
                  "master sent %.0f B per step", results_get(&r, "bytes_sent_per_step", -1));
@@ -221,7 +223,7 @@ Test(dp02, bf16_halves_the_bytes_and_only_the_master_has_fp32_weights, .timeout 
 // reliability
 
 Test(dp02, resume_is_bit_exact, .timeout = 240) {
-    harness_assert_resume_exact(DP, 3, SMALL " --steps 8", 5);
+    harness_assert_resume_exact(DP, 3, SMALL_MODEL " --batch 24 --steps 8", 5);
 }
 
 // A NaN in the last rank's gradient reaches the master through the reduce: the job stops with
@@ -253,14 +255,14 @@ Test(dp02, resumed_run_reports_per_step_figures_of_the_steps_it_ran, .timeout = 
 
 Test(dp02, nan_fails_cleanly_and_keeps_the_checkpoint, .timeout = 120) {
     GPT2Config cfg = {.V = 256, .T = 32, .L = 2, .C = 64, .NH = 4};  // SMALL
-    harness_assert_nan_fails_cleanly(DP, 3, SMALL " --steps 10", &cfg);
+    harness_assert_nan_fails_cleanly(DP, 3, SMALL_MODEL " --batch 24 --steps 10", &cfg);
 }
 
 // A worker that dies ends the job promptly: the master must not wait for it forever.
 Test(dp02, killed_worker_ends_the_job_promptly, .timeout = 120) {
     char *out = NULL;
     double t0 = lab_now();
-    int rc = harness_mpirun(3, DP " " SMALL " --steps 200 --kill-rank 1 --kill-step 2", &out, 60);
+    int rc = harness_mpirun(3, DP " " SMALL_MODEL " --batch 24 --steps 200 --kill-rank 1 --kill-step 2", &out, 60);
     double took = lab_now() - t0;
     cr_assert_neq(rc, 0, "the job must fail when a rank dies:\n%s", out);
     cr_assert_neq(rc, 124, "the job hung after rank 1 died:\n%s", out);
@@ -286,7 +288,7 @@ Test(ex02_1, scattered_batch_matches_single_device_on_2_and_3_ranks, .timeout = 
 // of tokens (plus the weights, which are not part of the exercise).
 Test(ex02_1, master_sends_each_rank_only_its_rows, .timeout = 120) {
     RunResults r;
-    run_dp(4, SMALL " --steps 1 --reduce linear", &r);
+    run_dp(4, SMALL_MODEL " --batch 24 --steps 1 --reduce linear", &r);
     double S = 4.0 * SMALL_NPARAMS, b = 6.0 * 32 * 4;
     cr_assert_eq(results_get(&r, "bytes_sent_per_step", -1), 3 * S + 3 * 2 * b);
     cr_assert_eq(results_get(&r, "rank1_bytes_recv_per_step", -1), S + 2 * b);

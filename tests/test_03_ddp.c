@@ -34,7 +34,9 @@
 #define ORACLE "./00_memory_budget/run --train --quiet"
 #define DDP "./03_ddp/run --quiet --overlap-steps 0"
 // The small model most tests use: 118,528 parameters = 463 KiB of fp32 gradients.
-#define SMALL "--layers 2 --channels 64 --heads 4 --seq 32 --batch 24 --steps 6"
+// SMALL_MODEL: for runs that set their own --batch and --steps (a flag given twice is refused)
+#define SMALL_MODEL "--layers 2 --channels 64 --heads 4 --seq 32"
+#define SMALL SMALL_MODEL " --batch 24 --steps 6"
 #define SMALL_NPARAMS 118528.0
 #define LOSS_RTOL 1e-6f
 #define PARAM_ATOL 2e-4f
@@ -150,7 +152,7 @@ Test(ddp03, tiny_default_config_matches_single_device, .timeout = 240) {
 // Several buckets really are several: "several" gives more than 2 and fewer than 28.
 Test(ddp03, bucket_caps_give_the_intended_counts, .timeout = 120) {
     RunResults r;
-    run_ddp(2, SMALL " --steps 1 " SEVERAL_BUCKETS, &r);
+    run_ddp(2, SMALL_MODEL " --batch 24 --steps 1 " SEVERAL_BUCKETS, &r);
     double nb = results_get(&r, "buckets", -1);
     cr_assert(nb > 2 && nb < 28, "SEVERAL_BUCKETS gave %g buckets", nb);
     double total = 0;
@@ -179,7 +181,7 @@ Test(ddp03, bytes_per_step_are_the_all_reduce_formula, .timeout = 180) {
     for (size_t i = 0; i < sizeof runs / sizeof runs[0]; i++) {
         RunResults r;
         char flags[256];
-        snprintf(flags, sizeof flags, SMALL " --steps 1 %s", runs[i].flags);
+        snprintf(flags, sizeof flags, SMALL_MODEL " --batch 24 --steps 1 %s", runs[i].flags);
         run_ddp(runs[i].np, flags, &r);
         double N = runs[i].np, nar = 28;  // all-reduces per step, at most
         double grad = results_get(&r, "grad_bytes_sent_per_step", -1);
@@ -204,8 +206,8 @@ Test(ddp03, bytes_per_step_are_the_all_reduce_formula, .timeout = 180) {
 // across ranks inside no_sync (each rank saw other rows) and agree after the sync.
 Test(ddp03, no_sync_gradients_differ_then_agree, .timeout = 120) {
     RunResults acc, one;
-    run_ddp(2, SMALL " --steps 3 --grad-accum 4 --check-no-sync " SEVERAL_BUCKETS, &acc);
-    run_ddp(2, SMALL " --steps 3 " SEVERAL_BUCKETS, &one);
+    run_ddp(2, SMALL_MODEL " --batch 24 --steps 3 --grad-accum 4 --check-no-sync " SEVERAL_BUCKETS, &acc);
+    run_ddp(2, SMALL_MODEL " --batch 24 --steps 3 " SEVERAL_BUCKETS, &one);
     cr_assert_eq(results_get(&acc, "nosync_checks", -1), 9, "3 steps x 3 no_sync micro-steps");
     cr_assert_eq(results_get(&acc, "nosync_differ", -1), 9,
                  "inside no_sync the ranks' gradients must differ (%g of 9 did)",
@@ -225,8 +227,8 @@ Test(ddp03, every_rank_holds_the_full_model_state, .timeout = 120) {
     double S = 4.0 * SMALL_NPARAMS;
     for (int pack = 0; pack <= 1; pack++) {
         RunResults r;
-        run_ddp(2, pack ? SMALL " --steps 1 --pack-buckets " SEVERAL_BUCKETS
-                        : SMALL " --steps 1 " SEVERAL_BUCKETS, &r);
+        run_ddp(2, pack ? SMALL_MODEL " --batch 24 --steps 1 --pack-buckets " SEVERAL_BUCKETS
+                        : SMALL_MODEL " --batch 24 --steps 1 " SEVERAL_BUCKETS, &r);
         cr_assert_eq(results_get(&r, "mem_params", -1), S);
         cr_assert_eq(results_get(&r, "mem_grads", -1), S);
         cr_assert_eq(results_get(&r, "mem_opt_m", -1), S);
@@ -297,7 +299,7 @@ Test(ddp03, bf16_halves_the_gradient_bytes, .timeout = 120) {
     const int nps[] = {2, 4};
     for (int i = 0; i < 2; i++) {
         RunResults r;
-        run_ddp(nps[i], SMALL " --dtype bf16 --steps 2 " SEVERAL_BUCKETS, &r);
+        run_ddp(nps[i], SMALL_MODEL " --batch 24 --dtype bf16 --steps 2 " SEVERAL_BUCKETS, &r);
         double N = nps[i], want = 2 * (N - 1) * S / N;
         double loss = floor(2 * (N - 1) * 4 / N);
         cr_assert_eq(results_get(&r, "grad_bytes_sent_per_step", -1), want,
@@ -325,7 +327,7 @@ Test(ddp03, bf16_halves_the_gradient_bytes, .timeout = 120) {
 Test(ddp03, trace_shows_all_reduce_overlapping_backward, .timeout = 120) {
     const char *path = tmp_path("trace.json");
     char cmd[512], *out = NULL;
-    snprintf(cmd, sizeof cmd, "./03_ddp/run " SMALL " --steps 3 %s --trace %s", PER_PARAM_BUCKETS,
+    snprintf(cmd, sizeof cmd, "./03_ddp/run " SMALL_MODEL " --batch 24 --steps 3 %s --trace %s", PER_PARAM_BUCKETS,
              path);
     int rc = harness_mpirun(2, cmd, &out, 120);
     cr_assert_eq(rc, 0, "%s", out);
@@ -374,18 +376,18 @@ static double overlap_pct_of(int np, const char *flags) {
 }
 
 Test(ddp03, overlap_share_is_0_without_overlap_and_within_0_100_with_it, .timeout = 180) {
-    double none = overlap_pct_of(2, SMALL " --steps 3 --no-overlap");
+    double none = overlap_pct_of(2, SMALL_MODEL " --batch 24 --steps 3 --no-overlap");
     cr_assert_eq(none, 0.0, "--no-overlap: %g %% hidden, 0 by construction", none);
-    double late = overlap_pct_of(3, SMALL " --steps 3 --launch-after-backward " SEVERAL_BUCKETS);
+    double late = overlap_pct_of(3, SMALL_MODEL " --batch 24 --steps 3 --launch-after-backward " SEVERAL_BUCKETS);
     cr_assert_eq(late, 0.0, "--launch-after-backward: %g %% hidden, 0 by construction", late);
-    double on = overlap_pct_of(2, SMALL " --steps 3 " PER_PARAM_BUCKETS);
+    double on = overlap_pct_of(2, SMALL_MODEL " --batch 24 --steps 3 " PER_PARAM_BUCKETS);
     cr_assert(on > 0.0 && on <= 100.0, "overlap: %g %% hidden, want (0, 100]", on);
-    double poll = overlap_pct_of(2, SMALL " --steps 3 --progress poll " SEVERAL_BUCKETS);
+    double poll = overlap_pct_of(2, SMALL_MODEL " --batch 24 --steps 3 --progress poll " SEVERAL_BUCKETS);
     cr_assert(poll > 0.0 && poll <= 100.0, "--progress poll: %g %% hidden, want (0, 100]", poll);
-    double one = overlap_pct_of(1, SMALL " --steps 2");
+    double one = overlap_pct_of(1, SMALL_MODEL " --batch 24 --steps 2");
     cr_assert_eq(one, -1000.0, "one rank communicates nothing: no figure, got %g", one);
     char *out = NULL;
-    int rc = harness_mpirun(1, "./03_ddp/run " SMALL " --steps 2", &out, 60);
+    int rc = harness_mpirun(1, "./03_ddp/run " SMALL_MODEL " --batch 24 --steps 2", &out, 60);
     cr_assert(rc == 0 && harness_contains(out, "cannot be measured on this run: one rank"),
               "one rank says why there is no figure:\n%s", out);
     free(out);
@@ -396,7 +398,7 @@ Test(ddp03, overlap_share_is_0_without_overlap_and_within_0_100_with_it, .timeou
 
 // N steps == K steps, save, resume, N-K steps: bit-identical, on 2 ranks.
 Test(ddp03, resume_is_bit_exact, .timeout = 240) {
-    harness_assert_resume_exact(DDP, 2, SMALL " --steps 8", 5);
+    harness_assert_resume_exact(DDP, 2, SMALL_MODEL " --batch 24 --steps 8", 5);
 }
 
 // Without --quiet, on 2 ranks and resumed at step 3: "resumed from" once, the progress lines
@@ -442,7 +444,7 @@ Test(ddp03, printed_progress_and_table_match_the_run, .timeout = 180) {
 // a message naming the step, promptly, and the last checkpoint survives.
 Test(ddp03, nan_fails_cleanly_and_keeps_the_checkpoint, .timeout = 120) {
     GPT2Config cfg = {.V = 256, .T = 32, .L = 2, .C = 64, .NH = 4};  // SMALL
-    harness_assert_nan_fails_cleanly(DDP, 3, SMALL " --steps 10", &cfg);
+    harness_assert_nan_fails_cleanly(DDP, 3, SMALL_MODEL " --batch 24 --steps 10", &cfg);
 }
 
 // A rank that dies mid-run (no MPI_Finalize) ends the whole job promptly: no rank hangs in an
@@ -450,7 +452,7 @@ Test(ddp03, nan_fails_cleanly_and_keeps_the_checkpoint, .timeout = 120) {
 Test(ddp03, killed_rank_ends_the_job_promptly, .timeout = 120) {
     const char *ck = tmp_path("kill.ckpt");
     char cmd[512], *out = NULL;
-    snprintf(cmd, sizeof cmd, DDP " " SMALL " --steps 200 --save %s --save-every 1 --kill-rank 2 --kill-step 3", ck);
+    snprintf(cmd, sizeof cmd, DDP " " SMALL_MODEL " --batch 24 --steps 200 --save %s --save-every 1 --kill-rank 2 --kill-step 3", ck);
     double t0 = lab_now();
     int rc = harness_mpirun(4, cmd, &out, 60);
     double took = lab_now() - t0;
@@ -471,7 +473,7 @@ Test(ddp03, killed_rank_ends_the_job_promptly, .timeout = 120) {
 
 Test(ddp03, uneven_batch_is_refused_with_a_clear_message, .timeout = 60) {
     char *out = NULL;
-    int rc = harness_mpirun(3, DDP " " SMALL " --batch 16", &out, 60);
+    int rc = harness_mpirun(3, DDP " " SMALL_MODEL " --steps 6 --batch 16", &out, 60);
     cr_assert(rc != 0 && rc != 124, "rc %d", rc);
     cr_assert(harness_contains(out, "--batch 16") && harness_contains(out, "--batch 18"), "%s", out);
     free(out);
@@ -659,7 +661,7 @@ Test(ex03_3, accumulation_matches_single_device, .timeout = 180) {
 
 Test(ex03_3, only_the_last_micro_step_communicates, .timeout = 120) {
     RunResults r;
-    run_ddp(2, SMALL " --steps 3 --no-overlap --grad-accum 4 --check-no-sync", &r);
+    run_ddp(2, SMALL_MODEL " --batch 24 --steps 3 --no-overlap --grad-accum 4 --check-no-sync", &r);
     cr_assert_eq(results_get(&r, "nosync_checks", -1), 9, "3 steps x 3 no_sync micro-steps");
     cr_assert_eq(results_get(&r, "nosync_differ", -1), 9,
                  "gradients must differ across ranks inside no_sync (%g of 9 did)",

@@ -380,7 +380,7 @@ Test(zero05, bf16_matches_single_device_and_meets_the_2_2_12_formulas, .timeout 
 // checkpoints: the state is the model, not the layout
 
 Test(zero05, resume_is_exact_on_the_same_layout, .timeout = 150) {
-    harness_assert_resume_exact(ZERO " --zero 3", 3, SMALL " --steps 8", 5);
+    harness_assert_resume_exact(ZERO " --zero 3", 3, SMALL_CFG " --batch 24 --steps 8", 5);
 }
 
 // Saved on ZeRO-3 x 4 after 3 steps, resumed on ZeRO-1 x 2, on ZeRO-2 x 3 and on one rank: the
@@ -389,16 +389,16 @@ Test(zero05, resume_is_exact_on_the_same_layout, .timeout = 150) {
 // the resumed run off by 6.7e-3.
 Test(zero05, resume_across_stages_and_world_sizes, .timeout = 200) {
     RunResults o;
-    run_oracle(SMALL " --steps 8", &o);
+    run_oracle(SMALL_CFG " --batch 24 --steps 8", &o);
     char *ck = tmp_path("x.ckpt"), flags[512];
-    snprintf(flags, sizeof flags, ZERO " --zero 3 " SMALL " --steps 8 --stop-at 3 --save %s", ck);
+    snprintf(flags, sizeof flags, ZERO " --zero 3 " SMALL_CFG " --batch 24 --steps 8 --stop-at 3 --save %s", ck);
     char *log = NULL;
     cr_assert_eq(harness_mpirun(4, flags, &log, 120), 0, "save run failed:\n%s", log);
     free(log);
     static const int np[3] = {2, 3, 1}, stage[3] = {1, 2, 0};
     for (int i = 0; i < 3; i++) {
         RunResults r;
-        snprintf(flags, sizeof flags, SMALL " --steps 8 --resume %s", ck);
+        snprintf(flags, sizeof flags, SMALL_CFG " --batch 24 --steps 8 --resume %s", ck);
         run_zero(np[i], stage[i], flags, &r);
         for (int s = 0; s < 3; s++) r.losses[s] = o.losses[s];  // not run: NaN there
         char what[64];
@@ -428,7 +428,7 @@ Test(zero05, resume_across_stages_and_world_sizes, .timeout = 200) {
 
 Test(zero05, nan_fails_cleanly_and_keeps_the_checkpoint, .timeout = 120) {
     GPT2Config cfg = {.V = 256, .T = 32, .L = 2, .C = 64, .NH = 4};
-    harness_assert_nan_fails_cleanly(ZERO " --zero 2", 3, SMALL " --steps 10", &cfg);
+    harness_assert_nan_fails_cleanly(ZERO " --zero 2", 3, SMALL_CFG " --batch 24 --steps 10", &cfg);
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -232,12 +232,17 @@ Test(ckpt, damaged_weights_are_refused) {
     magic = 20240326;
     memcpy(raw, &magic, 4);
 
-    int32_t version = 4;
+    int32_t version = 4, hdr_marker = 0;
     memcpy(raw + 4, &version, 4);
+    write_all(bad, raw, size);
+    expect_weights_refused(bad, "CRC32 mismatch in the header");  // the lab's: its header CRC
+    memcpy(raw + 48, &hdr_marker, 4);  // header[12] = 0: no header CRC, as llm.c writes them
     write_all(bad, raw, size);
     expect_weights_refused(bad, "unsupported version 4");
     version = 3;
+    hdr_marker = 0x4C414248;
     memcpy(raw + 4, &version, 4);
+    memcpy(raw + 48, &hdr_marker, 4);
 
     write_all(bad, raw, size);  // restored: loads again
     ckpt_load_weights(bad, &CFG, g_buf);
@@ -528,6 +533,61 @@ Test(ckpt, impossible_step_is_refused) {
     ckpt_save_state(path, &s);
     cr_assert_eq(ckpt_state_peek(path, &step, &total, why, sizeof why), 0, "%s", why);
     cr_assert(step == 100 && total == 100);
+    free_state(&s);
+    free_state(&g_state);
+}
+
+// Issue 23, item 4: the exact size and the CRC come before any header field is used or said.
+// Seen failing before: the appended byte loaded (state and weights), the peek of a state whose
+// step byte was flipped said step 145 (the CRC was only checked at the load), and a flipped NH
+// in a weights header (no CRC covered it) was reported as the file's NH.
+Test(ckpt, size_and_crc_come_before_the_header) {
+    size_t n = gpt2_param_count(&CFG);
+    TrainState s = make_state(n);
+    memset(&g_state, 0, sizeof(g_state));
+    g_state.params = malloc(n * 4); g_state.m = malloc(n * 4); g_state.v = malloc(n * 4);
+    char *good = in_dir("s23.bin"), *bad = in_dir("bad23.bin");
+    ckpt_save_state(good, &s);
+    size_t size;
+    unsigned char *raw = read_all(good, &size);
+    unsigned char *more = malloc(size + 1);
+    memcpy(more, raw, size);
+    more[size] = 0;
+    write_all(bad, more, size + 1);  // one byte appended
+    expect_state_refused(bad, CFG, "1 more than");
+    int step = -1, total = -1;
+    char why[512];
+    cr_assert_neq(ckpt_state_peek(bad, &step, &total, why, sizeof why), 0, "the peek took it");
+    cr_assert(strstr(why, "appended"), "%s", why);
+    raw[32] ^= 0x80;  // step 17 -> 145
+    write_all(bad, raw, size);
+    cr_assert_neq(ckpt_state_peek(bad, &step, &total, why, sizeof why), 0, "peek: step %d", step);
+    cr_assert(strstr(why, "CRC32 mismatch") && !strstr(why, "145"), "%s", why);
+    raw[32] ^= 0x80;
+    cr_assert_eq(ckpt_state_peek(good, &step, &total, why, sizeof why), 0, "%s", why);
+    cr_assert(step == 17 && total == 100);
+    // weights: one byte appended, refused by the load and by the peek flag parsing uses
+    float *p = test_params(n, 5);
+    g_buf = malloc(n * sizeof(float));
+    ckpt_save_weights(good, &CFG, p);
+    free(raw);
+    raw = read_all(good, &size);
+    free(more);
+    more = malloc(size + 1);
+    memcpy(more, raw, size);
+    more[size] = 7;
+    write_all(bad, more, size + 1);
+    expect_weights_refused(bad, "appended");
+    GPT2Config got;
+    cr_assert_neq(ckpt_weights_peek(bad, &got, why, sizeof why), 0, "the weights peek took it");
+    cr_assert(strstr(why, "1 more than"), "%s", why);
+    raw[5 * 4] ^= 0x04;  // NH 2 -> 6: the size is the same, the header CRC is not
+    write_all(bad, raw, size);
+    expect_weights_refused(bad, "CRC32 mismatch in the header");
+    raw[5 * 4] ^= 0x04;
+    cr_assert_eq(ckpt_weights_peek(good, &got, why, sizeof why), 0, "%s", why);
+    cr_assert(got.L == CFG.L && got.C == CFG.C && got.V == CFG.V);
+    free(raw); free(more); free(p); free(g_buf);
     free_state(&s);
     free_state(&g_state);
 }

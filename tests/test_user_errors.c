@@ -1,0 +1,311 @@
+// test_user_errors.c: nothing a user types destroys their data (issue 23), on every training
+// chapter: each bad input of BAD below is given to each chapter of CHAPTERS, and must be refused
+// before step 1 with one message (not one per rank) that says what is wrong, every rank gone
+// within PROMPT_S, every input file byte for byte as it was and no output written.
+//
+// A chapter added later is covered by one line in CHAPTERS (a parameterized test: Criterion runs
+// the chapters side by side).
+//
+// Seen failing before the fixes (this file run from /work/main's root, i.e. on the chapters as
+// they were, with the old common/): chapter 03:
+//   same-file data/save: accepted (exit 0), t.txt replaced by a checkpoint, "checksum changed";
+//   resume/save-weights: accepted, s.ckpt turned into a weights file; save/dump: accepted;
+//   save to a FIFO: accepted, the FIFO replaced by a regular file;
+//   --save /proc/..: accepted, trained, then failed at the save (after step 1);
+//   flipped step byte: "the state is at step 130 ... pass --steps > 130", no "CRC32";
+//   a byte appended to a state or weights file: accepted (exit 0);
+//   768 GiB of params: "out of host memory" printed by each rank, no size that fits;
+//   the state of another model on 08 and 09: "config mismatch" printed by each rank;
+//   --steps twice: accepted (the last won); --lr 1e-320: "is not a finite number".
+#include <criterion/criterion.h>
+#include <criterion/parameterized.h>
+#include <errno.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "check.h"
+#include "ckpt.h"
+#include "gpt2.h"
+#include "harness.h"
+
+// Every training chapter, with the fixed flags of a small valid layout and its ranks.
+// (Arrays, not pointers: Criterion hands each parameter to a new process by value.)
+typedef struct Chapter {
+    char tag[8];
+    char run[120];
+    int np;
+} Chapter;
+static const Chapter CHAPTERS[] = {
+    {"00", "./00_memory_budget/run --train", 1},
+    {"02", "./02_data_parallel/run", 2},
+    {"03", "./03_ddp/run", 2},
+    {"05", "./05_zero/run --zero 3", 2},
+    {"06", "./06_fsdp/run", 2},
+    {"07", "./07_tensor_parallel/run --tp 2", 2},
+    {"08", "./08_pipeline/run", 2},
+    {"09", "./09_3d/run --tp 1 --pp 2", 2},
+};
+
+#define MODEL "--layers 2 --channels 32 --heads 2 --seq 16 --batch 8 --steps 4"
+static const GPT2Config CFG = {.V = 256, .T = 16, .L = 2, .C = 32, .NH = 2};
+#define PROMPT_S 10.0  // a refusal ends the job in about 1 s; mpirun on a loaded machine adds some
+#define TIMEOUT_S 60
+
+// A bad input: the flags after MODEL ("@" stands for the test's directory; bare: instead of
+// MODEL), the words the one message must say (chapter 00 predicts memory and says it its own
+// way: words00), and words it must not say (a misleading hint).
+typedef struct Bad {
+    const char *what, *flags;
+    int bare;
+    const char *words[4];
+    const char *words00[4];
+    const char *never;
+} Bad;
+
+static const Bad BAD[] = {
+    // item 1: an output that is an input (through a link), or another output, or a FIFO
+    {"output is the input", "--data @/t.txt --save @/t.link", 0,
+     {"--save @/t.link", "--data @/t.txt", "same file"}, {0}, NULL},
+    {"output is the resumed state", "--resume @/s.ckpt --save-weights @/s.ckpt", 0,
+     {"--save-weights @/s.ckpt", "--resume @/s.ckpt", "same file"}, {0}, NULL},
+    {"two outputs, one file", "--save @/o.ckpt --dump @/o.ckpt", 0,
+     {"--save @/o.ckpt", "--dump @/o.ckpt", "same file"}, {0}, NULL},
+    {"output is a FIFO", "--save @/fifo", 0, {"--save @/fifo", "is a FIFO"}, {0}, NULL},
+    // item 5: a directory that exists but takes no files, found before step 1
+    {"output under /proc", "--trace /proc/lab_user_errors.json", 0,
+     {"--trace /proc/lab_user_errors.json", "cannot create /proc/lab_user_errors.json.tmp"}, {0},
+     "does the directory exist"},
+    // item 4: the CRC and the exact size before any header field
+    {"flipped step byte", "--resume @/flip.ckpt", 0, {"--resume @/flip.ckpt", "CRC32 mismatch"}, {0},
+     "pass --steps"},
+    {"state with a byte appended", "--resume @/app.ckpt", 0, {"--resume @/app.ckpt", "appended"},
+     {0}, NULL},
+    {"weights with a byte appended", "--load-weights @/app.bin", 0,
+     {"--load-weights @/app.bin", "appended"}, {0}, NULL},
+    // item 6: one message, also where every rank loads the file (08, 09)
+    {"state of another model", "--resume @/other.ckpt", 0,
+     {"config mismatch in @/other.ckpt", "T (--seq) = 8, this run has 16"}, {0}, NULL},
+    // item 6: one message naming what fits
+    {"768 GiB of params", "--layers 64 --channels 16384 --heads 128 --seq 16 --batch 8 --steps 1", 1,
+     {"out of host memory", "available", "per rank", "--layers"},
+     {"predicted memory", "available", "smaller model"}, NULL},
+    // item 7 and 8
+    {"a flag twice", "--steps 3", 0, {"--steps given twice", "--steps 4", "--steps 3"}, {0}, NULL},
+    {"an lr fp32 cannot hold", "--lr 1e-320", 0, {"--lr 1e-320 is out of range", "[0, 10]"}, {0},
+     "finite"},
+};
+#define NBAD (sizeof BAD / sizeof BAD[0])
+
+// The inputs every case may read, and their checksums.
+static const char *INPUTS[] = {"t.txt", "s.ckpt", "w.bin", "flip.ckpt", "app.ckpt", "app.bin",
+                               "other.ckpt"};
+#define NIN (sizeof INPUTS / sizeof INPUTS[0])
+
+static void write_bytes(const char *path, const void *p, size_t n) {
+    FILE *f = fopen(path, "wb");
+    cr_assert(f, "cannot write %s: %s", path, strerror(errno));
+    cr_assert_eq(fwrite(p, 1, n, f), n);
+    fclose(f);
+}
+
+static unsigned char *read_bytes(const char *path, size_t *n) {
+    FILE *f = fopen(path, "rb");
+    if (!f) return NULL;
+    fseek(f, 0, SEEK_END);
+    *n = (size_t)ftell(f);
+    rewind(f);
+    unsigned char *b = lab_xmalloc(*n + 1);
+    *n = fread(b, 1, *n, f);
+    fclose(f);
+    return b;
+}
+
+static uint32_t crc_of_file(const char *dir, const char *name) {
+    char path[512];
+    snprintf(path, sizeof path, "%s/%s", dir, name);
+    size_t n;
+    unsigned char *b = read_bytes(path, &n);
+    if (!b) return 0;
+    uint32_t crc = crc32_of(b, n) ^ (uint32_t)n;
+    free(b);
+    return crc;
+}
+
+// The test's directory: a text file (and a link to it), a state after 2 steps and weights of
+// the MODEL config, the same with a flipped step byte or a byte appended, and a FIFO.
+static void make_inputs(char *dir, size_t len) {
+    snprintf(dir, len, "/tmp/lab_user_errors_%d_XXXXXX", (int)getpid());
+    cr_assert(mkdtemp(dir), "mkdtemp: %s", strerror(errno));
+    char p[512], q[512];
+    size_t n = gpt2_param_count(&CFG);
+    float *zeros = calloc(n, sizeof(float));
+    char text[4096];
+    for (size_t i = 0; i < sizeof text; i++) text[i] = (char)('a' + (i * 7) % 26);
+    snprintf(p, sizeof p, "%s/t.txt", dir);
+    write_bytes(p, text, sizeof text);
+    snprintf(q, sizeof q, "%s/t.link", dir);
+    cr_assert_eq(symlink("t.txt", q), 0);
+    TrainState st = {.cfg = CFG, .step = 2, .n = n, .params = zeros, .m = zeros, .v = zeros};
+    snprintf(p, sizeof p, "%s/s.ckpt", dir);
+    ckpt_save_state(p, &st);
+    size_t size;
+    unsigned char *raw = read_bytes(p, &size);
+    raw[32] ^= 0x80;  // step 2 -> 130, the CRC no longer matches
+    snprintf(q, sizeof q, "%s/flip.ckpt", dir);
+    write_bytes(q, raw, size);
+    raw[32] ^= 0x80;
+    raw[size] = 'x';
+    snprintf(q, sizeof q, "%s/app.ckpt", dir);
+    write_bytes(q, raw, size + 1);
+    free(raw);
+    GPT2Config other = CFG;  // --seq 8: a whole, valid state of another model
+    other.T = 8;
+    st.cfg = other;
+    st.n = gpt2_param_count(&other);
+    float *more = calloc(st.n, sizeof(float));
+    st.params = st.m = st.v = more;
+    snprintf(q, sizeof q, "%s/other.ckpt", dir);
+    ckpt_save_state(q, &st);
+    free(more);
+    snprintf(p, sizeof p, "%s/w.bin", dir);
+    ckpt_save_weights(p, &CFG, zeros);
+    raw = read_bytes(p, &size);
+    raw[size] = 'x';
+    snprintf(q, sizeof q, "%s/app.bin", dir);
+    write_bytes(q, raw, size + 1);
+    free(raw);
+    snprintf(p, sizeof p, "%s/fifo", dir);
+    cr_assert_eq(mkfifo(p, 0600), 0);
+    free(zeros);
+}
+
+static void remove_inputs(const char *dir) {
+    char cmd[600];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
+    cr_assert_eq(system(cmd), 0);
+}
+
+// s with every "@" replaced by dir.
+static void expand(char *out, size_t len, const char *s, const char *dir) {
+    size_t k = 0;
+    for (; *s && k + 1 < len; s++) {
+        if (*s == '@') k += (size_t)snprintf(out + k, len - k, "%s", dir);
+        else out[k++] = *s;
+        if (k >= len) k = len - 1;
+    }
+    out[k] = '\0';
+}
+
+static int count(const char *hay, const char *needle) {
+    int n = 0;
+    for (const char *p = hay; p && (p = strstr(p, needle)); p += strlen(needle)) n++;
+    return n;
+}
+
+// One bad input on one chapter, in a directory of its own: 1 when it was refused cleanly, else 0
+// (said on stderr with the run's output).
+typedef struct Job {
+    const Chapter *c;
+    const Bad *bad;
+    char dir[256];
+    uint32_t sums[NIN];
+    int ok;
+} Job;
+
+static void *run_job(void *arg) {
+    Job *j = arg;
+    const Chapter *c = j->c;
+    const Bad *bad = j->bad;
+    const char *dir = j->dir;
+    char flags[1024], cmd[2048], word[512], why[640] = "";
+    expand(flags, sizeof flags, bad->flags, dir);
+    snprintf(cmd, sizeof cmd, "%s %s %s", c->run, bad->bare ? "" : MODEL, flags);
+    char *out = NULL;
+    double t0 = lab_now();
+    int rc = harness_mpirun(c->np, cmd, &out, TIMEOUT_S);
+    double secs = lab_now() - t0;
+    const char *const *words = strcmp(c->tag, "00") == 0 && bad->words00[0] ? bad->words00
+                                                                             : bad->words;
+    if (rc == 0) snprintf(why, sizeof why, "accepted (exit 0)");
+    else if (rc == 124) snprintf(why, sizeof why, "hung (killed after %d s)", TIMEOUT_S);
+    else if (secs > PROMPT_S) snprintf(why, sizeof why, "took %.1f s to end", secs);
+    for (int w = 0; !why[0] && w < 4 && words[w]; w++) {
+        expand(word, sizeof word, words[w], dir);
+        if (!harness_contains(out, word)) snprintf(why, sizeof why, "no \"%s\" in the message", word);
+    }
+    if (!why[0] && count(out, "error:") != 1)
+        snprintf(why, sizeof why, "\"error:\" printed %d times, not once", count(out, "error:"));
+    if (!why[0] && bad->never && harness_contains(out, bad->never))
+        snprintf(why, sizeof why, "the message says \"%s\"", bad->never);
+    if (!why[0] && harness_contains(out, "  loss "))  // a progress line
+        snprintf(why, sizeof why, "refused only after step 1");
+    for (size_t i = 0; !why[0] && i < NIN; i++)
+        if (crc_of_file(dir, INPUTS[i]) != j->sums[i])
+            snprintf(why, sizeof why, "the input %s/%s changed (checksum)", dir, INPUTS[i]);
+    struct stat st;
+    char p[512];
+    snprintf(p, sizeof p, "%s/fifo", dir);
+    if (!why[0] && (stat(p, &st) != 0 || !S_ISFIFO(st.st_mode)))
+        snprintf(why, sizeof why, "%s is no longer a FIFO", p);
+    snprintf(p, sizeof p, "%s/o.ckpt", dir);
+    if (!why[0] && access(p, F_OK) == 0) snprintf(why, sizeof why, "%s was written", p);
+    if (why[0])
+        fprintf(stderr, "%s, %s: %s\n  -np %d %s\n%s\n", c->tag, bad->what, why, c->np, cmd,
+                out ? out : "(no output)");
+    free(out);
+    j->ok = why[0] == 0;
+    return NULL;
+}
+
+// The jobs, JOBS_AT_ONCE at a time: a refused run mostly waits (for mpirun, for the abort), so
+// running a few side by side keeps the whole test short even under -j1.
+#define JOBS_AT_ONCE 4
+static Job g_jobs[NBAD];
+static size_t g_next, g_njobs;
+static pthread_mutex_t g_lock = PTHREAD_MUTEX_INITIALIZER;
+static void *worker(void *arg) {
+    (void)arg;
+    for (;;) {
+        pthread_mutex_lock(&g_lock);
+        size_t k = g_next++;
+        pthread_mutex_unlock(&g_lock);
+        if (k >= g_njobs) return NULL;
+        run_job(&g_jobs[k]);
+    }
+}
+
+// Every bad input of BAD on one chapter; returns the number not refused cleanly.
+static int refuse_all(const Chapter *c) {
+    Job *jobs = g_jobs;
+    for (size_t b = 0; b < NBAD; b++) {
+        jobs[b] = (Job){.c = c, .bad = &BAD[b]};
+        make_inputs(jobs[b].dir, sizeof jobs[b].dir);
+        for (size_t i = 0; i < NIN; i++) jobs[b].sums[i] = crc_of_file(jobs[b].dir, INPUTS[i]);
+    }
+    g_next = 0, g_njobs = NBAD;
+    pthread_t t[JOBS_AT_ONCE];
+    for (int i = 0; i < JOBS_AT_ONCE; i++) pthread_create(&t[i], NULL, worker, NULL);
+    for (int i = 0; i < JOBS_AT_ONCE; i++) pthread_join(t[i], NULL);
+    int failed = 0;
+    for (size_t b = 0; b < NBAD; b++) {
+        failed += !jobs[b].ok;
+        remove_inputs(jobs[b].dir);
+    }
+    return failed;
+}
+
+ParameterizedTestParameters(user_errors, every_chapter) {
+    static Chapter chapters[sizeof CHAPTERS / sizeof CHAPTERS[0]];
+    memcpy(chapters, CHAPTERS, sizeof CHAPTERS);
+    return cr_make_param_array(Chapter, chapters, sizeof CHAPTERS / sizeof CHAPTERS[0]);
+}
+
+ParameterizedTest(const Chapter *c, user_errors, every_chapter, .timeout = 300) {
+    int failed = refuse_all(c);
+    cr_assert_eq(failed, 0, "chapter %s: %d of %zu bad inputs not refused cleanly (above)", c->tag,
+                 failed, NBAD);
+}
