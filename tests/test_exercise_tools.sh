@@ -69,18 +69,21 @@ ok "reference: table rows, points and closing line" out_has "$tmp/last" \
 cp 99_fixture/calc.c "$tmp/calc.c.good"; cp 99_fixture/main.c "$tmp/main.c.good"
 sleep 1                                     # the edits are newer than the build, as any real one
 sed -i 's/s += x\[i\];/s -= x[i];/' 99_fixture/calc.c          # 99.1 edited back into a wrong one
-ok "stale: 99.1 broken again: make grade EX=99.1 drops, no rebuild asked for" fails make grade EX=99.1
+ok "stale: 99.1 broken again: bash tools/grade.sh build 99.1 drops, no rebuild asked for" \
+    fails bash tools/grade.sh build 99.1
 cp "$tmp/last" "$tmp/stale"
 ok "stale: ... to 0 of 2, only 99.1 graded" out_has "$tmp/stale" \
     "99.1      Sum a vector      0/2     0/10  fail" "grade: 0 passed, 1 failed"
 ok "stale: ... only what changed was rebuilt (calc.c, not clamp.c)" bash -c '
     ! grep -q "clamp.c" "$0" && grep -q "99_fixture/calc.c" "$0"' "$tmp/stale"
-ok "stale: bash tools/grade.sh build 99.1 (no make) drops too" fails bash tools/grade.sh build 99.1
-ok "stale: ... 0 of 2" out_has "$tmp/last" "99.1      Sum a vector      0/2     0/10  fail"
 cp "$tmp/calc.c.good" 99_fixture/calc.c
 ok "stale: fixed again, it passes again (make grade EX=\"99.1 99.2\": two exercises)" make -s grade EX="99.1 99.2"
 ok "stale: ... both graded" out_has "$tmp/last" "99.1      Sum a vector             2/2    10/10  pass" \
     "99.2      Maximum of a vector      3/3    10/10  pass" "grade: 2 passed, 0 failed"
+sed -i 's/if (x\[i\] > m) m = x\[i\];/if (x[i] < m) m = x[i];/' 99_fixture/calc.c     # 99.2 broken
+ok "stale: 99.2 broken: make grade EX=99.2 drops" fails make -s grade EX=99.2
+ok "stale: ... to 0 of 3" out_has "$tmp/last" "99.2      Maximum of a vector      0/3     0/10  fail"
+cp "$tmp/calc.c.good" 99_fixture/calc.c
 sed -i 's/"max %.2f\\n"/"max %.1f\\n"/' 99_fixture/main.c   # only the program a 99.2 test runs
 ok "stale: a program the tests launch is rebuilt too (make grade CHAPTER=99)" fails make -s grade CHAPTER=99
 ok "stale: ... its test fails, the others pass" out_has "$tmp/last" \
