@@ -4,7 +4,7 @@
 #   make all            every chapter, the tests and the tools
 #   make tour           build and run every chapter briefly on 4 ranks (the lab's main job)
 #   make test           build and run the whole test suite
-#   make grade          the exercise table (id, title, tests passed, points)
+#   make grade          the exercise table, built from the current sources (EX=08.1: one exercise)
 #   make student        the student version in ./student (exercise solutions replaced by stubs)
 #   make bench          single-rank training speed vs this core's SGEMM peak
 #   make matrix         the test matrix: every chapter x dtype x layout x resume x accumulation vs 00
@@ -173,8 +173,10 @@ all: $(addsuffix /run,$(CHAPTERS)) tests
 test: tests
 	@bash tools/run_tests.sh $(BUILD) $(TEST_BINS)
 
-grade: tests
-	@bash tools/grade.sh $(BUILD)
+# grade.sh runs $(MAKE) first for exactly the targets the graded tests need (their test binaries,
+# the chapters and MPI programs they launch), with this make's variables and -j: never stale.
+grade:
+	@MAKE='$(MAKE)' bash tools/grade.sh $(BUILD) $(EX)
 
 tour: $(addsuffix /run,$(CHAPTERS))
 	@NP=$(NP) bash tools/tour.sh $(CHAPTERS)

@@ -2,8 +2,10 @@
 # test_exercise_tools.sh: checks tools/make_student.sh, tools/grade.sh and
 # tools/prove_exercises.sh on the miniature lab in tests/fixtures/exercises (three exercises,
 # one of them in common/), copied with the real Makefile and tools/ into a temporary directory.
+# Among them: a solved exercise edited back into a wrong one makes the grade drop, with no
+# rebuild asked for (grading builds from the current sources first).
 #
-#   bash tests/test_exercise_tools.sh        (about a minute on 2 cores)
+#   bash tests/test_exercise_tools.sh        (about a minute and a half on 2 cores)
 #
 # Ends with the line "test_exercise_tools: N passed, N failed"; exit status 1 when a check fails.
 set -uo pipefail
@@ -58,8 +60,40 @@ ok "markers: README anchors computed as GitHub does" bash -c '
 # --- grading the reference --------------------------------------------------------------------
 ok "reference: make grade passes every exercise" make -s grade
 ok "reference: table rows, points and closing line" out_has "$tmp/last" \
-    "98.1      Clamp a value            1/1    10/10  pass" "total                              5/5    30/30" \
+    "98.1      Clamp a value            1/1    10/10  pass" "total                              6/6    30/30" \
     "grade: 3 passed, 0 failed"
+
+# --- grading is never stale: it builds from the current sources first ----------------------------
+# The issue this guards: a solved exercise broken again still graded as passed, because grade ran
+# the binaries of the last build. Every edit below is followed by a grade and nothing else.
+cp 99_fixture/calc.c "$tmp/calc.c.good"; cp 99_fixture/main.c "$tmp/main.c.good"
+sleep 1                                     # the edits are newer than the build, as any real one
+sed -i 's/s += x\[i\];/s -= x[i];/' 99_fixture/calc.c          # 99.1 edited back into a wrong one
+ok "stale: 99.1 broken again: bash tools/grade.sh build 99.1 drops, no rebuild asked for" \
+    fails bash tools/grade.sh build 99.1
+cp "$tmp/last" "$tmp/stale"
+ok "stale: ... to 0 of 2, only 99.1 graded" out_has "$tmp/stale" \
+    "99.1      Sum a vector      0/2     0/10  fail" "grade: 0 passed, 1 failed"
+ok "stale: ... only what changed was rebuilt (calc.c, not clamp.c)" bash -c '
+    ! grep -q "clamp.c" "$0" && grep -q "99_fixture/calc.c" "$0"' "$tmp/stale"
+cp "$tmp/calc.c.good" 99_fixture/calc.c
+ok "stale: fixed again, it passes again (make grade EX=\"99.1 99.2\": two exercises)" make -s grade EX="99.1 99.2"
+ok "stale: ... both graded" out_has "$tmp/last" "99.1      Sum a vector             2/2    10/10  pass" \
+    "99.2      Maximum of a vector      3/3    10/10  pass" "grade: 2 passed, 0 failed"
+sed -i 's/if (x\[i\] > m) m = x\[i\];/if (x[i] < m) m = x[i];/' 99_fixture/calc.c     # 99.2 broken
+ok "stale: 99.2 broken: make grade EX=99.2 drops" fails make -s grade EX=99.2
+ok "stale: ... to 0 of 3" out_has "$tmp/last" "99.2      Maximum of a vector      0/3     0/10  fail"
+cp "$tmp/calc.c.good" 99_fixture/calc.c
+sed -i 's/"max %.2f\\n"/"max %.1f\\n"/' 99_fixture/main.c   # only the program a 99.2 test runs
+ok "stale: a program the tests launch is rebuilt too (make grade CHAPTER=99)" fails make -s grade CHAPTER=99
+ok "stale: ... its test fails, the others pass" out_has "$tmp/last" \
+    "99.2      Maximum of a vector      2/3     6/10  fail" "failing  test_fixture::the_program_prints_the_maximum"
+cp "$tmp/main.c.good" 99_fixture/main.c
+printf 'float calc_sum(const float *x, size_t n) { return x[n] }\n' >>99_fixture/calc.c
+ok "stale: code that does not compile grades nothing" fails make -s grade EX=99.1
+ok "stale: ... and says so" out_has "$tmp/last" "grade: the build failed" "grade: 0 passed, 1 failed"
+cp "$tmp/calc.c.good" 99_fixture/calc.c
+ok "stale: back to the reference, everything passes" make -s grade
 
 # --- the student version ----------------------------------------------------------------------
 echo "scratch" >untracked_note.txt            # untracked, not ignored: copied
@@ -83,7 +117,7 @@ ok "student: Makefile builds with STUDENT=1 by default" bash -c '
          <(grep -v "^$" Makefile)'
 ok "student: make grade fails, every exercise 0 points, stub message seen" fails make -s -C student grade
 ok "student: grade table for the stubs" out_has "$tmp/last" \
-    "99.1      Sum a vector             0/2     0/10  todo" "total                              0/5     0/30" \
+    "99.1      Sum a vector             0/2     0/10  todo" "total                              0/6     0/30" \
     "read     99_fixture/README.md#exercise-991-sum-a-vector" "grade: 0 passed, 3 failed"
 ok "student: builds with clang too" make -s -C student BUILD=build-clang CC=clang tests
 ok "student: make student refuses to overwrite a student's work" fails make -s student
@@ -91,7 +125,10 @@ ok "student: ... and says why" has "already exists" "$tmp/last"
 cp 99_fixture/calc.c student/99_fixture/calc.c     # the student "solves" 99.1 and 99.2
 ok "student: solved exercises pass (make grade CHAPTER=99)" make -s -C student grade CHAPTER=99
 ok "student: grade.sh by id" bash student/tools/grade.sh build 99.2
-ok "student: ... grades only that exercise" out_has "$tmp/last" "99.2      Maximum of a vector      2/2    10/10  pass" "grade: 1 passed, 0 failed"
+ok "student: ... grades only that exercise" out_has "$tmp/last" "99.2      Maximum of a vector      3/3    10/10  pass" "grade: 1 passed, 0 failed"
+sed -i 's/if (x\[i\] > m) m = x\[i\];/if (x[i] < m) m = x[i];/' student/99_fixture/calc.c   # solved, then broken again
+ok "student: 99.2 broken again: make grade EX=99.2 drops (in the student tree too)" fails make -s -C student grade EX=99.2
+ok "student: ... to 0 of 3, the program's test too" out_has "$tmp/last" "99.2      Maximum of a vector      0/3     0/10  fail"
 rm -rf student
 
 # --- one chapter --------------------------------------------------------------------------------
@@ -150,7 +187,7 @@ ok "prove: table and closing line" out_has "$tmp/last" \
     "prove: 3 passed, 0 failed"
 ok "prove --literal: the same verdict" bash tools/prove_exercises.sh --literal
 ok "prove --literal: table and closing line" out_has "$tmp/last" \
-    "99.1      Sum a vector         2/2        2/2         3/3" "prove: 3 passed, 0 failed"
+    "99.1      Sum a vector         2/2        2/2         4/4" "prove: 3 passed, 0 failed"
 
 # Three defects at once: a test that passes on its stub (99.2), a test that needs another
 # exercise's solution (ex99_2 calls calc_sum, 99.1), a link to a heading that does not exist (99.1).
@@ -167,13 +204,13 @@ EOF
 sed -i 's|^## Exercise 99.1: Sum a vector|## Exercise 99.1: Sum up a vector|' "$dis/99_fixture/README.md"
 ok "prove: finds the defects (non-zero exit)" fails bash "$dis/tools/prove_exercises.sh"
 ok "prove: ... names each one" out_has "$tmp/last" \
-    "99.2: 1 of its 4 tests pass on the stub" \
+    "99.2: 1 of its 5 tests pass on the stub" \
     "99.2: its tests need another exercise's solution; with every other exercise stubbed these fail: test_fixture::needs_the_sum (they reached the stub of 99.1)" \
     "99.1: its marker (99_fixture/calc.c:8) links to 99_fixture/README.md#exercise-991-sum-a-vector, but 99_fixture/README.md has no heading" \
     "prove: 1 passed, 2 failed"
 ok "prove --literal: finds them too" fails bash "$dis/tools/prove_exercises.sh" --literal
 ok "prove --literal: ... and names them" out_has "$tmp/last" \
-    "99.2: 1 of its 4 tests pass on the stub" "99.1: stubbing it breaks the tests of 99.2" \
+    "99.2: 1 of its 5 tests pass on the stub" "99.1: stubbing it breaks the tests of 99.2" \
     "prove: 1 passed, 2 failed"
 
 # A stub that does not compile: 98.1's variable is declared inside its region.

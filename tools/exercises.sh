@@ -155,3 +155,28 @@ ex_check_link() {
 ex_chapters() {
     (cd "$1" && shopt -s nullglob && for d in [0-9][0-9]_*/main.c; do printf '%s\n' "${d%/main.c}"; done)
 }
+
+# ex_test_sources ROOT [SUITE]...: the test sources (tests/test_*.c, relative to ROOT) that hold
+# those Criterion suites (any ex* suite with none), one a line.
+ex_test_sources() {
+    local root=$1 pat='ex[0-9][0-9]_[0-9]+' f; shift
+    [ $# -gt 0 ] && pat="($(IFS='|'; echo "$*"))"
+    (cd "$root" && for f in tests/test_*.c; do
+        [ -f "$f" ] && grep -qE "(^|[^A-Za-z0-9_])$pat([^A-Za-z0-9_]|$)" "$f" && printf '%s\n' "$f"
+    done)
+}
+
+# ex_test_targets ROOT BUILD SOURCE...: the make targets that running those test sources needs:
+# their test binaries, and the programs they launch: every chapter (./<chapter>/run) and every
+# MPI test program (BUILD/tests/mpi_*) whose name the source mentions. A superset is harmless:
+# make rebuilds only what is out of date.
+ex_test_targets() {
+    local root=$1 build=$2 src name; shift 2
+    for src in "$@"; do
+        printf '%s/tests/%s\n' "$build" "$(basename "${src%.c}")"
+        for name in $(grep -oE '[0-9][0-9]_[A-Za-z0-9_]+|mpi_[A-Za-z0-9_]+' "$root/$src" | sort -u); do
+            if [ -f "$root/$name/main.c" ]; then printf '%s/run\n' "$name"
+            elif [ -f "$root/tests/$name.c" ]; then printf '%s/tests/%s\n' "$build" "$name"; fi
+        done
+    done | awk '!seen[$0]++'
+}

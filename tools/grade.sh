@@ -1,16 +1,21 @@
 #!/usr/bin/env bash
-# grade.sh: run the tests of each exercise and print the grade table (make grade).
+# grade.sh: build what the exercises' tests need, run them, print the grade table (make grade).
 #
-#   tools/grade.sh [--tsv FILE] [--timeout S] BUILD [CHAPTER|ID]...
+#   tools/grade.sh [--tsv FILE] [--timeout S] [--no-build] BUILD [CHAPTER|ID]...
 #
 # Exercises come from the // EXERCISE markers in common/ and the chapters (id and title);
-# exercise 04.1 is graded by the Criterion suite ex04_1, found with --list in BUILD/tests/test_*
-# and run with --filter 'ex04_1/*'. Each exercise is worth 10 points, shared equally by its
-# tests. With CHAPTER (04_ring_allreduce or 04) or ids (04.1), only those exercises are graded;
-# with none, the CHAPTER environment variable (make grade CHAPTER=04) picks the chapter.
+# exercise 04.1 is graded by the Criterion suite ex04_1 in tests/test_*.c, run with
+# --filter 'ex04_1/*'. Each exercise is worth 10 points, shared equally by its tests. With
+# CHAPTER (04_ring_allreduce or 04) or ids (04.1), only those exercises are graded; with none,
+# the CHAPTER and EX environment variables (make grade CHAPTER=04, make grade EX=04.1) pick them.
+# First, make builds (in BUILD, from the current sources, only what changed) the test binaries
+# that hold those suites and the chapters and MPI test programs their sources name: a grade
+# never comes from a stale binary. A build that fails grades nothing.
 #   --tsv FILE    also write one line per exercise: id TAB passed TAB total TAB status TAB failing
 #   --timeout S   seconds one exercise's tests may run (default 300; env GRADE_TIMEOUT)
+#   --no-build    grade the binaries in BUILD as they are (for a caller that has just built them)
 #   GRADE_JOBS=N  tests run at once by one test binary (default 1)
+#   MAKE          the make to run (make grade passes its own, with its variables and -j)
 # Exit status 0 when every graded exercise passes all its tests and there is no defect (an
 # exercise with no tests, tests with no exercise, a malformed marker), 1 otherwise.
 set -uo pipefail
@@ -19,12 +24,13 @@ root=$(cd "$here/.." && pwd)
 # shellcheck source=tools/exercises.sh
 . "$here/exercises.sh"
 
-usage() { sed -n '3,15p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//' >&2; exit 2; }
-tsv=; timeout_s=${GRADE_TIMEOUT:-300}
+usage() { sed -n '3,21p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//' >&2; exit 2; }
+tsv=; timeout_s=${GRADE_TIMEOUT:-300}; do_build=1
 while [ $# -gt 0 ]; do
     case $1 in
         --tsv) [ $# -ge 2 ] || usage; tsv=$2; shift 2 ;;
         --timeout) [ $# -ge 2 ] || usage; timeout_s=$2; shift 2 ;;
+        --no-build) do_build=0; shift ;;
         -h|--help) usage ;;
         -*) echo "grade: unknown option $1" >&2; usage ;;
         *) break ;;
@@ -32,9 +38,12 @@ while [ $# -gt 0 ]; do
 done
 [ $# -ge 1 ] || usage
 build=$1; shift
+build_arg=$build
 cd "$root" || exit 2
 case $build in /*) ;; *) build="$root/$build" ;; esac
 filters=("$@")
+# shellcheck disable=SC2206
+[ ${#filters[@]} -eq 0 ] && [ -n "${EX:-}" ] && filters=(${EX//,/ })
 [ ${#filters[@]} -eq 0 ] && [ -n "${CHAPTER:-}" ] && filters=("$CHAPTER")
 
 exercises=$(ex_list "$root") || { echo "grade: fix the exercise markers above" >&2; exit 1; }
@@ -50,11 +59,45 @@ wanted() {
     return 1
 }
 
-# What the test binaries hold: "suite count binary" for every ex* suite.
+# The test sources that hold the graded exercises' suites (every ex* suite when grading all).
+want_suites=()
+while IFS=$'\t' read -r id _; do
+    [ -n "$id" ] && [ ${#filters[@]} -gt 0 ] && wanted "$id" && want_suites+=("$(ex_suite "$id")")
+done <<<"$exercises"
+if [ ${#filters[@]} -gt 0 ] && [ ${#want_suites[@]} -eq 0 ]; then
+    sources=
+else
+    sources=$(ex_test_sources "$root" "${want_suites[@]}")
+fi
+
+# Build them and what they launch, from the current sources (make's own dependencies: only
+# what changed is rebuilt). Under `make grade`, MAKEFLAGS carries its variables and -j.
+if [ $do_build = 1 ] && [ -n "$sources" ]; then
+    case $build_arg in "$root"/*) build_arg=${build_arg#"$root"/} ;; esac
+    # shellcheck disable=SC2046
+    targets=$(ex_test_targets "$root" "$build_arg" $sources)
+    jobs=()
+    case " ${MAKEFLAGS:-} " in *" -j"*|*--jobserver*) ;; *) jobs=(-j"$(nproc 2>/dev/null || echo 2)") ;; esac
+    # shellcheck disable=SC2086
+    ${MAKE:-make} -C "$root" --no-print-directory "${jobs[@]}" BUILD="$build_arg" $targets 2>&1 |
+        grep -vE "^make(\[[0-9]+\])?: ('.*' is up to date|Nothing to be done for)"
+    if [ "${PIPESTATUS[0]}" -ne 0 ]; then
+        echo "grade: the build failed (the compiler's messages are above); nothing was graded" >&2
+        echo "grade: 0 passed, 1 failed"
+        exit 1
+    fi
+fi
+
+# What those test binaries hold: "suite count binary" for every ex* suite. Only the binaries of
+# these sources: another file in BUILD/tests may be stale.
 suites=
-shopt -s nullglob
-for bin in "$build"/tests/test_*; do
-    [ -f "$bin" ] && [ -x "$bin" ] || continue
+for src in $sources; do
+    bin=$build/tests/$(basename "${src%.c}")
+    if [ ! -x "$bin" ]; then
+        echo "grade: $bin is missing (make grade builds it); nothing was graded" >&2
+        echo "grade: 0 passed, 1 failed"
+        exit 1
+    fi
     if ! listing=$("$bin" --list 2>&1); then
         echo "grade: $bin --list failed:" >&2; printf '%s\n' "$listing" | tail -n 5 >&2
         continue
@@ -63,10 +106,6 @@ for bin in "$build"/tests/test_*; do
         awk -v bin="$bin" '$1 ~ /^ex[0-9][0-9]_[0-9]+:$/ && $3 ~ /^tests?$/ {
             sub(/:$/, "", $1); print $1, $2, bin }')$'\n'
 done
-if [ -z "$(ls "$build"/tests/test_* 2>/dev/null)" ] && [ -n "$exercises" ]; then
-    echo "grade: no test binaries in $build/tests (run 'make grade', which builds them first)" >&2
-    exit 1
-fi
 
 logdir="$build/grade"
 mkdir -p "$logdir"
