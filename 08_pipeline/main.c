@@ -199,8 +199,10 @@ static double local_norm_sq(Chunk *ch, int v) {
 static void adamw_all(const AdamW *h, Chunk *ch, int v, int step, float scale) {
     for (int c = 0; c < v; c++) {
         GPT2 *m = &ch[c].model;
-        AdamWRange r = train_adamw_range(m, 0, m->num_params, ch[c].master, train_grads(m),
-                                         ch[c].opt_m, ch[c].opt_v, m->params_bf16);
+        AdamWRange r = {.lo = 0, .hi = m->num_params, .master = ch[c].master,
+                        .grad = train_grads(m), .m = ch[c].opt_m, .v = ch[c].opt_v};
+        if (m->dtype == GPT2_BF16)
+            r.bf16 = m->params_bf16, r.scratch = m->work_grads, r.chunk = m->work_size;
         adamw_update(h, m->k, step, &r, m->plist, m->nplist, scale);
         train_master_to_model(m, ch[c].master);
     }
