@@ -31,19 +31,21 @@ void train_master_init(GPT2 *m, float *master, uint64_t seed) {
     train_master_to_model(m, master);
 }
 
-void train_adamw_step(const AdamW *h, GPT2 *m, int step, float *master, float *opt_m,
-                      float *opt_v, const GPT2Param *plist, int nplist) {
+double train_adamw_step(const AdamW *h, GPT2 *m, int step, float *master, float *opt_m,
+                        float *opt_v, const GPT2Param *plist, int nplist) {
     const Kernels *k = m->k;
     const size_t n = m->num_params;
     if (m->dtype == GPT2_FP32) {
-        float scale = adamw_clip_scale(h, k->sum_squares(m->grads, n), step);
+        double norm_sq = k->sum_squares(m->grads, n);
+        float scale = adamw_clip_scale(h, norm_sq, step);
         adamw_step(h, k, step, master, m->grads, opt_m, opt_v, 0, n, plist, nplist, scale);
-        return;
+        return norm_sq;
     }
     double norm_sq = bf16_sum_squares(k, m->grads_bf16, n, m->work_grads, m->work_size);
     float scale = adamw_clip_scale(h, norm_sq, step);
     adamw_step_bf16(h, k, step, master, m->params_bf16, m->grads_bf16, opt_m, opt_v, 0, n, plist,
                     nplist, scale, m->work_grads, m->work_size);
+    return norm_sq;
 }
 
 // n values of the model's precision (fp32 or bf16 storage) -> fp32 on the host, in llm.c's
