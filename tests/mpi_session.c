@@ -124,7 +124,7 @@ int main(int argc, char **argv) {
                        .mfu = 0.123, .z_loss = NAN, .z_grad_norm = -150.0};
     session_progress_line(line, sizeof line, 7, &hr, 0.04);
     const char *want = "step     1/7  loss 2.5000 z     -  gnorm   1.2500 z -99.9  lr 1.00e-03     "
-                       " 1000 tok/s  MFU 12.3%  ETA   0.0 s";
+                       "1000 tok/s  MFU 12.3%  ETA   0.0 s";
     mpi_check(strcmp(line, want) == 0, "progress line \"%s\", not \"%s\"", line, want);
     int bad = mpi_failed();
     dist_all_reduce(&bad, &bad, 1, DIST_I32, DIST_SUM, dist_world());
