@@ -68,10 +68,10 @@ static const struct { const char *match; double bf16, fp32; } gpu_peaks[] = {
 
 double health_peak_flops(Device dev, int bf16) {
     if (dev == DEV_CPU) {
-        static double peak;  // once per process: 3 runs (~0.1 s), the best
+        static double peak;  // once per process: a warm-up and 2 runs, the best (~70 ms)
         if (peak == 0) {
             health_sgemm_gflops();  // warm-up (pages, caches)
-            for (int i = 0; i < 3; i++) peak = fmax(peak, health_sgemm_gflops() * 1e9);
+            for (int i = 0; i < 2; i++) peak = fmax(peak, health_sgemm_gflops() * 1e9);
         }
         return peak;
     }

@@ -25,8 +25,8 @@ double health_z(const HealthWindow *w, double x);
 void health_window_push(HealthWindow *w, double x);  // non-finite values are left out
 
 // The FLOP/s one device of this kind can do, for MFU. CPU: this core's SGEMM rate, measured
-// once per process (the best of a few 1024^3 cblas_sgemm, as `make bench` measures it,
-// tools/bench.c); CUDA: a table of known GPUs' dense peaks (bf16 tensor core or fp32). 0 when
+// once per process (the best of two 1024^3 cblas_sgemm after a warm-up, ~70 ms of CPU, the
+// SGEMM `make bench` measures, tools/bench.c); CUDA: a table of known GPUs' dense peaks (bf16 tensor core or fp32). 0 when
 // unknown (MFU is then not shown).
 double health_peak_flops(Device dev, int bf16);
 // One 1024^3 SGEMM on this core, timed in CPU time: its GFLOP/s (tools/bench.c's reference).
