@@ -222,11 +222,13 @@ static void train(const LabArgs *args) {
         // 1. the batch of this step
         data_batch(&s.data, (uint64_t)step, B, T, 0, B, s.inputs, s.targets);
         // 2. forward: mean cross-entropy over the B*T positions
+        double t0 = lab_now();
         int tok = trace_begin("forward", TRACE_COMPUTE);
         gpt2_zero_grad(&s.model);
         float loss = gpt2_forward(&s.model, s.inputs, s.targets);
         trace_end(tok);
         // 3. backward: d(mean loss)/d(loss at a position) = 1/(B*T)
+        double t1 = lab_now();
         tok = trace_begin("backward", TRACE_COMPUTE);
         gpt2_backward(&s.model, 1.0f / (float)(B * T));
         trace_end(tok);
@@ -234,10 +236,16 @@ static void train(const LabArgs *args) {
         // 4. clip the global gradient norm (fails the run on NaN/Inf), then AdamW on the master.
         //    bf16: the gradients are widened to fp32 a chunk at a time, AdamW updates the fp32
         //    master, then the bf16 weights become the master rounded to nearest even.
+        double t2 = lab_now();
         tok = trace_begin("optimizer", TRACE_COMPUTE);
-        train_adamw_step(&s.opt, &s.model, step, s.master, s.opt_m, s.opt_v, s.plist, s.nplist);
+        double norm_sq =
+            train_adamw_step(&s.opt, &s.model, step, s.master, s.opt_m, s.opt_v, s.plist, s.nplist);
         trace_end(tok);
-        session_step_end(&s, step, loss);  // progress line, periodic --save
+        session_grad_norm_sq(&s, norm_sq);  // the health line's grad norm (before clipping)
+        session_phase(&s, "forward", t1 - t0);
+        session_phase(&s, "backward", t2 - t1);
+        session_phase(&s, "optimizer", lab_now() - t2);
+        session_step_end(&s, step, loss);  // health line, --log, periodic --save
     }
 
     session_finish(&s);  // final --save, --save-weights, --trace

@@ -200,14 +200,18 @@ static void train(const LabArgs *args, const DpFlags *f) {
             loss /= (float)N;
             // 5. the master alone: clip + AdamW. The others will wait at the next barrier.
             tok = trace_begin("optimizer (master only)", TRACE_COMPUTE);
-            train_adamw_step(&s.opt, model, step, s.master, s.opt_m, s.opt_v, s.plist, s.nplist);
+            session_grad_norm_sq(&s, train_adamw_step(&s.opt, model, step, s.master, s.opt_m,
+                                                      s.opt_v, s.plist, s.nplist));
             trace_end(tok);
         }
         double now = lab_now();
         t_wait += (t1 - t0) + (t4 - t3);
         t_comm += (t2 - t1) + (t5 - t4);
         t_compute += (t3 - t2) + (now - t5);
-        session_step_end(&s, step, loss);  // progress line, periodic --save (the master)
+        session_phase(&s, "compute", (t3 - t2) + (now - t5));  // --log's phases (the master's)
+        session_phase(&s, "wait", (t1 - t0) + (t4 - t3));
+        session_phase(&s, "comm", (t2 - t1) + (t5 - t4));
+        session_step_end(&s, step, loss);  // health line, --log, periodic --save (the master)
     }
     const int nrun = session_steps_run(&s);
     double mine[R_NFIELDS] = {0};  // per step

@@ -249,10 +249,16 @@ static void train(const LabArgs *args, const DdpFlags *f) {
         // 6. the same update on every rank: clip (the norm of the averaged gradient) + AdamW
         double t_opt = lab_now();
         int tok = trace_begin("optimizer", TRACE_COMPUTE);
-        train_adamw_step(&s.opt, model, step, s.master, s.opt_m, s.opt_v, s.plist, s.nplist);
+        double norm_sq =
+            train_adamw_step(&s.opt, model, step, s.master, s.opt_m, s.opt_v, s.plist, s.nplist);
         trace_end(tok);
-        fig.t_compute += (t_train - t_sync) + (lab_now() - t_opt);
-        session_step_end(&s, step, loss);  // progress line, periodic --save (rank 0)
+        double t_end = lab_now();
+        fig.t_compute += (t_train - t_sync) + (t_end - t_opt);
+        session_grad_norm_sq(&s, norm_sq);  // the health line's (the averaged gradient's)
+        session_phase(&s, "compute", t_train - t_sync);  // fwd + bwd, --log's phases
+        session_phase(&s, "wait", t_sync);               // for the all-reduces
+        session_phase(&s, "optimizer", t_end - t_opt);
+        session_step_end(&s, step, loss);  // health line, --log, periodic --save (rank 0)
     }
     ddp_figures_end(&fig, &s);  // the byte counters, before the collectives below
     session_finish(&s);  // final --save, --save-weights (rank 0; every rank holds the same)

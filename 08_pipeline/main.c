@@ -199,10 +199,7 @@ static double local_norm_sq(Chunk *ch, int v) {
 static void adamw_all(const AdamW *h, Chunk *ch, int v, int step, float scale) {
     for (int c = 0; c < v; c++) {
         GPT2 *m = &ch[c].model;
-        AdamWRange r = {.lo = 0, .hi = m->num_params, .master = ch[c].master,
-                        .grad = train_grads(m), .m = ch[c].opt_m, .v = ch[c].opt_v};
-        if (m->dtype == GPT2_BF16)
-            r.bf16 = m->params_bf16, r.scratch = m->work_grads, r.chunk = m->work_size;
+        AdamWRange r = train_adamw_whole(m, ch[c].master, ch[c].opt_m, ch[c].opt_v);
         adamw_update(h, m->k, step, &r, m->plist, m->nplist, scale);
         train_master_to_model(m, ch[c].master);
     }

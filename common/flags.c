@@ -42,7 +42,7 @@ typedef struct Flag {
 
 // The rows, sized from the inputs: NSHARED shared rows + the chapter's (add() checks the room,
 // so a chapter with many flags gets a clear internal error instead of an overflow).
-#define NSHARED 32
+#define NSHARED 48
 typedef struct Table {
     Flag *rows;
     int n, cap;
@@ -157,6 +157,8 @@ static Table build_table(LabArgs *a, const FlagSpec *extra, int nextra, unsigned
     add(&t, row("output", "--log-every", "N", FLAG_INT, &a->log_every, 0, MAX_INT_FLAG, NULL, "progress line every N steps (0 = summary only)"));
     add(&t, row("output", "--quiet", NULL, FLAG_BOOL, &a->quiet, 0, 1, NULL, "print nothing but errors (the results: --dump, --save, --trace)"));
     add(&t, row("output", "--trace", "FILE", FLAG_STRING, &a->trace, 0, 0, NULL, "write a Chrome/Perfetto timeline (JSON)"));
+    out[t.n - 1].file = FILE_OUT;
+    add(&t, row("output", "--log", "FILE", FLAG_STRING, &a->log, 0, 0, NULL, "one JSON line per step: loss, grad norm, lr, tokens/s, MFU (tools/plot.sh)"));
     out[t.n - 1].file = FILE_OUT;
     add(&t, row("output", "--dump", "FILE", FLAG_STRING, &a->dump, 0, 0, NULL, "write losses, final weights and counters (for tests)"));
     out[t.n - 1].file = FILE_OUT;

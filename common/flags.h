@@ -44,6 +44,7 @@ typedef struct LabArgs {
     int quiet;
     const char *trace;    // Chrome/Perfetto trace JSON path
     const char *dump;     // results file for the test harness (losses, final params, counters)
+    const char *log;      // one JSON line per step (common/health.h), written by rank 0
     // reliability
     const char *save;     // training-state checkpoint path, written every save_every steps and at the end
     int save_every;

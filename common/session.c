@@ -41,10 +41,20 @@ void session_open(Session *s, const LabArgs *args, int rows) {
     s->end = lab_args_end_step(args);
     s->losses = lab_xcalloc((size_t)args->steps, sizeof(float));
     for (int i = 0; i < args->steps; i++) s->losses[i] = NAN;  // NaN: not run here
+    s->health = s->rank == 0 && (args->log || (!args->quiet && args->log_every > 0));
+    s->flops = gpt2_flops_per_step(&s->cfg, args->batch, s->T);
+    health_window_init(&s->win_loss, HEALTH_WINDOW);
+    health_window_init(&s->win_gnorm, HEALTH_WINDOW);
+    if (s->rank == 0 && args->log) {
+        s->log = fopen(args->log, "w");  // a new run truncates it
+        LAB_CHECK(s->log, "--log %s: cannot open for writing", args->log);
+    }
 }
 
 void session_start_at(Session *s, int start) {
     s->start = start;
+    // the peak for MFU, before the loop's clock starts (CPU: a few SGEMMs, ~0.1 s)
+    if (s->health) s->peak = health_peak_flops(s->dev, s->bf16);
     if (s->args->resume && !s->args->quiet && s->rank == 0)
         printf("resumed from %s at step %d\n", s->args->resume, start);
 }
@@ -56,6 +66,36 @@ void session_step_begin(Session *s, int step) {
         _exit(1);
     }
     if (step == s->start) s->t_start = s->t_last = lab_now();  // the loop's clock starts
+    s->gnorm_sq = NAN;
+    if (!s->health) return;
+    s->rec.nphases = 1;  // "step", at the end
+    s->rec.ngroups = 0;
+    s->group_sent0[0] = dist_bytes_sent();
+    for (int g = 1; g < s->ngroups; g++) s->group_sent0[g] = dist_group_bytes_sent(s->group[g]);
+}
+
+void session_grad_norm_sq(Session *s, double norm_sq) { s->gnorm_sq = norm_sq; }
+
+void session_phase(Session *s, const char *name, double seconds) {
+    HealthRecord *r = &s->rec;
+    if (!s->health) return;
+    for (int i = 1; i < r->nphases; i++)
+        if (strcmp(r->phase_name[i], name) == 0) {
+            r->phase_s[i] += seconds;
+            return;
+        }
+    LAB_CHECK(r->nphases < HEALTH_MAX_PHASES, "session_phase: more than %d phases",
+              HEALTH_MAX_PHASES - 1);
+    r->phase_name[r->nphases] = name;
+    r->phase_s[r->nphases++] = seconds;
+}
+
+void session_watch_group(Session *s, const char *name, const DistGroup *g) {
+    if (s->ngroups == 0) s->ngroups = 1;  // [0]: "all"
+    LAB_CHECK(s->ngroups < HEALTH_MAX_GROUPS, "session_watch_group: more than %d groups",
+              HEALTH_MAX_GROUPS - 1);
+    s->rec.group_name[s->ngroups] = name;
+    s->group[s->ngroups++] = g;
 }
 
 int session_nan_due(const Session *s, int step, int who) {
@@ -82,10 +122,53 @@ static void save_state(Session *s, int step) {
     }
 }
 
-int session_progress_line(char *buf, size_t len, int step, int steps, float loss, float lr,
-                          double tok_s, double eta_s) {
-    return snprintf(buf, len, "step %5d/%d  loss %.4f  lr %.2e  %8.0f tok/s  ETA %5.1f s",
-                    step + 1, steps, loss, lr, tok_s, eta_s);
+// a z-score in 5 columns ("-" not yet; clamped so the columns stay aligned)
+static const char *fmt_z(char *buf, size_t len, double z) {
+    if (isnan(z)) snprintf(buf, len, "%5s", "-");
+    else snprintf(buf, len, "%+5.1f", fmax(-99.9, fmin(99.9, z)));
+    return buf;
+}
+
+int session_progress_line(char *buf, size_t len, int steps, const HealthRecord *r, double eta_s) {
+    char zl[16], zg[16], g[16], mfu[16];
+    if (isnan(r->grad_norm)) snprintf(g, sizeof g, "%8s", "-");
+    else snprintf(g, sizeof g, "%8.4f", r->grad_norm);
+    if (isnan(r->mfu)) snprintf(mfu, sizeof mfu, "%5s", "-");
+    else snprintf(mfu, sizeof mfu, "%4.1f%%", 100.0 * r->mfu);
+    return snprintf(buf, len,
+                    "step %5d/%d  loss %.4f z %s  gnorm %s z %s  lr %.2e  %7.0f tok/s  MFU %s  "
+                    "ETA %5.1f s",
+                    r->step, steps, r->loss, fmt_z(zl, sizeof zl, r->z_loss), g,
+                    fmt_z(zg, sizeof zg, r->z_grad_norm), r->lr, r->tokens_per_s, mfu, eta_s);
+}
+
+// This step's health record (rank 0): the z-scores against the steps before it
+static void health_step(Session *s, int step, float loss, double now) {
+    HealthRecord *r = &s->rec;
+    const double dt = now - s->t_last, gnorm = sqrt(s->gnorm_sq);
+    r->step = step + 1;
+    r->loss = loss;
+    r->grad_norm = gnorm;
+    r->clipped = s->opt.grad_clip > 0.0f && gnorm > (double)s->opt.grad_clip;  // as adamw_clip_scale
+    r->lr = adamw_lr(&s->opt, step);
+    r->tokens_per_s = (double)s->args->batch * s->T / dt;
+    r->flops = s->flops;
+    r->peak_flops = s->peak;
+    r->mfu = health_mfu(s->flops, dt, s->peak, s->N);
+    r->z_loss = health_z(&s->win_loss, loss);
+    r->z_grad_norm = health_z(&s->win_gnorm, gnorm);
+    health_window_push(&s->win_loss, loss);
+    health_window_push(&s->win_gnorm, gnorm);
+    r->phase_name[0] = "step";
+    r->phase_s[0] = dt;
+    r->ngroups = s->ngroups ? s->ngroups : 1;
+    r->group_name[0] = "all";
+    uint64_t sent = dist_bytes_sent();  // a counter reset inside the step: count from 0
+    r->group_sent[0] = (double)(sent >= s->group_sent0[0] ? sent - s->group_sent0[0] : sent);
+    for (int g = 1; g < s->ngroups; g++) {
+        sent = dist_group_bytes_sent(s->group[g]);
+        r->group_sent[g] = (double)(sent >= s->group_sent0[g] ? sent - s->group_sent0[g] : sent);
+    }
 }
 
 void session_step_end(Session *s, int step, float loss) {
@@ -93,12 +176,14 @@ void session_step_end(Session *s, int step, float loss) {
     s->losses[step] = loss;
     double now = lab_now();
     int last = step == s->end - 1;
+    if (s->health) {
+        health_step(s, step, loss, now);
+        if (s->log) health_log_line(s->log, &s->rec);
+    }
     if (!a->quiet && s->rank == 0 && a->log_every > 0 && (step % a->log_every == 0 || last)) {
         double per_step = (now - s->t_start) / (step - s->start + 1);
-        char line[160];
-        session_progress_line(line, sizeof line, step, a->steps, loss, adamw_lr(&s->opt, step),
-                              (double)a->batch * s->T / (now - s->t_last),
-                              per_step * (a->steps - step - 1));
+        char line[200];
+        session_progress_line(line, sizeof line, a->steps, &s->rec, per_step * (a->steps - step - 1));
         printf("%s\n", line);
         fflush(stdout);
     }
@@ -184,6 +269,7 @@ void session_print_throughput(const Session *s, int all_ranks) {
 }
 
 void session_free(Session *s) {
+    if (s->log) fclose(s->log);
     free(s->host_params);
     free(s->losses);
     free(s->plist);

@@ -23,6 +23,8 @@
 //         ... batch, forward, backward, communication ...
 //         if (session_nan_due(&s, step, who)) session_poison(grad, s.bf16);  // --inject-nan-step
 //         ... clip (fails on NaN/Inf: adamw_clip_scale), AdamW ...
+//         session_grad_norm_sq(&s, norm_sq);   // the global squared norm clipping was given
+//         session_phase(&s, "comm", t);        // (optional) the step's phases, for --log
 //         session_step_end(&s, step, loss);    // loss, progress line, periodic checkpoint
 //     }
 //     session_finish(&s);                      // final checkpoint, final weights, --trace
@@ -31,8 +33,12 @@
 //     ... free the chapter's state ...
 //     session_free(&s);
 //
-// World rank 0 is the writer: it prints the progress line and owns s.host_params and the --dump
-// file; state.save runs on EVERY rank (a sharded state gathers collectively) and the chapter
+// The progress line is the health line (health.h): loss, the grad norm before clipping, each
+// with its z-score over the last HEALTH_WINDOW steps, lr, tokens/s, MFU; --log writes the same
+// and more (phases, bytes sent per group: session_watch_group) as one JSON line per step.
+//
+// World rank 0 is the writer: it prints the progress line, writes --log, owns s.host_params and
+// the --dump file; state.save runs on EVERY rank (a sharded state gathers collectively) and the chapter
 // decides who writes the file. The step's loss passed to session_step_end must be the global
 // one on rank 0.
 #pragma once
@@ -43,6 +49,7 @@
 #include "dist.h"
 #include "flags.h"
 #include "gpt2.h"
+#include "health.h"
 #include "optim.h"
 #include "results.h"
 
@@ -76,6 +83,17 @@ typedef struct Session {
     SessionState state;    // the chapter's (session_init: the single replica's)
     DistCounters save_cost;  // what the checkpoints moved (leave it out of per-step figures)
     float *host_params;    // (n) final weights as fp32 on rank 0 (session_finish), else NULL
+    // --- health (rank 0 computes it; health.h) ---
+    FILE *log;             // --log, on rank 0
+    int health;            // rank 0 prints progress lines or writes --log
+    double peak;           // one device's FLOP/s (0: unknown), taken at session_start_at
+    double flops;          // model FLOPs of one step of the global batch
+    HealthWindow win_loss, win_gnorm;
+    double gnorm_sq;       // this step's (session_grad_norm_sq); NaN until given
+    HealthRecord rec;      // this step's phases and groups so far
+    int ngroups;
+    const DistGroup *group[HEALTH_MAX_GROUPS];
+    uint64_t group_sent0[HEALTH_MAX_GROUPS];  // each group's bytes sent at the step's start
     // --- the single replica (session_init; zero after session_open alone) ---
     GPT2 model;            // parameters, gradients, activations for (rows, T)
     DistDtype dt;          // the gradients' (and the forward weights') type: DIST_F32/DIST_BF16
@@ -100,6 +118,14 @@ void session_start_at(Session *s, int start);
 // Top of a step: the fault hook (--kill-rank R --kill-step S: rank R exits abruptly); at the
 // first step the loop's clock starts (progress line, session_elapsed).
 void session_step_begin(Session *s, int step);
+// The global squared gradient norm of this step, before clipping (what adamw_clip_scale was
+// given): the health line shows its square root. On rank 0 at least.
+void session_grad_norm_sq(Session *s, double norm_sq);
+// `seconds` of this step spent in phase `name` (a string literal), for --log's time_s;
+// repeated names add up. "step" (the whole step) is always there.
+void session_phase(Session *s, const char *name, double seconds);
+// --log's sent_bytes also gives group g's bytes (name: a string literal); "all" is every group.
+void session_watch_group(Session *s, const char *name, const DistGroup *g);
 // --inject-nan-step: is this the step, and is this rank `who` (a rank of the world)?
 int session_nan_due(const Session *s, int step, int who);
 // A NaN into the first element of buf (fp32, or bf16 where bf16; host or device memory).
@@ -108,10 +134,10 @@ void session_poison(void *buf, int bf16);
 // steps and the last), writes the periodic checkpoint (state.save, every --save-every).
 void session_step_end(Session *s, int step, float loss);
 
-// The progress line, the same in every chapter ("step    i/N  loss  lr  tok/s  ETA"), without
-// the newline. step: 0-based; tok_s: this step's tokens per second; eta_s: seconds left.
-int session_progress_line(char *buf, size_t len, int step, int steps, float loss, float lr,
-                          double tok_s, double eta_s);
+// The progress line, the same in every chapter, without the newline:
+//   "step     i/N  loss L z Z  gnorm G z Z  lr LR  tok/s  MFU M%  ETA E s"
+// from r (its step is 1-based); a z not yet known, a grad norm not given, an unknown MFU: "-".
+int session_progress_line(char *buf, size_t len, int steps, const HealthRecord *r, double eta_s);
 
 // After the loop: the final checkpoint (state.save, when --save), the final weights as fp32
 // on rank 0 (s->host_params; state.weights_to_host), --save-weights, the --trace file. All

@@ -31,22 +31,27 @@ void train_master_init(GPT2 *m, float *master, uint64_t seed) {
     train_master_to_model(m, master);
 }
 
-void train_adamw_step(const AdamW *h, GPT2 *m, int step, float *master, float *opt_m,
-                      float *opt_v, const GPT2Param *plist, int nplist) {
-    const Kernels *k = m->k;
-    const size_t n = m->num_params;
-    double norm_sq = m->dtype == GPT2_FP32
-                         ? k->sum_squares(m->grads, n)
-                         : bf16_sum_squares(k, m->grads_bf16, n, m->work_grads, m->work_size);
-    float scale = adamw_clip_scale(h, norm_sq, step);
-    AdamWRange r = {.lo = 0, .hi = n, .master = master, .grad = train_grads(m), .m = opt_m,
-                    .v = opt_v};
+AdamWRange train_adamw_whole(GPT2 *m, float *master, float *opt_m, float *opt_v) {
+    AdamWRange r = {.lo = 0, .hi = m->num_params, .master = master, .grad = train_grads(m),
+                    .m = opt_m, .v = opt_v};
     if (m->dtype == GPT2_BF16) {  // the weights rounded from the master; grads widened in chunks
         r.bf16 = m->params_bf16;
         r.scratch = m->work_grads;
         r.chunk = m->work_size;
     }
-    adamw_update(h, k, step, &r, plist, nplist, scale);
+    return r;
+}
+
+double train_adamw_step(const AdamW *h, GPT2 *m, int step, float *master, float *opt_m,
+                        float *opt_v, const GPT2Param *plist, int nplist) {
+    const Kernels *k = m->k;
+    const size_t n = m->num_params;
+    double norm_sq = m->dtype == GPT2_FP32
+                         ? k->sum_squares(m->grads, n)
+                         : bf16_sum_squares(k, m->grads_bf16, n, m->work_grads, m->work_size);
+    AdamWRange r = train_adamw_whole(m, master, opt_m, opt_v);
+    adamw_update(h, k, step, &r, plist, nplist, adamw_clip_scale(h, norm_sq, step));
+    return norm_sq;
 }
 
 // n values of the model's precision (fp32 or bf16 storage) -> fp32 on the host, in llm.c's

@@ -25,12 +25,16 @@ void train_master_to_model(GPT2 *m, const float *master);
 // Fresh weights from --seed into the master, then into the model (train_master_to_model).
 void train_master_init(GPT2 *m, float *master, uint64_t seed);
 
+// The AdamW range of the whole model m (adamw_update, optim.h): its gradients, the caller's
+// fp32 master (fp32: the weights themselves) and Adam m, v; bf16 rounds into params_bf16.
+AdamWRange train_adamw_whole(GPT2 *m, float *master, float *opt_m, float *opt_v);
 // One optimizer step on the model's whole gradient (every rank of DDP, the master of 02, the
 // single device of 00): clip the global norm (fails the run naming the step on NaN/Inf), then
 // AdamW on the master, then the model's weights from the master. bf16 widens the gradients a
-// chunk at a time into the model's scratch buffer (work_grads).
-void train_adamw_step(const AdamW *h, GPT2 *m, int step, float *master, float *opt_m,
-                      float *opt_v, const GPT2Param *plist, int nplist);
+// chunk at a time into the model's scratch buffer (work_grads). Returns the global squared
+// norm, before clipping (the health line's).
+double train_adamw_step(const AdamW *h, GPT2 *m, int step, float *master, float *opt_m,
+                        float *opt_v, const GPT2Param *plist, int nplist);
 
 // The model's weights as fp32 on the host (n floats): checkpoints and results. bf16: the
 // weights the forward pass reads, widened (the training state keeps the master instead).

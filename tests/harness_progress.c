@@ -28,7 +28,7 @@ int harness_progress_matches(const char *output, const RunResults *r, int start,
     int ok = 1, throughput = 0;
     while (ok && next_line(&p, line, sizeof line)) {
         int i, n, nrun;
-        char loss[32];
+        char loss[32], zl[32], gnorm[32], zg[32], mfu[32];
         double lr, tok, eta;
         if (sscanf(line, "%d steps in", &nrun) == 1 && strstr(line, " steps in ")) {
             throughput = 1;
@@ -39,8 +39,8 @@ int harness_progress_matches(const char *output, const RunResults *r, int start,
             continue;
         }
         if (strncmp(line, "step ", 5) != 0) continue;
-        if (sscanf(line, "step %d/%d  loss %31s  lr %lf  %lf tok/s  ETA %lf s", &i, &n, loss, &lr,
-                   &tok, &eta) != 6) {
+        if (sscanf(line, "step %d/%d  loss %31s z %31s  gnorm %31s z %31s  lr %lf  %lf tok/s  MFU "
+                   "%31s  ETA %lf s", &i, &n, loss, zl, gnorm, zg, &lr, &tok, mfu, &eta) != 10) {
             fprintf(stderr, "progress: unreadable line \"%s\"\n", line);
             ok = 0;
             break;
@@ -60,6 +60,15 @@ int harness_progress_matches(const char *output, const RunResults *r, int start,
         if (!(lr > 0) || !(tok > 0) || !isfinite(tok) || !(eta >= 0) ||
             (want == steps - 1 && eta != 0.0)) {
             fprintf(stderr, "progress: \"%s\": lr, tok/s or ETA out of range\n", line);
+            ok = 0;
+        }
+        // the health columns: a grad norm (rank 0 has it in 00/02/03), an MFU in (0, 100] %,
+        // the z-scores "-" for the first HEALTH_Z_MIN steps of the run, then numbers
+        double g = atof(gnorm), m = atof(mfu);
+        int zdue = want - start >= 5;
+        if (!(g > 0) || !isfinite(g) || !(m > 0 && m <= 100) || mfu[strlen(mfu) - 1] != '%' ||
+            (strcmp(zl, "-") == 0) == zdue || (strcmp(zg, "-") == 0) == zdue) {
+            fprintf(stderr, "progress: \"%s\": grad norm, z-scores or MFU out of range\n", line);
             ok = 0;
         }
         for (want++; want < end && !(want % log_every == 0 || want == end - 1);) want++;

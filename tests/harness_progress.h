@@ -9,8 +9,10 @@
 // The progress lines of a run of steps [start, end) out of `steps` (common/session.c): one line
 // on the whole job for each step s with s % log_every == 0 or s == end - 1 (none when
 // log_every is 0), in order, reading
-// "step s+1/steps  loss L ...", L being r's loss of step s as %.4f; lr, tok/s positive; ETA
-// not negative, and 0.0 at the last of `steps`; then "<end - start> steps in". 1 if so; else
+// "step s+1/steps  loss L z Z  gnorm G z Z  lr LR  X tok/s  MFU M%  ETA E s", L being r's
+// loss of step s as %.4f; G, lr, tok/s positive; M in (0, 100]; the z-scores "-" for the
+// first 5 steps run (HEALTH_Z_MIN), numbers after; ETA not negative, and 0.0 at the last of
+// `steps`; then "<end - start> steps in". 1 if so; else
 // prints why and the output (stderr) and returns 0.
 int harness_progress_matches(const char *output, const RunResults *r, int start, int end,
                              int steps, int log_every);

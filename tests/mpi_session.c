@@ -119,9 +119,12 @@ int main(int argc, char **argv) {
     const int rank = dist_rank();
     run(-1);
     run(5);
-    char line[128];
-    session_progress_line(line, sizeof line, 0, 7, 2.5f, 1e-3f, 1000.4, 0.04);
-    const char *want = "step     1/7  loss 2.5000  lr 1.00e-03      1000 tok/s  ETA   0.0 s";
+    char line[200];
+    HealthRecord hr = {.step = 1, .loss = 2.5, .grad_norm = 1.25, .lr = 1e-3, .tokens_per_s = 1000.4,
+                       .mfu = 0.123, .z_loss = NAN, .z_grad_norm = -150.0};
+    session_progress_line(line, sizeof line, 7, &hr, 0.04);
+    const char *want = "step     1/7  loss 2.5000 z     -  gnorm   1.2500 z -99.9  lr 1.00e-03     "
+                       "1000 tok/s  MFU 12.3%  ETA   0.0 s";
     mpi_check(strcmp(line, want) == 0, "progress line \"%s\", not \"%s\"", line, want);
     int bad = mpi_failed();
     dist_all_reduce(&bad, &bad, 1, DIST_I32, DIST_SUM, dist_world());

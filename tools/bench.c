@@ -24,6 +24,7 @@
 #include "check.h"
 #include "data.h"
 #include "gpt2.h"
+#include "health.h"
 #include "mem.h"
 #include "optim.h"
 
@@ -39,32 +40,6 @@ static int parse_int(const char *flag, const char *s, int lo, int hi) {
     if (*s == '\0' || *end != '\0' || v < lo || v > hi)
         lab_fail("%s %s: expected an integer in [%d, %d]", flag, s, lo, hi);
     return (int)v;
-}
-
-// The reference SGEMM: C = A·B on n×n×n matrices.
-typedef struct RefGemm {
-    int n;
-    float *a, *b, *c;
-} RefGemm;
-
-static RefGemm ref_gemm_new(int n) {
-    size_t nn = (size_t)n * n;
-    RefGemm g = {n, mem_alloc(nn * sizeof(float), MEM_OTHER, DEV_CPU),
-                 mem_alloc(nn * sizeof(float), MEM_OTHER, DEV_CPU),
-                 mem_alloc(nn * sizeof(float), MEM_OTHER, DEV_CPU)};
-    for (size_t i = 0; i < nn; i++) {
-        g.a[i] = (float)(i % 17) * 0.01f;
-        g.b[i] = (float)(i % 13) * 0.01f;
-    }
-    return g;
-}
-
-// One run; returns its GFLOP/s.
-static double ref_gemm_run(const RefGemm *g) {
-    int n = g->n;
-    double t0 = cpu_now();
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, n, n, n, 1.0f, g->a, n, g->b, n, 0.0f, g->c, n);
-    return 2.0 * n * (double)n * n / (cpu_now() - t0) / 1e9;
 }
 
 static int cmp_double(const void *x, const void *y) {
@@ -120,7 +95,6 @@ int main(int argc, char **argv) {
     data_init_synthetic(&data, cfg.V, 1);
     int *inputs = mem_alloc((size_t)B * T * sizeof(int), MEM_OTHER, DEV_CPU);
     int *targets = mem_alloc((size_t)B * T * sizeof(int), MEM_OTHER, DEV_CPU);
-    RefGemm ref = ref_gemm_new(1024);
     double flops = gpt2_flops_per_step(&cfg, B, T);
 
     // per timed step: reference SGEMM rate, step time and its parts, fraction of the peak
@@ -131,9 +105,9 @@ int main(int argc, char **argv) {
     double *t_upd = lab_xcalloc((size_t)steps, sizeof(double));
     double *frac = lab_xcalloc((size_t)steps, sizeof(double));
     float first_loss = 0.0f, loss = 0.0f;
-    ref_gemm_run(&ref);  // warm-up of the reference too
+    health_sgemm_gflops();  // warm-up of the reference too (common/health.c: the one SGEMM)
     for (int s = 0; s < warmup + steps; s++) {
-        double gemm_rate = ref_gemm_run(&ref);
+        double gemm_rate = health_sgemm_gflops();
         data_batch(&data, (uint64_t)s, B, T, 0, B, inputs, targets);
         double t0 = cpu_now();
         gpt2_zero_grad(&m);
@@ -186,9 +160,6 @@ int main(int argc, char **argv) {
     free(t_upd);
     free(frac);
     free(params);
-    mem_free(ref.a);
-    mem_free(ref.b);
-    mem_free(ref.c);
     data_free(&data);
     mem_free(inputs);
     mem_free(targets);

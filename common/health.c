@@ -1,0 +1,128 @@
+// health.c: running z-scores, the peak FLOP/s, the --log JSON lines (health.h).
+#include "health.h"
+
+#include <cblas.h>
+#include <math.h>
+#include <string.h>
+#include <time.h>
+
+#include "check.h"
+#ifdef LAB_CUDA
+#include "cuda_util.h"
+#endif
+
+void health_window_init(HealthWindow *w, int cap) {
+    memset(w, 0, sizeof *w);
+    LAB_CHECK(cap >= 1 && cap <= HEALTH_WINDOW_MAX, "health window of %d steps", cap);
+    w->cap = cap;
+}
+
+double health_z(const HealthWindow *w, double x) {
+    if (w->n < HEALTH_Z_MIN || !isfinite(x)) return NAN;
+    double mean = 0, var = 0;
+    for (int i = 0; i < w->n; i++) mean += w->x[i];
+    mean /= w->n;
+    for (int i = 0; i < w->n; i++) var += (w->x[i] - mean) * (w->x[i] - mean);
+    double sd = sqrt(var / w->n), floor = 1e-9 * fmax(1.0, fabs(mean));
+    return (x - mean) / (sd > floor ? sd : floor);
+}
+
+void health_window_push(HealthWindow *w, double x) {
+    if (!isfinite(x)) return;
+    w->x[w->head] = x;
+    w->head = (w->head + 1) % w->cap;
+    if (w->n < w->cap) w->n++;
+}
+
+static double cpu_now(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+double health_sgemm_gflops(void) {
+    enum { n = 1024 };
+    static float *a, *b, *c;  // kept: bench calls it before every step
+    if (!a) {
+        a = mem_alloc((size_t)n * n * sizeof(float), MEM_OTHER, DEV_CPU);
+        b = mem_alloc((size_t)n * n * sizeof(float), MEM_OTHER, DEV_CPU);
+        c = mem_alloc((size_t)n * n * sizeof(float), MEM_OTHER, DEV_CPU);
+        for (size_t i = 0; i < (size_t)n * n; i++) {
+            a[i] = (float)(i % 17) * 0.01f;
+            b[i] = (float)(i % 13) * 0.01f;
+        }
+    }
+    double t0 = cpu_now();
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, n, n, n, 1.0f, a, n, b, n, 0.0f, c, n);
+    return 2.0 * n * (double)n * n / (cpu_now() - t0) / 1e9;
+}
+
+#ifdef LAB_CUDA
+// Dense peaks (no sparsity): bf16 tensor core, and plain fp32 (CUDA cores).
+static const struct { const char *match; double bf16, fp32; } gpu_peaks[] = {
+    {"H200", 989e12, 67e12}, {"H100", 989e12, 67e12}, {"A100", 312e12, 19.5e12},
+    {"L40S", 362e12, 91.6e12}, {"A10", 125e12, 31.2e12}, {"V100", 0, 15.7e12},
+    {"T4", 65e12, 8.1e12},
+};
+#endif
+
+double health_peak_flops(Device dev, int bf16) {
+    if (dev == DEV_CPU) {
+        static double peak;  // once per process: a warm-up and 2 runs, the best (~70 ms)
+        if (peak == 0) {
+            health_sgemm_gflops();  // warm-up (pages, caches)
+            for (int i = 0; i < 2; i++) peak = fmax(peak, health_sgemm_gflops() * 1e9);
+        }
+        return peak;
+    }
+#ifdef LAB_CUDA
+    const char *name = lab_cuda_device_name();
+    for (size_t i = 0; i < sizeof gpu_peaks / sizeof gpu_peaks[0]; i++)
+        if (strstr(name, gpu_peaks[i].match)) return bf16 ? gpu_peaks[i].bf16 : gpu_peaks[i].fp32;
+#else
+    (void)bf16;
+#endif
+    return 0;
+}
+
+double health_mfu(double flops, double seconds, double peak, int ndev) {
+    return peak > 0 && seconds > 0 ? flops / seconds / (peak * ndev) : NAN;
+}
+
+static void num(FILE *f, double x) {
+    if (isfinite(x)) fprintf(f, "%.17g", x);
+    else fputs("null", f);
+}
+
+void health_log_line(FILE *f, const HealthRecord *r) {
+    fprintf(f, "{\"step\":%d,\"loss\":", r->step);
+    num(f, r->loss);
+    fputs(",\"grad_norm\":", f);
+    num(f, r->grad_norm);
+    fprintf(f, ",\"clipped\":%s,\"lr\":", r->clipped ? "true" : "false");
+    num(f, r->lr);
+    fputs(",\"tokens_per_s\":", f);
+    num(f, r->tokens_per_s);
+    fputs(",\"mfu\":", f);
+    num(f, r->mfu);
+    fputs(",\"flops\":", f);
+    num(f, r->flops);
+    fputs(",\"peak_flops\":", f);
+    num(f, r->peak_flops);
+    fputs(",\"z_loss\":", f);
+    num(f, r->z_loss);
+    fputs(",\"z_grad_norm\":", f);
+    num(f, r->z_grad_norm);
+    fputs(",\"time_s\":{", f);
+    for (int i = 0; i < r->nphases; i++) {
+        fprintf(f, "%s\"%s\":", i ? "," : "", r->phase_name[i]);
+        num(f, r->phase_s[i]);
+    }
+    fputs("},\"sent_bytes\":{", f);
+    for (int i = 0; i < r->ngroups; i++) {
+        fprintf(f, "%s\"%s\":", i ? "," : "", r->group_name[i]);
+        num(f, r->group_sent[i]);
+    }
+    fputs("}}\n", f);
+    fflush(f);
+}

@@ -1,0 +1,55 @@
+// health.h: the figures that say whether a run is healthy (the notes' 10.8: monitor loss,
+// grad norm, tokens/s, MFU): running z-scores, the peak MFU is measured against, and the
+// --log file's JSON lines. The loop skeleton (session.c) prints and writes them.
+#pragma once
+#include <stdio.h>
+
+#include "mem.h"
+
+#define HEALTH_WINDOW 20     // steps a z-score looks back over
+#define HEALTH_WINDOW_MAX 256
+#define HEALTH_Z_MIN 5       // a z-score is shown once the window holds this many steps
+
+// The last `cap` values of a series (a ring).
+typedef struct HealthWindow {
+    int cap, n, head;
+    double x[HEALTH_WINDOW_MAX];
+} HealthWindow;
+
+void health_window_init(HealthWindow *w, int cap);
+// z-score of x against the window's values (not including x): (x - mean) / sd, sd the
+// population standard deviation, floored at 1e-9 * max(1, |mean|) so a constant window gives
+// 0 for its own value and a huge z for anything else. NaN while the window holds fewer than
+// HEALTH_Z_MIN values, or when x is not finite.
+double health_z(const HealthWindow *w, double x);
+void health_window_push(HealthWindow *w, double x);  // non-finite values are left out
+
+// The FLOP/s one device of this kind can do, for MFU. CPU: this core's SGEMM rate, measured
+// once per process (the best of two 1024^3 cblas_sgemm after a warm-up, ~70 ms of CPU, the
+// SGEMM `make bench` measures, tools/bench.c); CUDA: a table of known GPUs' dense peaks (bf16 tensor core or fp32). 0 when
+// unknown (MFU is then not shown).
+double health_peak_flops(Device dev, int bf16);
+// One 1024^3 SGEMM on this core, timed in CPU time: its GFLOP/s (tools/bench.c's reference).
+double health_sgemm_gflops(void);
+// Model FLOP utilization: flops done in seconds on ndev devices of peak FLOP/s each.
+double health_mfu(double flops, double seconds, double peak, int ndev);
+
+// One step's record, the --log line.
+#define HEALTH_MAX_PHASES 8
+#define HEALTH_MAX_GROUPS 4
+typedef struct HealthRecord {
+    int step;              // 1-based, as the progress line
+    double loss, grad_norm;  // grad_norm: before clipping; NaN when the chapter gave none
+    int clipped;           // the update was scaled down (grad_norm > the clip)
+    double lr, tokens_per_s, mfu, peak_flops, flops;
+    double z_loss, z_grad_norm;  // NaN: not yet
+    int nphases;
+    const char *phase_name[HEALTH_MAX_PHASES];  // "step" first
+    double phase_s[HEALTH_MAX_PHASES];
+    int ngroups;
+    const char *group_name[HEALTH_MAX_GROUPS];  // "all" first: every group of this rank
+    double group_sent[HEALTH_MAX_GROUPS];       // bytes this rank sent in the step
+} HealthRecord;
+
+// One JSON object on one line, then flushed (NaN/Inf written as null).
+void health_log_line(FILE *f, const HealthRecord *r);
