@@ -419,6 +419,7 @@ static void train(const LabArgs *args, const PipeFlags *f) {
         if (session_nan_due(&s, step, p - 1)) session_poison(train_grads(&ch[v - 1].model), s.bf16);
         double norm_sq = local_norm_sq(ch, v);
         dist_all_reduce(&norm_sq, &norm_sq, 1, DIST_F64, DIST_SUM, s.world);
+        session_grad_norm_sq(&s, norm_sq);  // the health line's grad norm (before clipping)
         adamw_all(&s.opt, ch, v, step, adamw_clip_scale(&s.opt, norm_sq, step));
 
         float loss = (float)(loss_sum / m);

@@ -129,7 +129,7 @@ Test(dp02, master_bytes_per_step_are_the_master_formula, .timeout = 180) {
 Test(dp02, printed_progress_and_table_match_the_run, .timeout = 120) {
     RunResults r;
     char *out = NULL;
-    int rc = harness_run_dump("./02_data_parallel/run", 3, SMALL " --steps 5 --log-every 2", &r,
+    int rc = harness_run_dump("./02_data_parallel/run", 3, SMALL_MODEL " --batch 24 --steps 5 --log-every 2", &r,
                               &out, 120);
     cr_assert_eq(rc, 0, "%s", out);
     cr_assert(harness_progress_matches(out, &r, 0, 5, 5, 2),

@@ -409,13 +409,13 @@ Test(ddp03, resume_is_bit_exact, .timeout = 240) {
 Test(ddp03, printed_progress_and_table_match_the_run, .timeout = 180) {
     const char *ck = tmp_path("print.ckpt");
     char cmd[512], *out = NULL;
-    snprintf(cmd, sizeof cmd, "%s " SMALL " --steps 7 --stop-at 3 --save %s", DDP, ck);
+    snprintf(cmd, sizeof cmd, "%s " SMALL_MODEL " --batch 24 --steps 7 --stop-at 3 --save %s", DDP, ck);
     int rc = harness_mpirun(2, cmd, &out, 120);
     cr_assert_eq(rc, 0, "%s", out);
     free(out);
     out = NULL;
     RunResults r;
-    snprintf(cmd, sizeof cmd, SMALL " --steps 7 --log-every 2 --check-no-sync --resume %s", ck);
+    snprintf(cmd, sizeof cmd, SMALL_MODEL " --batch 24 --steps 7 --log-every 2 --check-no-sync --resume %s", ck);
     rc = harness_run_dump("./03_ddp/run --overlap-steps 0", 2, cmd, &r, &out, 120);
     cr_assert_eq(rc, 0, "%s", out);
     const char *once = strstr(out, "resumed from");

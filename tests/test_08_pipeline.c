@@ -30,7 +30,8 @@
 #define ORACLE "./00_memory_budget/run --train --quiet"
 #define PIPE "./08_pipeline/run --quiet"
 // 4 layers: stages of 4, 2 or 1 block(s); batch 24 splits into m = 1, 2, 3, 4, 8
-#define SMALL "--layers 4 --channels 32 --heads 2 --seq 16 --batch 24 --steps 4"
+#define SMALL_MODEL "--layers 4 --channels 32 --heads 2 --seq 16 --batch 24"
+#define SMALL SMALL_MODEL " --steps 4"
 // 8 layers for 4 ranks x 2 chunks
 #define SMALL8 "--layers 8 --channels 32 --heads 2 --seq 16 --batch 24 --steps 3"
 #define LOSS_RTOL 1e-6f
@@ -297,7 +298,7 @@ Test(pipe08, printed_progress_says_the_run, .timeout = 180) {
 Test(pipe08, bf16_messages_are_half_the_bytes, .timeout = 60) {
     static const Case c = {2, "1f1b", 4, 1};
     RunResults r;
-    run_pipe(2, SMALL " --dtype bf16 --schedule 1f1b --micro-batches 4 --steps 2", &r);
+    run_pipe(2, SMALL_MODEL " --dtype bf16 --schedule 1f1b --micro-batches 4 --steps 2", &r);
     assert_sent_bytes("bf16 1f1b np 2 m 4", &r, &c, 2);
     results_free(&r);
 }
@@ -779,7 +780,7 @@ Test(pipe08, bad_resume_or_weights_file_is_refused_once, .timeout = 120) {
     char ck[128], wt[128], cmd[512], *out = NULL;
     snprintf(ck, sizeof ck, "/tmp/lab_test_08_bad_%d.ckpt", (int)getpid());
     snprintf(wt, sizeof wt, "/tmp/lab_test_08_bad_%d.bin", (int)getpid());
-    snprintf(cmd, sizeof cmd, PIPE " " SMALL " --steps 1 --save %s --save-weights %s", ck, wt);
+    snprintf(cmd, sizeof cmd, PIPE " " SMALL_MODEL " --steps 1 --save %s --save-weights %s", ck, wt);
     cr_assert_eq(harness_mpirun(1, cmd, &out, 60), 0, "08 --save failed:\n%s", out);
     free(out);
     // (the same layers, other channels: the header's config does not match)
