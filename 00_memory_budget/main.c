@@ -214,10 +214,10 @@ static void train(const LabArgs *args) {
     Session s;
     session_init(&s, args, args->batch, 1);
     const int B = args->batch, T = s.T;
-    int start = session_load_or_init(&s, (uint64_t)args->seed);  // resumed, loaded or fresh
+    session_start_at(&s, session_load_or_init(&s, (uint64_t)args->seed));  // resumed/loaded/fresh
     if (!args->quiet) print_header(&s);
 
-    for (int step = start; step < s.end; step++) {
+    for (int step = s.start; step < s.end; step++) {
         session_step_begin(&s, step);  // (fault injection: --kill-rank 0 --kill-step)
         // 1. the batch of this step
         data_batch(&s.data, (uint64_t)step, B, T, 0, B, s.inputs, s.targets);
@@ -241,13 +241,9 @@ static void train(const LabArgs *args) {
     }
 
     session_finish(&s);  // final --save, --save-weights, --trace
-    int nrun = session_steps_run(&s);
-    if (!args->quiet && nrun > 0) {
-        double elapsed = session_elapsed(&s);
-        printf("%d steps in %.2f s: %.0f tokens/s\n", nrun, elapsed,
-               (double)B * T * nrun / elapsed);
+    session_print_throughput(&s, 0);
+    if (!args->quiet && session_steps_run(&s) > 0)
         print_measured_vs_predicted(&s.cfg, B, T, s.bf16);
-    }
     if (args->dump) {  // for the test harness: losses, final weights, measured memory
         RunResults out;
         session_dump_open(&s, &out);

@@ -92,9 +92,7 @@ static void report(Session *s, DpReduce how, double *mine) {
     if (s->rank != 0) return;
 
     if (!s->args->quiet && nrun > 0) {
-        double elapsed = session_elapsed(s);
-        printf("%d steps in %.2f s: %.0f tokens/s (all ranks), %.1f ms per step\n", nrun, elapsed,
-               (double)s->args->batch * s->T * nrun / elapsed, 1e3 * elapsed / nrun);
+        session_print_throughput(s, 1);
         static const SessionColumn cols[] = {
             {"compute", R_COMPUTE, COL_MS}, {"wait", R_WAIT, COL_MS}, {"comm", R_COMM, COL_MS},
             {"step", R_STEP, COL_MS}, {"sent", R_SENT, COL_BYTES}, {"recv", R_RECV, COL_BYTES},
@@ -146,8 +144,8 @@ static void train(const LabArgs *args, const DpFlags *f) {
     const int B = args->batch, T = s.T;
     GPT2 *model = &s.model;
     int start = master ? session_load_or_init(&s, (uint64_t)args->seed) : 0;
-    dist_broadcast(&start, 1, DIST_I32, 0, s.world);
-    s.start = start;  // (the workers learn it from the master)
+    dist_broadcast(&start, 1, DIST_I32, 0, s.world);  // (the workers learn it from the master)
+    session_start_at(&s, start);
     // The master makes the whole global batch, and receives gradients to add.
     int *all_inputs = master ? mem_alloc((size_t)B * T * sizeof(int), MEM_COMM, DEV_CPU) : NULL;
     int *all_targets = master ? mem_alloc((size_t)B * T * sizeof(int), MEM_COMM, DEV_CPU) : NULL;
@@ -158,7 +156,7 @@ static void train(const LabArgs *args, const DpFlags *f) {
 
     double t_compute = 0, t_wait = 0, t_comm = 0;
     dist_counters_reset();
-    for (int step = start; step < s.end; step++) {
+    for (int step = s.start; step < s.end; step++) {
         session_step_begin(&s, step);  // (fault injection: --kill-rank, --kill-step)
         // (wait: a barrier before each communication phase separates waiting for the others,
         //  here for the master's optimizer step, from moving bytes)

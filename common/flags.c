@@ -153,7 +153,7 @@ static Table build_table(LabArgs *a, const FlagSpec *extra, int nextra, unsigned
     add(&t, row("hardware", "--dtype", "T", FLAG_CHOICE, &a->dtype, 0, 0, "fp32|bf16", "parameter/activation precision (bf16: mixed precision)"));
     add(&t, row("hardware", "--threads", "N", FLAG_INT, &a->threads, 1, 256, NULL, "BLAS threads per rank (overrides OPENBLAS_NUM_THREADS)"));
     add(&t, row("output", "--log-every", "N", FLAG_INT, &a->log_every, 0, MAX_INT_FLAG, NULL, "progress line every N steps (0 = summary only)"));
-    add(&t, row("output", "--quiet", NULL, FLAG_BOOL, &a->quiet, 0, 1, NULL, "print only the summary"));
+    add(&t, row("output", "--quiet", NULL, FLAG_BOOL, &a->quiet, 0, 1, NULL, "print nothing but errors (the results: --dump, --save, --trace)"));
     add(&t, row("output", "--trace", "FILE", FLAG_STRING, &a->trace, 0, 0, NULL, "write a Chrome/Perfetto timeline (JSON)"));
     out[t.n - 1].file = FILE_OUT;
     add(&t, row("output", "--dump", "FILE", FLAG_STRING, &a->dump, 0, 0, NULL, "write losses, final weights and counters (for tests)"));

@@ -1,4 +1,5 @@
-// session.c: the setup and reporting every training chapter repeats (see session.h).
+// session.c: the one training loop skeleton, and the single replica 00, 02 and 03 train (see
+// session.h).
 #include "session.h"
 
 #include <math.h>
@@ -13,7 +14,10 @@
 #include "trace.h"
 #include "train.h"
 
-void session_init(Session *s, const LabArgs *args, int rows, int has_optimizer) {
+// ---------------------------------------------------------------------------------------------
+// the loop
+
+void session_open(Session *s, const LabArgs *args, int rows) {
     memset(s, 0, sizeof *s);
     s->args = args;
     s->cfg = lab_args_config(args);
@@ -24,50 +28,25 @@ void session_init(Session *s, const LabArgs *args, int rows, int has_optimizer) 
     s->world = dist_world();
     s->rank = s->world->rank;
     s->N = s->world->size;
+    s->n = gpt2_param_count(&s->cfg);
     s->rows = rows;
     s->T = s->cfg.T;
     trace_init(args->trace);
-
-    gpt2_build_dtype(&s->model, s->cfg, s->dev, s->bf16 ? GPT2_BF16 : GPT2_FP32);
-    gpt2_alloc_grads(&s->model);
-    gpt2_alloc_acts(&s->model, rows, s->T);
-    s->n = s->model.num_params;
-    s->dt = train_dtype(&s->model);
-    s->e = dist_dtype_size(s->dt);
-    s->plist = lab_xcalloc((size_t)gpt2_params(&s->cfg, NULL), sizeof(GPT2Param));
-    s->nplist = gpt2_params(&s->cfg, s->plist);
-
-    if (has_optimizer) {
-        s->master = train_master_alloc(&s->model);
-        s->opt_m = mem_alloc(s->n * sizeof(float), MEM_OPT_M, s->dev);
-        s->opt_v = mem_alloc(s->n * sizeof(float), MEM_OPT_V, s->dev);
-    }
     s->opt = lab_args_adamw(args);
-
     lab_args_data(args, &s->data);
-    s->inputs = mem_alloc((size_t)rows * s->T * sizeof(int), MEM_OTHER, DEV_CPU);
-    s->targets = mem_alloc((size_t)rows * s->T * sizeof(int), MEM_OTHER, DEV_CPU);
-
+    if (rows > 0) {
+        s->inputs = mem_alloc((size_t)rows * s->T * sizeof(int), MEM_OTHER, DEV_CPU);
+        s->targets = mem_alloc((size_t)rows * s->T * sizeof(int), MEM_OTHER, DEV_CPU);
+    }
     s->end = lab_args_end_step(args);
     s->losses = lab_xcalloc((size_t)args->steps, sizeof(float));
     for (int i = 0; i < args->steps; i++) s->losses[i] = NAN;  // NaN: not run here
 }
 
-int session_load_or_init(Session *s, uint64_t seed) {
-    const LabArgs *a = s->args;
-    LAB_CHECK(s->master, "session_load_or_init on a rank without an optimizer");
-    s->start = 0;
-    if (a->resume) {
-        s->start = ckpt_resume_training(a->resume, &s->cfg, s->master, s->opt_m, s->opt_v, s->n);
-        if (!a->quiet) printf("resumed from %s at step %d\n", a->resume, s->start);
-    } else if (a->load_weights) {
-        ckpt_load_weights_into(a->load_weights, &s->cfg, s->master, s->n);
-    } else {
-        train_master_init(&s->model, s->master, seed);
-    }
-    // bf16: the weights the forward pass reads are the master rounded to nearest even
-    train_master_to_model(&s->model, s->master);
-    return s->start;
+void session_start_at(Session *s, int start) {
+    s->start = start;
+    if (s->args->resume && !s->args->quiet && s->rank == 0)
+        printf("resumed from %s at step %d\n", s->args->resume, start);
 }
 
 void session_step_begin(Session *s, int step) {
@@ -79,14 +58,34 @@ void session_step_begin(Session *s, int step) {
     if (step == s->start) s->t_start = s->t_last = lab_now();  // the loop's clock starts
 }
 
-void session_inject_nan(Session *s, int step, int who) {
-    if (step == s->args->inject_nan_step && s->rank == who) train_inject_nan(&s->model);
+int session_nan_due(const Session *s, int step, int who) {
+    return step == s->args->inject_nan_step && s->rank == who;
 }
 
-static void save_state(const Session *s, int step) {
-    const LabArgs *a = s->args;
-    ckpt_save_training(a->save, &s->cfg, step, (uint64_t)a->seed, (uint64_t)a->data_seed,
-                       s->master, s->opt_m, s->opt_v, s->n);
+void session_poison(void *buf, int bf16) {
+    float nan = NAN;
+    uint16_t nan16 = 0x7fc0;  // bf16's quiet NaN
+    if (bf16) mem_copy(buf, &nan16, sizeof nan16);
+    else mem_copy(buf, &nan, sizeof nan);
+}
+
+// state.save on every rank; what it moves is counted apart (s->save_cost)
+static void save_state(Session *s, int step) {
+    LAB_CHECK(s->state.save, "--save: the chapter gave the session no way to save its state");
+    DistCounters before = *dist_counters();
+    s->state.save(s->state.ctx, s->args->save, step);
+    const DistCounters *after = dist_counters();
+    for (int k = 0; k < OP_NKINDS; k++) {
+        s->save_cost.calls[k] += after->calls[k] - before.calls[k];
+        s->save_cost.sent[k] += after->sent[k] - before.sent[k];
+        s->save_cost.recv[k] += after->recv[k] - before.recv[k];
+    }
+}
+
+int session_progress_line(char *buf, size_t len, int step, int steps, float loss, float lr,
+                          double tok_s, double eta_s) {
+    return snprintf(buf, len, "step %5d/%d  loss %.4f  lr %.2e  %8.0f tok/s  ETA %5.1f s",
+                    step + 1, steps, loss, lr, tok_s, eta_s);
 }
 
 void session_step_end(Session *s, int step, float loss) {
@@ -96,15 +95,16 @@ void session_step_end(Session *s, int step, float loss) {
     int last = step == s->end - 1;
     if (!a->quiet && s->rank == 0 && a->log_every > 0 && (step % a->log_every == 0 || last)) {
         double per_step = (now - s->t_start) / (step - s->start + 1);
-        printf("step %5d/%d  loss %.4f  lr %.2e  %8.0f tok/s  ETA %5.1f s\n", step + 1, a->steps,
-               loss, adamw_lr(&s->opt, step), (double)a->batch * s->T / (now - s->t_last),
-               per_step * (a->steps - step - 1));
+        char line[160];
+        session_progress_line(line, sizeof line, step, a->steps, loss, adamw_lr(&s->opt, step),
+                              (double)a->batch * s->T / (now - s->t_last),
+                              per_step * (a->steps - step - 1));
+        printf("%s\n", line);
         fflush(stdout);
     }
     s->t_last = now;
-    // periodic checkpoint (the final one: session_finish); bf16: the state holds the fp32
-    // master weights, so a resume is exact
-    if (s->rank == 0 && a->save && a->save_every > 0 && (step + 1) % a->save_every == 0 && !last)
+    // the periodic checkpoint (the final one: session_finish)
+    if (a->save && a->save_every > 0 && (step + 1) % a->save_every == 0 && !last)
         save_state(s, step + 1);
 }
 
@@ -113,15 +113,16 @@ int session_steps_run(const Session *s) { return s->end > s->start ? s->end - s-
 
 void session_finish(Session *s) {
     const LabArgs *a = s->args;
-    if (s->rank == 0) {
-        if (a->save) {
-            save_state(s, s->end);
-            if (!a->quiet) printf("saved training state (step %d) to %s\n", s->end, a->save);
-        }
-        // the weights the forward pass reads (bf16: widened; the training state keeps the master)
-        s->host_params = lab_xmalloc(s->n * sizeof(float));
-        train_params_to_host(&s->model, s->host_params);
-        if (a->save_weights) ckpt_save_weights(a->save_weights, &s->cfg, s->host_params);
+    if (a->save) {
+        save_state(s, s->end);
+        if (!a->quiet && s->rank == 0)
+            printf("saved training state (step %d) to %s\n", s->end, a->save);
+    }
+    if (s->state.weights_to_host) {
+        if (s->rank == 0) s->host_params = lab_xmalloc(s->n * sizeof(float));
+        s->state.weights_to_host(s->state.ctx, s->host_params);
+        if (s->rank == 0 && a->save_weights)
+            ckpt_save_weights(a->save_weights, &s->cfg, s->host_params);
     }
     trace_finish();
 }
@@ -172,16 +173,85 @@ const char *session_model_line(const Session *s, char *buf, size_t len) {
     return buf;
 }
 
+void session_print_throughput(const Session *s, int all_ranks) {
+    const int nrun = session_steps_run(s);
+    if (s->args->quiet || s->rank != 0 || nrun == 0) return;
+    double elapsed = session_elapsed(s);
+    printf("%d steps in %.2f s: %.0f tokens/s", nrun, elapsed,
+           (double)s->args->batch * s->T * nrun / elapsed);
+    if (all_ranks) printf(" (all ranks), %.1f ms per step", 1e3 * elapsed / nrun);
+    printf("\n");
+}
+
 void session_free(Session *s) {
     free(s->host_params);
     free(s->losses);
     free(s->plist);
     data_free(&s->data);
     if (s->master) train_master_free(&s->model, s->master);  // before gpt2_free (fp32: params)
-    gpt2_free(&s->model);
+    if (s->model.num_params) gpt2_free(&s->model);
     mem_free(s->opt_m);
     mem_free(s->opt_v);
     mem_free(s->inputs);
     mem_free(s->targets);
     memset(s, 0, sizeof *s);
+}
+
+// ---------------------------------------------------------------------------------------------
+// the single replica
+
+// Rank 0 holds the state (00, 03: every rank holds the same; 02: the master alone): its fp32
+// weights (bf16: the master, so a resume is exact), Adam m and v.
+static void replica_save(void *ctx, const char *path, int step) {
+    Session *s = ctx;
+    if (s->rank != 0) return;
+    LAB_CHECK(s->master, "--save: rank 0 holds no optimizer state");
+    const LabArgs *a = s->args;
+    ckpt_save_training(path, &s->cfg, step, (uint64_t)a->seed, (uint64_t)a->data_seed, s->master,
+                       s->opt_m, s->opt_v, s->n);
+}
+
+// the weights the forward pass reads (bf16: widened; the training state keeps the master)
+static void replica_weights(void *ctx, float *full) {
+    Session *s = ctx;
+    if (s->rank == 0) train_params_to_host(&s->model, full);
+}
+
+void session_init(Session *s, const LabArgs *args, int rows, int has_optimizer) {
+    session_open(s, args, rows);
+    gpt2_build_dtype(&s->model, s->cfg, s->dev, s->bf16 ? GPT2_BF16 : GPT2_FP32);
+    gpt2_alloc_grads(&s->model);
+    gpt2_alloc_acts(&s->model, rows, s->T);
+    LAB_CHECK(s->model.num_params == s->n, "session_init: the model has %zu parameters, not %zu",
+              s->model.num_params, s->n);
+    s->dt = train_dtype(&s->model);
+    s->e = dist_dtype_size(s->dt);
+    s->plist = lab_xcalloc((size_t)gpt2_params(&s->cfg, NULL), sizeof(GPT2Param));
+    s->nplist = gpt2_params(&s->cfg, s->plist);
+    if (has_optimizer) {
+        s->master = train_master_alloc(&s->model);
+        s->opt_m = mem_alloc(s->n * sizeof(float), MEM_OPT_M, s->dev);
+        s->opt_v = mem_alloc(s->n * sizeof(float), MEM_OPT_V, s->dev);
+    }
+    s->state = (SessionState){s, replica_save, replica_weights};
+}
+
+int session_load_or_init(Session *s, uint64_t seed) {
+    const LabArgs *a = s->args;
+    LAB_CHECK(s->master, "session_load_or_init on a rank without an optimizer");
+    s->start = 0;
+    if (a->resume) {
+        s->start = ckpt_resume_training(a->resume, &s->cfg, s->master, s->opt_m, s->opt_v, s->n);
+    } else if (a->load_weights) {
+        ckpt_load_weights_into(a->load_weights, &s->cfg, s->master, s->n);
+    } else {
+        train_master_init(&s->model, s->master, seed);
+    }
+    // bf16: the weights the forward pass reads are the master rounded to nearest even
+    train_master_to_model(&s->model, s->master);
+    return s->start;
+}
+
+void session_inject_nan(Session *s, int step, int who) {
+    if (session_nan_due(s, step, who)) train_inject_nan(&s->model);
 }

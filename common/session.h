@@ -1,24 +1,40 @@
-// session.h: the setup and reporting every training chapter repeats, so that a chapter's
-// train() shows only its own idea (who computes, who communicates, who steps).
+// session.h: the one training loop skeleton every training chapter runs its step inside, so
+// that a chapter's train() shows only its own idea (who computes, who communicates, who steps).
 //
-// A training session is: the model (fp32, or bf16 mixed precision), its gradients and one
-// activation set for this rank's rows; the optimizer (the weights AdamW updates, Adam m and v)
-// where this rank has one; the data source and this rank's (rows, T) batch buffers; the losses
-// of every step; the progress line, the checkpoints, the fault hooks and the final --dump.
-// What the chapter does between session_init and session_finish is its training loop:
+// Two parts:
+//   the loop (every chapter: session_open): the arguments, the world, the data source and this
+//     rank's (rows, T) batch buffers, the losses, the clock, the progress line, the fault hooks
+//     (--kill-rank/--kill-step, --inject-nan-step, --stop-at), the checkpoint cadence (every
+//     --save-every, the final --save, --save-weights), the --dump and the per-rank table;
+//   the state (the chapter's): what a checkpoint holds and where the final weights come from,
+//     given to the loop as a SessionState (save, weights_to_host). A single replica (00, 02,
+//     03) takes session_init, which adds the model, gradients, activations, the optimizer
+//     (fp32 or a bf16 master, Adam m and v) and fills the SessionState for it.
+//
+// How a chapter adopts it (its per-step loop stays in the first screen of its train()):
 //
 //     Session s;
-//     session_init(&s, args, rows, 1);
-//     int start = session_load_or_init(&s, args->seed);
-//     for (int step = start; step < s.end; step++) {
-//         session_step_begin(&s, step);                       // --kill-rank/--kill-step
-//         ... batch, forward, backward, (communication), train_adamw_step ...
-//         session_step_end(&s, step, loss);                    // loss, progress, checkpoint
+//     session_open(&s, args, rows);            // or session_init(&s, args, rows, 1): 00/02/03
+//     ... build the chapter's state (a shard, a TP slice, stages) ...
+//     s.state = (SessionState){&mine, my_save, my_weights_to_host};
+//     session_start_at(&s, my_load_or_init(&mine));  // --resume, --load-weights or fresh
+//     for (int step = s.start; step < s.end; step++) {
+//         session_step_begin(&s, step);        // --kill-rank/--kill-step; the clock
+//         ... batch, forward, backward, communication ...
+//         if (session_nan_due(&s, step, who)) session_poison(grad, s.bf16);  // --inject-nan-step
+//         ... clip (fails on NaN/Inf: adamw_clip_scale), AdamW ...
+//         session_step_end(&s, step, loss);    // loss, progress line, periodic checkpoint
 //     }
-//     session_finish(&s);                                      // final checkpoint and weights
+//     session_finish(&s);                      // final checkpoint, final weights, --trace
+//     ... the chapter's per-rank figures: session_gather_report, session_print_rank_table ...
+//     if (args->dump) { session_dump_open(&s, &out); results_set(...); session_dump_close(...); }
+//     ... free the chapter's state ...
+//     session_free(&s);
 //
-// Rank 0 is the writer everywhere: it prints the progress line, writes every checkpoint and
-// the --dump file (in 02 it is the master, in 00 and 03 it holds the same state as every rank).
+// World rank 0 is the writer: it prints the progress line and owns s.host_params and the --dump
+// file; state.save runs on EVERY rank (a sharded state gathers collectively) and the chapter
+// decides who writes the file. The step's loss passed to session_step_end must be the global
+// one on rank 0.
 #pragma once
 #include <stddef.h>
 #include <stdint.h>
@@ -30,15 +46,38 @@
 #include "optim.h"
 #include "results.h"
 
+// The chapter's training state, as the loop sees it. ctx is the chapter's.
+typedef struct SessionState {
+    void *ctx;
+    // Write the training state after `step` steps (weights, Adam m and v, the step) to path.
+    // Called on every rank, at the same steps; collective where the state is sharded.
+    void (*save)(void *ctx, const char *path, int step);
+    // The final weights the forward reads, fp32, in llm.c's order (cfg's n parameters), into
+    // full on world rank 0. Called on every rank (collective); full is NULL elsewhere.
+    void (*weights_to_host)(void *ctx, float *full);
+} SessionState;
+
 typedef struct Session {
+    // --- the loop (session_open) ---
     const LabArgs *args;
     GPT2Config cfg;
     Device dev;
     int bf16;              // --dtype bf16: mixed precision (common/train.h)
     DistGroup *world;
     int rank, N;
+    size_t n;              // parameters of the whole model
+    AdamW opt;             // the schedule (the progress line's lr; the chapters' AdamW)
+    DataSource data;       // the global batch of step s is a pure function of (data seed, s)
+    int rows, T;           // this rank's batch buffers are (rows, T) (none when rows = 0)
+    int *inputs, *targets;
+    int start, end;        // steps [start, end) run here (resume, --steps, --stop-at)
+    float *losses;         // (--steps) the loss of every step; NaN where not run here
+    double t_start, t_last;  // wall clock at the loop's start / at the last step's end
+    SessionState state;    // the chapter's (session_init: the single replica's)
+    DistCounters save_cost;  // what the checkpoints moved (leave it out of per-step figures)
+    float *host_params;    // (n) final weights as fp32 on rank 0 (session_finish), else NULL
+    // --- the single replica (session_init; zero after session_open alone) ---
     GPT2 model;            // parameters, gradients, activations for (rows, T)
-    size_t n;              // parameters
     DistDtype dt;          // the gradients' (and the forward weights') type: DIST_F32/DIST_BF16
     size_t e;              // bytes per element of dt: 4, or 2 in bf16
     GPT2Param *plist;      // the named parameter tensors (clipping and weight decay)
@@ -46,37 +85,37 @@ typedef struct Session {
     // The optimizer, where this rank has one (else all NULL): the weights AdamW updates (fp32:
     // the parameters themselves; bf16: an fp32 master copy), Adam's m and v.
     float *master, *opt_m, *opt_v;
-    AdamW opt;
-    DataSource data;       // the global batch of step s is a pure function of (data seed, s)
-    int rows, T;           // this rank's batch buffers are (rows, T)
-    int *inputs, *targets;
-    int start, end;        // steps [start, end) run here (resume, --steps, --stop-at)
-    float *losses;         // (--steps) the loss of every step; NaN where not run here
-    double t_start, t_last;  // wall clock at the loop's start / at the last step's end
-    float *host_params;    // (n) final weights as fp32 on rank 0 (session_finish), else NULL
 } Session;
 
-// Everything the loop needs, allocated in the order the chapters always did: model (with
-// gradients and activations for `rows` rows), optimizer state if has_optimizer (0: this rank
-// has none, like 02's workers, or the chapter allocates its own, e.g. a shard), data, batch
-// buffers. Selects the NCCL backend first when --backend nccl (it picks the rank's GPU).
-void session_init(Session *s, const LabArgs *args, int rows, int has_optimizer);
-// The starting weights into s->master (then into the model): --resume (weights, Adam state and
-// step), --load-weights, or fresh from `seed`. Returns the first step (also s->start).
-int session_load_or_init(Session *s, uint64_t seed);
+// ---- the loop ----
+
+// The loop's part: selects the NCCL backend first when --backend nccl (it picks the rank's
+// GPU), the world, the --trace file, the data, (rows, T) batch buffers, the losses. s->state
+// is empty: the chapter sets it before the first step.
+void session_open(Session *s, const LabArgs *args, int rows);
+// The first step, the same on every rank, once the chapter has resumed, loaded or initialized
+// its state; rank 0 says where it resumed.
+void session_start_at(Session *s, int start);
 
 // Top of a step: the fault hook (--kill-rank R --kill-step S: rank R exits abruptly); at the
 // first step the loop's clock starts (progress line, session_elapsed).
 void session_step_begin(Session *s, int step);
-// --inject-nan-step: a NaN into this rank's gradient at that step, if this rank is `who`.
-void session_inject_nan(Session *s, int step, int who);
+// --inject-nan-step: is this the step, and is this rank `who` (a rank of the world)?
+int session_nan_due(const Session *s, int step, int who);
+// A NaN into the first element of buf (fp32, or bf16 where bf16; host or device memory).
+void session_poison(void *buf, int bf16);
 // The end of a step: records the loss, prints the progress line (rank 0, every --log-every
-// steps and the last), writes the periodic --save checkpoint (rank 0, every --save-every).
+// steps and the last), writes the periodic checkpoint (state.save, every --save-every).
 void session_step_end(Session *s, int step, float loss);
 
-// After the loop: the final --save checkpoint and --save-weights (rank 0), the final weights
-// as fp32 on rank 0 (s->host_params), the --trace file (collective). Read the run's byte
-// counters before: the trace is gathered with dist calls.
+// The progress line, the same in every chapter ("step    i/N  loss  lr  tok/s  ETA"), without
+// the newline. step: 0-based; tok_s: this step's tokens per second; eta_s: seconds left.
+int session_progress_line(char *buf, size_t len, int step, int steps, float loss, float lr,
+                          double tok_s, double eta_s);
+
+// After the loop: the final checkpoint (state.save, when --save), the final weights as fp32
+// on rank 0 (s->host_params; state.weights_to_host), --save-weights, the --trace file. All
+// collective: read the run's byte counters before (or subtract s->save_cost).
 void session_finish(Session *s);
 double session_elapsed(const Session *s);  // seconds of the loop
 int session_steps_run(const Session *s);   // end - start (0 when resuming at the end)
@@ -98,9 +137,26 @@ typedef struct SessionColumn {
 // rank0_note: appended to rank 0's label ("master"), or NULL.
 void session_print_rank_table(const char *title, const SessionColumn *cols, int ncols,
                               const double *all, int nranks, int nfields, const char *rank0_note);
+// "N steps in T s: X tokens/s" after the loop (rank 0, not --quiet, when steps ran here);
+// all_ranks: the data-parallel chapters' form, "(all ranks), Y ms per step" added.
+void session_print_throughput(const Session *s, int all_ranks);
 
 // "GPT-2 V=.. T=.. L=.. C=.. NH=.., n parameters" for the chapters' first line.
 const char *session_model_line(const Session *s, char *buf, size_t len);
 
-// Frees what session_init allocated (the chapter frees its own first: gpt2_free comes last).
+// Frees what session_open/session_init allocated (the chapter frees its own state first).
 void session_free(Session *s);
+
+// ---- the single replica (00, 02, 03; 05 and 06 borrow its model) ----
+
+// session_open, then the model (with gradients and activations for `rows` rows), optimizer
+// state if has_optimizer (0: this rank has none, like 02's workers, or the chapter allocates
+// its own, e.g. a shard), and s->state: rank 0 saves its master, m and v; rank 0's model gives
+// the final weights.
+void session_init(Session *s, const LabArgs *args, int rows, int has_optimizer);
+// The starting weights into s->master (then into the model): --resume (weights, Adam state and
+// step), --load-weights, or fresh from `seed`. Returns the first step (also s->start; say it
+// with session_start_at).
+int session_load_or_init(Session *s, uint64_t seed);
+// --inject-nan-step into the replica's gradient, if this rank is `who`.
+void session_inject_nan(Session *s, int step, int who);

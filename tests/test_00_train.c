@@ -16,6 +16,7 @@
 #include "data.h"
 #include "gpt2.h"
 #include "harness.h"
+#include "harness_progress.h"
 #include "mem.h"
 
 #define RUN00 "./00_memory_budget/run --train --quiet"
@@ -106,6 +107,39 @@ Test(train00, resume_is_bit_exact) {
     results_free(&whole);
     results_free(&second);
     free(out);
+}
+
+// Without --quiet: the progress line (common/session.c, the same in every chapter) is printed
+// every --log-every steps and at the last, and says the run's own losses; then "N steps in".
+// Mutant: mutants/session-progress-cadence.patch
+Test(train00, progress_lines_say_the_runs_losses) {
+    RunResults r;
+    char *out = NULL;
+    int rc = harness_run_dump("./00_memory_budget/run --train", 1,
+                              "--layers 2 --channels 64 --heads 4 --seq 32 --batch 8 --steps 8 "
+                              "--log-every 3", &r, &out, 120);
+    cr_assert_eq(rc, 0, "run failed:\n%s", out);
+    cr_assert(harness_contains(out, "step     1/8") && harness_contains(out, "step     8/8"),
+              "no progress line:\n%s", out);
+    cr_assert(harness_progress_matches(out, &r, 0, 8, 8, 3),
+              "the progress lines do not say the run (details above on stderr)");
+    results_free(&r);
+    free(out);
+}
+
+// The loop skeleton with a chapter's own (sharded) state, as 05-09 give it: the checkpoint
+// cadence calls the chapter's save on every rank, the final weights come from the chapter's
+// gather, the save's bytes are counted apart (tests/mpi_session.c), on 1, 2 and 3 ranks.
+// Mutant: mutants/session-save-cost-uncounted.patch
+Test(session, loop_drives_a_chapters_own_state_on_1_2_3_ranks, .timeout = 120) {
+    for (int np = 1; np <= 3; np++) {
+        char cmd[256], *out = NULL;
+        snprintf(cmd, sizeof cmd, "%s/tests/mpi_session", harness_build_dir());
+        int rc = harness_mpirun(np, cmd, &out, 60);
+        cr_assert(rc == 0 && harness_contains(out, "mpi_session: OK"), "-np %d (rc %d):\n%s", np,
+                  rc, out);
+        free(out);
+    }
 }
 
 // A NaN in a gradient stops the run with a message naming the step, promptly, and the

@@ -21,6 +21,8 @@
 #include "ckpt.h"
 #include "gpt2.h"
 #include "harness.h"
+#include "harness_progress.h"
+#include "mem.h"
 
 #define ORACLE "./00_memory_budget/run --train --quiet"
 #define DP "./02_data_parallel/run --quiet"
@@ -116,6 +118,33 @@ Test(dp02, master_bytes_per_step_are_the_master_formula, .timeout = 180) {
                      "-np %d %s rank 1", runs[i].np, runs[i].reduce);
         results_free(&r);
     }
+}
+
+// Without --quiet, on 3 ranks: the progress lines once for the job with the run's losses, and
+// the per-rank table's bytes sent per step, the master's and a worker's (which differ), equal
+// to the dump's: the table is printed from each rank's own figures.
+// Mutant: mutants/session-table-row-of-rank-0.patch
+Test(dp02, printed_progress_and_table_match_the_run, .timeout = 120) {
+    RunResults r;
+    char *out = NULL;
+    int rc = harness_run_dump("./02_data_parallel/run", 3, SMALL " --steps 5 --log-every 2", &r,
+                              &out, 120);
+    cr_assert_eq(rc, 0, "%s", out);
+    cr_assert(harness_progress_matches(out, &r, 0, 5, 5, 2),
+              "the progress lines do not say the run (details above on stderr)");
+    const char *keys[3] = {"bytes_sent_per_step", "rank1_bytes_sent_per_step",
+                           "rank2_bytes_sent_per_step"};
+    for (int rank = 0; rank < 3; rank++) {
+        double sent = results_get(&r, keys[rank], -1);
+        char want[32], cell[32];
+        mem_format(want, sizeof want, sent);
+        cr_assert(harness_table_cell(out, "Per rank (per step)", rank, 4, cell, sizeof cell),
+                  "no table:\n%s", out);
+        cr_assert_str_eq(cell, want, "rank %d's sent per step %s, the run's %.0f B = %s", rank,
+                         cell, sent, want);
+    }
+    results_free(&r);
+    free(out);
 }
 
 // Only the master has an optimizer: Adam's m and v live on rank 0 and nowhere else.

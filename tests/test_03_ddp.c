@@ -28,6 +28,8 @@
 #include "ddp_buckets.h"
 #include "gpt2.h"
 #include "harness.h"
+#include "harness_progress.h"
+#include "mem.h"
 
 #define ORACLE "./00_memory_budget/run --train --quiet"
 #define DDP "./03_ddp/run --quiet --overlap-steps 0"
@@ -395,6 +397,45 @@ Test(ddp03, overlap_share_is_0_without_overlap_and_within_0_100_with_it, .timeou
 // N steps == K steps, save, resume, N-K steps: bit-identical, on 2 ranks.
 Test(ddp03, resume_is_bit_exact, .timeout = 240) {
     harness_assert_resume_exact(DDP, 2, SMALL " --steps 8", 5);
+}
+
+// Without --quiet, on 2 ranks and resumed at step 3: "resumed from" once, the progress lines
+// once for the whole job (rank 0) from the resumed step on, with the run's losses, and the
+// per-rank table's bytes sent per step equal to the dump's (a counter reset on the wrong rank
+// or at the wrong time shows only here).
+// Mutant: mutants/session-progress-every-rank.patch
+Test(ddp03, printed_progress_and_table_match_the_run, .timeout = 180) {
+    const char *ck = tmp_path("print.ckpt");
+    char cmd[512], *out = NULL;
+    snprintf(cmd, sizeof cmd, "%s " SMALL " --steps 7 --stop-at 3 --save %s", DDP, ck);
+    int rc = harness_mpirun(2, cmd, &out, 120);
+    cr_assert_eq(rc, 0, "%s", out);
+    free(out);
+    out = NULL;
+    RunResults r;
+    snprintf(cmd, sizeof cmd, SMALL " --steps 7 --log-every 2 --check-no-sync --resume %s", ck);
+    rc = harness_run_dump("./03_ddp/run --overlap-steps 0", 2, cmd, &r, &out, 120);
+    cr_assert_eq(rc, 0, "%s", out);
+    const char *once = strstr(out, "resumed from");
+    cr_assert(once && !strstr(once + 1, "resumed from"), "\"resumed from\" not once:\n%s", out);
+    cr_assert(harness_progress_matches(out, &r, 3, 7, 7, 2),
+              "the progress lines do not say the run (details above on stderr)");
+    const char *title = "Per rank (per step; every rank does the same work: no master)";
+    double sent = results_get(&r, "bytes_sent_per_step", -1);
+    char want[32], cell[32];
+    mem_format(want, sizeof want, sent);
+    for (int rank = 0; rank < 2; rank++) {
+        cr_assert(harness_table_cell(out, title, rank, 3, cell, sizeof cell), "no table:\n%s",
+                  out);
+        cr_assert_str_eq(cell, want, "rank %d's sent per step %s, the run's %.0f B = %s", rank,
+                         cell, sent, want);
+    }
+    char line[96];
+    snprintf(line, sizeof line, "(+ the loss) = %.0f B on every rank", sent);
+    cr_assert(harness_contains(out, line), "no \"%s\":\n%s", line, out);
+    unlink(ck);
+    results_free(&r);
+    free(out);
 }
 
 // A NaN in one rank's gradient reaches every rank through the all-reduce; the job stops with
