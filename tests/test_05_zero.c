@@ -456,7 +456,7 @@ static int table_cell(const char *out, const char *title, int rank, size_t at, s
 // --log-every 2 --save-every 2. "resumed from" once, the progress lines (rank 0 alone, at steps
 // 4, 5, 7) say the run's own losses, the final save is said once, and the wire table's bytes
 // sent per step of rank 0 and of the last rank are the dump's (a counter reset at the wrong
-// time, or a checkpoint's gather counted as a step's, shows only here).
+// time shows only here), and as many as without the checkpoints.
 // Mutant: mutants/session-progress-every-rank.patch
 Test(zero05, printed_progress_and_table_match_the_run, .timeout = 150) {
     char *ck = tmp_path("print.ckpt"), *ck2 = tmp_path("print2.ckpt"), cmd[512], *out = NULL;
@@ -488,6 +488,17 @@ Test(zero05, printed_progress_and_table_match_the_run, .timeout = 150) {
         cr_assert_str_eq(cell, want, "rank %d's sent per step %s, the run's %.0f B = %s", rank,
                          cell, sent, want);
     }
+    // the checkpoints' gathers are not a step's: the same run without --save sends as much
+    RunResults q;
+    snprintf(cmd, sizeof cmd, SMALL_CFG " --batch 24 --steps 7 --resume %s", ck);
+    harness_assert_run_dump(ZERO " --zero 2", 3, cmd, &q);
+    for (int i = 0; i < 2; i++) {
+        const char *key = i ? "last_sent" : "first_sent";
+        cr_assert_eq(results_get(&r, key, -1), results_get(&q, key, -2), "%s: %.0f B per step "
+                     "with --save-every 2, %.0f B without", key, results_get(&r, key, -1),
+                     results_get(&q, key, -2));
+    }
+    results_free(&q);
     unlink(ck);
     unlink(ck2);
     results_free(&r);

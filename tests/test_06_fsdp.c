@@ -302,8 +302,7 @@ static int table_cell(const char *out, const char *title, int row, size_t at, si
 // resumes with --log-every 2 --save-every 2. "resumed from" once, the progress lines (rank 0
 // alone, at steps 3, 5) say the run's own losses, the final save is said once, and the
 // collectives table's all-gathers per step of rank 0 and of the last rank are the dump's (a
-// counter reset on the wrong group, or a checkpoint's gather counted as a step's, shows only
-// here).
+// counter reset on the wrong group shows only here), its bytes sent as without the checkpoints.
 // Mutant: mutants/session-progress-every-rank.patch
 Test(fsdp06, printed_progress_and_table_match_the_run, .timeout = 150) {
     char *ck = tmp_ckpt("print"), *ck2 = tmp_ckpt("print2"), cmd[512], *out = NULL;
@@ -336,6 +335,21 @@ Test(fsdp06, printed_progress_and_table_match_the_run, .timeout = 150) {
                          cell, calls);
     }
     cr_assert_gt(results_get(&r, "first_ag_calls", -1), 0);
+    // the checkpoints' gathers are not a step's: "sent total" as in the same run without --save
+    RunResults q;
+    char *out2 = NULL;
+    snprintf(cmd, sizeof cmd, CFG " --batch 24 --steps 5 --resume %s", ck);
+    rc = harness_run_dump("./06_fsdp/run --shard-group 2 --grad-accum 2", 4, cmd, &q, &out2, 120);
+    cr_assert_eq(rc, 0, "%s", out2);
+    for (int rank = 0; rank < 4; rank++) {  // rank 1 sends rank 0 its pieces
+        char a[64], b[64];  // after rank, all-gathers, red-scatters, all-red., 3 x sent
+        cr_assert(table_cell(out, title, rank, 90, 13, a) &&
+                  table_cell(out2, title, rank, 90, 13, b), "no sent total:\n%s", out);
+        cr_assert_str_eq(a, b, "rank %d sends %s per step with --save-every 2, %s without", rank,
+                         a, b);
+    }
+    results_free(&q);
+    free(out2);
     unlink(ck);
     unlink(ck2);
     results_free(&r);
