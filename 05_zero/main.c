@@ -73,7 +73,6 @@ typedef struct ZeroFlags {
 typedef struct Zero {
     int stage;
     Session *s;
-    LabArgs sargs;        // the session's arguments: ours without --save (save_state saves)
     GPT2 *m;
     ZeroLayout z;
     int L, nunits;
@@ -390,34 +389,35 @@ static int load_or_init(Zero *zz, const LabArgs *args) {
     if (args->resume || args->load_weights) {
         start = zero_load_training(&zz->z, &s->cfg, args->resume, args->load_weights, zz->master,
                                    zz->master_full, zz->opt_m, zz->opt_v, s->world);
-        if (args->resume && !args->quiet && s->rank == 0)
-            printf("resumed from %s at step %d\n", args->resume, start);
     } else {
         zero_init_pieces(&zz->z, &s->cfg, (uint64_t)args->seed, zz->master, zz->master_full);
     }
     params_from_master(zz);
-    s->start = start;
     return start;
 }
 
-// --save: rank 0 writes the WHOLE state (gathered from the pieces) in the lab's usual format.
-static void save_state(Zero *zz, const LabArgs *args, int step) {
-    Session *s = zz->s;
-    zero_save_training(&zz->z, args->save, &s->cfg, step, (uint64_t)args->seed,
-                       (uint64_t)args->data_seed, zz->master, zz->master_full, zz->opt_m,
+// The sharded state as the session's loop sees it (SessionState). Its checkpoint: rank 0 writes
+// the WHOLE state, gathered from the pieces, in the lab's usual format (any layout resumes it).
+static void state_save(void *ctx, const char *path, int step) {
+    Zero *zz = ctx;
+    const Session *s = zz->s;
+    zero_save_training(&zz->z, path, &s->cfg, step, (uint64_t)s->args->seed,
+                       (uint64_t)s->args->data_seed, zz->master, zz->master_full, zz->opt_m,
                        zz->opt_v, s->world);
 }
 
-// Stage 3 at the end: the session reports the final weights from the model's own buffer, so
-// the whole parameters come back once (after every figure is taken; tagged MEM_OTHER).
-static void unshard_for_report(Zero *zz) {
-    if (zz->stage < 3) return;
+// The final weights (rank 0, fp32): stage 3 gathers the whole parameters back once, into the
+// model's own buffer (after every figure is taken; tagged MEM_OTHER).
+static void state_weights(void *ctx, float *full) {
+    Zero *zz = ctx;
     Session *s = zz->s;
-    GPT2 *m = zz->m;
-    void *full = mem_alloc(s->n * zz->e, MEM_OTHER, s->dev);
-    dist_all_gather_n(zz->param_shard, full, s->n, s->dt, s->world);
-    if (s->bf16) m->params_bf16 = full;
-    else m->params = full;
+    if (zz->stage == 3) {
+        void *all = mem_alloc(s->n * zz->e, MEM_OTHER, s->dev);
+        dist_all_gather_n(zz->param_shard, all, s->n, s->dt, s->world);
+        if (s->bf16) zz->m->params_bf16 = all;
+        else zz->m->params = all;
+    }
+    if (s->rank == 0) train_params_to_host(zz->m, full);
 }
 
 static void free_state(Zero *zz) {
@@ -436,69 +436,41 @@ static void free_state(Zero *zz) {
 // ---------------------------------------------------------------------------------------------
 // training
 
-// The session (its checkpoints are this chapter's: save_state), the sharded state, initialized
-// or loaded, the communication thread (stages 2, 3), the banner; rank r's rows [row0, row0 + Bl).
-static int setup(Zero *zz, Session *s, const LabArgs *args, const ZeroFlags *f, int *row0,
-                 int *Bl) {
+// The session, the sharded state (its checkpoints and final weights: state_save,
+// state_weights), initialized or loaded, the communication thread (stages 2, 3), the banner;
+// rank r's rows [row0, row0 + Bl).
+static void setup(Zero *zz, Session *s, const LabArgs *args, const ZeroFlags *f, int *row0,
+                  int *Bl) {
     const int rank = dist_rank(), N = dist_size();
     data_slice(args->batch, rank, N, row0, Bl);
     if (*Bl == 0)
         lab_fail_collective("--batch %d over %d ranks leaves rank %d without rows; use --batch "
                             ">= %d (one sequence per rank at least)", args->batch, N, N - 1, N);
     memset(zz, 0, sizeof *zz);
-    zz->sargs = *args;  // the session keeps a pointer to its arguments
-    zz->sargs.save = NULL;
-    session_init(s, &zz->sargs, *Bl, 0);
+    session_init(s, args, *Bl, 0);  // its model, without an optimizer: the pieces have theirs
     zz->s = s;
     zz->m = &s->model;
     alloc_state(zz, f);
-    const int start = load_or_init(zz, args);
+    s->state = (SessionState){zz, state_save, state_weights};
+    session_start_at(s, load_or_init(zz, args));
     if (f->stage >= 2 && N > 1) dist_comm_thread_start(s->world);
     zero5_banner(&(Zero5View){s, &zz->z, zz->stage, zz->in_flight, zz->nbuckets, zz->bucket},
                  args);
     mem_reset_peaks();  // the session built a whole model first; what a stage holds from here on
     dist_counters_reset();
-    return start;
 }
 
-// --inject-nan-step with stages 2, 3 (no full gradient): a NaN into my averaged piece.
-static void inject_nan_piece(Zero *zz, int step, const LabArgs *args) {
-    if (zz->stage < 2 || step != args->inject_nan_step || zz->s->rank != zz->s->N - 1 ||
-        !zz->z.shard_n)
-        return;
-    float nan = NAN;
-    uint16_t h = 0x7fc0;
-    if (zz->s->bf16) mem_copy(zz->grad_shard, &h, 2);
-    else mem_copy(zz->grad_shard, &nan, 4);
-}
-
-// --save at this step: the checkpoint, its collectives kept out of the per-step figures.
-static void save_if_due(Zero *zz, const LabArgs *args, int step, DistCounters *save_cost) {
-    const int last = step == zz->s->end - 1;
-    if (!args->save || !(last || (args->save_every > 0 && (step + 1) % args->save_every == 0)))
-        return;
-    DistCounters before = *dist_counters();
-    save_state(zz, args, step + 1);
-    const DistCounters *after = dist_counters();
-    for (int k = 0; k < OP_NKINDS; k++) {
-        save_cost->sent[k] += after->sent[k] - before.sent[k];
-        save_cost->recv[k] += after->recv[k] - before.recv[k];
-    }
-    if (last && !args->quiet && zz->s->rank == 0)
-        printf("saved training state (step %d) to %s\n", step + 1, args->save);
-}
-
-// Every rank's figures to rank 0, which prints the tables (report.c); the session ends.
-static void finish(Zero *zz, const DistCounters *save_cost, const LabArgs *args) {
+// Every rank's figures to rank 0 (less the checkpoints' collectives), the session's end (the
+// final --save, the weights), rank 0's tables and --dump (report.c).
+static void finish(Zero *zz) {
     Session *s = zz->s;
     if (zz->stage >= 2 && s->N > 1) dist_comm_thread_stop(s->world);
     Zero5View v = {s, &zz->z, zz->stage, zz->in_flight, zz->nbuckets, zz->bucket};
     double mine[Z5_NFIELDS] = {0};
-    zero5_figures(&v, mine, save_cost);
+    zero5_figures(&v, mine, &s->save_cost);
     double *all = session_gather_report(s, mine, Z5_NFIELDS);
-    unshard_for_report(zz);
     session_finish(s);
-    if (s->rank == 0) zero5_report(&v, all, args);
+    if (s->rank == 0) zero5_report(&v, all, s->args);
     free(all);
     free_state(zz);
     session_free(s);
@@ -508,25 +480,31 @@ static void train(const LabArgs *args, const ZeroFlags *f) {
     Session s;
     Zero zz;
     int row0, Bl;
-    const int start = setup(&zz, &s, args, f, &row0, &Bl);
+    setup(&zz, &s, args, f, &row0, &Bl);  // s.state: the pieces; s.start: resumed or 0
     const float dloss = 1.0f / ((float)Bl * (float)s.T);
-    DistCounters save_cost;
-    memset(&save_cost, 0, sizeof save_cost);
-    for (int step = start; step < s.end; step++) {
-        session_step_begin(&s, step);
+    for (int step = s.start; step < s.end; step++) {
+        session_step_begin(&s, step);  // (--kill-rank, --kill-step)
         if (zz.stage < 2) gpt2_zero_grad(zz.m);
-        if (zz.stage < 2) session_inject_nan(&s, step, s.N - 1);
         data_batch(&s.data, (uint64_t)step, args->batch, s.T, row0, Bl, s.inputs, s.targets);
         float loss = forward(&zz);
-        backward(&zz, dloss);
-        inject_nan_piece(&zz, step, args);
-        average_gradients(&zz);  // stage 0; the other stages reduce-scatter
+        backward(&zz, dloss);  // stages 2, 3 reduce-scatter during it
+        // --inject-nan-step: a NaN in one rank's gradient (stages 2, 3: its averaged piece)
+        if (session_nan_due(&s, step, s.N - 1) && zz.z.shard_n)
+            session_poison(shard_bufs(&zz).grads, s.bf16);
+        average_gradients(&zz);  // stage 0; stage 1 reduce-scatters in its step
         dist_all_reduce(&loss, &loss, 1, DIST_F32, DIST_AVG, s.world);
         optimizer_step(&zz, step);
-        session_step_end(&s, step, loss);
-        save_if_due(&zz, args, step, &save_cost);
+        session_step_end(&s, step, loss);  // the progress line, the --save-every checkpoint
     }
-    finish(&zz, &save_cost, args);
+    finish(&zz);
+}
+
+// Was the flag `name` on the command line ("--name V" or "--name=V")?
+static int flag_given(int argc, char **argv, const char *name) {
+    const size_t n = strlen(name);
+    for (int i = 1; i < argc; i++)
+        if (strncmp(argv[i], name, n) == 0 && (argv[i][n] == '\0' || argv[i][n] == '=')) return 1;
+    return 0;
 }
 
 int main(int argc, char **argv) {
@@ -544,6 +522,14 @@ int main(int argc, char **argv) {
     };
     lab_parse_args(argc, argv, &args, extra, (int)(sizeof extra / sizeof extra[0]), "05_zero/run",
                    USAGE);
+    // a flag that does nothing at this stage is refused, not ignored
+    if (flag_given(argc, argv, "--bucket-kb") && f.stage != 2)
+        lab_fail_collective("--bucket-kb sizes ZeRO-2's gradient buckets: it needs --zero 2 "
+                            "(with --zero %d it would do nothing)", f.stage);
+    if (flag_given(argc, argv, "--in-flight") && f.stage < 2)
+        lab_fail_collective("--in-flight bounds ZeRO-2's buckets and ZeRO-3's unit gradients in "
+                            "flight: it needs --zero 2 or 3 (with --zero %d it would do nothing)",
+                            f.stage);
     train(&args, &f);
     dist_finalize();
     return 0;

@@ -79,9 +79,7 @@ void zero5_report(const Zero5View *v, const double *all, const LabArgs *args) {
     const double e = (double)s->e;
     const int nrun = session_steps_run(s);
     if (!args->quiet && nrun > 0) {
-        double elapsed = session_elapsed(s);
-        printf("%d steps in %.2f s: %.0f tokens/s (all ranks), %.1f ms per step\n", nrun, elapsed,
-               (double)args->batch * s->T * nrun / elapsed, 1e3 * elapsed / nrun);
+        session_print_throughput(s, 1);
         static const char *names[] = {"params", "grads", "master", "adam m", "adam v"};
         printf("\nMemory per rank: measured peak (mem.h), '=' where it equals the formula, %s:\n"
                "  %-8s", ZERO5_STAGE_NAME[v->stage], "rank");

@@ -6,6 +6,7 @@
 #include <string.h>
 
 #include "check.h"
+#include "session.h"
 #include "trace.h"
 
 // ---------------------------------------------------------------------------------------------
@@ -244,6 +245,10 @@ void fsdp_grads_done(Fsdp *F, int u, int sync) {
     FsdpUnit *U = &F->u[u];
     if (!sync) return;  // no_sync: the whole unit gradient stays, the next micro-batch adds to it
     const ZeroPiece *p = &F->z->p[u];
+    // a NaN before the reduce-scatter travels as a real one would: to the piece's owner, its
+    // replicas (HSDP) and, through the norm, every rank
+    if (F->poison) session_poison(U->buf.g, F->dt == DIST_BF16);
+    F->poison = 0;
     // EXERCISE 06.3 The reduce-scatter hook -> 06_fsdp/README.md#exercise-063-the-reduce-scatter-hook
     // the unit's gradient summed over the shard group and divided by its size; my piece lands
     // in place, where it sits inside the unit buffer, on the communication thread

@@ -91,6 +91,7 @@ typedef struct Fsdp {
     int *log, nlog, log_cap;    // every all-gather issued in the current micro-batch, in order
     int unplanned;              // all-gathers an op had to issue itself (not in the plan)
     int wasted;                 // gathered units freed without being used
+    int poison;                 // --inject-nan-step: the next hook's unit gradient gets a NaN
 } Fsdp;
 
 void fsdp_init(Fsdp *F, const ZeroLayout *z, DistGroup *shard, DistGroup *rep, DistDtype dt,

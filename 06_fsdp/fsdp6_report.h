@@ -28,7 +28,6 @@ typedef struct FsdpRun {
     Session *s;
     GPT2 *m;
     const FsdpFlags *f;
-    LabArgs sargs;            // the session's arguments: ours without --save (save_state saves)
     int G, R;                 // shard group size, replicas
     DistGroup *shard, *rep;
     ZeroLayout z;

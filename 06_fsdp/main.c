@@ -40,6 +40,7 @@
 #include "mem.h"
 #include "session.h"
 #include "trace.h"
+#include "train.h"
 #include "zero.h"
 
 static const char *USAGE =
@@ -214,38 +215,38 @@ static void params_from_master(FsdpRun *r) {
 static int load_or_init(FsdpRun *r, const LabArgs *args) {
     Session *s = r->s;
     int start = 0;
-    if (args->resume || args->load_weights) {
+    if (args->resume || args->load_weights)
         start = zero_load_training(&r->z, &s->cfg, args->resume, args->load_weights, r->master,
                                    0, r->opt_m, r->opt_v, s->world);
-        if (args->resume && !args->quiet && s->rank == 0)
-            printf("resumed from %s at step %d\n", args->resume, start);
-    } else {
-        zero_init_pieces(&r->z, &s->cfg, (uint64_t)args->seed, r->master, 0);
-    }
+    else zero_init_pieces(&r->z, &s->cfg, (uint64_t)args->seed, r->master, 0);
     params_from_master(r);
-    s->start = start;
     return start;
 }
 
-// --save: the first shard group gathers one copy of the pieces to rank 0 (the lab's format).
-static void save_state(FsdpRun *r, const LabArgs *args, int step) {
-    if (r->s->rank >= r->G) return;
-    zero_save_training(&r->z, args->save, &r->s->cfg, step, (uint64_t)args->seed,
-                       (uint64_t)args->data_seed, r->master, 0, r->opt_m, r->opt_v, r->shard);
+// The sharded state as the session's loop sees it (SessionState). Its checkpoint: the first
+// shard group gathers one copy of the pieces to rank 0 (the lab's format: any layout resumes it).
+static void state_save(void *ctx, const char *path, int step) {
+    FsdpRun *r = ctx;
+    const Session *s = r->s;
+    if (s->rank >= r->G) return;
+    zero_save_training(&r->z, path, &s->cfg, step, (uint64_t)s->args->seed,
+                       (uint64_t)s->args->data_seed, r->master, 0, r->opt_m, r->opt_v, r->shard);
 }
 
-// At the end the session reports the final weights from the model's own buffer: the whole
-// parameters come back once, after every figure is taken (tagged MEM_OTHER).
-static void unshard_for_report(FsdpRun *r) {
+// The final weights (rank 0, fp32): the whole parameters gathered back once, into the model's
+// own buffer (after every figure is taken; tagged MEM_OTHER).
+static void state_weights(void *ctx, float *full) {
+    FsdpRun *r = ctx;
     Session *s = r->s;
-    void *full = mem_alloc(s->n * s->e, MEM_OTHER, s->dev);
+    void *all = mem_alloc(s->n * s->e, MEM_OTHER, s->dev);
     for (int u = 0; u < r->z.nunits; u++) {
         const ZeroPiece *p = &r->z.p[u];
         dist_all_gather_n((char *)r->param_shard + p->local * s->e,
-                          (char *)full + p->unit_offset * s->e, p->unit_size, s->dt, r->shard);
+                          (char *)all + p->unit_offset * s->e, p->unit_size, s->dt, r->shard);
     }
-    if (s->bf16) r->m->params_bf16 = full;
-    else r->m->params = full;
+    if (s->bf16) r->m->params_bf16 = all;
+    else r->m->params = all;
+    if (s->rank == 0) train_params_to_host(r->m, full);
 }
 
 static void free_run(FsdpRun *r) {
@@ -264,9 +265,10 @@ static void free_run(FsdpRun *r) {
 // ---------------------------------------------------------------------------------------------
 // training
 
-// The flags checked, the session (its checkpoints are this chapter's: save_state), the model
-// sharded, initialized or loaded, the communication thread, the banner; my rows from row0.
-static int setup(FsdpRun *r, Session *s, const LabArgs *args, const FsdpFlags *f, int *row0) {
+// The flags checked, the session, the model sharded (its checkpoints and final weights:
+// state_save, state_weights), initialized or loaded, the communication thread, the banner; my
+// rows from row0.
+static void setup(FsdpRun *r, Session *s, const LabArgs *args, const FsdpFlags *f, int *row0) {
     const int rank = dist_rank(), N = dist_size(), K = f->grad_accum;
     if (f->shard_group && N % f->shard_group != 0)
         lab_fail_collective("--shard-group %d does not divide the %d ranks: HSDP needs equal shard "
@@ -285,11 +287,10 @@ static int setup(FsdpRun *r, Session *s, const LabArgs *args, const FsdpFlags *f
     memset(r, 0, sizeof *r);
     r->K = K;
     r->Bm = Bl / K;
-    r->sargs = *args;  // the session keeps a pointer to its arguments
-    r->sargs.save = NULL;
-    session_init(s, &r->sargs, r->Bm, 0);
+    session_init(s, args, r->Bm, 0);  // its model, without an optimizer: the pieces have theirs
     shard_model(r, s, f);
-    const int start = load_or_init(r, args);
+    s->state = (SessionState){r, state_save, state_weights};
+    session_start_at(s, load_or_init(r, args));
     if (N > 1) {  // the communication thread serves the shard and the replicate groups
         dist_comm_thread_start(r->shard);
         if (r->rep) dist_comm_thread_start(r->rep);
@@ -297,7 +298,6 @@ static int setup(FsdpRun *r, Session *s, const LabArgs *args, const FsdpFlags *f
     fsdp6_banner(r, args);
     mem_reset_peaks();
     dist_counters_reset();
-    return start;
 }
 
 // One micro-batch of a step: forward and backward over the plan, each phase's peaks kept (and
@@ -323,45 +323,19 @@ static float micro_batch(FsdpRun *r, int step, int micro, int row0, int sync,
     return loss;
 }
 
-// --inject-nan-step: a NaN into my averaged gradient piece.
-static void inject_nan_piece(FsdpRun *r, int step, const LabArgs *args) {
-    if (step != args->inject_nan_step || r->s->rank != r->s->N - 1 || !r->z.shard_n) return;
-    float nan = NAN;
-    uint16_t h = 0x7fc0;
-    if (r->s->bf16) mem_copy(r->grad_shard, &h, 2);
-    else mem_copy(r->grad_shard, &nan, 4);
-}
-
-// --save at this step: the checkpoint, its collectives kept out of the per-step figures.
-static void save_if_due(FsdpRun *r, const LabArgs *args, int step, DistCounters *save_cost) {
-    const int last = step == r->s->end - 1;
-    if (!args->save || !(last || (args->save_every > 0 && (step + 1) % args->save_every == 0)))
-        return;
-    DistCounters before = *dist_counters();
-    save_state(r, args, step + 1);
-    const DistCounters *after = dist_counters();
-    for (int k = 0; k < OP_NKINDS; k++) {
-        save_cost->calls[k] += after->calls[k] - before.calls[k];
-        save_cost->sent[k] += after->sent[k] - before.sent[k];
-        save_cost->recv[k] += after->recv[k] - before.recv[k];
-    }
-    if (last && !args->quiet && r->s->rank == 0)
-        printf("saved training state (step %d) to %s\n", step + 1, args->save);
-}
-
-// Every rank's figures to rank 0, which prints the tables (report.c); the session ends.
-static void finish(FsdpRun *r, const DistCounters *save_cost, const LabArgs *args) {
+// Every rank's figures to rank 0 (less the checkpoints' collectives), the session's end (the
+// final --save, the weights), rank 0's tables and --dump (report.c).
+static void finish(FsdpRun *r) {
     Session *s = r->s;
     if (s->N > 1) {
         if (r->rep) dist_comm_thread_stop(r->rep);
         dist_comm_thread_stop(r->shard);
     }
     double mine[F_NFIELDS] = {0};
-    fsdp6_figures(r, mine, save_cost, session_steps_run(s));
+    fsdp6_figures(r, mine, &s->save_cost, session_steps_run(s));
     double *all = session_gather_report(s, mine, F_NFIELDS);
-    unshard_for_report(r);
     session_finish(s);
-    if (s->rank == 0) fsdp6_report(r, all, args);
+    if (s->rank == 0) fsdp6_report(r, all, s->args);
     free(all);
     free_run(r);
     session_free(s);
@@ -371,12 +345,13 @@ static void train(const LabArgs *args, const FsdpFlags *f) {
     Session s;
     FsdpRun r;
     int row0;
-    const int start = setup(&r, &s, args, f, &row0), K = r.K;
-    DistCounters save_cost;
-    memset(&save_cost, 0, sizeof save_cost);
-    for (int step = start; step < s.end; step++) {
-        session_step_begin(&s, step);
+    setup(&r, &s, args, f, &row0);  // s.state: the pieces; s.start: resumed or 0
+    const int K = r.K;
+    for (int step = s.start; step < s.end; step++) {
+        session_step_begin(&s, step);  // (--kill-rank, --kill-step)
         mem_zero(r.grad_shard, r.z.shard_n * s.e);
+        // --inject-nan-step: a NaN in one rank's unit gradient, before its reduce-scatter
+        r.F.poison = session_nan_due(&s, step, s.N - 1);
         float loss = 0.0f;
         for (int micro = 0; micro < K; micro++) {
             const int last = micro == K - 1;
@@ -384,15 +359,13 @@ static void train(const LabArgs *args, const FsdpFlags *f) {
             int sync = f->no_sync ? last : 1;
             loss += micro_batch(&r, step, micro, row0, sync, args) / (float)K;
         }
-        inject_nan_piece(&r, step, args);
         phase_begin();
         optimizer_step(&r, step, &loss);  // the loss averaged there, with the norm
         params_from_master(&r);
         phase_end(&r, PH_OPT);
-        session_step_end(&s, step, loss);
-        save_if_due(&r, args, step, &save_cost);
+        session_step_end(&s, step, loss);  // the progress line, the --save-every checkpoint
     }
-    finish(&r, &save_cost, args);
+    finish(&r);
 }
 
 int main(int argc, char **argv) {

@@ -140,13 +140,10 @@ static void print_log(const char *what, const int *log, int n, int L) {
     printf("%s\n", n ? "" : "(none)");
 }
 
-static void print_tables(const FsdpRun *r, const double *all, const LabArgs *args) {
+static void print_tables(const FsdpRun *r, const double *all) {
     Session *s = r->s;
     const int N = s->N, L = s->cfg.L;
-    const int nrun = session_steps_run(s);
-    double elapsed = session_elapsed(s);
-    printf("%d steps in %.2f s: %.0f tokens/s (all ranks), %.1f ms per step\n", nrun, elapsed,
-           (double)args->batch * s->T * nrun / elapsed, 1e3 * elapsed / nrun);
+    session_print_throughput(s, 1);
     printf("\nAll-gathers of step %d, in order (the prefetch queue as it ran):\n", s->start + 1);
     print_log("forward", r->fwd_log, r->nfwd_log, L);
     print_log("backward", r->bwd_log, r->nbwd_log, L);
@@ -251,7 +248,7 @@ static void print_tables(const FsdpRun *r, const double *all, const LabArgs *arg
 void fsdp6_report(const FsdpRun *r, const double *all, const LabArgs *args) {
     Session *s = r->s;
     const int N = s->N;
-    if (!args->quiet && session_steps_run(s) > 0) print_tables(r, all, args);
+    if (!args->quiet && session_steps_run(s) > 0) print_tables(r, all);
     if (args->dump) {
         RunResults out;
         session_dump_open(s, &out);

@@ -23,6 +23,8 @@
 #include "check.h"
 #include "gpt2.h"
 #include "harness.h"
+#include "harness_progress.h"
+#include "mem.h"
 #include "shard.h"
 
 #define ORACLE "./00_memory_budget/run --train --quiet"
@@ -432,7 +434,94 @@ Test(zero05, nan_fails_cleanly_and_keeps_the_checkpoint, .timeout = 120) {
 }
 
 // ---------------------------------------------------------------------------------------------
+// what it prints
+
+// The text of the fixed-width cell [at, at + width) of row `rank` of the table under `title`
+// (the column titles' line skipped), spaces trimmed, into buf (64 bytes). 1 if found.
+static int table_cell(const char *out, const char *title, int rank, size_t at, size_t width,
+                      char *buf) {
+    const char *p = out ? strstr(out, title) : NULL;
+    for (int skip = 0; p && skip < rank + 2; skip++) p = (p = strchr(p, '\n')) ? p + 1 : NULL;
+    const char *e = p ? strchr(p, '\n') : NULL;
+    if (!p || !e || (size_t)(e - p) < at + width || width >= 64) return 0;
+    const char *c = p + at, *end = p + at + width;
+    while (c < end && *c == ' ') c++;
+    while (end > c && end[-1] == ' ') end--;
+    memcpy(buf, c, (size_t)(end - c));
+    buf[end - c] = '\0';
+    return 1;
+}
+
+// Without --quiet: ZeRO-3 on 3 ranks saves at step 3 of 7, ZeRO-2 on 3 ranks resumes with
+// --log-every 2 --save-every 2. "resumed from" once, the progress lines (rank 0 alone, at steps
+// 4, 5, 7) say the run's own losses, the final save is said once, and the wire table's bytes
+// sent per step of rank 0 and of the last rank are the dump's (a counter reset at the wrong
+// time shows only here), and as many as without the checkpoints.
+// Mutant: mutants/session-progress-every-rank.patch
+Test(zero05, printed_progress_and_table_match_the_run, .timeout = 150) {
+    char *ck = tmp_path("print.ckpt"), *ck2 = tmp_path("print2.ckpt"), cmd[512], *out = NULL;
+    snprintf(cmd, sizeof cmd, ZERO " --zero 3 " SMALL_CFG " --batch 24 --steps 7 --stop-at 3 "
+             "--save %s", ck);
+    cr_assert_eq(harness_mpirun(3, cmd, &out, 120), 0, "save run failed:\n%s", out);
+    free(out);
+    out = NULL;
+    RunResults r;
+    snprintf(cmd, sizeof cmd, SMALL_CFG " --batch 24 --steps 7 --log-every 2 --resume %s --save %s "
+             "--save-every 2", ck, ck2);
+    int rc = harness_run_dump("./05_zero/run --zero 2", 3, cmd, &r, &out, 120);
+    cr_assert_eq(rc, 0, "%s", out);
+    const char *once = strstr(out, "resumed from");
+    cr_assert(once && !strstr(once + 1, "resumed from"), "\"resumed from\" not once:\n%s", out);
+    once = strstr(out, "saved training state (step 7)");
+    cr_assert(once && !strstr(once + 1, "saved training state"), "the final save not said once "
+              "(and no other):\n%s", out);
+    cr_assert(harness_progress_matches(out, &r, 3, 7, 7, 2),
+              "the progress lines do not say the run (details above on stderr)");
+    // "  %-6d" then " %13s" per column: rank, reduce-scat, all-gather, all-reduce, sent
+    const char *title = "Bytes on the wire per rank per step (dist counters)";
+    for (int rank = 0; rank < 3; rank += 2) {
+        double sent = results_get(&r, rank ? "last_sent" : "first_sent", -1);
+        char want[32], cell[64];
+        mem_format(want, sizeof want, sent);
+        cr_assert(table_cell(out, title, rank, 2 + 6 + 3 * 14 + 1, 13, cell), "no table:\n%s",
+                  out);
+        cr_assert_str_eq(cell, want, "rank %d's sent per step %s, the run's %.0f B = %s", rank,
+                         cell, sent, want);
+    }
+    // the checkpoints' gathers are not a step's: the same run without --save sends as much
+    RunResults q;
+    snprintf(cmd, sizeof cmd, SMALL_CFG " --batch 24 --steps 7 --resume %s", ck);
+    harness_assert_run_dump(ZERO " --zero 2", 3, cmd, &q);
+    for (int i = 0; i < 2; i++) {
+        const char *key = i ? "last_sent" : "first_sent";
+        cr_assert_eq(results_get(&r, key, -1), results_get(&q, key, -2), "%s: %.0f B per step "
+                     "with --save-every 2, %.0f B without", key, results_get(&r, key, -1),
+                     results_get(&q, key, -2));
+    }
+    results_free(&q);
+    unlink(ck);
+    unlink(ck2);
+    results_free(&r);
+    free(out);
+}
+
+// ---------------------------------------------------------------------------------------------
 // bad input
+
+// A flag that does nothing at the stage given is refused, naming the stage it needs.
+Test(zero05, bucket_and_in_flight_flags_are_refused_where_they_do_nothing, .timeout = 60) {
+    for (int stage = 0; stage <= 3; stage++) {
+        char cmd[256];
+        if (stage != 2) {
+            snprintf(cmd, sizeof cmd, ZERO " --zero %d --bucket-kb 16 " SMALL, stage);
+            harness_assert_refused(2, cmd, "--bucket-kb", "--zero 2");
+        }
+        if (stage < 2) {
+            snprintf(cmd, sizeof cmd, ZERO " --zero %d --in-flight 3 " SMALL, stage);
+            harness_assert_refused(2, cmd, "--in-flight", "--zero 2 or 3");
+        }
+    }
+}
 
 Test(zero05, zero_4_is_refused_with_the_valid_range, .timeout = 60) {
     char *out = NULL;

@@ -25,6 +25,7 @@
 #include "fsdp.h"
 #include "gpt2.h"
 #include "harness.h"
+#include "harness_progress.h"
 #include "shard.h"
 
 #define ORACLE "./00_memory_budget/run --train --quiet"
@@ -276,6 +277,83 @@ Test(fsdp06, resume_across_layouts_fsdp_4_and_ddp_2, .timeout = 150) {
         unlink(ck);
     }
     results_free(&o);
+}
+
+// ---------------------------------------------------------------------------------------------
+// what it prints
+
+// The text of the fixed-width cell [at, at + width) of row `row` of the table under `title`
+// (the column titles' line skipped), spaces trimmed, into buf (64 bytes). 1 if found.
+static int table_cell(const char *out, const char *title, int row, size_t at, size_t width,
+                      char *buf) {
+    const char *p = out ? strstr(out, title) : NULL;
+    for (int skip = 0; p && skip < row + 2; skip++) p = (p = strchr(p, '\n')) ? p + 1 : NULL;
+    const char *e = p ? strchr(p, '\n') : NULL;
+    if (!p || !e || (size_t)(e - p) < at + width || width >= 64) return 0;
+    const char *c = p + at, *end = p + at + width;
+    while (c < end && *c == ' ') c++;
+    while (end > c && end[-1] == ' ') end--;
+    memcpy(buf, c, (size_t)(end - c));
+    buf[end - c] = '\0';
+    return 1;
+}
+
+// Without --quiet: HSDP (2 shard groups of 2) with 2 micro-batches saves at step 2 of 5, and
+// resumes with --log-every 2 --save-every 2. "resumed from" once, the progress lines (rank 0
+// alone, at steps 3, 5) say the run's own losses, the final save is said once, and the
+// collectives table's all-gathers per step of rank 0 and of the last rank are the dump's (a
+// counter reset on the wrong group shows only here), its bytes sent as without the checkpoints.
+// Mutant: mutants/session-progress-every-rank.patch
+Test(fsdp06, printed_progress_and_table_match_the_run, .timeout = 150) {
+    char *ck = tmp_ckpt("print"), *ck2 = tmp_ckpt("print2"), cmd[512], *out = NULL;
+    snprintf(cmd, sizeof cmd, FSDP " --shard-group 2 --grad-accum 2 " CFG " --batch 24 --steps 5 "
+             "--stop-at 2 --save %s", ck);
+    cr_assert_eq(harness_mpirun(4, cmd, &out, 120), 0, "save run failed:\n%s", out);
+    free(out);
+    out = NULL;
+    RunResults r;
+    snprintf(cmd, sizeof cmd, CFG " --batch 24 --steps 5 --log-every 2 --resume %s --save %s "
+             "--save-every 2", ck, ck2);
+    int rc = harness_run_dump("./06_fsdp/run --shard-group 2 --grad-accum 2", 4, cmd, &r, &out,
+                              120);
+    cr_assert_eq(rc, 0, "%s", out);
+    const char *once = strstr(out, "resumed from");
+    cr_assert(once && !strstr(once + 1, "resumed from"), "\"resumed from\" not once:\n%s", out);
+    once = strstr(out, "saved training state (step 5)");
+    cr_assert(once && !strstr(once + 1, "saved training state"), "the final save not said once "
+              "(and no other):\n%s", out);
+    cr_assert(harness_progress_matches(out, &r, 2, 5, 5, 2),
+              "the progress lines do not say the run (details above on stderr)");
+    // "  %-4d" then " %14s": rank, all-gathers ("22 =": the count and the formula's verdict)
+    const char *title = "Collectives per step and rank (dist counters)";
+    for (int rank = 0; rank < 4; rank += 3) {
+        double calls = results_get(&r, rank ? "last_ag_calls" : "first_ag_calls", -1);
+        char want[32], cell[64];
+        snprintf(want, sizeof want, "%.0f =", calls);
+        cr_assert(table_cell(out, title, rank, 2 + 4 + 1, 14, cell), "no table:\n%s", out);
+        cr_assert_str_eq(cell, want, "rank %d's all-gathers per step \"%s\", the run's %.0f", rank,
+                         cell, calls);
+    }
+    cr_assert_gt(results_get(&r, "first_ag_calls", -1), 0);
+    // the checkpoints' gathers are not a step's: "sent total" as in the same run without --save
+    RunResults q;
+    char *out2 = NULL;
+    snprintf(cmd, sizeof cmd, CFG " --batch 24 --steps 5 --resume %s", ck);
+    rc = harness_run_dump("./06_fsdp/run --shard-group 2 --grad-accum 2", 4, cmd, &q, &out2, 120);
+    cr_assert_eq(rc, 0, "%s", out2);
+    for (int rank = 0; rank < 4; rank++) {  // rank 1 sends rank 0 its pieces
+        char a[64], b[64];  // after rank, all-gathers, red-scatters, all-red., 3 x sent
+        cr_assert(table_cell(out, title, rank, 90, 13, a) &&
+                  table_cell(out2, title, rank, 90, 13, b), "no sent total:\n%s", out);
+        cr_assert_str_eq(a, b, "rank %d sends %s per step with --save-every 2, %s without", rank,
+                         a, b);
+    }
+    results_free(&q);
+    free(out2);
+    unlink(ck);
+    unlink(ck2);
+    results_free(&r);
+    free(out);
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -50,8 +50,9 @@ for cfg in "tiny|--batch $((8 * np))" "wide|--layers 2 --channels 512 --heads 8 
     best=(0 0 0 0); peaks=(- - - -)
     for ((k = 0; k < rounds; k++)); do
         for stage in 0 1 2 3; do
-            # shellcheck disable=SC2086  # flags is a list of words
-            read -r tok peak < <(run "$stage" --steps "$steps" --bucket-kb "$bucket_kb" $flags)
+            bk=""; [ "$stage" = 2 ] && bk="--bucket-kb $bucket_kb"  # refused at other stages
+            # shellcheck disable=SC2086  # flags, bk: lists of words
+            read -r tok peak < <(run "$stage" --steps "$steps" $bk $flags)
             if awk -v a="$tok" -v b="${best[$stage]}" 'BEGIN { exit !(a > b) }'; then best[$stage]=$tok; fi
             peaks[$stage]=$peak
         done
