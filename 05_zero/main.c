@@ -321,7 +321,7 @@ static void optimizer_step(Zero *zz, int step) {
     ZeroShard b = shard_bufs(zz);
     int tok = trace_begin("ZeRO step: (reduce-scatter,) clip, update my pieces, (all-gather)",
                           TRACE_COMM);
-    zero_step(&zz->z, &b, &zz->s->opt, step, zz->s->world);
+    session_grad_norm_sq(zz->s, zero_step(&zz->z, &b, &zz->s->opt, step, zz->s->world));
     trace_end(tok);
 }
 

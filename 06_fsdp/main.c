@@ -165,6 +165,7 @@ static void optimizer_step(FsdpRun *r, int step, float *loss) {
         dist_all_reduce(loss, loss, 1, DIST_F32, DIST_AVG, s->world);
         if (r->G > 1) dist_all_reduce(&sq, &sq, 1, DIST_F64, DIST_SUM, r->shard);
     }
+    session_grad_norm_sq(s, sq);  // the health line's grad norm (before clipping)
     float scale = adamw_clip_scale(&s->opt, sq, step);
     int tok = trace_begin("optimizer (my pieces)", TRACE_COMPUTE);
     zero_adamw(&r->z, &b, &s->opt, step, scale);

@@ -227,9 +227,10 @@ void zero_gather_params(const ZeroLayout *z, const ZeroShard *b, DistGroup *g) {
     }
 }
 
-void zero_step(const ZeroLayout *z, const ZeroShard *b, const AdamW *h, int step, DistGroup *g) {
+double zero_step(const ZeroLayout *z, const ZeroShard *b, const AdamW *h, int step, DistGroup *g) {
     char *grads = b->grads;
     const size_t e = dist_dtype_size(b->dt);
+    double sq = 0;  // the global squared norm of the gradient (returned: the health line's)
     // EXERCISE 05.2 ZeRO-1 reduce-scatter, shard update, all-gather -> 05_zero/README.md#exercise-052-zero-1-reduce-scatter-shard-update-all-gather
     // 1. the gradient summed over the ranks and divided by N, my pieces landing in place: flat,
     //    the whole buffer is one reduce-scatter (my shard is shard_range(Ψ, N, r): the _n op);
@@ -245,12 +246,13 @@ void zero_step(const ZeroLayout *z, const ZeroShard *b, const AdamW *h, int step
     }
     // 2. the global norm from the pieces (each element is in exactly one rank's pieces), then
     //    AdamW on my pieces only
-    double sq = zero_sum_squares(z, b);
+    sq = zero_sum_squares(z, b);
     if (z->N > 1) dist_all_reduce(&sq, &sq, 1, DIST_F64, DIST_SUM, g);
     zero_adamw(z, b, h, step, adamw_clip_scale(h, sq, step));
     // 3. every rank's updated pieces to every rank: the whole parameters, in place
     zero_gather_params(z, b, g);
     // END EXERCISE 05.2
+    return sq;
 }
 
 DistWork zero_gather_unit(const ZeroLayout *z, int u, const void *shard, void *out, DistDtype dt,

@@ -102,7 +102,8 @@ void zero_gather_params(const ZeroLayout *z, const ZeroShard *b, DistGroup *g);
 //   3. AdamW on my pieces only
 //   4. params_full (ZeRO-1, -2): all-gather the updated parameters in place
 // On a layout of one part (stage 0: DDP, its gradient already all-reduced) nothing moves.
-void zero_step(const ZeroLayout *z, const ZeroShard *b, const AdamW *h, int step, DistGroup *g);
+// Returns the global squared norm of the gradient, before clipping (the health line's).
+double zero_step(const ZeroLayout *z, const ZeroShard *b, const AdamW *h, int step, DistGroup *g);
 
 // Unit u's v-collectives (blocks: the ranks' pieces of u), blocking or started (nonblocking: wait
 // the returned DistWork). reduce-scatter: unit_grad (the whole unit) -> my piece (AVG divides by
