@@ -16,10 +16,15 @@ static void mpi_tp_passes(int np, const char *what) {
     snprintf(cmd, sizeof cmd, "%s/tests/mpi_tp %s", harness_build_dir(), what);
     int rc = harness_mpirun(np, cmd, &out, 240);
     int checks = -1, failed = -1, ranks = -1;
-    const char *line = out ? strstr(out, "mpi_tp: ") : NULL;
-    while (line && strstr(line + 1, "mpi_tp: ")) line = strstr(line + 1, "mpi_tp: ");  // the summary is last
-    const char *on = line ? strstr(line, " on ") : NULL;
-    if (on) sscanf(on, " on %d ranks: %d checks, %d failed", &ranks, &checks, &failed);
+    // the summary line ("mpi_tp: <what> on N ranks: C checks, F failed"), wherever it lands
+    // among the ranks' lines (another rank may still be printing after it)
+    for (const char *line = out ? strstr(out, "mpi_tp: ") : NULL; line && ranks < 0;
+         line = strstr(line + 1, "mpi_tp: ")) {
+        const char *eol = strchr(line, '\n'), *on = strstr(line, " on ");
+        if (on && (!eol || on < eol) &&
+            sscanf(on, " on %d ranks: %d checks, %d failed", &ranks, &checks, &failed) != 3)
+            ranks = checks = failed = -1;
+    }
     int ok = rc == 0 && ranks == np && checks > 0 && failed == 0;
     // the whole output on stderr (it can be long); the assertion names the run and shows its end
     if (!ok) fprintf(stderr, "---- mpi_tp %s on %d ranks:\n%s\n----\n", what, np, out ? out : "(no output)");
