@@ -5,7 +5,8 @@
   tools/dump_compare.py --dirs OLD_DIR NEW_DIR [--ignore KEY ...]   every *.dump of OLD_DIR
 
 Losses and final parameters are compared as raw float32 bits; each named figure by value
-(a key missing on one side is reported). --ignore leaves out figures that are timings.
+(a key missing on one side is reported). --ignore leaves out figures that are timings
+(KEY* leaves out every key that starts with KEY).
 Exit status 0 when everything compared is identical, 1 otherwise, 2 on a bad file.
 """
 import os
@@ -53,7 +54,7 @@ def compare(old, new, ignore):
             problems.append(f"{what}: {count} of {len(o[i]) // 4} differ (lengths {len(o[i])}, "
                             f"{len(n[i])})" + (f"; first [{d[0]}] {d[1]!r} vs {d[2]!r}" if d else ""))
     for k in sorted(set(o[4]) | set(n[4])):
-        if k in ignore:
+        if k in ignore or any(k.startswith(x[:-1]) for x in ignore if x.endswith("*")):
             continue
         if k not in o[4] or k not in n[4]:
             problems.append(f"figure {k}: only in {'new' if k in n[4] else 'old'}")

@@ -9,7 +9,7 @@
 #   bash tools/layouts.sh list                  the layouts, one per line
 #
 # Uses the binaries in <chapter>/run as they are (build first). Timings (the pipeline's
-# bottleneck and imbalance, 03's overlap) are left out of the comparison; everything else,
+# measured bubbles, bottleneck and imbalance, 03's overlap) are left out of the comparison; everything else,
 # losses and weights as raw float bits, checkpoints byte for byte, must be identical.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -92,8 +92,8 @@ record() {
 
 compare() {
   local old=$1 new=$2 bad=0 n=0
-  python3 tools/dump_compare.py --dirs "$old" "$new" --ignore bottleneck --ignore bubble_bottleneck \
-    --ignore bubble_bottleneck_sim --ignore imbalance --ignore imbalance_sim --ignore overlap_pct || bad=1
+  python3 tools/dump_compare.py --dirs "$old" "$new" --ignore bottleneck --ignore 'bubble_bottleneck*' \
+    --ignore 'bubble_r*' --ignore 'bubble_sim_r*' --ignore 'imbalance*' --ignore overlap_pct || bad=1
   for f in "$old"/*.ckpt; do
     n=$((n + 1))
     if ! cmp -s "$f" "$new/$(basename "$f")"; then
