@@ -444,6 +444,54 @@ void gpt2_init_local(const GPT2 *m, uint64_t seed, float *out_host) {
         init_param(&m->cfg, seed, &m->plist[i], 0, m->plist[i].size, out_host + m->plist[i].offset);
 }
 
+// The whole <-> slice pair (host buffers): each unit of m between its place in m's buffer and
+// the full model's (tp.c's slicing for wte's rows and the block shards; the rest whole).
+void gpt2_unshard(const GPT2 *m, const float *buf, float *full_mem, int with_replicated) {
+    const GPT2Config *cfg = &m->cfg;
+    const TpVocab tv = tp_vocab(cfg->V, m->tp, m->tp_rank);
+    for (int u = 0; u < m->nunits; u++) {
+        const GPT2Unit *un = &m->units[u];
+        const float *at = buf + un->offset;
+        float *to = full_mem + un->global_offset;
+        if (un->kind == GPT2_UNIT_BLOCK) {
+            TpBlock fb, sb;
+            tp_block_of_model(&fb, cfg, full_mem, un->layer);
+            tp_block_views(&sb, (float *)at, cfg->C, m->tp);
+            tp_block_unshard(&fb, &sb, cfg->C, m->tp, m->tp_rank, with_replicated);
+        } else if (un->kind == GPT2_UNIT_EMBED) {
+            tp_wte_unshard(to, at, &tv, cfg->C);
+            if (with_replicated)
+                memcpy(to + (size_t)cfg->V * cfg->C, at + (size_t)tv.Vl * cfg->C,
+                       (size_t)cfg->T * cfg->C * sizeof(float));
+        } else if (un->kind == GPT2_UNIT_HEAD && with_replicated) {
+            memcpy(to, at, un->size * sizeof(float));
+        }  // the tied copy never: the first stage's wte is the one
+    }
+}
+
+void gpt2_shard(const GPT2 *m, const float *full_mem, float *buf) {
+    const GPT2Config *cfg = &m->cfg;
+    const TpVocab tv = tp_vocab(cfg->V, m->tp, m->tp_rank);
+    for (int u = 0; u < m->nunits; u++) {
+        const GPT2Unit *un = &m->units[u];
+        float *at = buf + un->offset;
+        const float *from = full_mem + un->global_offset;
+        if (un->kind == GPT2_UNIT_BLOCK) {
+            TpBlock fb, sb;
+            tp_block_of_model(&fb, cfg, (float *)full_mem, un->layer);
+            tp_block_views(&sb, at, cfg->C, m->tp);
+            tp_block_shard(&sb, &fb, cfg->C, m->tp, m->tp_rank);
+        } else if (un->kind == GPT2_UNIT_HEAD) {
+            memcpy(at, from, un->size * sizeof(float));
+        } else {  // EMBED, TIED_WTE: wte's rows (the tied copy too: a resume fills both)
+            tp_wte_shard(at, from, &tv, cfg->C);
+            if (un->kind == GPT2_UNIT_EMBED)
+                memcpy(at + (size_t)tv.Vl * cfg->C, from + (size_t)cfg->V * cfg->C,
+                       (size_t)cfg->T * cfg->C * sizeof(float));
+        }
+    }
+}
+
 // ----------------------------------------------------------------------------------------------
 // Lifecycle
 

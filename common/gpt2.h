@@ -272,6 +272,14 @@ void gpt2_build_stage(GPT2 *m, GPT2Config cfg, Device dev, GPT2Dtype dtype, int 
 // t > 1: weights, gradients and bf16 work buffers as above; the pieces run through tp.c (this
 // file's activation sets and pieces refuse it).
 void gpt2_build_tp(GPT2 *m, GPT2Config cfg, Device dev, GPT2Dtype dtype, int l0, int l1, int tp, int r);
+// Whole <-> slice, on the host: gpt2_unshard writes m's buffer buf (num_params floats, m's
+// layout: weights, a master, Adam's m or v) into its places of full_mem (the FULL model's memory
+// order, zeroed by the caller): the slices always, the replicated tensors only when
+// with_replicated, a tied copy never (so such buffers of a TP x PP grid, one with_replicated per
+// TP group, sum to the whole model exactly). gpt2_shard is its inverse (a tied copy filled
+// too): checkpoints move between any layouts, bit for bit.
+void gpt2_unshard(const GPT2 *m, const float *buf, float *full_mem, int with_replicated);
+void gpt2_shard(const GPT2 *m, const float *full_mem, float *buf);
 // Initialization: N(0, 0.02) weights, residual projections (attprojw, fcprojw) scaled by
 // 1/sqrt(2L) (the FULL L, also on a stage), biases 0, LayerNorm weights 1. Each element's value
 // is a pure function of (seed, cfg, its index in llm.c's order): a stage, a shard, any layout

@@ -9,17 +9,6 @@
 #include "check.h"
 #include "mem.h"
 
-// Where tensor `tensor` (layer -1: wte, wpe, lnfw, lnfb) starts in the FULL model's flat buffer.
-static size_t full_offset(const GPT2Config *cfg, int tensor) {
-    GPT2Param list[TPM_MAX_PARAMS];
-    int n = gpt2_params(cfg, list);
-    for (int j = 0; j < n; j++)
-        if (list[j].tensor == tensor && list[j].layer < 0) return list[j].offset;
-    lab_fail("tp_model: the model has no tensor %s", gpt2_tensor_name(tensor));
-    return 0;
-}
-
-// Where the 12 tensors of a block shard start (the elements of one shard in TpBlock order).
 // ---- the flat buffers, on a device, in a precision ---------------------------------------------
 
 // Bytes per stored element (params_bf16, the stored activations) of dtype.
@@ -619,30 +608,9 @@ void tpm_stage_adamw_step(TpStage *st, const AdamW *h, int step, const TpOpt *o,
     tpm_stage_adamw(st, h, step, o, tpm_stage_grad_buf(st), scale);
 }
 
-// Element `off` of buf (a buffer in the stage's layout).
-static float *stage_at(const float *buf, size_t off) { return (float *)buf + off; }
-
 void tpm_unshard(const TpStage *st, const float *buf_any, float *full_mem, int with_replicated) {
-    const GPT2Config *cfg = &st->cfg;
-    const size_t C = (size_t)cfg->C;
     float *tmp;
-    const float *buf = on_host(buf_any, st->n, &tmp);
-    for (int j = 0; j < st->l1 - st->l0; j++) {
-        TpBlock fb, sb;
-        tp_block_of_model(&fb, cfg, full_mem, st->l0 + j);
-        tp_block_views(&sb, stage_at(buf, st->off_block[j]), cfg->C, st->tp);
-        tp_block_unshard(&fb, &sb, cfg->C, st->tp, st->r, with_replicated);
-    }
-    if (st->has_embed) {
-        tp_wte_unshard(full_mem + full_offset(cfg, GPT2_WTE), stage_at(buf, st->off_wte), &st->tv, cfg->C);
-        if (with_replicated)
-            memcpy(full_mem + full_offset(cfg, GPT2_WPE), stage_at(buf, st->off_wpe),
-                   (size_t)cfg->T * C * sizeof(float));
-    }
-    if (st->has_head && with_replicated) {
-        memcpy(full_mem + full_offset(cfg, GPT2_LNFW), stage_at(buf, st->off_lnf), C * sizeof(float));
-        memcpy(full_mem + full_offset(cfg, GPT2_LNFB), stage_at(buf, st->off_lnf + C), C * sizeof(float));
-    }
+    gpt2_unshard(&st->g, on_host(buf_any, st->n, &tmp), full_mem, with_replicated);
     free(tmp);
 }
 
@@ -658,23 +626,7 @@ void tpm_unshard_weights(const TpStage *st, float *full_mem, int with_replicated
 }
 
 void tpm_shard(const TpStage *st, const float *full_mem, float *buf_any) {
-    const GPT2Config *cfg = &st->cfg;
-    const size_t C = (size_t)cfg->C;
     float *tmp, *buf = for_host(buf_any, st->n, &tmp);
-    for (int j = 0; j < st->l1 - st->l0; j++) {
-        TpBlock fb, sb;
-        tp_block_of_model(&fb, cfg, (float *)full_mem, st->l0 + j);
-        tp_block_views(&sb, stage_at(buf, st->off_block[j]), cfg->C, st->tp);
-        tp_block_shard(&sb, &fb, cfg->C, st->tp, st->r);
-    }
-    if (st->has_embed || st->has_head)  // the first stage's rows, or the last stage's copy of them
-        tp_wte_shard(stage_at(buf, st->off_wte), full_mem + full_offset(cfg, GPT2_WTE), &st->tv, cfg->C);
-    if (st->has_embed)
-        memcpy(stage_at(buf, st->off_wpe), full_mem + full_offset(cfg, GPT2_WPE),
-               (size_t)cfg->T * C * sizeof(float));
-    if (st->has_head) {
-        memcpy(stage_at(buf, st->off_lnf), full_mem + full_offset(cfg, GPT2_LNFW), C * sizeof(float));
-        memcpy(stage_at(buf, st->off_lnf + C), full_mem + full_offset(cfg, GPT2_LNFB), C * sizeof(float));
-    }
+    gpt2_shard(&st->g, full_mem, buf);
     to_dev(buf_any, tmp, st->n);
 }
