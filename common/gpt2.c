@@ -12,6 +12,7 @@
 #include <string.h>
 
 #include "check.h"
+#include "tp.h"
 
 // ----------------------------------------------------------------------------------------------
 // Config and parameter layout
@@ -109,9 +110,12 @@ GPT2BlockWeights gpt2_block_weights(const GPT2BlockDims *d, float *unit) {
     return w;
 }
 
-// The widths m's blocks compute with: the ONE place every block kernel call takes its shapes
-// from (a tensor-parallel shard would shrink them here, together with its units' sizes).
-static GPT2BlockDims block_dims(const GPT2 *m) { return gpt2_block_dims(&m->cfg); }
+// The widths of a block unit of TP slice r of t (t = 1: the full block; every slice has the
+// same): the ONE place every block kernel call and every unit size takes its shapes from.
+static GPT2BlockDims dims_tp(const GPT2Config *cfg, int tp) { return tp_block_dims(cfg->C, cfg->NH, tp); }
+static GPT2BlockDims block_dims(const GPT2 *m) { return dims_tp(&m->cfg, m->tp); }
+// Rows of the tied wte one slice holds: V, or V padded to a multiple of t, over t.
+static size_t vocab_rows(const GPT2Config *cfg, int tp) { return (size_t)tp_vocab(cfg->V, tp, 0).Vl; }
 
 // Offset of tensor t of layer l (-1 for the unstacked ones) in llm.c's stacked file order.
 static size_t llmc_offset(const GPT2Config *cfg, int t, int l) {
@@ -128,11 +132,15 @@ static void check_stage(const GPT2Config *cfg, int l0, int l1) {
                             "blocks [l0, l1) with 0 <= l0 < l1 <= L", l0, l1, cfg->L);
 }
 
-int gpt2_stage_units(const GPT2Config *cfg, int l0, int l1, GPT2Unit *out) {
+// The units of blocks [l0, l1) of TP slice r of t (gpt2_build_tp): the same list at the slice's
+// widths (wte's Vl rows, block shards); global offsets are the full model's (t = 1: exact).
+static int stage_units(const GPT2Config *cfg, int l0, int l1, int tp, GPT2Unit *out) {
     check_stage(cfg, l0, l1);
-    GPT2BlockDims d = gpt2_block_dims(cfg);
-    size_t V = (size_t)cfg->V, T = (size_t)cfg->T, C = (size_t)cfg->C;
+    GPT2BlockDims d = dims_tp(cfg, tp), fd = dims_tp(cfg, 1);
+    size_t V = vocab_rows(cfg, tp), T = (size_t)cfg->T, C = (size_t)cfg->C;
     size_t embed = V * C + T * C, block = gpt2_block_layout(&d, NULL, NULL);
+    // where the full model's units start (the slice's own sizes above)
+    size_t fembed = (size_t)cfg->V * C + T * C, fblock = gpt2_block_layout(&fd, NULL, NULL);
     int n = 0;
     size_t at = 0;
 #define UNIT(K, LAYER, GLOBAL, SIZE)                                                  \
@@ -142,22 +150,33 @@ int gpt2_stage_units(const GPT2Config *cfg, int l0, int l1, GPT2Unit *out) {
         n++;                                                                          \
     } while (0)
     if (l0 == 0) UNIT(GPT2_UNIT_EMBED, -1, 0, embed);
-    for (int l = l0; l < l1; l++) UNIT(GPT2_UNIT_BLOCK, l, embed + (size_t)l * block, block);
+    for (int l = l0; l < l1; l++) UNIT(GPT2_UNIT_BLOCK, l, fembed + (size_t)l * fblock, block);
     if (l1 == cfg->L) {
-        UNIT(GPT2_UNIT_HEAD, -1, embed + (size_t)cfg->L * block, 2 * C);
+        UNIT(GPT2_UNIT_HEAD, -1, fembed + (size_t)cfg->L * fblock, 2 * C);
         if (l0 > 0) UNIT(GPT2_UNIT_TIED_WTE, -1, 0, V * C);
     }
 #undef UNIT
     return n;
 }
 
-int gpt2_stage_params(const GPT2Config *cfg, int l0, int l1, GPT2Param *out) {
+int gpt2_stage_units(const GPT2Config *cfg, int l0, int l1, GPT2Unit *out) {
+    return stage_units(cfg, l0, l1, 1, out);
+}
+
+// Tensors a TP group splits (vocab-parallel wte; column-parallel qkv, fc; row-parallel attproj,
+// fcproj weights), by kind; the rest is replicated.
+static int is_sliced(int t) {
+    return t == GPT2_WTE || t == GPT2_QKVW || t == GPT2_QKVB || t == GPT2_ATTPROJW ||
+           t == GPT2_FCW || t == GPT2_FCB || t == GPT2_FCPROJW;
+}
+
+static int stage_params(const GPT2Config *cfg, int l0, int l1, int tp, GPT2Param *out) {
     GPT2Unit *units = lab_xcalloc((size_t)(l1 - l0 + 3), sizeof(GPT2Unit));
-    int nu = gpt2_stage_units(cfg, l0, l1, units);
-    GPT2BlockDims d = gpt2_block_dims(cfg);
+    int nu = stage_units(cfg, l0, l1, tp, units);
+    GPT2BlockDims d = dims_tp(cfg, tp);
     size_t boff[GPT2_BLOCK_TENSORS], bsize[GPT2_BLOCK_TENSORS];
     gpt2_block_layout(&d, boff, bsize);
-    size_t V = (size_t)cfg->V, T = (size_t)cfg->T, C = (size_t)cfg->C;
+    size_t V = vocab_rows(cfg, tp), T = (size_t)cfg->T, C = (size_t)cfg->C;
     int n = 0;
     for (int u = 0; u < nu; u++) {
         const GPT2Unit *un = &units[u];
@@ -198,21 +217,28 @@ int gpt2_stage_params(const GPT2Config *cfg, int l0, int l1, GPT2Param *out) {
             p->size = size[i];
             p->decay = is_matrix(t);
             p->tied_copy = un->kind == GPT2_UNIT_TIED_WTE;
+            p->sliced = is_sliced(t);
         }
     }
     free(units);
     return n;
 }
 
+int gpt2_stage_params(const GPT2Config *cfg, int l0, int l1, GPT2Param *out) {
+    return stage_params(cfg, l0, l1, 1, out);
+}
+
 int gpt2_params(const GPT2Config *cfg, GPT2Param *out) { return gpt2_stage_params(cfg, 0, cfg->L, out); }
 
-size_t gpt2_stage_param_count(const GPT2Config *cfg, int l0, int l1) {
+static size_t stage_param_count(const GPT2Config *cfg, int l0, int l1, int tp) {
     GPT2Unit *units = lab_xcalloc((size_t)(l1 - l0 + 3), sizeof(GPT2Unit));
-    int nu = gpt2_stage_units(cfg, l0, l1, units);
+    int nu = stage_units(cfg, l0, l1, tp, units);
     size_t n = units[nu - 1].offset + units[nu - 1].size;
     free(units);
     return n;
 }
+
+size_t gpt2_stage_param_count(const GPT2Config *cfg, int l0, int l1) { return stage_param_count(cfg, l0, l1, 1); }
 
 const GPT2Unit *gpt2_block_unit(const GPT2 *m, int l) {
     LAB_CHECK(l >= m->l0 && l < m->l1, "block %d is not in this model's blocks [%d, %d)", l, m->l0, m->l1);
@@ -386,9 +412,84 @@ void gpt2_init_slice(const GPT2Config *cfg, uint64_t seed, size_t begin, size_t 
     free(p);
 }
 
+// A TP slice (t > 1): each unit from the full model's indices, by tp.c's slicing (wte's rows,
+// the block shards; wpe and the head are whole).
+static void init_slice_tp(const GPT2 *m, uint64_t seed, float *out) {
+    const GPT2Config *cfg = &m->cfg;
+    const TpVocab tv = tp_vocab(cfg->V, m->tp, m->tp_rank);
+    for (int u = 0; u < m->nunits; u++) {
+        const GPT2Unit *un = &m->units[u];
+        float *at = out + un->offset;
+        if (un->kind == GPT2_UNIT_BLOCK) {
+            TpBlock b;
+            tp_block_views(&b, at, cfg->C, m->tp);
+            tp_block_init(&b, cfg, seed, un->layer, m->tp, m->tp_rank);
+            continue;
+        }
+        size_t g0 = un->global_offset, rest = un->size;
+        if (un->kind != GPT2_UNIT_HEAD) {  // wte's rows first (EMBED, TIED_WTE)
+            tp_wte_init(at, cfg, seed, &tv);
+            g0 += (size_t)cfg->V * cfg->C, at += (size_t)tv.Vl * cfg->C, rest -= (size_t)tv.Vl * cfg->C;
+        }
+        if (rest) gpt2_init_slice(cfg, seed, g0, g0 + rest, at);  // wpe, or lnfw lnfb
+    }
+}
+
 void gpt2_init_local(const GPT2 *m, uint64_t seed, float *out_host) {
+    if (m->tp > 1) {
+        init_slice_tp(m, seed, out_host);
+        return;
+    }
     for (int i = 0; i < m->nplist; i++)
         init_param(&m->cfg, seed, &m->plist[i], 0, m->plist[i].size, out_host + m->plist[i].offset);
+}
+
+// The whole <-> slice pair (host buffers): each unit of m between its place in m's buffer and
+// the full model's (tp.c's slicing for wte's rows and the block shards; the rest whole).
+void gpt2_unshard(const GPT2 *m, const float *buf, float *full_mem, int with_replicated) {
+    const GPT2Config *cfg = &m->cfg;
+    const TpVocab tv = tp_vocab(cfg->V, m->tp, m->tp_rank);
+    for (int u = 0; u < m->nunits; u++) {
+        const GPT2Unit *un = &m->units[u];
+        const float *at = buf + un->offset;
+        float *to = full_mem + un->global_offset;
+        if (un->kind == GPT2_UNIT_BLOCK) {
+            TpBlock fb, sb;
+            tp_block_of_model(&fb, cfg, full_mem, un->layer);
+            tp_block_views(&sb, (float *)at, cfg->C, m->tp);
+            tp_block_unshard(&fb, &sb, cfg->C, m->tp, m->tp_rank, with_replicated);
+        } else if (un->kind == GPT2_UNIT_EMBED) {
+            tp_wte_unshard(to, at, &tv, cfg->C);
+            if (with_replicated)
+                memcpy(to + (size_t)cfg->V * cfg->C, at + (size_t)tv.Vl * cfg->C,
+                       (size_t)cfg->T * cfg->C * sizeof(float));
+        } else if (un->kind == GPT2_UNIT_HEAD && with_replicated) {
+            memcpy(to, at, un->size * sizeof(float));
+        }  // the tied copy never: the first stage's wte is the one
+    }
+}
+
+void gpt2_shard(const GPT2 *m, const float *full_mem, float *buf) {
+    const GPT2Config *cfg = &m->cfg;
+    const TpVocab tv = tp_vocab(cfg->V, m->tp, m->tp_rank);
+    for (int u = 0; u < m->nunits; u++) {
+        const GPT2Unit *un = &m->units[u];
+        float *at = buf + un->offset;
+        const float *from = full_mem + un->global_offset;
+        if (un->kind == GPT2_UNIT_BLOCK) {
+            TpBlock fb, sb;
+            tp_block_of_model(&fb, cfg, (float *)full_mem, un->layer);
+            tp_block_views(&sb, at, cfg->C, m->tp);
+            tp_block_shard(&sb, &fb, cfg->C, m->tp, m->tp_rank);
+        } else if (un->kind == GPT2_UNIT_HEAD) {
+            memcpy(at, from, un->size * sizeof(float));
+        } else {  // EMBED, TIED_WTE: wte's rows (the tied copy too: a resume fills both)
+            tp_wte_shard(at, from, &tv, cfg->C);
+            if (un->kind == GPT2_UNIT_EMBED)
+                memcpy(at + (size_t)tv.Vl * cfg->C, from + (size_t)cfg->V * cfg->C,
+                       (size_t)cfg->T * cfg->C * sizeof(float));
+        }
+    }
 }
 
 // ----------------------------------------------------------------------------------------------
@@ -402,18 +503,26 @@ void gpt2_build_dtype(GPT2 *m, GPT2Config cfg, Device dev, GPT2Dtype dtype) {
 }
 
 // The largest piece, in floats: the embedding (wte, wpe), one block, or the head (wte, lnf).
-static size_t largest_piece(const GPT2Config *cfg) {
-    size_t V = (size_t)cfg->V, T = (size_t)cfg->T, C = (size_t)cfg->C;
-    GPT2BlockDims d = gpt2_block_dims(cfg);
+static size_t largest_piece(const GPT2Config *cfg, int tp) {
+    size_t V = vocab_rows(cfg, tp), T = (size_t)cfg->T, C = (size_t)cfg->C;
+    GPT2BlockDims d = dims_tp(cfg, tp);
     size_t embed = V * C + T * C, head = V * C + 2 * C, block = gpt2_block_layout(&d, NULL, NULL);
     size_t most = embed > head ? embed : head;
     return most > block ? most : block;
 }
 
 void gpt2_build_stage(GPT2 *m, GPT2Config cfg, Device dev, GPT2Dtype dtype, int l0, int l1) {
+    gpt2_build_tp(m, cfg, dev, dtype, l0, l1, 1, 0);
+}
+
+void gpt2_build_tp(GPT2 *m, GPT2Config cfg, Device dev, GPT2Dtype dtype, int l0, int l1, int tp, int r) {
     gpt2_config_check(&cfg);
     check_stage(&cfg, l0, l1);
+    if (tp > 1) tp_check_config(&cfg, tp);
+    LAB_CHECK(tp >= 1 && r >= 0 && r < tp, "gpt2_build_tp: slice %d of %d", r, tp);
     memset(m, 0, sizeof *m);
+    m->tp = tp;
+    m->tp_rank = r;
     m->cfg = cfg;
     m->dev = dev;
     // bf16 models may multiply on tensor cores in TF32 (kernels.h): it keeps more bits than bf16
@@ -423,17 +532,17 @@ void gpt2_build_stage(GPT2 *m, GPT2Config cfg, Device dev, GPT2Dtype dtype, int 
     m->l1 = l1;
     m->has_embed = l0 == 0;
     m->has_head = l1 == cfg.L;
-    m->nplist = gpt2_stage_params(&cfg, l0, l1, NULL);
+    m->nplist = stage_params(&cfg, l0, l1, tp, NULL);
     m->plist = lab_xcalloc((size_t)m->nplist, sizeof(GPT2Param));
-    gpt2_stage_params(&cfg, l0, l1, m->plist);
-    m->nunits = gpt2_stage_units(&cfg, l0, l1, NULL);
+    stage_params(&cfg, l0, l1, tp, m->plist);
+    m->nunits = stage_units(&cfg, l0, l1, tp, NULL);
     m->units = lab_xcalloc((size_t)m->nunits, sizeof(GPT2Unit));
-    gpt2_stage_units(&cfg, l0, l1, m->units);
-    m->num_params = gpt2_stage_param_count(&cfg, l0, l1);
+    stage_units(&cfg, l0, l1, tp, m->units);
+    m->num_params = stage_param_count(&cfg, l0, l1, tp);
     m->wte_offset = m->has_embed ? 0 : m->units[m->nunits - 1].offset;  // the TIED_WTE unit
     if (dtype == GPT2_BF16) {
         m->params_bf16 = mem_alloc(m->num_params * sizeof(uint16_t), MEM_PARAMS, dev);
-        m->work_size = largest_piece(&cfg);
+        m->work_size = largest_piece(&cfg, tp);
         m->work = mem_alloc(m->work_size * sizeof(float), MEM_OTHER, dev);
         return;
     }
@@ -478,6 +587,7 @@ void gpt2_alloc_grads(GPT2 *m) {
 // head's. The activation gradients (dacts): da.X is the gradient of a.X, laid out by
 // gpt2_dact_sizes_range, fp32 in both precisions.
 void gpt2_acts_alloc(GPT2Acts *a, const GPT2 *m, int B, int T) {
+    LAB_CHECK(m->tp == 1, "gpt2_acts_alloc: a TP slice (t = %d) runs its pieces through tp.c", m->tp);
     if (B < 1) lab_fail("batch size B = %d: it must be at least 1", B);
     if (T < 1 || T > m->cfg.T)
         lab_fail("sequence length T = %d: it must be between 1 and the model's maximum T = %d", T,
@@ -870,7 +980,7 @@ static void piece_grads_done(GPT2 *m, const Piece *pc) {
     }
 }
 
-static size_t wte_size(const GPT2 *m) { return (size_t)m->cfg.V * m->cfg.C; }
+static size_t wte_size(const GPT2 *m) { return vocab_rows(&m->cfg, m->tp) * (size_t)m->cfg.C; }
 
 static void piece_embed(Piece *pc, const GPT2 *m, const void *w, void *g, int need_grads) {
     LAB_CHECK(m->has_embed, "the embedding runs on the first stage only (this one holds blocks [%d, %d))",

@@ -109,6 +109,8 @@ typedef struct GPT2Param {
     size_t global_offset; // element offset in the FULL model's flat buffer (== offset there)
     size_t llmc_offset;   // element offset in llm.c's stacked order (files)
     int tied_copy;        // 1: a last stage's copy of wte (see gpt2_build_stage), else 0
+    int sliced;           // 1: a kind a TP group splits (wte, qkvw, qkvb, attprojw, fcw, fcb,
+                          // fcprojw), whatever t; else replicated over the group
 } GPT2Param;
 
 // A unit: a contiguous range of the flat buffer that one piece reads (FSDP/ZeRO-3 gather one
@@ -170,6 +172,7 @@ typedef struct GPT2Acts {
 
 typedef struct GPT2 {
     GPT2Config cfg;     // the FULL model's config (cfg.L counts all blocks, also on a stage)
+    int tp, tp_rank;    // TP slice tp_rank of tp (gpt2_build_tp; 1, 0: the whole tensors)
     Device dev;
     const Kernels *k;
     GPT2Dtype dtype;
@@ -262,6 +265,21 @@ void gpt2_build_dtype(GPT2 *m, GPT2Config cfg, Device dev, GPT2Dtype dtype);
 // wte once in the clipping norm. gpt2_build_stage(m, cfg, dev, dtype, 0, cfg.L) ==
 // gpt2_build_dtype.
 void gpt2_build_stage(GPT2 *m, GPT2Config cfg, Device dev, GPT2Dtype dtype, int l0, int l1);
+// TP slice r of t (tensor parallelism, common/tp.h) of blocks [l0, l1): the same units at the
+// slice's widths: wte's rows [r·Vl, (r+1)·Vl) of V padded to a multiple of t (padded rows zero),
+// wpe, each block's shard (tp.h: a block unit of tp_block_dims' widths), lnfw lnfb, in the
+// order above. t = 1 is gpt2_build_stage. global_offset is where the FULL tensor or unit starts.
+// t > 1: weights, gradients and bf16 work buffers as above; the pieces run through tp.c (this
+// file's activation sets and pieces refuse it).
+void gpt2_build_tp(GPT2 *m, GPT2Config cfg, Device dev, GPT2Dtype dtype, int l0, int l1, int tp, int r);
+// Whole <-> slice, on the host: gpt2_unshard writes m's buffer buf (num_params floats, m's
+// layout: weights, a master, Adam's m or v) into its places of full_mem (the FULL model's memory
+// order, zeroed by the caller): the slices always, the replicated tensors only when
+// with_replicated, a tied copy never (so such buffers of a TP x PP grid, one with_replicated per
+// TP group, sum to the whole model exactly). gpt2_shard is its inverse (a tied copy filled
+// too): checkpoints move between any layouts, bit for bit.
+void gpt2_unshard(const GPT2 *m, const float *buf, float *full_mem, int with_replicated);
+void gpt2_shard(const GPT2 *m, const float *full_mem, float *buf);
 // Initialization: N(0, 0.02) weights, residual projections (attprojw, fcprojw) scaled by
 // 1/sqrt(2L) (the FULL L, also on a stage), biases 0, LayerNorm weights 1. Each element's value
 // is a pure function of (seed, cfg, its index in llm.c's order): a stage, a shard, any layout

@@ -9,94 +9,41 @@
 #include "check.h"
 #include "mem.h"
 
-// Where tensor `tensor` (layer -1: wte, wpe, lnfw, lnfb) starts in the FULL model's flat buffer.
-static size_t full_offset(const GPT2Config *cfg, int tensor) {
-    GPT2Param list[TPM_MAX_PARAMS];
-    int n = gpt2_params(cfg, list);
-    for (int j = 0; j < n; j++)
-        if (list[j].tensor == tensor && list[j].layer < 0) return list[j].offset;
-    lab_fail("tp_model: the model has no tensor %s", gpt2_tensor_name(tensor));
-    return 0;
-}
-
-// Appends a tensor of the flat buffer to the list; returns its offset.
-static size_t add(TpStage *st, size_t *at, const char *name, int tensor, int layer, size_t size,
-                  int decay, int sharded) {
-    LAB_CHECK(st->nplist < TPM_MAX_PARAMS, "tp_model: more than %d tensors", TPM_MAX_PARAMS);
-    GPT2Param *p = &st->plist[st->nplist];
-    memset(p, 0, sizeof *p);
-    snprintf(p->name, sizeof p->name, "%s", name);
-    p->tensor = tensor, p->layer = layer, p->offset = *at, p->size = size, p->decay = decay;
-    st->sharded[st->nplist++] = sharded;
-    *at += size;
-    return p->offset;
-}
-
-// The 12 tensors of a block in TpBlock order: which are sliced across the group (the column-
-// and row-parallel matrices and the column-parallel biases) and which are 2-D (weight decay).
-static const int block_sharded[TP_BLOCK_TENSORS] = {0, 0, 1, 1, 1, 0, 0, 0, 1, 1, 1, 0};
-static const int block_decay[TP_BLOCK_TENSORS] = {0, 0, 1, 0, 1, 0, 0, 0, 1, 0, 1, 0};
-static const char *const block_names[TP_BLOCK_TENSORS] = {
-    "ln1w", "ln1b", "qkvw", "qkvb", "attprojw", "attprojb",
-    "ln2w", "ln2b", "fcw", "fcb", "fcprojw", "fcprojb"};
-
 // ---- the flat buffers, on a device, in a precision ---------------------------------------------
 
 // Bytes per stored element (params_bf16, the stored activations) of dtype.
 static size_t esize(GPT2Dtype dtype) { return dtype == GPT2_BF16 ? sizeof(uint16_t) : sizeof(float); }
 
-// The stage's buffers of n elements on dev (mem_alloc zeroes them): fp32 weights and gradients;
-// bf16 weights and gradients and the fp32 work buffers of the largest piece (work_size floats).
-// CUDA: the batch's device copies. (The optimizer's state is the caller's: TpOpt.)
-static void storage_alloc(TpStage *st, size_t work_size) {
-    const size_t n = st->n, N = (size_t)st->B * st->T;
-    const Device dev = st->dev;
-    if (st->dtype == GPT2_BF16) {
-        st->params_bf16 = mem_alloc(n * sizeof(uint16_t), MEM_PARAMS, dev);
-        st->grads_bf16 = mem_alloc(n * sizeof(uint16_t), MEM_GRADS, dev);
-        st->x.work_size = work_size;
-        st->x.work = mem_alloc(work_size * sizeof(float), MEM_OTHER, dev);
-        st->x.work_grads = mem_alloc(work_size * sizeof(float), MEM_OTHER, dev);
-    } else {
-        st->params = mem_alloc(n * sizeof(float), MEM_PARAMS, dev);
-        st->grads = mem_alloc(n * sizeof(float), MEM_GRADS, dev);
-    }
-    if (dev != DEV_CPU) {  // the host's batch and losses cross over (on the host: read in place)
-        st->x.inputs = mem_alloc(N * sizeof(int), MEM_OTHER, dev);
-        st->x.targets = mem_alloc(N * sizeof(int), MEM_OTHER, dev);
+// The weights and gradients: a GPT2 TP slice (gpt2_build_tp: its layout, its buffers on dev,
+// bf16's work buffers, the initial weights), seen through the stage's fields. CUDA: the batch's
+// device copies. (The optimizer's state is the caller's: TpOpt.)
+static void storage_alloc(TpStage *st, uint64_t seed) {
+    GPT2 *g = &st->g;
+    gpt2_build_tp(g, st->cfg, st->dev, st->dtype, st->l0, st->l1, st->tp, st->r);
+    gpt2_alloc_grads(g);
+    gpt2_init_params(g, seed);
+    st->n = g->num_params;
+    st->params = g->params, st->grads = g->grads;
+    st->params_bf16 = g->params_bf16, st->grads_bf16 = g->grads_bf16;
+    st->x.work = g->work, st->x.work_grads = g->work_grads, st->x.work_size = g->work_size;
+    const size_t N = (size_t)st->B * st->T;
+    if (st->dev != DEV_CPU) {  // the host's batch and losses cross over (on the host: read in place)
+        st->x.inputs = mem_alloc(N * sizeof(int), MEM_OTHER, st->dev);
+        st->x.targets = mem_alloc(N * sizeof(int), MEM_OTHER, st->dev);
         st->x.host_losses = lab_xcalloc(N, sizeof(float));
     }
 }
 
 static void storage_free(TpStage *st) {
-    mem_free(st->params), mem_free(st->grads);
-    mem_free(st->params_bf16), mem_free(st->grads_bf16);
-    mem_free(st->x.work), mem_free(st->x.work_grads), mem_free(st->x.block_in);
+    gpt2_free(&st->g);
+    mem_free(st->x.block_in);
     mem_free(st->x.inputs), mem_free(st->x.targets), free(st->x.host_losses);
 }
 
-// The stage's slices of gpt2_init_params(seed)'s model, fp32 on the host (n floats, to free):
-// each element from its index in the full model (no rank ever holds the full model; the tied
-// copy: wte's rows).
+// The stage's slices of gpt2_init_params(seed)'s model, fp32 on the host (n floats, to free).
 static float *init_host(const TpStage *st, uint64_t seed) {
-    const GPT2Config *cfg = &st->cfg;
-    const size_t C = (size_t)cfg->C;
     float *h = lab_xcalloc(st->n, sizeof(float));
-    if (st->has_embed || st->has_head) tp_wte_init(h + st->off_wte, cfg, seed, &st->tv);
-    if (st->has_embed) {
-        size_t wpe0 = full_offset(cfg, GPT2_WPE);
-        gpt2_init_slice(cfg, seed, wpe0, wpe0 + (size_t)cfg->T * C, h + st->off_wpe);
-    }
-    if (st->has_head) {
-        size_t lnf0 = full_offset(cfg, GPT2_LNFW), lnb0 = full_offset(cfg, GPT2_LNFB);
-        gpt2_init_slice(cfg, seed, lnf0, lnf0 + C, h + st->off_lnf);
-        gpt2_init_slice(cfg, seed, lnb0, lnb0 + C, h + st->off_lnf + C);
-    }
-    for (int j = 0; j < st->l1 - st->l0; j++) {
-        TpBlock b;
-        tp_block_views(&b, h + st->off_block[j], cfg->C, st->tp);
-        tp_block_init(&b, cfg, seed, st->l0 + j, st->tp, st->r);
-    }
+    gpt2_init_local(&st->g, seed, h);
     return h;
 }
 
@@ -127,59 +74,28 @@ void tpm_stage_build_opts(TpStage *st, GPT2Config cfg, int tp, int r, int l0, in
     st->cfg = cfg, st->tp = tp, st->r = r, st->l0 = l0, st->l1 = l1, st->B = B, st->T = T, st->sp = o.sp;
     st->has_embed = l0 == 0, st->has_head = l1 == cfg.L;
     st->dev = o.dev, st->dtype = o.dtype;
-    // bf16 on CUDA: the matmuls on tensor cores (TF32 inputs), as gpt2_build_dtype
-    st->k = o.dtype == GPT2_BF16 ? kernels_get_tf32(o.dev) : kernels_get(o.dev);
     st->tv = tp_vocab(cfg.V, tp, r);
     const size_t C = (size_t)cfg.C, nb = (size_t)(l1 - l0), Vl = (size_t)st->tv.Vl;
 
-    // 1. The layout (tp_model.h).
-    size_t at = 0, off_wte = 0, off_wpe = 0, off_lnf = 0, off_block[64], sizes[TP_BLOCK_TENSORS];
-    LAB_CHECK(nb <= 64, "tp stage: at most 64 blocks");
-    tp_block_sizes(cfg.C, tp, sizes);
-    if (st->has_embed || st->has_head)
-        off_wte = add(st, &at, st->has_embed ? "wte (local rows)" : "wte (local rows, tied copy)",
-                      GPT2_WTE, -1, Vl * C, 1, 1);
-    if (st->has_embed) off_wpe = add(st, &at, "wpe", GPT2_WPE, -1, (size_t)cfg.T * C, 1, 0);
-    for (size_t j = 0; j < nb; j++) {
-        off_block[j] = at;
-        for (int i = 0; i < TP_BLOCK_TENSORS; i++) {
-            char name[32];
-            snprintf(name, sizeof name, "h.%zu.%s", (size_t)l0 + j, block_names[i]);
-            add(st, &at, name, -1, l0 + (int)j, sizes[i], block_decay[i], block_sharded[i]);
-        }
+    // 1. The layout and the weights (tp_model.h): the GPT2 slice's, its tensors and where they start
+    storage_alloc(st, seed);
+    const GPT2 *g = &st->g;
+    st->k = g->k;  // bf16 on CUDA: the matmuls on tensor cores (TF32 inputs)
+    LAB_CHECK(g->nplist <= TPM_MAX_PARAMS && nb <= 64, "tp stage: more than %d tensors", TPM_MAX_PARAMS);
+    st->nplist = g->nplist;
+    for (int i = 0; i < g->nplist; i++) {
+        st->plist[i] = g->plist[i];
+        st->sharded[i] = g->plist[i].sliced, st->tied_copy[i] = g->plist[i].tied_copy;
     }
-    if (st->has_head) {
-        off_lnf = add(st, &at, "lnfw", GPT2_LNFW, -1, C, 0, 0);
-        add(st, &at, "lnfb", GPT2_LNFB, -1, C, 0, 0);
-    }
-    st->n = at;
-    if (st->has_head && !st->has_embed) st->tied_copy[0] = 1;
-
-    // 2. The buffers; the largest piece (bf16's work): the embedding (wte rows, wpe), one block
-    //    shard, the head (wte rows, lnfw, lnfb).
-    size_t work = tp_block_count(cfg.C, tp);
-    if (st->has_embed && Vl * C + (size_t)cfg.T * C > work) work = Vl * C + (size_t)cfg.T * C;
-    if (st->has_head && Vl * C + 2 * C > work) work = Vl * C + 2 * C;
-    storage_alloc(st, work);
-    st->off_wte = off_wte, st->off_wpe = off_wpe, st->off_lnf = off_lnf;
+    st->off_wte = g->wte_offset;
+    if (st->has_embed) st->off_wpe = g->units[0].offset + Vl * C;
     st->off_block = lab_xcalloc(nb, sizeof(size_t));
-    memcpy(st->off_block, off_block, nb * sizeof(size_t));
-
-    // 3. The weights: fp32 the initial values, bf16 them rounded (on the host, as the CPU rounds
-    //    the master after a step; the master itself is the caller's, tpm_opt_alloc).
-    float *h = init_host(st, seed);
-    if (st->dtype == GPT2_BF16) {
-        uint16_t *h16 = lab_xmalloc(st->n * sizeof(uint16_t));
-        kernels_cpu.f32_to_bf16(h16, h, st->n);
-        mem_copy(st->params_bf16, h16, st->n * sizeof(uint16_t));
-        free(h16);
-    } else {
-        mem_copy(st->params, h, st->n * sizeof(float));
-    }
-    free(h);
+    for (size_t j = 0; j < nb; j++) st->off_block[j] = gpt2_block_unit(g, l0 + (int)j)->offset;
+    if (st->has_head) st->off_lnf = g->units[st->has_embed + nb].offset;
+    // 2. The blocks' backward scratch
     if (o.sp) tp_sp_scratch_alloc(&st->s, B, T, cfg.C, cfg.NH, tp, o.dev);
     else tp_scratch_alloc(&st->s, B, T, cfg.C, cfg.NH, tp, o.dev);
-    // 4. bf16: the blocks' one fp32 working set, the widened input; a stage that sends its
+    // 3. bf16: the blocks' one fp32 working set, the widened input; a stage that sends its
     //    output, the widened copy of it (tpm_stage_output)
     if (st->dtype == GPT2_BF16) {
         const size_t NC = stream_rows(st) * C;
@@ -692,30 +608,9 @@ void tpm_stage_adamw_step(TpStage *st, const AdamW *h, int step, const TpOpt *o,
     tpm_stage_adamw(st, h, step, o, tpm_stage_grad_buf(st), scale);
 }
 
-// Element `off` of buf (a buffer in the stage's layout).
-static float *stage_at(const float *buf, size_t off) { return (float *)buf + off; }
-
 void tpm_unshard(const TpStage *st, const float *buf_any, float *full_mem, int with_replicated) {
-    const GPT2Config *cfg = &st->cfg;
-    const size_t C = (size_t)cfg->C;
     float *tmp;
-    const float *buf = on_host(buf_any, st->n, &tmp);
-    for (int j = 0; j < st->l1 - st->l0; j++) {
-        TpBlock fb, sb;
-        tp_block_of_model(&fb, cfg, full_mem, st->l0 + j);
-        tp_block_views(&sb, stage_at(buf, st->off_block[j]), cfg->C, st->tp);
-        tp_block_unshard(&fb, &sb, cfg->C, st->tp, st->r, with_replicated);
-    }
-    if (st->has_embed) {
-        tp_wte_unshard(full_mem + full_offset(cfg, GPT2_WTE), stage_at(buf, st->off_wte), &st->tv, cfg->C);
-        if (with_replicated)
-            memcpy(full_mem + full_offset(cfg, GPT2_WPE), stage_at(buf, st->off_wpe),
-                   (size_t)cfg->T * C * sizeof(float));
-    }
-    if (st->has_head && with_replicated) {
-        memcpy(full_mem + full_offset(cfg, GPT2_LNFW), stage_at(buf, st->off_lnf), C * sizeof(float));
-        memcpy(full_mem + full_offset(cfg, GPT2_LNFB), stage_at(buf, st->off_lnf + C), C * sizeof(float));
-    }
+    gpt2_unshard(&st->g, on_host(buf_any, st->n, &tmp), full_mem, with_replicated);
     free(tmp);
 }
 
@@ -731,23 +626,7 @@ void tpm_unshard_weights(const TpStage *st, float *full_mem, int with_replicated
 }
 
 void tpm_shard(const TpStage *st, const float *full_mem, float *buf_any) {
-    const GPT2Config *cfg = &st->cfg;
-    const size_t C = (size_t)cfg->C;
     float *tmp, *buf = for_host(buf_any, st->n, &tmp);
-    for (int j = 0; j < st->l1 - st->l0; j++) {
-        TpBlock fb, sb;
-        tp_block_of_model(&fb, cfg, (float *)full_mem, st->l0 + j);
-        tp_block_views(&sb, stage_at(buf, st->off_block[j]), cfg->C, st->tp);
-        tp_block_shard(&sb, &fb, cfg->C, st->tp, st->r);
-    }
-    if (st->has_embed || st->has_head)  // the first stage's rows, or the last stage's copy of them
-        tp_wte_shard(stage_at(buf, st->off_wte), full_mem + full_offset(cfg, GPT2_WTE), &st->tv, cfg->C);
-    if (st->has_embed)
-        memcpy(stage_at(buf, st->off_wpe), full_mem + full_offset(cfg, GPT2_WPE),
-               (size_t)cfg->T * C * sizeof(float));
-    if (st->has_head) {
-        memcpy(stage_at(buf, st->off_lnf), full_mem + full_offset(cfg, GPT2_LNFW), C * sizeof(float));
-        memcpy(stage_at(buf, st->off_lnf + C), full_mem + full_offset(cfg, GPT2_LNFB), C * sizeof(float));
-    }
+    gpt2_shard(&st->g, full_mem, buf);
     to_dev(buf_any, tmp, st->n);
 }

@@ -84,6 +84,8 @@ typedef struct TpStage {
     Device dev;
     GPT2Dtype dtype;
     const Kernels *k;
+    GPT2 g;                  // the weights and gradients: TP slice r of t of blocks [l0, l1)
+                             // (gpt2_build_tp); the fields below are views of it
     // The weights and gradients in the storage precision, n each (the master and Adam's m, v
     // are the caller's: TpOpt, as Session keeps them for a GPT2)
     float *params, *grads;                   // fp32, else NULL

@@ -107,6 +107,67 @@ Test(tp, shards_of_all_ranks_rebuild_the_full_block) {
     free(full), free(back);
 }
 
+// A TP slice is a GPT2 (gpt2_build_tp): t = 1 is gpt2_build_stage (the same units, parameters
+// and initial weights, bit for bit); for t = 2 and 4, on a first, a middle and a last stage,
+// every rank's units hold exactly tp.c's slices of the full model's initial weights (wte's
+// rows, wpe, each block's shard, lnfw lnfb; the last stage's tied copy too), and the slices
+// of the sliced tensors are marked. Seen failing: a unit's global offset taken from the
+// slice's own sizes (the head's init read from the wrong place: lnfw 0 instead of 1).
+Test(tp, a_slice_is_a_gpt2_of_the_slice_widths) {
+    const GPT2Config cfg = {.V = 61, .T = 8, .L = 3, .C = 32, .NH = 4};
+    const int cuts[3][2] = {{0, 3}, {0, 1}, {1, 3}};
+    GPT2 full, one, sl;
+    gpt2_build(&full, cfg, DEV_CPU);
+    gpt2_init_params(&full, 7);
+    for (int c = 0; c < 3; c++) {
+        const int l0 = cuts[c][0], l1 = cuts[c][1];
+        GPT2 st;
+        gpt2_build_stage(&st, cfg, DEV_CPU, GPT2_FP32, l0, l1);
+        gpt2_init_params(&st, 7);
+        gpt2_build_tp(&one, cfg, DEV_CPU, GPT2_FP32, l0, l1, 1, 0);
+        gpt2_init_params(&one, 7);
+        cr_expect(one.num_params == st.num_params && one.nplist == st.nplist && one.nunits == st.nunits &&
+                  memcmp(one.units, st.units, (size_t)st.nunits * sizeof(GPT2Unit)) == 0 &&
+                  memcmp(one.params, st.params, st.num_params * sizeof(float)) == 0,
+                  "[%d, %d): t = 1 is not gpt2_build_stage", l0, l1);
+        gpt2_free(&one), gpt2_free(&st);
+        for (int tp = 2; tp <= 4; tp *= 2)
+            for (int r = 0; r < tp; r++) {
+                gpt2_build_tp(&sl, cfg, DEV_CPU, GPT2_FP32, l0, l1, tp, r);
+                gpt2_init_params(&sl, 7);
+                const TpVocab tv = tp_vocab(cfg.V, tp, r);
+                const size_t C = (size_t)cfg.C, wl = (size_t)tv.Vl * C;
+                float *want = calloc(sl.num_params, sizeof(float));
+                for (int u = 0; u < sl.nunits; u++) {
+                    const GPT2Unit *un = &sl.units[u];
+                    float *at = want + un->offset;
+                    if (un->kind == GPT2_UNIT_BLOCK) {
+                        TpBlock fb, sb;
+                        tp_block_of_model(&fb, &cfg, full.params, un->layer);
+                        tp_block_views(&sb, at, cfg.C, tp);
+                        tp_block_shard(&sb, &fb, cfg.C, tp, r);
+                        cr_expect_eq(un->size, tp_block_count(cfg.C, tp));
+                    } else if (un->kind == GPT2_UNIT_HEAD) {
+                        memcpy(at, full.params + full.units[cfg.L + 1].offset, 2 * C * sizeof(float));
+                    } else {  // EMBED, TIED_WTE: wte's rows (then wpe)
+                        tp_wte_shard(at, full.params, &tv, cfg.C);
+                        if (un->kind == GPT2_UNIT_EMBED)
+                            memcpy(at + wl, full.params + (size_t)cfg.V * C, (size_t)cfg.T * C * sizeof(float));
+                    }
+                }
+                cr_expect(memcmp(want, sl.params, sl.num_params * sizeof(float)) == 0,
+                          "[%d, %d) slice %d of %d: the initial weights are not tp.c's slices", l0, l1, r, tp);
+                int sliced = 0;
+                for (int i = 0; i < sl.nplist; i++) sliced += sl.plist[i].sliced;
+                cr_expect_eq(sliced, 6 * (l1 - l0) + (l0 == 0) + (l1 == cfg.L && l0 > 0),
+                             "[%d, %d): %d sliced tensors", l0, l1, sliced);
+                free(want);
+                gpt2_free(&sl);
+            }
+    }
+    gpt2_free(&full);
+}
+
 // ---- tp_model: the whole model and pipeline stages are one mechanism ----------------------------
 //
 // One rank (tp 1, tp_comm_single): a model cut into two TpStages, blocks [0, 1) and [1, 3), the
