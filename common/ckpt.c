@@ -379,8 +379,8 @@ static RunIdentity g_identity;
 static int g_identity_set;
 
 void ckpt_set_identity(const RunIdentity *id) {
-    g_identity = *id;
-    g_identity_set = 1;
+    if (id) g_identity = *id;
+    g_identity_set = id != NULL;
 }
 
 int ckpt_file_crc(const char *path, uint64_t *size, uint32_t *crc, char *err, size_t errlen) {

@@ -62,7 +62,7 @@ typedef struct RunIdentity {
     uint32_t data_crc;
     char data[256];         // the --data path as given (reported, not compared)
 } RunIdentity;
-void ckpt_set_identity(const RunIdentity *id);
+void ckpt_set_identity(const RunIdentity *id);   // NULL: none (states then saved in format 1)
 // The file's size and CRC32 into *size, *crc: 0; -1 with the reason in err.
 int ckpt_file_crc(const char *path, uint64_t *size, uint32_t *crc, char *err, size_t errlen);
 // The identity a whole, valid training state records (the load's checks first): 1, and *id; 0
