@@ -502,7 +502,7 @@ void ckpt_save_state(const char *path, const TrainState *s) {
 }
 
 // The steps a state file may say: step in [0, STATE_MAX_STEPS] (the most --steps accepts), and
-// not past total_steps when the file records it (ckpt_save_training leaves it 0: unknown).
+// not past total_steps when the file records it (0: unknown, as in format-1 states of 00..09).
 // Anything else is a damaged file, or one not written by this lab: refused, not trained from.
 #define STATE_MAX_STEPS 1000000000
 static int state_steps_why(int32_t step, int32_t total, char *err, size_t errlen) {
