@@ -349,24 +349,134 @@ void ckpt_load_weights(const char *path, const GPT2Config *expect, float *params
 //       52  float lr, beta1, beta2, eps, weight_decay, grad_clip
 //       76  int32 warmup_steps, total_steps
 //       84  uint64 n                       (elements of each array)
-//       92  float params[n], m[n], v[n]
-//  92+12n  uint32 CRC32 of bytes [0, 92+12n)
+//   version 2 only, the run's identity (RunIdentity, ckpt.h):
+//       92  int32 steps, warmup, batch, has_data
+//      108  uint64 seed, data_seed
+//      124  float lr, weight_decay, grad_clip
+//      136  uint32 data_crc
+//      140  uint64 data_size
+//      148  char data[256]                 (the --data path, NUL-padded)
+//    H = 92 (version 1) or 404 (version 2)
+//        H  float params[n], m[n], v[n]
+//   H+12n  uint32 CRC32 of bytes [0, H+12n)
 // All little-endian (the byte order of every machine this lab targets).
 
 #define STATE_MAGIC "LABSTATE"
-#define STATE_VERSION 1
-#define STATE_HEADER_BYTES 92
+#define STATE_VERSION 2
+#define STATE_V1_HEADER 92
+#define STATE_HEADER_BYTES 404   // the largest header (version 2)
+
+static int state_header_bytes(int32_t version) {
+    return version == 1 ? STATE_V1_HEADER : STATE_HEADER_BYTES;
+}
 
 typedef struct Packer { uint8_t *p; size_t off; } Packer;
 static void put(Packer *k, const void *v, size_t n) { memcpy(k->p + k->off, v, n); k->off += n; }
 static void get(Packer *k, void *v, size_t n) { memcpy(v, k->p + k->off, n); k->off += n; }
 
+// The identity of this process's run (flags.c sets it), written into every state it saves.
+static RunIdentity g_identity;
+static int g_identity_set;
+
+void ckpt_set_identity(const RunIdentity *id) {
+    if (id) g_identity = *id;
+    g_identity_set = id != NULL;
+}
+
+int ckpt_file_crc(const char *path, uint64_t *size, uint32_t *crc, char *err, size_t errlen) {
+    FILE *f = fopen(path, "rb");
+    struct stat st;
+    if (!f || fstat(fileno(f), &st) != 0) {
+        snprintf(err, errlen, "cannot read it: %s", strerror(errno));
+        if (f) fclose(f);
+        return -1;
+    }
+    *size = (uint64_t)st.st_size;
+    int rc = crc_of_stream(f, (size_t)st.st_size, crc);
+    if (rc != 0) snprintf(err, errlen, "cannot read it: %s", ferror(f) ? strerror(errno) : "it shrank");
+    fclose(f);
+    return rc;
+}
+
+static void put_identity(uint8_t *p, const RunIdentity *id) {
+    Packer k = {p, 0};
+    int32_t ints[4] = {id->steps, id->warmup, id->batch, id->has_data};
+    float hyper[3] = {id->lr, id->weight_decay, id->grad_clip};
+    char data[256] = {0};
+    snprintf(data, sizeof data, "%s", id->has_data ? id->data : "");
+    put(&k, ints, sizeof ints);
+    put(&k, &id->seed, 8);
+    put(&k, &id->data_seed, 8);
+    put(&k, hyper, sizeof hyper);
+    put(&k, &id->data_crc, 4);
+    put(&k, &id->data_size, 8);
+    put(&k, data, sizeof data);
+    LAB_CHECK(k.off == STATE_HEADER_BYTES - STATE_V1_HEADER, "identity is %zu bytes", k.off);
+}
+
+static void get_identity(uint8_t *p, RunIdentity *id) {
+    Packer k = {p, 0};
+    int32_t ints[4];
+    float hyper[3];
+    get(&k, ints, sizeof ints);
+    get(&k, &id->seed, 8);
+    get(&k, &id->data_seed, 8);
+    get(&k, hyper, sizeof hyper);
+    get(&k, &id->data_crc, 4);
+    get(&k, &id->data_size, 8);
+    get(&k, id->data, sizeof id->data);
+    id->data[sizeof id->data - 1] = '\0';
+    id->steps = ints[0], id->warmup = ints[1], id->batch = ints[2], id->has_data = ints[3];
+    id->lr = hyper[0], id->weight_decay = hyper[1], id->grad_clip = hyper[2];
+}
+
+static void describe_data(char *buf, size_t n, const RunIdentity *id) {
+    if (!id->has_data) snprintf(buf, n, "synthetic");
+    else snprintf(buf, n, "%.200s (%llu bytes, crc32 %08x)", id->data,
+                  (unsigned long long)id->data_size, id->data_crc);
+}
+
+int ckpt_identity_diff(const RunIdentity *was, const RunIdentity *now, char lines[][160],
+                       const char *names[], int max) {
+    int k = 0;
+#define CHANGED(name, ...) do { if (k < max) { names[k] = name; \
+        snprintf(lines[k], 160, __VA_ARGS__); } k++; } while (0)
+    if (was->has_data != now->has_data || (was->has_data && (was->data_size != now->data_size ||
+                                                            was->data_crc != now->data_crc))) {
+        char a[256], b[256];
+        describe_data(a, sizeof a, was);
+        describe_data(b, sizeof b, now);
+        CHANGED("data", "data %.70s -> %.70s", a, b);
+    }
+    if (was->data_seed != now->data_seed)
+        CHANGED("data-seed", "data-seed %llu -> %llu", (unsigned long long)was->data_seed,
+                (unsigned long long)now->data_seed);
+    if (was->steps != now->steps)
+        CHANGED("steps", "steps %d -> %d (the lr schedule's length)", was->steps, now->steps);
+    if (memcmp(&was->lr, &now->lr, sizeof(float)) != 0)
+        CHANGED("lr", "lr %g -> %g", (double)was->lr, (double)now->lr);
+    if (was->warmup != now->warmup) CHANGED("warmup", "warmup %d -> %d", was->warmup, now->warmup);
+    if (memcmp(&was->weight_decay, &now->weight_decay, sizeof(float)) != 0)
+        CHANGED("weight-decay", "weight-decay %g -> %g", (double)was->weight_decay,
+                (double)now->weight_decay);
+    if (memcmp(&was->grad_clip, &now->grad_clip, sizeof(float)) != 0)
+        CHANGED("grad-clip", "grad-clip %g -> %g", (double)was->grad_clip, (double)now->grad_clip);
+    if (was->batch != now->batch) CHANGED("batch", "batch %d -> %d", was->batch, now->batch);
+    if (was->seed != now->seed)
+        CHANGED("seed", "seed %llu -> %llu", (unsigned long long)was->seed,
+                (unsigned long long)now->seed);
+#undef CHANGED
+    return k;
+}
+
+
 void ckpt_save_state(const char *path, const TrainState *s) {
     uint8_t hdr[STATE_HEADER_BYTES];
     Packer k = {hdr, 0};
-    int32_t version = STATE_VERSION;
+    int32_t version = g_identity_set ? STATE_VERSION : 1;  // no identity known: the old format
     int32_t cfg[5] = {s->cfg.V, s->cfg.T, s->cfg.L, s->cfg.NH, s->cfg.C};
-    int32_t step = s->step, sched[2] = {s->warmup_steps, s->total_steps};
+    int32_t total = s->total_steps == 0 && g_identity_set ? g_identity.steps : s->total_steps;
+    int32_t step = s->step, sched[2] = {s->warmup_steps, total};
     float hyper[6] = {s->lr, s->beta1, s->beta2, s->eps, s->weight_decay, s->grad_clip};
     uint64_t n = s->n;
     put(&k, STATE_MAGIC, 8);
@@ -378,10 +488,11 @@ void ckpt_save_state(const char *path, const TrainState *s) {
     put(&k, hyper, sizeof(hyper));
     put(&k, sched, sizeof(sched));
     put(&k, &n, 8);
-    LAB_CHECK(k.off == STATE_HEADER_BYTES, "state header is %zu bytes", k.off);
+    LAB_CHECK(k.off == STATE_V1_HEADER, "state header is %zu bytes", k.off);
+    if (version == 2) put_identity(hdr + STATE_V1_HEADER, &g_identity);
     AtomicFile af;
     atomic_open(&af, path);
-    atomic_write(&af, hdr, sizeof(hdr));
+    atomic_write(&af, hdr, (size_t)state_header_bytes(version));
     atomic_write(&af, s->params, s->n * sizeof(float));
     atomic_write(&af, s->m, s->n * sizeof(float));
     atomic_write(&af, s->v, s->n * sizeof(float));
@@ -391,7 +502,7 @@ void ckpt_save_state(const char *path, const TrainState *s) {
 }
 
 // The steps a state file may say: step in [0, STATE_MAX_STEPS] (the most --steps accepts), and
-// not past total_steps when the file records it (ckpt_save_training leaves it 0: unknown).
+// not past total_steps when the file records it (0: unknown, as in format-1 states of 00..09).
 // Anything else is a damaged file, or one not written by this lab: refused, not trained from.
 #define STATE_MAX_STEPS 1000000000
 static int state_steps_why(int32_t step, int32_t total, char *err, size_t errlen) {
@@ -410,8 +521,11 @@ static int state_steps_why(int32_t step, int32_t total, char *err, size_t errlen
 
 // The whole file checked before any field past the magic is used or reported: an exact size for
 // the n it records (a byte short or appended is refused), the CRC32 over everything, then the
-// version. 0 with the header in hdr; -1 with the reason in err.
-static int state_verify(const char *path, uint8_t hdr[STATE_HEADER_BYTES], char *err, size_t errlen) {
+// version (before the CRC it only picks the header size to demand: a damaged version field ends
+// in a size or CRC mismatch). 0 with the header in hdr and its size in *hbytes; -1 with the
+// reason in err.
+static int state_verify(const char *path, uint8_t hdr[STATE_HEADER_BYTES], size_t *hbytes,
+                        char *err, size_t errlen) {
     FILE *f = fopen(path, "rb");
     struct stat st;
     if (!f) {
@@ -424,11 +538,14 @@ static int state_verify(const char *path, uint8_t hdr[STATE_HEADER_BYTES], char 
     if (got < 8 || memcmp(hdr, STATE_MAGIC, 8) != 0)
         SFAIL("wrong magic (expected \"%s\"): not a training-state checkpoint (weights files go "
               "to --load-weights)", STATE_MAGIC);
-    if (got != STATE_HEADER_BYTES || size < STATE_HEADER_BYTES + 4)
-        SFAIL("truncated: %zu bytes, shorter than the %d-byte header", size, STATE_HEADER_BYTES + 4);
+    if (got < STATE_V1_HEADER || size < STATE_V1_HEADER + 4)
+        SFAIL("truncated: %zu bytes, shorter than the %d-byte header", size, STATE_V1_HEADER + 4);
     uint64_t n;
+    int32_t version;
     memcpy(&n, hdr + 84, 8);
-    size_t want = STATE_HEADER_BYTES + 12 * (size_t)n + 4;
+    memcpy(&version, hdr + 8, 4);
+    size_t hb = (size_t)state_header_bytes(version);
+    size_t want = hb + 12 * (size_t)n + 4;
     if (n > ((uint64_t)1 << 40) || size < want)
         SFAIL("truncated or damaged: %zu bytes, where the %llu parameters its header records need "
               "%zu", size, (unsigned long long)n, n > ((uint64_t)1 << 40) ? 0 : want);
@@ -442,18 +559,18 @@ static int state_verify(const char *path, uint8_t hdr[STATE_HEADER_BYTES], char 
     if (crc != stored)
         SFAIL("corrupted: CRC32 mismatch (stored %08x, computed %08x); the file was damaged after "
               "it was written", stored, crc);
-    int32_t version;
-    memcpy(&version, hdr + 8, 4);
-    if (version != STATE_VERSION)
-        SFAIL("unsupported version %d (this lab reads version %d)", version, STATE_VERSION);
+    if (version != 1 && version != STATE_VERSION)
+        SFAIL("unsupported version %d (this lab reads versions 1 and %d)", version, STATE_VERSION);
 #undef SFAIL
     fclose(f);
+    *hbytes = hb;
     return 0;
 }
 
 int ckpt_state_peek(const char *path, int *step, int *total_steps, char *err, size_t errlen) {
     uint8_t hdr[STATE_HEADER_BYTES];
-    if (state_verify(path, hdr, err, errlen) != 0) return -1;
+    size_t hb;
+    if (state_verify(path, hdr, &hb, err, errlen) != 0) return -1;
     int32_t st, sched[2];
     memcpy(&st, hdr + 32, 4);
     memcpy(sched, hdr + 76, 8);
@@ -463,10 +580,21 @@ int ckpt_state_peek(const char *path, int *step, int *total_steps, char *err, si
     return 0;
 }
 
-void ckpt_load_state(const char *path, const GPT2Config *expect, TrainState *s) {
+int ckpt_state_identity(const char *path, RunIdentity *id, char *err, size_t errlen) {
     uint8_t hdr[STATE_HEADER_BYTES];
+    size_t hb;
+    if (state_verify(path, hdr, &hb, err, errlen) != 0) return -1;
+    if (hb == STATE_V1_HEADER) return 0;
+    get_identity(hdr + STATE_V1_HEADER, id);
+    return 1;
+}
+
+void ckpt_load_state(const char *path, const GPT2Config *expect, TrainState *s) {
+    double t0 = lab_now();
+    uint8_t hdr[STATE_HEADER_BYTES];
+    size_t hb;
     char why[512];
-    if (state_verify(path, hdr, why, sizeof why) != 0) lab_fail_collective("cannot load %s: %s", path, why);
+    if (state_verify(path, hdr, &hb, why, sizeof why) != 0) lab_fail_collective("cannot load %s: %s", path, why);
     Packer k = {hdr, 8};
     int32_t version, cfg[5], step, sched[2];
     float hyper[6];
@@ -495,12 +623,16 @@ void ckpt_load_state(const char *path, const GPT2Config *expect, TrainState *s) 
     s->total_steps = sched[1];
     s->n = (size_t)n;
     FILE *f = fopen(path, "rb");
-    if (!f || fseek(f, (long)sizeof(hdr), SEEK_SET) != 0)
+    if (!f || fseek(f, (long)hb, SEEK_SET) != 0)
         lab_fail_collective("cannot read %s: %s", path, strerror(errno));
     read_exact(f, s->params, s->n * sizeof(float), path);
     read_exact(f, s->m, s->n * sizeof(float), path);
     read_exact(f, s->v, s->n * sizeof(float), path);
     fclose(f);
+    if (lab_log_rank == 0) {  // 08 and 09 read it on every rank: said once
+        printf("restored step %d from %s in %.0f ms\n", step, path, (lab_now() - t0) * 1e3);
+        fflush(stdout);
+    }
 }
 
 // The three functions below take the model's buffers (memory order: block-major, gpt2.h);

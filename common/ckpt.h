@@ -7,7 +7,8 @@
 // written by llm.c (no markers) load without the checks.
 //
 // Training state (our format, little-endian): magic "LABSTATE", version, the config, step,
-// seeds, AdamW hyperparameters, params, Adam m, v, and a CRC32 of everything before it.
+// seeds, AdamW hyperparameters, (version 2) the run's identity, params, Adam m, v, and a CRC32
+// of everything before it. Version 1 files (no identity) still load.
 // Every file is written to "<path>.tmp", fsync'ed, then renamed over <path>: a crash never
 // leaves a torn file, and the previous checkpoint survives until the new one is complete. A
 // write error (ENOSPC, or EFBIG past `ulimit -f`: SIGXFSZ is ignored so that it is an error, not
@@ -46,6 +47,35 @@ typedef struct TrainState {
     float *params, *m, *v; // host arrays of n floats (caller-owned)
 } TrainState;
 
+// What decides a run's trajectory besides the model config and the weights: the data (the
+// synthetic source, or a file by size and CRC32 of its bytes; the path is only reported), the
+// data seed, the schedule length (--steps) and the hyperparameters. Set once per process from
+// the parsed flags (flags.c); every training state saved after it records it (format version 2)
+// and a --resume that changes a field is refused unless allowed (--allow-changed). The layout,
+// the device, the dtype and the backend are free: any layout resumes any other.
+typedef struct RunIdentity {
+    int steps, warmup, batch;
+    uint64_t seed, data_seed;
+    float lr, weight_decay, grad_clip;
+    int has_data;           // 0: the synthetic source
+    uint64_t data_size;
+    uint32_t data_crc;
+    char data[256];         // the --data path as given (reported, not compared)
+} RunIdentity;
+void ckpt_set_identity(const RunIdentity *id);   // NULL: none (states then saved in format 1)
+// The file's size and CRC32 into *size, *crc: 0; -1 with the reason in err.
+int ckpt_file_crc(const char *path, uint64_t *size, uint32_t *crc, char *err, size_t errlen);
+// The identity a whole, valid training state records (the load's checks first): 1, and *id; 0
+// for a state of format version 1, which records none; -1 with the reason in err.
+int ckpt_state_identity(const char *path, RunIdentity *id, char *err, size_t errlen);
+// The fields of `now` that differ from `was`, by name ("data-seed", "steps", ...; the names
+// --allow-changed takes): returns how many; for each, "name was -> now" into lines[i] (up to max).
+#define RUN_IDENTITY_FIELDS "data, data-seed, steps, lr, warmup, weight-decay, grad-clip, batch, seed"
+int ckpt_identity_diff(const RunIdentity *was, const RunIdentity *now, char lines[][160],
+                       const char *names[], int max);
+
+// Writes the state in format 2 with the process's identity when ckpt_set_identity was called
+// (the header's total_steps, left 0, then taken from it), else in format 1.
 void ckpt_save_state(const char *path, const TrainState *s);
 // The step and the run length (total_steps) a training-state file holds, read only after the
 // whole file passed the load's checks (exact size, CRC, version), so that a damaged header is
@@ -54,7 +84,8 @@ void ckpt_save_state(const char *path, const TrainState *s);
 // --steps' range, or past a recorded total_steps).
 int ckpt_state_peek(const char *path, int *step, int *total_steps, char *err, size_t errlen);
 // Fills s (params/m/v must be allocated for expect's parameter count); checks the config
-// against *expect and refuses a mismatch naming the field.
+// against *expect and refuses a mismatch naming the field. Rank 0 prints "restored step N from
+// F in X ms" (the identity was checked at flag parsing, before step 1).
 void ckpt_load_state(const char *path, const GPT2Config *expect, TrainState *s);
 
 // ckpt_save_weights .. ckpt_load_state work on host arrays in the FILE order (llm.c's stacked

@@ -169,6 +169,7 @@ static Table build_table(LabArgs *a, const FlagSpec *extra, int nextra, unsigned
     add(&t, row("reliability", "--save-every", "N", FLAG_INT, &a->save_every, 0, MAX_INT_FLAG, NULL, "checkpoint period in steps (0 = only at the end)"));
     add(&t, row("reliability", "--resume", "FILE", FLAG_STRING, &a->resume, 0, 0, NULL, "resume from a training-state checkpoint"));
     out[t.n - 1].file = FILE_IN;
+    add(&t, row("reliability", "--allow-changed", "F,..", FLAG_STRING, &a->allow_changed, 0, 0, NULL, "let --resume change these of the state's run: " RUN_IDENTITY_FIELDS ", or all"));
     add(&t, row("reliability", "--load-weights", "FILE", FLAG_STRING, &a->load_weights, 0, 0, NULL, "start from llm.c gpt2_*.bin weights"));
     out[t.n - 1].file = FILE_IN;
     add(&t, row("reliability", "--save-weights", "FILE", FLAG_STRING, &a->save_weights, 0, 0, NULL, "write llm.c gpt2_*.bin weights at the end"));
@@ -621,16 +622,105 @@ static void check_data_length(const char *path, int T) {
                   (long long)st.st_size, T, T + 1);
 }
 
+// What this run's flags say about its trajectory (ckpt.h, RunIdentity); the --data file's CRC
+// only when a state is resumed or saved (a run that does neither reads it once, not twice).
+static RunIdentity run_identity(const LabArgs *a) {
+    RunIdentity id = {.steps = a->steps, .warmup = a->warmup, .batch = a->batch,
+                      .seed = (uint64_t)a->seed, .data_seed = (uint64_t)a->data_seed, .lr = a->lr,
+                      .weight_decay = a->weight_decay, .grad_clip = a->grad_clip,
+                      .has_data = a->data != NULL};
+    if (a->data) {
+        snprintf(id.data, sizeof id.data, "%s", a->data);
+        char why[256];
+        if ((a->resume || a->save) &&
+            ckpt_file_crc(a->data, &id.data_size, &id.data_crc, why, sizeof why) != 0)
+            flag_fail("--data %s: %s", a->data, why);
+    }
+    return id;
+}
+
+// Is `name` in the comma-separated --allow-changed list ("all" names every field)?
+static int allowed(const char *list, const char *name) {
+    for (const char *p = list; p && *p;) {
+        size_t len = strcspn(p, ",");
+        if ((len == strlen(name) && strncmp(p, name, len) == 0) || (len == 3 && !strncmp(p, "all", 3)))
+            return 1;
+        p += len + (p[len] == ',');
+    }
+    return 0;
+}
+
+// --allow-changed names known fields, and only with --resume (else it would do nothing).
+static void check_allow_list(const LabArgs *a) {
+    if (!a->allow_changed) return;
+    if (!a->resume)
+        flag_fail("--allow-changed %s: only a --resume can change a run; give --resume FILE or "
+                  "drop it", a->allow_changed);
+    static const char *names[] = {"data", "data-seed", "steps", "lr", "warmup", "weight-decay",
+                                  "grad-clip", "batch", "seed", "all"};
+    for (const char *p = a->allow_changed; *p;) {
+        size_t len = strcspn(p, ","), k = 0;
+        while (k < sizeof names / sizeof names[0] &&
+               !(strlen(names[k]) == len && strncmp(p, names[k], len) == 0)) k++;
+        if (k == sizeof names / sizeof names[0])
+            flag_fail("--allow-changed %s: unknown field '%.*s'; valid: %s, or all (comma-"
+                      "separated)", a->allow_changed, (int)len, p, RUN_IDENTITY_FIELDS);
+        p += len + (p[len] == ',');
+    }
+}
+
+// The state's run against this one: a change of data, data seed, --steps or a hyperparameter
+// trains something else than the state's run would have, silently. Refused, every change named
+// with its old and new value, unless --allow-changed names it; what it allowed is said.
+static void check_identity(const LabArgs *a, const RunIdentity *now) {
+    RunIdentity was;
+    char why[512], lines[16][160];
+    const char *names[16];
+    int world = 1, rank = flags_rank(&world);
+    int has = ckpt_state_identity(a->resume, &was, why, sizeof why);
+    if (has < 0) flag_fail("--resume %s: %s", a->resume, why);
+    if (has == 0) {
+        if (rank == 0)
+            fprintf(stderr, "note: --resume %s: a state of format 1 records no data, --steps or "
+                    "hyperparameters; they are not checked\n", a->resume);
+        return;
+    }
+    int k = ckpt_identity_diff(&was, now, lines, names, 16);
+    char msg[3072];
+    int len = 0, refused = 0;
+    for (int i = 0; i < k; i++)
+        if (!allowed(a->allow_changed, names[i])) {
+            len += snprintf(msg + len, sizeof msg - (size_t)len, "%s%s", refused ? "; " : "", lines[i]);
+            if (len >= (int)sizeof msg) len = (int)sizeof msg - 1;
+            refused++;
+        }
+    if (refused) {
+        char fields[256];
+        int fl = 0;
+        for (int i = 0; i < k; i++)
+            if (!allowed(a->allow_changed, names[i]))
+                fl += snprintf(fields + fl, sizeof fields - (size_t)fl, "%s%s", fl ? "," : "", names[i]);
+        flag_fail("--resume %s: this run differs from the state's in %d field%s, so it would train "
+                  "something else: %s. Resume with the state's values, or pass --allow-changed "
+                  "%s (or all) to continue anyway", a->resume, refused, refused > 1 ? "s" : "",
+                  msg, fields);
+    }
+    for (int i = 0; i < k && rank == 0; i++)
+        fprintf(stderr, "note: --allow-changed: %s accepted\n", lines[i]);
+}
+
 // A state to resume must have steps left to run (else the run does nothing and rewrites the
 // file under a wrong label), and the fault flags must come after it.
-static void check_resume(const LabArgs *a, int end) {
+static void check_resume(const LabArgs *a, int end, const RunIdentity *now) {
     int step = 0, total = 0;
     char why[512];
     if (ckpt_state_peek(a->resume, &step, &total, why, sizeof why) != 0)
         flag_fail("--resume %s: %s", a->resume, why);
+    check_identity(a, now);
     if (step >= a->steps)
         flag_fail("--resume %s: the state is at step %d, --steps %d: nothing to do; pass "
-                  "--steps > %d", a->resume, step, a->steps, step);
+                  "--steps > %d%s", a->resume, step, a->steps, step,
+                  total == step ? " and --allow-changed steps (its run ended there)" : "");
     if (end <= step)
         flag_fail("--resume %s: the state is at step %d, --stop-at %d: nothing to do; pass "
                   "--stop-at > %d (or -1)", a->resume, step, end, step);
@@ -643,7 +733,7 @@ static void check_resume(const LabArgs *a, int end) {
 }
 
 // Checks that involve more than one flag.
-static void check_combinations(const LabArgs *a) {
+static void check_combinations(const LabArgs *a, const RunIdentity *now) {
     if (a->C % a->NH != 0) {
         int below = a->NH < a->C ? a->NH : a->C, above = a->NH;  // the nearest divisors of C
         while (a->C % below != 0) below--;
@@ -686,7 +776,8 @@ static void check_combinations(const LabArgs *a) {
     if (a->inject_nan_step >= end)
         flag_fail("--inject-nan-step %d: this run has %d steps (%s), so no NaN would be injected; "
                   "valid: 1 .. %d", a->inject_nan_step + 1, end, ends, end);
-    if (a->resume) check_resume(a, end);
+    check_allow_list(a);
+    if (a->resume) check_resume(a, end, now);
     if (a->load_weights) {  // a damaged file refused now, once, not by each rank at its load
         GPT2Config have;
         char why[512];
@@ -762,7 +853,9 @@ void lab_parse_args_for(unsigned groups, int argc, char **argv, LabArgs *a, cons
         flag_fail("--inject-nan-step 0: steps count from 1 (as the progress lines print them); "
                   "valid: 1 .. %d, or -1 (off)", lab_args_end_step(a));
     if (a->inject_nan_step > 0) a->inject_nan_step--;
-    check_combinations(a);
+    RunIdentity id = run_identity(a);
+    check_combinations(a, &id);
+    ckpt_set_identity(&id);
     GPT2Config cfg = lab_args_config(a);
     gpt2_config_check(&cfg);
     kernels_set_threads(a->threads);   // BLAS threads of this rank (--threads)

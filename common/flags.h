@@ -49,6 +49,7 @@ typedef struct LabArgs {
     const char *save;     // training-state checkpoint path, written every save_every steps and at the end
     int save_every;
     const char *resume;   // training-state checkpoint to resume from
+    const char *allow_changed;  // --resume may change these identity fields ("steps,lr", "all")
     const char *load_weights;  // llm.c gpt2_*.bin weights to start from
     const char *save_weights;  // write llm.c gpt2_*.bin weights at the end
     int stop_at;          // stop after this many steps as if interrupted (-1: run all --steps)
@@ -93,7 +94,9 @@ enum {
 // from every input and every other output after links (--resume F --save F excepted: the run
 // continues the state it read), and rank 0 creates and removes the "<path>.tmp" each is written
 // through, a --resume state has steps left to run, fault flags name a step and rank of this
-// run, --device cuda has a GPU.
+// run, --device cuda has a GPU, and a --resume state recorded the same data, data seed, --steps
+// and hyperparameters as this run (ckpt.h, RunIdentity), or --allow-changed names each change.
+// Sets the process's run identity (ckpt_set_identity) that every saved state records.
 void lab_parse_args(int argc, char **argv, LabArgs *a, const FlagSpec *extra, int nextra,
                     const char *program, const char *usage);
 // The same, taking only the shared flag groups in `groups` (LAB_FLAGS_*).

@@ -437,7 +437,9 @@ int harness_save_signal_is_safe(const char *prog, int np, const char *flags, con
     free(after);
     // 3. the next save replaces the tmp the signal left behind
     if (ok) {
-        snprintf(cmd, sizeof cmd, "%s %s --steps 3 --resume %s --save %s", prog, flags, ck, ck);
+        // the kept state ended a 2-step run: one step more is a longer schedule, allowed
+        snprintf(cmd, sizeof cmd, "%s %s --steps 3 --allow-changed steps --resume %s --save %s",
+                 prog, flags, ck, ck);
         rc = harness_mpirun(np, cmd, &out, 120);
         if (rc != 0 || access(tmp, F_OK) == 0) {
             fprintf(stderr, "save-signal: resuming from the kept checkpoint %s:\n%s\n",

@@ -537,3 +537,16 @@ Test(flags, damaged_files_are_refused_by_size_and_crc_first, .timeout = 200) {
     check_refused_on(c, 3, 2);
     unlink(good);
 }
+
+// --allow-changed: only with --resume (else it would do nothing), and only names of the fields a
+// state records (a typo would allow nothing). Seen failing before: "unknown flag --allow-changed".
+Test(flags, allow_changed_needs_a_resume_and_known_fields, .timeout = 200) {
+    char a1[256];
+    snprintf(a1, sizeof a1, "--steps 5 --resume %s --allow-changed steps,data_seed", state_at(3));
+    BadCase c[] = {
+        {"--allow-changed steps", {"--allow-changed steps", "only a --resume can change a run"}},
+        {a1, {"unknown field 'data_seed'", "data-seed", "or all"}},
+    };
+    check_refused_on(c, (int)(sizeof(c) / sizeof(c[0])), 2);
+    unlink(state_at(3));
+}
