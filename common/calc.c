@@ -127,7 +127,7 @@ typedef struct PresetDims {
 
 static const PresetDims preset_dims[] = {
     {"tiny", "tiny", CALC_ARCH_GPT2, 256, 64, 4, 128, 4, 4, 512, 834304,
-     "the lab's default GPT-2 (DESIGN.md): V=256 T=64 L=4 C=128 NH=4"},
+     "the lab's default GPT-2 (docs/ARCHITECTURE.md): V=256 T=64 L=4 C=128 NH=4"},
     {"gpt2-124m", "124m", CALC_ARCH_GPT2, 50257, 1024, 12, 768, 12, 12, 3072, 124439808,
      "GPT-2 small: L=12 C=768 NH=12, V=50257 (llm.c pads V to 50304: 124,475,904)"},
     {"gpt2-350m", "350m", CALC_ARCH_GPT2, 50257, 1024, 24, 1024, 16, 16, 4096, 355e6,

@@ -54,7 +54,7 @@ static const char *GROUPS[] = {"model", "training", "hardware", "output", "relia
 LabArgs lab_args_defaults(void) {
     LabArgs a;
     memset(&a, 0, sizeof(a));
-    a.V = 256; a.T = 64; a.L = 4; a.C = 128; a.NH = 4;  // DESIGN.md's tiny config
+    a.V = 256; a.T = 64; a.L = 4; a.C = 128; a.NH = 4;  // the tiny config (docs/ARCHITECTURE.md)
     a.batch = 16;
     a.steps = 20;
     a.lr = 1e-3f;

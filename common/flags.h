@@ -22,7 +22,7 @@ typedef struct FlagSpec {
     const char *help;     // one line; the default is printed from *ptr
 } FlagSpec;
 
-// The shared flags. Defaults are the tiny config of DESIGN.md.
+// The shared flags. Defaults are the tiny config (docs/ARCHITECTURE.md, "The model").
 typedef struct LabArgs {
     // model
     int V, T, L, C, NH;

@@ -1,4 +1,4 @@
-// gpt2.c: GPT-2 as DESIGN.md specifies it: one flat, block-major parameter buffer (units), the
+// gpt2.c: GPT-2 as docs/ARCHITECTURE.md specifies it: one flat, block-major parameter buffer (units), the
 // activations of a (B,T) micro-batch as objects, and forward/backward in pieces (embedding,
 // block l, head) that read their weights from any address.
 //

@@ -1,4 +1,4 @@
-// gpt2.h: GPT-2, exactly as DESIGN.md specifies it, in fp32 or bf16, on one device.
+// gpt2.h: GPT-2, exactly as docs/ARCHITECTURE.md specifies it, in fp32 or bf16, on one device.
 //
 // Parameters live in ONE flat buffer, BLOCK-MAJOR (each block's parameters one contiguous
 // range, a "unit"):

@@ -2,7 +2,7 @@
 // compare what they dumped.
 //
 // Criterion runs each test in a forked process, where a raw fork() confuses it; popen() of a
-// shell command works, so every launch here goes through popen (see DESIGN.md).
+// shell command works, so every launch here goes through popen (docs/ARCHITECTURE.md, "Proof").
 // Tests run from the repository root; binaries are found under harness_build_dir().
 #pragma once
 #include <stddef.h>

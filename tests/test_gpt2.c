@@ -48,7 +48,7 @@ Test(gpt2, parameter_counts) {
     cr_assert_eq(tiny.L, 4);
     cr_assert_eq(tiny.C, 128);
     cr_assert_eq(tiny.NH, 4);
-    cr_assert_eq(gpt2_param_count(&tiny), 834304);  // DESIGN.md
+    cr_assert_eq(gpt2_param_count(&tiny), 834304);  // docs/ARCHITECTURE.md, "The model"
     // V·C + T·C + L·(12C² + 13C) + 2C, by hand for the small config: 128 + 32 + 2·872 + 16
     GPT2Config s = small_cfg();
     cr_assert_eq(gpt2_param_count(&s), 1920);
