@@ -107,3 +107,17 @@ int harness_table_cell(const char *output, const char *title, int rank, int col,
     buf[n] = '\0';
     return 1;
 }
+
+int harness_table_cell_at(const char *out, const char *title, int row, size_t at, size_t width,
+                          char *buf) {
+    const char *p = out ? strstr(out, title) : NULL;
+    for (int skip = 0; p && skip < row + 2; skip++) p = (p = strchr(p, '\n')) ? p + 1 : NULL;
+    const char *e = p ? strchr(p, '\n') : NULL;
+    if (!p || !e || (size_t)(e - p) < at + width || width >= 64) return 0;
+    const char *c = p + at, *end = p + at + width;
+    while (c < end && *c == ' ') c++;
+    while (end > c && end[-1] == ' ') end--;
+    memcpy(buf, c, (size_t)(end - c));
+    buf[end - c] = '\0';
+    return 1;
+}

@@ -21,3 +21,9 @@ int harness_progress_matches(const char *output, const RunResults *r, int start,
 // `rank`, column `col` (0 = the first after the rank), spaces trimmed, into buf. 1 if found.
 int harness_table_cell(const char *output, const char *title, int rank, int col, char *buf,
                        size_t len);
+
+// The text of the fixed-width cell [at, at + width) of row `row` of the table under `title` (the
+// column titles' line skipped), spaces trimmed, into buf (64 bytes): for tables that are not
+// session_print_rank_table's (05's wire table, 06's collectives). 1 if found.
+int harness_table_cell_at(const char *out, const char *title, int row, size_t at, size_t width,
+                          char *buf);

@@ -436,21 +436,6 @@ Test(zero05, nan_fails_cleanly_and_keeps_the_checkpoint, .timeout = 120) {
 // ---------------------------------------------------------------------------------------------
 // what it prints
 
-// The text of the fixed-width cell [at, at + width) of row `rank` of the table under `title`
-// (the column titles' line skipped), spaces trimmed, into buf (64 bytes). 1 if found.
-static int table_cell(const char *out, const char *title, int rank, size_t at, size_t width,
-                      char *buf) {
-    const char *p = out ? strstr(out, title) : NULL;
-    for (int skip = 0; p && skip < rank + 2; skip++) p = (p = strchr(p, '\n')) ? p + 1 : NULL;
-    const char *e = p ? strchr(p, '\n') : NULL;
-    if (!p || !e || (size_t)(e - p) < at + width || width >= 64) return 0;
-    const char *c = p + at, *end = p + at + width;
-    while (c < end && *c == ' ') c++;
-    while (end > c && end[-1] == ' ') end--;
-    memcpy(buf, c, (size_t)(end - c));
-    buf[end - c] = '\0';
-    return 1;
-}
 
 // Without --quiet: ZeRO-3 on 3 ranks saves at step 3 of 7, ZeRO-2 on 3 ranks resumes with
 // --log-every 2 --save-every 2. "resumed from" once, the progress lines (rank 0 alone, at steps
@@ -483,7 +468,7 @@ Test(zero05, printed_progress_and_table_match_the_run, .timeout = 150) {
         double sent = results_get(&r, rank ? "last_sent" : "first_sent", -1);
         char want[32], cell[64];
         mem_format(want, sizeof want, sent);
-        cr_assert(table_cell(out, title, rank, 2 + 6 + 3 * 14 + 1, 13, cell), "no table:\n%s",
+        cr_assert(harness_table_cell_at(out, title, rank, 2 + 6 + 3 * 14 + 1, 13, cell), "no table:\n%s",
                   out);
         cr_assert_str_eq(cell, want, "rank %d's sent per step %s, the run's %.0f B = %s", rank,
                          cell, sent, want);

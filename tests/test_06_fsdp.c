@@ -282,21 +282,6 @@ Test(fsdp06, resume_across_layouts_fsdp_4_and_ddp_2, .timeout = 150) {
 // ---------------------------------------------------------------------------------------------
 // what it prints
 
-// The text of the fixed-width cell [at, at + width) of row `row` of the table under `title`
-// (the column titles' line skipped), spaces trimmed, into buf (64 bytes). 1 if found.
-static int table_cell(const char *out, const char *title, int row, size_t at, size_t width,
-                      char *buf) {
-    const char *p = out ? strstr(out, title) : NULL;
-    for (int skip = 0; p && skip < row + 2; skip++) p = (p = strchr(p, '\n')) ? p + 1 : NULL;
-    const char *e = p ? strchr(p, '\n') : NULL;
-    if (!p || !e || (size_t)(e - p) < at + width || width >= 64) return 0;
-    const char *c = p + at, *end = p + at + width;
-    while (c < end && *c == ' ') c++;
-    while (end > c && end[-1] == ' ') end--;
-    memcpy(buf, c, (size_t)(end - c));
-    buf[end - c] = '\0';
-    return 1;
-}
 
 // Without --quiet: HSDP (2 shard groups of 2) with 2 micro-batches saves at step 2 of 5, and
 // resumes with --log-every 2 --save-every 2. "resumed from" once, the progress lines (rank 0
@@ -330,7 +315,7 @@ Test(fsdp06, printed_progress_and_table_match_the_run, .timeout = 150) {
         double calls = results_get(&r, rank ? "last_ag_calls" : "first_ag_calls", -1);
         char want[32], cell[64];
         snprintf(want, sizeof want, "%.0f =", calls);
-        cr_assert(table_cell(out, title, rank, 2 + 4 + 1, 14, cell), "no table:\n%s", out);
+        cr_assert(harness_table_cell_at(out, title, rank, 2 + 4 + 1, 14, cell), "no table:\n%s", out);
         cr_assert_str_eq(cell, want, "rank %d's all-gathers per step \"%s\", the run's %.0f", rank,
                          cell, calls);
     }
@@ -343,8 +328,8 @@ Test(fsdp06, printed_progress_and_table_match_the_run, .timeout = 150) {
     cr_assert_eq(rc, 0, "%s", out2);
     for (int rank = 0; rank < 4; rank++) {  // rank 1 sends rank 0 its pieces
         char a[64], b[64];  // after rank, all-gathers, red-scatters, all-red., 3 x sent
-        cr_assert(table_cell(out, title, rank, 90, 13, a) &&
-                  table_cell(out2, title, rank, 90, 13, b), "no sent total:\n%s", out);
+        cr_assert(harness_table_cell_at(out, title, rank, 90, 13, a) &&
+                  harness_table_cell_at(out2, title, rank, 90, 13, b), "no sent total:\n%s", out);
         cr_assert_str_eq(a, b, "rank %d sends %s per step with --save-every 2, %s without", rank,
                          a, b);
     }
