@@ -95,24 +95,16 @@ static void num(FILE *f, double x) {
 }
 
 void health_log_line(FILE *f, const HealthRecord *r) {
-    fprintf(f, "{\"step\":%d,\"loss\":", r->step);
-    num(f, r->loss);
-    fputs(",\"grad_norm\":", f);
-    num(f, r->grad_norm);
-    fprintf(f, ",\"clipped\":%s,\"lr\":", r->clipped ? "true" : "false");
-    num(f, r->lr);
-    fputs(",\"tokens_per_s\":", f);
-    num(f, r->tokens_per_s);
-    fputs(",\"mfu\":", f);
-    num(f, r->mfu);
-    fputs(",\"flops\":", f);
-    num(f, r->flops);
-    fputs(",\"peak_flops\":", f);
-    num(f, r->peak_flops);
-    fputs(",\"z_loss\":", f);
-    num(f, r->z_loss);
-    fputs(",\"z_grad_norm\":", f);
-    num(f, r->z_grad_norm);
+    fprintf(f, "{\"step\":%d,\"clipped\":%s", r->step, r->clipped ? "true" : "false");
+    const struct { const char *key; double value; } fields[] = {
+        {"loss", r->loss}, {"grad_norm", r->grad_norm}, {"lr", r->lr},
+        {"tokens_per_s", r->tokens_per_s}, {"mfu", r->mfu}, {"flops", r->flops},
+        {"peak_flops", r->peak_flops}, {"z_loss", r->z_loss}, {"z_grad_norm", r->z_grad_norm},
+    };
+    for (size_t i = 0; i < sizeof fields / sizeof fields[0]; i++) {
+        fprintf(f, ",\"%s\":", fields[i].key);
+        num(f, fields[i].value);
+    }
     fputs(",\"time_s\":{", f);
     for (int i = 0; i < r->nphases; i++) {
         fprintf(f, "%s\"%s\":", i ? "," : "", r->phase_name[i]);
