@@ -580,6 +580,16 @@ int ckpt_state_peek(const char *path, int *step, int *total_steps, char *err, si
     return 0;
 }
 
+int ckpt_state_config(const char *path, GPT2Config *cfg, char *err, size_t errlen) {
+    uint8_t hdr[STATE_HEADER_BYTES];
+    size_t hb;
+    if (state_verify(path, hdr, &hb, err, errlen) != 0) return -1;
+    int32_t c[5];
+    memcpy(c, hdr + 12, sizeof c);  // after the magic (8) and the version (4)
+    *cfg = (GPT2Config){c[0], c[1], c[2], c[3], c[4]};
+    return 0;
+}
+
 int ckpt_state_identity(const char *path, RunIdentity *id, char *err, size_t errlen) {
     uint8_t hdr[STATE_HEADER_BYTES];
     size_t hb;

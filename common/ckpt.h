@@ -83,6 +83,9 @@ void ckpt_save_state(const char *path, const TrainState *s);
 // reason in err when it is not a whole state file or its steps cannot be (step < 0, beyond
 // --steps' range, or past a recorded total_steps).
 int ckpt_state_peek(const char *path, int *step, int *total_steps, char *err, size_t errlen);
+// The model config (V, T, L, C, NH) a training-state file holds, after the same checks. 0 on
+// success; -1 with the reason in err.
+int ckpt_state_config(const char *path, GPT2Config *cfg, char *err, size_t errlen);
 // Fills s (params/m/v must be allocated for expect's parameter count); checks the config
 // against *expect and refuses a mismatch naming the field. Rank 0 prints "restored step N from
 // F in X ms" (the identity was checked at flag parsing, before step 1).

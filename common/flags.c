@@ -716,7 +716,12 @@ static void check_resume(const LabArgs *a, int end, const RunIdentity *now) {
     char why[512];
     if (ckpt_state_peek(a->resume, &step, &total, why, sizeof why) != 0)
         flag_fail("--resume %s: %s", a->resume, why);
-    check_identity(a, now);
+    // a state of another model is refused by the load, naming the field that differs; its
+    // hyperparameters are not this model's to compare
+    GPT2Config was, want = lab_args_config(a);
+    if (ckpt_state_config(a->resume, &was, why, sizeof why) != 0)
+        flag_fail("--resume %s: %s", a->resume, why);
+    if (memcmp(&was, &want, sizeof was) == 0) check_identity(a, now);
     if (step >= a->steps)
         flag_fail("--resume %s: the state is at step %d, --steps %d: nothing to do; pass "
                   "--steps > %d%s", a->resume, step, a->steps, step,
