@@ -585,8 +585,8 @@ int ckpt_state_config(const char *path, GPT2Config *cfg, char *err, size_t errle
     size_t hb;
     if (state_verify(path, hdr, &hb, err, errlen) != 0) return -1;
     int32_t c[5];
-    memcpy(c, hdr + 12, sizeof c);  // after the magic (8) and the version (4)
-    *cfg = (GPT2Config){c[0], c[1], c[2], c[3], c[4]};
+    memcpy(c, hdr + 12, sizeof c);  // after the magic (8) and the version (4): V, T, L, NH, C
+    *cfg = (GPT2Config){.V = c[0], .T = c[1], .L = c[2], .NH = c[3], .C = c[4]};
     return 0;
 }
 

@@ -533,6 +533,11 @@ Test(ckpt, impossible_step_is_refused) {
     ckpt_save_state(path, &s);
     cr_assert_eq(ckpt_state_peek(path, &step, &total, why, sizeof why), 0, "%s", why);
     cr_assert(step == 100 && total == 100);
+    // the config as the flags' check reads it (V, T, L, NH, C in the file: not GPT2Config's order)
+    GPT2Config c;
+    cr_assert_eq(ckpt_state_config(path, &c, why, sizeof why), 0, "%s", why);
+    cr_assert(memcmp(&c, &s.cfg, sizeof c) == 0, "config read back as V=%d T=%d L=%d C=%d NH=%d",
+              c.V, c.T, c.L, c.C, c.NH);
     free_state(&s);
     free_state(&g_state);
 }
