@@ -133,7 +133,8 @@ $(foreach c,$(CHAPTERS),$(eval $(call chapter_rule,$(c))))
 # tests/mpi_*.c    MPI programs that the Criterion tests launch with mpirun (see tests/harness.h)
 # tests/test_matrix.c: the test matrix (every chapter x dtype x layout x resume x accumulation),
 # built with the others but run by `make matrix`, not by `make test`
-MATRIX_BIN := $(BUILD)/tests/test_matrix
+# (a tree without tests/test_matrix.c, e.g. the exercise tools' fixture, has no matrix)
+MATRIX_BIN := $(if $(wildcard tests/test_matrix.c),$(BUILD)/tests/test_matrix)
 TEST_SRCS := $(filter-out tests/test_matrix.c,$(wildcard tests/test_*.c))
 TEST_BINS := $(patsubst tests/%.c,$(BUILD)/tests/%,$(TEST_SRCS))
 MPI_TEST_SRCS := $(wildcard tests/mpi_*.c)

@@ -148,7 +148,7 @@ void fsdp_unit_step(Fsdp *F, int u) {
     switch (U->state) {
     case FSDP_SHARDED:
     case FSDP_FREED:  // room for the whole unit; every rank's piece lands at its place
-        zero_unit_gather(F->z, u, &U->buf, F->param_shard, F->dt, F->dev, F->shard);
+        zero_unit_gather_direct(F->z, u, &U->buf, F->param_shard, F->dt, F->dev, F->shard);
         U->state = FSDP_GATHERING;
         break;
     case FSDP_GATHERING:  // the whole unit is here once its all-gather is done

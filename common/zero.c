@@ -269,11 +269,23 @@ DistWork zero_gather_unit(const ZeroLayout *z, int u, const void *shard, void *o
     return w;
 }
 
-void zero_unit_gather(const ZeroLayout *z, int u, ZeroUnit *U, const void *shard, DistDtype dt,
-                      Device dev, DistGroup *g) {
+static void unit_alloc(const ZeroLayout *z, int u, ZeroUnit *U, DistDtype dt, Device dev) {
     U->w = mem_alloc(z->p[u].unit_size * dist_dtype_size(dt), MEM_COMM, dev);
     U->ag_t0 = lab_now();
+}
+
+void zero_unit_gather(const ZeroLayout *z, int u, ZeroUnit *U, const void *shard, DistDtype dt,
+                      Device dev, DistGroup *g) {
+    unit_alloc(z, u, U, dt, dev);
     U->ag = zero_gather_unit(z, u, shard, U->w, dt, g);
+}
+
+void zero_unit_gather_direct(const ZeroLayout *z, int u, ZeroUnit *U, const void *shard,
+                             DistDtype dt, Device dev, DistGroup *g) {
+    unit_alloc(z, u, U, dt, dev);
+    const ZeroPiece *p = &z->p[u];
+    U->ag = zero_unit_all_gather(z, u, (const char *)shard + p->local * dist_dtype_size(dt), U->w,
+                                 dt, 1, g);
 }
 
 // --trace: a collective as a span on the communication track, from its start to the moment its

@@ -135,6 +135,10 @@ typedef struct ZeroUnit {
 // (MEM_COMM on dev); zero_unit_wait before reading it; zero_unit_free after the last read.
 void zero_unit_gather(const ZeroLayout *z, int u, ZeroUnit *U, const void *shard, DistDtype dt,
                       Device dev, DistGroup *g);
+// The same on the all-gather primitive (zero_unit_all_gather) instead of exercise 05.3's
+// zero_gather_unit: FSDP's (06) exercises then stand on their own in the student tree.
+void zero_unit_gather_direct(const ZeroLayout *z, int u, ZeroUnit *U, const void *shard,
+                             DistDtype dt, Device dev, DistGroup *g);
 void zero_unit_wait(ZeroUnit *U, int u);
 void zero_unit_free(ZeroUnit *U);
 // Unit u's gradient buffer (e bytes an element, zeroed at first use, counted under cat).
