@@ -215,7 +215,8 @@ int calc_cli_run(const CalcCliArgs *a, const LabArgs *lab) {
                 s.micro_batch = lab->batch / (s.dp * s.micro_batches);
             }
             s.acts = CALC_ACTS_LAB;  // what calc_setup_lab sets for a 09 run: its stored
-            s.tp_fp32 = 1;           // tensors, and TP reduced in fp32 (DP, PP in --dtype)
+            s.tp_fp32 = 1;           // tensors, TP reduced in fp32 (DP, PP in --dtype), and
+            s.grads_whole = 1;       // the whole gradients its TP stage's backward writes
         }
     }
     if ((err = calc_setup_check(&model, &s))) lab_fail_collective("%s", err);

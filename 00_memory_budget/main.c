@@ -24,6 +24,7 @@
 #include "flags.h"
 #include "gpt2.h"
 #include "mem.h"
+#include "mem_predict.h"
 #include "optim.h"
 #include "results.h"
 #include "session.h"
@@ -57,24 +58,21 @@ static const char *USAGE =
 
 // Chapter flags of the training run (the calculator's are in calc_cli.c).
 typedef struct TrainFlags {
-    int train;            // run the real training instead of the calculator
-    float mem_limit_mib;  // refuse a run predicted to need more (0: MemAvailable)
+    int train;  // run the real training instead of the calculator
 } TrainFlags;
 
-static void refuse_if_it_cannot_fit(const LabArgs *args, const TrainFlags *tf);
+static MemPrediction predict_memory(const void *ctx, const LabArgs *args, int batch, int rank);
 static void train(const LabArgs *args);
 
 int main(int argc, char **argv) {
     dist_init(&argc, &argv);
     LabArgs args = lab_args_defaults();
-    TrainFlags tf = {.train = 0, .mem_limit_mib = 0};
+    TrainFlags tf = {.train = 0};
     CalcCliArgs calc = calc_cli_defaults();
 
     FlagSpec train_flags[] = {
         {"--train", FLAG_BOOL, &tf.train, 0, 1, NULL,
          "train the tiny GPT on one device; print measured vs predicted memory"},
-        {"--mem-limit", FLAG_FLOAT, &tf.mem_limit_mib, 0, 1e9, NULL,
-         "--train: refuse a run predicted to need more MiB than this (0: MemAvailable)"},
     };
     int ncalc = 0;
     const FlagSpec *calc_flags = calc_cli_flags(&calc, &ncalc);
@@ -90,7 +88,8 @@ int main(int argc, char **argv) {
         if (dist_size() != 1)
             lab_fail_collective("00_memory_budget --train is the single-device run: launch it "
                                 "with -np 1 (or without mpirun), not with %d ranks", dist_size());
-        refuse_if_it_cannot_fit(&args, &tf);
+        // a run that cannot fit is refused before the first allocation, with the numbers
+        mem_refuse_if_it_cannot_fit(&args, predict_memory, NULL, 1);
         train(&args);
     } else if (dist_rank() == 0) {
         calc_cli_run(&calc, &args);
@@ -156,53 +155,13 @@ static void print_header(const Session *s) {
 // (parameters and gradients in the model's type, bf16's fp32 master, Adam's m and v in fp32:
 // what session_init allocates; the calculator's calc_bytes_per_param says the same, but it is
 // exercise 00.1, and this oracle run must not depend on a student's stub), the activations this
-// runtime keeps for (B, T) (calc_activation_bytes_lab), and the batch buffers.
-// *state: the model state's share.
-static double predicted_run_bytes(const GPT2Config *cfg, int B, int T, int bf16, double *state) {
-    double w = bf16 ? 2.0 : 4.0;  // bytes per parameter and per gradient
-    *state = (double)gpt2_param_count(cfg) * (w + w + (bf16 ? 4.0 : 0.0) + 4.0 + 4.0);
-    return *state + calc_activation_bytes_lab(cfg, B, T, bf16 ? GPT2_BF16 : GPT2_FP32) +
-           2.0 * (double)B * T * sizeof(int);
-}
-
-// MemAvailable of /proc/meminfo in bytes (what the kernel can give without swapping), or 0.
-static double mem_available_bytes(void) {
-    FILE *f = fopen("/proc/meminfo", "r");
-    if (!f) return 0;
-    char line[256];
-    double kib = 0;
-    while (fgets(line, sizeof line, f))
-        if (sscanf(line, "MemAvailable: %lf kB", &kib) == 1) break;
-    fclose(f);
-    return kib * 1024.0;
-}
-
-// A run that cannot fit is refused before the first allocation, with the numbers: the
-// chapter that predicts memory predicts this too (else the OOM killer ends it, silently).
-// Only on the CPU: --device cuda allocates on the GPU, whose memory the runtime reports itself.
-static void refuse_if_it_cannot_fit(const LabArgs *args, const TrainFlags *tf) {
-    if (strcmp(args->device, "cpu") != 0) return;
+// runtime keeps for (B, T) (calc_activation_bytes_lab) and the batch and scratch buffers:
+// common/mem_predict.c. Only on the CPU: --device cuda allocates on the GPU, whose memory the
+// runtime reports itself.
+static MemPrediction predict_memory(const void *ctx, const LabArgs *args, int batch, int rank) {
+    (void)ctx, (void)rank;
     GPT2Config cfg = lab_args_config(args);
-    const int bf16 = strcmp(args->dtype, "bf16") == 0;
-    double limit = tf->mem_limit_mib > 0 ? tf->mem_limit_mib * 1048576.0 : mem_available_bytes();
-    const char *what = tf->mem_limit_mib > 0 ? "--mem-limit" : "MemAvailable in /proc/meminfo";
-    double state = 0, ignored = 0;
-    double need = predicted_run_bytes(&cfg, args->batch, cfg.T, bf16, &state);
-    if (limit <= 0 || need <= limit) return;
-    int fit = 0;  // the largest batch that fits: the prediction grows with B
-    for (int lo = 1, hi = args->batch - 1; lo <= hi;) {
-        int mid = lo + (hi - lo) / 2;
-        if (predicted_run_bytes(&cfg, mid, cfg.T, bf16, &ignored) <= limit) fit = mid, lo = mid + 1;
-        else hi = mid - 1;
-    }
-    char a[32], b[32], c[32], d[32], hint[64];
-    if (fit > 0) snprintf(hint, sizeof hint, "use --batch %d or less", fit);
-    else snprintf(hint, sizeof hint, "even --batch 1 does not fit: use a smaller model");
-    lab_fail("--train --batch %d: predicted memory %s (model state %s + activations and batch %s "
-             "for %d x %d) exceeds the %s available (%s); %s", args->batch,
-             mem_format(a, sizeof a, need), mem_format(b, sizeof b, state),
-             mem_format(c, sizeof c, need - state), args->batch, cfg.T,
-             mem_format(d, sizeof d, limit), what, hint);
+    return mem_predict_replica(&cfg, batch, strcmp(args->dtype, "bf16") == 0, 1);
 }
 
 static void train(const LabArgs *args) {

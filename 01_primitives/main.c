@@ -66,20 +66,30 @@ typedef struct {
     size_t n;
 } Col;
 
-// Every rank passes its own columns (same titles everywhere) and the bytes its send/recv
-// version moved (sent < 0: no bytes column). Collective over g.
-static void show_table(DistGroup *g, const Col *cols, int ncols, double sent, double recv) {
+// The bytes this rank has moved with send/recv so far (the dist counters count real bytes).
+typedef struct { uint64_t sent, recv; } Mark;
+static Mark mark_now(void) {
+    const DistCounters *c = dist_counters();
+    Mark m = {c->sent[OP_SEND], c->recv[OP_RECV]};
+    return m;
+}
+
+// Every rank passes its own columns (same titles everywhere) and the mark taken before its
+// send/recv version ran: the bytes it moved since then are the last column (NULL: no bytes
+// column). Collective over g.
+static void show_table(DistGroup *g, const Col *cols, int ncols, const Mark *since) {
     LAB_CHECK(ncols <= MAXCOLS, "show_table: %d columns, at most %d", ncols, MAXCOLS);
-    int N = g->size;
+    int N = g->size, sent = since != NULL;
     char row[MAXCOLS + 1][CELLW];
     memset(row, 0, sizeof row);
     for (int c = 0; c < ncols; c++) {
         if (cols[c].v) format_buf(row[c], CELLW, cols[c].v, cols[c].n);
     }
-    if (sent >= 0) {
+    if (sent) {
+        Mark e = mark_now();
         char s[32], r[32];
-        format_bytes(s, sizeof s, sent);
-        format_bytes(r, sizeof r, recv);
+        format_bytes(s, sizeof s, (double)(e.sent - since->sent));
+        format_bytes(r, sizeof r, (double)(e.recv - since->recv));
         snprintf(row[ncols], CELLW, "%s / %s", s, r);
     }
     char(*rows)[MAXCOLS + 1][CELLW] = NULL;
@@ -87,10 +97,10 @@ static void show_table(DistGroup *g, const Col *cols, int ncols, double sent, do
     dist_gather(row, rows, sizeof row, DIST_U8, 0, g);
     if (g->rank != 0) return;
 
-    int nc = ncols + (sent >= 0), width[MAXCOLS + 1];
+    int nc = ncols + sent, width[MAXCOLS + 1];
     const char *title[MAXCOLS + 1];
     for (int c = 0; c < ncols; c++) title[c] = cols[c].title;
-    if (sent >= 0) title[ncols] = "send/recv version: sent / recv";
+    if (sent) title[ncols] = "send/recv version: sent / recv";
     for (int c = 0; c < nc; c++) {
         width[c] = screen_width(title[c]);
         for (int r = 0; r < N; r++)
@@ -105,14 +115,6 @@ static void show_table(DistGroup *g, const Col *cols, int ncols, double sent, do
         printf("\n");
     }
     free(rows);
-}
-
-// Bytes this rank moved with send/recv since `mark` (the dist counters count real bytes).
-typedef struct { uint64_t sent, recv; } Mark;
-static Mark mark_now(void) {
-    const DistCounters *c = dist_counters();
-    Mark m = {c->sent[OP_SEND], c->recv[OP_RECV]};
-    return m;
 }
 
 // Do a and b agree on every rank? (NaN == NaN here: both "not written".) Collective.
@@ -155,10 +157,9 @@ static void demo_broadcast(DistGroup *g) {
     dist_broadcast(lib, n, DIST_F32, 0, g);
     Mark m = mark_now();
     prim_broadcast(p2p, n, 0, g);
-    Mark e = mark_now();
     show_letters = 1;
     Col cols[] = {{"before", before, n}, {"after dist_broadcast", lib, n}, {"after prim_broadcast", p2p, n}};
-    show_table(g, cols, 3, (double)(e.sent - m.sent), (double)(e.recv - m.recv));
+    show_table(g, cols, 3, &m);
     show_letters = 0;
     int same = same_everywhere(lib, p2p, n, g);
     char f[200];
@@ -178,9 +179,8 @@ static void demo_reduce(DistGroup *g) {
     dist_reduce(before, lib, n, DIST_F32, DIST_SUM, 0, g);
     Mark m = mark_now();
     prim_reduce(before, r == 0 ? p2p : NULL, n, 0, g);
-    Mark e = mark_now();
     Col cols[] = {{"before", before, n}, {"after dist_reduce", lib, n}, {"after prim_reduce", p2p, n}};
-    show_table(g, cols, 3, (double)(e.sent - m.sent), (double)(e.recv - m.recv));
+    show_table(g, cols, 3, &m);
     int same = same_everywhere(lib, p2p, n, g);
     char f[200];
     snprintf(f, sizeof f, "each of the N-1 = %d others sends S = %d B: root recv (N-1)*S; it is the bottleneck",
@@ -199,9 +199,8 @@ static void demo_all_reduce(DistGroup *g) {
     dist_all_reduce(NULL, lib, n, DIST_F32, DIST_SUM, g);
     Mark m = mark_now();
     prim_all_reduce(p2p, n, g);
-    Mark e = mark_now();
     Col cols[] = {{"before", before, n}, {"after dist_all_reduce", lib, n}, {"after prim_all_reduce", p2p, n}};
-    show_table(g, cols, 3, (double)(e.sent - m.sent), (double)(e.recv - m.recv));
+    show_table(g, cols, 3, &m);
     int same = same_everywhere(lib, p2p, n, g);
     char f[240];
     snprintf(f, sizeof f,
@@ -222,10 +221,9 @@ static void demo_reduce_scatter(DistGroup *g) {
     dist_reduce_scatter(before, lib, 1, DIST_F32, DIST_SUM, g);
     Mark m = mark_now();
     prim_reduce_scatter(p2p, n, g);
-    Mark e = mark_now();
     float *mine = p2p + prim_block_start(n, N, r);  // block r: the result
     Col cols[] = {{"before", before, n}, {"after dist_reduce_scatter", lib, 1}, {"after prim_reduce_scatter (block r)", mine, 1}};
-    show_table(g, cols, 3, (double)(e.sent - m.sent), (double)(e.recv - m.recv));
+    show_table(g, cols, 3, &m);
     int same = same_everywhere(lib, mine, 1, g);
     char f[200];
     snprintf(f, sizeof f, "each rank sends the N-1 = %d block(s) it does not own to their owners: (N-1)/N * S each way", N - 1);
@@ -243,10 +241,9 @@ static void demo_all_gather(DistGroup *g) {
     dist_all_gather(before, lib, 1, DIST_F32, g);
     Mark m = mark_now();
     prim_all_gather(p2p, n, g);
-    Mark e = mark_now();
     show_letters = 1;
     Col cols[] = {{"before", before, 1}, {"after dist_all_gather", lib, n}, {"after prim_all_gather", p2p, n}};
-    show_table(g, cols, 3, (double)(e.sent - m.sent), (double)(e.recv - m.recv));
+    show_table(g, cols, 3, &m);
     show_letters = 0;
     int same = same_everywhere(lib, p2p, n, g);
     footer(g, same, "each rank sends its block to the N-1 others: (N-1)/N * S each way");
@@ -269,7 +266,7 @@ static void demo_identity(DistGroup *g) {
     prim_all_gather(both, n, g);
     dist_all_reduce(NULL, ar, n, DIST_F32, DIST_SUM, g);
     Col cols[] = {{"before", before, n}, {"reduce-scatter", rs, n}, {"then all-gather", both, n}, {"dist_all_reduce", ar, n}};
-    show_table(g, cols, 4, -1, -1);
+    show_table(g, cols, 4, NULL);
     int same = same_everywhere(both, ar, n, g);
     if (r == 0) printf("  reduce-scatter + all-gather == all-reduce on every rank: %s\n", same ? "yes" : "NO");
 }
@@ -286,10 +283,9 @@ static void demo_scatter(DistGroup *g) {
     dist_scatter(before, lib, 1, DIST_F32, 0, g);
     Mark m = mark_now();
     prim_scatter(before, p2p, 1, 0, g);
-    Mark e = mark_now();
     show_letters = 1;
     Col cols[] = {{"before", before, n}, {"after dist_scatter", lib, 1}, {"after prim_scatter", p2p, 1}};
-    show_table(g, cols, 3, (double)(e.sent - m.sent), (double)(e.recv - m.recv));
+    show_table(g, cols, 3, &m);
     show_letters = 0;
     footer(g, same_everywhere(lib, p2p, 1, g), "root sends block r to rank r: root sent (N-1) blocks, others recv 1");
 }
@@ -305,10 +301,9 @@ static void demo_gather(DistGroup *g) {
     dist_gather(before, r == 0 ? lib : NULL, 1, DIST_F32, 0, g);
     Mark m = mark_now();
     prim_gather(before, r == 0 ? p2p : NULL, 1, 0, g);
-    Mark e = mark_now();
     show_letters = 1;
     Col cols[] = {{"before", before, 1}, {"after dist_gather", lib, n}, {"after prim_gather", p2p, n}};
-    show_table(g, cols, 3, (double)(e.sent - m.sent), (double)(e.recv - m.recv));
+    show_table(g, cols, 3, &m);
     show_letters = 0;
     footer(g, same_everywhere(lib, p2p, n, g), "others sent 1 block each, root recv (N-1) blocks");
 }
@@ -329,9 +324,8 @@ static void demo_send_recv(DistGroup *g) {
     Mark m = mark_now();
     if (r == 0) dist_send(after, n, DIST_F32, 1, 7, g);
     if (r == 1) dist_recv(after, n, DIST_F32, 0, 7, g);
-    Mark e = mark_now();
     Col cols[] = {{"before", before, n}, {"after", after, n}};
-    show_table(g, cols, 2, (double)(e.sent - m.sent), (double)(e.recv - m.recv));
+    show_table(g, cols, 2, &m);
     if (r == 0) printf("  bytes: exactly the message, S = %d B, sent by rank 0 and received by rank 1\n",
                        (int)(n * sizeof(float)));
 }

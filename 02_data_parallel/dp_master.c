@@ -52,7 +52,7 @@ void dp_accumulate(void *acc, const void *in, size_t n, DistDtype dt, const Kern
     }
     LAB_CHECK(dt == DIST_BF16, "dp_accumulate: gradients are fp32 or bf16, not dtype %d", (int)dt);
     // bf16: widen both to fp32 a chunk at a time, add, round once (a GPU does this in registers)
-    enum { CHUNK = 1 << 14 };
+    enum { CHUNK = DP_ACCUM_CHUNK };
     Device dev = k == &kernels_cpu ? DEV_CPU : DEV_CUDA;
     float *a = mem_alloc(2 * CHUNK * sizeof(float), MEM_COMM, dev), *b = a + CHUNK;
     uint16_t *acc16 = acc;

@@ -31,6 +31,8 @@ void dp_scatter_batch(const int *all_inputs, const int *all_targets, int *inputs
 // acc += in over n elements of type dt, on the device of the kernels k. bf16 adds in fp32 and
 // rounds the sum once to nearest even.
 void dp_accumulate(void *acc, const void *in, size_t n, DistDtype dt, const Kernels *k);
+// bf16: dp_accumulate widens this many elements at a time (two fp32 chunks of them, MEM_COMM)
+enum { DP_ACCUM_CHUNK = 1 << 14 };
 
 // grads: (n,) on every rank; on return rank 0's holds the SUM over ranks (the others' are
 // left partly summed). scratch: (n,) on ranks that receive (rank 0; with the tree, every rank

@@ -26,6 +26,7 @@
 #include "flags.h"
 #include "gpt2.h"
 #include "mem.h"
+#include "mem_predict.h"
 #include "optim.h"
 #include "results.h"
 #include "session.h"
@@ -118,16 +119,28 @@ static void report(Session *s, DpReduce how, double *mine) {
         results_set(&out, "bytes_sent_per_step", mine[R_SENT]);
         results_set(&out, "bytes_recv_per_step", mine[R_RECV]);
         for (int r = 1; r < N && r < 16; r++) {  // a worker's figures, for the tests
-            char key[48];
-            snprintf(key, sizeof key, "rank%d_bytes_sent_per_step", r);
-            results_set(&out, key, all[(size_t)r * R_NFIELDS + R_SENT]);
-            snprintf(key, sizeof key, "rank%d_bytes_recv_per_step", r);
-            results_set(&out, key, all[(size_t)r * R_NFIELDS + R_RECV]);
+            results_setf(&out, all[(size_t)r * R_NFIELDS + R_SENT], "rank%d_bytes_sent_per_step", r);
+            results_setf(&out, all[(size_t)r * R_NFIELDS + R_RECV], "rank%d_bytes_recv_per_step", r);
         }
         results_set(&out, "rank1_mem_opt", N > 1 ? all[R_NFIELDS + R_OPT] : 0);
         session_dump_close(s, &out);
     }
     free(all);
+}
+
+// The memory rank `rank` will allocate for a global batch of `batch` (mem_predict.h): a replica
+// of its rows (the optimizer on the master only), the master's whole global batch, and the
+// buffer the reduce receives gradients into.
+static MemPrediction predict_memory(const void *ctx, const LabArgs *args, int batch, int rank) {
+    const DpFlags *f = ctx;
+    const int N = dist_size(), master = rank == 0, bf16 = strcmp(args->dtype, "bf16") == 0;
+    GPT2Config cfg = lab_args_config(args);
+    MemPrediction p = mem_predict_replica(&cfg, (batch + N - 1) / N, bf16, master);
+    int receives = strcmp(f->reduce, "linear") == 0 ? master : dp_tree_receives(rank, N);
+    if (master) p.buffers += 2.0 * batch * cfg.T * sizeof(int);
+    if (receives) p.buffers += (double)gpt2_param_count(&cfg) * (bf16 ? 2 : 4);
+    if (receives && bf16) p.buffers += 2.0 * DP_ACCUM_CHUNK * sizeof(float);  // dp_accumulate
+    return p;
 }
 
 static void train(const LabArgs *args, const DpFlags *f) {
@@ -136,6 +149,7 @@ static void train(const LabArgs *args, const DpFlags *f) {
     const DpReduce how = strcmp(f->reduce, "linear") == 0 ? DP_REDUCE_LINEAR : DP_REDUCE_TREE;
     int row0, rows;
     data_slice(args->batch, rank, N, &row0, &rows);  // checks that B splits; rank 0 splits
+    mem_refuse_if_it_cannot_fit(args, predict_memory, f, N);  // before the first allocation
 
     // The model on every rank (only the master's weights matter: the others receive them every
     // step); the optimizer (weights, Adam m and v) on the master only: common/session.c.

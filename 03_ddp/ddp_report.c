@@ -154,9 +154,7 @@ static void write_dump(const Session *s, const Ddp *ddp, const DdpFigures *c, co
     results_set(&out, "bytes_recv_broadcast", c->bcast_recv);
     results_set(&out, "buckets", overlap ? ddp->nbuckets : 0);
     for (int b = 0; overlap && b < ddp->nbuckets && b < 16; b++) {
-        char key[48];
-        snprintf(key, sizeof key, "bucket_bytes_%d", b);
-        results_set(&out, key, (double)(ddp->buckets[b].numel * s->e));
+        results_setf(&out, (double)(ddp->buckets[b].numel * s->e), "bucket_bytes_%d", b);
     }
     results_set(&out, "replica_max_diff", c->replica_diff);
     results_set(&out, "nosync_checks", c->nosync_checks);

@@ -29,6 +29,7 @@
 #include "dist.h"
 #include "flags.h"
 #include "gpt2.h"
+#include "mem_predict.h"
 #include "overlap.h"
 #include "session.h"
 #include "trace.h"
@@ -158,6 +159,19 @@ static int broadcast_replica(Session *s) {
     return start;
 }
 
+// The memory each rank will allocate for a global batch of `batch` (mem_predict.h): a whole
+// replica with its optimizer for one micro-batch of rows, and --pack-buckets' bucket buffers
+// (a copy of the gradients).
+static MemPrediction predict_memory(const void *ctx, const LabArgs *args, int batch, int rank) {
+    const DdpFlags *f = ctx;
+    const int N = dist_size(), K = f->grad_accum, bf16 = strcmp(args->dtype, "bf16") == 0;
+    (void)rank;
+    GPT2Config cfg = lab_args_config(args);
+    MemPrediction p = mem_predict_replica(&cfg, (batch + N * K - 1) / (N * K), bf16, 1);
+    if (f->pack_buckets && !f->no_overlap) p.buffers += (double)gpt2_param_count(&cfg) * (bf16 ? 2 : 4);
+    return p;
+}
+
 // The run before its first step: this rank's rows, the replica (1.), rank 0's weights, the
 // buckets (2.), the header. *row0, *Bm: this rank's first row and micro-batch rows.
 static void setup(Session *s, Ddp *ddp, DdpFigures *fig, const LabArgs *args, const DdpFlags *f,
@@ -172,6 +186,7 @@ static void setup(Session *s, Ddp *ddp, DdpFigures *fig, const LabArgs *args, co
                             "do not split into %d equal micro-batches; use a --batch that is a "
                             "multiple of %d (ranks x micro-batches)", K, Bl, B, N, K, N * K);
     *Bm = Bl / K;
+    mem_refuse_if_it_cannot_fit(args, predict_memory, f, N * K);  // before the first allocation
     // every rank its own replica (model, a full optimizer state: DDP's redundancy), then rank
     // 0's weights
     session_init(s, args, *Bm, 1);

@@ -152,8 +152,6 @@ long ring_bench(const RingBenchOpts *o, DistGroup *g) {
             total_wrong += wrong[a];
             t[a] = 1e30;
         }
-        // The machine is shared and noisy: the algorithms take turns, `repeats` times, and each
-        // keeps its fastest turn, so a burst of someone else's work hits them all alike.
         for (int rep = 0; rep < o->repeats; rep++)
             for (int a = 0; a < NALGO; a++) {
                 double x = time_algo(a, count, o, &b, g);

@@ -24,12 +24,14 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "calc.h"
 #include "check.h"
 #include "data.h"
 #include "dist.h"
 #include "flags.h"
 #include "gpt2.h"
 #include "mem.h"
+#include "mem_predict.h"
 #include "zero5_report.h"
 #include "session.h"
 #include "shard.h"
@@ -436,6 +438,40 @@ static void free_state(Zero *zz) {
 // ---------------------------------------------------------------------------------------------
 // training
 
+// The memory rank `rank` will need for a global batch of `batch` (mem_predict.h), the larger of
+// two moments. Setup: session_init's whole model without an optimizer (params, grads,
+// activations and buffers of its rows) plus my pieces of the master and Adam's m, v, before
+// stages 2 and 3 free the whole gradients and parameters. A step: the parameters (stage 3: my
+// piece), the gradients (stage 2: calc_zero2_grad_bytes, my piece, the buckets alive and the
+// unit gradients the kernels write; stage 3: my piece), the sharded state; stage 3 also holds
+// gathered units (the one computing, the next, the embedding kept for the tied head) and up to
+// in_flight + 1 unit gradients during backward, and the whole parameters gathered back at the
+// end.
+static MemPrediction predict_memory(const void *ctx, const LabArgs *args, int batch, int rank) {
+    const ZeroFlags *f = ctx;
+    const int N = dist_size(), bf16 = strcmp(args->dtype, "bf16") == 0;
+    GPT2Config cfg = lab_args_config(args);
+    const double n = (double)gpt2_param_count(&cfg), e = bf16 ? 2.0 : 4.0;
+    const double sn = (double)calc_piece((int64_t)n, f->stage == 0 ? 1 : N, f->stage == 0 ? 0 : rank);
+    const double embed = (double)cfg.V * cfg.C + (double)cfg.T * cfg.C;  // unit 0: wte, wpe
+    const double largest = mem_predict_largest_piece(&cfg);             // a unit, at most
+    MemPrediction whole = mem_predict_replica(&cfg, (batch + N - 1) / N, bf16, 0);
+    // my pieces of the optimizer state: the fp32 master (bf16, or stage 3's fp32 pieces, which are
+    // the parameters themselves), Adam's m and v
+    const double opt = sn * ((bf16 ? 4.0 : 0.0) + 8.0);
+    MemPrediction setup = whole, step = whole;
+    setup.state += opt;
+    step.state = (f->stage == 3 ? sn : n) * e + (f->stage >= 2 ? sn : n) * e + opt;
+    if (f->stage == 2) {
+        const double bucket = (double)f->bucket_kb * 1024 / e;
+        step.buffers += calc_zero2_grad_bytes((int64_t)n, (int64_t)sn, (int64_t)bucket,
+                                              f->in_flight, (int64_t)embed, (int64_t)largest, e) - sn * e;
+    }
+    if (f->stage == 3)  // the units during backward, or the whole parameters at the end
+        step.buffers += fmax(e * (embed + 2.0 * largest + (f->in_flight + 1.0) * largest), n * e);
+    return mem_prediction_total(setup) >= mem_prediction_total(step) ? setup : step;
+}
+
 // The session, the sharded state (its checkpoints and final weights: state_save,
 // state_weights), initialized or loaded, the communication thread (stages 2, 3), the banner;
 // rank r's rows [row0, row0 + Bl).
@@ -446,6 +482,7 @@ static void setup(Zero *zz, Session *s, const LabArgs *args, const ZeroFlags *f,
     if (*Bl == 0)
         lab_fail_collective("--batch %d over %d ranks leaves rank %d without rows; use --batch "
                             ">= %d (one sequence per rank at least)", args->batch, N, N - 1, N);
+    mem_refuse_if_it_cannot_fit(args, predict_memory, f, N);  // before the first allocation
     memset(zz, 0, sizeof *zz);
     session_init(s, args, *Bl, 0);  // its model, without an optimizer: the pieces have theirs
     zz->s = s;

@@ -178,17 +178,10 @@ void zero5_report(const Zero5View *v, const double *all, const LabArgs *args) {
         for (int i = 0; i < 2; i++) {
             const double *a = all + (size_t)who[i] * Z5_NFIELDS;
             const char *tag = i == 0 ? "first" : "last";
-            char key[48];
-            for (int c = 0; c < 7; c++) {
-                snprintf(key, sizeof key, "%s_%s", tag, keys[c]);
-                results_set(&out, key, a[Z5_PARAMS + c]);
-            }
+            for (int c = 0; c < 7; c++) results_setf(&out, a[Z5_PARAMS + c], "%s_%s", tag, keys[c]);
             static const char *bk[] = {"rs_sent", "rs_recv", "ag_sent", "ag_recv", "ar_sent",
                                        "ar_recv", "sent", "recv"};
-            for (int c = 0; c < 8; c++) {
-                snprintf(key, sizeof key, "%s_%s", tag, bk[c]);
-                results_set(&out, key, a[Z5_RS_SENT + c]);
-            }
+            for (int c = 0; c < 8; c++) results_setf(&out, a[Z5_RS_SENT + c], "%s_%s", tag, bk[c]);
         }
         session_dump_close(s, &out);
     }

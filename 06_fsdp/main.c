@@ -30,6 +30,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "calc.h"
 #include "check.h"
 #include "data.h"
 #include "dist.h"
@@ -38,6 +39,7 @@
 #include "gpt2.h"
 #include "fsdp6_report.h"
 #include "mem.h"
+#include "mem_predict.h"
 #include "session.h"
 #include "trace.h"
 #include "train.h"
@@ -266,6 +268,36 @@ static void free_run(FsdpRun *r) {
 // ---------------------------------------------------------------------------------------------
 // training
 
+// The memory rank `rank` will need for a global batch of `batch` (mem_predict.h), the larger of
+// two moments. Setup: session_init's whole model without an optimizer (params, grads, the
+// activations and buffers of one micro-batch), before shard_model frees it. A step: my pieces of
+// every unit (params and grads in the model's type, bf16's fp32 master, Adam's m and v: the
+// calculator's calc_unit_shard), the activations, and the whole units alive: gathered (the
+// embedding, kept for the tied head, the unit computing and --prefetch more; every unit with
+// --reshard-after-forward 0) and their gradients (the embedding's, the unit's in backward and the
+// one reduce-scattering; every unit's with --no-sync), or the whole parameters gathered back at
+// the end.
+static MemPrediction predict_memory(const void *ctx, const LabArgs *args, int batch, int rank) {
+    const FsdpFlags *f = ctx;
+    const int N = dist_size(), G = f->shard_group ? f->shard_group : N;
+    const int bf16 = strcmp(args->dtype, "bf16") == 0;
+    GPT2Config cfg = lab_args_config(args);
+    CalcModel cm = calc_model_from_gpt2(&cfg);
+    int64_t *units = lab_xcalloc((size_t)cfg.L + 2, sizeof(int64_t));
+    const int nunits = calc_gpt2_units(&cm, units);
+    const double n = (double)gpt2_param_count(&cfg), e = bf16 ? 2.0 : 4.0;
+    const double sn = (double)calc_unit_shard(units, nunits, G, rank % G);
+    const double embed = (double)units[0], largest = mem_predict_largest_piece(&cfg);
+    free(units);
+    MemPrediction setup = mem_predict_replica(&cfg, batch / N / f->grad_accum, bf16, 0);
+    MemPrediction step = setup;
+    step.state = sn * (e + e + (bf16 ? 4.0 : 0.0) + 4.0 + 4.0);
+    const double gathered = f->reshard ? embed + (1.0 + f->prefetch) * largest : n;
+    const double grads = f->no_sync ? n : embed + 2.0 * largest;
+    step.buffers += fmax(e * (gathered + grads), n * e);
+    return mem_prediction_total(setup) >= mem_prediction_total(step) ? setup : step;
+}
+
 // The flags checked, the session, the model sharded (its checkpoints and final weights:
 // state_save, state_weights), initialized or loaded, the communication thread, the banner; my
 // rows from row0.
@@ -285,6 +317,7 @@ static void setup(FsdpRun *r, Session *s, const LabArgs *args, const FsdpFlags *
                             "split into %d equal micro-batches (--grad-accum); use a --batch "
                             "that is a multiple of %d (ranks x micro-batches)", args->batch, N,
                             N - 1, Bl, K, N * K);
+    mem_refuse_if_it_cannot_fit(args, predict_memory, f, N * K);  // before the first allocation
     memset(r, 0, sizeof *r);
     r->K = K;
     r->Bm = Bl / K;

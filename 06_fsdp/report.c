@@ -261,24 +261,15 @@ void fsdp6_report(const FsdpRun *r, const double *all, const LabArgs *args) {
         for (int i = 0; i < 2; i++) {
             const double *a = all + (size_t)who[i] * F_NFIELDS;
             const char *tag = i == 0 ? "first" : "last";
-            char key[48];
             for (int ph = 0; ph < PH_N; ph++)
-                for (int c = 0; c < 2; c++) {
-                    snprintf(key, sizeof key, "%s_%s_%s", tag, pk[ph], ck[c]);
-                    results_set(&out, key, a[F_PEAK + ph * C_N + cc[c]]);
-                }
+                for (int c = 0; c < 2; c++)
+                    results_setf(&out, a[F_PEAK + ph * C_N + cc[c]], "%s_%s_%s", tag, pk[ph], ck[c]);
             static const char *sk[4] = {"params", "master", "opt_m", "opt_v"};
             static const int sc[4] = {C_PARAMS, C_MASTER, C_OPT_M, C_OPT_V};
-            for (int c = 0; c < 4; c++) {
-                snprintf(key, sizeof key, "%s_%s", tag, sk[c]);
-                results_set(&out, key, a[F_PEAK + PH_BWD * C_N + sc[c]]);
-            }
+            for (int c = 0; c < 4; c++) results_setf(&out, a[F_PEAK + PH_BWD * C_N + sc[c]], "%s_%s", tag, sk[c]);
             static const char *nk[9] = {"ag_calls", "rs_calls", "ar_calls", "ag_sent", "ag_recv",
                                         "rs_sent", "rs_recv", "ar_sent", "ar_recv"};
-            for (int c = 0; c < 9; c++) {
-                snprintf(key, sizeof key, "%s_%s", tag, nk[c]);
-                results_set(&out, key, a[F_CALLS + c]);
-            }
+            for (int c = 0; c < 9; c++) results_setf(&out, a[F_CALLS + c], "%s_%s", tag, nk[c]);
         }
         (void)ck[2];
         // step 1's all-gathers as digits (unit + 1), in order: the tests read the queue's order

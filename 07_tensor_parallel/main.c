@@ -29,7 +29,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <unistd.h>
 
 #include "check.h"
 #include "ckpt.h"
@@ -38,9 +37,11 @@
 #include "flags.h"
 #include "gpt2.h"
 #include "mem.h"
+#include "mem_predict.h"
 #include "optim.h"
 #include "report.h"
 #include "results.h"
+#include "session.h"
 #include "tp.h"
 #include "tp_model.h"
 #include "trace.h"
@@ -80,6 +81,19 @@ typedef struct TpFlags {
     int sp;               // --sequence-parallel
 } TpFlags;
 
+// This rank's part of the run: its TP slice of the model, one batch's activations, the
+// optimizer's state of the slice, its groups (the SessionState's context).
+typedef struct Tp7 {
+    TpStage m;
+    TpStageActs acts;
+    TpOpt o;
+    DistGroup *tpg, *dpg;  // TP = consecutive ranks (inside a node), DP = the same place in each
+    DistGroup *ckg;        // a copy of tpg for the checkpoints: their traffic stays out of the
+                           // step's counters
+    int dp;
+    const Session *s;
+} Tp7;
+
 // The whole model's `buf` (a buffer of m's layout: the master, Adam's m or v) in memory order on
 // g's rank 0 (full: zeroed, gpt2_param_count floats; NULL elsewhere): every rank writes its
 // slices (the replicated tensors from rank 0) into a zeroed buffer, the group sums them (x + 0
@@ -93,33 +107,45 @@ static void gather_whole(const TpStage *m, const float *buf, DistGroup *g, float
     free(mine);
 }
 
-// --save: the FULL training state (bf16: its fp32 master; and Adam's m, v), gathered from the
-// slices of TP group 0 (ckg: a copy of the TP group, so that a save's traffic stays out of the
-// step's counters), written by world rank 0 in the lab's format: any --tp, and chapter 00,
-// resumes it. (--save-weights writes the weights the forward reads, below.)
-static void save_state(const TpStage *m, const TpOpt *o, DistGroup *ckg, int in_group0,
-                       const LabArgs *args, int step) {
-    if (!in_group0) return;
-    const size_t n = gpt2_param_count(&m->cfg);
+// state.save: the FULL training state (bf16: its fp32 master; and Adam's m, v), gathered from
+// the slices of TP group 0 over ckg, written by world rank 0 in the lab's format: any --tp, and
+// chapter 00, resumes it. (--save-weights writes the weights the forward reads: state.weights.)
+static void save_state(void *ctx, const char *path, int step) {
+    const Tp7 *t = ctx;
+    const LabArgs *args = t->s->args;
+    if (t->dpg->rank != 0) return;  // TP group 0 holds what is saved
+    const size_t n = gpt2_param_count(&t->m.cfg);
     float *buf[3] = {NULL, NULL, NULL};
-    const float *flat[3] = {o->master, o->m, o->v};
+    const float *flat[3] = {t->o.master, t->o.m, t->o.v};
     for (int i = 0; i < 3; i++) {
-        if (ckg->rank == 0) buf[i] = lab_xcalloc(n, sizeof(float));
-        gather_whole(m, flat[i], ckg, buf[i]);
+        if (t->ckg->rank == 0) buf[i] = lab_xcalloc(n, sizeof(float));
+        gather_whole(&t->m, flat[i], t->ckg, buf[i]);
     }
-    if (ckg->rank == 0)
-        ckpt_save_training(args->save, &m->cfg, step, (uint64_t)args->seed, (uint64_t)args->data_seed,
+    if (t->ckg->rank == 0)
+        ckpt_save_training(path, &t->m.cfg, step, (uint64_t)args->seed, (uint64_t)args->data_seed,
                            buf[0], buf[1], buf[2], n);
     for (int i = 0; i < 3; i++) free(buf[i]);
 }
 
+// state.weights_to_host: the weights the forward reads, whole, in llm.c's order, into full on
+// world rank 0 (TP group 0's slices gathered).
+static void weights_to_host(void *ctx, float *full) {
+    const Tp7 *t = ctx;
+    if (t->dpg->rank != 0) return;
+    float *mem = t->tpg->rank == 0 ? lab_xcalloc(gpt2_param_count(&t->m.cfg), sizeof(float)) : NULL;
+    gather_whole(&t->m, NULL, t->tpg, mem);
+    if (full) gpt2_to_llmc(&t->m.cfg, mem, full);
+    free(mem);
+}
+
 // --resume / --load-weights: world rank 0 reads the full model, every rank takes its slices
 // (tpm_shard: the exact inverse of the gather). Returns the step to continue from.
-static int load_state(TpStage *m, TpOpt *o, const LabArgs *args) {
+static int load_state(Tp7 *t, const LabArgs *args) {
     if (!args->resume && !args->load_weights) return 0;
+    TpStage *m = &t->m;
     const size_t n = gpt2_param_count(&m->cfg);
     float *buf[3] = {lab_xcalloc(n, sizeof(float)), lab_xcalloc(n, sizeof(float)), lab_xcalloc(n, sizeof(float))};
-    float *flat[3] = {o->master, o->m, o->v};
+    float *flat[3] = {t->o.master, t->o.m, t->o.v};
     int start = 0;
     if (dist_rank() == 0) {
         if (args->resume) start = ckpt_resume_training(args->resume, &m->cfg, buf[0], buf[1], buf[2], n);
@@ -130,17 +156,24 @@ static int load_state(TpStage *m, TpOpt *o, const LabArgs *args) {
         dist_broadcast(buf[i], n, DIST_F32, 0, dist_world());
         tpm_shard(m, buf[i], flat[i]);
     }
-    tpm_stage_set_weights(m, o);  // bf16: the weights the forward reads, from the master
-    if (args->resume && !args->quiet && dist_rank() == 0)
-        printf("resumed from %s at step %d\n", args->resume, start);
+    tpm_stage_set_weights(m, &t->o);  // bf16: the weights the forward reads, from the master
     for (int i = 0; i < 3; i++) free(buf[i]);
     return start;
 }
 
-static void train(const LabArgs *args, const TpFlags *f) {
+// The layout (refusing what cannot run), the groups, this rank's slice, its state loaded or
+// fresh, the loop's state (s->state) and first step; the counters start at zero. Returns Bl.
+// The memory rank `rank` will need (mem_predict.h): its TP slice, one batch of its group's rows.
+static MemPrediction predict_memory(const void *ctx, const LabArgs *args, int batch, int rank) {
+    const TpFlags *f = ctx;
+    const int tp = f->tp ? f->tp : dist_size(), dp = dist_size() / tp;
+    GPT2Config cfg = lab_args_config(args);
+    return mem_predict_tp(&cfg, tp, rank % tp, f->sp, batch / dp, strcmp(args->dtype, "bf16") == 0);
+}
+
+static int setup(Tp7 *t, Session *s, const LabArgs *args, const TpFlags *f, int *row0) {
     const int rank = dist_rank(), world = dist_size();
     const GPT2Config cfg = lab_args_config(args);
-    // 1. The groups: TP = consecutive ranks (inside a node), DP = the same place in each group.
     const int tp = f->tp ? f->tp : world;
     if (tp > world)
         lab_fail_collective("--tp %d: larger than the %d rank%s of the job; valid: a divisor of "
@@ -154,131 +187,91 @@ static void train(const LabArgs *args, const TpFlags *f) {
     if (args->batch % dp != 0)
         lab_fail_collective("--batch %d does not split over %d data-parallel groups; use a "
                             "multiple of %d", args->batch, dp, dp);
-    DistGroup *tpg = dist_split(dist_world(), rank / tp, rank % tp, "tp");
-    DistGroup *dpg = dist_split(dist_world(), rank % tp, rank / tp, "dp");
-    int row0, Bl;  // this group's rows of the global batch (every rank of a group: the same)
-    data_slice(args->batch, dpg->rank, dp, &row0, &Bl);
-
-    // 2. This rank's share of the model, initialized slice by slice from --seed, on --device in
-    //    --dtype (bf16: the fp32 master beside bf16 weights and gradients).
-    if (strcmp(args->backend, "nccl") == 0) dist_set_backend(DIST_BACKEND_NCCL);
-    //    Every block (l0 = 0, l1 = L) and one batch's activations, kept across the steps; the
-    //    optimizer's state of the whole slice (bf16: the fp32 master; Adam's m, v).
-    const TpOpts opts = {.dev = lab_args_device(args),
-                         .dtype = strcmp(args->dtype, "bf16") == 0 ? GPT2_BF16 : GPT2_FP32, .sp = f->sp};
-    TpStage m;
-    TpStageActs acts;
-    tpm_stage_build_opts(&m, cfg, tp, tpg->rank, 0, cfg.L, Bl, cfg.T, (uint64_t)args->seed, opts);
-    tpm_stage_acts_alloc(&acts, &m);
-    TpOpt ost;
-    tpm_opt_alloc(&ost, &m, (uint64_t)args->seed, 0, m.n);
-    DistGroup *ckg = dist_split(dist_world(), rank / tp, rank % tp, "tp-ckpt");
-    const int start = load_state(&m, &ost, args);
-    TpComm comm = tp_comm_group(tpg);
-    AdamW opt = lab_args_adamw(args);
-    DataSource data;
-    lab_args_data(args, &data);
-    int *inputs = mem_alloc((size_t)Bl * cfg.T * sizeof(int), MEM_OTHER, DEV_CPU);
-    int *targets = mem_alloc((size_t)Bl * cfg.T * sizeof(int), MEM_OTHER, DEV_CPU);
-    const int steps = lab_args_end_step(args);
-    float *losses = lab_xcalloc((size_t)args->steps, sizeof(float));
-    if (!args->quiet && rank == 0) tp7_print_layout(&m, world, dp);
-
-    trace_init(args->trace);
+    int Bl;  // this group's rows of the global batch (every rank of a group: the same)
+    data_slice(args->batch, rank / tp, dp, row0, &Bl);
+    mem_refuse_if_it_cannot_fit(args, predict_memory, f, dp);  // before the first allocation
+    session_open(s, args, Bl);  // (--backend nccl picks this rank's GPU first)
+    memset(t, 0, sizeof *t);
+    t->s = s, t->dp = dp;
+    t->tpg = dist_split(s->world, rank / tp, rank % tp, "tp");
+    t->dpg = dist_split(s->world, rank % tp, rank / tp, "dp");
+    // This rank's share of the model, initialized slice by slice from --seed, on --device in
+    // --dtype (bf16: the fp32 master beside bf16 weights and gradients): every block (l0 = 0,
+    // l1 = L), one batch's activations, the optimizer's state of the whole slice.
+    const TpOpts opts = {.dev = s->dev, .dtype = s->bf16 ? GPT2_BF16 : GPT2_FP32, .sp = f->sp};
+    tpm_stage_build_opts(&t->m, cfg, tp, t->tpg->rank, 0, cfg.L, Bl, cfg.T, (uint64_t)args->seed, opts);
+    tpm_stage_acts_alloc(&t->acts, &t->m);
+    tpm_opt_alloc(&t->o, &t->m, (uint64_t)args->seed, 0, t->m.n);
+    t->ckg = dist_split(s->world, rank / tp, rank % tp, "tp-ckpt");
+    s->state = (SessionState){t, save_state, weights_to_host};
+    session_start_at(s, load_state(t, args));
+    if (!args->quiet && rank == 0) tp7_print_layout(&t->m, world, dp);
     dist_counters_reset();
-    dist_group_counters_reset(tpg);
-    dist_group_counters_reset(dpg);
-    double t0 = lab_now(), t_last = t0;
-    for (int step = start; step < steps; step++) {
-        if (step == args->kill_step && rank == args->kill_rank) {  // --kill-rank: a rank dies
-            fprintf(stderr, "[rank %d] --kill-rank: exiting abruptly at step %d\n", rank, step);
-            fflush(stderr);
-            _exit(1);
-        }
-        // 3. The group's batch: every rank of the group reads the same rows.
-        data_batch(&data, (uint64_t)step, args->batch, cfg.T, row0, Bl, inputs, targets);
-        // 4. Forward: embedding (1 all-reduce), L blocks (2 each: g), loss (3 of B·T).
+    dist_group_counters_reset(t->tpg);
+    dist_group_counters_reset(t->dpg);
+    return Bl;
+}
+
+static void free_state(Tp7 *t) {
+    tpm_opt_free(&t->o, &t->m);
+    tpm_stage_acts_free(&t->acts, &t->m);
+    tpm_stage_free(&t->m);
+    dist_group_free(t->ckg);
+    dist_group_free(t->dpg);
+    dist_group_free(t->tpg);
+}
+
+// The loop around the step (progress line, fault hooks, checkpoints, the final weights) is the
+// Session's (common/session.h); the step is TP's.
+static void train(const LabArgs *args, const TpFlags *f) {
+    Session s;
+    Tp7 t;
+    int row0;
+    const int Bl = setup(&t, &s, args, f, &row0);
+    TpStage *m = &t.m;
+    TpComm comm = tp_comm_group(t.tpg);
+    for (int step = s.start; step < s.end; step++) {
+        session_step_begin(&s, step);  // (--kill-rank, --kill-step)
+        // 1. The group's batch: every rank of the group reads the same rows.
+        data_batch(&s.data, (uint64_t)step, args->batch, s.T, row0, Bl, s.inputs, s.targets);
+        // 2. Forward: embedding (1 all-reduce), L blocks (2 each: g), loss (3 of B·T).
         //    Sequence parallel: the stream on this rank's T/tp positions of each sequence;
         //    each all-reduce of B·T·C a reduce-scatter (g) or an all-gather (f).
         int tok = trace_begin("forward", TRACE_COMPUTE);
-        float loss = tpm_stage_forward(&m, &comm, &acts, inputs, targets);
+        float loss = tpm_stage_forward(m, &comm, &t.acts, s.inputs, s.targets);
         trace_end(tok);
-        // 5. Backward: head (f: 1), L blocks (f: 2 each); the mean over this group's rows.
+        // 3. Backward: head (f: 1), L blocks (f: 2 each); the mean over this group's rows.
         //    Sequence parallel: the mirror image, then one all-reduce of the LayerNorms' and
         //    the row-parallel biases' gradients (each rank saw its positions only).
-        tpm_stage_zero_grad(&m);
+        tpm_stage_zero_grad(m);
         tok = trace_begin("backward", TRACE_COMPUTE);
-        tpm_stage_backward(&m, &comm, &acts, inputs, targets, 1.0f / ((float)Bl * (float)cfg.T));
+        tpm_stage_backward(m, &comm, &t.acts, s.inputs, s.targets, 1.0f / ((float)Bl * (float)s.T));
         trace_end(tok);
-        if (step == args->inject_nan_step && rank == 0) tpm_stage_poison_grad(&m);  // --inject-nan-step
-        // 6. Data parallel across groups (--tp < world): average the slices rank r of every
+        if (session_nan_due(&s, step, 0)) session_poison(tpm_stage_grad_buf(m), s.bf16);
+        // 4. Data parallel across groups (--tp < world): average the slices rank r of every
         //    group holds (the same slices; in their storage precision, bf16 like 03), and the loss.
-        if (dp > 1) {
-            dist_all_reduce(tpm_stage_grad_buf(&m), tpm_stage_grad_buf(&m), m.n, tpm_stage_dist_dtype(&m),
-                            DIST_AVG, dpg);
-            dist_all_reduce(&loss, &loss, 1, DIST_F32, DIST_AVG, dpg);
+        if (t.dp > 1) {
+            dist_all_reduce(tpm_stage_grad_buf(m), tpm_stage_grad_buf(m), m->n,
+                            tpm_stage_dist_dtype(m), DIST_AVG, t.dpg);
+            dist_all_reduce(&loss, &loss, 1, DIST_F32, DIST_AVG, t.dpg);
         }
-        // 7. Every rank updates its own slice; the replicated tensors get the same update
-        //    everywhere (same gradients, same clip scale).
+        // 5. Every rank updates its own slice; the replicated tensors get the same update
+        //    everywhere (same gradients, same clip scale: the norm summed over the group).
         tok = trace_begin("optimizer", TRACE_COMPUTE);
-        tpm_stage_adamw_step(&m, &opt, step, &ost, tpg);
+        session_grad_norm_sq(&s, tpm_stage_adamw_step(m, &s.opt, step, &t.o, t.tpg));
         trace_end(tok);
-        losses[step] = loss;
-        double now = lab_now();
-        if (!args->quiet && rank == 0 && args->log_every > 0 &&
-            (step % args->log_every == 0 || step == steps - 1))
-            printf("step %5d/%d  loss %.4f  lr %.2e  %8.0f tok/s\n", step + 1, args->steps, loss,
-                   adamw_lr(&opt, step), (double)args->batch * cfg.T / (now - t_last));
-        t_last = now;
-        if (args->save && args->save_every > 0 && (step + 1) % args->save_every == 0 && step + 1 < steps)
-            save_state(&m, &ost, ckg, dpg->rank == 0, args, step + 1);
+        session_step_end(&s, step, loss);  // the progress line, the --save-every checkpoint
     }
-    double elapsed = lab_now() - t0;
-
-    // 8. The report: communication per step against the formula, memory per rank.
+    // 6. The report: communication per step against the formula (measured before the final
+    //    checkpoint and weights move anything), memory per rank; the --dump (report.c).
     Tp7Figures fig;
-    tp7_measure(&fig, &m, &comm, tpg, steps - start, elapsed, args->batch);
-    if (args->save) {
-        save_state(&m, &ost, ckg, dpg->rank == 0, args, steps);
-        if (!args->quiet && rank == 0) printf("saved training state (step %d) to %s\n", steps, args->save);
-    }
-    if (!args->quiet) tp7_print_report(&fig, &m, tpg, world);
-    trace_finish();  // --trace: the timeline (collective)
-    // 9. --dump: the full model's weights gathered back (rank 0 of each group; world rank 0
-    //    writes), the losses, the figures.
-    double replicated_diff = args->dump ? tpm_replicated_max_diff(&m, &ost, tpg) : 0.0;
-    float *full = tpg->rank == 0 ? lab_xcalloc(gpt2_param_count(&cfg), sizeof(float)) : NULL;
-    if (args->dump || args->save_weights) {  // the weights the forward reads, in llm.c's order
-        float *mem = tpg->rank == 0 ? lab_xcalloc(gpt2_param_count(&cfg), sizeof(float)) : NULL;
-        gather_whole(&m, NULL, tpg, mem);
-        if (mem) gpt2_to_llmc(&cfg, mem, full);
-        free(mem);
-    }
-    if (args->save_weights && rank == 0) ckpt_save_weights(args->save_weights, &cfg, full);
-    if (args->dump && rank == 0) {
-        RunResults out;
-        results_init(&out, steps, gpt2_param_count(&cfg));
-        memcpy(out.losses, losses, (size_t)steps * sizeof(float));
-        memcpy(out.params, full, gpt2_param_count(&cfg) * sizeof(float));
-        tp7_results(&fig, &out);
-        results_set(&out, "world_size", world);
-        results_set(&out, "tp", tp);
-        results_set(&out, "dp", dp);
-        results_set(&out, "replicated_max_diff", replicated_diff);
-        results_write(args->dump, &out);
-        results_free(&out);
-    }
-    free(full);
-    free(losses);
-    mem_free(inputs);
-    mem_free(targets);
-    data_free(&data);
-    tpm_opt_free(&ost, &m);
-    tpm_stage_acts_free(&acts, &m);
-    tpm_stage_free(&m);
-    dist_group_free(ckg);
-    dist_group_free(dpg);
-    dist_group_free(tpg);
+    tp7_measure(&fig, m, &comm, t.tpg, session_steps_run(&s), session_elapsed(&s), args->batch);
+    double replicated_diff = args->dump ? tpm_replicated_max_diff(m, &t.o, t.tpg) : 0.0;
+    session_finish(&s);  // the final checkpoint, the final weights on rank 0, --save-weights
+    if (!args->quiet) tp7_print_report(&fig, m, t.tpg, s.N);
+    if (args->dump && s.rank == 0) tp7_write_dump(&s, &fig, t.dp, replicated_diff);
+    free_state(&t);
+    session_free(&s);
 }
 
 int main(int argc, char **argv) {

@@ -231,7 +231,7 @@ void tp7_print_report(const Tp7Figures *f, const TpStage *m, DistGroup *tpg, int
     (void)tpg;
 }
 
-void tp7_results(const Tp7Figures *f, RunResults *out) {
+static void tp7_results(const Tp7Figures *f, RunResults *out) {
     static const char *const keys[TP_NSITES] = {
         "embed", "attn_g", "mlp_g", "attn_f", "mlp_f", "ce_max", "ce_sumexp", "ce_target",
         "head_f", "other", "attn_f_fwd", "mlp_f_fwd", "attn_g_bwd", "mlp_g_bwd", "head_f_fwd",
@@ -257,4 +257,18 @@ void tp7_results(const Tp7Figures *f, RunResults *out) {
     results_set(out, "block_acts", f->block_acts);
     results_set(out, "adjusted_block_acts", f->adjusted_block_acts);
     results_set(out, "sequence_parallel", f->sp);
+}
+
+void tp7_write_dump(const Session *s, const Tp7Figures *f, int dp, double replicated_max_diff) {
+    RunResults out;
+    session_dump_open(s, &out);  // the losses, the final weights
+    tp7_results(f, &out);
+    results_set(&out, "world_size", s->N);
+    results_set(&out, "tp", f->tp);
+    results_set(&out, "dp", dp);
+    results_set(&out, "replicated_max_diff", replicated_max_diff);
+    // (not session_dump_close: tp7_results gives the memory figures with their formulas)
+    results_set_peak(&out);  // rank 0's peak memory, measured and predicted (mem_predict.h)
+    results_write(s->args->dump, &out);
+    results_free(&out);
 }

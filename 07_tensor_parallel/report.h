@@ -5,6 +5,7 @@
 
 #include "dist.h"
 #include "results.h"
+#include "session.h"
 #include "tp.h"
 #include "tp_model.h"
 
@@ -33,4 +34,6 @@ void tp7_measure(Tp7Figures *f, const TpStage *m, const TpComm *comm, DistGroup 
                  double elapsed, int global_batch);
 // Collective over the world (a per-rank table gathered to rank 0).
 void tp7_print_report(const Tp7Figures *f, const TpStage *m, DistGroup *tpg, int world);
-void tp7_results(const Tp7Figures *f, RunResults *out);
+// --dump (world rank 0, after session_finish): the losses and final weights, the figures, the
+// layout (dp) and the replicated tensors' largest difference across the TP group.
+void tp7_write_dump(const Session *s, const Tp7Figures *f, int dp, double replicated_max_diff);

@@ -32,6 +32,7 @@
 #include "gpt2.h"
 #include "kernels.h"
 #include "mem.h"
+#include "mem_predict.h"
 #include "optim.h"
 #include "pipe_exec.h"
 #include "pipe_report.h"
@@ -206,8 +207,9 @@ static void adamw_all(const AdamW *h, Chunk *ch, int v, int step, float scale) {
 }
 
 // ---------------------------------------------------------------------------------------------
-// the chapter's state, as the loop sees it (SessionState): the whole model in llm.c's order
-// for the checkpoints and the final weights
+// the chapter's state, as the loop sees it (SessionState): the whole model for the checkpoints
+// and the final weights, through the lab's one whole <-> slice pair (gpt2_unshard / gpt2_shard,
+// as 07 and 09)
 
 // This rank's v chunks, and the session (the world, the config, the flags).
 typedef struct Pipe {
@@ -222,45 +224,30 @@ static float *chunk_buffer(Chunk *k, int which) {
     return which == WHOLE_MASTER ? k->master : which == WHOLE_ADAM_M ? k->opt_m : k->opt_v;
 }
 
-// full (n floats, llm.c's order) on rank 0: each element from the one rank holding it. which:
-// the weights the forward reads (widened in bf16), or the fp32 master, Adam's m or v (each
-// chunk's own buffer, in its memory order: the plist maps it to the file's). full: n floats on
-// every rank (the reduction's input), the result on rank 0.
+// The whole model's `which` (the weights the forward reads, widened in bf16; or the fp32
+// master, Adam's m or v) in memory order into full on rank 0 (NULL elsewhere): every rank
+// writes its chunks' units into a zeroed buffer (gpt2_unshard: the head's copy of wte left
+// out), the world sums them (x + 0 == x: exact). Collective.
 static void gather_whole(Chunk *ch, int v, int which, float *full, size_t n, DistGroup *g) {
-    memset(full, 0, n * sizeof(float));
+    float *mine = lab_xcalloc(n, sizeof(float));
     for (int c = 0; c < v; c++) {
         GPT2 *md = &ch[c].model;
         float *h = lab_xmalloc(md->num_params * sizeof(float));
-        int file_order = 0;
-        if (which == WHOLE_PARAMS) {
-            train_params_to_host(md, h);  // the full model's in llm.c's order, a stage's in its own
-            file_order = md->l0 == 0 && md->l1 == md->cfg.L;
-        } else {
+        if (which != WHOLE_PARAMS) {
             mem_copy(h, chunk_buffer(&ch[c], which), md->num_params * sizeof(float));
+        } else if (md->l0 == 0 && md->l1 == md->cfg.L) {  // the full model's come in llm.c's order
+            float *llmc = lab_xmalloc(md->num_params * sizeof(float));
+            train_params_to_host(md, llmc);
+            gpt2_from_llmc(&md->cfg, llmc, h);
+            free(llmc);
+        } else {
+            train_params_to_host(md, h);  // a stage's: in its own memory order
         }
-        if (file_order) memcpy(full, h, n * sizeof(float));
-        else for (int i = 0; i < md->nplist; i++) {
-            const GPT2Param *q = &md->plist[i];
-            if (!q->tied_copy) memcpy(full + q->llmc_offset, h + q->offset, q->size * sizeof(float));
-        }
+        gpt2_unshard(md, h, mine, 1);
         free(h);
     }
-    dist_reduce(full, full, n, DIST_F32, DIST_SUM, 0, g);  // zeros elsewhere: exact
-}
-
-// The inverse, on every rank: each chunk's part of full (llm.c's order; the head's copy of wte
-// from wte) into its master, m or v.
-static void scatter_whole(Chunk *ch, int v, int which, const float *full) {
-    for (int c = 0; c < v; c++) {
-        GPT2 *md = &ch[c].model;
-        float *h = lab_xmalloc(md->num_params * sizeof(float));
-        for (int i = 0; i < md->nplist; i++) {
-            const GPT2Param *q = &md->plist[i];
-            memcpy(h + q->offset, full + q->llmc_offset, q->size * sizeof(float));
-        }
-        mem_copy(chunk_buffer(&ch[c], which), h, md->num_params * sizeof(float));
-        free(h);
-    }
+    dist_reduce(mine, full, n, DIST_F32, DIST_SUM, 0, g);
+    free(mine);
 }
 
 // state.save: the training state after `step` steps, the whole model gathered to rank 0, in
@@ -268,31 +255,32 @@ static void scatter_whole(Chunk *ch, int v, int which, const float *full) {
 static void pipe_save(void *ctx, const char *path, int step) {
     Pipe *pp = ctx;
     const Session *s = pp->s;
-    TrainState st = {.cfg = s->cfg, .step = step, .seed = (uint64_t)s->args->seed,
-                     .data_seed = (uint64_t)s->args->data_seed, .n = s->n};
-    st.params = lab_xmalloc(s->n * sizeof(float));
-    st.m = lab_xmalloc(s->n * sizeof(float));
-    st.v = lab_xmalloc(s->n * sizeof(float));
-    gather_whole(pp->ch, pp->v, WHOLE_MASTER, st.params, s->n, s->world);
-    gather_whole(pp->ch, pp->v, WHOLE_ADAM_M, st.m, s->n, s->world);
-    gather_whole(pp->ch, pp->v, WHOLE_ADAM_V, st.v, s->n, s->world);
-    if (s->rank == 0) ckpt_save_state(path, &st);
-    free(st.params), free(st.m), free(st.v);
+    float *full[3] = {NULL, NULL, NULL};
+    for (int i = 0; i < 3; i++) {
+        if (s->rank == 0) full[i] = lab_xmalloc(s->n * sizeof(float));
+        gather_whole(pp->ch, pp->v, WHOLE_MASTER + i, full[i], s->n, s->world);
+    }
+    if (s->rank == 0)
+        ckpt_save_training(path, &s->cfg, step, (uint64_t)s->args->seed,
+                           (uint64_t)s->args->data_seed, full[0], full[1], full[2], s->n);
+    for (int i = 0; i < 3; i++) free(full[i]);
 }
 
-// state.weights_to_host: the weights the forward reads, whole, into full on rank 0 (NULL on
-// the other ranks, which still give their part).
+// state.weights_to_host: the weights the forward reads, whole, in llm.c's order, into full on
+// rank 0 (NULL on the other ranks, which still give their part).
 static void pipe_weights(void *ctx, float *full) {
     Pipe *pp = ctx;
-    const size_t n = pp->s->n;
-    float *buf = full ? full : lab_xmalloc(n * sizeof(float));
-    gather_whole(pp->ch, pp->v, WHOLE_PARAMS, buf, n, pp->s->world);
-    if (!full) free(buf);
+    const Session *s = pp->s;
+    float *mem = full ? lab_xmalloc(s->n * sizeof(float)) : NULL;
+    gather_whole(pp->ch, pp->v, WHOLE_PARAMS, mem, s->n, s->world);
+    if (full) gpt2_to_llmc(&s->cfg, mem, full);
+    free(mem);
 }
 
 // The starting weights: --resume (weights, Adam state, step) or --load-weights, read by rank 0
-// alone (a bad file: one message) and broadcast; or fresh from the seed (every stage its slice
-// of the full model's init, the copy of wte too). Returns the first step.
+// alone (a bad file: one message) and broadcast, every chunk taking its units (gpt2_shard, the
+// head's copy of wte from wte); or fresh from the seed (every stage its slice of the full
+// model's init, the copy of wte too). Returns the first step.
 static int load_or_init(Pipe *pp) {
     const Session *s = pp->s;
     const LabArgs *args = s->args;
@@ -301,23 +289,24 @@ static int load_or_init(Pipe *pp) {
     const size_t n = s->n;
     int start = 0;
     if (args->resume || args->load_weights) {
-        TrainState st = {.params = lab_xmalloc(n * sizeof(float)),
-                         .m = lab_xmalloc(n * sizeof(float)), .v = lab_xmalloc(n * sizeof(float))};
+        float *full[3] = {lab_xmalloc(n * sizeof(float)), lab_xmalloc(n * sizeof(float)),
+                          lab_xmalloc(n * sizeof(float))};
         if (s->rank == 0) {
-            if (args->resume) ckpt_load_state(args->resume, &s->cfg, &st);
-            else ckpt_load_weights(args->load_weights, &s->cfg, st.params);
+            if (args->resume) start = ckpt_resume_training(args->resume, &s->cfg, full[0], full[1], full[2], n);
+            else ckpt_load_weights_into(args->load_weights, &s->cfg, full[0], n);
         }
-        dist_broadcast(st.params, n, DIST_F32, 0, s->world);
-        if (args->resume) {
-            dist_broadcast(st.m, n, DIST_F32, 0, s->world);
-            dist_broadcast(st.v, n, DIST_F32, 0, s->world);
-            dist_broadcast(&st.step, 1, DIST_I32, 0, s->world);
-            scatter_whole(ch, v, WHOLE_ADAM_M, st.m);
-            scatter_whole(ch, v, WHOLE_ADAM_V, st.v);
-            start = st.step;
+        dist_broadcast(&start, 1, DIST_I32, 0, s->world);
+        for (int i = 0; i < (args->resume ? 3 : 1); i++) {
+            dist_broadcast(full[i], n, DIST_F32, 0, s->world);
+            for (int c = 0; c < v; c++) {
+                GPT2 *md = &ch[c].model;
+                float *h = lab_xmalloc(md->num_params * sizeof(float));
+                gpt2_shard(md, full[i], h);
+                mem_copy(chunk_buffer(&ch[c], WHOLE_MASTER + i), h, md->num_params * sizeof(float));
+                free(h);
+            }
         }
-        scatter_whole(ch, v, WHOLE_MASTER, st.params);
-        free(st.params), free(st.m), free(st.v);
+        for (int i = 0; i < 3; i++) free(full[i]);
     } else {
         for (int c = 0; c < v; c++) train_master_init(&ch[c].model, ch[c].master, (uint64_t)args->seed);
     }
@@ -378,6 +367,14 @@ static void chunks_free(Chunk *ch, int v) {
     free(ch);
 }
 
+// The memory rank `rank` will need (mem_predict.h): its chunks, the sets its table keeps, the
+// executor's buffers (mem_predict_pipeline). ctx: the table, whose micro-batches are batch / m.
+static MemPrediction predict_memory(const void *ctx, const LabArgs *args, int batch, int rank) {
+    const Schedule *sc = ctx;
+    GPT2Config cfg = lab_args_config(args);
+    return mem_predict_pipeline(&cfg, sc, rank, batch / sc->m, strcmp(args->dtype, "bf16") == 0);
+}
+
 // One step is the table run by the executor, then the tied wte, the global norm and every
 // chunk's AdamW; the loop around it (progress line, fault hooks, checkpoints, the final
 // weights) is the Session's (common/session.h).
@@ -386,6 +383,7 @@ static void train(const LabArgs *args, const PipeFlags *f) {
     const int p = dist_world()->size, v = f->v, m = f->m, B = args->batch, Bm = B / m, T = cfg.T;
     Schedule sc;
     make_schedule(&sc, f, p, cfg.L, B);  // refuses what cannot run, before anything is built
+    mem_refuse_if_it_cannot_fit(args, predict_memory, &sc, m);  // before the first allocation
     Session s;
     session_open(&s, args, Bm);  // this rank's batch buffers: one micro-batch
     const int rank = s.rank;

@@ -277,15 +277,11 @@ static void write_dump(const PipeRun *run, const double *all, const TimeReport *
         "sent_per_step", "sent_per_step_formula", "l0", "l1", "peak_wstores",
         "peak_wstores_sched"};
     for (int r = 0; r < s->p && r < 4; r++) {
-        char key[48];
-        for (int k = 0; k < F_NFIELDS; k++) {
-            if (!keys[k]) continue;
-            snprintf(key, sizeof key, "%s_r%d", keys[k], r);
-            results_set(&out, key, all[(size_t)r * F_NFIELDS + k]);
-        }
-        snprintf(key, sizeof key, "bubble_sim_r%d", r);
-        results_set(&out, key, tr->sim_bubble[r]);
+        for (int k = 0; k < F_NFIELDS; k++)
+            if (keys[k]) results_setf(&out, all[(size_t)r * F_NFIELDS + k], "%s_r%d", keys[k], r);
+        results_setf(&out, tr->sim_bubble[r], "bubble_sim_r%d", r);
     }
+    results_set_peak(&out);  // rank 0's peak memory, measured and predicted (mem_predict.h)
     results_write(run->ses->args->dump, &out);
     results_free(&out);
 }

@@ -350,6 +350,7 @@ CalcSetup calc_setup_lab(int dp, int tp, int pp, int v, int m, int batch, int T,
     s.seq_len = T;
     s.acts = CALC_ACTS_LAB;
     s.tp_fp32 = 1;
+    s.grads_whole = 1;
     return s;
 }
 
@@ -512,6 +513,14 @@ int64_t calc_stage_replicated_params(const CalcModel *m, int S, int vs) {
 
 int64_t calc_piece(int64_t n, int dp, int d) { return n / dp + (d < n % dp ? 1 : 0); }
 
+static int64_t clamp64(int64_t x, int64_t lo, int64_t hi) { return x < lo ? lo : x > hi ? hi : x; }
+
+int64_t calc_range_piece(int64_t n, int dp, int d, int64_t lo, int64_t hi) {
+    // piece d starts after the d pieces before it, the first n % dp of them one longer
+    const int64_t begin = d * (n / dp) + (d < n % dp ? d : n % dp), end = begin + calc_piece(n, dp, d);
+    return clamp64(end, lo, hi) - clamp64(begin, lo, hi);
+}
+
 static double act_width(CalcDtype d) { return d == CALC_BF16 ? 2.0 : 4.0; }
 
 double calc_layer_activation_bytes(const CalcModel *m, const CalcSetup *cs) {
@@ -672,7 +681,7 @@ CalcBreakdown calc_rank_memory(const CalcModel *m, const CalcSetup *s, int stage
     // cuts each chunk unevenly, so a sharded state holds this replica's pieces exactly.
     CalcShard sh = calc_zero_shard(psi, s->zero, s->dp);
     if (sh.params != psi) sh.params = piece;
-    if (sh.grads != psi) sh.grads = piece;
+    if (sh.grads != psi) sh.grads = s->grads_whole && s->zero < 3 ? psi : piece;
     if (sh.opt != psi) sh.opt = piece;
     b.params = (double)sh.params * bpp.params;
     b.grads = (double)sh.grads * bpp.grads;

@@ -121,15 +121,20 @@ typedef struct CalcSetup {
     CalcActModel acts;  // which activation list (CALC_ACTS_PAPER unless said)
     int tp_fp32;        // 1: TP reduces fp32 values whatever the dtype (the lab's TP pieces compute
                         // in fp32 and reduce their fp32 buffers; Megatron reduces bf16: 0)
+    int grads_whole;    // 1: the backward writes every chunk's WHOLE gradient buffer (the lab's TP
+                        // stage), and ZeRO-1 and -2 reduce-scatter in place inside it: the rank
+                        // holds the whole gradients whatever the stage (0: ZeRO-2 keeps only its
+                        // pieces, the gradients written into buckets, as DeepSpeed's)
 } CalcSetup;
 
 // fp32, Adam, ZeRO-0, DP=TP=PP=1, no SP, micro-batch 1, seq_len = T, no recomputation, one
 // chunk, Korthikanti's activations.
 CalcSetup calc_setup_default(void);
 // The setup of a lab run (chapter 09's flags): dtype (fp32, or bf16 mixed precision), Adam, --batch sequences per step over dp
-// replicas and m micro-batches (micro-batch = batch / (dp m)), T tokens, v chunks, ZeRO 0 or 1,
-// the lab's activation list, TP on the wire in fp32 (tp_fp32). The run's figures are
-// calc_rank_memory / calc_rank_comm of it (bf16: DP and PP carry bf16, TP fp32).
+// replicas and m micro-batches (micro-batch = batch / (dp m)), T tokens, v chunks, ZeRO 0, 1
+// or 2, the lab's activation list, TP on the wire in fp32 (tp_fp32), the whole gradients held
+// (grads_whole). The run's figures are calc_rank_memory / calc_rank_comm of it (bf16: DP and PP
+// carry bf16, TP fp32).
 CalcSetup calc_setup_lab(int dp, int tp, int pp, int v, int m, int batch, int T, int zero,
                          CalcDtype dtype);
 const char *calc_dtype_name(CalcDtype d);          // "fp32", "bf16"
@@ -179,6 +184,8 @@ int64_t calc_stage_params(const CalcModel *m, int tp, int pp, int stage);
 int64_t calc_stage_replicated_params(const CalcModel *m, int S, int vs);
 // Elements of piece d when n elements are cut into dp pieces, the first n % dp one longer.
 int64_t calc_piece(int64_t n, int dp, int d);
+// Elements of that piece d inside the range [lo, hi) of the n.
+int64_t calc_range_piece(int64_t n, int dp, int d, int64_t lo, int64_t hi);
 // Layers on pipeline stage `stage`: L/pp, or Llama 3's balanced split when (L+2) % pp == 0
 // (first and last stage one layer fewer, to make room for the embedding and the head).
 int calc_stage_layers(int L, int pp, int stage);
@@ -217,9 +224,12 @@ int calc_fits(const CalcBreakdown *b, double mem_bytes);
 //       each all-reduce by a reduce-scatter + all-gather: the same bytes.
 //   DP  ZeRO-0 all-reduces every chunk's gradients once per step; ZeRO-1 reduce-scatters them
 //       and all-gathers the updated parameters (the same 2(n-1)/n for even pieces); ZeRO-2
-//       reduce-scatters after every micro-batch; ZeRO-3 also all-gathers the parameters twice
-//       per micro-batch (forward and backward); plus the loss (one float), and with ZeRO the
-//       clip norm's two parts (two doubles).
+//       reduce-scatters after every micro-batch, but a chunk holding one end of the tied wte
+//       (virtual stage 0 or S-1, S > 1) reduces its wte span (V/t·h values: the first chunk's
+//       at the start of its buffer, the last's copy at the end) once per step, after the two
+//       ends summed their gradients; ZeRO-3 also all-gathers the parameters twice per
+//       micro-batch (forward and backward); plus the loss (one float), and with ZeRO the clip
+//       norm's two parts (two doubles).
 //   PP  per micro-batch and chunk one activation forward (not from the last virtual stage) and
 //       one gradient back (not from the first), b*s*h values (/ t with SP: each TP rank sends
 //       its sequence shard); once per step the clip norm (a double), the tied wte's gradient

@@ -65,10 +65,18 @@ CalcComm calc_rank_comm(const CalcModel *m, const CalcSetup *s, int stage, int r
         const double mine = (double)calc_piece(n, dp, replica);
         const double next = (double)calc_piece(n, dp, (replica + 1) % dp);
         const double rs = ((double)n - mine) * w, ag = ((double)n - next) * w;
+        // ZeRO-2: an end of the tied wte reduces its span once per step (after the ends summed
+        // it: the first chunk's [0, V/t·h), the last's copy at the end of its buffer), the rest
+        // per micro-batch; each sends the range but its own part
+        const int64_t tied = m->tied && S > 1 && (first || last) ? (int64_t)Vl * m->C : 0;
+        const int64_t t0 = first ? 0 : n - tied;
+        const double mine_tied = (double)calc_range_piece(n, dp, replica, t0, t0 + tied);
+        const double rs_tied = ((double)tied - mine_tied) * w, rs_rest = rs - rs_tied;
         if (dp > 1) {
             if (s->zero == 0) all_reduce(&k.dp, 0, (double)n * w, dp);
             if (s->zero == 1) add(&k.dp, 0, rs + ag, 2.0 * (dp - 1));
-            if (s->zero == 2) add(&k.dp, 1, rs, dp - 1), add(&k.dp, 0, ag, dp - 1);
+            if (s->zero == 2)
+                add(&k.dp, 1, rs_rest, dp - 1), add(&k.dp, 0, rs_tied + ag, ((tied > 0) + 1.0) * (dp - 1));
             if (s->zero == 3) add(&k.dp, 1, rs + 2 * ag, 3.0 * (dp - 1));
         }
         // PP, per micro-batch: the activation to the next virtual stage, the gradient back

@@ -254,58 +254,55 @@ static DistWork submit(DistCall c, DistGroup *g, int nonblocking) {
     return w;
 }
 
-static DistCall call(DistOpKind k, const void *send, void *recv, size_t count, DistDtype dt, DistOp op, int peer) {
-    return (DistCall){.kind = k, .send = send, .recv = recv, .count = count, .dt = dt, .op = op, .peer = peer};
+static DistCall call(DistOpKind k, const void *send, void *recv, size_t count, DistDtype dt, DistOp op, int peer,
+                     int tag) {
+    return (DistCall){.kind = k, .send = send, .recv = recv, .count = count, .dt = dt, .op = op, .peer = peer,
+                      .tag = tag};
 }
 
 // ---------------------------------------------------------------------------------------------
 // the ops
 
 void dist_broadcast(void *buf, size_t count, DistDtype dt, int root, DistGroup *g) {
-    submit(call(OP_BROADCAST, NULL, buf, count, dt, DIST_SUM, root), g, 0);
+    submit(call(OP_BROADCAST, NULL, buf, count, dt, DIST_SUM, root, 0), g, 0);
 }
 void dist_all_reduce(const void *send, void *recv, size_t count, DistDtype dt, DistOp op, DistGroup *g) {
-    submit(call(OP_ALL_REDUCE, send, recv, count, dt, op, 0), g, 0);
+    submit(call(OP_ALL_REDUCE, send, recv, count, dt, op, 0, 0), g, 0);
 }
 void dist_reduce(const void *send, void *recv, size_t count, DistDtype dt, DistOp op, int root, DistGroup *g) {
-    submit(call(OP_REDUCE, send, recv, count, dt, op, root), g, 0);
+    submit(call(OP_REDUCE, send, recv, count, dt, op, root, 0), g, 0);
 }
 void dist_reduce_scatter(const void *send, void *recv, size_t recvcount, DistDtype dt, DistOp op, DistGroup *g) {
-    submit(call(OP_REDUCE_SCATTER, send, recv, recvcount, dt, op, 0), g, 0);
+    submit(call(OP_REDUCE_SCATTER, send, recv, recvcount, dt, op, 0, 0), g, 0);
 }
 void dist_all_gather(const void *send, void *recv, size_t sendcount, DistDtype dt, DistGroup *g) {
-    submit(call(OP_ALL_GATHER, send, recv, sendcount, dt, DIST_SUM, 0), g, 0);
+    submit(call(OP_ALL_GATHER, send, recv, sendcount, dt, DIST_SUM, 0, 0), g, 0);
 }
 void dist_scatter(const void *send, void *recv, size_t count, DistDtype dt, int root, DistGroup *g) {
-    submit(call(OP_SCATTER, send, recv, count, dt, DIST_SUM, root), g, 0);
+    submit(call(OP_SCATTER, send, recv, count, dt, DIST_SUM, root, 0), g, 0);
 }
 void dist_gather(const void *send, void *recv, size_t count, DistDtype dt, int root, DistGroup *g) {
-    submit(call(OP_GATHER, send, recv, count, dt, DIST_SUM, root), g, 0);
+    submit(call(OP_GATHER, send, recv, count, dt, DIST_SUM, root, 0), g, 0);
 }
 void dist_send(const void *buf, size_t count, DistDtype dt, int peer, int tag, DistGroup *g) {
-    DistCall c = call(OP_SEND, buf, NULL, count, dt, DIST_SUM, peer);
-    c.tag = tag;
-    submit(c, g, 0);
+    submit(call(OP_SEND, buf, NULL, count, dt, DIST_SUM, peer, tag), g, 0);
 }
 void dist_recv(void *buf, size_t count, DistDtype dt, int peer, int tag, DistGroup *g) {
-    DistCall c = call(OP_RECV, NULL, buf, count, dt, DIST_SUM, peer);
-    c.tag = tag;
-    submit(c, g, 0);
+    submit(call(OP_RECV, NULL, buf, count, dt, DIST_SUM, peer, tag), g, 0);
 }
 void dist_sendrecv(const void *sendbuf, size_t sendcount, int dst, void *recvbuf, size_t recvcount, int src,
                    DistDtype dt, int tag, DistGroup *g) {
     size_t es = dist_dtype_size(dt);
     LAB_CHECK(!dist_overlaps(sendbuf, sendcount * es, recvbuf, recvcount * es), "dist_sendrecv: buffers overlap");
     LAB_CHECK(recvbuf != NULL || recvcount == 0, "dist_sendrecv: recvbuf is NULL");
-    DistCall c = call(OP_SEND, sendbuf, recvbuf, sendcount, dt, DIST_SUM, dst);
-    c.tag = tag;
+    DistCall c = call(OP_SEND, sendbuf, recvbuf, sendcount, dt, DIST_SUM, dst, tag);
     c.recvcount = recvcount;
     c.src = src;
     static char nothing;  // an empty receive still needs a non-NULL recv: that is what marks a sendrecv
     if (c.recv == NULL) c.recv = &nothing;
     submit(c, g, 0);
 }
-void dist_barrier(DistGroup *g) { submit(call(OP_BARRIER, NULL, NULL, 0, DIST_U8, DIST_SUM, 0), g, 0); }
+void dist_barrier(DistGroup *g) { submit(call(OP_BARRIER, NULL, NULL, 0, DIST_U8, DIST_SUM, 0, 0), g, 0); }
 
 // The v-ops: block p has counts[p] elements, contiguous in rank order (c.count = their sum).
 static DistWork submit_v(DistOpKind k, const void *send, void *recv, const size_t *counts, DistDtype dt,
@@ -315,7 +312,7 @@ static DistWork submit_v(DistOpKind k, const void *send, void *recv, const size_
               g->name);
     size_t n = 0;
     for (int p = 0; p < g->size; p++) n += counts[p];
-    DistCall c = call(k, send, recv, n, dt, op, root);
+    DistCall c = call(k, send, recv, n, dt, op, root, 0);
     c.counts = counts;
     return submit(c, g, nonblocking);
 }
@@ -349,17 +346,17 @@ void dist_all_gather_v(const void *send, void *recv, const size_t *counts, DistD
 }
 
 DistWork dist_iall_reduce(const void *send, void *recv, size_t count, DistDtype dt, DistOp op, DistGroup *g) {
-    return submit(call(OP_ALL_REDUCE, send, recv, count, dt, op, 0), g, 1);
+    return submit(call(OP_ALL_REDUCE, send, recv, count, dt, op, 0, 0), g, 1);
 }
 DistWork dist_ibroadcast(void *buf, size_t count, DistDtype dt, int root, DistGroup *g) {
-    return submit(call(OP_BROADCAST, NULL, buf, count, dt, DIST_SUM, root), g, 1);
+    return submit(call(OP_BROADCAST, NULL, buf, count, dt, DIST_SUM, root, 0), g, 1);
 }
 DistWork dist_ireduce_scatter(const void *send, void *recv, size_t recvcount, DistDtype dt, DistOp op,
                               DistGroup *g) {
-    return submit(call(OP_REDUCE_SCATTER, send, recv, recvcount, dt, op, 0), g, 1);
+    return submit(call(OP_REDUCE_SCATTER, send, recv, recvcount, dt, op, 0, 0), g, 1);
 }
 DistWork dist_iall_gather(const void *send, void *recv, size_t sendcount, DistDtype dt, DistGroup *g) {
-    return submit(call(OP_ALL_GATHER, send, recv, sendcount, dt, DIST_SUM, 0), g, 1);
+    return submit(call(OP_ALL_GATHER, send, recv, sendcount, dt, DIST_SUM, 0, 0), g, 1);
 }
 DistWork dist_ireduce_scatter_n(const void *send, void *recv, size_t n, DistDtype dt, DistOp op, DistGroup *g) {
     return submit_n(OP_REDUCE_SCATTER, send, recv, n, dt, op, 0, g, 1);
@@ -375,14 +372,10 @@ DistWork dist_iall_gather_v(const void *send, void *recv, const size_t *counts, 
     return submit_v(OP_ALL_GATHER, send, recv, counts, dt, DIST_SUM, 0, g, 1);
 }
 DistWork dist_isend(const void *buf, size_t count, DistDtype dt, int peer, int tag, DistGroup *g) {
-    DistCall c = call(OP_SEND, buf, NULL, count, dt, DIST_SUM, peer);
-    c.tag = tag;
-    return submit(c, g, 1);
+    return submit(call(OP_SEND, buf, NULL, count, dt, DIST_SUM, peer, tag), g, 1);
 }
 DistWork dist_irecv(void *buf, size_t count, DistDtype dt, int peer, int tag, DistGroup *g) {
-    DistCall c = call(OP_RECV, NULL, buf, count, dt, DIST_SUM, peer);
-    c.tag = tag;
-    return submit(c, g, 1);
+    return submit(call(OP_RECV, NULL, buf, count, dt, DIST_SUM, peer, tag), g, 1);
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -7,7 +7,6 @@
 #include "dist_backend.h"
 #include "kernels.h"
 
-// MPI user ops on bf16: widen to fp32, combine, round back (once per pairwise combine).
 void dist_bf16_sum_fn(void *in, void *inout, int *len, MPI_Datatype *dt) {
     (void)dt;
     const uint16_t *a = in;
@@ -23,31 +22,22 @@ void dist_bf16_max_fn(void *in, void *inout, int *len, MPI_Datatype *dt) {
         if (bf16_to_f32(a[i]) > bf16_to_f32(b[i])) b[i] = a[i];
 }
 
-// Divide a sum by n: float types in their own precision (bf16: in fp32, rounded once), integers
-// with C's truncating division.
+// x[i] = expr over the count elements of buf, seen as T.
+#define EACH_AS(T, expr)                                    \
+    do {                                                    \
+        T *x = buf;                                         \
+        for (size_t i = 0; i < count; i++) x[i] = (expr);   \
+    } while (0)
+
 void dist_finish_avg(void *buf, size_t count, DistDtype dt, int n) {
     if (n == 1 || count == 0) return;
     switch (dt) {
-    case DIST_F32: {
-        float *x = buf;
-        for (size_t i = 0; i < count; i++) x[i] = x[i] / (float)n;
-    } break;
-    case DIST_BF16: {
-        uint16_t *x = buf;
-        for (size_t i = 0; i < count; i++) x[i] = bf16_from_f32(bf16_to_f32(x[i]) / (float)n);
-    } break;
-    case DIST_F64: {
-        double *x = buf;
-        for (size_t i = 0; i < count; i++) x[i] = x[i] / (double)n;
-    } break;
-    case DIST_I32: {
-        int32_t *x = buf;
-        for (size_t i = 0; i < count; i++) x[i] = x[i] / n;
-    } break;
-    case DIST_U8: {
-        uint8_t *x = buf;
-        for (size_t i = 0; i < count; i++) x[i] = (uint8_t)(x[i] / n);
-    } break;
+    case DIST_F32: EACH_AS(float, x[i] / (float)n); break;
+    case DIST_BF16: EACH_AS(uint16_t, bf16_from_f32(bf16_to_f32(x[i]) / (float)n)); break;
+    case DIST_F64: EACH_AS(double, x[i] / (double)n); break;
+    case DIST_I32: EACH_AS(int32_t, x[i] / n); break;
+    case DIST_U8: EACH_AS(uint8_t, (uint8_t)(x[i] / n)); break;
     default: break;
     }
 }
+#undef EACH_AS

@@ -146,17 +146,6 @@ static void need_device(const void *p, const char *what, const char *op) {
                  op, what, attr.device, local_rank % ndevices);
 }
 
-// Do [a, a+na) and [b, b+nb) share a byte?
-static int overlaps(const void *a, size_t na, const void *b, size_t nb) {
-    if (!a || !b || na == 0 || nb == 0) return 0;
-    const char *x = a, *y = b;
-    return x < y + nb && y < x + na;
-}
-
-static char *at_block(const void *base, int block, size_t count, DistDtype dt) {
-    return (char *)base + (size_t)block * count * dist_dtype_size(dt);
-}
-
 // g's communicator, made now if g was split before the NCCL backend was chosen. Only for
 // collectives: every rank of g is here, so the creation (collective over g) cannot hang.
 static ncclComm_t coll_comm(DistGroup *g) {
@@ -216,7 +205,7 @@ static void all_reduce(const DistCall *c, DistGroup *g) {
     const void *in = (c->send == NULL || c->send == c->recv) ? c->recv : c->send;
     need_device(in, "send", "dist_all_reduce");
     need_device(c->recv, "recv", "dist_all_reduce");
-    LAB_CHECK(in == c->recv || !overlaps(c->send, bytes, c->recv, bytes),
+    LAB_CHECK(in == c->recv || !dist_overlaps(c->send, bytes, c->recv, bytes),
               "dist_all_reduce: send and recv overlap without being the same buffer");
     ncclComm_t comm = coll_comm(g);
     begin_op();
@@ -230,7 +219,7 @@ static void reduce(const DistCall *c, DistGroup *g) {
     need_device(in, "send", "dist_reduce");
     if (is_root) {
         need_device(c->recv, "recv (at the root)", "dist_reduce");
-        LAB_CHECK(in == c->recv || !overlaps(c->send, bytes, c->recv, bytes), "dist_reduce: send and recv overlap");
+        LAB_CHECK(in == c->recv || !dist_overlaps(c->send, bytes, c->recv, bytes), "dist_reduce: send and recv overlap");
     }
     ncclComm_t comm = coll_comm(g);
     begin_op();
@@ -256,7 +245,7 @@ static void reduce_scatter_uneven(const DistCall *c, DistGroup *g, const void *i
     cudaCheck(cudaMallocAsync(&block, maxlen * es + 1, comm_stream));
     cudaCheck(cudaMemsetAsync(padded, 0, maxlen * (size_t)N * es, comm_stream));
     for (int p = 0; p < N; p++)
-        copy_on_comm_stream(at_block(padded, p, maxlen, c->dt), dist_at(in, call_block_begin(c, N, p), c->dt),
+        copy_on_comm_stream(dist_at(padded, (size_t)p * maxlen, c->dt), dist_at(in, call_block_begin(c, N, p), c->dt),
                             call_block_len(c, N, p) * es);
     ncclCheck(ncclReduceScatter(padded, block, maxlen, nccl_type(c->dt), nccl_op(c->op), comm, comm_stream));
     copy_on_comm_stream(out, block, call_block_len(c, N, r) * es);
@@ -274,7 +263,7 @@ static void reduce_scatter(const DistCall *c, DistGroup *g) {
     need_device(in, in_place ? "recv" : "send", "dist_reduce_scatter");
     need_device(recv, "recv", "dist_reduce_scatter");
     char *at_r = dist_at(in, call_block_begin(c, N, r), c->dt);
-    LAB_CHECK(in_place || recv == at_r || !overlaps(send, total * es, recv, mine * es),
+    LAB_CHECK(in_place || recv == at_r || !dist_overlaps(send, total * es, recv, mine * es),
               "dist_reduce_scatter: recv overlaps send but is neither send nor send + its block's start");
     if (c->counts) {
         // copies the input before reducing, so any of the in-place forms is safe
@@ -316,7 +305,7 @@ static void gather_blocks(const DistCall *c, DistGroup *g, int root) {
             copy_on_comm_stream(at, c->recv, mine * es);
         } else {
             need_device(c->send, "send", what);
-            LAB_CHECK(!overlaps(c->send, mine * es, c->recv, total * es),
+            LAB_CHECK(!dist_overlaps(c->send, mine * es, c->recv, total * es),
                       "%s: send overlaps recv but is neither recv nor recv + its block's start", what);
             if (root >= 0 || c->counts) copy_on_comm_stream(at, c->send, mine * es);  // the own block, placed here
         }
@@ -351,18 +340,19 @@ static void scatter(const DistCall *c, DistGroup *g) {
         return;
     }
     need_device(c->send, "send (at the root)", "dist_scatter");
-    char *mine = at_block(c->send, root, c->count, c->dt);
+    char *mine = dist_at(c->send, (size_t)root * c->count, c->dt);
     begin_op();
     ncclCheck(ncclGroupStart());
     for (int p = 0; p < g->size; p++)
         if (p != root)
-            ncclCheck(ncclSend(at_block(c->send, p, c->count, c->dt), c->count, nccl_type(c->dt), p, comm, comm_stream));
+            ncclCheck(ncclSend(dist_at(c->send, (size_t)p * c->count, c->dt), c->count, nccl_type(c->dt), p, comm,
+                               comm_stream));
     ncclCheck(ncclGroupEnd());
     // The root's own block: in place (recv NULL or mine), to the start (recv == send; after the
     // sends, which read block 0), or to a separate recv.
     if (c->recv != NULL && c->recv != mine) {
         need_device(c->recv, "recv", "dist_scatter");
-        LAB_CHECK(c->recv == c->send || !overlaps(c->send, block * (size_t)g->size, c->recv, block),
+        LAB_CHECK(c->recv == c->send || !dist_overlaps(c->send, block * (size_t)g->size, c->recv, block),
                   "dist_scatter: recv overlaps send but is neither send nor send + root * count");
         copy_on_comm_stream(c->recv, mine, block);
     }

@@ -154,6 +154,7 @@ static Table build_table(LabArgs *a, const FlagSpec *extra, int nextra, unsigned
     add(&t, row("hardware", "--backend", "B", FLAG_CHOICE, &a->backend, 0, 0, "mpi|nccl", "communication backend (nccl needs --device cuda)"));
     add(&t, row("hardware", "--dtype", "T", FLAG_CHOICE, &a->dtype, 0, 0, "fp32|bf16", "parameter/activation precision (bf16: mixed precision)"));
     add(&t, row("hardware", "--threads", "N", FLAG_INT, &a->threads, 1, 256, NULL, "BLAS threads per rank (overrides OPENBLAS_NUM_THREADS)"));
+    add(&t, row("hardware", "--mem-limit", "MiB", FLAG_FLOAT, &a->mem_limit_mib, 0, 1e9, NULL, "refuse a run whose ranks on this machine are predicted to need more host memory together (0 = MemAvailable)"));
     add(&t, row("output", "--log-every", "N", FLAG_INT, &a->log_every, 0, MAX_INT_FLAG, NULL, "progress line every N steps (0 = summary only)"));
     add(&t, row("output", "--quiet", NULL, FLAG_BOOL, &a->quiet, 0, 1, NULL, "print nothing but errors (the results: --dump, --save, --trace)"));
     add(&t, row("output", "--trace", "FILE", FLAG_STRING, &a->trace, 0, 0, NULL, "write a Chrome/Perfetto timeline (JSON)"));

@@ -39,6 +39,8 @@ typedef struct LabArgs {
     const char *backend;  // "mpi" | "nccl"
     const char *dtype;    // "fp32" | "bf16"
     int threads;          // BLAS threads per rank
+    float mem_limit_mib;  // host memory the ranks on this machine may use together (0: MemAvailable;
+                          // mem_predict.h refuses a run predicted to need more)
     // output
     int log_every;        // print a progress line every N steps (0: only the summary)
     int quiet;
@@ -73,7 +75,7 @@ int lab_args_end_step(const LabArgs *a);               // --steps, or --stop-at 
 enum {
     LAB_FLAGS_MODEL = 1 << 0,        // --vocab --seq --layers --channels --heads
     LAB_FLAGS_TRAINING = 1 << 1,     // --batch --steps --lr ... --data
-    LAB_FLAGS_HARDWARE = 1 << 2,     // --device --backend --dtype --threads
+    LAB_FLAGS_HARDWARE = 1 << 2,     // --device --backend --dtype --threads --mem-limit
     LAB_FLAGS_OUTPUT = 1 << 3,       // --log-every --quiet --trace --dump
     LAB_FLAGS_RELIABILITY = 1 << 4,  // --save --save-every --resume --load-weights --save-weights
                                      // --stop-at --inject-nan-step

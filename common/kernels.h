@@ -117,6 +117,19 @@ typedef struct Kernels {
                               int nvalid, int N, int Vl);
 } Kernels;
 
+// A device's table initializer lists its functions with KERNELS_ENTRIES(KERNEL_ENTRY, f): `.x =
+// x,` for every field x but .name, in the fields' order (as C++ wants); each device names its
+// functions after the fields, except for .bf16_to_f32 (the host helper's name below): f.
+#define KERNEL_ENTRY(f) .f = f,
+#define KERNELS_ENTRIES(X, bf16_to_f32_fn)                                                          \
+    X(encoder_forward) X(encoder_backward) X(layernorm_forward) X(layernorm_backward)               \
+    X(matmul_forward) X(matmul_backward) X(attention_forward) X(attention_backward)                 \
+    X(gelu_forward) X(gelu_backward) X(residual_forward) X(residual_backward) X(softmax_forward)    \
+    X(crossentropy_forward) X(crossentropy_softmax_backward) X(adamw_update) X(sum_squares)         \
+    X(scale) X(f32_to_bf16) .bf16_to_f32 = bf16_to_f32_fn, X(tp_bias_residual_forward)              \
+    X(vocab_embed_forward) X(vocab_embed_backward) X(vocab_ce_max) X(vocab_ce_sums)                 \
+    X(vocab_ce_loss) X(vocab_ce_backward)
+
 // The table for a device. DEV_CUDA in a build without CUDA fails with a clear message.
 const Kernels *kernels_get(Device dev);
 // The table for bf16 models: on CUDA the matmuls (and attention's) round their inputs to TF32

@@ -197,20 +197,14 @@ static void layernorm_backward(float *restrict dinp, float *restrict dw, float *
         }
         float g_mean = (sum_partials(acc_g) + tail_g) / (float)C;
         float gx_mean = (sum_partials(acc_gx) + tail_gx) / (float)C;
-        if (!dw) {  // the input gradient alone (a split backward's B)
-            for (i = 0; i < C; i++) {
-                float xhat = (x[i] - m) * s;
-                float g = d[i] * w[i];
-                dx[i] = (skip ? skip[i] : 0.0f) + s * (g - g_mean - xhat * gx_mean);
-            }
-            continue;
-        }
         for (i = 0; i < C; i++) {
             float xhat = (x[i] - m) * s;
             float g = d[i] * w[i];
             dx[i] = (skip ? skip[i] : 0.0f) + s * (g - g_mean - xhat * gx_mean);
-            dw[i] += d[i] * xhat;
-            db[i] += d[i];
+            if (dw) {  // (dw NULL: the input gradient alone, a split backward's B)
+                dw[i] += d[i] * xhat;
+                db[i] += d[i];
+            }
         }
     }
 }
@@ -258,18 +252,21 @@ static void matmul_backward(float *dinp, float *dw, float *dbias, const float *d
 // The T×T products are full GEMMs (the masked half is computed, then overwritten): for short
 // sequences one GEMM beats skipping half the work in scalar loops.
 
+// *buf (of *cap floats) grown to hold at least need floats (its contents are not kept).
+static void grow_scratch(float **buf, size_t *cap, size_t need) {
+    if (need <= *cap) return;
+    mem_free(*buf);
+    *buf = mem_alloc(need * sizeof(float), MEM_OTHER, DEV_CPU);
+    *cap = need;
+}
+
 // One head's k (or v) as a contiguous (hs, T) matrix: with it, q·kᵀ is a plain (NN) GEMM, which
 // OpenBLAS runs ~2x faster on these small shapes than the same product with a transposed operand.
 // The buffer is reused by every call (one thread per rank) and grows when a larger one is needed.
 static float *transpose_head(const float *x, int T, int hs, int ld) {
     static float *buf = NULL;
     static size_t cap = 0;
-    size_t need = (size_t)T * hs;
-    if (need > cap) {
-        mem_free(buf);
-        buf = mem_alloc(need * sizeof(float), MEM_OTHER, DEV_CPU);
-        cap = need;
-    }
+    grow_scratch(&buf, &cap, (size_t)T * hs);
     for (int t = 0; t < T; t++)
         for (int i = 0; i < hs; i++) buf[(size_t)i * T + t] = x[(size_t)t * ld + i];
     return buf;
@@ -282,12 +279,7 @@ static float *transpose_head(const float *x, int T, int hs, int ld) {
 static float *head_scratch(int T) {
     static float *buf = NULL;
     static size_t cap = 0;
-    size_t need = 2 * (size_t)T * T;
-    if (need > cap) {
-        mem_free(buf);
-        buf = mem_alloc(need * sizeof(float), MEM_OTHER, DEV_CPU);
-        cap = need;
-    }
+    grow_scratch(&buf, &cap, 2 * (size_t)T * T);
     return buf;
 }
 
@@ -647,33 +639,7 @@ static void vocab_ce_backward(float *dlogits, const float *logits, const float *
 
 const Kernels kernels_cpu = {
     .name = "cpu",
-    .encoder_forward = encoder_forward,
-    .encoder_backward = encoder_backward,
-    .layernorm_forward = layernorm_forward,
-    .layernorm_backward = layernorm_backward,
-    .matmul_forward = matmul_forward,
-    .matmul_backward = matmul_backward,
-    .attention_forward = attention_forward,
-    .attention_backward = attention_backward,
-    .gelu_forward = gelu_forward,
-    .gelu_backward = gelu_backward,
-    .residual_forward = residual_forward,
-    .residual_backward = residual_backward,
-    .softmax_forward = softmax_forward,
-    .crossentropy_forward = crossentropy_forward,
-    .crossentropy_softmax_backward = crossentropy_softmax_backward,
-    .adamw_update = adamw_update,
-    .sum_squares = sum_squares,
-    .scale = scale,
-    .f32_to_bf16 = f32_to_bf16,
-    .bf16_to_f32 = bf16_to_f32_array,
-    .tp_bias_residual_forward = tp_bias_residual_forward,
-    .vocab_embed_forward = vocab_embed_forward,
-    .vocab_embed_backward = vocab_embed_backward,
-    .vocab_ce_max = vocab_ce_max,
-    .vocab_ce_sums = vocab_ce_sums,
-    .vocab_ce_loss = vocab_ce_loss,
-    .vocab_ce_backward = vocab_ce_backward,
+    KERNELS_ENTRIES(KERNEL_ENTRY, bf16_to_f32_array)
 };
 
 #ifdef LAB_CUDA

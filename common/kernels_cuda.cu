@@ -812,62 +812,30 @@ static void vocab_ce_backward(float *dlogits, const float *logits, const float *
 
 extern "C" const Kernels kernels_cuda = {
     .name = "cuda",
-    .encoder_forward = encoder_forward,
-    .encoder_backward = encoder_backward,
-    .layernorm_forward = layernorm_forward,
-    .layernorm_backward = layernorm_backward,
-    .matmul_forward = matmul_forward,
-    .matmul_backward = matmul_backward,
-    .attention_forward = attention_forward,
-    .attention_backward = attention_backward,
-    .gelu_forward = gelu_forward,
-    .gelu_backward = gelu_backward,
-    .residual_forward = residual_forward,
-    .residual_backward = residual_backward,
-    .softmax_forward = softmax_forward,
-    .crossentropy_forward = crossentropy_forward,
-    .crossentropy_softmax_backward = crossentropy_softmax_backward,
-    .adamw_update = adamw_update,
-    .sum_squares = sum_squares,
-    .scale = scale,
-    .f32_to_bf16 = f32_to_bf16,
-    .bf16_to_f32 = bf16_to_f32_dev,
-    .tp_bias_residual_forward = tp_bias_residual_forward,
-    .vocab_embed_forward = vocab_embed_forward,
-    .vocab_embed_backward = vocab_embed_backward,
-    .vocab_ce_max = vocab_ce_max,
-    .vocab_ce_sums = vocab_ce_sums,
-    .vocab_ce_loss = vocab_ce_loss,
-    .vocab_ce_backward = vocab_ce_backward,
+    KERNELS_ENTRIES(KERNEL_ENTRY, bf16_to_f32_dev)
 };
 
 // ---- the table of bf16 models: the same kernels, matmuls on tensor cores in TF32 -------------------
 
+#define WITH_TF32(call) do { use_tf32 = 1; call; use_tf32 = 0; } while (0)
 static void matmul_forward_tf32(float *out, const float *inp, const float *w, const float *bias,
                                 int N, int C, int OC) {
-    use_tf32 = 1;
-    matmul_forward(out, inp, w, bias, N, C, OC);
-    use_tf32 = 0;
+    WITH_TF32(matmul_forward(out, inp, w, bias, N, C, OC));
 }
 static void matmul_backward_tf32(float *dinp, float *dw, float *dbias, const float *dout,
                                  const float *inp, const float *w, int N, int C, int OC) {
-    use_tf32 = 1;
-    matmul_backward(dinp, dw, dbias, dout, inp, w, N, C, OC);
-    use_tf32 = 0;
+    WITH_TF32(matmul_backward(dinp, dw, dbias, dout, inp, w, N, C, OC));
 }
 static void attention_forward_tf32(float *out, float *preatt, float *att, const float *qkv, int B,
                                    int T, int C, int NH) {
-    use_tf32 = 1;
-    attention_forward(out, preatt, att, qkv, B, T, C, NH);
-    use_tf32 = 0;
+    WITH_TF32(attention_forward(out, preatt, att, qkv, B, T, C, NH));
 }
 static void attention_backward_tf32(float *dqkv, float *dpreatt, float *datt, const float *dout,
                                     const float *qkv, const float *att, int B, int T, int C,
                                     int NH) {
-    use_tf32 = 1;
-    attention_backward(dqkv, dpreatt, datt, dout, qkv, att, B, T, C, NH);
-    use_tf32 = 0;
+    WITH_TF32(attention_backward(dqkv, dpreatt, datt, dout, qkv, att, B, T, C, NH));
 }
+#undef WITH_TF32
 
 extern "C" const Kernels *kernels_cuda_tf32(void) {
     static Kernels table;

@@ -25,6 +25,8 @@ static Allocation *allocs = NULL;
 static size_t nallocs = 0, cap_allocs = 0;
 static size_t cur[MEM_NCATS], peak[MEM_NCATS];
 static size_t total_cur = 0, total_peak = 0;
+static size_t process_peak = 0;  // total_peak that mem_reset_peaks leaves alone
+static double predicted_peak = 0;  // mem_predict.h's prediction for this rank
 
 static const char *cat_names[MEM_NCATS] = {
     "params", "grads", "master", "adam m", "adam v", "activations", "comm", "other",
@@ -42,8 +44,7 @@ static long find_alloc(const void *p) {
     return -1;
 }
 
-// Bytes the kernel says a new allocation can still get (MemAvailable), or -1.
-static double mem_available(void) {
+double mem_host_available(void) {
     FILE *f = fopen("/proc/meminfo", "r");
     if (!f) return -1;
     char line[256];
@@ -54,8 +55,7 @@ static double mem_available(void) {
     return kib < 0 ? -1 : kib * 1024.0;
 }
 
-// Ranks of this job on this machine (they share its memory): from the launcher, else the world.
-static int ranks_here(void) {
+int mem_ranks_on_this_machine(void) {
     const char *names[] = {"OMPI_COMM_WORLD_LOCAL_SIZE", "MPI_LOCALNRANKS", "SLURM_NTASKS_PER_NODE"};
     for (int i = 0; i < 3; i++) {
         const char *v = getenv(names[i]);
@@ -73,8 +73,8 @@ LAB_NORETURN static void fail_host_memory(size_t bytes, MemCategory cat) {
                       : cat == MEM_COMM ? "a smaller model or smaller communication buffers"
                                         : "a smaller model (--layers, --channels, --vocab)";
     mem_format(want, sizeof want, (double)bytes);
-    double free_bytes = mem_available();
-    int ranks = ranks_here();
+    double free_bytes = mem_host_available();
+    int ranks = mem_ranks_on_this_machine();
     if (free_bytes < 0)
         lab_fail_collective("out of host memory: allocating %s for %s failed; use %s", want,
                             mem_category_name(cat), lower);
@@ -122,6 +122,7 @@ void *mem_alloc(size_t bytes, MemCategory cat, Device dev) {
     if (cur[cat] > peak[cat]) peak[cat] = cur[cat];
     total_cur += bytes;
     if (total_cur > total_peak) total_peak = total_cur;
+    if (total_cur > process_peak) process_peak = total_cur;
     return p;
 }
 
@@ -152,6 +153,9 @@ size_t mem_current(MemCategory cat) { return cur[cat]; }
 size_t mem_peak(MemCategory cat) { return peak[cat]; }
 size_t mem_total_current(void) { return total_cur; }
 size_t mem_total_peak(void) { return total_peak; }
+size_t mem_process_peak(void) { return process_peak; }
+void mem_set_predicted_peak(double bytes) { predicted_peak = bytes; }
+double mem_predicted_peak(void) { return predicted_peak; }
 
 void mem_reset_peaks(void) {
     for (int c = 0; c < MEM_NCATS; c++) peak[c] = cur[c];

@@ -32,13 +32,24 @@ size_t mem_current(MemCategory cat);    // bytes live now
 size_t mem_peak(MemCategory cat);       // high-water mark since start or last reset
 size_t mem_total_current(void);
 size_t mem_total_peak(void);            // peak of the total (not the sum of per-category peaks)
+size_t mem_process_peak(void);          // peak of the total since the process started (the
+                                        // memory it needed; mem_reset_peaks leaves it)
 void mem_reset_peaks(void);             // peaks := current
+// This rank's peak as predicted before it allocated (mem_predict.h records it; 0: none).
+void mem_set_predicted_peak(double bytes);
+double mem_predicted_peak(void);
 const char *mem_category_name(MemCategory cat);   // "params", "grads", "master", "adam m", ...
 
 // Aligned table: category, current, peak (KiB/MiB/GiB), share of total.
 void mem_report(FILE *out, const char *title);
 // Human-readable bytes with unit into buf ("12.50 MiB"). Returns buf.
 char *mem_format(char *buf, size_t n, double bytes);
+
+// Bytes the kernel says a new host allocation can still get (MemAvailable of /proc/meminfo), or -1.
+double mem_host_available(void);
+// Ranks of this job on this machine, which share its memory: from the launcher
+// (OMPI_COMM_WORLD_LOCAL_SIZE, MPI_LOCALNRANKS, SLURM_NTASKS_PER_NODE), else the whole job.
+int mem_ranks_on_this_machine(void);
 
 // Device of a pointer: allocations made here know theirs; any other pointer is host memory.
 Device mem_device_of(const void *p);

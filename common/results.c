@@ -5,6 +5,7 @@
 //   | int32 nkv | nkv x (char key[48], double value) | uint32 crc32 of everything before
 #include "results.h"
 
+#include <stdarg.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -42,6 +43,15 @@ void results_set(RunResults *r, const char *key, double val) {
         memcpy(r->keys[i], key, strlen(key));
     }
     r->vals[i] = val;
+}
+
+void results_setf(RunResults *r, double val, const char *fmt, ...) {
+    char key[2 * KEY_LEN];  // longer than a key may be: results_set refuses one too long
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(key, sizeof key, fmt, ap);
+    va_end(ap);
+    results_set(r, key, val);
 }
 
 double results_get(const RunResults *r, const char *key, double missing) {
@@ -171,4 +181,10 @@ void results_set_memory(RunResults *r) {
     static const char *keys[MEM_NCATS] = {"mem_params", "mem_grads", "mem_master", "mem_opt_m",
                                           "mem_opt_v", "mem_acts", "mem_comm", "mem_other"};
     for (int c = 0; c < MEM_NCATS; c++) results_set(r, keys[c], (double)mem_peak((MemCategory)c));
+    results_set_peak(r);
+}
+
+void results_set_peak(RunResults *r) {
+    results_set(r, "mem_peak", (double)mem_process_peak());
+    if (mem_predicted_peak() > 0) results_set(r, "mem_predicted", mem_predicted_peak());
 }

@@ -7,6 +7,8 @@
 #pragma once
 #include <stddef.h>
 
+#include "check.h"
+
 #define RESULTS_MAX_KV 64
 
 typedef struct RunResults {
@@ -21,6 +23,8 @@ typedef struct RunResults {
 
 void results_init(RunResults *r, int nsteps, size_t nparams);   // allocates, zeroes
 void results_set(RunResults *r, const char *key, double val);   // add or overwrite
+// results_set with the key built printf-style: results_setf(r, v, "first_%s", name).
+void results_setf(RunResults *r, double val, const char *fmt, ...) LAB_PRINTF(3, 4);
 double results_get(const RunResults *r, const char *key, double missing);
 int results_has(const RunResults *r, const char *key);
 void results_write(const char *path, const RunResults *r);      // atomic; fails the job on error
@@ -28,5 +32,10 @@ void results_write(const char *path, const RunResults *r);      // atomic; fails
 int results_read(const char *path, RunResults *r, char *err, size_t errlen);
 void results_free(RunResults *r);
 // The peak bytes of every memory category of this process (mem.h), as the figures
-// mem_params, mem_grads, mem_master, mem_opt_m, mem_opt_v, mem_acts, mem_comm, mem_other.
+// mem_params, mem_grads, mem_master, mem_opt_m, mem_opt_v, mem_acts, mem_comm, mem_other, and
+// mem_peak: the peak of their total since the process started (mem_process_peak: what the run
+// needed, not the sum of the peaks; mem_reset_peaks does not lower it), and, where the
+// chapter predicted it before allocating (mem_predict.h), mem_predicted (mem_predicted_peak).
 void results_set_memory(RunResults *r);
+// Only the last two (for a dump whose 64 figures are nearly all taken: 08's).
+void results_set_peak(RunResults *r);

@@ -598,7 +598,7 @@ void tpm_stage_norm_parts(const TpStage *st, double sq[2]) {
     tpm_stage_norm_parts_range(st, 0, st->n, tpm_stage_grad_buf(st), sq);
 }
 
-void tpm_stage_adamw_step(TpStage *st, const AdamW *h, int step, const TpOpt *o, DistGroup *g) {
+double tpm_stage_adamw_step(TpStage *st, const AdamW *h, int step, const TpOpt *o, DistGroup *g) {
     // ||grad||² of the FULL model: each slice lives on one rank (sum over the group), each
     // replicated tensor on all of them with the same value (count it once).
     double sq[2];  // sharded, replicated
@@ -606,6 +606,7 @@ void tpm_stage_adamw_step(TpStage *st, const AdamW *h, int step, const TpOpt *o,
     dist_all_reduce(&sq[0], &sq[0], 1, DIST_F64, DIST_SUM, g);
     float scale = adamw_clip_scale(h, sq[0] + sq[1], step);
     tpm_stage_adamw(st, h, step, o, tpm_stage_grad_buf(st), scale);
+    return sq[0] + sq[1];
 }
 
 void tpm_unshard(const TpStage *st, const float *buf_any, float *full_mem, int with_replicated) {

@@ -187,8 +187,8 @@ void tpm_stage_adamw(TpStage *st, const AdamW *h, int step, const TpOpt *o, cons
                      float scale);
 // Clip (the global norm: the sharded tensors' squares summed over g, the replicated ones counted
 // once) and AdamW on the whole flat buffer (o: [0, n)): chapter 07's step. Fails the run naming
-// the step on NaN/Inf.
-void tpm_stage_adamw_step(TpStage *st, const AdamW *h, int step, const TpOpt *o, DistGroup *g);
+// the step on NaN/Inf. Returns the global squared norm clipping was given (the health line's).
+double tpm_stage_adamw_step(TpStage *st, const AdamW *h, int step, const TpOpt *o, DistGroup *g);
 // Largest |w - w on group rank 0| over the replicated tensors (LayerNorms, wpe, the row-parallel
 // biases) of the master (o: [0, n)): 0 when every rank applied the same updates to them.
 // Collective over g.

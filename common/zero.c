@@ -130,6 +130,17 @@ size_t zero_range_counts(const ZeroLayout *z, size_t lo, size_t hi, size_t *coun
     return clamp(lo, sb, se) - sb;
 }
 
+void zero_range_reduce_scatter(const ZeroLayout *z, size_t lo, size_t hi, void *buf, DistDtype dt,
+                               DistOp op, DistGroup *g) {
+    if (z->N == 1 || lo == hi) return;
+    size_t *counts = lab_xmalloc((size_t)z->N * sizeof(size_t)), at;
+    zero_range_counts(z, lo, hi, counts, &at);
+    const size_t e = dist_dtype_size(dt);
+    char *range = (char *)buf + lo * e;
+    dist_reduce_scatter_v(range, range + at * e, counts, dt, op, g);  // in place: at = Σ counts[< r]
+    free(counts);
+}
+
 // One v-op per unit (a fresh counts array: the ops read it while they start).
 static DistWork unit_op(const ZeroLayout *z, int u, int gather, const void *send, void *recv,
                         DistDtype dt, DistOp op, int nonblocking, DistGroup *g) {

@@ -59,6 +59,11 @@ void zero_unit_counts(const ZeroLayout *z, int u, size_t *counts);
 // blocks of a bucket's v-collective); returns where my part starts in my shard buffers and, in
 // *at, where it starts inside the range.
 size_t zero_range_counts(const ZeroLayout *z, size_t lo, size_t hi, size_t *counts, size_t *at);
+// Flat layout only: the range [lo, hi) of buf (the whole flat buffer, dt elements) reduced over
+// g (op), each rank's part of the range (zero_range_counts) landing in place in buf: one v-op
+// (09's ZeRO-2: a micro-batch's gradient outside the tied span, then the tied span).
+void zero_range_reduce_scatter(const ZeroLayout *z, size_t lo, size_t hi, void *buf, DistDtype dt,
+                               DistOp op, DistGroup *g);
 // Elements part q owns (any q in [0, N)): the formula side of the memory tables.
 size_t zero_shard_elems(const ZeroLayout *z, int q);
 

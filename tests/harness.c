@@ -13,6 +13,7 @@
 
 #include "check.h"
 #include "ckpt.h"
+#include "harness_expect.h"
 
 const char *harness_build_dir(void) {
     const char *b = getenv("LAB_BUILD");
@@ -180,14 +181,14 @@ float harness_max_rel_diff(const float *a, const float *b, size_t n) {
     return worst;
 }
 
-int harness_results_match(const char *what, const RunResults *a, const RunResults *b, float loss_rtol,
-                          float param_atol) {
+char *harness_results_mismatch(const char *what, const RunResults *a, const RunResults *b,
+                               float loss_rtol, float param_atol) {
     if (a->nsteps != b->nsteps || a->nparams != b->nparams) {
-        fprintf(stderr, "%s: shapes differ: %d vs %d steps, %zu vs %zu parameters\n", what, a->nsteps, b->nsteps,
-                a->nparams, b->nparams);
-        return 0;
+        char want[96], got[96];
+        snprintf(want, sizeof want, "%d steps and %zu weights (the reference run's)", b->nsteps, b->nparams);
+        snprintf(got, sizeof got, "%d steps and %zu weights", a->nsteps, a->nparams);
+        return expect_msg(want, got, "%s: the run's shape", what);
     }
-    int ok = 1;
     // worst loss step
     int ws = -1;
     float wrel = 0.0f;
@@ -197,11 +198,6 @@ int harness_results_match(const char *what, const RunResults *a, const RunResult
             ws = s;
             wrel = rel;
         }
-    }
-    if (ws >= 0 && !(wrel <= loss_rtol)) {
-        fprintf(stderr, "%s: loss differs at step %d: %.9g vs %.9g (relative %.3g > tolerance %.3g)\n", what, ws,
-                (double)a->losses[ws], (double)b->losses[ws], (double)wrel, (double)loss_rtol);
-        ok = 0;
     }
     // worst parameter
     size_t wi = 0;
@@ -213,12 +209,32 @@ int harness_results_match(const char *what, const RunResults *a, const RunResult
             wabs = d;
         }
     }
-    if (a->nparams > 0 && !(wabs <= param_atol)) {
-        fprintf(stderr, "%s: parameter %zu differs: %.9g vs %.9g (absolute %.3g > tolerance %.3g)\n", what, wi,
-                (double)a->params[wi], (double)b->params[wi], (double)wabs, (double)param_atol);
-        ok = 0;
+    int loss_bad = ws >= 0 && !(wrel <= loss_rtol), param_bad = a->nparams > 0 && !(wabs <= param_atol);
+    if (!loss_bad && !param_bad) return NULL;
+    char what2[512], want[256] = "", got[256] = "";
+    snprintf(what2, sizeof what2, "%s, against the reference run:%s%s", what,
+             loss_bad ? " the loss of the worst step" : "", param_bad ? (loss_bad ? " and the worst weight" : " the worst weight") : "");
+    if (loss_bad) {
+        snprintf(want, sizeof want, "step %d loss %.9g (relative difference <= %.3g)", ws, (double)b->losses[ws],
+                 (double)loss_rtol);
+        snprintf(got, sizeof got, "step %d loss %.9g (relative difference %.3g)", ws, (double)a->losses[ws],
+                 (double)wrel);
     }
-    return ok;
+    if (param_bad) {
+        snprintf(want + strlen(want), sizeof want - strlen(want), "%sweight %zu = %.9g (absolute difference <= %.3g)",
+                 loss_bad ? "; " : "", wi, (double)b->params[wi], (double)param_atol);
+        snprintf(got + strlen(got), sizeof got - strlen(got), "%sweight %zu = %.9g (absolute difference %.3g)",
+                 loss_bad ? "; " : "", wi, (double)a->params[wi], (double)wabs);
+    }
+    return expect_msg(want, got, "%s", what2);
+}
+
+int harness_results_match(const char *what, const RunResults *a, const RunResults *b, float loss_rtol,
+                          float param_atol) {
+    char *why = harness_results_mismatch(what, a, b, loss_rtol, param_atol);
+    if (why) fprintf(stderr, "%s\n", why);
+    free(why);
+    return why == NULL;
 }
 
 int harness_contains(const char *haystack, const char *needle) {
@@ -469,7 +485,7 @@ static __attribute__((noinline)) int mpirun_output(int np, const char *cmd, char
     return harness_mpirun(np, cmd, out, timeout_s);
 }
 
-int harness_mpi_program_passes(const char *prog, const char *what, int max_np, int timeout_s) {
+int harness_mpi_program_passes(const char *prog, const char *what, int max_np, int timeout_s, char **why) {
     char head[160];
     snprintf(head, sizeof head, "%s: ", prog);
     for (int np = 1; np <= max_np; np++) {
@@ -482,9 +498,7 @@ int harness_mpi_program_passes(const char *prog, const char *what, int max_np, i
         if (line && (line = strstr(line, " on ")) != NULL)
             sscanf(line, " on %d ranks: %d checks, %d failed", &ranks, &checks, &failed);
         int ok = rc == 0 && ranks == np && checks > 0 && failed == 0;
-        if (!ok)
-            fprintf(stderr, "%s %s on %d ranks: exit %d, summary: %d ranks %d checks %d failed\n%s\n",
-                    prog, what, np, rc, ranks, checks, failed, out ? out : "(no output)");
+        if (!ok) *why = expect_mpi_msg(prog, what, np, rc, ranks, checks, failed, out, 0);
         free(out);
         if (!ok) return 0;
     }

@@ -53,10 +53,17 @@ int harness_results_match(const char *what, const RunResults *a, const RunResult
 int harness_diffs(const char *tag, const char *what, const RunResults *a, const RunResults *b,
                   float *dl, float *dp);
 
-// Criterion assertion on top of harness_results_match.
+// NULL when harness_results_match holds; otherwise its failure message (malloc'd; see
+// harness_expect.h): the worst step's loss and the worst weight, expected (b's) and got (a's).
+char *harness_results_mismatch(const char *what, const RunResults *a, const RunResults *b,
+                               float loss_rtol, float param_atol);
+
+// Criterion assertion on top of harness_results_mismatch (b: the reference run).
 #define harness_assert_results_match(what, a, b, loss_rtol, param_atol)                          \
-    cr_assert(harness_results_match((what), (a), (b), (loss_rtol), (param_atol)),                \
-              "%s: runs differ (details above on stderr)", (what))
+    do {                                                                                          \
+        char *why_ = harness_results_mismatch((what), (a), (b), (loss_rtol), (param_atol));       \
+        cr_assert(why_ == NULL, "%s", why_);                                                      \
+    } while (0)
 
 // Reliability checks every training chapter runs. prog: the program and its fixed flags (e.g.
 // "./03_ddp/run --quiet"); flags: the model and run flags (with --steps). 1 when the check
@@ -119,5 +126,6 @@ const char *harness_expect_fail(void (*fn)(void *), void *arg);
 // An MPI test program (tests/mpi_*.c on tests/mpitest.h) on 1, 2, ... max_np ranks:
 // `<build>/tests/<prog> <what>` must exit 0 and its summary line "<prog>: <what> on N ranks:
 // C checks, F failed" report N = np, C > 0, F = 0. 1 when that holds on every rank count (it
-// stops at the first that fails); otherwise prints the run's output (stderr) and returns 0.
-int harness_mpi_program_passes(const char *prog, const char *what, int max_np, int timeout_s);
+// stops at the first that fails); otherwise returns 0 with *why the failure message
+// (expect_mpi_msg: expected, got, the README section, the run's output; malloc'd).
+int harness_mpi_program_passes(const char *prog, const char *what, int max_np, int timeout_s, char **why);

@@ -133,13 +133,18 @@ static void test_zero_step(DistGroup *g, float grad_clip) {
               "device's step, first %zu: %g, want %g", g->name, g->rank, N, bad, first,
               bad ? (double)m.params[first] : 0.0, bad ? (double)ref_p[first] : 0.0);
     bad = 0;
+    size_t first_i = 0, first_l = 0;
     for (int u = 0; u < z.nunits; u++)
         for (size_t j = 0; j < z.p[u].count; j++) {
             size_t i = z.p[u].unit_offset + z.p[u].begin + j, l = z.p[u].local + j;
-            if (!(fabsf(opt_m[l] - ref_m[i]) <= 1e-7f) || !(fabsf(opt_v[l] - ref_v[i]) <= 1e-9f)) bad++;
+            if ((!(fabsf(opt_m[l] - ref_m[i]) <= 1e-7f) || !(fabsf(opt_v[l] - ref_v[i]) <= 1e-9f)) && !bad++)
+                first_i = i, first_l = l;
         }
     mpi_check(bad == 0, "zero_step on %s (rank %d of %d): Adam m or v of %zu elements of my "
-              "pieces differ from one device's", g->name, g->rank, N, bad);
+              "pieces differ from one device's; the first, parameter %zu: m %g v %g, want m %g v %g",
+              g->name, g->rank, N, bad, first_i, bad ? (double)opt_m[first_l] : 0.0,
+              bad ? (double)opt_v[first_l] : 0.0, bad ? (double)ref_m[first_i] : 0.0,
+              bad ? (double)ref_v[first_i] : 0.0);
     free(ref_p); free(ref_g); free(ref_m); free(ref_v);
     free(opt_m); free(opt_v); free(plist);
     zero_layout_free(&z);
@@ -162,11 +167,13 @@ static void test_gather_unit(DistGroup *g) {
         for (size_t i = 0; i < size[u]; i++) out[i] = -1.0f;
         DistWork w = zero_gather_unit(&z, u, shard, out, DIST_F32, g);
         dist_wait(&w);
-        size_t bad = 0;
+        size_t bad = 0, first = 0;
         for (size_t i = 0; i < size[u]; i++)
-            if (out[i] != (float)(offset[u] + i) + 0.5f) bad++;
-        mpi_check(bad == 0, "zero_gather_unit on %s (rank %d of %d): unit of %zu elements, %zu "
-                  "wrong", g->name, g->rank, N, size[u], bad);
+            if (out[i] != (float)(offset[u] + i) + 0.5f && !bad++) first = i;
+        mpi_check(bad == 0, "zero_gather_unit on %s (rank %d of %d): unit %d of %zu elements, %zu "
+                  "wrong; the first, element %zu, is %g, want %g (-1: nothing landed there)", g->name,
+                  g->rank, N, u, size[u], bad, first, bad ? (double)out[first] : 0.0,
+                  (double)(offset[u] + first) + 0.5);
         free(out);
     }
     free(shard);

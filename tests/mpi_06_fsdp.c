@@ -51,6 +51,21 @@ static void layout(ZeroLayout *z, const size_t *size, int nunits, DistGroup *g) 
 }
 
 // Element i of unit u (its value does not depend on the rank: every rank holds its piece).
+static const char *state_name(FsdpState s) {
+    static const char *const names[] = {"SHARDED", "GATHERING", "GATHERED", "FREED"};
+    return (unsigned)s < 4 ? names[s] : "(not a state)";
+}
+
+// The rank whose piece holds element i of unit u (the pieces lie in rank order).
+static int owner_of(const ZeroLayout *z, int u, size_t i) {
+    size_t counts[64], at = 0;
+    if (z->N > 64) return -1;
+    zero_unit_counts(z, u, counts);
+    for (int r = 0; r < z->N && r < 64; r++)
+        if (i < (at += counts[r])) return r;
+    return -1;
+}
+
 static float value_of(int u, size_t i) { return (float)((int)((i * 13 + (size_t)u * 7) % 29) - 14) / 8.0f; }
 
 static void test_unit_step(DistGroup *g, int bf16) {
@@ -74,24 +89,27 @@ static void test_unit_step(DistGroup *g, int bf16) {
     for (int round = 0; round < 2; round++) {  // the second round starts from FREED
         for (int u = 0; u < nu; u++) {
             mpi_check(F.u[u].state == (round ? FSDP_FREED : FSDP_SHARDED), "unit %d starts in "
-                      "state %d", u, (int)F.u[u].state);
+                      "state %s, want %s", u, state_name(F.u[u].state), round ? "FREED" : "SHARDED");
             fsdp_unit_step(&F, u);
-            mpi_check(F.u[u].state == FSDP_GATHERING, "unit %d: after the first step state %d, "
-                      "want GATHERING", u, (int)F.u[u].state);
+            mpi_check(F.u[u].state == FSDP_GATHERING, "unit %d: after the first step state %s, "
+                      "want GATHERING", u, state_name(F.u[u].state));
         }
         for (int u = 0; u < nu; u++) {
             fsdp_unit_step(&F, u);
-            mpi_check(F.u[u].state == FSDP_GATHERED, "unit %d: after the wait state %d, want "
-                      "GATHERED", u, (int)F.u[u].state);
-            size_t bad = 0;
+            mpi_check(F.u[u].state == FSDP_GATHERED, "unit %d: after the wait state %s, want "
+                      "GATHERED", u, state_name(F.u[u].state));
+            size_t bad = 0, first = 0;
+            float first_got = 0, first_want = 0;
             for (size_t i = 0; i < size[u] && F.u[u].buf.w; i++) {
                 float want = bf16 ? bf16_to_f32(bf16_from_f32(value_of(u, i))) : value_of(u, i);
                 float got = bf16 ? bf16_to_f32(((uint16_t *)F.u[u].buf.w)[i]) : ((float *)F.u[u].buf.w)[i];
-                bad += got != want;
+                if (got != want && !bad++) first = i, first_got = got, first_want = want;
             }
             mpi_check(F.u[u].buf.w != NULL || size[u] == 0, "unit %d: gathered without a buffer", u);
             mpi_check(bad == 0, "%s rank %d of %d, %s: unit %d of %zu elements, %zu wrong after "
-                      "the gather", g->name, g->rank, N, bf16 ? "bf16" : "fp32", u, size[u], bad);
+                      "the gather; the first, element %zu, is %g, want %g (rank %d's piece)", g->name,
+                      g->rank, N, bf16 ? "bf16" : "fp32", u, size[u], bad, first, (double)first_got,
+                      (double)first_want, owner_of(&z, u, first));
         }
         size_t held = mem_current(MEM_COMM) - comm0, want = 0;
         for (int u = 0; u < nu; u++) want += size[u] * e;
@@ -99,7 +117,8 @@ static void test_unit_step(DistGroup *g, int bf16) {
         for (int u = 0; u < nu; u++) {
             fsdp_unit_step(&F, u);
             mpi_check(F.u[u].state == FSDP_FREED && F.u[u].buf.w == NULL, "unit %d: after the free "
-                      "state %d, buffer %p", u, (int)F.u[u].state, F.u[u].buf.w);
+                      "state %s, buffer %p, want FREED and no buffer", u, state_name(F.u[u].state),
+                      F.u[u].buf.w);
         }
         mpi_check(mem_current(MEM_COMM) == comm0, "freed units still hold %zu B of MEM_COMM",
                   mem_current(MEM_COMM) - comm0);
@@ -136,20 +155,23 @@ static void test_rs_hook(DistGroup *g, int replicas) {
         fsdp_grads_done(&F, u, 1);
     }
     fsdp_end_micro(&F);
-    size_t bad = 0;
+    size_t bad = 0, first = 0;
+    float first_got = 0, first_want = 0;
     for (int u = 0; u < nu; u++) {
         for (size_t i = 0; i < z.p[u].count; i++) {
             size_t at = z.p[u].begin + i;
             double sum = 0;
             for (int q = 0; q < N; q++) sum += grad_of(u, q, at);
             float want = 0.5f + (float)(sum / N);
-            bad += fabsf(gshard[z.p[u].local + i] - want) > 1e-6f;
+            if (fabsf(gshard[z.p[u].local + i] - want) > 1e-6f && !bad++)
+                first = z.p[u].local + i, first_got = gshard[z.p[u].local + i], first_want = want;
         }
         mpi_check(F.u[u].buf.g == NULL, "unit %d's gradient buffer not freed after its reduce-scatter", u);
     }
     mpi_check(bad == 0, "%s rank %d of %d (%s): %zu elements of my gradient pieces are not 0.5 "
-              "+ the average over the ranks", g->name, g->rank, N,
-              replicas ? "replicas" : "shard group", bad);
+              "+ the average over the ranks; the first, shard element %zu, is %g, want %g", g->name,
+              g->rank, N, replicas ? "replicas" : "shard group", bad, first, (double)first_got,
+              (double)first_want);
     fsdp_free(&F);
     free(gshard);
     zero_layout_free(&z);

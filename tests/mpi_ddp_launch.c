@@ -95,14 +95,15 @@ int main(int argc, char **argv) {
                 const DdpBucket *bk = &ddp.buckets[b];
                 int should = complete_after[b] <= piece;
                 mpi_check(bk->launched == should,
-                      "step %d, after backward piece %d: bucket %d (complete after piece %d) is %s",
-                      step, piece, b, complete_after[b], bk->launched ? "launched" : "not launched");
+                      "step %d, after backward piece %d: bucket %d (complete after piece %d) is %s, "
+                      "want %s", step, piece, b, complete_after[b], bk->launched ? "launched" : "not launched",
+                      should ? "launched" : "not launched yet");
                 if (bk->launched) {
                     mpi_check(bk->launch_piece == complete_after[b],
                           "step %d: bucket %d launched after piece %d, but it was complete after "
                           "piece %d", step, b, bk->launch_piece, complete_after[b]);
-                    mpi_check(bk->launch_seq == b, "step %d: bucket %d was launched as number %d: "
-                          "buckets must start in order", step, b, bk->launch_seq);
+                    mpi_check(bk->launch_seq == b, "step %d: bucket %d was launched as number %d, want "
+                          "%d: buckets must start in order", step, b, bk->launch_seq, b);
                 }
             }
         }

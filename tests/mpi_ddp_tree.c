@@ -41,13 +41,16 @@ static void run(DpReduce how, DistDtype dt, const char *name, int salt) {
     uint64_t S = n * (bf16 ? sizeof(uint16_t) : sizeof(float));
     uint64_t sent = c->sent[OP_SEND], recv = c->recv[OP_RECV];
     if (rank == 0) {
-        size_t bad = 0;
+        size_t bad = 0, first = 0;
+        float first_want = 0;
         for (size_t i = 0; i < n; i++) {
             float want = 0;
             for (int r = 0; r < N; r++) want += value(r, i, salt);
-            if (grads[i] != want) bad++;
+            if (grads[i] != want && !bad++) first = i, first_want = want;
         }
-        mpi_check(bad == 0, "%s: %zu of %zu elements of rank 0's sum are wrong", name, bad, n);
+        mpi_check(bad == 0, "%s: %zu of %zu elements of rank 0's sum are wrong; the first, element %zu, "
+                  "is %g, want %g (the sum over the %d ranks)", name, bad, n, first,
+                  bad ? (double)grads[first] : 0.0, (double)first_want, N);
         int rounds = 0;  // ceil(log2 N)
         while ((1 << rounds) < N) rounds++;
         uint64_t want_recv = how == DP_REDUCE_TREE ? (uint64_t)rounds * S : (uint64_t)(N - 1) * S;

@@ -178,9 +178,10 @@ Test(train00, refuses_several_ranks) {
 // with the predicted numbers, before allocating (not killed by the OOM killer minutes later).
 // With --mem-limit, so that the outcome does not depend on this machine: the prediction for
 // --batch 512 (about 1.9 GiB) exceeds 100 MiB; --batch 4 (about 30 MiB) fits, and its measured
-// model state is the one the refusal predicted. Seen failing with refuse_if_it_cannot_fit() not
-// called (the run trained: rc 0, no message), and with Adam's v left out of the prediction
-// ("model state 12.73 MiB" not in the message).
+// model state is the one the refusal predicted. Seen failing with the refusal (then
+// refuse_if_it_cannot_fit, now mem_refuse_if_it_cannot_fit) not called (the run trained: rc 0,
+// no message), and with Adam's v left out of the prediction ("model state 12.73 MiB" not in the
+// message).
 Test(train00, run_predicted_not_to_fit_is_refused_before_allocating, .timeout = 60) {
     char *out = NULL;
     double t0 = lab_now();

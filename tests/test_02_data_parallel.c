@@ -21,6 +21,7 @@
 #include "ckpt.h"
 #include "gpt2.h"
 #include "harness.h"
+#include "harness_expect.h"
 #include "harness_progress.h"
 #include "mem.h"
 
@@ -36,14 +37,14 @@
 static void run_oracle(const char *flags, RunResults *out) {
     char *log = NULL;
     int rc = harness_run_dump(ORACLE, 1, flags, out, &log, 120);
-    cr_assert_eq(rc, 0, "oracle run failed (%s):\n%s", flags, log);
+    cr_assert(rc == 0, "%s", expect_msg_log("exit 0", expect_fmt_(rc), log, "the oracle, %s %s", ORACLE, flags));
     free(log);
 }
 
 static void run_dp(int np, const char *flags, RunResults *out) {
     char *log = NULL;
     int rc = harness_run_dump(DP, np, flags, out, &log, 120);
-    cr_assert_eq(rc, 0, "02_data_parallel -np %d %s failed:\n%s", np, flags, log);
+    cr_assert(rc == 0, "%s", expect_msg_log("exit 0", expect_fmt_(rc), log, "mpirun -np %d %s %s", np, DP, flags));
     free(log);
 }
 
@@ -290,8 +291,12 @@ Test(ex02_1, master_sends_each_rank_only_its_rows, .timeout = 120) {
     RunResults r;
     run_dp(4, SMALL_MODEL " --batch 24 --steps 1 --reduce linear", &r);
     double S = 4.0 * SMALL_NPARAMS, b = 6.0 * 32 * 4;
-    cr_assert_eq(results_get(&r, "bytes_sent_per_step", -1), 3 * S + 3 * 2 * b);
-    cr_assert_eq(results_get(&r, "rank1_bytes_recv_per_step", -1), S + 2 * b);
+    expect_eq(results_get(&r, "bytes_sent_per_step", -1), 3 * S + 3 * 2 * b,
+              "bytes the master sends per step on 4 ranks, batch 24: (N-1) S weights + (N-1) x 2b, "
+              "each other rank's inputs and targets (b = 6 rows x T 32 x 4 B)");
+    expect_eq(results_get(&r, "rank1_bytes_recv_per_step", -1), S + 2 * b,
+              "bytes rank 1 receives per step on 4 ranks, batch 24: S weights + 2b, its own rows' inputs "
+              "and targets only (b = 6 rows x T 32 x 4 B)");
     results_free(&r);
 }
 
@@ -303,8 +308,12 @@ static void run_tree_check(int np) {
     char cmd[512], *out = NULL;
     snprintf(cmd, sizeof cmd, "%s/tests/mpi_ddp_tree", harness_build_dir());
     int rc = harness_mpirun(np, cmd, &out, 30);
-    cr_assert_eq(rc, 0, "mpi_ddp_tree -np %d failed (rc %d):\n%s", np, rc, out);
-    cr_assert(harness_contains(out, "mpi_ddp_tree: OK"), "%s", out);
+    cr_assert(rc == 0, "%s", expect_msg_log("exit 0", expect_fmt_(rc), out,
+              "mpirun -np %d mpi_ddp_tree: its checks (the FAIL lines below say which value came out "
+              "and which was expected)", np));
+    cr_assert(harness_contains(out, "mpi_ddp_tree: OK"), "%s",
+              expect_msg_log("the line \"mpi_ddp_tree: OK\"", "no such line", out,
+                             "mpirun -np %d mpi_ddp_tree: its summary", np));
     free(out);
 }
 

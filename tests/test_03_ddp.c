@@ -28,6 +28,7 @@
 #include "ddp_buckets.h"
 #include "gpt2.h"
 #include "harness.h"
+#include "harness_expect.h"
 #include "harness_progress.h"
 #include "mem.h"
 
@@ -58,14 +59,14 @@ static char *tmp_path(const char *tag) {
 static void run_oracle(const char *flags, RunResults *out) {
     char *log = NULL;
     int rc = harness_run_dump(ORACLE, 1, flags, out, &log, 120);
-    cr_assert_eq(rc, 0, "oracle run failed (%s):\n%s", flags, log);
+    cr_assert(rc == 0, "%s", expect_msg_log("exit 0", expect_fmt_(rc), log, "the oracle, %s %s", ORACLE, flags));
     free(log);
 }
 
 static void run_ddp(int np, const char *flags, RunResults *out) {
     char *log = NULL;
     int rc = harness_run_dump(DDP, np, flags, out, &log, 120);
-    cr_assert_eq(rc, 0, "03_ddp -np %d %s failed:\n%s", np, flags, log);
+    cr_assert(rc == 0, "%s", expect_msg_log("exit 0", expect_fmt_(rc), log, "mpirun -np %d %s %s", np, DDP, flags));
     free(log);
 }
 
@@ -76,12 +77,9 @@ static void check_equivalent(const RunResults *oracle, int np, const char *flags
     char what[256];
     snprintf(what, sizeof what, "03_ddp -np %d %s", np, flags);
     harness_assert_results_match(what, &r, oracle, LOSS_RTOL, PARAM_ATOL);
-    cr_assert_eq(results_get(&r, "replica_max_diff", -1), 0.0,
-                 "%s: replicas differ after training (max |p_r - p_0| = %g)", what,
-                 results_get(&r, "replica_max_diff", -1));
-    if (buckets >= 0)
-        cr_assert_eq(results_get(&r, "buckets", -1), buckets, "%s: %g buckets, expected %d", what,
-                     results_get(&r, "buckets", -1), buckets);
+    expect_eq(results_get(&r, "replica_max_diff", -1), 0.0,
+              "%s: max |p_r - p_0| over the ranks' weights after training (the replicas agree)", what);
+    if (buckets >= 0) expect_eq(results_get(&r, "buckets", -1), buckets, "%s: buckets", what);
     results_free(&r);
 }
 
@@ -530,9 +528,15 @@ static int assign(const size_t *bytes, int n, size_t first, size_t cap, int *of)
     return ddp_assign_buckets(bytes, n, first, cap, of);
 }
 
+// The number of buckets ddp_assign_buckets returns for bytes[0..n), first cap, cap.
+#define expect_buckets(got, want, bytes, n, first, cap)                                           \
+    expect_eq((got), (want), "buckets of ddp_assign_buckets(%d parameters of %zu, %zu, ... bytes, " \
+              "first cap %zu, cap %zu)", (n), (size_t)(bytes)[0], (size_t)(bytes)[1],           \
+              (size_t)(first), (size_t)(cap))
+
 static void assert_assignment(const int *got, const int *want, int n) {
     for (int i = 0; i < n; i++)
-        cr_assert_eq(got[i], want[i], "parameter %d is in bucket %d, expected %d", i, got[i], want[i]);
+        expect_eq(got[i], want[i], "the bucket of parameter %d (in the order the gradients become ready)", i);
 }
 
 // A bucket closes when its size reaches the cap: 40+40 = 80 >= 50 closes the first,
@@ -540,7 +544,7 @@ static void assert_assignment(const int *got, const int *want, int n) {
 Test(ex03_1, a_bucket_closes_when_it_reaches_its_cap) {
     size_t bytes[5] = {40, 40, 40, 40, 40};
     int of[5], want[5] = {0, 0, 1, 1, 1};
-    cr_assert_eq(assign(bytes, 5, 50, 100, of), 2);
+    expect_buckets(assign(bytes, 5, 50, 100, of), 2, bytes, 5, 50, 100);
     assert_assignment(of, want, 5);
 }
 
@@ -548,7 +552,7 @@ Test(ex03_1, a_bucket_closes_when_it_reaches_its_cap) {
 Test(ex03_1, exactly_the_cap_is_full) {
     size_t bytes[4] = {50, 50, 50, 7};
     int of[4], want[4] = {0, 1, 1, 2};
-    cr_assert_eq(assign(bytes, 4, 50, 100, of), 3);
+    expect_buckets(assign(bytes, 4, 50, 100, of), 3, bytes, 4, 50, 100);
     assert_assignment(of, want, 4);
 }
 
@@ -556,21 +560,21 @@ Test(ex03_1, exactly_the_cap_is_full) {
 Test(ex03_1, the_first_bucket_has_its_own_cap) {
     size_t bytes[8] = {10, 10, 10, 10, 10, 10, 10, 10};
     int of[8], want[8] = {0, 1, 1, 1, 2, 2, 2, 3};
-    cr_assert_eq(assign(bytes, 8, 10, 30, of), 4);
+    expect_buckets(assign(bytes, 8, 10, 30, of), 4, bytes, 8, 10, 30);
     assert_assignment(of, want, 8);
 }
 
 Test(ex03_1, cap_zero_gives_one_bucket_per_parameter) {
     size_t bytes[6] = {4, 400, 4, 4000, 4, 4};
     int of[6], want[6] = {0, 1, 2, 3, 4, 5};
-    cr_assert_eq(assign(bytes, 6, 0, 0, of), 6);
+    expect_buckets(assign(bytes, 6, 0, 0, of), 6, bytes, 6, 0, 0);
     assert_assignment(of, want, 6);
 }
 
 Test(ex03_1, huge_caps_give_one_bucket) {
     size_t bytes[5] = {4, 400, 4, 4000, 4};
     int of[5], want[5] = {0, 0, 0, 0, 0};
-    cr_assert_eq(assign(bytes, 5, 1u << 30, 1u << 30, of), 1);
+    expect_buckets(assign(bytes, 5, 1u << 30, 1u << 30, of), 1, bytes, 5, 1u << 30, 1u << 30);
     assert_assignment(of, want, 5);
 }
 
@@ -581,7 +585,7 @@ Test(ex03_1, huge_caps_give_one_bucket) {
 Test(ex03_1, tiny_model_default_caps) {
     GPT2Config cfg = gpt2_config_tiny();
     GPT2Param p[52];
-    cr_assert_eq(ddp_module_order(&cfg, p), 52);
+    expect_eq(ddp_module_order(&cfg, p), 52, "parameters of the tiny model in module order");
     size_t bytes[52];
     char names[52][32];
     for (int i = 0; i < 52; i++) {  // reverse module order
@@ -589,10 +593,12 @@ Test(ex03_1, tiny_model_default_caps) {
         snprintf(names[i], 32, "%s", p[51 - i].name);
     }
     int of[52];
-    cr_assert_eq(assign(bytes, 52, 1u << 20, 25u << 20, of), 2);
-    cr_assert_str_eq(names[15], "h.2.fcprojw");
+    expect_eq(assign(bytes, 52, 1u << 20, 25u << 20, of), 2,
+              "buckets of the tiny model's 52 parameters (reverse module order), first cap 1 MiB, cap 25 MiB");
+    expect_str_eq(names[15], "h.2.fcprojw", "the 16th parameter in reverse module order");
     for (int i = 0; i < 52; i++)
-        cr_assert_eq(of[i], i <= 15 ? 0 : 1, "%s in bucket %d", names[i], of[i]);
+        expect_eq(of[i], i <= 15 ? 0 : 1, "the bucket of %s (parameter %d in reverse module order; the "
+                  "first bucket closes at h.2.fcprojw, 1,056,768 >= 1 MiB bytes)", names[i], i);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -603,8 +609,12 @@ static void run_launch_check(int np, const char *flags) {
     char cmd[512], *out = NULL;
     snprintf(cmd, sizeof cmd, "%s/tests/mpi_ddp_launch %s", harness_build_dir(), flags);
     int rc = harness_mpirun(np, cmd, &out, 30);
-    cr_assert_eq(rc, 0, "mpi_ddp_launch -np %d failed (rc %d):\n%s", np, rc, out);
-    cr_assert(harness_contains(out, "mpi_ddp_launch: OK"), "%s", out);
+    cr_assert(rc == 0, "%s", expect_msg_log("exit 0", expect_fmt_(rc), out,
+              "mpirun -np %d mpi_ddp_launch %s: its checks (the FAIL lines below say which value "
+              "came out and which was expected)", np, flags));
+    cr_assert(harness_contains(out, "mpi_ddp_launch: OK"), "%s",
+              expect_msg_log("the line \"mpi_ddp_launch: OK\"", "no such line", out,
+                             "mpirun -np %d mpi_ddp_launch %s: its summary", np, flags));
     free(out);
 }
 
@@ -662,12 +672,15 @@ Test(ex03_3, accumulation_matches_single_device, .timeout = 180) {
 Test(ex03_3, only_the_last_micro_step_communicates, .timeout = 120) {
     RunResults r;
     run_ddp(2, SMALL_MODEL " --batch 24 --steps 3 --no-overlap --grad-accum 4 --check-no-sync", &r);
-    cr_assert_eq(results_get(&r, "nosync_checks", -1), 9, "3 steps x 3 no_sync micro-steps");
-    cr_assert_eq(results_get(&r, "nosync_differ", -1), 9,
-                 "gradients must differ across ranks inside no_sync (%g of 9 did)",
-                 results_get(&r, "nosync_differ", -1));
-    cr_assert_eq(results_get(&r, "sync_agree", -1), 3, "after the last micro-step they agree");
-    cr_assert_eq(results_get(&r, "grad_bytes_sent_per_step", -1), 4.0 * SMALL_NPARAMS,
-                 "one all-reduce of the gradients per step: 2(N-1)/N x S = S on 2 ranks");
+    const char *run = "03_ddp -np 2 --steps 3 --grad-accum 4 --check-no-sync";
+    expect_eq(results_get(&r, "nosync_checks", -1), 9,
+              "micro-steps checked inside no_sync (3 steps x 3 no_sync micro-steps), %s", run);
+    expect_eq(results_get(&r, "nosync_differ", -1), 9,
+              "no_sync micro-steps whose gradients differ across ranks (nothing communicated inside "
+              "no_sync), %s", run);
+    expect_eq(results_get(&r, "sync_agree", -1), 3,
+              "steps whose gradients agree across ranks after the last micro-step (it all-reduces), %s", run);
+    expect_eq(results_get(&r, "grad_bytes_sent_per_step", -1), 4.0 * SMALL_NPARAMS,
+              "gradient bytes sent per step (one all-reduce: 2(N-1)/N x S = S on 2 ranks), %s", run);
     results_free(&r);
 }

@@ -9,6 +9,7 @@
 #include <string.h>
 
 #include "harness.h"
+#include "harness_expect.h"
 
 // mpirun -np N mpi_ring <what> for N = 1..8: each must exit 0 and report checks, none failed.
 static void ring_passes_on_1_to_8_ranks(const char *what) {
@@ -20,9 +21,8 @@ static void ring_passes_on_1_to_8_ranks(const char *what) {
         const char *line = out ? strstr(out, "mpi_ring: ") : NULL;
         const char *on = line ? strstr(line, " on ") : NULL;
         if (on) sscanf(on, " on %d ranks: %d checks, %d failed", &ranks, &checks, &failed);
-        cr_expect(rc == 0 && ranks == np && checks > 0 && failed == 0,
-                  "mpi_ring %s on %d ranks: exit %d, summary: %d ranks %d checks %d failed\n%s", what, np, rc, ranks,
-                  checks, failed, out ? out : "(no output)");
+        cr_expect(rc == 0 && ranks == np && checks > 0 && failed == 0, "%s",
+                  expect_mpi_msg("mpi_ring", what, np, rc, ranks, checks, failed, out, 0));
         free(out);
         if (rc != 0) break;
     }

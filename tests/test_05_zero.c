@@ -23,6 +23,7 @@
 #include "check.h"
 #include "gpt2.h"
 #include "harness.h"
+#include "harness_expect.h"
 #include "harness_progress.h"
 #include "mem.h"
 #include "shard.h"
@@ -563,7 +564,9 @@ static void layout_matches(const GPT2Config *cfg, int flat) {
             if (flat) zero_layout_init_flat(&z, &m, N, r);
             else zero_layout_init(&z, &m, N, r);
             size_t local = 0, sb = flat_start(n, N, r), se = flat_start(n, N, r + 1);
-            cr_assert_eq(z.nunits, m.nunits);
+            const char *init = flat ? "zero_layout_init_flat" : "zero_layout_init";
+            expect_eq(z.nunits, m.nunits, "units of %s (one piece per unit of the model), N %d rank %d",
+                      init, N, r);
             for (int u = 0; u < m.nunits; u++) {
                 size_t un = m.units[u].size, ub = m.units[u].offset, begin, count;
                 if (flat) {
@@ -575,23 +578,33 @@ static void layout_matches(const GPT2Config *cfg, int flat) {
                     begin = flat_start(un, N, r);
                     count = flat_start(un, N, r + 1) - begin;
                 }
-                cr_expect_eq(z.p[u].unit_offset, ub);
-                cr_expect_eq(z.p[u].unit_size, un);
-                cr_expect_eq(z.p[u].begin, begin, "N %d rank %d unit %d: piece begins at %zu, "
-                             "want %zu", N, r, u, z.p[u].begin, begin);
-                cr_expect_eq(z.p[u].count, count, "N %d rank %d unit %d: piece of %zu, want %zu",
-                             N, r, u, z.p[u].count, count);
-                if (count) cr_expect_eq(z.p[u].local, local, "N %d rank %d unit %d: local %zu, "
-                                        "want %zu", N, r, u, z.p[u].local, local);
+                char of[160];
+                snprintf(of, sizeof of, "%s, N %d rank %d, unit %d (%zu elements at %zu; this rank's "
+                         "shard: [%zu, %zu) of %zu)", init, N, r, u, un, ub, sb, se, n);
+                expect_or(cr_expect, z.p[u].unit_offset == ub, ub, z.p[u].unit_offset,
+                          "the unit's offset in the model, %s", of);
+                expect_or(cr_expect, z.p[u].unit_size == un, un, z.p[u].unit_size,
+                          "the unit's size, %s", of);
+                expect_or(cr_expect, z.p[u].begin == begin, begin, z.p[u].begin,
+                          "where this rank's piece begins in the unit, %s", of);
+                expect_or(cr_expect, z.p[u].count == count, count, z.p[u].count,
+                          "the elements of this rank's piece, %s", of);
+                if (count)
+                    expect_or(cr_expect, z.p[u].local == local, local, z.p[u].local,
+                              "where the piece sits in the shard (after the pieces of the units "
+                              "before it), %s", of);
                 local += count;
                 size_t counts[16];
                 zero_unit_counts(&z, u, counts);
-                cr_expect_eq(counts[r], count, "N %d rank %d unit %d: counts[r] %zu, want %zu", N,
-                             r, u, counts[r], count);
+                expect_or(cr_expect, counts[r] == count, count, counts[r],
+                          "zero_unit_counts(unit %d)[%d] (this rank's piece), %s", u, r, of);
             }
-            cr_expect_eq(z.shard_n, local);
-            if (flat) cr_expect_eq(z.shard_n, se - sb, "N %d rank %d: shard of %zu, want %zu", N, r,
-                                   z.shard_n, se - sb);
+            expect_or(cr_expect, z.shard_n == local, local, z.shard_n,
+                      "the shard's length (the sum of its pieces), %s, N %d rank %d", init, N, r);
+            if (flat)
+                expect_or(cr_expect, z.shard_n == se - sb, se - sb, z.shard_n,
+                          "the shard's length ([%zu, %zu) of the %zu parameters), %s, N %d rank %d",
+                          sb, se, n, init, N, r);
             zero_layout_free(&z);
         }
     }
@@ -626,9 +639,8 @@ static void mpi_zero_passes(const char *what, int max_np) {
         const char *line = out ? strstr(out, "mpi_05_zero: ") : NULL;
         const char *on = line ? strstr(line, " on ") : NULL;
         if (on) sscanf(on, " on %d ranks: %d checks, %d failed", &ranks, &checks, &failed);
-        cr_expect(rc == 0 && ranks == np && checks > 0 && failed == 0,
-                  "mpi_05_zero %s on %d ranks: exit %d, summary: %d ranks %d checks %d failed\n%s",
-                  what, np, rc, ranks, checks, failed, out ? out : "(no output)");
+        cr_expect(rc == 0 && ranks == np && checks > 0 && failed == 0, "%s",
+                  expect_mpi_msg("mpi_05_zero", what, np, rc, ranks, checks, failed, out, 0));
         free(out);
         if (rc != 0) break;
     }

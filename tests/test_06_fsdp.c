@@ -25,6 +25,7 @@
 #include "fsdp.h"
 #include "gpt2.h"
 #include "harness.h"
+#include "harness_expect.h"
 #include "harness_progress.h"
 #include "shard.h"
 
@@ -355,8 +356,9 @@ Test(fsdp06, bad_input_is_refused_with_what_would_be_valid, .timeout = 60) {
 // tests/mpi_06_fsdp.c, not by zero_layout_init)
 
 static void mpi_fsdp_passes(const char *what, int max_np) {
-    cr_expect(harness_mpi_program_passes("mpi_06_fsdp", what, max_np, 60),
-              "mpi_06_fsdp %s failed (its output above on stderr)", what);
+    char *why = NULL;
+    cr_expect(harness_mpi_program_passes("mpi_06_fsdp", what, max_np, 60, &why), "%s", why);
+    free(why);
 }
 
 // Breaks seen to fail: the piece sent from the shard's start instead of its place (local); the
@@ -369,26 +371,36 @@ Test(ex06_1, unit_gather_and_free_on_1_to_3_ranks, .timeout = 90) {
 // head's gradient is complete after it, a block's after its own backward, the embedding's
 // (wte's share came from the head) after the embedding's; the backward queue gathers the
 // blocks from the last to the first (the head's units are kept from forward).
+static void op_text(char *buf, size_t n, int backward, int piece, int layer) {
+    const char *names[] = {[FSDP_EMBED] = "embedding", [FSDP_BLOCK] = "block", [FSDP_HEAD] = "head"};
+    snprintf(buf, n, "%s of the %s, layer %d", backward ? "backward" : "forward",
+             piece >= 0 && piece <= 2 ? names[piece] : "(not a piece)", layer);
+}
+
 static void backward_plan_is(int reshard) {
     FsdpPlan p;
     fsdp_plan_build(&p, 3, reshard);
-    cr_assert_eq(p.nfwd, 5);
-    cr_assert_eq(p.nops, 10, "%d ops in the plan, want 5 forward + 5 backward", p.nops);
+    const char *of = reshard ? "fsdp_plan_build(L = 3, reshard on)" : "fsdp_plan_build(L = 3, reshard off)";
+    expect_eq(p.nfwd, 5, "forward ops of %s (embedding, blocks 0, 1, 2, head)", of);
+    expect_eq(p.nops, 10, "ops of %s (5 forward + 5 backward)", of);
     const int piece[5] = {FSDP_HEAD, FSDP_BLOCK, FSDP_BLOCK, FSDP_BLOCK, FSDP_EMBED};
     const int layer[5] = {-1, 2, 1, 0, -1}, done[5] = {4, 3, 2, 1, 0};
+    char want[64], got[64];
     for (int i = 0; i < 5; i++) {
         const FsdpOp *o = &p.ops[5 + i];
-        cr_expect(o->backward == 1 && (int)o->piece == piece[i] && o->layer == layer[i],
-                  "backward op %d: piece %d layer %d, want piece %d layer %d", i, (int)o->piece,
-                  o->layer, piece[i], layer[i]);
-        cr_expect_eq(o->done, done[i], "backward op %d completes unit %d's gradient, want %d", i,
-                     o->done, done[i]);
+        op_text(want, sizeof want, 1, piece[i], layer[i]);
+        op_text(got, sizeof got, o->backward, (int)o->piece, o->layer);
+        expect_or(cr_expect, o->backward == 1 && (int)o->piece == piece[i] && o->layer == layer[i], want,
+                  got, "backward op %d of %s (backward runs head, blocks 2, 1, 0, embedding)", i, of);
+        expect_or(cr_expect, o->done == done[i], done[i], o->done,
+                  "the unit whose gradient is complete after backward op %d of %s", i, of);
     }
     const int nb = p.nentries - p.nfwd_entries;
-    cr_expect_eq(nb, reshard ? 3 : 0, "%d backward all-gathers, want %d", nb, reshard ? 3 : 0);
+    expect_or(cr_expect, nb == (reshard ? 3 : 0), reshard ? 3 : 0, nb,
+              "all-gathers in the backward queue of %s (reshard on: the blocks again; off: none)", of);
     for (int i = 0; i < nb && reshard; i++)
-        cr_expect_eq(p.entry_unit[p.nfwd_entries + i], 3 - i, "backward gather %d is unit %d, "
-                     "want %d", i, p.entry_unit[p.nfwd_entries + i], 3 - i);
+        expect_or(cr_expect, p.entry_unit[p.nfwd_entries + i] == 3 - i, 3 - i, p.entry_unit[p.nfwd_entries + i],
+                  "the unit of backward gather %d of %s (the blocks from the last to the first)", i, of);
     fsdp_plan_free(&p);
 }
 

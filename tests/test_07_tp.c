@@ -32,6 +32,7 @@
 
 #include "gpt2.h"
 #include "harness.h"
+#include "harness_expect.h"
 
 #define ORACLE "./00_memory_budget/run --train --quiet"
 #define TP "./07_tensor_parallel/run --quiet"
@@ -463,10 +464,8 @@ static void mpi_07_passes(int np, const char *what) {
     while (line && strstr(line + 1, "mpi_07_tp: ")) line = strstr(line + 1, "mpi_07_tp: ");  // the summary
     const char *on = line ? strstr(line, " on ") : NULL;
     if (on) sscanf(on, " on %d ranks: %d checks, %d failed", &ranks, &checks, &failed);
-    size_t len = out ? strlen(out) : 0;
-    cr_expect(rc == 0 && ranks == np && checks > 0 && failed == 0,
-              "mpi_07_tp %s on %d ranks: exit %d, %d checks %d failed; output ends:\n%s", what, np, rc,
-              checks, failed, out ? out + (len > 1500 ? len - 1500 : 0) : "(no output)");
+    cr_expect(rc == 0 && ranks == np && checks > 0 && failed == 0, "%s",
+              expect_mpi_msg("mpi_07_tp", what, np, rc, ranks, checks, failed, out, 1500));
     free(out);
 }
 

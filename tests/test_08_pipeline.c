@@ -23,6 +23,7 @@
 
 #include "calc.h"
 #include "harness.h"
+#include "harness_expect.h"
 #include "harness_progress.h"
 #include "pipe_exec.h"
 #include "schedule.h"
@@ -411,16 +412,20 @@ static const SchedTimes EQUAL = {1.0, 1.0, 1.0, 0.0, 0.0, 0.0};
 
 static void sim_ok(Schedule *s, SimResult *r, const SchedTimes *t) {
     char err[256];
-    cr_assert_eq(sched_check(s, err, sizeof err), 0, "%s p %d m %d: %s", s->name, s->p, s->m, err);
-    cr_assert_eq(sched_simulate(s, t, r), 0, "%s p %d m %d: %s", s->name, s->p, s->m, r->err);
+    expect(sched_check(s, err, sizeof err) == 0, "a well-formed table", err,
+           "sched_check of the %s table, p %d v %d m %d", s->name, s->p, s->v, s->m);
+    expect(sched_simulate(s, t, r) == 0, "every op runs (no stage waits forever)", r->err,
+           "the simulated run of the %s table, p %d v %d m %d", s->name, s->p, s->v, s->m);
     int sends = 0, recvs = 0;
     for (int k = 0; k < s->p; k++) sends += r->sends[k], recvs += r->recvs[k];
-    cr_assert_eq(sends, recvs, "%s: %d sends, %d receives", s->name, sends, recvs);
+    expect_eq(recvs, sends, "messages received (one per message sent), %s p %d v %d m %d", s->name,
+              s->p, s->v, s->m);
     // every boundary between virtual stages on different ranks carries m messages each way
     int S = s->p * s->v, cross = 0;
     for (int vs = 0; vs + 1 < S; vs++) cross += (vs % s->p) != ((vs + 1) % s->p);
-    cr_assert_eq(sends, 2 * cross * s->m, "%s: %d messages, expected %d", s->name, sends,
-                 2 * cross * s->m);
+    expect_eq(sends, 2 * cross * s->m,
+              "messages sent (m each way across each of the %d boundaries between ranks), %s p %d "
+              "v %d m %d", cross, s->name, s->p, s->v, s->m);
 }
 
 // Every table is well formed, deadlock-free, and its simulated bubble is the formula EXACTLY
@@ -802,7 +807,7 @@ static void expect_row(const Schedule *s, int r, const char *want) {
         snprintf(op, sizeof op, "%s%c%d", j ? " " : "", "FBW"[s->ops[r][j].kind], s->ops[r][j].mb);
         strcat(got, op);
     }
-    cr_assert_str_eq(got, want, "%s p %d m %d stage %d", s->name, s->p, s->m, r);
+    expect_str_eq(got, want, "the ops of stage %d in order, %s p %d m %d", r, s->name, s->p, s->m);
 }
 
 // 08.1: the 1F1B table, written out by hand for p = 3, m = 5 (warm-up p-r-1, steady F B,
@@ -821,7 +826,9 @@ Test(ex08_1, one_f_one_b_with_fewer_micro_batches_than_stages) {
     sched_1f1b(&s, 4, 2);
     expect_row(&s, 0, "F0 F1 B0 B1");
     expect_row(&s, 3, "F0 B0 F1 B1");
-    for (int r = 0; r < 4; r++) cr_assert_eq(sched_peak_inflight(&s, r), 4 - r < 2 ? 4 - r : 2);
+    for (int r = 0; r < 4; r++)
+        expect_eq(sched_peak_inflight(&s, r), 4 - r < 2 ? 4 - r : 2,
+                  "activation sets alive at the peak on stage %d (min(p - r, m)), 1f1b p 4 m 2", r);
     sched_free(&s);
 }
 
@@ -831,8 +838,10 @@ Test(ex08_1, one_f_one_b_bubble_is_gpipes_with_less_memory) {
     sched_1f1b(&s, 4, 8);
     sim_ok(&s, &r, &EQUAL);
     for (int k = 0; k < 4; k++) {
-        cr_assert(fabs(r.bubble[k] - 3.0 / 11.0) < 1e-12, "stage %d bubble %g", k, r.bubble[k]);
-        cr_assert_eq(r.peak_inflight[k], 4 - k);
+        expect_near(r.bubble[k], 3.0 / 11.0, 1e-12,
+                    "the bubble of stage %d ((p - 1)/(m + p - 1), GPipe's), 1f1b p 4 m 8 simulated", k);
+        expect_eq(r.peak_inflight[k], 4 - k,
+                  "activation sets alive at the peak on stage %d (p - r), 1f1b p 4 m 8 simulated", k);
     }
     sim_free(&r);
     sched_free(&s);
@@ -842,11 +851,11 @@ Test(ex08_1, one_f_one_b_bubble_is_gpipes_with_less_memory) {
 Test(ex08_2, interleaved_chunk_order_p2_v2) {
     const int fwd[8] = {0, 0, 1, 1, 0, 0, 1, 1}, bwd[8] = {1, 1, 0, 0, 1, 1, 0, 0};
     for (int k = 0; k < 8; k++) {
-        cr_assert_eq(interleaved_chunk(k, 2, 2, 1), fwd[k], "forward %d", k);
-        cr_assert_eq(interleaved_chunk(k, 2, 2, 0), bwd[k], "backward %d", k);
+        expect_eq(interleaved_chunk(k, 2, 2, 1), fwd[k], "the chunk of forward number %d, p 2 v 2", k);
+        expect_eq(interleaved_chunk(k, 2, 2, 0), bwd[k], "the chunk of backward number %d, p 2 v 2", k);
     }
     for (int k = 0; k < 9; k++)  // p = 3, v = 3: chunk k/3 mod 3
-        cr_assert_eq(interleaved_chunk(k, 3, 3, 1), k / 3 % 3, "p3 v3 forward %d", k);
+        expect_eq(interleaved_chunk(k, 3, 3, 1), k / 3 % 3, "the chunk of forward number %d, p 3 v 3", k);
 }
 
 // Seen to fail: the warm-up one forward short ((p-r-1)*2 + (v-1)*p - 1): the bubble is not
@@ -860,8 +869,9 @@ Test(ex08_2, interleaved_table_is_deadlock_free_with_the_formula_bubble) {
             sim_ok(&s, &r, &EQUAL);
             double th = (p - 1.0) / (v * 2.0 * p + p - 1.0);
             for (int k = 0; k < p; k++)
-                cr_assert(fabs(r.bubble[k] - th) < 1e-12, "p %d v %d stage %d: %g vs %g", p, v,
-                          k, r.bubble[k], th);
+                expect_near(r.bubble[k], th, 1e-12,
+                            "the bubble of stage %d ((p - 1)/(v m + p - 1)), interleaved p %d v %d "
+                            "m %d simulated", k, p, v, 2 * p);
             sim_free(&r);
             sched_free(&s);
         }
@@ -877,8 +887,9 @@ Test(ex08_3, deferred_w_gives_the_zb_h1_bubble) {
         sim_ok(&s, &r, &EQUAL);
         double th = (p - 1.0) / (3.0 * 2 * p + p - 1.0);
         for (int k = 0; k < p; k++)
-            cr_assert(fabs(r.bubble[k] - th) < 1e-12, "p %d stage %d: %g vs %g", p, k,
-                      r.bubble[k], th);
+            expect_near(r.bubble[k], th, 1e-12,
+                        "the bubble of stage %d ((p - 1)/(3m + p - 1), ZB-H1's), zb p %d m %d simulated",
+                        k, p, 2 * p);
         sim_free(&r);
         sched_free(&s);
     }

@@ -11,13 +11,13 @@
 #include "calc.h"
 #include "gpt2.h"
 #include "harness.h"
+#include "harness_expect.h"
 
 #define GB 1e9
 #define GIB (1024.0 * 1024.0 * 1024.0)
 
 static void assert_rel(double got, double want, double tol, const char *what) {
-    cr_assert(fabs(got - want) <= tol * fabs(want), "%s: got %.6g, want %.6g (within %g %%)",
-              what, got, want, 100 * tol);
+    expect_rel(got, want, tol, "%s", what);
 }
 
 static void assert_msg(const char *msg, const char *needle) {
@@ -35,22 +35,33 @@ static CalcSetup setup(CalcDtype dtype, int zero, int dp) {
 
 // ---- ex00_1: bytes per parameter ----------------------------------------------------------
 
+// b's weights, gradients, master weights, m and v: n parameters times the bytes per parameter
+// given (`of` names the case in the messages).
+static void expect_per_param(const CalcBreakdown *b, double n, double params, double grads,
+                             double master, double m, double v, const char *of) {
+    expect_eq(b->params, params * n, "bytes of the weights (%g per parameter) %s", params, of);
+    expect_eq(b->grads, grads * n, "bytes of the gradients (%g per parameter) %s", grads, of);
+    expect_eq(b->master, master * n, "bytes of the fp32 master weights (%g per parameter) %s", master, of);
+    expect_eq(b->m, m * n, "bytes of Adam's m (fp32, %g per parameter) %s", m, of);
+    expect_eq(b->v, v * n, "bytes of Adam's v (fp32, %g per parameter) %s", v, of);
+}
+
 // The notes: a 7B model (Φ = 7e9) with mixed-precision Adam needs params 14 GB, grads 14 GB,
 // optimizer 84 GB (master 28 + m 28 + v 28): 112 GB, more than an 80 GB A100.
 Test(ex00_1, notes_7b_is_112_GB) {
     CalcModel m = calc_model_raw(7000000000LL);
     CalcSetup s = setup(CALC_BF16, 0, 1);
     CalcBreakdown b = calc_memory(&m, &s);
-    cr_assert_eq(b.params, 14 * GB);
-    cr_assert_eq(b.grads, 14 * GB);
-    cr_assert_eq(b.master, 28 * GB);
-    cr_assert_eq(b.m, 28 * GB);
-    cr_assert_eq(b.v, 28 * GB);
-    cr_assert_eq(b.master + b.m + b.v, 84 * GB);
-    cr_assert_eq(b.acts, 0, "a raw count has no dimensions: no activations");
-    cr_assert_eq(b.total, 112 * GB);
-    cr_assert(!calc_fits(&b, calc_gpu_preset("a100-80")->mem_bytes), "112 GB fits in 80 GB?");
-    cr_assert(calc_fits(&b, calc_gpu_preset("h200")->mem_bytes), "112 GB should fit an H200");
+    const char *of = "of 7e9 parameters, bf16 mixed precision Adam";
+    expect_per_param(&b, 7e9, 2, 2, 4, 4, 4, of);  // 14, 14, 28, 28, 28 GB
+    expect_eq(b.master + b.m + b.v, 84 * GB, "optimizer bytes (master + m + v, K = 12) %s", of);
+    expect_eq(b.acts, 0, "activation bytes of a raw parameter count (no dimensions: none)");
+    expect_eq(b.total, 112 * GB, "total bytes (16 per parameter) %s", of);
+    expect(!calc_fits(&b, calc_gpu_preset("a100-80")->mem_bytes), "0 (112 GB > 80 GB)",
+           calc_fits(&b, calc_gpu_preset("a100-80")->mem_bytes), "calc_fits(total %.0f B, a100-80)",
+           b.total);
+    expect(calc_fits(&b, calc_gpu_preset("h200")->mem_bytes), "1 (112 GB fit an H200)",
+           calc_fits(&b, calc_gpu_preset("h200")->mem_bytes), "calc_fits(total %.0f B, h200)", b.total);
 }
 
 // What the lab's runtime allocates for fp32 Adam: 4 bytes each for params, grads, m, v; no
@@ -60,11 +71,7 @@ Test(ex00_1, fp32_adam_is_4_4_0_4_4) {
     CalcSetup s = setup(CALC_FP32, 0, 1);
     CalcBreakdown b = calc_memory(&m, &s);
     const double n = 834304;
-    cr_assert_eq(b.params, 4 * n);
-    cr_assert_eq(b.grads, 4 * n);
-    cr_assert_eq(b.master, 0);
-    cr_assert_eq(b.m, 4 * n);
-    cr_assert_eq(b.v, 4 * n);
+    expect_per_param(&b, n, 4, 4, 0, 4, 4, "of 834304 parameters, fp32 Adam (no master copy)");
 }
 
 Test(ex00_1, bf16_mixed_is_2_2_4_4_4) {
@@ -72,12 +79,10 @@ Test(ex00_1, bf16_mixed_is_2_2_4_4_4) {
     CalcSetup s = setup(CALC_BF16, 0, 1);
     CalcBreakdown b = calc_memory(&m, &s);
     const double n = 834304;
-    cr_assert_eq(b.params, 2 * n);
-    cr_assert_eq(b.grads, 2 * n);
-    cr_assert_eq(b.master, 4 * n);
-    cr_assert_eq(b.m, 4 * n);
-    cr_assert_eq(b.v, 4 * n);
-    cr_assert_eq(b.params + b.grads + b.master + b.m + b.v, 16 * n);
+    const char *of = "of 834304 parameters, bf16 mixed precision Adam";
+    expect_per_param(&b, n, 2, 2, 4, 4, 4, of);
+    expect_eq(b.params + b.grads + b.master + b.m + b.v, 16 * n,
+              "weights + gradients + master + m + v (16 per parameter) %s", of);
 }
 
 // SGD with momentum keeps one fp32 buffer instead of Adam's two.
@@ -86,9 +91,11 @@ Test(ex00_1, sgd_momentum_has_no_second_moment) {
     CalcSetup s = setup(CALC_BF16, 0, 1);
     s.optim = CALC_SGD;
     CalcBreakdown b = calc_memory(&m, &s);
-    cr_assert_eq(b.m, 4000);
-    cr_assert_eq(b.v, 0);
-    cr_assert_eq(b.total, (2 + 2 + 4 + 4) * 1000.0);
+    const char *of = "of 1000 parameters, bf16 SGD with momentum";
+    expect_eq(b.m, 4000, "bytes of the momentum (fp32, 4 per parameter) %s", of);
+    expect_eq(b.v, 0, "bytes of a second moment %s (SGD has none)", of);
+    expect_eq(b.total, (2 + 2 + 4 + 4) * 1000.0, "total bytes (2 + 2 + 4 master + 4 momentum per parameter) %s",
+              of);
 }
 
 // ---- ex00_4: ZeRO sharding -------------------------------------------------------------------
@@ -106,12 +113,14 @@ Test(ex00_4, zero_stage_formulas) {
     const int nd = 64;   // divides 7e9: no padding
     double want[4] = {16 * psi, (4 + 12.0 / nd) * psi, (2 + 14.0 / nd) * psi, 16 * psi / nd};
     for (int z = 0; z <= 3; z++)
-        cr_assert_eq(zero_bytes(7000000000LL, z, nd), want[z], "ZeRO-%d: got %.0f, want %.0f", z,
-                     zero_bytes(7000000000LL, z, nd), want[z]);
+        expect_eq(zero_bytes(7000000000LL, z, nd), want[z],
+                  "bytes per rank under ZeRO-%d (2 params + 2 grads + 12 optimizer per element kept), "
+                  "7e9 parameters on Nd = 64", z);
     CalcShard sh = calc_zero_shard(7000000000LL, 2, 64);
-    cr_assert_eq(sh.params, 7000000000LL, "ZeRO-2 keeps all parameters");
-    cr_assert_eq(sh.grads, 109375000LL);
-    cr_assert_eq(sh.opt, 109375000LL);
+    const char *of = "calc_zero_shard(7e9 parameters, ZeRO-2, Nd = 64)";
+    expect_eq(sh.params, 7000000000LL, "parameters each rank keeps, %s (ZeRO-2 keeps them all)", of);
+    expect_eq(sh.grads, 109375000LL, "gradient elements each rank keeps, %s (7e9 / 64)", of);
+    expect_eq(sh.opt, 109375000LL, "optimizer elements each rank keeps, %s (7e9 / 64)", of);
 }
 
 // The notes' table: ZeRO-1 saves 4x, ZeRO-2 8x, ZeRO-3 linearly in Nd (as Nd grows).
@@ -119,22 +128,26 @@ Test(ex00_4, zero_savings_4x_8x_linear) {
     const int64_t psi = 7000000000LL;
     double base = zero_bytes(psi, 0, 4096);
     double r1 = base / zero_bytes(psi, 1, 4096), r2 = base / zero_bytes(psi, 2, 4096);
-    cr_assert(r1 > 3.98 && r1 <= 4.0, "ZeRO-1 saving at Nd=4096: %.4f, want -> 4", r1);
-    cr_assert(r2 > 7.9 && r2 <= 8.0, "ZeRO-2 saving at Nd=4096: %.4f, want -> 8", r2);
+    expect(r1 > 3.98 && r1 <= 4.0, "in (3.98, 4] (-> 4 as Nd grows)", r1,
+           "ZeRO-1's saving (ZeRO-0 bytes / ZeRO-1 bytes) at Nd = 4096");
+    expect(r2 > 7.9 && r2 <= 8.0, "in (7.9, 8] (-> 8 as Nd grows)", r2,
+           "ZeRO-2's saving (ZeRO-0 bytes / ZeRO-2 bytes) at Nd = 4096");
     for (int nd = 2; nd <= 1024; nd *= 2)
-        assert_rel(base / zero_bytes(psi, 3, nd), nd, 1e-6, "ZeRO-3 saving equals Nd");
+        expect_rel(base / zero_bytes(psi, 3, nd), nd, 1e-6, "ZeRO-3's saving at Nd = %d (= Nd)", nd);
 }
 
 // Shards are padded: 10 parameters over 3 ranks -> 4 per rank.
 Test(ex00_4, uneven_shards_are_padded) {
     CalcShard sh = calc_zero_shard(10, 3, 3);
-    cr_assert_eq(sh.params, 4);
-    cr_assert_eq(sh.grads, 4);
-    cr_assert_eq(sh.opt, 4);
+    const char *of = "calc_zero_shard(10 elements, ZeRO-3, Nd = 3): ceil(10 / 3), padded";
+    expect_eq(sh.params, 4, "parameters each rank keeps, %s", of);
+    expect_eq(sh.grads, 4, "gradient elements each rank keeps, %s", of);
+    expect_eq(sh.opt, 4, "optimizer elements each rank keeps, %s", of);
     sh = calc_zero_shard(10, 1, 3);
-    cr_assert_eq(sh.params, 10);
-    cr_assert_eq(sh.grads, 10);
-    cr_assert_eq(sh.opt, 4);
+    of = "calc_zero_shard(10 elements, ZeRO-1, Nd = 3)";
+    expect_eq(sh.params, 10, "parameters each rank keeps, %s (ZeRO-1 keeps them all)", of);
+    expect_eq(sh.grads, 10, "gradient elements each rank keeps, %s (ZeRO-1 keeps them all)", of);
+    expect_eq(sh.opt, 4, "optimizer elements each rank keeps, %s (ceil(10 / 3), padded)", of);
 }
 
 // ---- ex00_2: activation memory -------------------------------------------------------------
@@ -147,11 +160,15 @@ Test(ex00_2, korthikanti_per_layer) {
     CalcModel m = gpt2_small();
     CalcSetup s = setup(CALC_BF16, 0, 1);
     s.seq_len = 1024;
-    cr_assert_eq(calc_layer_activation_bytes(&m, &s), 89653248.0);
+    const char *of = "of one GPT-2 small layer, bf16, s 1024, b 1";
+    expect_eq(calc_layer_activation_bytes(&m, &s), 89653248.0,
+              "activation bytes %s, no recomputation (s b h (34 + 5 a s / h))", of);
     s.recompute = CALC_RECOMPUTE_SELECTIVE;   // 786,432 * 34
-    cr_assert_eq(calc_layer_activation_bytes(&m, &s), 26738688.0);
+    expect_eq(calc_layer_activation_bytes(&m, &s), 26738688.0,
+              "activation bytes %s, selective recomputation (34 s b h)", of);
     s.recompute = CALC_RECOMPUTE_FULL;        // 786,432 * 2 (the layer input)
-    cr_assert_eq(calc_layer_activation_bytes(&m, &s), 1572864.0);
+    expect_eq(calc_layer_activation_bytes(&m, &s), 1572864.0,
+              "activation bytes %s, full recomputation (2 s b h: the layer input)", of);
 }
 
 // With TP t = 4: s*b*h*(10 + 24/t + 5*a*s/(h*t)) = 786,432 * (10 + 6 + 20) = 28,311,552;
@@ -161,9 +178,12 @@ Test(ex00_2, korthikanti_tensor_parallel) {
     CalcSetup s = setup(CALC_BF16, 0, 1);
     s.seq_len = 1024;
     s.tp = 4;
-    cr_assert_eq(calc_layer_activation_bytes(&m, &s), 28311552.0);
+    const char *of = "of one GPT-2 small layer, bf16, s 1024, b 1, tensor parallel t = 4";
+    expect_eq(calc_layer_activation_bytes(&m, &s), 28311552.0,
+              "activation bytes per rank %s (s b h (10 + 24 / t + 5 a s / (h t)))", of);
     s.sp = 1;
-    cr_assert_eq(calc_layer_activation_bytes(&m, &s), 22413312.0);
+    expect_eq(calc_layer_activation_bytes(&m, &s), 22413312.0,
+              "activation bytes per rank %s, with sequence parallelism (s b h (34 + 5 a s / h) / t)", of);
 }
 
 // fp32 values (w = 4): s*b*h*(16*4 + 2) + a*s^2*b*(2*4 + 1) = 786,432 * (66 + 9*16) ... with
@@ -172,7 +192,9 @@ Test(ex00_2, fp32_values_double_the_value_bytes) {
     CalcModel m = gpt2_small();
     CalcSetup s = setup(CALC_FP32, 0, 1);
     s.seq_len = 1024;
-    cr_assert_eq(calc_layer_activation_bytes(&m, &s), 165150720.0);
+    expect_eq(calc_layer_activation_bytes(&m, &s), 165150720.0,
+              "activation bytes of one GPT-2 small layer, fp32, s 1024, b 1 (the values' bytes doubled, "
+              "the masks' not)");
 }
 
 // ---- ex00_3: cost estimate -----------------------------------------------------------------
@@ -184,20 +206,23 @@ Test(ex00_2, fp32_values_double_the_value_bytes) {
 Test(ex00_3, notes_llama3_70b_15T_tokens) {
     CalcCostSpec c = {70e9, 15e12, 990e12, 0.45, 16384, 3.0};
     CalcCost r = calc_cost(&c);
-    assert_rel(r.flops, 6.3e24, 1e-12, "FLOP");
-    assert_rel(r.gpu_seconds, 1.4141414e10, 1e-6, "GPU-seconds");
-    assert_rel(r.gpu_hours, 3.9281706e6, 1e-6, "GPU-hours");
-    assert_rel(r.gpu_years, 448.42, 1e-4, "GPU-years");
-    assert_rel(r.wall_days, 9.98985, 1e-5, "days on 16384 GPUs");
-    assert_rel(r.dollars, 11.784512e6, 1e-6, "dollars at $3/GPU-hour");
+#define LLAMA " of Llama 3 70B on 15T tokens (990 TFLOP/s per GPU at 45 % MFU)"
+    assert_rel(r.flops, 6.3e24, 1e-12, "training FLOP (6 N D)" LLAMA);
+    assert_rel(r.gpu_seconds, 1.4141414e10, 1e-6, "GPU-seconds (FLOP / (peak x MFU))" LLAMA);
+    assert_rel(r.gpu_hours, 3.9281706e6, 1e-6, "GPU-hours" LLAMA);
+    assert_rel(r.gpu_years, 448.42, 1e-4, "GPU-years (365 days)" LLAMA);
+    assert_rel(r.wall_days, 9.98985, 1e-5, "days on 16384 GPUs" LLAMA);
+    assert_rel(r.dollars, 11.784512e6, 1e-6, "dollars at $3 per GPU-hour" LLAMA);
+#undef LLAMA
 }
 
 // The notes' exercise: 7B on 1T tokens on H100s (989 TFLOPS) at MFU 0.45: 26,214 GPU-hours.
 Test(ex00_3, notes_exercise_7b_1T_tokens) {
     CalcCostSpec c = {7e9, 1e12, 989e12, 0.45, 8, 2.0};
     CalcCost r = calc_cost(&c);
-    assert_rel(r.gpu_hours, 26214.283, 1e-6, "GPU-hours");
-    assert_rel(r.wall_days, 26214.283 / 8 / 24, 1e-6, "days on 8 GPUs");
+    assert_rel(r.gpu_hours, 26214.283, 1e-6,
+               "GPU-hours of 7B on 1T tokens (6 N D FLOP at 989 TFLOP/s per GPU, 45 % MFU)");
+    assert_rel(r.wall_days, 26214.283 / 8 / 24, 1e-6, "days on 8 GPUs of 7B on 1T tokens (GPU-hours / 8 / 24)");
 }
 
 // ---- calc: presets ---------------------------------------------------------------------------
@@ -717,6 +742,7 @@ Test(calc_cli, layout_prints_the_accounting_of_chapter_09s_run, .timeout = 60) {
     check_printed(2, 2, 2, 2, 0);   // the run of 09's README
     check_printed(2, 1, 4, 2, 0);   // pp = 4: middle stages send both ways
     check_printed(4, 2, 1, 1, 1);   // ZeRO-1 pieces
+    check_printed(2, 2, 2, 2, 2);   // ZeRO-2: the tied span once per step, the rest per micro-batch
 }
 
 // The closed forms, by hand. The lab model: Ψ = V C + T C + L (12 C² + 13 C) + 2 C
@@ -805,6 +831,60 @@ Test(calc, uneven_zero_1_pieces_per_replica) {
         cr_assert_eq(k.dp.step_bytes, want, "replica %d: DP %.0f bytes per step, by hand %.0f", d,
                      k.dp.step_bytes, want);
     }
+}
+
+// ZeRO-2 of chapter 09 on 6 ranks, DP 3 x PP 2 (tp 1), m = 2 micro-batches, by hand. The lab
+// model's stage 0 holds wte (V C = 8,192), wpe (T C = 512) and 2 blocks (12 C² + 13 C = 12,704
+// each): n0 = 34,112 = 11,371 + 11,371 + 11,370; stage 1 2 blocks, lnf (2 C) and the tied copy
+// of wte at the end: n1 = 33,664 = 11,222 + 11,221 + 11,221. Each micro-batch's gradient outside
+// the tied span (stage 0 [0, 8,192), stage 1 [25,472, 33,664)) is reduce-scattered (a ring sends
+// the range but its own part); the tied span once per step, after the two copies are summed;
+// then the all-gather (every piece but the next replica's), the loss (2*2*4/3 = 5 bytes) and the
+// norm's two doubles (2*2*16/3 = 21).
+//   stage 0, replica 0: its piece [0, 11,371) holds the whole tied span: per micro-batch
+//     4 (34,112 - 11,371) = 90,964; per step 2 x 90,964 + 0 + 90,964 + 26 = 272,918
+//   stage 0, replica 1: [11,371, 22,742) holds none of it: per micro-batch 4 (34,112 - 8,192 -
+//     11,371) = 58,196; per step 2 x 58,196 + 4 x 8,192 + 4 (34,112 - 11,370) + 26 = 240,154
+//   stage 1, replica 0: [0, 11,222) holds none of its span: per micro-batch 4 (33,664 - 8,192 -
+//     11,222) = 57,000; per step 2 x 57,000 + 4 x 8,192 + 4 (33,664 - 11,221) + 26 = 236,566
+//   stage 1, replica 2: [22,443, 33,664) holds all of it: per micro-batch 4 (33,664 - 11,221) =
+//     89,772; per step 2 x 89,772 + 0 + 4 (33,664 - 11,222) + 26 = 269,338
+// The gradients stay whole (the TP stage's backward writes the whole chunk, the pieces are
+// reduced in place: grads_whole), Adam m is the piece; bf16 halves the gradient and parameter
+// bytes (2 per value), the loss and norm stay 26. Seen failing with the tied span reduced per
+// micro-batch like the rest: "fp32 stage 0 replica 1: DP 90964 bytes per micro-batch, by hand
+// 58196".
+Test(calc, zero_2_over_dp_3_pp_2_by_hand) {
+    const CalcModel m = calc_model_from_gpt2(&LAB_CFG);
+    struct { int p, d; double piece, n, mb, step; } want[4] = {
+        {0, 0, 11371, 34112, 90964, 272918}, {0, 1, 11371, 34112, 58196, 240154},
+        {1, 0, 11222, 33664, 57000, 236566}, {1, 2, 11221, 33664, 89772, 269338}};
+    for (int bf = 0; bf < 2; bf++) {
+        const CalcSetup s = calc_setup_lab(3, 1, 2, 1, 2, 6, 16, 2, bf ? CALC_BF16 : CALC_FP32);
+        const double w = bf ? 2 : 4;
+        for (int i = 0; i < 4; i++) {
+            const CalcComm k = calc_rank_comm(&m, &s, want[i].p, want[i].d);
+            const double mb = want[i].mb / 4 * w, step = (want[i].step - 26) / 4 * w + 26;
+            cr_assert_eq(k.dp.mb_bytes, mb, "%s stage %d replica %d: DP %.0f bytes per micro-batch, "
+                         "by hand %.0f", bf ? "bf16" : "fp32", want[i].p, want[i].d, k.dp.mb_bytes, mb);
+            cr_assert_eq(k.dp.step_bytes, step, "%s stage %d replica %d: DP %.0f bytes per step, by "
+                         "hand %.0f", bf ? "bf16" : "fp32", want[i].p, want[i].d, k.dp.step_bytes, step);
+            const CalcBreakdown b = calc_rank_memory(&m, &s, want[i].p, want[i].d);
+            cr_assert_eq(b.grads, w * want[i].n, "stage %d: the whole gradients, %.0f", want[i].p, b.grads);
+            cr_assert_eq(b.m, 4 * want[i].piece, "replica %d: Adam m of its piece, %.0f", want[i].d, b.m);
+            cr_assert_eq(b.master, bf ? 4 * want[i].piece : 0, "the master of the piece, %.0f", b.master);
+            cr_assert_eq(b.params, w * want[i].n, "the whole weights, %.0f", b.params);
+        }
+    }
+    // without grads_whole (the planner's ZeRO-2, DeepSpeed's buckets) the gradients are the piece
+    CalcSetup s = calc_setup_lab(3, 1, 2, 1, 2, 6, 16, 2, CALC_FP32);
+    s.grads_whole = 0;
+    cr_assert_eq(calc_rank_memory(&m, &s, 0, 1).grads, 4 * 11371.0, "ZeRO-2's grads: the piece");
+    // the piece inside a range: piece 1 of 34,112 over 3 is [11,371, 22,742)
+    cr_assert_eq(calc_range_piece(34112, 3, 1, 0, 8192), 0);
+    cr_assert_eq(calc_range_piece(34112, 3, 1, 8192, 34112), 11371);
+    cr_assert_eq(calc_range_piece(34112, 3, 2, 22000, 22800), 58, "[22,742, 22,800)");
+    cr_assert_eq(calc_range_piece(10, 3, 0, 0, 10), 4, "the first n %% dp pieces one longer");
 }
 
 // ---- sharded data parallelism (calc_shard.c): 05's and 06's formula columns ----------------

@@ -251,17 +251,22 @@ Test(health, grad_norm_is_the_norm_before_clipping, .timeout = 120) {
     free(printed);
 }
 
-// 02 and 03 on 2 ranks log chapter 00's grad norms (the same gradient, summed in another order).
-Test(health, ddp_chapters_log_chapter_00s_norms, .timeout = 240) {
-    const char *progs[] = {"./02_data_parallel/run", "./03_ddp/run"};
+// 02, 03, 07 (TP 2) and 09 (PP 2) on 2 ranks log chapter 00's grad norms (the same gradient,
+// summed in another order; 07 and 09 give the loop the global norm their clipping is given).
+// Mutant: mutants/tp-health-norm-unsummed.patch
+// Mutant: mutants/3d-health-norm-one-stage.patch
+Test(health, ddp_chapters_log_chapter_00s_norms, .timeout = 400) {
+    const char *progs[] = {"./02_data_parallel/run", "./03_ddp/run", "./07_tensor_parallel/run --tp 2",
+                           "./09_3d/run --tp 1 --pp 2"};
+    const char *names[] = {"02.jsonl", "03.jsonl", "07.jsonl", "09.jsonl"};
     char *ref = tmp_path("ref.jsonl"), cmd[1024], *out = NULL;
     snprintf(cmd, sizeof cmd, "./00_memory_budget/run --train --quiet " TINY " --steps 4 --log %s", ref);
     cr_assert_eq(run(cmd, &out), 0, "run failed:\n%s", out);
     free(out);
     char *want[8];
     cr_assert_eq(read_lines(ref, want, 8), 4);
-    for (int p = 0; p < 2; p++) {
-        char *log = tmp_path(p ? "03.jsonl" : "02.jsonl");
+    for (int p = 0; p < 4; p++) {
+        char *log = tmp_path(names[p]);
         snprintf(cmd, sizeof cmd, "%s --quiet " TINY " --steps 4 --log %s", progs[p], log);
         out = NULL;
         cr_assert_eq(harness_mpirun(2, cmd, &out, 120), 0, "%s failed:\n%s", progs[p], out);

@@ -98,6 +98,13 @@ static const Row ROWS[] = {
      {L(1, "", "", "one"), L(4, "--tp 2 --pp 2", "", "several (1,2,2)"),
       L(3, "--dp 3 --zero 1", "", "uneven (ZeRO-1 over dp 3)")},
      {"--micro-batches 1", "--micro-batches 2"}, 1e-6f, 1e-5f, 2e-4f, 8e-3f, 0},
+    // 09 --zero 2 (09_3d/dp.h): one rank, dp 2 x pp 2 (both ends of the tied wte), and dp 3 x
+    // tp 2 (uneven pieces); 6-rank weights bound 3e-5 (test_09_3d's UNEVEN_PARAM_ATOL: the
+    // average over 3 replicas rounds)
+    {"09 --zero 2", "./09_3d/run --quiet --zero 2",
+     {L(1, "", "", "one"), L(4, "--dp 2 --pp 2", "", "several (2,1,2)"),
+      L(6, "--dp 3 --tp 2", "", "uneven (ZeRO-2 over dp 3 x tp 2)")},
+     {"--micro-batches 1", "--micro-batches 2"}, 1e-6f, 3e-5f, 2e-4f, 8e-3f, 0},
 };
 #define NROWS ((int)(sizeof ROWS / sizeof ROWS[0]))
 
@@ -284,12 +291,13 @@ MATRIX_TESTS(ch08_zb, "08 zb")
 // Mutant: mutants/pipe-local-msg-skips-bf16-rounding.patch (bf16 two chunks on one rank vs 1F1B on 2)
 MATRIX_TESTS(ch08_interleaved, "08 interleaved")
 MATRIX_TESTS(ch09, "09")
+MATRIX_TESTS(ch09_zero2, "09 --zero 2")
 
 // Every row is named by a test above.
 Test(matrix, every_row_has_its_tests) {
     static const char *named[] = {"00 --train", "02", "03", "05 --zero 0", "05 --zero 1", "05 --zero 2",
                                   "05 --zero 3", "06", "07", "08 gpipe", "08 1f1b", "08 zb",
-                                  "08 interleaved", "09"};
+                                  "08 interleaved", "09", "09 --zero 2"};
     for (int i = 0; i < NROWS; i++) {
         int found = 0;
         for (size_t k = 0; k < sizeof named / sizeof named[0]; k++) found |= strcmp(named[k], ROWS[i].name) == 0;

@@ -38,20 +38,22 @@
 
 // Every training chapter, with the fixed flags of a small valid layout and its ranks.
 // (Arrays, not pointers: Criterion hands each parameter to a new process by value.)
+// predicts: the chapter predicts its memory before allocating (mem_predict.h).
 typedef struct Chapter {
     char tag[8];
     char run[120];
     int np;
+    int predicts;
 } Chapter;
 static const Chapter CHAPTERS[] = {
-    {"00", "./00_memory_budget/run --train", 1},
-    {"02", "./02_data_parallel/run", 2},
-    {"03", "./03_ddp/run", 2},
-    {"05", "./05_zero/run --zero 3", 2},
-    {"06", "./06_fsdp/run", 2},
-    {"07", "./07_tensor_parallel/run --tp 2", 2},
-    {"08", "./08_pipeline/run", 2},
-    {"09", "./09_3d/run --tp 1 --pp 2", 2},
+    {"00", "./00_memory_budget/run --train", 1, 1},
+    {"02", "./02_data_parallel/run", 2, 1},
+    {"03", "./03_ddp/run", 2, 1},
+    {"05", "./05_zero/run --zero 3", 2, 1},
+    {"06", "./06_fsdp/run", 2, 1},
+    {"07", "./07_tensor_parallel/run --tp 2", 2, 1},
+    {"08", "./08_pipeline/run", 2, 1},
+    {"09", "./09_3d/run --tp 1 --pp 2", 2, 0},
 };
 
 #define MODEL "--layers 2 --channels 32 --heads 2 --seq 16 --batch 8 --steps 4"
@@ -60,57 +62,68 @@ static const GPT2Config CFG = {.V = 256, .T = 16, .L = 2, .C = 32, .NH = 2};
 #define TIMEOUT_S 60
 
 // A bad input: the flags after MODEL ("@" stands for the test's directory; bare: instead of
-// MODEL), the words the one message must say (chapter 00 predicts memory and says it its own
-// way: words00), and words it must not say (a misleading hint).
+// MODEL), the words the one message must say (a chapter that predicts its memory refuses a run
+// too big before it allocates, and says it its own way: words_pred), and words it must not say
+// (a misleading hint). pred_only: only for the chapters that predict (the others would allocate
+// until the OOM killer came).
 typedef struct Bad {
     const char *what, *flags;
     int bare;
     const char *words[4];
-    const char *words00[4];
+    const char *words_pred[4];
     const char *never;
+    int pred_only;
 } Bad;
 
 static const Bad BAD[] = {
     // item 1: an output that is an input (through a link), or another output, or a FIFO
     {"output is the input", "--data @/t.txt --save @/t.link", 0,
-     {"--save @/t.link", "--data @/t.txt", "same file"}, {0}, NULL},
+     {"--save @/t.link", "--data @/t.txt", "same file"}, {0}, NULL, 0},
     {"output is the resumed state", "--resume @/s.ckpt --save-weights @/s.ckpt", 0,
-     {"--save-weights @/s.ckpt", "--resume @/s.ckpt", "same file"}, {0}, NULL},
+     {"--save-weights @/s.ckpt", "--resume @/s.ckpt", "same file"}, {0}, NULL, 0},
     {"two outputs, one file", "--save @/o.ckpt --dump @/o.ckpt", 0,
-     {"--save @/o.ckpt", "--dump @/o.ckpt", "same file"}, {0}, NULL},
-    {"output is a FIFO", "--save @/fifo", 0, {"--save @/fifo", "is a FIFO"}, {0}, NULL},
+     {"--save @/o.ckpt", "--dump @/o.ckpt", "same file"}, {0}, NULL, 0},
+    {"output is a FIFO", "--save @/fifo", 0, {"--save @/fifo", "is a FIFO"}, {0}, NULL, 0},
     // item 5: a directory that exists but takes no files, found before step 1
     {"output under /proc", "--trace /proc/lab_user_errors.json", 0,
      {"--trace /proc/lab_user_errors.json", "cannot create /proc/lab_user_errors.json.tmp"}, {0},
-     "does the directory exist"},
+     "does the directory exist", 0},
     // item 4: the CRC and the exact size before any header field
     {"flipped step byte", "--resume @/flip.ckpt", 0, {"--resume @/flip.ckpt", "CRC32 mismatch"}, {0},
-     "pass --steps"},
+     "pass --steps", 0},
     {"state with a byte appended", "--resume @/app.ckpt", 0, {"--resume @/app.ckpt", "appended"},
-     {0}, NULL},
+     {0}, NULL, 0},
     {"weights with a byte appended", "--load-weights @/app.bin", 0,
-     {"--load-weights @/app.bin", "appended"}, {0}, NULL},
+     {"--load-weights @/app.bin", "appended"}, {0}, NULL, 0},
     // item 6: one message, also where every rank loads the file (08, 09)
     {"state of another model", "--resume @/other.ckpt", 0,
-     {"config mismatch in @/other.ckpt", "T (--seq) = 8, this run has 16"}, {0}, NULL},
+     {"config mismatch in @/other.ckpt", "T (--seq) = 8, this run has 16"}, {0}, NULL, 0},
     // item 6: one message naming what fits
     {"768 GiB of params", "--layers 64 --channels 16384 --heads 128 --seq 16 --batch 8 --steps 1", 1,
      {"out of host memory", "available", "per rank", "--layers"},
-     {"predicted memory", "available", "smaller model"}, NULL},
+     {"predicted memory", "available", "smaller model"}, NULL, 0},
+    // item 2: a batch that cannot fit is refused before anything is allocated, naming one that
+    // fits: against MemAvailable (the issue's -np 4 08 case: 1.44 TiB a rank), and against
+    // --mem-limit (deterministic: any machine)
+    {"a batch that cannot fit", "--layers 2 --channels 32 --heads 2 --seq 16 --batch 1048576 "
+     "--steps 2", 1, {0}, {"predicted memory", "per rank", "MemAvailable", "or less"}, NULL, 1},
+    {"a batch over --mem-limit", "--layers 2 --channels 32 --heads 2 --seq 16 --batch 4096 "
+     "--steps 2 --mem-limit 64", 1, {0},
+     {"predicted memory", "exceeds the 64.00 MiB available (--mem-limit)", "or less"}, NULL, 1},
     // item 7 and 8
-    {"a flag twice", "--steps 3", 0, {"--steps given twice", "--steps 4", "--steps 3"}, {0}, NULL},
+    {"a flag twice", "--steps 3", 0, {"--steps given twice", "--steps 4", "--steps 3"}, {0}, NULL, 0},
     {"an lr fp32 cannot hold", "--lr 1e-320", 0, {"--lr 1e-320 is out of range", "[0, 10]"}, {0},
-     "finite"},
+     "finite", 0},
     // item 3: a resume that would train something else (id.ckpt: the MODEL run's state, step 2)
     {"resume, another data seed", "--resume @/id.ckpt --data-seed 7", 0,
-     {"--resume @/id.ckpt", "data-seed 42 -> 7", "--allow-changed data-seed"}, {0}, NULL},
+     {"--resume @/id.ckpt", "data-seed 42 -> 7", "--allow-changed data-seed"}, {0}, NULL, 0},
     {"resume, a file for the synthetic data", "--resume @/id.ckpt --data @/t.txt", 0,
-     {"data synthetic -> @/t.txt (4096 bytes", "--allow-changed data"}, {0}, NULL},
+     {"data synthetic -> @/t.txt (4096 bytes", "--allow-changed data"}, {0}, NULL, 0},
     {"resume, a longer schedule", "--layers 2 --channels 32 --heads 2 --seq 16 --batch 8 --steps 10 "
-     "--resume @/id.ckpt", 1, {"steps 4 -> 10", "--allow-changed steps"}, {0}, NULL},
+     "--resume @/id.ckpt", 1, {"steps 4 -> 10", "--allow-changed steps"}, {0}, NULL, 0},
     {"resume, the data file changed", "--data @/d.txt --resume @/dstate.ckpt", 0,
      {"data @/d.txt (4096 bytes, crc32 ", "-> @/d.txt (4096 bytes", "--allow-changed data"}, {0},
-     NULL},
+     NULL, 0},
 };
 #define NBAD (sizeof BAD / sizeof BAD[0])
 
@@ -252,6 +265,7 @@ typedef struct Job {
 
 static void *run_job(void *arg) {
     Job *j = arg;
+    if (!j->c) return NULL;  // not a case of this chapter
     const Chapter *c = j->c;
     const Bad *bad = j->bad;
     const char *dir = j->dir;
@@ -262,8 +276,7 @@ static void *run_job(void *arg) {
     double t0 = lab_now();
     int rc = harness_mpirun(c->np, cmd, &out, TIMEOUT_S);
     double secs = lab_now() - t0;
-    const char *const *words = strcmp(c->tag, "00") == 0 && bad->words00[0] ? bad->words00
-                                                                             : bad->words;
+    const char *const *words = c->predicts && bad->words_pred[0] ? bad->words_pred : bad->words;
     if (rc == 0) snprintf(why, sizeof why, "accepted (exit 0)");
     else if (rc == 124) snprintf(why, sizeof why, "hung (killed after %d s)", TIMEOUT_S);
     else if (secs > PROMPT_S) snprintf(why, sizeof why, "took %.1f s to end", secs);
@@ -321,6 +334,8 @@ static int refuse_all(const Chapter *c) {
         for (size_t i = 0; i < NIN; i++) jobs[b].sums[i] = crc_of_file(jobs[b].dir, INPUTS[i]);
     }
     g_next = 0, g_njobs = NBAD;
+    for (size_t b = 0; b < NBAD; b++)  // (a case a chapter does not take passes at once)
+        if (BAD[b].pred_only && !c->predicts) jobs[b].ok = 1, jobs[b].c = NULL;
     pthread_t t[JOBS_AT_ONCE];
     for (int i = 0; i < JOBS_AT_ONCE; i++) pthread_create(&t[i], NULL, worker, NULL);
     for (int i = 0; i < JOBS_AT_ONCE; i++) pthread_join(t[i], NULL);
@@ -412,4 +427,46 @@ Test(user_errors, allow_changed_steps_resumes_on_the_longer_schedule, .timeout =
     }
 #undef M6
     remove_inputs(dir);
+}
+
+// Item 2's proof: every chapter that predicts its memory (mem_predict.h) predicts at least what
+// its ranks really allocate (mem.h's count: the --dump's mem_peak, the process's peak, rank 0's),
+// and not more than 10 % above it, on the layouts above, fp32 and bf16. The prediction is the
+// chapter's own, made before it allocated (mem_predicted); the measurement is mem.c's.
+// Seen failing before the fix: /work/old's binaries (LAB_BUILD=/work/old/build, run from
+// /work/old) write neither figure ("no mem_predicted in the dump").
+// Mutant: mutants/mem-pipe-one-set-short.patch
+ParameterizedTestParameters(user_errors, memory_prediction_holds) {
+    static Chapter chapters[sizeof CHAPTERS / sizeof CHAPTERS[0]];
+    memcpy(chapters, CHAPTERS, sizeof CHAPTERS);
+    return cr_make_param_array(Chapter, chapters, sizeof CHAPTERS / sizeof CHAPTERS[0]);
+}
+
+ParameterizedTest(const Chapter *c, user_errors, memory_prediction_holds, .timeout = 300) {
+    if (!c->predicts) {
+        cr_log_warn("chapter %s does not predict its memory yet: not checked", c->tag);
+        return;
+    }
+    static const char *dtypes[] = {"fp32", "bf16"};
+    for (int d = 0; d < 2; d++) {
+        char flags[256];
+        snprintf(flags, sizeof flags, "%s --quiet --dtype %s", MODEL, dtypes[d]);
+        RunResults r;
+        char *out = NULL;
+        int rc = harness_run_dump(c->run, c->np, flags, &r, &out, 120);
+        cr_assert_eq(rc, 0, "chapter %s %s: the run failed:\n%s", c->tag, dtypes[d], out);
+        cr_assert(results_has(&r, "mem_predicted") && results_has(&r, "mem_peak"),
+                  "chapter %s %s: no mem_predicted / mem_peak in the dump", c->tag, dtypes[d]);
+        const double pred = results_get(&r, "mem_predicted", 0), meas = results_get(&r, "mem_peak", 0);
+        cr_log_info("chapter %s %s: predicted %.0f B, measured %.0f B, ratio %.4f", c->tag,
+                    dtypes[d], pred, meas, pred / meas);
+        cr_assert(meas > 0 && pred >= meas, "chapter %s %s: predicted %.0f B < measured %.0f B "
+                  "(ratio %.4f): a run the prediction lets through may not fit", c->tag, dtypes[d],
+                  pred, meas, pred / meas);
+        cr_assert(pred <= 1.10 * meas, "chapter %s %s: predicted %.0f B is %.1f %% above the "
+                  "measured %.0f B (bound 10 %%)", c->tag, dtypes[d], pred, 100 * (pred / meas - 1),
+                  meas);
+        results_free(&r);
+        free(out);
+    }
 }

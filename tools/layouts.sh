@@ -59,6 +59,9 @@ LAYOUTS=(
   "09_2x1x2_gpipe_z1|4|09_3d|--pp 2 --schedule gpipe --zero 1"
   "09_2x2x1_z1|4|09_3d|--tp 2 --zero 1"
   "09_2x2x2_z1|8|09_3d|--tp 2 --pp 2 --zero 1"
+  "09_2x2x2_z2|8|09_3d|--tp 2 --pp 2 --zero 2"
+  "09_3x1x2_z2|6|09_3d|--dp 3 --pp 2 --zero 2 --batch 24"
+  "09_3x2x1_z2|6|09_3d|--dp 3 --tp 2 --zero 2 --batch 24"
 )
 
 run() {  # ranks chapter out-prefix flags...

@@ -1,0 +1,175 @@
+// dp.c: chapter 09's data-parallel layer (dp.h): DDP's average, ZeRO-1 and ZeRO-2 over the
+// replicas of a chunk, on common/zero.h's flat layout of the chunk's buffer.
+#include "dp.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#include "check.h"
+#include "mem.h"
+#include "trace.h"
+
+void dpl_check(int zero) {
+    if (zero < 0 || zero > 2)
+        lab_fail_collective("--zero %d: over DP 09 offers 0 (DDP's average), 1 (ZeRO-1: Adam's "
+                            "state sharded over the replicas) or 2 (ZeRO-2: the gradients "
+                            "reduce-scattered every micro-batch too); ZeRO-3 is chapter 05's",
+                            zero);
+}
+
+void dpl_init(DpLayer *d, int zero, TpStage **st, int v, const Grid *g, uint64_t seed) {
+    memset(d, 0, sizeof *d);
+    d->zero = zero, d->v = v, d->st = st, d->grid = g;
+    d->o = lab_xcalloc((size_t)v, sizeof(TpOpt));
+    d->z = lab_xcalloc((size_t)v, sizeof(ZeroLayout));
+    d->tied_lo = lab_xcalloc((size_t)v, sizeof(size_t));
+    d->tied_hi = lab_xcalloc((size_t)v, sizeof(size_t));
+    for (int c = 0; c < v; c++) {
+        // my piece of the chunk's flat buffer: shard_range(n, dp, d) (--zero 0: all of it)
+        zero_layout_init_buffer(&d->z[c], st[c]->n, zero ? g->dp : 1, zero ? g->c.d : 0);
+        const size_t lo = d->z[c].shard_begin;
+        tpm_opt_alloc(&d->o[c], st[c], seed, lo, lo + d->z[c].shard_n);
+        // one end of the tied wte (the embedding's chunk without the head, or the head's
+        // without the embedding): its span waits for the ends' sum
+        if (st[c]->has_embed != st[c]->has_head) {
+            d->tied_lo[c] = st[c]->off_wte;
+            d->tied_hi[c] = st[c]->off_wte + (size_t)st[c]->tv.Vl * st[c]->cfg.C;
+        }
+    }
+}
+
+void dpl_free(DpLayer *d) {
+    for (int c = 0; c < d->v; c++) {
+        tpm_opt_free(&d->o[c], d->st[c]);
+        zero_layout_free(&d->z[c]);
+    }
+    free(d->o), free(d->z), free(d->tied_lo), free(d->tied_hi);
+    memset(d, 0, sizeof *d);
+}
+
+int dpl_loss_divisor(const DpLayer *d) { return d->zero == 2 ? d->grid->dp : 1; }
+
+// Zeroes [lo, hi) of g (e bytes an element) but my piece [a, b).
+static void zero_but(char *g, size_t e, size_t lo, size_t hi, size_t a, size_t b) {
+    const size_t x = a < lo ? lo : a > hi ? hi : a, y = b < x ? x : b > hi ? hi : b;
+    mem_zero(g + lo * e, (x - lo) * e);
+    mem_zero(g + y * e, (hi - y) * e);
+}
+
+void dpl_after_backward(DpLayer *d, int c) {
+    if (d->zero != 2) return;
+    const TpStage *st = d->st[c];
+    const ZeroLayout *z = &d->z[c];
+    const DistDtype dt = tpm_stage_dist_dtype(st);  // bf16: half the bytes, as 03
+    const size_t e = dist_dtype_size(dt), n = st->n, t0 = d->tied_lo[c], t1 = d->tied_hi[c];
+    char *g = tpm_stage_grad_buf(st);
+    // this micro-batch's gradient outside the tied span summed over the replicas: my part lands
+    // on my piece's running sum (the backward added to it), the rest is zeroed for the next one
+    int tok = trace_begin("dp reduce-scatter", TRACE_COMM);
+    zero_range_reduce_scatter(z, 0, t0, g, dt, DIST_SUM, d->grid->dpg);
+    zero_range_reduce_scatter(z, t1, n, g, dt, DIST_SUM, d->grid->dpg);
+    trace_end(tok);
+    if (z->N == 1) return;
+    const size_t a = z->shard_begin, b = a + z->shard_n;
+    zero_but(g, e, 0, t0, a, b);
+    zero_but(g, e, t1, n, a, b);
+}
+
+double dpl_step(DpLayer *d, const AdamW *h, int step) {
+    const Grid *grid = d->grid;
+    // 1. DP: average every chunk's gradients over the replicas holding the same slice, or
+    //    (ZeRO-1) reduce-scatter them, each replica keeping the average of its piece only (in
+    //    place), or (ZeRO-2) reduce-scatter what is left: the tied span
+    int tok = trace_begin(d->zero ? "dp reduce-scatter" : "dp all-reduce", TRACE_COMM);
+    for (int c = 0; c < d->v; c++) {
+        const TpStage *st = d->st[c];
+        char *g = tpm_stage_grad_buf(st);
+        const DistDtype dt = tpm_stage_dist_dtype(st);
+        const size_t lo = d->o[c].lo;
+        if (d->zero == 0 && grid->dp > 1) dist_all_reduce(g, g, st->n, dt, DIST_AVG, grid->dpg);
+        if (d->zero == 1) dist_reduce_scatter_n(g, g + lo * dist_dtype_size(dt), st->n, dt, DIST_AVG, grid->dpg);
+        if (d->zero == 2)
+            zero_range_reduce_scatter(&d->z[c], d->tied_lo[c], d->tied_hi[c], g, dt, DIST_SUM, grid->dpg);
+    }
+    trace_end(tok);
+    // 2. The global norm over TP x PP (replicated tensors once; ZeRO: over the pieces, summed
+    //    over DP too: they are disjoint), then AdamW on what this rank updates
+    double sq[2] = {0, 0};
+    for (int c = 0; c < d->v; c++) {
+        const TpStage *st = d->st[c];
+        const TpOpt *o = &d->o[c];
+        const char *g = tpm_stage_grad_buf(st);
+        double part[2];
+        if (d->zero)
+            tpm_stage_norm_parts_range(st, o->lo, o->hi, g + o->lo * dist_dtype_size(tpm_stage_dist_dtype(st)), part);
+        else
+            tpm_stage_norm_parts(st, part);
+        sq[0] += part[0], sq[1] += part[1];
+    }
+    if (d->zero) dist_all_reduce(sq, sq, 2, DIST_F64, DIST_SUM, grid->dpg);
+    const double norm_sq = grid_clip_norm_sq(grid, sq);
+    const float scale = adamw_clip_scale(h, norm_sq, step);
+    for (int c = 0; c < d->v; c++) {
+        TpStage *st = d->st[c];
+        const TpOpt *o = &d->o[c];
+        const DistDtype dt = tpm_stage_dist_dtype(st);
+        const char *g = tpm_stage_grad_buf(st);
+        tpm_stage_adamw(st, h, step, o, g + o->lo * dist_dtype_size(dt), scale);
+        if (!d->zero) continue;
+        // 3. ZeRO: every replica's updated piece all-gathered into the whole stage's weights,
+        //    in place: fp32 the weights themselves, bf16 the bf16 weights the forward reads
+        //    (half the bytes; the master exists for the piece only)
+        ZeroShard b;
+        memset(&b, 0, sizeof b);
+        b.dt = dt;
+        b.params = dt == DIST_BF16 ? (void *)st->params_bf16 : (void *)st->params;
+        b.params_full = 1;
+        tok = trace_begin("dp all-gather", TRACE_COMM);
+        zero_gather_params(&d->z[c], &b, grid->dpg);
+        trace_end(tok);
+    }
+    return norm_sq;
+}
+
+void *dpl_grad_first(const DpLayer *d) {
+    const TpStage *st = d->st[0];
+    const size_t at = d->zero == 2 ? d->o[0].lo : 0;
+    return (char *)tpm_stage_grad_buf(st) + at * dist_dtype_size(tpm_stage_dist_dtype(st));
+}
+
+const float *dpl_whole_state(const DpLayer *d, int c, DplState which, float **owned) {
+    const TpStage *st = d->st[c];
+    const TpOpt *o = &d->o[c];
+    *owned = NULL;
+    if (which == DPL_MASTER && st->dtype != GPT2_BF16) return st->params;  // the weights, whole
+    const float *buf = which == DPL_MASTER ? o->master : which == DPL_ADAM_M ? o->m : o->v;
+    if (!d->zero) return buf;
+    *owned = mem_alloc(st->n * sizeof(float), MEM_OTHER, st->dev);
+    dist_all_gather_n(buf, *owned, st->n, DIST_F32, d->grid->dpg);
+    return *owned;
+}
+
+void dpl_take_state(DpLayer *d, int c, const float *w, const float *fm, const float *fv) {
+    TpStage *st = d->st[c];
+    const TpOpt *o = &d->o[c];
+    const ZeroLayout *z = &d->z[c];
+    float *whole = lab_xmalloc(st->n * sizeof(float));
+    // the master: fp32 the whole weights; bf16 my piece, rounded into the weights the forward
+    // reads, every replica's piece all-gathered
+    tpm_shard(st, w, whole);
+    if (st->dtype == GPT2_BF16) {
+        zero_take_pieces(z, whole, o->master, 0);
+        tpm_stage_set_weights(st, o);
+        if (d->zero)
+            dist_all_gather_n(st->params_bf16 + o->lo, st->params_bf16, st->n, DIST_BF16, d->grid->dpg);
+    } else {
+        mem_copy(st->params, whole, st->n * sizeof(float));
+    }
+    if (fm) {
+        tpm_shard(st, fm, whole);
+        zero_take_pieces(z, whole, o->m, 0);
+        tpm_shard(st, fv, whole);
+        zero_take_pieces(z, whole, o->v, 0);
+    }
+    free(whole);
+}
