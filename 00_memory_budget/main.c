@@ -54,7 +54,9 @@ static const char *USAGE =
     "                                                grads and saved activations, fp32 master\n"
     "                                                and Adam m, v\n"
     "\n"
-    "The training run is single-device by definition: run it without mpirun or with -np 1.\n";
+    "The training run is single-device by definition: run it without mpirun or with -np 1.\n"
+    "The calculator takes the model flags, --batch and --dtype; the training flags (--steps,\n"
+    "--save, ...) need --train, and the calculator's (--model, --zero, ...) are refused with it.\n";
 
 // Chapter flags of the training run (the calculator's are in calc_cli.c).
 typedef struct TrainFlags {
@@ -63,6 +65,30 @@ typedef struct TrainFlags {
 
 static MemPrediction predict_memory(const void *ctx, const LabArgs *args, int batch, int rank);
 static void train(const LabArgs *args);
+
+// The two halves take different flags; one of the other half would do nothing, so it is
+// refused: the calculator reads the model flags, --batch and --dtype only (it trains nothing,
+// saves nothing, prints no progress), and --train trains the lab's model, which the
+// calculator's flags (--model, --zero, --gpu ...) do not describe.
+static void refuse_flags_of_the_other_half(int argc, char **argv, int train, const FlagSpec *calc,
+                                         int ncalc) {
+    if (train) {
+        for (int i = 0; i < ncalc; i++)
+            if (lab_flag_given(argc, argv, calc[i].name))
+                lab_fail_collective("%s is the calculator's (it sizes a model on paper) and "
+                                    "--train trains the lab's GPT of --layers --channels --heads "
+                                    "--seq --vocab: drop %s or --train", calc[i].name,
+                                    calc[i].name);
+        return;
+    }
+    static const char *const calculators[] = {"--batch", "--dtype", NULL};
+    const char *name = lab_shared_flag_given(argc, argv, LAB_FLAGS_SINGLE & ~LAB_FLAGS_MODEL,
+                                             calculators);
+    if (name)
+        lab_fail_collective("%s is a training run's flag and needs --train (without it the "
+                            "calculator runs, which takes the model flags, --batch and --dtype "
+                            "only): add --train, or drop %s", name, name);
+}
 
 int main(int argc, char **argv) {
     dist_init(&argc, &argv);
@@ -83,6 +109,7 @@ int main(int argc, char **argv) {
     memcpy(extra + ntrain, calc_flags, (size_t)ncalc * sizeof(FlagSpec));
     lab_parse_args_for(LAB_FLAGS_SINGLE, argc, argv, &args, extra, nextra, "00_memory_budget/run", USAGE);
     free(extra);
+    refuse_flags_of_the_other_half(argc, argv, tf.train, calc_flags, ncalc);
 
     if (tf.train) {
         if (dist_size() != 1)

@@ -54,6 +54,25 @@ static const char *USAGE =
 
 static void train(const LabArgs *args, const DdpFlags *f);
 
+// A flag that would do nothing is refused, not ignored: the buckets' flags without buckets
+// (--no-overlap), the no_sync check without no_sync micro-steps (--grad-accum 1).
+static void refuse_flags_that_do_nothing(int argc, char **argv, const DdpFlags *f) {
+    static const char *const bucket_flags[] = {"--bucket-mb", "--first-bucket-mb", "--pack-buckets",
+                                               "--progress", "--launch-after-backward"};
+    for (size_t i = 0; f->no_overlap && i < sizeof bucket_flags / sizeof bucket_flags[0]; i++)
+        if (lab_flag_given(argc, argv, bucket_flags[i]))
+            lab_fail_collective("%s is about the gradient buckets (their size, their buffers, "
+                                "how and when their all-reduces run), and --no-overlap has none "
+                                "(one all-reduce after the whole backward): drop %s or "
+                                "--no-overlap",
+                                bucket_flags[i], bucket_flags[i]);
+    if (f->check_no_sync && f->grad_accum < 2)
+        lab_fail_collective("--check-no-sync compares the gradients inside no_sync, and --grad-accum "
+                            "%d has no micro-step inside it: add --grad-accum 2 or more (and a "
+                            "--batch that splits into ranks x micro-batches), or drop "
+                            "--check-no-sync", f->grad_accum);
+}
+
 int main(int argc, char **argv) {
     dist_init(&argc, &argv);
     LabArgs args = lab_args_defaults();
@@ -68,9 +87,11 @@ int main(int argc, char **argv) {
         {"--grad-accum", FLAG_INT, &f.grad_accum, 1, 1e6, NULL,
          "micro-batches per step; all but the last run inside no_sync"},
         {"--no-overlap", FLAG_BOOL, &f.no_overlap, 0, 1, NULL,
-         "no buckets: one all-reduce of all gradients after the whole backward"},
+         "no buckets: one all-reduce of all gradients after the whole backward (the bucket flags "
+         "are refused with it)"},
         {"--check-no-sync", FLAG_BOOL, &f.check_no_sync, 0, 1, NULL,
-         "compare gradients across ranks after each micro-step (differ, then agree)"},
+         "compare gradients across ranks after each micro-step (differ, then agree); needs "
+         "--grad-accum 2 or more"},
         {"--overlap-steps", FLAG_INT, &f.overlap_steps, 0, 1000, NULL,
          "extra steps timed compute-only and comm-only: what each costs alone (0 = skip)"},
         {"--progress", FLAG_CHOICE, &f.progress, 0, 0, "thread|poll",
@@ -85,6 +106,7 @@ int main(int argc, char **argv) {
     };
     lab_parse_args(argc, argv, &args, extra, (int)(sizeof extra / sizeof extra[0]), "03_ddp/run",
                    USAGE);
+    refuse_flags_that_do_nothing(argc, argv, &f);
     train(&args, &f);
     dist_finalize();
     return 0;

@@ -536,14 +536,6 @@ static void train(const LabArgs *args, const ZeroFlags *f) {
     finish(&zz);
 }
 
-// Was the flag `name` on the command line ("--name V" or "--name=V")?
-static int flag_given(int argc, char **argv, const char *name) {
-    const size_t n = strlen(name);
-    for (int i = 1; i < argc; i++)
-        if (strncmp(argv[i], name, n) == 0 && (argv[i][n] == '\0' || argv[i][n] == '=')) return 1;
-    return 0;
-}
-
 int main(int argc, char **argv) {
     dist_init(&argc, &argv);
     LabArgs args = lab_args_defaults();
@@ -560,10 +552,10 @@ int main(int argc, char **argv) {
     lab_parse_args(argc, argv, &args, extra, (int)(sizeof extra / sizeof extra[0]), "05_zero/run",
                    USAGE);
     // a flag that does nothing at this stage is refused, not ignored
-    if (flag_given(argc, argv, "--bucket-kb") && f.stage != 2)
+    if (lab_flag_given(argc, argv, "--bucket-kb") && f.stage != 2)
         lab_fail_collective("--bucket-kb sizes ZeRO-2's gradient buckets: it needs --zero 2 "
                             "(with --zero %d it would do nothing)", f.stage);
-    if (flag_given(argc, argv, "--in-flight") && f.stage < 2)
+    if (lab_flag_given(argc, argv, "--in-flight") && f.stage < 2)
         lab_fail_collective("--in-flight bounds ZeRO-2's buckets and ZeRO-3's unit gradients in "
                             "flight: it needs --zero 2 or 3 (with --zero %d it would do nothing)",
                             f.stage);

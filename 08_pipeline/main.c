@@ -439,15 +439,6 @@ static void train(const LabArgs *args, const PipeFlags *f) {
     session_free(&s);
 }
 
-// Was the flag on the command line (--name or --name=value)? (A value never starts with "--".)
-static int flag_given(int argc, char **argv, const char *name) {
-    const size_t len = strlen(name);
-    for (int i = 1; i < argc; i++)
-        if (strncmp(argv[i], name, len) == 0 && (argv[i][len] == '\0' || argv[i][len] == '='))
-            return 1;
-    return 0;
-}
-
 int main(int argc, char **argv) {
     // Activation sets are allocated at every F and freed at B (or W): keep freed memory in the
     // heap (no mmap/munmap per set), so an F does not page-fault its set in afresh.
@@ -477,7 +468,7 @@ int main(int argc, char **argv) {
                            LAB_FLAGS_RELIABILITY | LAB_FLAGS_KILL,
                        argc, argv, &args, extra, (int)(sizeof extra / sizeof extra[0]),
                        "08_pipeline/run", USAGE);
-    if (!f.compare && flag_given(argc, argv, "--stages"))
+    if (!f.compare && lab_flag_given(argc, argv, "--stages"))
         lab_fail_collective("--stages %d is p for --compare (the schedules simulated, no "
                             "training); a training run has one stage per rank (mpirun -np p): "
                             "add --compare, or leave --stages out", f.stages);

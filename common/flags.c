@@ -871,3 +871,34 @@ void lab_parse_args(int argc, char **argv, LabArgs *a, const FlagSpec *extra, in
                     const char *program, const char *usage) {
     lab_parse_args_for(LAB_FLAGS_ALL, argc, argv, a, extra, nextra, program, usage);
 }
+
+// ---- flags that need another ------------------------------------------------------------------
+
+// Does the word `arg` give the flag `name` ("--name" or "--name=V")? (A value never starts with
+// "--": the parser took such a word for a forgotten value.)
+static int arg_gives(const char *arg, const char *name) {
+    const size_t n = strlen(name);
+    return strncmp(arg, name, n) == 0 && (arg[n] == '\0' || arg[n] == '=');
+}
+
+int lab_flag_given(int argc, char **argv, const char *name) {
+    for (int i = 1; i < argc; i++)
+        if (arg_gives(argv[i], name)) return 1;
+    return 0;
+}
+
+const char *lab_shared_flag_given(int argc, char **argv, unsigned groups, const char *const *keep) {
+    LabArgs dummy = lab_args_defaults();  // the table's rows point into it; only names are read
+    Table t = build_table(&dummy, NULL, 0, LAB_FLAGS_ALL);
+    const char *found = NULL;
+    for (int i = 1; i < argc && !found; i++)
+        for (int j = 0; j < t.n && !found; j++) {
+            const Flag *f = &t.rows[j];
+            if (!(f->mask & groups) || !arg_gives(argv[i], f->s.name)) continue;
+            int kept = 0;
+            for (int k = 0; keep && keep[k] && !kept; k++) kept = strcmp(keep[k], f->s.name) == 0;
+            if (!kept) found = f->s.name;  // a string literal of the table: outlives it
+        }
+    free(t.rows);
+    return found;
+}

@@ -105,6 +105,16 @@ void lab_parse_args(int argc, char **argv, LabArgs *a, const FlagSpec *extra, in
 void lab_parse_args_for(unsigned groups, int argc, char **argv, LabArgs *a, const FlagSpec *extra,
                         int nextra, const char *program, const char *usage);
 
+// Flags that mean something only next to another (03's --bucket-mb without --no-overlap, 00's
+// --steps with --train): the chapter asks whether they were given, and refuses them with
+// lab_fail_collective naming what they need, because a flag that does nothing must not be
+// accepted silently. Call after lab_parse_args (which has refused malformed command lines).
+// Was `name` on the command line ("--name V", "--name=V", or the switch "--name")?
+int lab_flag_given(int argc, char **argv, const char *name);
+// The first shared flag of `groups` (LAB_FLAGS_*) on the command line that is not one of
+// `keep` (NULL-terminated; NULL: none kept), or NULL.
+const char *lab_shared_flag_given(int argc, char **argv, unsigned groups, const char *const *keep);
+
 // Print the flags as a table (used by --help): every shared group, or those in `groups`.
 void lab_print_flags(FILE *out, const LabArgs *a, const FlagSpec *extra, int nextra);
 void lab_print_flags_for(unsigned groups, FILE *out, const LabArgs *a, const FlagSpec *extra,

@@ -413,7 +413,7 @@ Test(ddp03, printed_progress_and_table_match_the_run, .timeout = 180) {
     free(out);
     out = NULL;
     RunResults r;
-    snprintf(cmd, sizeof cmd, SMALL_MODEL " --batch 24 --steps 7 --log-every 2 --check-no-sync --resume %s", ck);
+    snprintf(cmd, sizeof cmd, SMALL_MODEL " --batch 24 --steps 7 --log-every 2 --grad-accum 2 --check-no-sync --resume %s", ck);
     rc = harness_run_dump("./03_ddp/run --overlap-steps 0", 2, cmd, &r, &out, 120);
     cr_assert_eq(rc, 0, "%s", out);
     const char *once = strstr(out, "resumed from");

@@ -429,6 +429,47 @@ Test(user_errors, allow_changed_steps_resumes_on_the_longer_schedule, .timeout =
     remove_inputs(dir);
 }
 
+// Item 7: a flag that would do nothing next to the others is refused with one message naming
+// what it needs (05's --bucket-kb / --in-flight and 08's --stages: their chapters' tests). 03's
+// bucket flags with --no-overlap (no buckets), its no_sync check without accumulation (no
+// micro-step inside no_sync); chapter 00's training flags without --train (the calculator runs)
+// and the calculator's flags with it. Nothing is written: the --save case leaves no file.
+// Seen failing before the fix: every case accepted (exit 0), the training flags' calculator
+// printing its table and saving nothing, `--train --model 7b` training the lab's model.
+Test(user_errors, flags_that_would_do_nothing_are_refused, .timeout = 200) {
+    static const struct {
+        int np;
+        const char *cmd, *words[3];
+    } cases[] = {
+        {2, "./03_ddp/run " MODEL " --check-no-sync", {"--check-no-sync compares", "--grad-accum 1 has no micro-step", "add --grad-accum 2"}},
+        {2, "./03_ddp/run " MODEL " --no-overlap --bucket-mb 1", {"--bucket-mb is about the gradient buckets", "--no-overlap has none"}},
+        {2, "./03_ddp/run " MODEL " --first-bucket-mb=0.5 --no-overlap", {"--first-bucket-mb is about", "drop --first-bucket-mb or --no-overlap"}},
+        {2, "./03_ddp/run " MODEL " --no-overlap --pack-buckets", {"--pack-buckets is about", "--no-overlap has none"}},
+        {2, "./03_ddp/run " MODEL " --no-overlap --progress poll", {"--progress is about", "--no-overlap has none"}},
+        {2, "./03_ddp/run " MODEL " --no-overlap --launch-after-backward", {"--launch-after-backward is about"}},
+        {1, "./00_memory_budget/run --steps 3", {"--steps is a training run's flag and needs --train", "add --train, or drop --steps"}},
+        {1, "./00_memory_budget/run --save /tmp/lab_user_errors_calc.ckpt", {"--save is a training run's flag", "--train"}},
+        {1, "./00_memory_budget/run --layers 2 --inject-nan-step 1", {"--inject-nan-step is a training run's flag"}},
+        {1, "./00_memory_budget/run --quiet", {"--quiet is a training run's flag"}},
+        {1, "./00_memory_budget/run --train " MODEL " --model 7b", {"--model is the calculator's", "drop --model or --train"}},
+        {1, "./00_memory_budget/run --zero=1 --train", {"--zero is the calculator's"}},
+    };
+    int failed = 0;
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        int nwords = 0;
+        while (nwords < 3 && cases[i].words[nwords]) nwords++;
+        failed += !harness_refuses(cases[i].np, cases[i].cmd, cases[i].words, nwords);
+    }
+    cr_assert_eq(access("/tmp/lab_user_errors_calc.ckpt", F_OK), -1,
+                 "the calculator given --save wrote /tmp/lab_user_errors_calc.ckpt");
+    cr_assert_eq(failed, 0, "%d flags that do nothing were not refused cleanly (above)", failed);
+    // and the flags of each half still run there
+    char *out = NULL;
+    cr_assert_eq(harness_run("./00_memory_budget/run --layers 2 --batch 4 --dtype bf16", &out, 60),
+                 0, "the calculator with --batch and --dtype:\n%s", out);
+    free(out);
+}
+
 // Item 2's proof: every chapter that predicts its memory (mem_predict.h) predicts at least what
 // its ranks really allocate (mem.h's count: the --dump's mem_peak, the process's peak, rank 0's),
 // and not more than 10 % above it, on the layouts above, fp32 and bf16. The prediction is the

@@ -83,13 +83,20 @@ echo "2. Overlap vs --no-overlap (2 ranks; best of 2 alternations each; ratio = 
 # the baseline (default --no-overlap).
 overlap_pair() {
     local label=$1 ms ov msA=0 ovA=- msB=0 ovB=-; shift
+    # --no-overlap has no buckets, and refuses --bucket-mb: the baseline runs without it
+    local base=() i=1
+    while [ $i -le $# ]; do
+        if [ "${!i}" = --bucket-mb ] && [[ "${BASE_FLAGS:---no-overlap}" == *--no-overlap* ]]; then
+            i=$((i + 2)); continue; fi
+        base+=("${!i}"); i=$((i + 1))
+    done
     for _ in 1 2; do
         # shellcheck disable=SC2086  # OVERLAP_FLAGS splits into words
         read -r _ ms ov < <(run 2 ./03_ddp/run ${OVERLAP_FLAGS:-} "$@")
         if awk -v a="$ms" -v b="$msA" 'BEGIN { exit !(b == 0 || (a > 0 && a < b)) }'; then
             msA=$ms; ovA=$ov; cp "$ctfile" "$ctfile.best"; fi
         # shellcheck disable=SC2086  # BASE_FLAGS splits into words
-        read -r _ ms ov < <(run 2 ./03_ddp/run ${BASE_FLAGS:---no-overlap} "$@")
+        read -r _ ms ov < <(run 2 ./03_ddp/run ${BASE_FLAGS:---no-overlap} "${base[@]}")
         if awk -v a="$ms" -v b="$msB" 'BEGIN { exit !(b == 0 || (a > 0 && a < b)) }'; then msB=$ms; ovB=$ov; fi
     done
     printf '   %-26s overlap %7s ms/step (%4s%% hidden)   %-10s %7s ms/step (%4s%%)   ratio %sx\n' \
