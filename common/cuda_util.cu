@@ -18,19 +18,25 @@ void *lab_cuda_malloc(size_t bytes) {
     void *p = NULL;
     if (bytes == 0) bytes = 1;  // a valid, unique pointer even for an empty tensor
     cudaError_t err = cudaMalloc(&p, bytes);
-    if (err != cudaSuccess) {
-        size_t free_b = 0, total_b = 0;
-        cudaMemGetInfo(&free_b, &total_b);
-        if (err == cudaErrorMemoryAllocation)
-            lab_fail_collective("cudaMalloc of %zu bytes failed: %s (GPU has %zu MiB free of %zu "
-                                "MiB; try a smaller --batch or model)", bytes,
-                                cudaGetErrorString(err), free_b >> 20, total_b >> 20);
-        // not memory: no usable device, a driver problem; a smaller batch would not help
+    if (err == cudaErrorMemoryAllocation) {
+        (void)cudaGetLastError();  // not sticky: clear it, so the next call does not see it
+        return NULL;               // the caller's message says the size and what fits
+    }
+    // not memory: no usable device, a driver problem; a smaller batch would not help
+    if (err != cudaSuccess)
         lab_fail_collective("cudaMalloc of %zu bytes failed: %s (is a GPU visible? try "
                             "nvidia-smi, or use --device cpu)", bytes, cudaGetErrorString(err));
-    }
     cudaCheck(cudaMemset(p, 0, bytes));
     return p;
+}
+
+int lab_cuda_mem_info(size_t *free_b, size_t *total_b) {
+    *free_b = *total_b = 0;
+    if (cudaMemGetInfo(free_b, total_b) != cudaSuccess) {
+        (void)cudaGetLastError();
+        return -1;
+    }
+    return 0;
 }
 
 void lab_cuda_free(void *p) {

@@ -8,7 +8,11 @@
 #ifdef __cplusplus
 extern "C" {
 #endif
-void *lab_cuda_malloc(size_t bytes);            // cudaMalloc + cudaMemset 0
+// cudaMalloc + cudaMemset 0; NULL when the GPU is out of memory (the caller says so, with the
+// size and what fits: mem_fail_out_of_memory); any other CUDA error fails the job here.
+void *lab_cuda_malloc(size_t bytes);
+// The current GPU's free and total bytes (cudaMemGetInfo); 0, or -1 when CUDA cannot say.
+int lab_cuda_mem_info(size_t *free_b, size_t *total_b);
 void lab_cuda_free(void *p);
 void lab_cuda_memcpy(void *dst, const void *src, size_t bytes);   // cudaMemcpyDefault, synchronous
 void lab_cuda_memset0(void *p, size_t bytes);

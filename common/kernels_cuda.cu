@@ -619,7 +619,11 @@ __global__ static void sum_squares_kernel(double *block_sums, const float *g, si
 
 static double sum_squares(const float *g, size_t n) {
     static double *block_sums = NULL;  // device scratch, kept for the whole run
-    if (block_sums == NULL) block_sums = (double *)lab_cuda_malloc(SUMSQ_BLOCKS * sizeof(double));
+    if (block_sums == NULL) {
+        block_sums = (double *)lab_cuda_malloc(SUMSQ_BLOCKS * sizeof(double));
+        if (block_sums == NULL)
+            mem_fail_out_of_memory(SUMSQ_BLOCKS * sizeof(double), MEM_OTHER, DEV_CUDA);
+    }
     sum_squares_kernel<<<SUMSQ_BLOCKS, BLOCK>>>(block_sums, g, n);
     launchCheck();
     double host[SUMSQ_BLOCKS];

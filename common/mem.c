@@ -64,26 +64,55 @@ int mem_ranks_on_this_machine(void) {
     return lab_log_world > 0 ? lab_log_world : 1;
 }
 
-// A host allocation failed: every rank builds the same model, so every rank meets it with the
-// same size; one message (lab_fail_collective), saying what fits and which flags size it.
-LAB_NORETURN static void fail_host_memory(size_t bytes, MemCategory cat) {
-    char want[32], avail[32], each[32];
+// Bytes this rank holds on `dev` now (its live allocations there).
+static double held_on(Device dev) {
+    double sum = 0;
+    for (size_t i = 0; i < nallocs; i++)
+        if (allocs[i].dev == dev) sum += (double)allocs[i].bytes;
+    return sum;
+}
+
+// An allocation failed: every rank builds the same model, so every rank meets it with the same
+// size; one message (lab_fail_collective), the same for host and GPU memory: what was asked,
+// what the memory has, what would fit, and which flags size it.
+void mem_fail_out_of_memory(size_t bytes, MemCategory cat, Device dev) {
+    char want[32], avail[32], each[32], total[32], held[32];
     const char *lower = cat == MEM_ACTS || cat == MEM_OTHER
                             ? "a smaller --batch (or --seq)"
                       : cat == MEM_COMM ? "a smaller model or smaller communication buffers"
                                         : "a smaller model (--layers, --channels, --vocab)";
+    const char *what = mem_category_name(cat);
     mem_format(want, sizeof want, (double)bytes);
+    if (dev == DEV_CUDA) {
+        // the GPU's free memory already counts what the other ranks and processes on it hold:
+        // this rank's buffers fit in what it holds plus what is free
+        size_t free_b = 0, total_b = 0;
+#ifdef LAB_CUDA
+        if (lab_cuda_mem_info(&free_b, &total_b) != 0) total_b = 0;
+#endif
+        if (total_b == 0)
+            lab_fail_collective("out of GPU memory: allocating %s for %s failed; use %s", want,
+                                what, lower);
+        mem_format(avail, sizeof avail, (double)free_b);
+        mem_format(total, sizeof total, (double)total_b);
+        mem_format(held, sizeof held, held_on(DEV_CUDA));
+        mem_format(each, sizeof each, held_on(DEV_CUDA) + (double)free_b);
+        lab_fail_collective("out of GPU memory: allocating %s for %s failed; the GPU has %s free "
+                            "of %s, and this rank holds %s on it already: about %s for all of "
+                            "this rank's GPU buffers: use %s", want, what, avail, total, held,
+                            each, lower);
+    }
     double free_bytes = mem_host_available();
     int ranks = mem_ranks_on_this_machine();
     if (free_bytes < 0)
         lab_fail_collective("out of host memory: allocating %s for %s failed; use %s", want,
-                            mem_category_name(cat), lower);
+                            what, lower);
     mem_format(avail, sizeof avail, free_bytes);
     mem_format(each, sizeof each, free_bytes / ranks);
     lab_fail_collective("out of host memory: allocating %s for %s failed; this machine has %s "
                         "available (MemAvailable) for the %d rank%s of this job on it, about %s "
-                        "per rank for all of its buffers: use %s", want, mem_category_name(cat),
-                        avail, ranks, ranks == 1 ? "" : "s", each, lower);
+                        "per rank for all of its buffers: use %s", want, what, avail, ranks,
+                        ranks == 1 ? "" : "s", each, lower);
 }
 
 void *mem_alloc(size_t bytes, MemCategory cat, Device dev) {
@@ -93,7 +122,7 @@ void *mem_alloc(size_t bytes, MemCategory cat, Device dev) {
     void *p = NULL;
     if (dev == DEV_CUDA) {
 #ifdef LAB_CUDA
-        p = lab_cuda_malloc(want);  // zeroed by lab_cuda_malloc
+        p = lab_cuda_malloc(want);  // zeroed; NULL when the GPU is out of memory
 #else
         lab_fail("--device cuda needs a CUDA build: rebuild with `make CUDA=1` on a machine with nvcc");
 #endif
@@ -104,13 +133,7 @@ void *mem_alloc(size_t bytes, MemCategory cat, Device dev) {
         else p = aligned_alloc(64, rounded);
         if (p) memset(p, 0, rounded);
     }
-    if (!p) {
-        char buf[32];
-        if (dev == DEV_CUDA)
-            lab_fail("out of GPU memory: allocating %s for %s failed",
-                     mem_format(buf, sizeof buf, (double)bytes), mem_category_name(cat));
-        fail_host_memory(bytes, cat);
-    }
+    if (!p) mem_fail_out_of_memory(bytes, cat, dev);
     if (nallocs == cap_allocs) {
         cap_allocs = cap_allocs ? 2 * cap_allocs : 64;
         Allocation *grown = realloc(allocs, cap_allocs * sizeof(Allocation));

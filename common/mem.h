@@ -4,6 +4,8 @@
 #include <stddef.h>
 #include <stdio.h>
 
+#include "check.h"
+
 #ifdef __cplusplus  // callable from the CUDA .cu files
 extern "C" {
 #endif
@@ -25,6 +27,11 @@ typedef enum {
 // Zero-initialized allocation of `bytes` on `dev`, counted under `cat`. Never returns NULL
 // (fails the job with a message that names the category and size). bytes == 0 is allowed.
 void *mem_alloc(size_t bytes, MemCategory cat, Device dev);
+// The one out-of-memory message, host or GPU (mem_alloc's, and the CUDA code's own scratch):
+// the size, what the memory has (MemAvailable shared by this machine's ranks; the GPU's free
+// memory and what this rank holds on it), and the flags that make it smaller. Said once for
+// the job (every rank meets the same size).
+LAB_NORETURN void mem_fail_out_of_memory(size_t bytes, MemCategory cat, Device dev);
 void mem_free(void *p);                 // NULL is fine
 size_t mem_size_of(const void *p);      // bytes of a live allocation
 
