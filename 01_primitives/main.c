@@ -342,7 +342,8 @@ static const char *USAGE =
     "  make 01_primitives && mpirun -np 4 ./01_primitives/run [--only all-reduce]\n"
     "  (as root add --allow-run-as-root; more ranks than cores: --oversubscribe)\n"
     "\n"
-    "Only --only below matters here: the shared model/training flags are accepted but unused.";
+    "Only --only below: nothing is trained here, so the shared model and training flags are\n"
+    "refused.";
 
 int main(int argc, char **argv) {
     dist_init(&argc, &argv);

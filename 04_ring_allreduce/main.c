@@ -63,8 +63,8 @@ static const char *USAGE =
     "  (as root add --allow-run-as-root; more ranks than cores: --oversubscribe\n"
     "   --mca mpi_yield_when_idle 1)\n"
     "\n"
-    "Only the chapter flags below matter here: the shared model/training flags are accepted but\n"
-    "unused.";
+    "Only the chapter flags below: nothing is trained here, so the shared model and training\n"
+    "flags are refused.";
 
 int main(int argc, char **argv) {
     dist_init(&argc, &argv);
