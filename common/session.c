@@ -196,6 +196,23 @@ void session_step_end(Session *s, int step, float loss) {
 double session_elapsed(const Session *s) { return s->end > s->start ? s->t_last - s->t_start : 0; }
 int session_steps_run(const Session *s) { return s->end > s->start ? s->end - s->start : 0; }
 
+// Did it learn? The last step's loss between ln V (a uniform guess, the loss at initialization)
+// and the floor of the data (the synthetic source's entropy; a text file's is not known), and
+// how far along that way the run got. Rank 0 (its loss is the global one), not --quiet.
+static void print_learned(const Session *s) {
+    if (s->args->quiet || s->rank != 0 || session_steps_run(s) == 0) return;
+    const double loss = s->losses[s->end - 1], lnV = log((double)s->cfg.V);
+    if (s->data.is_file) {
+        printf("learned: loss %.4f at step %d/%d, from ln V = %.4f (a uniform guess); a text "
+               "file's floor is not known\n", loss, s->end, s->args->steps, lnV);
+        return;
+    }
+    const double floor = data_loss_floor(&s->data, s->T);
+    printf("learned: loss %.4f at step %d/%d, %.1f %% of the way from ln V = %.4f (a uniform "
+           "guess) to the data's floor %.4f (T=%d)\n", loss, s->end, s->args->steps,
+           100.0 * (lnV - loss) / (lnV - floor), lnV, floor, s->T);
+}
+
 void session_finish(Session *s) {
     const LabArgs *a = s->args;
     if (a->save) {
@@ -203,6 +220,7 @@ void session_finish(Session *s) {
         if (!a->quiet && s->rank == 0)
             printf("saved training state (step %d) to %s\n", s->end, a->save);
     }
+    print_learned(s);
     if (s->state.weights_to_host) {
         if (s->rank == 0) s->host_params = lab_xmalloc(s->n * sizeof(float));
         s->state.weights_to_host(s->state.ctx, s->host_params);

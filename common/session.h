@@ -139,9 +139,10 @@ void session_step_end(Session *s, int step, float loss);
 // from r (its step is 1-based); a z not yet known, a grad norm not given, an unknown MFU: "-".
 int session_progress_line(char *buf, size_t len, int steps, const HealthRecord *r, double eta_s);
 
-// After the loop: the final checkpoint (state.save, when --save), the final weights as fp32
-// on rank 0 (s->host_params; state.weights_to_host), --save-weights, the --trace file. All
-// collective: read the run's byte counters before (or subtract s->save_cost).
+// After the loop: the final checkpoint (state.save, when --save), the "learned:" line (rank 0,
+// not --quiet: the last loss between ln V and the data's floor, and how far along it is), the
+// final weights as fp32 on rank 0 (s->host_params; state.weights_to_host), --save-weights, the
+// --trace file. All collective: read the run's byte counters before (or subtract s->save_cost).
 void session_finish(Session *s);
 double session_elapsed(const Session *s);  // seconds of the loop
 int session_steps_run(const Session *s);   // end - start (0 when resuming at the end)
