@@ -277,11 +277,13 @@ int calc_cli_run(const CalcCliArgs *a, const LabArgs *lab) {
         GPT2Config cfg = {model.V, model.T, model.L, model.C, model.NH};
         int T = s.seq_len > 0 ? s.seq_len : model.T;
         int bf16 = s.dtype == CALC_BF16;
+        const double lab =
+            calc_activation_bytes_lab(&cfg, s.micro_batch, T, bf16 ? GPT2_BF16 : GPT2_FP32);
+        char bin[32];
         printf("  this lab's runtime keeps every activation llm.c keeps (%s), and the gradients of "
-               "one block's: %.3f MB for B=%d T=%d (README: the real run)\n",
-               bf16 ? "bf16, one layer in fp32" : "fp32",
-               calc_activation_bytes_lab(&cfg, s.micro_batch, T, bf16 ? GPT2_BF16 : GPT2_FP32) / 1e6,
-               s.micro_batch, T);
+               "one block's: %.3f MB = %s for B=%d T=%d (README: the real run)\n",
+               bf16 ? "bf16, one layer in fp32" : "fp32", lab / 1e6,
+               mem_format(bin, sizeof bin, lab), s.micro_batch, T);
     }
     calc_print_bars(stdout, &b, label, capacity);
     if (a->layout) calc_print_layout(stdout, &model, &s, &p, hw_label);

@@ -310,19 +310,11 @@ void calc_print_plan(FILE *out, const CalcModel *m, const CalcPlanSpec *p,
 // ------------------------------------------------------------------------------------------
 // --layout: one layout in detail, every pipeline stage's memory and traffic.
 
-// "1.23 GB" / "456.70 MB" / "12.30 KB" / "8 B", into buf.
-static const char *fmt_size(char *buf, size_t n, double bytes) {
-    if (bytes >= 1e9) snprintf(buf, n, "%.2f GB", bytes / 1e9);
-    else if (bytes >= 1e6) snprintf(buf, n, "%.2f MB", bytes / 1e6);
-    else if (bytes >= 1e3) snprintf(buf, n, "%.2f KB", bytes / 1e3);
-    else snprintf(buf, n, "%.0f B", bytes);
-    return buf;
-}
-
-// The exact byte count and the same in decimal units.
+// The exact byte count and the same in binary units, as the chapters' runs print them
+// (mem_format: KiB, MiB, GiB): the layout is what chapter 09's run will measure.
 static void print_bytes(FILE *out, double bytes) {
     char buf[32];
-    fprintf(out, " %16.0f %10s", bytes, fmt_size(buf, sizeof buf, bytes));
+    fprintf(out, " %16.0f %10s", bytes, mem_format(buf, sizeof buf, bytes));
 }
 
 void calc_print_layout(FILE *out, const CalcModel *m, const CalcSetup *s, const CalcPlanSpec *p,
@@ -352,7 +344,7 @@ void calc_print_layout(FILE *out, const CalcModel *m, const CalcSetup *s, const 
         fprintf(out, "  %5d %6d %14lld %14.0f %14.0f %14.0f %14.0f %14.0f %14.0f %10d %5s %14.0f  "
                 "(%s)\n", r, b.layers, (long long)b.rank_params, b.params, b.grads, b.master,
                 b.m, b.v, b.acts, b.inflight, v > 1 ? "chunk" : "mb", b.total,
-                fmt_size(tot, sizeof tot, b.total));
+                mem_format(tot, sizeof tot, b.total));
     }
     // Bytes per step per dimension
     fprintf(out, "\nBytes one GPU sends per step in its groups (replica 0; dist's count: ring "
@@ -383,6 +375,8 @@ void calc_print_layout(FILE *out, const CalcModel *m, const CalcSetup *s, const 
             "(6 N x %d x %d tokens / (%d GPUs x peak x step))\n", c.t_compute, c.t_tp, c.t_pp,
             c.t_dp, c.t_step, 100 * c.mfu, p->global_batch, seq, p->gpus);
     char tot[32];
-    fprintf(out, "  heaviest GPU %s of %.2f GB: %s\n", fmt_size(tot, sizeof tot, c.mem.total),
-            p->mem_bytes / 1e9, calc_fits(&c.mem, p->mem_bytes) ? "fits" : "does NOT fit");
+    fprintf(out, "  heaviest GPU %s of %.2f GiB (%.2f GB): %s\n",
+            mem_format(tot, sizeof tot, c.mem.total), p->mem_bytes / (1024.0 * 1024 * 1024),
+            p->mem_bytes / 1e9,
+            calc_fits(&c.mem, p->mem_bytes) ? "fits" : "does NOT fit");
 }

@@ -102,6 +102,7 @@ static void report(Session *s, DpReduce how, double *mine) {
             {"peak mem", R_TOTAL, COL_BYTES}};
         session_print_rank_table("Per rank (per step)", cols, (int)(sizeof cols / sizeof cols[0]),
                                  all, N, R_NFIELDS, "master");
+        session_print_cores_note(s, "the compute, wait, comm and step times");
         double S = (double)s->e * (double)s->n;
         int recv_copies = how == DP_REDUCE_LINEAR ? N - 1 : dp_tree_rounds(N);
         printf("  master sends (N-1) x %.0f B of weights + its batch rows; receives %d x %.0f B of "

@@ -132,6 +132,9 @@ static void print_tables(const Session *s, const DdpFlags *f, const DdpFigures *
                c->nosync_differ, c->nosync_checks, c->sync_agree, c->sync_checks);
     overlap_print(all + R_OVERLAP, N, R_NFIELDS, overlap, s->world->thread != NULL,
                   N > 1 ? f->overlap_steps : 0);
+    // (an all-reduce in flight may be waiting for a core, and compute slows down too)
+    session_print_cores_note(s, "the per-rank times, the communication hidden behind backward "
+                                "and the communication thread's times");
     char b1[32];
     printf("\nEvery rank holds the full model state: %s = 16 B x %zu = %s per rank%s\n",
            s->bf16 ? "bf16 params + grads (2 + 2 B) + fp32 master (4 B) + Adam m, v (4 + 4 B)"

@@ -5,7 +5,6 @@
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
-#include <unistd.h>
 
 #include "check.h"
 #include "train.h"
@@ -133,8 +132,4 @@ void overlap_print(const double *f, int nranks, int stride, int overlap_on, int 
                    1e3 * v[OV_CAL_BUSY], 1e3 * v[OV_CAL_CPU]);
         }
     }
-    long cores = sysconf(_SC_NPROCESSORS_ONLN);
-    if (cores > 0 && nranks > cores)
-        printf("  (%d ranks share %ld cores: an all-reduce in flight may be waiting for a core, "
-               "and compute slows down too; use at most one rank per core)\n", nranks, cores);
 }

@@ -21,6 +21,7 @@
 #include <unistd.h>
 
 #include "check.h"
+#include "health.h"
 #include "mem.h"
 #include "ring.h"
 
@@ -189,6 +190,9 @@ long ring_bench(const RingBenchOpts *o, DistGroup *g) {
                "#   byte of memcpy, so at most 0.8 with a core per rank; %d ranks on %ld cores here: at most %.2f\n",
                N, cores, ceiling);
         printf("# all rows correct: %s (%ld wrong elements)\n", total_wrong == 0 ? "yes" : "NO", total_wrong);
+        char note[512];
+        if (*health_cores_note(note, sizeof note, 1, "the times and bandwidths above"))
+            printf("# %s\n", note);
     }
     ring_workspace_free(&b.ws);
     mem_free(b.buf);

@@ -67,6 +67,40 @@ void zero5_figures(const Zero5View *v, double *mine, const DistCounters *save_co
     mine[Z5_XOPT_V] = x.v;
 }
 
+// DDP's model state over each stage's: on this run's N, and as N grows without end (the shard
+// Ψ/N -> 0: what is left is what the stage does not shard), in this run's dtype and in the
+// notes' (bf16 mixed precision, K = 12: 2 + 2 + 12 bytes per parameter). The notes' "4x" and
+// "8x" are ZeRO-1's and ZeRO-2's limits there; a run on a few ranks is far from them, because
+// the unsharded part (ZeRO-1: params and grads, 4 of 16 bytes; ZeRO-2: params, 2 of 16) is all
+// that remains only when N is large. ddp_at_n: calc_shard_state's totals of rank 0's piece.
+static void print_savings(int64_t psi, int N, CalcDtype dtype, const double *at_n) {
+    const int bf16 = dtype == CALC_BF16;
+    const char *dt = bf16 ? "bf16" : "fp32";
+    char h1[32], h2[32];
+    snprintf(h1, sizeof h1, "N = %d (%s)", N, dt);
+    snprintf(h2, sizeof h2, "N -> inf (%s)", dt);
+    printf("\nSaving: DDP's model state / the stage's (calculator, rank 0's piece):\n");
+    printf("  %-12s %14s %16s%s\n", "", h1, h2, bf16 ? "" : "  N -> inf (bf16, K = 12)");
+    for (int st = 1; st < 4; st++) {
+        char cell[3][32];
+        const CalcDtype dts[2] = {dtype, CALC_BF16};
+        snprintf(cell[0], sizeof cell[0], "%.2fx", at_n[0] / at_n[st]);
+        for (int k = 0; k < 2; k++) {  // the shard Ψ/N -> 0: what the stage does not shard
+            const double lim = calc_shard_state(psi, 0, st, dts[k]).total;
+            if (lim > 0)
+                snprintf(cell[1 + k], sizeof cell[1 + k], "%.2fx",
+                         calc_shard_state(psi, 0, 0, dts[k]).total / lim);
+            else snprintf(cell[1 + k], sizeof cell[1 + k], "N x");
+        }
+        printf("  %-12s %14s %16s", ZERO5_STAGE_NAME[st], cell[0], cell[1]);
+        if (!bf16) printf("  %23s", cell[2]);
+        printf("\n");
+    }
+    printf("  the notes' 4x (ZeRO-1) and 8x (ZeRO-2) are the limits in bf16 with K = 12: what a "
+           "stage does not shard\n  (ZeRO-1: params and grads, 2 + 2 of 16 B; ZeRO-2: params, 2 B) "
+           "is all that is left only when N is large\n");
+}
+
 void zero5_report(const Zero5View *v, const double *all, const LabArgs *args) {
     Session *s = v->s;
     const int N = s->N;
@@ -167,6 +201,7 @@ void zero5_report(const Zero5View *v, const double *all, const LabArgs *args) {
         }
         printf("  (activations, %s per rank here, are not sharded by ZeRO: every rank runs its own "
                "rows through the whole model)\n", mem_format(b1, sizeof b1, a0[Z5_ACTS]));
+        print_savings(psi, N, dtype, per_stage);
     }
     if (args->dump) {
         RunResults out;

@@ -31,7 +31,7 @@ typedef struct PipeClock {
     DistGroup *g;
     int rank, start, end;
     int n;                        // steps kept
-    double *op[3], *busy, *span;  // [n]; op[PIPE_F], op[PIPE_B], op[PIPE_W]
+    double *op[3], *span;         // [n]; op[PIPE_F], op[PIPE_B], op[PIPE_W]
     double *pic_start, *pic_end;  // the last step's measured timeline (NULL: no step ran)
     double t0, t_steps;           // this step's start; the steps after the first (tokens/s)
     double sent_sum;              // bytes sent point to point, all steps

@@ -75,7 +75,6 @@ void pipe8_print_setup(const Schedule *s, const GPT2Config *cfg, int B, int Bm, 
 void pipe8_clock_init(PipeClock *c, const Schedule *s, DistGroup *g, int start, int end) {
     *c = (PipeClock){.s = s, .g = g, .rank = g->rank, .start = start, .end = end};
     for (int k = 0; k < 3; k++) c->op[k] = lab_xcalloc((size_t)end + 1, sizeof(double));
-    c->busy = lab_xcalloc((size_t)end + 1, sizeof(double));
     c->span = lab_xcalloc((size_t)end + 1, sizeof(double));
     dist_counters_reset();
 }
@@ -99,7 +98,6 @@ void pipe8_clock_end(PipeClock *c, const PipeExec *x, int step) {
     double tmin = -span[0], tmax = span[1];
     if (step > c->start || c->end - c->start == 1) {  // the first step warms caches and allocators
         for (int k = 0; k < 3; k++) c->op[k][c->n] = opsum[k];
-        c->busy[c->n] = opsum[0] + opsum[1] + opsum[2];
         c->span[c->n++] = tmax - tmin;
     }
     if (step == c->end - 1) {
@@ -118,7 +116,7 @@ double pipe8_clock_step_time(PipeClock *c, int step) {
 
 void pipe8_clock_free(PipeClock *c) {
     for (int k = 0; k < 3; k++) free(c->op[k]);
-    free(c->busy), free(c->span), free(c->pic_start), free(c->pic_end);
+    free(c->span), free(c->pic_start), free(c->pic_end);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -145,26 +143,31 @@ enum { F_BUBBLE, F_TF, F_TB, F_TW, F_BUSY, F_PEAK_SETS, F_PEAK_SETS_SCHED, F_PEA
        F_PEAK_BYTES_FORMULA, F_SENT, F_SENT_FORMULA, F_L0, F_L1, F_PEAK_W, F_PEAK_W_SCHED,
        F_NFIELDS };
 
-// The bubble, measured and simulated, on rank 0. Per stage: its median op times per step, its
-// idle share (median over the steps of 1 - busy / span), and the simulator's prediction from
-// those op times (free links: what the table alone makes of them). Then the split of
-// schedule.h (sched_bubble_split): the busiest stage's idle share, the schedule's bubble that
-// (p-1)/(m+p-1) predicts, and the load imbalance between stages, each step's own, median over
-// the steps. all: the F_* fields of every stage; busy: [r * n + k] stage r's busy time in step k.
+// The bubble, measured and simulated, on rank 0, every figure from the medians the table
+// prints: per stage, its median op times per step and busy = their sum (F_*), its idle share
+// 1 - busy / step of the median step (span: each step's), and the simulator's prediction from
+// those op times (free links: what the table alone makes of them). Then the split of schedule.h
+// (sched_bubble_split) of the same medians: the bottleneck (the busiest stage), its idle share
+// (the schedule's bubble, which (p-1)/(m+p-1) predicts) and the load imbalance 1 - busy_min /
+// busy_max. (Medians, not means: a step disturbed by another process moves the mean; and the
+// split of the medians, not the median of each step's split, so that every derived figure
+// follows from the printed ones.) all: the F_* fields of every stage; F_BUBBLE is set here.
 typedef struct TimeReport {
     double sim_bubble[SCHED_MAX_STAGES];
     BubbleSplit meas, sim;
     double step, sim_step;  // median span; simulated makespan (s)
 } TimeReport;
 
-static TimeReport time_report(const Schedule *s, const double *all, const double *busy,
-                              const double *span, int n) {
+static TimeReport time_report(const Schedule *s, double *all, const double *span, int n) {
     const int p = s->p;
     TimeReport rep = {.step = median(span, n)};
     SchedTimes t[SCHED_MAX_STAGES];
+    double busy[SCHED_MAX_STAGES];
     for (int r = 0; r < p; r++) {  // op times per micro-batch of the whole stage
-        const double *a = all + (size_t)r * F_NFIELDS;
+        double *a = all + (size_t)r * F_NFIELDS;
         t[r] = (SchedTimes){.tf = a[F_TF] / s->m, .tb = a[F_TB] / s->m, .tw = a[F_TW] / s->m};
+        busy[r] = a[F_BUSY];
+        a[F_BUBBLE] = rep.step > 0 ? 1.0 - busy[r] / rep.step : 0;  // the "idle" column
     }
     SimResult sim;
     if (sched_simulate_stages(s, t, &sim) == 0) {
@@ -173,17 +176,7 @@ static TimeReport time_report(const Schedule *s, const double *all, const double
         rep.sim_step = sim.makespan;
     }
     sim_free(&sim);
-    double *bub = lab_xcalloc((size_t)n + 1, sizeof(double)), *imb = lab_xcalloc((size_t)n + 1, sizeof(double));
-    double bk[SCHED_MAX_STAGES], med[SCHED_MAX_STAGES];
-    for (int k = 0; k < n; k++) {
-        for (int r = 0; r < p; r++) bk[r] = busy[(size_t)r * n + k];
-        BubbleSplit b = sched_bubble_split(bk, p, span[k]);
-        bub[k] = b.bubble, imb[k] = b.imbalance;
-    }
-    for (int r = 0; r < p; r++) med[r] = all[(size_t)r * F_NFIELDS + F_BUSY];
-    rep.meas.bottleneck = sched_bubble_split(med, p, rep.step).bottleneck;
-    rep.meas.bubble = median(bub, n), rep.meas.imbalance = median(imb, n);
-    free(bub), free(imb);
+    rep.meas = sched_bubble_split(busy, p, rep.step);
     return rep;
 }
 
@@ -211,8 +204,10 @@ static void print_time_report(const Schedule *s, const double *all, const TimeRe
            "  bottleneck) works, plus its own idle time, the schedule's bubble: that is what the\n"
            "  theory predicts for equal stages. Any other stage r idles 1 - (busy_r / busy_max)\n"
            "  (1 - bubble): more, from the load imbalance (1 - busy_r / busy_max, at most 1 -\n"
-           "  busy_min / busy_max), which a balanced split of the work would remove. simulated:\n"
-           "  the table run on each stage's measured op times, messages free; theory: %s\n",
+           "  busy_min / busy_max), which a balanced split of the work would remove. Every figure\n"
+           "  here follows from the medians above (bubble = the bottleneck's idle, imbalance = 1 -\n"
+           "  busy_min / busy_max). simulated: the table run on each stage's measured op times,\n"
+           "  messages free; theory: %s\n",
            s->split ? "ZB-H1's formula, tf = tb = tw" : "(p-1)/(v m + p-1)");
 }
 
@@ -293,15 +288,11 @@ void pipe8_report(const PipeRun *run, const PipeClock *c) {
     const int rank = c->rank, p = s->p, v = s->v, m = s->m, start = c->start, end = c->end;
     const int B = run->B, Bm = run->Bm, T = run->T;
     // the figures of every rank, to rank 0
-    double mine[F_NFIELDS] = {0};
-    double *idle = lab_xcalloc((size_t)c->n + 1, sizeof(double));
-    for (int k = 0; k < c->n; k++) idle[k] = 1.0 - c->busy[k] / c->span[k];
-    mine[F_BUBBLE] = median(idle, c->n);
-    free(idle);
+    double mine[F_NFIELDS] = {0};  // (F_BUBBLE: rank 0's time_report, from the medians)
     mine[F_TF] = median(c->op[PIPE_F], c->n);
     mine[F_TB] = median(c->op[PIPE_B], c->n);
     mine[F_TW] = median(c->op[PIPE_W], c->n);
-    mine[F_BUSY] = median(c->busy, c->n);
+    mine[F_BUSY] = mine[F_TF] + mine[F_TB] + mine[F_TW];  // "their sum", as printed
     mine[F_PEAK_SETS] = x->live_peak;
     mine[F_PEAK_SETS_SCHED] = sched_peak_inflight(s, rank);
     mine[F_PEAK_BYTES] = (double)x->acts_peak;
@@ -325,14 +316,10 @@ void pipe8_report(const PipeRun *run, const PipeClock *c) {
     }
     if (rank == 0) tl_all = lab_xcalloc((size_t)p * 2 * maxops, sizeof(double));
     dist_gather(tl, tl_all, (size_t)2 * maxops, DIST_F64, 0, g);
-    // every stage's busy time in each measured step (every rank ran the same steps), for the
-    // bottleneck's bubble and the imbalance of each step
-    double *busy_all = rank == 0 ? lab_xcalloc((size_t)p * c->n + 1, sizeof(double)) : NULL;
-    dist_gather(c->busy, busy_all, (size_t)c->n, DIST_F64, 0, g);
 
     if (rank == 0) {
         const double theory = sched_theory_bubble(s, &UNIT_TIMES);
-        const TimeReport tr = time_report(s, all, busy_all, c->span, c->n);
+        const TimeReport tr = time_report(s, all, c->span, c->n);  // (the span: every rank's)
         const int quiet = run->ses->args->quiet;
         session_print_throughput(run->ses, 0);  // every chapter's line
         if (!quiet && end - start > 1)  // (the first step warms caches and allocators)
@@ -341,9 +328,11 @@ void pipe8_report(const PipeRun *run, const PipeClock *c) {
         if (!quiet && end > start) {
             print_last_step(s, tl_all, maxops, run->cols);
             print_time_report(s, all, &tr, theory);
+            session_print_cores_note(run->ses, "the op times, idle, bubble and imbalance (and "
+                                               "the simulated bubble, made of those op times)");
             print_memory_report(s, all);
         }
         if (run->ses->args->dump) write_dump(run, all, &tr, theory);
     }
-    free(busy_all), free(all), free(tl), free(tl_all);
+    free(all), free(tl), free(tl_all);
 }

@@ -867,7 +867,8 @@ static void bar(FILE *out, const char *label, double bytes, double scale, int ca
         if (col == capcol) c = '|';
         fputc(c, out);
     }
-    fprintf(out, " %9.2f %s%s\n", bytes / u.dec, u.dname, note ? note : "");
+    fprintf(out, " %9.2f %s = %.2f %s%s\n", bytes / u.dec, u.dname, bytes / u.bin, u.bname,
+            note ? note : "");
 }
 
 void calc_print_bars(FILE *out, const CalcBreakdown *b, const char *gpu_label, double mem_bytes) {
@@ -882,7 +883,9 @@ void calc_print_bars(FILE *out, const CalcBreakdown *b, const char *gpu_label, d
     if (mem_bytes > 0)
         fprintf(out, "; '|' = %s, %.2f GB = %.2f GiB", gpu_label ? gpu_label : "GPU",
                 mem_bytes / 1e9, mem_bytes / GIB);
-    fprintf(out, ")\n");
+    fprintf(out, ")\n  (%s = %s bytes, as the notes count; %s = %s bytes, as the runs print)\n",
+            u.dname, u.dec == 1e9 ? "1e9" : u.dec == 1e6 ? "1e6" : "1e3", u.bname,
+            u.dec == 1e9 ? "2^30" : u.dec == 1e6 ? "2^20" : "2^10");
     char opt_note[96];
     snprintf(opt_note, sizeof opt_note, "   (master %.2f + m %.2f + v %.2f)", b->master / u.dec,
              b->m / u.dec, b->v / u.dec);

@@ -3,8 +3,11 @@
 
 #include <cblas.h>
 #include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "check.h"
 #ifdef LAB_CUDA
@@ -32,6 +35,45 @@ void health_window_push(HealthWindow *w, double x) {
     w->x[w->head] = x;
     w->head = (w->head + 1) % w->cap;
     if (w->n < w->cap) w->n++;
+}
+
+// The cores this machine gives the job: $LAB_CORES when set (what the user knows better, e.g.
+// the cores a batch system reserved; the tests set it), else its online CPUs, or a cgroup (v2)
+// CPU quota's share of them when that is smaller (a container limited to 2 CPUs on a 64-core
+// host has 2).
+static int machine_cores(void) {
+    const char *env = getenv("LAB_CORES");
+    if (env && atoi(env) > 0) return atoi(env);
+    long online = sysconf(_SC_NPROCESSORS_ONLN);
+    int cores = online > 0 ? (int)online : 1;
+    FILE *f = fopen("/sys/fs/cgroup/cpu.max", "r");
+    if (f) {
+        double quota = 0, period = 0;
+        if (fscanf(f, "%lf %lf", &quota, &period) == 2 && quota > 0 && period > 0 &&
+            ceil(quota / period) < cores)
+            cores = (int)ceil(quota / period);
+        fclose(f);  // ("max 100000": no quota; fscanf reads no number)
+    }
+    return cores;
+}
+
+int health_cores_shared(int threads, int *ranks, int *cores) {
+    *ranks = mem_ranks_on_this_machine();
+    *cores = machine_cores();
+    return (long)*ranks * (threads > 0 ? threads : 1) > (long)*cores;
+}
+
+const char *health_cores_note(char *buf, size_t n, int threads, const char *figures) {
+    int ranks, cores;
+    buf[0] = '\0';
+    if (!health_cores_shared(threads, &ranks, &cores)) return buf;
+    char each[48] = "";
+    if (threads > 1) snprintf(each, sizeof each, " x %d threads", threads);
+    snprintf(buf, n, "note: %d rank%s%s share %d core%s here and take turns on %s, so %s "
+             "measure the turns as much as the algorithm (the bytes, memory and results are "
+             "exact); timings need ranks x threads <= %d", ranks, ranks == 1 ? "" : "s", each,
+             cores, cores == 1 ? "" : "s", cores == 1 ? "it" : "them", figures, cores);
+    return buf;
 }
 
 static double cpu_now(void) {

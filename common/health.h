@@ -34,6 +34,16 @@ double health_sgemm_gflops(void);
 // Model FLOP utilization: flops done in seconds on ndev devices of peak FLOP/s each.
 double health_mfu(double flops, double seconds, double peak, int ndev);
 
+// Do this job's ranks share this machine's cores? Its ranks here (mem_ranks_on_this_machine)
+// times the BLAS threads each runs (`threads`: --threads), against the cores the machine has
+// online (fewer when a cgroup's CPU quota says so; $LAB_CORES overrides both). 1 when there
+// are more, with *ranks and *cores filled: the ranks then take turns on the cores, and every
+// time they measure says as much about the turns as about the algorithm.
+int health_cores_shared(int threads, int *ranks, int *cores);
+// The note said next to timing figures when the ranks share cores, naming the figures it makes
+// meaningless (`figures`, e.g. "idle, bubble and imbalance"), into buf; "" when they do not.
+const char *health_cores_note(char *buf, size_t n, int threads, const char *figures);
+
 // One step's record, the --log line.
 #define HEALTH_MAX_PHASES 8
 #define HEALTH_MAX_GROUPS 4

@@ -59,13 +59,26 @@ void session_start_at(Session *s, int start) {
         printf("resumed from %s at step %d\n", s->args->resume, start);
 }
 
+void session_print_cores_note(const Session *s, const char *figures) {
+    char note[512];
+    if (s->args->quiet || s->rank != 0) return;
+    if (*health_cores_note(note, sizeof note, s->args->threads, figures)) {
+        printf("%s\n", note);
+        fflush(stdout);
+    }
+}
+
 void session_step_begin(Session *s, int step) {
     if (step == s->args->kill_step && s->rank == s->args->kill_rank) {
         fprintf(stderr, "[rank %d] --kill-rank: exiting abruptly at step %d\n", s->rank, step);
         fflush(stderr);
         _exit(1);
     }
-    if (step == s->start) s->t_start = s->t_last = lab_now();  // the loop's clock starts
+    if (step == s->start) {  // under the chapter's header, over the first progress line
+        if (s->args->log_every > 0)
+            session_print_cores_note(s, "the tok/s and MFU of the progress lines");
+        s->t_start = s->t_last = lab_now();  // the loop's clock starts
+    }
     s->gnorm_sq = NAN;
     if (!s->health) return;
     s->rec.nphases = 1;  // "step", at the end
@@ -284,6 +297,8 @@ void session_print_throughput(const Session *s, int all_ranks) {
            (double)s->args->batch * s->T * nrun / elapsed);
     if (all_ranks) printf(" (all ranks), %.1f ms per step", 1e3 * elapsed / nrun);
     printf("\n");
+    session_print_cores_note(s, all_ranks ? "the tokens/s and ms per step figures"
+                                          : "the tokens/s figures");
 }
 
 void session_free(Session *s) {

@@ -165,8 +165,16 @@ typedef struct SessionColumn {
 void session_print_rank_table(const char *title, const SessionColumn *cols, int ncols,
                               const double *all, int nranks, int nfields, const char *rank0_note);
 // "N steps in T s: X tokens/s" after the loop (rank 0, not --quiet, when steps ran here);
-// all_ranks: the data-parallel chapters' form, "(all ranks), Y ms per step" added.
+// all_ranks: the data-parallel chapters' form, "(all ranks), Y ms per step" added. Then the
+// note when the ranks share cores (session_print_cores_note).
 void session_print_throughput(const Session *s, int all_ranks);
+
+// When this job's ranks share the machine's cores (health_cores_shared): the note that says
+// so, naming the timing figures it makes meaningless (`figures`), on rank 0, not --quiet;
+// nothing when every rank has its cores. The loop says it over the first progress line (its
+// tok/s and MFU) and after session_print_throughput's line; a chapter says it under its own
+// timing figures (08's idle and imbalance, 03's overlap, 02's per-rank times).
+void session_print_cores_note(const Session *s, const char *figures);
 
 // "GPT-2 V=.. T=.. L=.. C=.. NH=.., n parameters" for the chapters' first line.
 const char *session_model_line(const Session *s, char *buf, size_t len);

@@ -762,6 +762,63 @@ Test(calc_pipe, w_store_peak_and_sent_by_hand) {
 
 // ---- bad input ------------------------------------------------------------------------------
 
+// The printed time report's derived figures follow from its printed medians (issue 27): each
+// stage's busy = F + B (GPipe: no W), its idle = 1 - busy / step, the bottleneck is the
+// busiest stage and its bubble its idle,
+// the imbalance 1 - busy_min / busy_max, each within the rounding of the printed figures
+// (times to 0.005 ms, shares to 0.005 points). Seen failing before the fix: /work/main's 08
+// printed medians over the steps of each step's own figures, which no reader could get from
+// the table (this test's run there: busy 9.92 ms next to F 4.36 + B 4.59; idle 52.2 % where
+// 1 - 9.92 / 17.24 = 42.5 %; imbalance 34.50 % where 1 - 9.92 / 13.24 = 25.1 %).
+static void bounds(double a, double b, double *lo, double *hi) {  // 100 (1 - a/b), a, b rounded
+    double x[4] = {(a - .005) / (b - .005), (a - .005) / (b + .005), (a + .005) / (b - .005),
+                   (a + .005) / (b + .005)};
+    *lo = 1e9, *hi = -1e9;
+    for (int k = 0; k < 4; k++)
+        *lo = fmin(*lo, 100 * (1 - x[k])), *hi = fmax(*hi, 100 * (1 - x[k]));
+    *lo -= 0.051, *hi += 0.051;  // the printed share's own rounding (%.1f or %.2f)
+}
+
+Test(pipe08, printed_bubble_and_imbalance_follow_from_the_printed_medians, .timeout = 120) {
+    char *out = NULL;
+    int rc = harness_mpirun(2, "./08_pipeline/run --layers 4 --channels 64 --heads 2 --seq 32 "
+                            "--batch 16 --steps 4 --micro-batches 4 --schedule gpipe", &out, 90);
+    cr_assert_eq(rc, 0, "%s", out);
+    const char *t = strstr(out, "time per step, ms");
+    cr_assert(t, "no time report:\n%s", out);
+    t = strchr(strchr(t, '\n') + 1, '\n') + 1;  // past the column titles
+    double busy[2], idle[2], step, bub, imb;
+    for (int r = 0; r < 2; r++, t = strchr(t, '\n') + 1) {
+        int stage;
+        double f, b;
+        cr_assert(sscanf(t, " %d %*s %lf %lf %*s %lf %lf%%", &stage, &f, &b, &busy[r],
+                         &idle[r]) == 5 && stage == r, "stage %d's row unreadable:\n%s", r, out);
+        cr_assert(fabs(f + b - busy[r]) <= 0.0151, "stage %d: busy %.2f is not F + B = %.2f + %.2f:"
+                  "\n%s", r, busy[r], f, b, out);
+    }
+    int k;
+    cr_assert(sscanf(t, " step %lf ms", &step) == 1, "no step line:\n%s", out);
+    t = strchr(t, '\n') + 1;
+    cr_assert(sscanf(t, " bottleneck stage %d: bubble %lf %% (simulated %*f %%, theory %*f %%), "
+                     "imbalance %lf %%", &k, &bub, &imb) == 3, "no bottleneck line:\n%s", out);
+    double lo, hi;
+    for (int r = 0; r < 2; r++) {
+        bounds(busy[r], step, &lo, &hi);
+        cr_assert(idle[r] >= lo && idle[r] <= hi, "stage %d: idle %.1f %%, but 1 - busy / step = "
+                  "1 - %.2f / %.2f is in [%.2f, %.2f] %%:\n%s", r, idle[r], busy[r], step, lo, hi,
+                  out);
+    }
+    cr_assert_eq(k, busy[1] > busy[0] ? 1 : 0, "bottleneck %d, busy %.2f and %.2f", k, busy[0],
+                 busy[1]);
+    bounds(busy[k], step, &lo, &hi);
+    cr_assert(bub >= lo && bub <= hi, "bubble %.2f %% is not stage %d's idle 1 - %.2f / %.2f in "
+              "[%.2f, %.2f]:\n%s", bub, k, busy[k], step, lo, hi, out);
+    bounds(busy[1 - k], busy[k], &lo, &hi);
+    cr_assert(imb >= lo && imb <= hi, "imbalance %.2f %% is not 1 - %.2f / %.2f in [%.2f, %.2f]:"
+              "\n%s", imb, busy[1 - k], busy[k], lo, hi, out);
+    free(out);
+}
+
 Test(pipe08, bad_input_is_refused_with_a_clear_message, .timeout = 120) {
     harness_assert_refused(3, "./08_pipeline/run --layers 4 --steps 1", "not divisible by 3 ranks x 1 chunks");
     harness_assert_refused(2, "./08_pipeline/run --layers 4 --steps 1 --schedule interleaved --chunks 4", "only 4 layers");

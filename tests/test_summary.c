@@ -1,7 +1,8 @@
-// test_summary.c: what every training chapter says about its run after the loop (issue 27):
-// did it learn (the "learned:" line of common/session.c: the last loss between ln V and the
-// data's floor, and how far along that way the run got). One parameterized test over every
-// training chapter: a chapter added later is covered by one line in CHAPTERS.
+// test_summary.c: what every training chapter says about its run (issue 27): did it learn (the
+// "learned:" line of common/session.c: the last loss between ln V and the data's floor, and how
+// far along that way the run got), and, when its ranks share cores, a note next to its timing
+// figures naming them (session_print_cores_note). Parameterized tests over every training
+// chapter: a chapter added later is covered by one line in CHAPTERS.
 #include <criterion/criterion.h>
 #include <criterion/parameterized.h>
 #include <math.h>
@@ -15,20 +16,24 @@
 
 // Every training chapter, with the fixed flags of a small valid layout and its ranks.
 // (Arrays, not pointers: Criterion hands each parameter to a new process by value.)
+// figures: what its notes must name besides the progress lines' tok/s and MFU (the loop's):
+// session_print_throughput's figures, and the chapter's own timing tables'.
 typedef struct Chapter {
     char tag[8];
     char run[120];
     int np;
+    char figures[2][64];
 } Chapter;
+#define ALL_RANKS "the tokens/s and ms per step figures"
 static const Chapter CHAPTERS[] = {
-    {"00", "./00_memory_budget/run --train", 1},
-    {"02", "./02_data_parallel/run", 2},
-    {"03", "./03_ddp/run", 2},
-    {"05", "./05_zero/run --zero 3", 2},
-    {"06", "./06_fsdp/run", 2},
-    {"07", "./07_tensor_parallel/run --tp 2", 2},
-    {"08", "./08_pipeline/run", 2},
-    {"09", "./09_3d/run --tp 1 --pp 2", 2},
+    {"00", "./00_memory_budget/run --train", 1, {"the tokens/s figures"}},
+    {"02", "./02_data_parallel/run", 2, {ALL_RANKS, "the compute, wait, comm and step times"}},
+    {"03", "./03_ddp/run", 2, {ALL_RANKS, "the communication hidden behind backward"}},
+    {"05", "./05_zero/run --zero 3", 2, {ALL_RANKS}},
+    {"06", "./06_fsdp/run", 2, {ALL_RANKS}},
+    {"07", "./07_tensor_parallel/run --tp 2", 2, {""}},
+    {"08", "./08_pipeline/run", 2, {"the tokens/s figures", "idle, bubble and imbalance"}},
+    {"09", "./09_3d/run --tp 1 --pp 2", 2, {""}},
 };
 #define NCHAPTERS (sizeof CHAPTERS / sizeof CHAPTERS[0])
 
@@ -109,4 +114,51 @@ Test(summary, a_stopped_run_and_a_text_file_say_so, .timeout = 120) {
     cr_assert(strstr(out, want), "no line\n  %s:\n%s", want, out);
     results_free(&r);
     free(out);
+}
+
+ParameterizedTestParameters(summary, shared_cores_are_said_next_to_the_timings) {
+    static Chapter chapters[NCHAPTERS];
+    memcpy(chapters, CHAPTERS, sizeof CHAPTERS);
+    return cr_make_param_array(Chapter, chapters, NCHAPTERS);
+}
+
+// Ranks x threads above the machine's cores (LAB_CORES=1, --threads 2: on any machine): a note
+// over the first progress line naming their tok/s and MFU, and one under each timing figure
+// the chapter prints (CHAPTERS' figures), each saying how many ranks share how many cores; with
+// a core for every thread (LAB_CORES=64): no note. Seen failing before the fix: /work/main's
+// chapters print no note (03 alone said "ranks share cores" under its overlap, and counted
+// neither the threads nor a cgroup's quota).
+ParameterizedTest(const Chapter *c, summary, shared_cores_are_said_next_to_the_timings,
+                  .timeout = 120) {
+    char cmd[512], *out = NULL;
+    snprintf(cmd, sizeof cmd, "%s " MODEL " --threads 2", c->run);
+    setenv("LAB_CORES", "1", 1);
+    int rc = harness_mpirun(c->np, cmd, &out, 90);
+    cr_assert_eq(rc, 0, "chapter %s: the run failed:\n%s", c->tag, out);
+    char who[96];
+    snprintf(who, sizeof who, "note: %d rank%s x 2 threads share 1 core here", c->np,
+             c->np == 1 ? "" : "s");
+    int want = 1;
+    const char *first = strstr(out, "note: "), *step = strstr(out, "step     1/4");
+    const char *tok = first ? strstr(first, "the tok/s and MFU of the progress lines") : NULL;
+    cr_assert(first && step && tok && tok < step, "chapter %s: no note over the first progress "
+              "line:\n%s", c->tag, out);
+    for (int k = 0; k < 2; k++) {
+        if (!c->figures[k][0]) continue;
+        want++;
+        cr_assert(strstr(out, c->figures[k]), "chapter %s: no note names \"%s\":\n%s", c->tag,
+                  c->figures[k], out);
+    }
+    cr_assert_eq(count(out, "note: "), want, "chapter %s: %d notes, want %d:\n%s", c->tag,
+                 count(out, "note: "), want, out);
+    cr_assert_eq(count(out, who), want, "chapter %s: not every note says \"%s\":\n%s", c->tag, who,
+                 out);
+    free(out);
+    setenv("LAB_CORES", "64", 1);
+    snprintf(cmd, sizeof cmd, "%s " MODEL, c->run);
+    rc = harness_mpirun(c->np, cmd, &out, 90);
+    cr_assert_eq(rc, 0, "chapter %s: the run failed:\n%s", c->tag, out);
+    cr_assert(!strstr(out, "note: "), "chapter %s: a note with a core per rank:\n%s", c->tag, out);
+    free(out);
+    unsetenv("LAB_CORES");
 }
