@@ -462,7 +462,7 @@ int main(int argc, char **argv) {
          "print the four schedules simulated for --stages and --micro-batches, and exit"},
         {"--stages", FLAG_INT, &f.stages, 1, SCHED_MAX_STAGES, NULL, "p for --compare"},
         {"--picture-cols", FLAG_INT, &f.picture_cols, 10, 100000, NULL,
-         "width of the schedule pictures in columns"},
+         "width of the schedule pictures in columns (a wider picture is cut, and says so)"},
     };
     lab_parse_args_for(LAB_FLAGS_MODEL | LAB_FLAGS_TRAINING | LAB_FLAGS_HARDWARE | LAB_FLAGS_OUTPUT |
                            LAB_FLAGS_RELIABILITY | LAB_FLAGS_KILL,

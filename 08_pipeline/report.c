@@ -17,12 +17,14 @@ static const SchedTimes UNIT_TIMES = {1.0, 1.0, 1.0, 0.0, 0.0, 0.0};  // tf = tb
 // ---------------------------------------------------------------------------------------------
 // the four schedules side by side (simulated)
 
-static void print_schedule(const Schedule *s, const SchedTimes *t, int cols, int picture) {
+// unit: the time of one column of the picture.
+static void print_schedule(const Schedule *s, const SchedTimes *t, double unit, int cols,
+                           int picture) {
     SimResult r;
     char err[256];
     if (sched_check(s, err, sizeof err) != 0) lab_fail("schedule %s: %s", s->name, err);
     if (sched_simulate(s, t, &r) != 0) lab_fail("schedule %s: %s", s->name, r.err);
-    if (picture) sched_print(stdout, s, r.start, r.end, t->tf / s->v / 2.0, cols);
+    if (picture) sched_print(stdout, s, r.start, r.end, unit, cols);
     double worst = 0;
     int peak = 0;
     for (int k = 0; k < s->p; k++) worst = fmax(worst, r.bubble[k]), peak = peak > r.peak_inflight[k] ? peak : r.peak_inflight[k];
@@ -38,8 +40,14 @@ static void print_schedule(const Schedule *s, const SchedTimes *t, int cols, int
 
 void pipe8_compare(int p, int m, int v, int max_w, int cols) {
     const char *names[4] = {"gpipe", "1f1b", "interleaved", "zb"};
+    // one time scale for the four pictures, so that their widths compare as their makespans
+    // do: a column is half an op of the finest schedule (interleaved's chunk, 1/vi of a layer
+    // set's forward), every label still fits its op
+    const int vi = v > 1 ? v : 2, inter = m % p == 0;
+    const double unit = UNIT_TIMES.tf / (inter ? vi : 1) / 2.0;
     printf("the four schedules, p = %d stages, m = %d micro-batches, simulated with tf = tb = tw "
-           "(1F1B's B = tb + tw), free communication:\n", p, m);
+           "(1F1B's B = tb + tw), free communication; one column = tf/%d in every picture:\n",
+           p, m, inter ? 2 * vi : 2);
     for (int i = 0; i < 4; i++) {
         Schedule s;
         if (i == 2 && m % p != 0) {
@@ -49,7 +57,7 @@ void pipe8_compare(int p, int m, int v, int max_w, int cols) {
         if (i == 3 && max_w > 0) sched_zb_h1_capped(&s, p, m, max_w);
         else sched_make(&s, names[i], p, i == 2 ? (v > 1 ? v : 2) : 1, m);
         printf("\n");
-        print_schedule(&s, &UNIT_TIMES, cols, 1);
+        print_schedule(&s, &UNIT_TIMES, unit, cols, 1);
         sched_free(&s);
     }
 }

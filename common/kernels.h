@@ -51,14 +51,16 @@ typedef struct Kernels {
     // qkv (B,T,3C) rows [Q;K;V] -> out (B,T,C); preatt, att (B,NH,T,T) saved (causal).
     void (*attention_forward)(float *out, float *preatt, float *att, const float *qkv,
                               int B, int T, int C, int NH);
-    // dqkv (B,T,3C) = ; dpreatt, datt (B,NH,T,T) are scratch (overwritten; the CPU uses one
+    // dqkv (B,T,3C) = the gradient of qkv from dout (B,T,C), through the saved att; written,
+    // not added to. dpreatt, datt (B,NH,T,T) are scratch (overwritten; the CPU uses one
     // head-sized scratch of its own instead, and leaves them alone).
     void (*attention_backward)(float *dqkv, float *dpreatt, float *datt, const float *dout,
                                const float *qkv, const float *att, int B, int T, int C, int NH);
 
     // GELU, tanh approximation. n elements.
     void (*gelu_forward)(float *out, const float *inp, size_t n);
-    void (*gelu_backward)(float *dinp, const float *inp, const float *dout, size_t n); // dinp =
+    // dinp = gelu'(inp) · dout, written (not added to).
+    void (*gelu_backward)(float *dinp, const float *inp, const float *dout, size_t n);
 
     // out = a + b (n); backward: da = dout, db = dout.
     void (*residual_forward)(float *out, const float *a, const float *b, size_t n);

@@ -384,8 +384,8 @@ static void op_cols(const Schedule *s, int r, int j, double st, double en, doubl
     *cursor = *b;
 }
 
-void sched_print(FILE *out, const Schedule *s, double *const *start, double *const *end,
-                 double unit, int max_cols) {
+int sched_print(FILE *out, const Schedule *s, double *const *start, double *const *end,
+                double unit, int max_cols) {
     int cols = 0, a, b;
     char label[16];
     for (int r = 0; r < s->p; r++) {  // the widest row, labels included
@@ -394,6 +394,7 @@ void sched_print(FILE *out, const Schedule *s, double *const *start, double *con
             op_cols(s, r, j, start[r][j], end[r][j], unit, &cursor, &a, &b, label);
         if (cursor > cols) cols = cursor;
     }
+    const int whole = cols;
     if (cols > max_cols) cols = max_cols;
     char *row = lab_xmalloc((size_t)cols + 1);
     for (int r = 0; r < s->p; r++) {
@@ -410,4 +411,7 @@ void sched_print(FILE *out, const Schedule *s, double *const *start, double *con
         fprintf(out, "  stage %-2d |%s|\n", r, row);
     }
     free(row);
+    if (whole > cols)  // a cut picture says so (and how wide the whole one is)
+        fprintf(out, "  (cut: %d of its %d columns shown)\n", cols, whole);
+    return whole;
 }

@@ -131,6 +131,8 @@ double sched_theory_bubble(const Schedule *s, const SchedTimes *t);
 
 // The picture: one row per stage, time as columns (one column per `unit` of time), each op
 // drawn as its letter (F, B, W; lower case for odd chunks) followed by its micro-batch number,
-// idle time as '.'. start/end: per rank per op times (simulated or measured, same unit).
-void sched_print(FILE *out, const Schedule *s, double *const *start, double *const *end,
-                 double unit, int max_cols);
+// idle time as '.'. start/end: per rank per op times (simulated or measured, same unit). A
+// picture wider than max_cols is cut there, and a line under it says so. Returns the width of
+// the whole picture.
+int sched_print(FILE *out, const Schedule *s, double *const *start, double *const *end,
+                double unit, int max_cols);

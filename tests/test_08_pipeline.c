@@ -622,8 +622,6 @@ Test(pipe08, zero_bubble_and_interleaved_beat_1f1b) {
     }
 }
 
-// A table with a cycle (stage 1 waits for F1 first, stage 0 sends F1 only after B0 came back)
-// is found as a deadlock; a broken table is refused by the check.
 // The picture draws every op at least as wide as its label: at one column per forward, the
 // 2- and 3-character labels of GPipe p = 2, m = 12 all read whole, in order, on both rows. Seen
 // to fail with ops drawn only as wide as their time ("F" for F0, each label cut to 1 column).
@@ -651,6 +649,44 @@ Test(pipe08, picture_draws_every_label_whole) {
     sched_free(&s);
 }
 
+// --compare draws its four pictures on one time scale, so that their widths compare as their
+// makespans do: each row is makespan / (tf/4) columns (labels fit their ops at p = 4, m = 8),
+// GPipe's and 1F1B's 132, interleaved's 114, ZB-H1's 108; and a picture cut by --picture-cols
+// says so under it. Seen failing before (issue 27): GPipe drawn at half a forward per column (66
+// columns) next to interleaved's quarter (114 columns for a shorter step), and the cut picture
+// with no word.
+static int row_width(const char *line) {  // "  stage 0  |....|" -> the columns between the bars
+    const char *a = strchr(line, '|'), *b = a ? strchr(a + 1, '|') : NULL;
+    return a && b ? (int)(b - a - 1) : -1;
+}
+
+Test(pipe08, compare_draws_the_four_schedules_on_one_scale, .timeout = 60) {
+    char *out = NULL;
+    cr_assert_eq(harness_run("./08_pipeline/run --compare --stages 4 --micro-batches 8", &out, 30),
+                 0, "%s", out);
+    static const char *names[4] = {"gpipe ", "1f1b ", "interleaved ", "zb "};
+    const char *p = out;
+    for (int k = 0; k < 4; k++) {
+        const char *row = strstr(p, "  stage 0  |"), *line = row ? strstr(row, names[k]) : NULL;
+        cr_assert(row && line, "no picture of %s:\n%s", names[k], out);
+        double makespan = 0;
+        cr_assert(sscanf(strstr(line, "makespan"), "makespan %lf", &makespan) == 1, "%s", out);
+        cr_assert_eq(row_width(row), (int)lround(makespan / 0.25), "%s: %d columns for makespan "
+                     "%.2f tf, want %ld (tf/4 a column):\n%s", names[k], row_width(row), makespan,
+                     lround(makespan / 0.25), out);
+        p = line;
+    }
+    free(out);
+    cr_assert_eq(harness_run("./08_pipeline/run --compare --stages 4 --micro-batches 8 "
+                             "--picture-cols 60", &out, 30), 0, "%s", out);
+    cr_assert_eq(row_width(strstr(out, "  stage 0  |")), 60, "%s", out);
+    cr_assert(strstr(out, "(cut: 60 of its 132 columns shown)"), "the cut picture says nothing:"
+              "\n%s", out);
+    free(out);
+}
+
+// A table with a cycle (stage 1 waits for F1 first, stage 0 sends F1 only after B0 came back)
+// is found as a deadlock; a broken table is refused by the check.
 Test(pipe08, deadlock_and_bad_tables_are_found) {
     Schedule s;
     sched_gpipe(&s, 2, 2);  // F0 F1 B0 B1 on both; rewrite:
