@@ -10,6 +10,7 @@
 #   make matrix         the test matrix: every chapter x dtype x layout x resume x accumulation vs 00
 #   make mutants        every deliberate bug in mutants/*.patch is caught by the test that names it
 #   make gpu-check      on a machine with a GPU: the CUDA path against the CPU path (tools/gpu_check.sh)
+#   make compare ARGS="--np 4 05_zero --zero 2"   a run against chapter 00's, as distances
 #
 # Options: CC=clang (default gcc; MPI flags come from mpicc -showme), CUDA=0|1 (default: 1 when nvcc is found),
 #          SAN=1 (AddressSanitizer + UndefinedBehaviorSanitizer build), NP=4 (ranks for tour).
@@ -197,6 +198,11 @@ matrix: $(MATRIX_BIN) $(addsuffix /run,$(CHAPTERS))
 mutants: tests
 	@BUILD=$(BUILD) bash tools/mutants.sh $(MUTANTS)
 
+# A run's dump against chapter 00's for the same flags (tools/compare.sh):
+#   make compare ARGS="--np 4 05_zero --zero 2 --steps 20"
+compare: $(addsuffix /run,$(CHAPTERS))
+	@bash tools/compare.sh $(ARGS)
+
 gpu-check:
 	@BUILD=$(if $(filter build,$(BUILD)),build-cuda,$(BUILD)) bash tools/gpu_check.sh
 
@@ -209,4 +215,4 @@ clean:
 help:
 	@sed -n '/^# The lab/,/^$$/p' Makefile | sed 's/^# \{0,1\}//'
 
-.PHONY: all test tests grade tour bench gpu-check student clean help deps mutants matrix
+.PHONY: all test tests grade tour bench gpu-check student clean help deps mutants matrix compare

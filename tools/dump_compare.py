@@ -1,13 +1,20 @@
 #!/usr/bin/env python3
-"""dump_compare.py: compare two --dump files (common/results.h) bit for bit.
+"""dump_compare.py: compare two --dump files (common/results.h) bit for bit, or measure how far
+one run is from another.
 
   tools/dump_compare.py OLD NEW [--ignore KEY ...]
   tools/dump_compare.py --dirs OLD_DIR NEW_DIR [--ignore KEY ...]   every *.dump of OLD_DIR
+  tools/dump_compare.py --distance RUN REFERENCE                    how far RUN is from REFERENCE
 
 Losses and final parameters are compared as raw float32 bits; each named figure by value
 (a key missing on one side is reported). --ignore leaves out figures that are timings
 (KEY* leaves out every key that starts with KEY).
-Exit status 0 when everything compared is identical, 1 otherwise, 2 on a bad file.
+--distance (tools/compare.sh): the largest relative difference of a loss, |run - ref| / |ref|
+over the steps both ran (a step not run is NaN in a dump), and the largest absolute difference
+of a final weight, as the tests measure them (tests/harness.c), with where they are and how
+many are equal bit for bit.
+Exit status 0 when everything compared is identical (--distance: when the two could be
+compared), 1 otherwise, 2 on a bad file.
 """
 import os
 import struct
@@ -63,6 +70,38 @@ def compare(old, new, ignore):
     return o, problems
 
 
+def floats(raw):
+    return struct.unpack(f"<{len(raw) // 4}f", raw)
+
+
+def distance(run, ref):
+    """prints the distances of run from ref; returns 0, or 1 when they cannot be compared"""
+    r, f = read_dump(run), read_dump(ref)
+    if r[0] != f[0] or r[2] != f[2]:
+        print(f"cannot compare: {r[0]} steps and {r[2]} weights in {run}, {f[0]} and {f[2]} in "
+              f"{ref} (another model, or another --steps)")
+        return 1
+    rl, fl, rw, fw = floats(r[1]), floats(f[1]), floats(r[3]), floats(f[3])
+    steps = [s for s in range(r[0]) if rl[s] == rl[s] and fl[s] == fl[s]]  # both ran (not NaN)
+    if not steps:
+        print("cannot compare: no step ran in both")
+        return 1
+    rel = [abs(rl[s] - fl[s]) / max(abs(fl[s]), 1e-30) for s in steps]
+    ws = max(range(len(steps)), key=lambda k: rel[k])
+    same = sum(r[1][4 * s:4 * s + 4] == f[1][4 * s:4 * s + 4] for s in steps)
+    s = steps[ws]
+    print(f"  losses:  {len(steps)} steps in both, {same} equal bit for bit; largest relative "
+          f"difference {rel[ws]:.3g}" + ("" if rel[ws] == 0 else
+          f" at step {s + 1} ({rl[s]:.9g} against {fl[s]:.9g})"))
+    absd = [abs(a - b) if a == a and b == b else float("inf") for a, b in zip(rw, fw)]
+    wi = max(range(len(absd)), key=lambda i: absd[i]) if absd else 0
+    same = sum(r[3][4 * i:4 * i + 4] == f[3][4 * i:4 * i + 4] for i in range(len(rw)))
+    print(f"  weights: {len(rw)} in both, {same} equal bit for bit; largest absolute difference "
+          f"{absd[wi] if absd else 0:.3g}" + ("" if not absd or absd[wi] == 0 else
+          f" at weight {wi} ({rw[wi]:.9g} against {fw[wi]:.9g})"))
+    return 0
+
+
 def main(argv):
     ignore = set()
     args = []
@@ -72,6 +111,12 @@ def main(argv):
             ignore.add(next(it))
         else:
             args.append(a)
+    if len(args) == 3 and args[0] == "--distance":
+        try:
+            return distance(args[1], args[2])
+        except (OSError, ValueError, struct.error) as e:
+            print(f"cannot compare: {e}")
+            return 2
     if len(args) == 3 and args[0] == "--dirs":
         pairs = [(os.path.join(args[1], f), os.path.join(args[2], f))
                  for f in sorted(os.listdir(args[1])) if f.endswith(".dump")]
