@@ -13,6 +13,7 @@
 #include "mem.h"
 #include "trace.h"
 #include "train.h"
+#include "watchdog.h"
 
 // ---------------------------------------------------------------------------------------------
 // the loop
@@ -65,6 +66,9 @@ void session_step_begin(Session *s, int step) {
         fflush(stderr);
         _exit(1);
     }
+    watchdog_note_step(step);  // (a hang's diagnosis says which step each rank is in)
+    if (step == s->args->hang_step && s->rank == s->args->hang_rank)
+        watchdog_inject_hang(step, s->args->hang_seconds);  // --inject-hang: stops, or is slow
     if (step == s->start) s->t_start = s->t_last = lab_now();  // the loop's clock starts
     s->gnorm_sq = NAN;
     if (!s->health) return;
