@@ -451,7 +451,9 @@ static void details(Txt *t, const Seen *seen, int nseen, double now) {
     tx(t, "  the ranks on this machine (what each waits in now; its flight recorder, newest last):\n");
     for (int i = 0; i < nseen && i < 64; i++) {
         const Seen *s = &seen[i];
-        tx(t, "    rank %d (pid %d, %s, step %d): ", s->world_rank, s->pid, state_word(s->pstate), s->step + 1);
+        tx(t, "    rank %d (pid %d, %s", s->world_rank, s->pid, state_word(s->pstate));
+        if (s->step >= 0) tx(t, ", step %d", s->step + 1);
+        tx(t, "): ");
         const WdWait *w = current(s);
         if (w) {
             tx(t, "waits in ");
