@@ -35,6 +35,10 @@
 // Every count is kept twice: per process (dist_counters) and per group (dist_group_counters:
 // the ops issued on that group), so a run with TP, DP and PP groups can report each one's
 // traffic; the process counters are the sum over all groups.
+//
+// Every op also has a sequence number in its group (DistGroup.seq, .p2p_seq) and, while the
+// collective watchdog is on (common/watchdog.h, --collective-timeout), a record in this rank's
+// flight recorder; a wait longer than the timeout ends the job with a diagnosis.
 #pragma once
 #include <mpi.h>
 #include <stddef.h>

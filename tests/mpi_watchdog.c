@@ -15,6 +15,10 @@
 //           (a deadlock: each waits for the other):
 //             world group {0,1}: rank 1 waits in recv #4 from rank 0 for ...; rank 0 is in
 //             world barrier #1
+//   order   (2 ranks) two all-reduces; then rank 0 enters a barrier, rank 1 (a second later) a
+//           broadcast: the same place in the world's sequence, different collectives:
+//             world group {0,1}: rank 0 waits in barrier #3 ...; rank 1 has not reached it: it is
+//             in world broadcast #3 (...): a different collective at the same place ...
 //   thread  (2 ranks) the communication thread attached to the world; rank 0 queues 3
 //           all-reduces and waits for them; rank 1 queues and waits for 2, then stops:
 //             world group {0,1}: rank 0... waits in all-reduce #3 ...; rank 1 has not reached it
@@ -56,6 +60,18 @@ static void p2p(DistGroup *w) {
     }
 }
 
+static void order(DistGroup *w) {
+    all_reduce_one(w);  // #1
+    all_reduce_one(w);  // #2
+    int x = 0;
+    if (w->rank == 0) {
+        dist_barrier(w);  // #3 on rank 0
+    } else {
+        sleep(1);  // so rank 0 has waited longest: it times out first and diagnoses
+        dist_broadcast(&x, 1, DIST_I32, 0, w);  // #3 on rank 1: a bug, never matched
+    }
+}
+
 static void thread(DistGroup *w) {
     dist_comm_thread_start(w);
     float x[3] = {1, 2, 3};
@@ -74,8 +90,9 @@ int main(int argc, char **argv) {
     watchdog_start(S);
     if (strcmp(what, "coll") == 0 && w->size == 3) coll(w);
     else if (strcmp(what, "p2p") == 0 && w->size == 2) p2p(w);
+    else if (strcmp(what, "order") == 0 && w->size == 2) order(w);
     else if (strcmp(what, "thread") == 0 && w->size == 2) thread(w);
-    else lab_fail_collective("usage: mpirun -np 3 mpi_watchdog coll S, or -np 2 with p2p or thread (got "
+    else lab_fail_collective("usage: mpirun -np 3 mpi_watchdog coll S, or -np 2 with p2p, order or thread (got "
                              "'%s' on %d ranks)", what, w->size);
     lab_fail("mpi_watchdog %s: the hang ended without the watchdog", what);  // not reached
     return 0;
