@@ -185,7 +185,7 @@ static Table build_table(LabArgs *a, const FlagSpec *extra, int nextra, unsigned
     add(&t, row("reliability", "--kill-step", "N", FLAG_INT, &a->kill_step, -1, MAX_INT_FLAG, NULL, "fault: --kill-rank dies after N completed steps (-1 = off)"));
     out[t.n - 1].mask = LAB_FLAGS_KILL;
     add(&t, row("reliability", "--collective-timeout", "S", FLAG_FLOAT, &a->collective_timeout, 0, 1e6, NULL, "a rank waiting S seconds in one collective, send or recv ends the job with a diagnosis: group, op, sequence number, what each rank does (0 = off)"));
-    out[t.n - 1].mask = 0;  // every multi-rank program communicates
+    out[t.n - 1].mask = LAB_FLAGS_COMM | LAB_FLAGS_KILL;  // every multi-rank program
     add(&t, row("reliability", "--inject-hang", "R:S[:X]", FLAG_STRING, &a->inject_hang, 0, 0, NULL, "fault: rank R stops without dying at the start of step S (counted from 1), or sleeps X seconds"));
     out[t.n - 1].mask = LAB_FLAGS_KILL;
     for (int i = 0; i < nextra; i++) {
@@ -602,8 +602,11 @@ LAB_NORETURN static void fail_not_taken(const Flag *f, const char *program) {
     snprintf(prog, sizeof prog, "%s", program && *program ? program : "this program");
     prog[strcspn(prog, ": ")] = '\0';
     if (f->mask == LAB_FLAGS_KILL)
-        flag_fail("%s: %s runs on one rank and takes no --kill-rank/--kill-step (no other rank "
-                  "would notice the kill); run with --help to list its flags", f->s.name, prog);
+        flag_fail("%s: %s runs on one rank and takes no --kill-rank/--kill-step/--inject-hang (no "
+                  "other rank would notice); run with --help to list its flags", f->s.name, prog);
+    if (f->mask & LAB_FLAGS_COMM)
+        flag_fail("%s: %s runs on one rank, which never waits for another: it has no collective "
+                  "watchdog; run with --help to list its flags", f->s.name, prog);
     flag_fail("%s: %s takes no %s flags (it would have no effect here); run with --help to list "
               "its flags", f->s.name, prog, f->group);
 }

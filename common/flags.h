@@ -86,9 +86,12 @@ enum {
                                      // --stop-at --inject-nan-step
     LAB_FLAGS_KILL = 1 << 5,         // --kill-rank --kill-step --inject-hang (a rank dies or
                                      // hangs: multi-rank training programs)
-    LAB_FLAGS_NONE = 0,              // only the program's own flags (01, 04: nothing to train)
-    LAB_FLAGS_ALL = (1 << 6) - 1,    // every shared flag (a multi-rank training chapter)
-    LAB_FLAGS_SINGLE = LAB_FLAGS_ALL & ~LAB_FLAGS_KILL,  // a single-device training run (00)
+    LAB_FLAGS_COMM = 1 << 6,         // --collective-timeout (ranks that wait for each other; also
+                                     // taken with LAB_FLAGS_KILL)
+    LAB_FLAGS_NONE = LAB_FLAGS_COMM, // only the program's own flags and --collective-timeout (01,
+                                     // 04: nothing to train, but ranks that communicate)
+    LAB_FLAGS_ALL = (1 << 7) - 1,    // every shared flag (a multi-rank training chapter)
+    LAB_FLAGS_SINGLE = LAB_FLAGS_ALL & ~LAB_FLAGS_KILL & ~LAB_FLAGS_COMM,  // one device (00)
 };
 
 // Parse argv into *a (pre-filled with defaults) and the chapter's extra flags; every shared

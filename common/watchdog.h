@@ -41,8 +41,9 @@
 #define WATCHDOG_DEFAULT_S 300.0  // --collective-timeout's default: a hang ends after 5 minutes
 #define WD_RING 256               // ops each rank's flight recorder keeps
 
-// Collective over the world (after dist_init; lab_parse_args calls it): S > 0 and more than one
-// rank starts recording and the watchdog thread; S = 0 (or one rank) leaves it off. Once.
+// Collective over the world, after dist_init: S > 0 and more than one rank starts recording and
+// the watchdog thread; S = 0 (or one rank) leaves it off. Once. lab_parse_args calls it when
+// MPI is up (a program that parses its flags before dist_init calls it itself afterwards).
 void watchdog_start(double timeout_s);
 // Stops the thread and unmaps the segment (dist_finalize).
 void watchdog_stop(void);

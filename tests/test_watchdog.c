@@ -11,7 +11,8 @@
 //   - with --collective-timeout 0 the same 08 hang is still running at S + 10 s (then the test
 //     kills it): the watchdog is what ends it;
 //   - a rank that is only slow (1 s, S = 3) does not trip it;
-//   - a malformed --inject-hang is refused with one message.
+//   - a malformed --inject-hang, and --collective-timeout on one device (00), are refused with
+//     one message.
 // The deadlines are the hang's bound (S + 10 s), not a speed check: a healthy run is far inside.
 #include <criterion/criterion.h>
 #include <signal.h>
@@ -231,10 +232,13 @@ Test(watchdog, ddp_sigstop_ends_with_diagnosis, .timeout = 90) {
     free(out);
 }
 
-Test(watchdog, malformed_inject_hang_refused, .timeout = 120) {
+Test(watchdog, bad_flags_refused, .timeout = 120) {
     harness_assert_refused(2, "./08_pipeline/run --steps 5 --inject-hang 1", "--inject-hang 1", "RANK:STEP");
     harness_assert_refused(2, "./08_pipeline/run --steps 5 --inject-hang 2:3", "--inject-hang 2:3", "0 .. 1");
     harness_assert_refused(2, "./08_pipeline/run --steps 5 --inject-hang 1:6", "--inject-hang 1:6", "1 .. 5");
     harness_assert_refused(2, "./08_pipeline/run --steps 5 --inject-hang 1:2:-1", "--inject-hang 1:2:-1",
                            "SECONDS");
+    // one device: no rank ever waits for another, so the flag would do nothing
+    harness_assert_refused(1, "./00_memory_budget/run --train --steps 2 --collective-timeout 3",
+                           "--collective-timeout", "one rank");
 }
