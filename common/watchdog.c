@@ -56,6 +56,7 @@ typedef struct WdRank {
     int32_t alive;         // 1 once the fields below are set (a reader skips the rest)
     int32_t world_rank, pid;
     int32_t step;          // the step it is in (watchdog_note_step), -1 before the first
+    int32_t finished;      // 1 once it left the job's communication (dist_finalize)
     double t_last_end;     // when its last op ended: "outside communication since"
     WdWait wait[WD_SLOTS];
     uint64_t nops;         // ops recorded so far: the newest is ring[(nops - 1) % WD_RING]
@@ -231,7 +232,7 @@ LAB_PRINTF(2, 3) static void tx(Txt *t, const char *fmt, ...) {
 
 // What one rank of this machine was doing, copied out of the segment.
 typedef struct Seen {
-    int world_rank, pid, step;
+    int world_rank, pid, step, finished;
     char pstate;           // /proc's process state: R running, S sleeping, T stopped, ...
     double t_last_end;
     WdWait wait[WD_SLOTS];
@@ -254,6 +255,7 @@ static void see(const WdRank *r, Seen *s) {
     s->world_rank = r->world_rank;
     s->pid = r->pid;
     s->step = r->step;
+    s->finished = r->finished;
     s->t_last_end = r->t_last_end;
     for (int k = 0; k < WD_SLOTS; k++) wait_read(&r->wait[k], &s->wait[k]);
     s->nops = __atomic_load_n(&r->nops, __ATOMIC_ACQUIRE);
@@ -348,6 +350,10 @@ static void describe(Txt *t, const Seen *s, const WdOp *ref, double now) {
         if (w->op.gid == ref->gid && w->op.seq == ref->seq && w->op.kind != ref->kind && !is_p2p(ref->kind))
             tx(t, ": a different collective at the same place: the ranks called %s's collectives in "
                "different orders", ref->group);
+        return;
+    }
+    if (s->finished) {  // a rank that left while others still needed it: a bug of the program
+        tx(t, "has finished: it called dist_finalize and makes no more ops (%s)", state_word(s->pstate));
         return;
     }
     tx(t, "is outside communication");
@@ -460,7 +466,7 @@ static void details(Txt *t, const Seen *seen, int nseen, double now) {
             op_text(t, &w->op, 1);
             tx(t, " for %.1f s", now - w->since);
         } else {
-            tx(t, "outside communication");
+            tx(t, s->finished ? "finished (dist_finalize)" : "outside communication");
         }
         // its newest ops that started (up to 4, oldest first), and how many wait in its queue
         uint64_t pick[4];
@@ -657,6 +663,7 @@ void watchdog_stop(void) {
         wd_running = 0;
     }
     watchdog_on = 0;
+    if (self) __atomic_store_n(&self->finished, 1, __ATOMIC_RELEASE);  // the others may still look
     if (shared) munmap(shared, shared_bytes);
     shared = NULL;
     self = NULL;

@@ -19,6 +19,10 @@
 //           broadcast: the same place in the world's sequence, different collectives:
 //             world group {0,1}: rank 0 waits in barrier #3 ...; rank 1 has not reached it: it is
 //             in world broadcast #3 (...): a different collective at the same place ...
+//   early   (2 ranks) rank 1 makes one all-reduce and leaves (dist_finalize, return); rank 0
+//           waits in its second:
+//             world group {0,1}: rank 0 waits in all-reduce #2 ...; rank 1 has not reached it: it
+//             has finished: it called dist_finalize ...
 //   thread  (2 ranks) the communication thread attached to the world; rank 0 queues 3
 //           all-reduces and waits for them; rank 1 queues and waits for 2, then stops:
 //             world group {0,1}: rank 0... waits in all-reduce #3 ...; rank 1 has not reached it
@@ -72,6 +76,14 @@ static void order(DistGroup *w) {
     }
 }
 
+// returns 1 on the rank that left
+static int early(DistGroup *w) {
+    all_reduce_one(w);  // #1
+    if (w->rank == 1) return 1;  // a bug: this rank thinks the run is over
+    all_reduce_one(w);  // #2: rank 1 never comes
+    return 0;
+}
+
 static void thread(DistGroup *w) {
     dist_comm_thread_start(w);
     float x[3] = {1, 2, 3};
@@ -91,8 +103,14 @@ int main(int argc, char **argv) {
     if (strcmp(what, "coll") == 0 && w->size == 3) coll(w);
     else if (strcmp(what, "p2p") == 0 && w->size == 2) p2p(w);
     else if (strcmp(what, "order") == 0 && w->size == 2) order(w);
+    else if (strcmp(what, "early") == 0 && w->size == 2) {
+        if (early(w)) {
+            dist_finalize();
+            return 0;
+        }
+    }
     else if (strcmp(what, "thread") == 0 && w->size == 2) thread(w);
-    else lab_fail_collective("usage: mpirun -np 3 mpi_watchdog coll S, or -np 2 with p2p, order or thread (got "
+    else lab_fail_collective("usage: mpirun -np 3 mpi_watchdog coll S, or -np 2 with p2p, order, early or thread (got "
                              "'%s' on %d ranks)", what, w->size);
     lab_fail("mpi_watchdog %s: the hang ended without the watchdog", what);  // not reached
     return 0;

@@ -3,8 +3,8 @@
 // What each proves, with S = 2 s (the hang tests' --collective-timeout):
 //   - a hang with a known history (tests/mpi_watchdog.c) is named exactly: the group and its
 //     ranks, the op and its sequence number, which ranks reached it, what the others did last
-//     (collectives, a send/recv deadlock, collectives called in different orders, the
-//     communication thread);
+//     (collectives, a send/recv deadlock, collectives called in different orders, a rank that
+//     left early, the communication thread);
 //   - a chapter with a pipeline (08, pp 2) and --inject-hang, and a chapter with DP (03, its
 //     communication thread) with a rank SIGSTOPped from outside, end within S + 10 s with that
 //     diagnosis, once (one "error:" for the job);
@@ -95,6 +95,14 @@ Test(watchdog, collectives_in_different_orders_named, .timeout = 60) {
     expect_in(line, "rank 1 has not reached it: it is in world broadcast #3 (for ", out);
     expect_in(line, "a different collective at the same place: the ranks called world's collectives in "
               "different orders", out);
+    free(line);
+    free(out);
+}
+
+Test(watchdog, rank_that_left_early_named, .timeout = 60) {
+    char *out = run_case("early", 2), *line = summary_line(out);
+    expect_in(line, "world group {0,1}: rank 0 waits in all-reduce #2 for ", out);
+    expect_in(line, "rank 1 has not reached it: it has finished: it called dist_finalize", out);
     free(line);
     free(out);
 }
