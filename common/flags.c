@@ -779,6 +779,9 @@ static void check_inject_hang(LabArgs *a, int world) {
     if (step < 1 || step > end)
         flag_fail("--inject-hang %s: step %d is not a step of this run; valid: 1 .. %d (counted from 1, "
                   "as the progress lines)", v, step, end);
+    if (world < 2 && x == 0)
+        flag_fail("--inject-hang %s: on one rank no other rank waits for the hung one, so the run would "
+                  "hang forever; run on 2 ranks or more, or give RANK:STEP:SECONDS (a slow rank)", v);
     a->hang_rank = r;
     a->hang_step = step - 1;
     a->hang_seconds = (float)x;

@@ -246,6 +246,8 @@ Test(watchdog, bad_flags_refused, .timeout = 120) {
     harness_assert_refused(2, "./08_pipeline/run --steps 5 --inject-hang 1:6", "--inject-hang 1:6", "1 .. 5");
     harness_assert_refused(2, "./08_pipeline/run --steps 5 --inject-hang 1:2:-1", "--inject-hang 1:2:-1",
                            "SECONDS");
+    harness_assert_refused(1, "./08_pipeline/run --steps 5 --inject-hang 0:2", "--inject-hang 0:2",
+                           "hang forever");
     // one device: no rank ever waits for another, so the flag would do nothing
     harness_assert_refused(1, "./00_memory_budget/run --train --steps 2 --collective-timeout 3",
                            "--collective-timeout", "one rank");
