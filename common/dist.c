@@ -34,6 +34,7 @@
 #include "dist_nccl.h"
 #include "mem.h"
 #include "shard.h"
+#include "watchdog.h"
 
 static DistGroup world;
 static int world_ready = 0;
@@ -56,11 +57,32 @@ static void need_no_queued_ops(const char *what) {
 // ---------------------------------------------------------------------------------------------
 // lifecycle and groups
 
+// What the watchdog knows a group by (watchdog.h): its sequence numbers from 0, and an identity
+// every rank of the group computes alike (FNV-1a of its name and its world ranks).
+static void number_group(DistGroup *g) {
+    g->seq = 0;
+    g->p2p_seq = lab_xcalloc(2 * (size_t)g->size, sizeof(uint64_t));
+    uint64_t h = 1469598103934665603ULL;
+    for (const char *c = g->name; *c; c++) h = (h ^ (uint8_t)*c) * 1099511628211ULL;
+    for (int p = 0; p < g->size; p++) h = (h ^ (uint32_t)g->world_ranks[p]) * 1099511628211ULL;
+    g->gid = h;
+    watchdog_group_add(g);
+}
+
+static void unnumber_group(DistGroup *g) {
+    watchdog_group_remove(g);
+    free(g->p2p_seq);
+    free(g->world_ranks);
+    g->p2p_seq = NULL;
+    g->world_ranks = NULL;
+}
+
 void dist_init(int *argc, char ***argv) {
     dist_mpi_init(argc, argv, &world);
     world.name = "world";
     world.nccl = NULL;
     world.thread = NULL;
+    number_group(&world);
     world_ready = 1;
     lab_log_rank = world.rank;
     lab_log_world = world.size;
@@ -73,7 +95,9 @@ void dist_finalize(void) {
     need_no_queued_ops("finalize");
     dist_comm_thread_stop(&world);  // (other groups detach in dist_group_free)
     dist_thread_stop_all();
+    watchdog_stop();       // no op is left to wait in
     dist_nccl_finalize();  // the NCCL communicators, if any
+    unnumber_group(&world);
     world_ready = 0;
     dist_mpi_finalize();
 }
@@ -92,6 +116,7 @@ DistGroup *dist_split(DistGroup *parent, int color, int key, const char *name) {
     char *copy = lab_xmalloc(n);
     memcpy(copy, name ? name : "group", n);
     g->name = copy;
+    number_group(g);
     if (backend == DIST_BACKEND_NCCL) dist_nccl_group_init(g);  // collective over g, like the split
     return g;
 }
@@ -102,6 +127,7 @@ void dist_group_free(DistGroup *g) {
     dist_comm_thread_stop(g);
     if (g == &world) return;
     dist_nccl_group_free(g);
+    unnumber_group(g);
     dist_mpi_group_free(g);
     free((void *)g->name);
     free(g);
@@ -228,6 +254,33 @@ static DistWork work_new(const DistCall *c, DistGroup *g) {
     return w;
 }
 
+static void need_peer(int peer, const DistCall *c, const DistGroup *g) {
+    if (peer < 0 || peer >= g->size)
+        lab_fail_at(__FILE__, __LINE__, "dist %s on group %s: peer %d is not a rank of the group (0 .. %d)",
+                    dist_op_kind_name(c->kind), g->name, peer, g->size - 1);
+}
+
+// The op's sequence number(s) (dist.h, DistGroup.seq), and its record in the flight recorder
+// when the watchdog is on (the ticket; 0: off).
+static uint64_t number_call(const DistCall *c, DistGroup *g, int nonblocking) {
+    int kind = c->kind, peer = -1, peer2 = -1;
+    uint64_t seq, seq2 = 0;
+    if (c->kind == OP_SEND || c->kind == OP_RECV) {
+        need_peer(peer = c->peer, c, g);
+        seq = ++g->p2p_seq[2 * (size_t)peer + (c->kind == OP_RECV)];
+        if (c->kind == OP_SEND && c->recv) {  // dist_sendrecv: a send to peer, a receive from src
+            need_peer(peer2 = c->src, c, g);
+            seq2 = ++g->p2p_seq[2 * (size_t)peer2 + 1];
+            kind = WD_SENDRECV;
+        }
+    } else {
+        seq = ++g->seq;
+    }
+    if (!watchdog_on) return 0;
+    return watchdog_op_begin(g, kind, peer, seq, peer2, seq2, (uint64_t)c->count * dist_dtype_size(c->dt),
+                             nonblocking);
+}
+
 // Runs c on g: blocking (nonblocking = 0) or started (the returned DistWork).
 static DistWork submit(DistCall c, DistGroup *g, int nonblocking) {
     need_init();
@@ -238,15 +291,19 @@ static DistWork submit(DistCall c, DistGroup *g, int nonblocking) {
     int queue = nonblocking && g->thread && c.kind != OP_SEND && c.kind != OP_RECV && backend_for(&c) == &dist_mpi_backend;
     if (!queue) need_no_queued_ops(dist_op_kind_name(c.kind));
     count_call(&c, g);
+    c.wd = number_call(&c, g, nonblocking);
     if (!nonblocking) {
         backend_for(&c)->run(&c, g, NULL);
+        if (c.wd) watchdog_op_end(c.wd, WD_CALLER);
         return (DistWork){.req = MPI_REQUEST_NULL};
     }
     DistWork w = work_new(&c, g);
+    w.wd = c.wd;
     if (queue) {
         // what MPI would refuse, refused here (on the caller's thread, with the caller's names)
         dist_mpi_count(c.kind == OP_ALL_REDUCE || c.kind == OP_BROADCAST ? c.count : call_total(&c, g->size),
                        dist_op_kind_name(c.kind));
+        if (c.wd) watchdog_op_queued(c.wd);
         dist_thread_queue(&c, g, &w);
         return w;
     }
@@ -381,15 +438,23 @@ DistWork dist_irecv(void *buf, size_t count, DistDtype dt, int peer, int tag, Di
 // ---------------------------------------------------------------------------------------------
 // completion
 
+// The caller's thread waits in a non-blocking op from dist_wait's start to its end: the time
+// the watchdog looks at (a started op nobody waits for yet is not late: MPI may progress it
+// only inside the wait).
 void dist_wait(DistWork *w) {
     if (!w->active) return;
+    if (w->wd) watchdog_wait_begin(w->wd, WD_CALLER);
     if (w->task) {  // queued on the communication thread: sleep until it has run it
-        dist_thread_finish(w, 1);
+        dist_thread_finish(w, 1);  // (whoever ran it recorded its end)
+        if (w->wd) watchdog_wait_end(WD_CALLER);
+        w->wd = 0;
         return;
     }
     need_no_queued_ops("wait");
     LAB_CHECK(w->backend != NULL, "dist_wait: an active DistWork that no op started");
     ((const DistBackendOps *)w->backend)->wait(w);
+    if (w->wd) watchdog_op_end(w->wd, WD_CALLER);
+    w->wd = 0;
 }
 
 int dist_test(DistWork *w) {
@@ -397,7 +462,10 @@ int dist_test(DistWork *w) {
     if (w->task) return dist_thread_finish(w, 0);
     need_no_queued_ops("test");
     LAB_CHECK(w->backend != NULL, "dist_test: an active DistWork that no op started");
-    return ((const DistBackendOps *)w->backend)->test(w);
+    int done = ((const DistBackendOps *)w->backend)->test(w);
+    if (done && w->wd) watchdog_op_end(w->wd, -1);
+    if (done) w->wd = 0;
+    return done;
 }
 
 void dist_wait_all(DistWork *w, int n) {

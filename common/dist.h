@@ -35,6 +35,10 @@
 // Every count is kept twice: per process (dist_counters) and per group (dist_group_counters:
 // the ops issued on that group), so a run with TP, DP and PP groups can report each one's
 // traffic; the process counters are the sum over all groups.
+//
+// Every op also has a sequence number in its group (DistGroup.seq, .p2p_seq) and, while the
+// collective watchdog is on (common/watchdog.h, --collective-timeout), a record in this rank's
+// flight recorder; a wait longer than the timeout ends the job with a diagnosis.
 #pragma once
 #include <mpi.h>
 #include <stddef.h>
@@ -62,6 +66,13 @@ typedef struct DistGroup {
     void *nccl;        // ncclComm_t when the NCCL backend is active, else NULL
     void *thread;      // attached to the communication thread (dist_comm_thread_start), else NULL
     DistCounters counters;  // this group's ops only (dist_group_counters)
+    // Sequence numbers (common/watchdog.h names a hung op by them): collectives count per
+    // group, so all-reduce #9 is the same op on every rank of the group; send and recv count
+    // per peer and direction, so recv #7 from p matches p's send #7 to this rank.
+    uint64_t seq;           // collectives issued on the group so far (the next one is #seq + 1)
+    uint64_t *p2p_seq;      // (2 * size): [2p] sends to group rank p, [2p + 1] receives from p
+    int *world_ranks;       // (size) the world rank of each group rank
+    uint64_t gid;           // the group's identity, the same on each of its ranks (name, ranks)
 } DistGroup;
 
 // A pending non-blocking operation. Value type: keep it, then dist_wait(&w).
@@ -77,6 +88,7 @@ typedef struct DistWork {
     void *task;         // queued on the communication thread (see below), else NULL
     const void *backend;  // internal: the backend that finishes it (dist_backend.h)
     void *aux;          // internal: that backend's state for finishing it, else NULL
+    uint64_t wd;        // internal: its record in the flight recorder (watchdog.h), 0: none
 } DistWork;
 
 // Lifecycle. dist_init calls MPI_Init (thread level SERIALIZED: one thread in MPI at a time,

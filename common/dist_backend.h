@@ -35,6 +35,7 @@ typedef struct DistCall {
     // recvcount elements from src arrive in recv (blocking only).
     size_t recvcount;
     int src;
+    uint64_t wd;        // its record in the flight recorder (watchdog.h), 0: none
 } DistCall;
 
 typedef struct DistBackendOps {
@@ -85,7 +86,8 @@ static inline char *dist_at(const void *base, size_t elems, DistDtype dt) {
 // --- dist_mpi.c: the MPI side of the lifecycle (dist_init / dist_finalize) -------------------
 void dist_mpi_init(int *argc, char ***argv, DistGroup *world);
 void dist_mpi_finalize(void);
-// g's communicator, rank and size from a split of parent (with the job's error handler)
+// g's communicator, rank, size and world ranks from a split of parent (with the job's error
+// handler)
 void dist_mpi_split(DistGroup *parent, int color, int key, DistGroup *g);
 void dist_mpi_dup(const DistGroup *g, DistGroup *copy);  // copy = g on a duplicate communicator
 void dist_mpi_group_free(DistGroup *g);                   // frees g's communicator

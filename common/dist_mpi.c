@@ -53,6 +53,8 @@ void dist_mpi_init(int *argc, char ***argv, DistGroup *world) {
     world->comm = MPI_COMM_WORLD;
     MPI_Comm_rank(MPI_COMM_WORLD, &world->rank);
     MPI_Comm_size(MPI_COMM_WORLD, &world->size);
+    world->world_ranks = lab_xmalloc((size_t)world->size * sizeof(int));
+    for (int p = 0; p < world->size; p++) world->world_ranks[p] = p;
     MPI_Type_contiguous(2, MPI_BYTE, &bf16_type);
     MPI_Type_commit(&bf16_type);
     MPI_Op_create(dist_bf16_sum_fn, 1, &bf16_sum_op);
@@ -73,6 +75,17 @@ void dist_mpi_split(DistGroup *parent, int color, int key, DistGroup *g) {
     MPI_Comm_set_errhandler(g->comm, errhandler);
     MPI_Comm_rank(g->comm, &g->rank);
     MPI_Comm_size(g->comm, &g->size);
+    // the world rank of each group rank (local: MPI knows both groups' members)
+    MPI_Group mine, all;
+    MPI_Comm_group(g->comm, &mine);
+    MPI_Comm_group(MPI_COMM_WORLD, &all);
+    int *ranks = lab_xmalloc((size_t)g->size * sizeof(int));
+    g->world_ranks = lab_xmalloc((size_t)g->size * sizeof(int));
+    for (int p = 0; p < g->size; p++) ranks[p] = p;
+    MPI_Group_translate_ranks(mine, g->size, ranks, all, g->world_ranks);
+    free(ranks);
+    MPI_Group_free(&mine);
+    MPI_Group_free(&all);
 }
 
 void dist_mpi_dup(const DistGroup *g, DistGroup *copy) {

@@ -19,6 +19,7 @@
 #include <cuda_runtime.h>
 #include <nccl.h>
 #include <stdint.h>
+#include <time.h>
 
 #include "mem.h"
 
@@ -41,6 +42,7 @@ static int started = 0;
 static int local_rank = 0, local_size = 1, ndevices = 0;
 static cudaStream_t comm_stream;     // every NCCL op runs here
 static cudaEvent_t compute_ready;    // recorded on the compute stream before each op
+static cudaEvent_t op_done;          // recorded on the comm stream after a blocking op
 
 // Groups that hold a communicator, so that dist_finalize can destroy what is still alive.
 #define MAX_NCCL_GROUPS 64
@@ -62,6 +64,7 @@ void dist_nccl_start(DistGroup *world) {
     cudaCheck(cudaSetDevice(local_rank % ndevices));
     cudaCheck(cudaStreamCreateWithFlags(&comm_stream, cudaStreamNonBlocking));
     cudaCheck(cudaEventCreateWithFlags(&compute_ready, cudaEventDisableTiming));
+    cudaCheck(cudaEventCreateWithFlags(&op_done, cudaEventDisableTiming));
     started = 1;
     dist_nccl_group_init(world);
 }
@@ -105,6 +108,7 @@ void dist_nccl_finalize(void) {
     for (int i = 0; i < MAX_NCCL_GROUPS; i++)
         if (live[i]) dist_nccl_group_free(live[i]);
     cudaCheck(cudaEventDestroy(compute_ready));
+    cudaCheck(cudaEventDestroy(op_done));
     cudaCheck(cudaStreamDestroy(comm_stream));
     started = 0;
 }
@@ -171,10 +175,32 @@ static void begin_op(void) {
     cudaCheck(cudaStreamWaitEvent(comm_stream, compute_ready, 0));
 }
 
+// The host waits until `ev` has completed, testing it and sleeping between tests (from 2 us,
+// doubling to 100 us once it has waited 50 us): a test-and-sleep loop, never a blocking CUDA
+// call. Every wait for an NCCL op is made here, inside dist's op or dist_wait, so the watchdog
+// (common/watchdog.h) times it like an MPI wait: a hung NCCL kernel never completes its event,
+// and the rank is seen waiting in that op, not frozen later in some synchronization outside
+// dist where nobody looks. The sleeping thread also leaves its core to the others.
+static void host_wait(cudaEvent_t ev) {
+    const double t0 = lab_now();
+    long ns = 2000;
+    for (;;) {
+        cudaError_t err = cudaEventQuery(ev);
+        if (err == cudaSuccess) return;
+        if (err != cudaErrorNotReady) cudaCheck(err);
+        (void)cudaGetLastError();  // "not ready" is an answer, not an error: do not leave it behind
+        if (lab_now() - t0 < 50e-6) continue;
+        struct timespec ts = {0, ns};
+        nanosleep(&ts, NULL);
+        if (ns < 100000) ns *= 2;
+    }
+}
+
 // After an op: blocking (w == NULL) waits for it; non-blocking leaves an event in w.
 static void end_op(DistWork *w) {
     if (w == NULL) {
-        cudaCheck(cudaStreamSynchronize(comm_stream));
+        cudaCheck(cudaEventRecord(op_done, comm_stream));
+        host_wait(op_done);
         return;
     }
     cudaEvent_t done;
@@ -403,7 +429,9 @@ static void nccl_run(const DistCall *c, DistGroup *g, DistWork *w) {
 // completion of non-blocking ops
 
 static void nccl_wait(DistWork *w) {
-    // The compute stream (not the host) waits: kernels launched from now on see the result.
+    // The host waits (test and sleep, so the watchdog times it), then the compute stream: the
+    // kernels launched from now on see the result.
+    host_wait((cudaEvent_t)w->event);
     cudaCheck(cudaStreamWaitEvent(COMPUTE_STREAM, (cudaEvent_t)w->event, 0));
     cudaCheck(cudaEventDestroy((cudaEvent_t)w->event));  // freed once it has completed
     w->event = NULL;

@@ -6,9 +6,11 @@
 //   1. makes the communication stream wait for the compute stream (an event recorded on the
 //      legacy default stream, where the kernels run), so the op sees the data they wrote;
 //   2. enqueues the NCCL call(s) on the communication stream;
-//   3. blocking (w == NULL): waits for the communication stream before returning;
-//      non-blocking (w != NULL): records an event after the op into w->event; dist_wait then
-//      makes the compute stream wait for it (the host does not block), dist_test queries it.
+//   3. blocking (w == NULL): waits for the op before returning; non-blocking (w != NULL):
+//      records an event after the op into w->event; dist_wait waits for it, then makes the
+//      compute stream wait for it too, dist_test queries it. Every host wait is a loop that
+//      tests the event and sleeps (host_wait), never a blocking CUDA call: the watchdog
+//      (common/watchdog.h) times it, so a hung NCCL op is named, not waited on forever.
 // NCCL does AVG (ncclAvg) and MAX itself, so nothing is left to do at dist_wait.
 // NCCL has no v-collectives: an uneven reduce-scatter runs on a copy padded to the longest
 // shard (shard_max_count), an uneven all-gather and gather are grouped send/recv.

@@ -14,6 +14,7 @@
 
 #include "check.h"
 #include "dist_backend.h"
+#include "watchdog.h"
 
 typedef struct Attached {  // DistGroup.thread of an attached group
     DistGroup group;       // the group on its own communicator (the thread's ops never meet the caller's)
@@ -36,6 +37,7 @@ static CommTask *head, *tail;  // queued, not yet run (head: running now)
 static pthread_t tid;
 static int running = 0, stop = 0, nattached = 0;
 static int pending = 0;  // queued and not yet finished by the caller (caller's thread only)
+static _Thread_local int on_comm_thread = 0;  // 1 on the communication thread
 
 static double thread_cpu_now(void) {
     struct timespec ts;
@@ -71,14 +73,19 @@ static void run_op(CommTask *task) {
 }
 
 // Runs the head of the queue, claimed under the mutex (held on entry and on return), and
-// marks it done: the time sums count it whichever thread ran it.
+// marks it done: the time sums count it whichever thread ran it. The watchdog times it in the
+// wait slot of the thread that runs it.
 static void run_head(CommTask *task) {
     pthread_mutex_unlock(&mu);
     // The blocking op; the caller's thread meanwhile computes (and makes no MPI call), or it is
     // the caller's thread itself, in dist_wait, with the communication thread idle.
+    const uint64_t wd = task->call.wd;
+    const int slot = on_comm_thread ? WD_COMM_THREAD : WD_CALLER_RUNS;
+    if (wd) watchdog_wait_begin(wd, slot);
     double w0 = lab_now(), c0 = thread_cpu_now();
     run_op(task);
     double w1 = lab_now(), c1 = thread_cpu_now();
+    if (wd) watchdog_op_end(wd, slot);
     pthread_mutex_lock(&mu);
     task->on->busy_s += w1 - w0;
     task->on->cpu_s += c1 - c0;
@@ -91,6 +98,7 @@ static void run_head(CommTask *task) {
 
 static void *thread_main(void *arg) {
     (void)arg;
+    on_comm_thread = 1;
     prctl(PR_SET_TIMERSLACK, 1000UL, 0, 0, 0);  // its sleeps end on time (1 us slack, not 50)
     pthread_mutex_lock(&mu);
     for (;;) {

@@ -21,6 +21,7 @@
 
 #include "check.h"
 #include "ckpt.h"
+#include "watchdog.h"
 #ifdef LAB_CUDA
 #include "cuda_util.h"
 #endif
@@ -75,6 +76,8 @@ LabArgs lab_args_defaults(void) {
     a.stop_at = -1;
     a.kill_rank = -1;
     a.kill_step = -1;
+    a.collective_timeout = (float)WATCHDOG_DEFAULT_S;
+    a.hang_rank = a.hang_step = -1;
     return a;
 }
 
@@ -180,6 +183,10 @@ static Table build_table(LabArgs *a, const FlagSpec *extra, int nextra, unsigned
     add(&t, row("reliability", "--kill-rank", "R", FLAG_INT, &a->kill_rank, -1, 1048576, NULL, "fault: rank R exits abruptly at --kill-step (-1 = off)"));
     out[t.n - 1].mask = LAB_FLAGS_KILL;
     add(&t, row("reliability", "--kill-step", "N", FLAG_INT, &a->kill_step, -1, MAX_INT_FLAG, NULL, "fault: --kill-rank dies after N completed steps (-1 = off)"));
+    out[t.n - 1].mask = LAB_FLAGS_KILL;
+    add(&t, row("reliability", "--collective-timeout", "S", FLAG_FLOAT, &a->collective_timeout, 0, 1e6, NULL, "a rank waiting S seconds in one collective, send or recv ends the job with a diagnosis: group, op, sequence number, what each rank does (0 = off)"));
+    out[t.n - 1].mask = LAB_FLAGS_COMM | LAB_FLAGS_KILL;  // every multi-rank program
+    add(&t, row("reliability", "--inject-hang", "R:S[:X]", FLAG_STRING, &a->inject_hang, 0, 0, NULL, "fault: rank R stops without dying at the start of step S (counted from 1), or sleeps X seconds"));
     out[t.n - 1].mask = LAB_FLAGS_KILL;
     for (int i = 0; i < nextra; i++) {
         const FlagSpec *e = &extra[i];
@@ -595,8 +602,11 @@ LAB_NORETURN static void fail_not_taken(const Flag *f, const char *program) {
     snprintf(prog, sizeof prog, "%s", program && *program ? program : "this program");
     prog[strcspn(prog, ": ")] = '\0';
     if (f->mask == LAB_FLAGS_KILL)
-        flag_fail("%s: %s runs on one rank and takes no --kill-rank/--kill-step (no other rank "
-                  "would notice the kill); run with --help to list its flags", f->s.name, prog);
+        flag_fail("%s: %s runs on one rank and takes no --kill-rank/--kill-step/--inject-hang (no "
+                  "other rank would notice); run with --help to list its flags", f->s.name, prog);
+    if (f->mask & LAB_FLAGS_COMM)
+        flag_fail("%s: %s runs on one rank, which never waits for another: it has no collective "
+                  "watchdog; run with --help to list its flags", f->s.name, prog);
     flag_fail("%s: %s takes no %s flags (it would have no effect here); run with --help to list "
               "its flags", f->s.name, prog, f->group);
 }
@@ -736,10 +746,49 @@ static void check_resume(const LabArgs *a, int end, const RunIdentity *now) {
     if (a->inject_nan_step >= 0 && a->inject_nan_step < step)
         flag_fail("--inject-nan-step %d: the run resumes after step %d, so no NaN would be "
                   "injected; valid: %d .. %d", a->inject_nan_step + 1, step, step + 1, end);
+    if (a->hang_step >= 0 && a->hang_step < step)
+        flag_fail("--inject-hang %s: the run resumes after step %d, so no rank would hang; valid "
+                  "steps: %d .. %d", a->inject_hang, step, step + 1, end);
+}
+
+static int world_size_now(void) {
+    int world = 1;
+    flags_rank(&world);
+    return world;
+}
+
+// --inject-hang R:S[:X] into hang_rank, hang_step (the index: S - 1), hang_seconds (0: forever).
+static void check_inject_hang(LabArgs *a, int world) {
+    if (!a->inject_hang) return;
+    const char *v = a->inject_hang;
+    int r = -1, step = -1, used = 0;
+    double x = 0;
+    char rest[2] = "";
+    int k = sscanf(v, "%d:%d%n", &r, &step, &used);
+    if (k == 2 && v[used] == ':' && (sscanf(v + used + 1, "%lf%1s", &x, rest) != 1 || !(x > 0) || x > 1e6))
+        k = 0;
+    else if (k == 2 && v[used] != ':' && v[used] != '\0')
+        k = 0;
+    if (k != 2)
+        flag_fail("--inject-hang %s: expected RANK:STEP or RANK:STEP:SECONDS (e.g. 1:3, rank 1 stops at "
+                  "the start of step 3; 1:3:0.5, it sleeps 0.5 s there)", v);
+    const int end = lab_args_end_step(a);
+    if (r < 0 || r >= world)
+        flag_fail("--inject-hang %s: this job has %d rank%s; valid ranks: 0 .. %d", v, world,
+                  world > 1 ? "s" : "", world - 1);
+    if (step < 1 || step > end)
+        flag_fail("--inject-hang %s: step %d is not a step of this run; valid: 1 .. %d (counted from 1, "
+                  "as the progress lines)", v, step, end);
+    if (world < 2 && x == 0)
+        flag_fail("--inject-hang %s: on one rank no other rank waits for the hung one, so the run would "
+                  "hang forever; run on 2 ranks or more, or give RANK:STEP:SECONDS (a slow rank)", v);
+    a->hang_rank = r;
+    a->hang_step = step - 1;
+    a->hang_seconds = (float)x;
 }
 
 // Checks that involve more than one flag.
-static void check_combinations(const LabArgs *a, const RunIdentity *now) {
+static void check_combinations(LabArgs *a, const RunIdentity *now) {
     if (a->C % a->NH != 0) {
         int below = a->NH < a->C ? a->NH : a->C, above = a->NH;  // the nearest divisors of C
         while (a->C % below != 0) below--;
@@ -761,6 +810,7 @@ static void check_combinations(const LabArgs *a, const RunIdentity *now) {
                   a->resume, a->load_weights);
     if (a->save_every > 0 && !a->save)
         flag_fail("--save-every %d needs --save FILE (where to write the checkpoint)", a->save_every);
+    check_inject_hang(a, world_size_now());
     if ((a->kill_rank >= 0) != (a->kill_step >= 0))
         flag_fail("--kill-rank and --kill-step go together (which rank dies, and when); got "
                   "--kill-rank %d --kill-step %d", a->kill_rank, a->kill_step);
@@ -865,6 +915,11 @@ void lab_parse_args_for(unsigned groups, int argc, char **argv, LabArgs *a, cons
     GPT2Config cfg = lab_args_config(a);
     gpt2_config_check(&cfg);
     kernels_set_threads(a->threads);   // BLAS threads of this rank (--threads)
+    // the watchdog (collective over the world; every rank parses the same flags here)
+    int up = 0, down = 0;
+    MPI_Initialized(&up);
+    MPI_Finalized(&down);
+    if (up && !down) watchdog_start(a->collective_timeout);
 }
 
 void lab_parse_args(int argc, char **argv, LabArgs *a, const FlagSpec *extra, int nextra,

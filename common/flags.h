@@ -59,6 +59,11 @@ typedef struct LabArgs {
                           // (counted from 0; the flag counts from 1 like the progress lines; -1: off)
     int kill_rank;        // fault injection: this rank exits abruptly ...
     int kill_step;        // ... at the start of the step of this index (counted from 0; -1: off)
+    // hangs (common/watchdog.h)
+    float collective_timeout;  // a rank waiting longer in one dist op ends the job (0: off)
+    const char *inject_hang;   // "R:S[:X]": rank R stops without dying at the start of step S
+    int hang_rank, hang_step;  // (counted from 1 like the progress lines; the field is the index;
+    float hang_seconds;        // -1: off), for X seconds (0: forever)
 } LabArgs;
 
 LabArgs lab_args_defaults(void);
@@ -79,10 +84,14 @@ enum {
     LAB_FLAGS_OUTPUT = 1 << 3,       // --log-every --quiet --trace --dump
     LAB_FLAGS_RELIABILITY = 1 << 4,  // --save --save-every --resume --load-weights --save-weights
                                      // --stop-at --inject-nan-step
-    LAB_FLAGS_KILL = 1 << 5,         // --kill-rank --kill-step (a rank dies: multi-rank programs)
-    LAB_FLAGS_NONE = 0,              // only the program's own flags (01, 04: nothing to train)
-    LAB_FLAGS_ALL = (1 << 6) - 1,    // every shared flag (a multi-rank training chapter)
-    LAB_FLAGS_SINGLE = LAB_FLAGS_ALL & ~LAB_FLAGS_KILL,  // a single-device training run (00)
+    LAB_FLAGS_KILL = 1 << 5,         // --kill-rank --kill-step --inject-hang (a rank dies or
+                                     // hangs: multi-rank training programs)
+    LAB_FLAGS_COMM = 1 << 6,         // --collective-timeout (ranks that wait for each other; also
+                                     // taken with LAB_FLAGS_KILL)
+    LAB_FLAGS_NONE = LAB_FLAGS_COMM, // only the program's own flags and --collective-timeout (01,
+                                     // 04: nothing to train, but ranks that communicate)
+    LAB_FLAGS_ALL = (1 << 7) - 1,    // every shared flag (a multi-rank training chapter)
+    LAB_FLAGS_SINGLE = LAB_FLAGS_ALL & ~LAB_FLAGS_KILL & ~LAB_FLAGS_COMM,  // one device (00)
 };
 
 // Parse argv into *a (pre-filled with defaults) and the chapter's extra flags; every shared

@@ -13,6 +13,7 @@
 #include "mem.h"
 #include "trace.h"
 #include "train.h"
+#include "watchdog.h"
 
 // ---------------------------------------------------------------------------------------------
 // the loop
@@ -74,6 +75,9 @@ void session_step_begin(Session *s, int step) {
         fflush(stderr);
         _exit(1);
     }
+    watchdog_note_step(step);  // (a hang's diagnosis says which step each rank is in)
+    if (step == s->args->hang_step && s->rank == s->args->hang_rank)
+        watchdog_inject_hang(step, s->args->hang_seconds);  // --inject-hang: stops, or is slow
     if (step == s->start) {  // under the chapter's header, over the first progress line
         if (s->args->log_every > 0)
             session_print_cores_note(s, "the tok/s and MFU of the progress lines");

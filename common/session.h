@@ -115,8 +115,9 @@ void session_open(Session *s, const LabArgs *args, int rows);
 // its state; rank 0 says where it resumed.
 void session_start_at(Session *s, int start);
 
-// Top of a step: the fault hook (--kill-rank R --kill-step S: rank R exits abruptly); at the
-// first step the loop's clock starts (progress line, session_elapsed).
+// Top of a step: the fault hooks (--kill-rank R --kill-step S: rank R exits abruptly;
+// --inject-hang R:S: rank R stops without dying, common/watchdog.h); at the first step the
+// loop's clock starts (progress line, session_elapsed).
 void session_step_begin(Session *s, int step);
 // The global squared gradient norm of this step, before clipping (what adamw_clip_scale was
 // given): the health line shows its square root. On rank 0 at least.

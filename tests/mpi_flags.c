@@ -6,7 +6,8 @@
 //
 //   mpi_flags parse-before-init [flags]   parses before dist_init instead (the order a program
 //                                         may use when it needs a flag to set up MPI)
-//   mpi_flags no-training [flags]         takes no shared flag group (LAB_FLAGS_NONE), as 01/04
+//   mpi_flags no-training [flags]         takes no shared flag group but --collective-timeout
+//                                         (LAB_FLAGS_NONE), as 01/04
 //   mpi_flags single [flags]              takes every group but --kill-* (LAB_FLAGS_SINGLE), as 00
 //   mpi_flags fail-on-last [flags]        after parsing, only the last rank (not rank 0) calls
 //                                         lab_fail_collective: its message must not be lost
