@@ -66,6 +66,8 @@ int mem_ranks_on_this_machine(void) {
 
 // A host allocation failed: every rank builds the same model, so every rank meets it with the
 // same size; one message (lab_fail_collective), saying what fits and which flags size it.
+static const char *injected;  // mem_fail_next_alloc's reason, until the allocation it fails
+
 LAB_NORETURN static void fail_host_memory(size_t bytes, MemCategory cat) {
     char want[32], avail[32], each[32];
     const char *lower = cat == MEM_ACTS || cat == MEM_OTHER
@@ -73,6 +75,9 @@ LAB_NORETURN static void fail_host_memory(size_t bytes, MemCategory cat) {
                       : cat == MEM_COMM ? "a smaller model or smaller communication buffers"
                                         : "a smaller model (--layers, --channels, --vocab)";
     mem_format(want, sizeof want, (double)bytes);
+    if (injected)  // one rank's failure: its message, now (the others are in a collective)
+        lab_fail("out of host memory: allocating %s for %s failed (%s); the job ends, the last "
+                 "checkpoint is left as it was", want, mem_category_name(cat), injected);
     double free_bytes = mem_host_available();
     int ranks = mem_ranks_on_this_machine();
     if (free_bytes < 0)
@@ -91,7 +96,9 @@ void *mem_alloc(size_t bytes, MemCategory cat, Device dev) {
     // Every allocation gets its own non-NULL pointer, even for 0 bytes, so it can be tracked.
     size_t want = bytes ? bytes : 1;
     void *p = NULL;
-    if (dev == DEV_CUDA) {
+    if (injected) {
+        // --inject-oom-step: this allocation fails (p stays NULL)
+    } else if (dev == DEV_CUDA) {
 #ifdef LAB_CUDA
         p = lab_cuda_malloc(want);  // zeroed by lab_cuda_malloc
 #else
@@ -107,8 +114,9 @@ void *mem_alloc(size_t bytes, MemCategory cat, Device dev) {
     if (!p) {
         char buf[32];
         if (dev == DEV_CUDA)
-            lab_fail("out of GPU memory: allocating %s for %s failed",
-                     mem_format(buf, sizeof buf, (double)bytes), mem_category_name(cat));
+            lab_fail("out of GPU memory: allocating %s for %s failed%s%s%s",
+                     mem_format(buf, sizeof buf, (double)bytes), mem_category_name(cat),
+                     injected ? " (" : "", injected ? injected : "", injected ? ")" : "");
         fail_host_memory(bytes, cat);
     }
     if (nallocs == cap_allocs) {
@@ -219,3 +227,5 @@ void mem_zero(void *p, size_t bytes) {
 #endif
     memset(p, 0, bytes);
 }
+
+void mem_fail_next_alloc(const char *why) { injected = why; }
