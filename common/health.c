@@ -114,8 +114,8 @@ void health_log_line(FILE *f, const HealthRecord *r) {
     }
     if (r->skipped) fprintf(f, ",\"skipped\":\"%s\"", r->skipped);
     else fputs(",\"skipped\":null", f);
-    fprintf(f, ",\"nan_skips\":%d,\"spike_skips\":%d,\"rollbacks\":%d", r->nan_skips,
-            r->spike_skips, r->rollbacks);
+    fprintf(f, ",\"nan_skips\":%d,\"spike_skips\":%d,\"rollback_skips\":%d,\"rollbacks\":%d",
+            r->nan_skips, r->spike_skips, r->rollback_skips, r->rollbacks);
     fputs(",\"time_s\":{", f);
     for (int i = 0; i < r->nphases; i++) {
         fprintf(f, "%s\"%s\":", i ? "," : "", r->phase_name[i]);

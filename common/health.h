@@ -46,7 +46,8 @@ typedef struct HealthRecord {
     double lr, tokens_per_s, mfu, peak_flops, flops;
     double z_loss, z_grad_norm;  // NaN: not yet
     const char *skipped;   // NULL: the step updated; else why not: "nan", "spike", "rollback"
-    int nan_skips, spike_skips, rollbacks;  // the run's so far (spike: a rollback's skips too)
+    int nan_skips, spike_skips, rollback_skips, rollbacks;  // the run's so far (rollback_skips:
+                                                             // the steps a rollback skipped)
     int nphases;
     const char *phase_name[HEALTH_MAX_PHASES];  // "step" first
     double phase_s[HEALTH_MAX_PHASES];
@@ -56,5 +57,5 @@ typedef struct HealthRecord {
 } HealthRecord;
 
 // One JSON object on one line, then flushed (NaN/Inf written as null; "skipped" is null or
-// the reason, "nan_skips", "spike_skips", "rollbacks" the run's counts so far).
+// the reason, "nan_skips", "spike_skips", "rollback_skips", "rollbacks" the run's counts so far).
 void health_log_line(FILE *f, const HealthRecord *r);

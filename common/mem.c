@@ -76,8 +76,8 @@ LAB_NORETURN static void fail_host_memory(size_t bytes, MemCategory cat) {
                                         : "a smaller model (--layers, --channels, --vocab)";
     mem_format(want, sizeof want, (double)bytes);
     if (injected)  // one rank's failure: its message, now (the others are in a collective)
-        lab_fail("out of host memory: allocating %s for %s failed (%s); the job ends, the last "
-                 "checkpoint is left as it was", want, mem_category_name(cat), injected);
+        lab_fail("out of host memory: allocating %s for %s failed (%s)", want,
+                 mem_category_name(cat), injected);
     double free_bytes = mem_host_available();
     int ranks = mem_ranks_on_this_machine();
     if (free_bytes < 0)

@@ -169,7 +169,8 @@ static void health_step(Session *s, int step, float loss, double now) {
     r->z_grad_norm = health_z(&s->win_gnorm, gnorm);
     r->skipped = skip_name[s->skipped];
     r->nan_skips = s->nan_skips;
-    r->spike_skips = s->spike_skips + s->window_skips;
+    r->spike_skips = s->spike_skips;
+    r->rollback_skips = s->window_skips;
     r->rollbacks = s->rollbacks;
     r->phase_name[0] = "step";
     r->phase_s[0] = dt;
