@@ -381,8 +381,11 @@ int harness_oom_fails_cleanly(const char *prog, int np, const char *flags, const
     char ck[256], cmd[1024], *out = NULL;
     harness_tmp(ck, sizeof ck, "oom.ckpt");
     unlink(ck);
-    // many steps: if a rank outlived the failed one, the job would run into the timeout
-    snprintf(cmd, sizeof cmd, "%s %s --steps 1000 --save %s --save-every 2 --inject-oom-step %d:5",
+    // many steps: if a rank outlived the failed one, the job would run into the timeout. Step
+    // 6: the state after 4 steps is written by then (step 5's collectives waited for rank 0 to
+    // finish its save; failing at step 5, the last rank could abort that write, and the file
+    // would rightly still hold step 2's state)
+    snprintf(cmd, sizeof cmd, "%s %s --steps 1000 --save %s --save-every 2 --inject-oom-step %d:6",
              prog, flags, ck, np - 1);
     char *mp = mpirun_cmd(np, NULL, cmd);
     double t_msg, t_end;

@@ -92,7 +92,7 @@ int harness_nan_fails_cleanly(const char *prog, int np, const char *flags, const
 //                with the tmp written) gets `sig` inside that save: the job ends non-zero within
 //                HARNESS_PROMPT_S, F is byte-for-byte the 2-step state and loads; resuming from
 //                it then works and leaves no <F>.tmp behind.
-//   oom:         --inject-oom-step np-1:5 of a 1000-step run saving every 2 steps: one
+//   oom:         --inject-oom-step np-1:6 of a 1000-step run saving every 2 steps: one
 //                out-of-memory message, from rank np-1, naming the flag; the job ends non-zero
 //                within HARNESS_PROMPT_S of it, and the checkpoint on disk loads and holds step 4.
 //   reliability: all of them (kill only when np > 1, as one rank has nobody to notice), the
