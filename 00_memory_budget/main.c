@@ -203,8 +203,9 @@ static void train(const LabArgs *args) {
     session_start_at(&s, session_load_or_init(&s, (uint64_t)args->seed));  // resumed/loaded/fresh
     if (!args->quiet) print_header(&s);
 
-    for (int step = s.start; step < s.end; step++) {
-        session_step_begin(&s, step);  // (fault injection: --kill-rank 0 --kill-step)
+    // (the next step is step + 1; after a rollback, --on-spike, the checkpoint's)
+    for (int step = s.start; step < s.end; step = session_next_step(&s, step)) {
+        session_step_begin(&s, step);  // (fault injection: --kill-rank 0 --kill-step, --inject-oom-step)
         // 1. the batch of this step
         data_batch(&s.data, (uint64_t)step, B, T, 0, B, s.inputs, s.targets);
         // 2. forward: mean cross-entropy over the B*T positions
@@ -219,15 +220,19 @@ static void train(const LabArgs *args) {
         gpt2_backward(&s.model, 1.0f / (float)(B * T));
         trace_end(tok);
         session_inject_nan(&s, step, 0);  // fault injection: --inject-nan-step
-        // 4. clip the global gradient norm (fails the run on NaN/Inf), then AdamW on the master.
-        //    bf16: the gradients are widened to fp32 a chunk at a time, AdamW updates the fp32
-        //    master, then the bf16 weights become the master rounded to nearest even.
+        // 4. unless the loss spiked (--on-spike: warn, skip, rollback, stop), clip the global
+        //    gradient norm (NaN/Inf stops the run, or --on-nan skip skips the update), then AdamW
+        //    on the master. bf16: the gradients are widened to fp32 a chunk at a time, AdamW
+        //    updates the fp32 master, then the bf16 weights become the master rounded to nearest
+        //    even.
         double t2 = lab_now();
-        tok = trace_begin("optimizer", TRACE_COMPUTE);
-        double norm_sq =
-            train_adamw_step(&s.opt, &s.model, step, s.master, s.opt_m, s.opt_v, s.plist, s.nplist);
-        trace_end(tok);
-        session_grad_norm_sq(&s, norm_sq);  // the health line's grad norm (before clipping)
+        if (session_may_update(&s, step, loss)) {
+            tok = trace_begin("optimizer", TRACE_COMPUTE);
+            double norm_sq = train_adamw_step(&s.opt, &s.model, step, s.master, s.opt_m, s.opt_v,
+                                              s.plist, s.nplist);
+            trace_end(tok);
+            session_grad_norm_sq(&s, norm_sq);  // the health line's grad norm (before clipping)
+        }
         session_phase(&s, "forward", t1 - t0);
         session_phase(&s, "backward", t2 - t1);
         session_phase(&s, "optimizer", lab_now() - t2);

@@ -171,7 +171,7 @@ static void train(const LabArgs *args, const DpFlags *f) {
 
     double t_compute = 0, t_wait = 0, t_comm = 0;
     dist_counters_reset();
-    for (int step = s.start; step < s.end; step++) {
+    for (int step = s.start; step < s.end; step = session_next_step(&s, step)) {
         session_step_begin(&s, step);  // (fault injection: --kill-rank, --kill-step)
         // (wait: a barrier before each communication phase separates waiting for the others,
         //  here for the master's optimizer step, from moving bytes)
@@ -213,7 +213,10 @@ static void train(const LabArgs *args, const DpFlags *f) {
         if (master) {
             for (int r = 0; r < N; r++) loss += slice_losses[r];
             loss /= (float)N;
-            // 5. the master alone: clip + AdamW. The others will wait at the next barrier.
+        }
+        // 5. the master alone, unless the loss spiked (--on-spike; every rank asks): clip +
+        //    AdamW. The others will wait at the next barrier.
+        if (session_may_update(&s, step, loss) && master) {
             tok = trace_begin("optimizer (master only)", TRACE_COMPUTE);
             session_grad_norm_sq(&s, train_adamw_step(&s.opt, model, step, s.master, s.opt_m,
                                                       s.opt_v, s.plist, s.nplist));

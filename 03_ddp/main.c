@@ -232,7 +232,7 @@ static void train(const LabArgs *args, const DdpFlags *f) {
     GPT2 *model = &s.model;
     const int B = args->batch, T = s.T, K = f->grad_accum, overlap = !f->no_overlap;
     ddp_figures_start(&fig, &s);
-    for (int step = s.start; step < s.end; step++) {
+    for (int step = s.start; step < s.end; step = session_next_step(&s, step)) {
         session_step_begin(&s, step);  // (fault injection: --kill-rank, --kill-step)
         double t0 = lab_now(), t_sync = 0;
         gpt2_zero_grad(model);
@@ -283,15 +283,18 @@ static void train(const LabArgs *args, const DdpFlags *f) {
         // the loss of the step: the mean over every rank's micro-batches
         dist_all_reduce(&loss, &loss, 1, DIST_F32, DIST_AVG, s.world);
 
-        // 6. the same update on every rank: clip (the norm of the averaged gradient) + AdamW
+        // 6. the same update on every rank, unless the loss spiked (--on-spike): clip (the norm
+        //    of the averaged gradient) + AdamW
         double t_opt = lab_now();
-        int tok = trace_begin("optimizer", TRACE_COMPUTE);
-        double norm_sq =
-            train_adamw_step(&s.opt, model, step, s.master, s.opt_m, s.opt_v, s.plist, s.nplist);
-        trace_end(tok);
+        if (session_may_update(&s, step, loss)) {
+            int tok = trace_begin("optimizer", TRACE_COMPUTE);
+            double norm_sq = train_adamw_step(&s.opt, model, step, s.master, s.opt_m, s.opt_v,
+                                              s.plist, s.nplist);
+            trace_end(tok);
+            session_grad_norm_sq(&s, norm_sq);  // the health line's (the averaged gradient's)
+        }
         double t_end = lab_now();
         fig.t_compute += (t_train - t_sync) + (t_end - t_opt);
-        session_grad_norm_sq(&s, norm_sq);  // the health line's (the averaged gradient's)
         session_phase(&s, "compute", t_train - t_sync);  // fwd + bwd, --log's phases
         session_phase(&s, "wait", t_sync);               // for the all-reduces
         session_phase(&s, "optimizer", t_end - t_opt);

@@ -398,6 +398,13 @@ static int load_or_init(Zero *zz, const LabArgs *args) {
     return start;
 }
 
+// state.load (a rollback, --on-spike): the --resume code above, reading path.
+static int state_load(void *ctx, const char *path) {
+    Zero *zz = ctx;
+    LabArgs a = session_resume_args(zz->s, path);
+    return load_or_init(zz, &a);
+}
+
 // The sharded state as the session's loop sees it (SessionState). Its checkpoint: rank 0 writes
 // the WHOLE state, gathered from the pieces, in the lab's usual format (any layout resumes it).
 static void state_save(void *ctx, const char *path, int step) {
@@ -488,7 +495,7 @@ static void setup(Zero *zz, Session *s, const LabArgs *args, const ZeroFlags *f,
     zz->s = s;
     zz->m = &s->model;
     alloc_state(zz, f);
-    s->state = (SessionState){zz, state_save, state_weights};
+    s->state = (SessionState){zz, state_save, state_weights, state_load};
     session_start_at(s, load_or_init(zz, args));
     if (f->stage >= 2 && N > 1) dist_comm_thread_start(s->world);
     zero5_banner(&(Zero5View){s, &zz->z, zz->stage, zz->in_flight, zz->nbuckets, zz->bucket},
@@ -519,7 +526,7 @@ static void train(const LabArgs *args, const ZeroFlags *f) {
     int row0, Bl;
     setup(&zz, &s, args, f, &row0, &Bl);  // s.state: the pieces; s.start: resumed or 0
     const float dloss = 1.0f / ((float)Bl * (float)s.T);
-    for (int step = s.start; step < s.end; step++) {
+    for (int step = s.start; step < s.end; step = session_next_step(&s, step)) {
         session_step_begin(&s, step);  // (--kill-rank, --kill-step)
         if (zz.stage < 2) gpt2_zero_grad(zz.m);
         data_batch(&s.data, (uint64_t)step, args->batch, s.T, row0, Bl, s.inputs, s.targets);
@@ -530,7 +537,7 @@ static void train(const LabArgs *args, const ZeroFlags *f) {
             session_poison(shard_bufs(&zz).grads, s.bf16);
         average_gradients(&zz);  // stage 0; stage 1 reduce-scatters in its step
         dist_all_reduce(&loss, &loss, 1, DIST_F32, DIST_AVG, s.world);
-        optimizer_step(&zz, step);
+        if (session_may_update(&s, step, loss)) optimizer_step(&zz, step);  // (--on-spike)
         session_step_end(&s, step, loss);  // the progress line, the --save-every checkpoint
     }
     finish(&zz);

@@ -147,7 +147,8 @@ static void keep_log(const Fsdp *F, int *dst, int *n, int from) {
 // The step's one sync point for the loss and the norm: without HSDP the shard group is the
 // world, so the loss (averaged over the world) rides along the Σ g² all-reduce as a second
 // double (its sum in double, then / N: on 2 ranks the same float as an fp32 average). With HSDP
-// they are over different groups: the loss over the world, Σ g² over the shard group.
+// they are over different groups: the loss over the world, Σ g² over the shard group. Then,
+// unless the loss spiked (--on-spike: the same answer on every rank), clip and AdamW.
 static void optimizer_step(FsdpRun *r, int step, float *loss) {
     Session *s = r->s;
     ZeroShard b = zero_shard_of(r->m, s->plist, s->nplist);
@@ -167,6 +168,7 @@ static void optimizer_step(FsdpRun *r, int step, float *loss) {
         dist_all_reduce(loss, loss, 1, DIST_F32, DIST_AVG, s->world);
         if (r->G > 1) dist_all_reduce(&sq, &sq, 1, DIST_F64, DIST_SUM, r->shard);
     }
+    if (!session_may_update(s, step, *loss)) return;  // a loss spike (--on-spike): no update
     session_grad_norm_sq(s, sq);  // the health line's grad norm (before clipping)
     float scale = adamw_clip_scale(&s->opt, sq, step);
     int tok = trace_begin("optimizer (my pieces)", TRACE_COMPUTE);
@@ -224,6 +226,13 @@ static int load_or_init(FsdpRun *r, const LabArgs *args) {
     else zero_init_pieces(&r->z, &s->cfg, (uint64_t)args->seed, r->master, 0);
     params_from_master(r);
     return start;
+}
+
+// state.load (a rollback, --on-spike): the --resume code above, reading path.
+static int state_load(void *ctx, const char *path) {
+    FsdpRun *r = ctx;
+    LabArgs a = session_resume_args(r->s, path);
+    return load_or_init(r, &a);
 }
 
 // The sharded state as the session's loop sees it (SessionState). Its checkpoint: the first
@@ -323,7 +332,7 @@ static void setup(FsdpRun *r, Session *s, const LabArgs *args, const FsdpFlags *
     r->Bm = Bl / K;
     session_init(s, args, r->Bm, 0);  // its model, without an optimizer: the pieces have theirs
     shard_model(r, s, f);
-    s->state = (SessionState){r, state_save, state_weights};
+    s->state = (SessionState){r, state_save, state_weights, state_load};
     session_start_at(s, load_or_init(r, args));
     if (N > 1) {  // the communication thread serves the shard and the replicate groups
         dist_comm_thread_start(r->shard);
@@ -381,7 +390,7 @@ static void train(const LabArgs *args, const FsdpFlags *f) {
     int row0;
     setup(&r, &s, args, f, &row0);  // s.state: the pieces; s.start: resumed or 0
     const int K = r.K;
-    for (int step = s.start; step < s.end; step++) {
+    for (int step = s.start; step < s.end; step = session_next_step(&s, step)) {
         session_step_begin(&s, step);  // (--kill-rank, --kill-step)
         mem_zero(r.grad_shard, r.z.shard_n * s.e);
         // --inject-nan-step: a NaN in one rank's unit gradient, before its reduce-scatter

@@ -161,6 +161,13 @@ static int load_state(Tp7 *t, const LabArgs *args) {
     return start;
 }
 
+// state.load (a rollback, --on-spike): load_state above, as a --resume of path.
+static int load_ckpt(void *ctx, const char *path) {
+    Tp7 *t = ctx;
+    LabArgs a = session_resume_args(t->s, path);
+    return load_state(t, &a);
+}
+
 // The layout (refusing what cannot run), the groups, this rank's slice, its state loaded or
 // fresh, the loop's state (s->state) and first step; the counters start at zero. Returns Bl.
 // The memory rank `rank` will need (mem_predict.h): its TP slice, one batch of its group's rows.
@@ -203,7 +210,7 @@ static int setup(Tp7 *t, Session *s, const LabArgs *args, const TpFlags *f, int 
     tpm_stage_acts_alloc(&t->acts, &t->m);
     tpm_opt_alloc(&t->o, &t->m, (uint64_t)args->seed, 0, t->m.n);
     t->ckg = dist_split(s->world, rank / tp, rank % tp, "tp-ckpt");
-    s->state = (SessionState){t, save_state, weights_to_host};
+    s->state = (SessionState){t, save_state, weights_to_host, load_ckpt};
     session_start_at(s, load_state(t, args));
     if (!args->quiet && rank == 0) tp7_print_layout(&t->m, world, dp);
     dist_counters_reset();
@@ -230,7 +237,7 @@ static void train(const LabArgs *args, const TpFlags *f) {
     const int Bl = setup(&t, &s, args, f, &row0);
     TpStage *m = &t.m;
     TpComm comm = tp_comm_group(t.tpg);
-    for (int step = s.start; step < s.end; step++) {
+    for (int step = s.start; step < s.end; step = session_next_step(&s, step)) {
         session_step_begin(&s, step);  // (--kill-rank, --kill-step)
         // 1. The group's batch: every rank of the group reads the same rows.
         data_batch(&s.data, (uint64_t)step, args->batch, s.T, row0, Bl, s.inputs, s.targets);
@@ -258,7 +265,8 @@ static void train(const LabArgs *args, const TpFlags *f) {
         // 5. Every rank updates its own slice; the replicated tensors get the same update
         //    everywhere (same gradients, same clip scale: the norm summed over the group).
         tok = trace_begin("optimizer", TRACE_COMPUTE);
-        session_grad_norm_sq(&s, tpm_stage_adamw_step(m, &s.opt, step, &t.o, t.tpg));
+        if (session_may_update(&s, step, loss))  // (a loss spike: --on-spike)
+            session_grad_norm_sq(&s, tpm_stage_adamw_step(m, &s.opt, step, &t.o, t.tpg));
         trace_end(tok);
         session_step_end(&s, step, loss);  // the progress line, the --save-every checkpoint
     }

@@ -281,9 +281,8 @@ static void pipe_weights(void *ctx, float *full) {
 // alone (a bad file: one message) and broadcast, every chunk taking its units (gpt2_shard, the
 // head's copy of wte from wte); or fresh from the seed (every stage its slice of the full
 // model's init, the copy of wte too). Returns the first step.
-static int load_or_init(Pipe *pp) {
+static int load_or_init(Pipe *pp, const LabArgs *args) {
     const Session *s = pp->s;
-    const LabArgs *args = s->args;
     Chunk *ch = pp->ch;
     const int v = pp->v;
     const size_t n = s->n;
@@ -312,6 +311,13 @@ static int load_or_init(Pipe *pp) {
     }
     for (int c = 0; c < v; c++) train_master_to_model(&ch[c].model, ch[c].master);
     return start;
+}
+
+// state.load (a rollback, --on-spike): the --resume code above, reading path.
+static int pipe_load(void *ctx, const char *path) {
+    Pipe *pp = ctx;
+    LabArgs a = session_resume_args(pp->s, path);
+    return load_or_init(pp, &a);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -400,11 +406,11 @@ static void train(const LabArgs *args, const PipeFlags *f) {
                    s.world, rank, (size_t)Bm * T * cfg.C, dtype == GPT2_BF16, ch[0].model.k, s.dev);
     if (!args->quiet && rank == 0)
         pipe8_print_setup(&sc, &cfg, B, Bm, args->dtype, ch[0].model.k->name, f->picture_cols);
-    s.state = (SessionState){&pp, pipe_save, pipe_weights};
-    session_start_at(&s, load_or_init(&pp));
+    s.state = (SessionState){&pp, pipe_save, pipe_weights, pipe_load};
+    session_start_at(&s, load_or_init(&pp, args));
     PipeClock clk;
     pipe8_clock_init(&clk, &sc, s.world, s.start, s.end);
-    for (int step = s.start; step < s.end; step++) {
+    for (int step = s.start; step < s.end; step = session_next_step(&s, step)) {
         session_step_begin(&s, step);
         for (int c = 0; c < v; c++) gpt2_zero_grad(&ch[c].model);
         pipe8_clock_begin(&clk);  // the stages start the step together
@@ -412,16 +418,20 @@ static void train(const LabArgs *args, const PipeFlags *f) {
         double loss_sum = pipe_exec_step(&x);  // the table: F, B (and W) with the messages
         pipe8_clock_end(&clk, &x, step);       // this step's op times, its span, bytes sent
 
-        // the tied wte, then the global norm (NaN check) and every stage's AdamW step
+        // the step's loss: the last stage computed it
+        float loss = (float)(loss_sum / m);
+        dist_broadcast(&loss, 1, DIST_F32, p - 1, s.world);
+
+        // the tied wte, then, unless the loss spiked (--on-spike), the global norm (NaN check)
+        // and every stage's AdamW step
         sync_tied_wte(ch, v, rank, p, s.world);
         if (session_nan_due(&s, step, p - 1)) session_poison(train_grads(&ch[v - 1].model), s.bf16);
-        double norm_sq = local_norm_sq(ch, v);
-        dist_all_reduce(&norm_sq, &norm_sq, 1, DIST_F64, DIST_SUM, s.world);
-        session_grad_norm_sq(&s, norm_sq);  // the health line's grad norm (before clipping)
-        adamw_all(&s.opt, ch, v, step, adamw_clip_scale(&s.opt, norm_sq, step));
-
-        float loss = (float)(loss_sum / m);
-        dist_broadcast(&loss, 1, DIST_F32, p - 1, s.world);  // the last stage computed it
+        if (session_may_update(&s, step, loss)) {
+            double norm_sq = local_norm_sq(ch, v);
+            dist_all_reduce(&norm_sq, &norm_sq, 1, DIST_F64, DIST_SUM, s.world);
+            session_grad_norm_sq(&s, norm_sq);  // the health line's grad norm (before clipping)
+            adamw_all(&s.opt, ch, v, step, adamw_clip_scale(&s.opt, norm_sq, step));
+        }
         pipe8_clock_step_time(&clk, step);
         session_step_end(&s, step, loss);  // the progress line, the --save-every checkpoint
     }

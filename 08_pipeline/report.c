@@ -105,8 +105,11 @@ void pipe8_clock_end(PipeClock *c, const PipeExec *x, int step) {
     dist_all_reduce(span, span, 2, DIST_F64, DIST_MAX, c->g);
     double tmin = -span[0], tmax = span[1];
     if (step > c->start || c->end - c->start == 1) {  // the first step warms caches and allocators
-        for (int k = 0; k < 3; k++) c->op[k][c->n] = opsum[k];
-        c->span[c->n++] = tmax - tmin;
+        // a slot per step (a step run again after a rollback, --on-spike, takes its slot back)
+        const int i = step - c->start - (c->end - c->start > 1);
+        for (int k = 0; k < 3; k++) c->op[k][i] = opsum[k];
+        c->span[i] = tmax - tmin;
+        if (i >= c->n) c->n = i + 1;
     }
     if (step == c->end - 1) {
         c->pic_start = lab_xcalloc((size_t)s->nops[rank] + 1, sizeof(double));

@@ -260,6 +260,13 @@ static int load_state(const LabArgs *a, Chunk *ch, DpLayer *dp) {
     return start;
 }
 
+// state.load (a rollback, --on-spike): load_state above, as a --resume of path.
+static int load_ckpt(void *ctx, const char *path) {
+    Run3d *r = ctx;
+    LabArgs a = session_resume_args(r->s, path);
+    return load_state(&a, r->ch, &r->dpl);
+}
+
 // ---------------------------------------------------------------------------------------------
 // training
 
@@ -312,7 +319,7 @@ static void setup(Run3d *r, Session *s, const LabArgs *args, const Flags3d *f) {
     r->sts = lab_xcalloc((size_t)v, sizeof(TpStage *));
     for (int c = 0; c < v; c++) r->sts[c] = &ch[c].st;
     dpl_init(&r->dpl, f->zero, r->sts, v, &r->grid, (uint64_t)args->seed);
-    s->state = (SessionState){r, save_state, weights_to_host};
+    s->state = (SessionState){r, save_state, weights_to_host, load_ckpt};
     session_start_at(s, load_state(args, ch, &r->dpl));
     mem_reset_peaks();  // the figures: from here on
     r->comm = tp_comm_group(r->grid.tpg);
@@ -353,7 +360,7 @@ static void train(const LabArgs *args, const Flags3d *f) {
     Chunk *ch = r.ch;
     const Grid *grid = &r.grid;
     const int v = r.v, pp = f->pp, m = f->m;
-    for (int step = s.start; step < s.end; step++) {
+    for (int step = s.start; step < s.end; step = session_next_step(&s, step)) {
         session_step_begin(&s, step);  // (--kill-rank, --kill-step)
         for (int c = 0; c < v; c++) tpm_stage_zero_grad(&ch[c].st);
         // 1. The pipeline table: forwards and backwards of the m micro-batches (TP inside).
@@ -362,16 +369,16 @@ static void train(const LabArgs *args, const Flags3d *f) {
         if (session_nan_due(&s, step, s.N - 1)) session_poison(dpl_grad_first(&r.dpl), s.bf16);
         // 2. The tied wte's two copies: their gradients summed across the pipeline.
         sync_tied_wte(ch, v, grid->c.p, pp, grid->ppg);
-        // 3. DP (dp.h): average the gradients over the replicas holding the same slice, or
-        //    reduce-scatter them (--zero 1; --zero 2 did so after every micro-batch), the global
-        //    norm over TP x PP (replicated tensors once), AdamW on what this rank updates, the
-        //    updated pieces all-gathered.
-        const double norm_sq = dpl_step(&r.dpl, &s.opt, step);
-        session_grad_norm_sq(&s, norm_sq);  // the health line's grad norm (before clipping)
-        // 4. The step's loss: the last stage's mean over micro-batches, over replicas, to rank 0.
+        // 3. The step's loss: the last stage's mean over micro-batches, over replicas, to rank 0.
         float loss = (float)(loss_sum / m);
         dist_all_reduce(&loss, &loss, 1, DIST_F32, DIST_AVG, grid->dpg);
         dist_broadcast(&loss, 1, DIST_F32, pp - 1, grid->ppg);
+        // 4. Unless the loss spiked (--on-spike), DP (dp.h): average the gradients over the
+        //    replicas holding the same slice, or reduce-scatter them (--zero 1; --zero 2 did so
+        //    after every micro-batch), the global norm over TP x PP (replicated tensors once),
+        //    AdamW on what this rank updates, the updated pieces all-gathered.
+        if (session_may_update(&s, step, loss))
+            session_grad_norm_sq(&s, dpl_step(&r.dpl, &s.opt, step));  // (the health line's)
         session_step_end(&s, step, loss);  // the progress line, the --save-every checkpoint
     }
     // 5. The report (report.c): each dimension's bytes per step (this rank's groups, read

@@ -161,8 +161,12 @@ void data_batch(const DataSource *d, uint64_t step, int B, int T, int row0, int 
         lab_fail_collective("the data file %s has %zu bytes; --seq %d needs at least %d", d->path,
                             d->nbytes, T, T + 1);
     int *seq = lab_xmalloc(((size_t)T + 1) * sizeof(int));
+    const int corrupt = d->has_spike && step == d->spike_step;
     for (int r = 0; r < nrows; r++) {
         make_row(d, step, row0 + r, T, seq);
+        // --inject-spike-step: every token id off by V/2 (a batch tokenized with the wrong
+        // vocabulary, a file in the wrong encoding): the model's predictions are all wrong
+        for (int t = 0; corrupt && t <= T; t++) seq[t] = (seq[t] + d->V / 2) % d->V;
         memcpy(inputs + (size_t)r * (size_t)T, seq, (size_t)T * sizeof(int));
         memcpy(targets + (size_t)r * (size_t)T, seq + 1, (size_t)T * sizeof(int));
     }
@@ -181,4 +185,9 @@ void data_slice(int B, int rank, int n, int *row0, int *nrows) {
     }
     *nrows = B / n;
     *row0 = rank * *nrows;
+}
+
+void data_corrupt_step(DataSource *d, uint64_t step) {
+    d->has_spike = 1;
+    d->spike_step = step;
 }

@@ -26,6 +26,8 @@ typedef struct DataSource {
     int succ_count;          // synthetic: successors per token (4)
     int *succ;               // synthetic: (V, succ_count) successor table
     float succ_prob[8];      // synthetic: probability of each successor slot
+    int has_spike;           // --inject-spike-step: the batch of step spike_step is corrupted
+    uint64_t spike_step;
 } DataSource;
 
 // Synthetic Markov source over V tokens (V >= 8).
@@ -41,9 +43,16 @@ double data_loss_floor(const DataSource *d, int T);
 
 // Global batch of `step`: inputs and targets, each (B, T), targets = inputs shifted by one.
 // Only rows [row0, row0 + nrows) are produced (a rank's slice), written at inputs[0..].
+// The corrupted batch (data_corrupt_step) is bad data of the kind that makes a loss spike: every
+// token id is off by V/2 (mod V), as if the batch were tokenized with the wrong vocabulary (a
+// byte file: in the wrong encoding). Still a pure function of (seed, step, row), so the spike is
+// the same on every layout.
 void data_batch(const DataSource *d, uint64_t step, int B, int T, int row0, int nrows,
                 int *inputs, int *targets);
 
 // DistributedSampler slice: rank r of n gets rows [*row0, *row0 + *nrows) of a batch of B.
 // Fails with a clear message unless B % n == 0 (every rank must process the same count).
 void data_slice(int B, int rank, int n, int *row0, int *nrows);
+
+// Fault injection (--inject-spike-step): corrupt the batch of `step` (see data_batch).
+void data_corrupt_step(DataSource *d, uint64_t step);

@@ -22,6 +22,7 @@
 #include "check.h"
 #include "ckpt.h"
 #include "watchdog.h"
+#include "health.h"
 #ifdef LAB_CUDA
 #include "cuda_util.h"
 #endif
@@ -43,7 +44,7 @@ typedef struct Flag {
 
 // The rows, sized from the inputs: NSHARED shared rows + the chapter's (add() checks the room,
 // so a chapter with many flags gets a clear internal error instead of an overflow).
-#define NSHARED 48
+#define NSHARED 64
 typedef struct Table {
     Flag *rows;
     int n, cap;
@@ -78,6 +79,15 @@ LabArgs lab_args_defaults(void) {
     a.kill_step = -1;
     a.collective_timeout = (float)WATCHDOG_DEFAULT_S;
     a.hang_rank = a.hang_step = -1;
+    a.on_nan = "stop";
+    a.on_spike = "warn";
+    a.spike_z = 6.0f;
+    a.spike_window = HEALTH_WINDOW;
+    a.rollback_lr_scale = 1.0f;
+    a.rollback_skip = 1;
+    a.inject_spike_step = -1;
+    a.oom_rank = -1;
+    a.oom_step = -1;
     return a;
 }
 
@@ -97,6 +107,7 @@ AdamW lab_args_adamw(const LabArgs *a) {
     h.grad_clip = a->grad_clip;
     h.warmup_steps = a->warmup;
     h.total_steps = a->steps;   // cosine decay over the whole run
+    h.skip_nan = strcmp(a->on_nan, "skip") == 0;
     return h;
 }
 
@@ -107,6 +118,7 @@ int lab_args_end_step(const LabArgs *a) {
 void lab_args_data(const LabArgs *a, DataSource *d) {
     if (a->data) data_init_file(d, a->data, a->T, (uint64_t)a->data_seed);
     else data_init_synthetic(d, a->V, (uint64_t)a->data_seed);
+    if (a->inject_spike_step >= 0) data_corrupt_step(d, (uint64_t)a->inject_spike_step);
 }
 
 // ---- the table ----------------------------------------------------------------------------
@@ -188,6 +200,15 @@ static Table build_table(LabArgs *a, const FlagSpec *extra, int nextra, unsigned
     out[t.n - 1].mask = LAB_FLAGS_COMM | LAB_FLAGS_KILL;  // every multi-rank program
     add(&t, row("reliability", "--inject-hang", "R:S[:X]", FLAG_STRING, &a->inject_hang, 0, 0, NULL, "fault: rank R stops without dying at the start of step S (counted from 1), or sleeps X seconds"));
     out[t.n - 1].mask = LAB_FLAGS_KILL;
+    // production (notes 10.8): what a NaN or a loss spike does, and the faults that test it
+    add(&t, row("reliability", "--on-nan", "P", FLAG_CHOICE, &a->on_nan, 0, 0, "stop|skip", "a NaN/Inf gradient: stop the run, or skip the step's update on every rank (counted)"));
+    add(&t, row("reliability", "--on-spike", "P", FLAG_CHOICE, &a->on_spike, 0, 0, "warn|skip|rollback|stop", "a loss spike: warn, skip the step's update, roll back to the last checkpoint (--save-every), or stop"));
+    add(&t, row("reliability", "--spike-z", "Z", FLAG_FLOAT, &a->spike_z, 1, 1e6, NULL, "a loss Z standard deviations above the mean of the last --spike-window steps is a spike"));
+    add(&t, row("reliability", "--spike-window", "W", FLAG_INT, &a->spike_window, HEALTH_Z_MIN, HEALTH_WINDOW_MAX, NULL, "steps the loss and grad-norm z-scores look back over"));
+    add(&t, row("reliability", "--rollback-lr-scale", "F", FLAG_FLOAT, &a->rollback_lr_scale, 1e-6, 1, NULL, "--on-spike rollback: the lr x F for the steps replayed up to the spike"));
+    add(&t, row("reliability", "--rollback-skip", "N", FLAG_INT, &a->rollback_skip, 1, MAX_INT_FLAG, NULL, "--on-spike rollback: skip the updates of N steps from the spike's (its data)"));
+    add(&t, row("reliability", "--inject-spike-step", "N", FLAG_INT, &a->inject_spike_step, -1, MAX_INT_FLAG, NULL, "fault: corrupt step N's batch (every token id off by V/2; counted from 1; -1 = off)"));
+    add(&t, row("reliability", "--inject-oom-step", "R:N", FLAG_STRING, &a->inject_oom, 0, 0, NULL, "fault: an allocation fails on rank R at step N (N alone: rank 0; counted from 1)"));
     for (int i = 0; i < nextra; i++) {
         const FlagSpec *e = &extra[i];
         LAB_CHECK(e->name && strncmp(e->name, "--", 2) == 0, "chapter flag %d: name '%s' must start with --",
@@ -749,6 +770,12 @@ static void check_resume(const LabArgs *a, int end, const RunIdentity *now) {
     if (a->hang_step >= 0 && a->hang_step < step)
         flag_fail("--inject-hang %s: the run resumes after step %d, so no rank would hang; valid "
                   "steps: %d .. %d", a->inject_hang, step, step + 1, end);
+    if (a->inject_spike_step >= 0 && a->inject_spike_step < step)
+        flag_fail("--inject-spike-step %d: the run resumes after step %d, so no batch would be "
+                  "corrupted; valid: %d .. %d", a->inject_spike_step + 1, step, step + 1, end);
+    if (a->oom_step >= 0 && a->oom_step < step)
+        flag_fail("--inject-oom-step %s: the run resumes after step %d, so no allocation would "
+                  "fail; valid steps: %d .. %d", a->inject_oom, step, step + 1, end);
 }
 
 static int world_size_now(void) {
@@ -785,6 +812,39 @@ static void check_inject_hang(LabArgs *a, int world) {
     a->hang_rank = r;
     a->hang_step = step - 1;
     a->hang_seconds = (float)x;
+}
+
+// The production flags (notes 10.8; session.h runs them). The fault steps count from 1, as the
+// progress lines (the fields hold indices); a fault at a step this run never reaches, or on a
+// rank it does not have, would silently do nothing: refused. A rollback needs a checkpoint to go
+// back to, and the rollback's own flags do nothing without one.
+static void check_production(LabArgs *a) {
+    const int end = lab_args_end_step(a);
+    if (a->inject_spike_step == 0 || a->inject_spike_step > end)
+        flag_fail("--inject-spike-step %d: %s; valid: 1 .. %d, or -1 (off)", a->inject_spike_step,
+                  a->inject_spike_step == 0 ? "steps count from 1 (as the progress lines print them)"
+                                            : "this run has fewer steps, so no batch would be corrupted",
+                  end);
+    if (a->inject_spike_step > 0) a->inject_spike_step--;
+    if (a->inject_oom) {
+        int world = 1, rank = 0, step = 0, used = 0;
+        flags_rank(&world);
+        const char *v = a->inject_oom;
+        int ok = strchr(v, ':') ? sscanf(v, "%d:%d%n", &rank, &step, &used) == 2
+                                : sscanf(v, "%d%n", &step, &used) == 1;
+        if (!ok || v[used] != '\0' || rank < 0 || rank >= world || step < 1 || step > end)
+            flag_fail("--inject-oom-step %s: expected RANK:STEP (or STEP, on rank 0), a rank of this "
+                      "job (0 .. %d) and a step of this run, counted from 1 (1 .. %d)", v,
+                      world - 1, end);
+        a->oom_rank = rank;
+        a->oom_step = step - 1;
+    }
+    if (strcmp(a->on_spike, "rollback") == 0 && (!a->save || a->save_every <= 0))
+        flag_fail("--on-spike rollback goes back to the last checkpoint, so it needs them: add "
+                  "--save FILE --save-every N (a checkpoint every N steps)");
+    if (strcmp(a->on_spike, "rollback") != 0 && (a->rollback_lr_scale != 1.0f || a->rollback_skip != 1))
+        flag_fail("--rollback-lr-scale and --rollback-skip act only after a rollback: add "
+                  "--on-spike rollback (got --on-spike %s)", a->on_spike);
 }
 
 // Checks that involve more than one flag.
@@ -909,6 +969,7 @@ void lab_parse_args_for(unsigned groups, int argc, char **argv, LabArgs *a, cons
         flag_fail("--inject-nan-step 0: steps count from 1 (as the progress lines print them); "
                   "valid: 1 .. %d, or -1 (off)", lab_args_end_step(a));
     if (a->inject_nan_step > 0) a->inject_nan_step--;
+    check_production(a);
     RunIdentity id = run_identity(a);
     check_combinations(a, &id);
     ckpt_set_identity(&id);

@@ -64,6 +64,17 @@ typedef struct LabArgs {
     const char *inject_hang;   // "R:S[:X]": rank R stops without dying at the start of step S
     int hang_rank, hang_step;  // (counted from 1 like the progress lines; the field is the index;
     float hang_seconds;        // -1: off), for X seconds (0: forever)
+    // production: NaN/Inf, loss spikes, OOM (the notes' 10.8; session.h runs the policies)
+    const char *on_nan;      // "stop" (end the run) | "skip" (skip the step's update, count it)
+    const char *on_spike;    // "warn" | "skip" | "rollback" | "stop"
+    float spike_z;           // a loss this many standard deviations above the window's mean is a spike
+    int spike_window;        // steps the loss's (and the health line's) z-scores look back over
+    float rollback_lr_scale; // --on-spike rollback: the lr x this for the steps replayed
+    int rollback_skip;       // --on-spike rollback: the steps whose update is skipped, from the spike's
+    int inject_spike_step;   // fault: this step's batch is corrupted (index from 0; the flag counts
+                             // from 1; -1: off)
+    const char *inject_oom;  // fault: "RANK:STEP" or "STEP" (rank 0): an allocation fails there
+    int oom_rank, oom_step;  // ... parsed (oom_step: an index from 0; -1: off)
 } LabArgs;
 
 LabArgs lab_args_defaults(void);
@@ -72,6 +83,7 @@ GPT2Config lab_args_config(const LabArgs *a);          // --vocab --seq --layers
 Device lab_args_device(const LabArgs *a);              // --device
 AdamW lab_args_adamw(const LabArgs *a);                // --lr --weight-decay --grad-clip --warmup --steps
 void lab_args_data(const LabArgs *a, DataSource *d);   // --data FILE, or the synthetic source
+                                                       // (--inject-spike-step corrupts a batch)
 int lab_args_end_step(const LabArgs *a);               // --steps, or --stop-at when earlier
 
 // The groups of shared flags a program takes. A shared flag of a group it does not take is
@@ -83,7 +95,8 @@ enum {
     LAB_FLAGS_HARDWARE = 1 << 2,     // --device --backend --dtype --threads --mem-limit
     LAB_FLAGS_OUTPUT = 1 << 3,       // --log-every --quiet --trace --dump
     LAB_FLAGS_RELIABILITY = 1 << 4,  // --save --save-every --resume --load-weights --save-weights
-                                     // --stop-at --inject-nan-step
+                                     // --stop-at --inject-nan-step, --on-nan, --on-spike ...,
+                                     // --inject-spike-step, --inject-oom-step
     LAB_FLAGS_KILL = 1 << 5,         // --kill-rank --kill-step --inject-hang (a rank dies or
                                      // hangs: multi-rank training programs)
     LAB_FLAGS_COMM = 1 << 6,         // --collective-timeout (ranks that wait for each other; also

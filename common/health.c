@@ -20,13 +20,20 @@ void health_window_init(HealthWindow *w, int cap) {
     w->cap = cap;
 }
 
+void health_window_stats(const HealthWindow *w, double *mean, double *sd) {
+    double m = 0, var = 0;
+    for (int i = 0; i < w->n; i++) m += w->x[i];
+    m /= w->n;
+    for (int i = 0; i < w->n; i++) var += (w->x[i] - m) * (w->x[i] - m);
+    *mean = m;
+    *sd = sqrt(var / w->n);
+}
+
 double health_z(const HealthWindow *w, double x) {
     if (w->n < HEALTH_Z_MIN || !isfinite(x)) return NAN;
-    double mean = 0, var = 0;
-    for (int i = 0; i < w->n; i++) mean += w->x[i];
-    mean /= w->n;
-    for (int i = 0; i < w->n; i++) var += (w->x[i] - mean) * (w->x[i] - mean);
-    double sd = sqrt(var / w->n), floor = 1e-9 * fmax(1.0, fabs(mean));
+    double mean, sd;
+    health_window_stats(w, &mean, &sd);
+    double floor = 1e-9 * fmax(1.0, fabs(mean));
     return (x - mean) / (sd > floor ? sd : floor);
 }
 
@@ -147,6 +154,10 @@ void health_log_line(FILE *f, const HealthRecord *r) {
         fprintf(f, ",\"%s\":", fields[i].key);
         num(f, fields[i].value);
     }
+    if (r->skipped) fprintf(f, ",\"skipped\":\"%s\"", r->skipped);
+    else fputs(",\"skipped\":null", f);
+    fprintf(f, ",\"nan_skips\":%d,\"spike_skips\":%d,\"rollback_skips\":%d,\"rollbacks\":%d",
+            r->nan_skips, r->spike_skips, r->rollback_skips, r->rollbacks);
     fputs(",\"time_s\":{", f);
     for (int i = 0; i < r->nphases; i++) {
         fprintf(f, "%s\"%s\":", i ? "," : "", r->phase_name[i]);

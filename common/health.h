@@ -23,6 +23,8 @@ void health_window_init(HealthWindow *w, int cap);
 // HEALTH_Z_MIN values, or when x is not finite.
 double health_z(const HealthWindow *w, double x);
 void health_window_push(HealthWindow *w, double x);  // non-finite values are left out
+// The window's mean and population standard deviation (n >= 1).
+void health_window_stats(const HealthWindow *w, double *mean, double *sd);
 
 // The FLOP/s one device of this kind can do, for MFU. CPU: this core's SGEMM rate, measured
 // once per process (the best of two 1024^3 cblas_sgemm after a warm-up, ~70 ms of CPU, the
@@ -53,6 +55,9 @@ typedef struct HealthRecord {
     int clipped;           // the update was scaled down (grad_norm > the clip)
     double lr, tokens_per_s, mfu, peak_flops, flops;
     double z_loss, z_grad_norm;  // NaN: not yet
+    const char *skipped;   // NULL: the step updated; else why not: "nan", "spike", "rollback"
+    int nan_skips, spike_skips, rollback_skips, rollbacks;  // the run's so far (rollback_skips:
+                                                             // the steps a rollback skipped)
     int nphases;
     const char *phase_name[HEALTH_MAX_PHASES];  // "step" first
     double phase_s[HEALTH_MAX_PHASES];
@@ -61,5 +66,6 @@ typedef struct HealthRecord {
     double group_sent[HEALTH_MAX_GROUPS];       // bytes this rank sent in the step
 } HealthRecord;
 
-// One JSON object on one line, then flushed (NaN/Inf written as null).
+// One JSON object on one line, then flushed (NaN/Inf written as null; "skipped" is null or
+// the reason, "nan_skips", "spike_skips", "rollback_skips", "rollbacks" the run's counts so far).
 void health_log_line(FILE *f, const HealthRecord *r);

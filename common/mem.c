@@ -72,9 +72,12 @@ static double held_on(Device dev) {
     return sum;
 }
 
+static const char *injected;  // mem_fail_next_alloc's reason, until the allocation it fails
+
 // An allocation failed: every rank builds the same model, so every rank meets it with the same
 // size; one message (lab_fail_collective), the same for host and GPU memory: what was asked,
-// what the memory has, what would fit, and which flags size it.
+// what the memory has, what would fit, and which flags size it. An injected failure
+// (--inject-oom-step) is one rank's: its message at once (the others wait in a collective).
 void mem_fail_out_of_memory(size_t bytes, MemCategory cat, Device dev) {
     char want[32], avail[32], each[32], total[32], held[32];
     const char *lower = cat == MEM_ACTS || cat == MEM_OTHER
@@ -83,6 +86,9 @@ void mem_fail_out_of_memory(size_t bytes, MemCategory cat, Device dev) {
                                         : "a smaller model (--layers, --channels, --vocab)";
     const char *what = mem_category_name(cat);
     mem_format(want, sizeof want, (double)bytes);
+    if (injected)
+        lab_fail("out of %s memory: allocating %s for %s failed (%s)",
+                 dev == DEV_CUDA ? "GPU" : "host", want, what, injected);
     if (dev == DEV_CUDA) {
         // the GPU's free memory already counts what the other ranks and processes on it hold:
         // this rank's buffers fit in what it holds plus what is free
@@ -120,7 +126,9 @@ void *mem_alloc(size_t bytes, MemCategory cat, Device dev) {
     // Every allocation gets its own non-NULL pointer, even for 0 bytes, so it can be tracked.
     size_t want = bytes ? bytes : 1;
     void *p = NULL;
-    if (dev == DEV_CUDA) {
+    if (injected) {
+        // --inject-oom-step: this allocation fails (p stays NULL)
+    } else if (dev == DEV_CUDA) {
 #ifdef LAB_CUDA
         p = lab_cuda_malloc(want);  // zeroed; NULL when the GPU is out of memory
 #else
@@ -242,3 +250,5 @@ void mem_zero(void *p, size_t bytes) {
 #endif
     memset(p, 0, bytes);
 }
+
+void mem_fail_next_alloc(const char *why) { injected = why; }

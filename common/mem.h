@@ -33,6 +33,10 @@ void *mem_alloc(size_t bytes, MemCategory cat, Device dev);
 // the job (every rank meets the same size).
 LAB_NORETURN void mem_fail_out_of_memory(size_t bytes, MemCategory cat, Device dev);
 void mem_free(void *p);                 // NULL is fine
+// Fault injection (--inject-oom-step): the next mem_alloc of this process fails as if the
+// device were full, through the same out-of-memory message, naming `why` (a string that
+// outlives the call) and this rank alone (the others did not fail: lab_fail, not collective).
+void mem_fail_next_alloc(const char *why);
 size_t mem_size_of(const void *p);      // bytes of a live allocation
 
 size_t mem_current(MemCategory cat);    // bytes live now

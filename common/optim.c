@@ -23,6 +23,7 @@ AdamW adamw_defaults(void) {
     h.warmup_steps = 0;
     h.total_steps = 0;  // 0: no decay. A chapter sets it to --steps (the run's length).
     h.min_lr_frac = 0.1f;
+    h.skip_nan = 0;
     return h;
 }
 
@@ -39,13 +40,15 @@ float adamw_lr(const AdamW *h, int step) {
 }
 
 float adamw_clip_scale(const AdamW *h, double global_norm_sq, int step) {
+    if (!isfinite(global_norm_sq) && h->skip_nan) return ADAMW_SKIP;  // --on-nan skip
     if (!isfinite(global_norm_sq))
         // step + 1: counted from 1, as the progress lines; every rank that steps sees the same
         // averaged gradient, so one message (rank 0's)
         lab_fail_collective("NaN/Inf in the gradients at step %d (global norm^2 = %g): the "
                             "update would destroy the weights, so training stops before it. "
                             "Usual causes: a learning rate too high (try a lower --lr or a "
-                            "--warmup), or a fault injected with --inject-nan-step",
+                            "--warmup), or a fault injected with --inject-nan-step; --on-nan skip "
+                            "skips such a step's update instead",
                             step + 1, global_norm_sq);
     if (h->grad_clip <= 0.0f) return 1.0f;
     double norm = sqrt(global_norm_sq);
@@ -81,6 +84,7 @@ static void update_f32(const AdamW *h, const Kernels *k, int step, float *param,
 
 void adamw_update(const AdamW *h, const Kernels *k, int step, const AdamWRange *r,
                   const GPT2Param *params, int nparams, float grad_scale) {
+    if (grad_scale == ADAMW_SKIP) return;  // a skipped step: weights, m and v as they were
     if (!r->bf16) {
         update_f32(h, k, step, r->master, r->grad, r->m, r->v, r->lo, r->hi, params, nparams,
                    grad_scale);

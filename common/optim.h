@@ -16,6 +16,8 @@ typedef struct AdamW {
     int warmup_steps;    // linear warmup from lr/warmup to lr
     int total_steps;     // cosine decay to min_lr_frac * lr at total_steps
     float min_lr_frac;
+    int skip_nan;        // a NaN/Inf gradient skips the step's update (--on-nan skip) instead of
+                         // ending the run (0, the default: --on-nan stop)
 } AdamW;
 
 AdamW adamw_defaults(void);  // lr 1e-3, betas (0.9, 0.95), eps 1e-8, wd 0.1, clip 1.0, ...
@@ -24,9 +26,13 @@ AdamW adamw_defaults(void);  // lr 1e-3, betas (0.9, 0.95), eps 1e-8, wd 0.1, cl
 float adamw_lr(const AdamW *h, int step);
 
 // Gradient-norm clipping: given the GLOBAL squared norm (the chapter sums it over shards or
-// ranks), returns the factor to multiply gradients by (1 when within grad_clip). Fails the job
-// with "NaN/Inf gradient at step S" when the norm is not finite.
+// ranks), returns the factor to multiply gradients by (1 when within grad_clip). When the norm
+// is not finite: fails the job with "NaN/Inf in the gradients at step S", or, with skip_nan,
+// returns ADAMW_SKIP. The norm is global, so every rank that steps finds the same.
 float adamw_clip_scale(const AdamW *h, double global_norm_sq, int step);
+// The grad_scale that makes adamw_update change nothing: not the weights, not Adam's m and v
+// (a skipped step, --on-nan skip). Every update path passes adamw_clip_scale's answer on.
+#define ADAMW_SKIP (-1.0f)
 
 // The one AdamW entry point: a step (t = step + 1 for bias correction) on elements [lo, hi)
 // of the flat numbering of `params` (the parameter list the weight decay is looked up in), any
@@ -36,7 +42,7 @@ float adamw_clip_scale(const AdamW *h, double global_norm_sq, int step);
 //   bf16 (bf16 != NULL): master is the fp32 master copy; grad is bf16, widened to fp32 a chunk
 //     at a time into scratch (chunk floats, on the same device as the buffers); after each
 //     chunk's update the bf16 weights become the master rounded to nearest even.
-// grad_scale multiplies the gradient first (clipping: adamw_clip_scale).
+// grad_scale multiplies the gradient first (clipping: adamw_clip_scale); ADAMW_SKIP: no update.
 typedef struct AdamWRange {
     size_t lo, hi;          // the range, in the parameter list's numbering
     float *master;          // the fp32 weights AdamW updates

@@ -44,8 +44,9 @@ void session_open(Session *s, const LabArgs *args, int rows) {
     for (int i = 0; i < args->steps; i++) s->losses[i] = NAN;  // NaN: not run here
     s->health = s->rank == 0 && (args->log || (!args->quiet && args->log_every > 0));
     s->flops = gpt2_flops_per_step(&s->cfg, args->batch, s->T);
-    health_window_init(&s->win_loss, HEALTH_WINDOW);
-    health_window_init(&s->win_gnorm, HEALTH_WINDOW);
+    health_window_init(&s->win_loss, args->spike_window);
+    health_window_init(&s->win_gnorm, args->spike_window);
+    guard_open(s);
     if (s->rank == 0 && args->log) {
         s->log = fopen(args->log, "w");  // a new run truncates it
         LAB_CHECK(s->log, "--log %s: cannot open for writing", args->log);
@@ -58,6 +59,7 @@ void session_start_at(Session *s, int start) {
     if (s->health) s->peak = health_peak_flops(s->dev, s->bf16);
     if (s->args->resume && !s->args->quiet && s->rank == 0)
         printf("resumed from %s at step %d\n", s->args->resume, start);
+    guard_start(s);  // --on-spike rollback: the state to go back to, written now
 }
 
 void session_print_cores_note(const Session *s, const char *figures) {
@@ -75,6 +77,8 @@ void session_step_begin(Session *s, int step) {
         fflush(stderr);
         _exit(1);
     }
+    s->step_now = step;
+    guard_step_begin(s, step);  // --inject-oom-step; the lr back to --lr after a replay
     watchdog_note_step(step);  // (a hang's diagnosis says which step each rank is in)
     if (step == s->args->hang_step && s->rank == s->args->hang_rank)
         watchdog_inject_hang(step, s->args->hang_seconds);  // --inject-hang: stops, or is slow
@@ -91,7 +95,10 @@ void session_step_begin(Session *s, int step) {
     for (int g = 1; g < s->ngroups; g++) s->group_sent0[g] = dist_group_bytes_sent(s->group[g]);
 }
 
-void session_grad_norm_sq(Session *s, double norm_sq) { s->gnorm_sq = norm_sq; }
+void session_grad_norm_sq(Session *s, double norm_sq) {
+    s->gnorm_sq = norm_sq;
+    guard_norm(s, norm_sq);  // not finite: the update was skipped (--on-nan skip), counted
+}
 
 void session_phase(Session *s, const char *name, double seconds) {
     HealthRecord *r = &s->rec;
@@ -137,6 +144,7 @@ static void save_state(Session *s, int step) {
         s->save_cost.sent[k] += after->sent[k] - before.sent[k];
         s->save_cost.recv[k] += after->recv[k] - before.recv[k];
     }
+    guard_saved(s, step);
 }
 
 // a z-score in 5 columns ("-" not yet; clamped so the columns stay aligned)
@@ -159,8 +167,10 @@ int session_progress_line(char *buf, size_t len, int steps, const HealthRecord *
                     fmt_z(zg, sizeof zg, r->z_grad_norm), r->lr, r->tokens_per_s, mfu, eta_s);
 }
 
-// This step's health record (rank 0): the z-scores against the steps before it
+// This step's health record (rank 0): the z-scores against the steps before it (the guard
+// pushes this step into the windows after, unless it was skipped as a spike)
 static void health_step(Session *s, int step, float loss, double now) {
+    static const char *skip_name[] = {NULL, "nan", "spike", "rollback"};
     HealthRecord *r = &s->rec;
     const double dt = now - s->t_last, gnorm = sqrt(s->gnorm_sq);
     r->step = step + 1;
@@ -174,8 +184,11 @@ static void health_step(Session *s, int step, float loss, double now) {
     r->mfu = health_mfu(s->flops, dt, s->peak, s->N);
     r->z_loss = health_z(&s->win_loss, loss);
     r->z_grad_norm = health_z(&s->win_gnorm, gnorm);
-    health_window_push(&s->win_loss, loss);
-    health_window_push(&s->win_gnorm, gnorm);
+    r->skipped = skip_name[s->skipped];
+    r->nan_skips = s->nan_skips;
+    r->spike_skips = s->spike_skips;
+    r->rollback_skips = s->window_skips;
+    r->rollbacks = s->rollbacks;
     r->phase_name[0] = "step";
     r->phase_s[0] = dt;
     r->ngroups = s->ngroups ? s->ngroups : 1;
@@ -205,6 +218,7 @@ void session_step_end(Session *s, int step, float loss) {
         fflush(stdout);
     }
     s->t_last = now;
+    if (guard_step_end(s, step, loss)) return;  // the windows; rolled back: no checkpoint now
     // the periodic checkpoint (the final one: session_finish)
     if (a->save && a->save_every > 0 && (step + 1) % a->save_every == 0 && !last)
         save_state(s, step + 1);
@@ -232,6 +246,7 @@ static void print_learned(const Session *s) {
 
 void session_finish(Session *s) {
     const LabArgs *a = s->args;
+    guard_report(s);  // the updates skipped (NaN/Inf, spikes) and the rollbacks, if any
     if (a->save) {
         save_state(s, s->end);
         if (!a->quiet && s->rank == 0)
@@ -356,15 +371,15 @@ void session_init(Session *s, const LabArgs *args, int rows, int has_optimizer) 
         s->opt_m = mem_alloc(s->n * sizeof(float), MEM_OPT_M, s->dev);
         s->opt_v = mem_alloc(s->n * sizeof(float), MEM_OPT_V, s->dev);
     }
-    s->state = (SessionState){s, replica_save, replica_weights};
+    s->state = (SessionState){s, replica_save, replica_weights, session_replica_load};
 }
 
-int session_load_or_init(Session *s, uint64_t seed) {
-    const LabArgs *a = s->args;
+// --resume path, --load-weights, or fresh: the master, then the weights the forward reads
+static int replica_load_or_init(Session *s, const LabArgs *a, uint64_t seed) {
     LAB_CHECK(s->master, "session_load_or_init on a rank without an optimizer");
-    s->start = 0;
+    int start = 0;
     if (a->resume) {
-        s->start = ckpt_resume_training(a->resume, &s->cfg, s->master, s->opt_m, s->opt_v, s->n);
+        start = ckpt_resume_training(a->resume, &s->cfg, s->master, s->opt_m, s->opt_v, s->n);
     } else if (a->load_weights) {
         ckpt_load_weights_into(a->load_weights, &s->cfg, s->master, s->n);
     } else {
@@ -372,7 +387,19 @@ int session_load_or_init(Session *s, uint64_t seed) {
     }
     // bf16: the weights the forward pass reads are the master rounded to nearest even
     train_master_to_model(&s->model, s->master);
+    return start;
+}
+
+int session_load_or_init(Session *s, uint64_t seed) {
+    s->start = replica_load_or_init(s, s->args, seed);
     return s->start;
+}
+
+int session_replica_load(void *ctx, const char *path) {
+    Session *s = ctx;
+    if (!s->master) return 0;  // 02's workers: the master's weights come every step
+    LabArgs a = session_resume_args(s, path);
+    return replica_load_or_init(s, &a, 0);
 }
 
 void session_inject_nan(Session *s, int step, int who) {

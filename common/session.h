@@ -4,11 +4,13 @@
 // Two parts:
 //   the loop (every chapter: session_open): the arguments, the world, the data source and this
 //     rank's (rows, T) batch buffers, the losses, the clock, the progress line, the fault hooks
-//     (--kill-rank/--kill-step, --inject-nan-step, --stop-at), the checkpoint cadence (every
-//     --save-every, the final --save, --save-weights), the --dump and the per-rank table;
+//     (--kill-rank/--kill-step, --inject-nan-step, --inject-spike-step, --inject-oom-step,
+//     --stop-at), the NaN and loss-spike policies (--on-nan, --on-spike: session_guard.c), the
+//     checkpoint cadence (every --save-every, the final --save, --save-weights), the --dump and
+//     the per-rank table;
 //   the state (the chapter's): what a checkpoint holds and where the final weights come from,
-//     given to the loop as a SessionState (save, weights_to_host). A single replica (00, 02,
-//     03) takes session_init, which adds the model, gradients, activations, the optimizer
+//     given to the loop as a SessionState (save, weights_to_host, load). A single replica (00,
+//     02, 03) takes session_init, which adds the model, gradients, activations, the optimizer
 //     (fp32 or a bf16 master, Adam m and v) and fills the SessionState for it.
 //
 // How a chapter adopts it (its per-step loop stays in the first screen of its train()):
@@ -16,16 +18,18 @@
 //     Session s;
 //     session_open(&s, args, rows);            // or session_init(&s, args, rows, 1): 00/02/03
 //     ... build the chapter's state (a shard, a TP slice, stages) ...
-//     s.state = (SessionState){&mine, my_save, my_weights_to_host};
+//     s.state = (SessionState){&mine, my_save, my_weights_to_host, my_load};
 //     session_start_at(&s, my_load_or_init(&mine));  // --resume, --load-weights or fresh
-//     for (int step = s.start; step < s.end; step++) {
-//         session_step_begin(&s, step);        // --kill-rank/--kill-step; the clock
+//     for (int step = s.start; step < s.end; step = session_next_step(&s, step)) {
+//         session_step_begin(&s, step);        // --kill-rank/--kill-step, --inject-oom-step; the clock
 //         ... batch, forward, backward, communication ...
 //         if (session_nan_due(&s, step, who)) session_poison(grad, s.bf16);  // --inject-nan-step
-//         ... clip (fails on NaN/Inf: adamw_clip_scale), AdamW ...
-//         session_grad_norm_sq(&s, norm_sq);   // the global squared norm clipping was given
+//         if (session_may_update(&s, step, loss)) {  // --on-spike: the same answer on every rank
+//             ... clip (NaN/Inf: adamw_clip_scale stops, or skips: --on-nan), AdamW ...
+//             session_grad_norm_sq(&s, norm_sq);  // the global squared norm clipping was given
+//         }
 //         session_phase(&s, "comm", t);        // (optional) the step's phases, for --log
-//         session_step_end(&s, step, loss);    // loss, progress line, periodic checkpoint
+//         session_step_end(&s, step, loss);    // loss, progress line, checkpoint, a rollback
 //     }
 //     session_finish(&s);                      // final checkpoint, final weights, --trace
 //     ... the chapter's per-rank figures: session_gather_report, session_print_rank_table ...
@@ -62,7 +66,16 @@ typedef struct SessionState {
     // The final weights the forward reads, fp32, in llm.c's order (cfg's n parameters), into
     // full on world rank 0. Called on every rank (collective); full is NULL elsewhere.
     void (*weights_to_host)(void *ctx, float *full);
+    // Read the training state in path (what save wrote) back into this rank's part, mid-run: a
+    // rollback (--on-spike rollback). The chapter's --resume code (session_resume_args gives it
+    // the arguments of a --resume of path). Called on every rank (collective); returns the
+    // state's step, on world rank 0 at least. NULL: the chapter cannot roll back.
+    int (*load)(void *ctx, const char *path);
 } SessionState;
+
+// Why a step's update was skipped (Session.skipped; --log's "skipped").
+typedef enum { SKIP_NONE, SKIP_NAN, SKIP_SPIKE, SKIP_ROLLBACK } SessionSkip;
+#define SESSION_MAX_ROLLBACKS 16
 
 typedef struct Session {
     // --- the loop (session_open) ---
@@ -81,7 +94,8 @@ typedef struct Session {
     float *losses;         // (--steps) the loss of every step; NaN where not run here
     double t_start, t_last;  // wall clock at the loop's start / at the last step's end
     SessionState state;    // the chapter's (session_init: the single replica's)
-    DistCounters save_cost;  // what the checkpoints moved (leave it out of per-step figures)
+    DistCounters save_cost;  // what the checkpoints (and a rollback's load) moved: leave it out
+                             // of per-step figures
     float *host_params;    // (n) final weights as fp32 on rank 0 (session_finish), else NULL
     // --- health (rank 0 computes it; health.h) ---
     FILE *log;             // --log, on rank 0
@@ -94,6 +108,18 @@ typedef struct Session {
     int ngroups;
     const DistGroup *group[HEALTH_MAX_GROUPS];
     uint64_t group_sent0[HEALTH_MAX_GROUPS];  // each group's bytes sent at the step's start
+    // --- the guard (session_guard.c): NaN/Inf and loss-spike policies, rollbacks ---
+    SessionSkip skipped;   // this step's update was skipped, and why (SKIP_NONE: it ran)
+    int nan_skips, spike_skips, window_skips, rollbacks;  // over the run (window: after a rollback)
+    int ckpt_step;         // the step of the state --save holds (-1: none written yet)
+    HealthWindow ckpt_win_loss, ckpt_win_gnorm;  // the windows as they were at ckpt_step
+    int rollback_due;      // this step found a spike under --on-spike rollback
+    int next;              // the step after this one when it is not step + 1 (a rollback), or -1
+    int nwin;              // rollbacks' skipped steps: [win_lo[i], win_hi[i])
+    int win_lo[SESSION_MAX_ROLLBACKS], win_hi[SESSION_MAX_ROLLBACKS];
+    int lr_low_until;      // steps before it replay at --lr x --rollback-lr-scale (-1: none)
+    float lr;              // --lr (s->opt.lr is lowered while a rollback replays)
+    int step_now;          // the step between session_step_begin and session_step_end
     // --- the single replica (session_init; zero after session_open alone) ---
     GPT2 model;            // parameters, gradients, activations for (rows, T)
     DistDtype dt;          // the gradients' (and the forward weights') type: DIST_F32/DIST_BF16
@@ -116,8 +142,9 @@ void session_open(Session *s, const LabArgs *args, int rows);
 void session_start_at(Session *s, int start);
 
 // Top of a step: the fault hooks (--kill-rank R --kill-step S: rank R exits abruptly;
-// --inject-hang R:S: rank R stops without dying, common/watchdog.h); at the first step the
-// loop's clock starts (progress line, session_elapsed).
+// --inject-hang R:S: rank R stops without dying, common/watchdog.h; --inject-oom-step R:S: an
+// allocation fails on rank R); at the first step the loop's clock starts (progress line,
+// session_elapsed).
 void session_step_begin(Session *s, int step);
 // The global squared gradient norm of this step, before clipping (what adamw_clip_scale was
 // given): the health line shows its square root. On rank 0 at least.
@@ -132,8 +159,35 @@ int session_nan_due(const Session *s, int step, int who);
 // A NaN into the first element of buf (fp32, or bf16 where bf16; host or device memory).
 void session_poison(void *buf, int bf16);
 // The end of a step: records the loss, prints the progress line (rank 0, every --log-every
-// steps and the last), writes the periodic checkpoint (state.save, every --save-every).
+// steps and the last), writes the periodic checkpoint (state.save, every --save-every), or,
+// when the step found a spike under --on-spike rollback, rolls back (state.load).
 void session_step_end(Session *s, int step, float loss);
+
+// ---- the guard (session_guard.c): what a loss spike or a NaN does (the notes' 10.8) ----
+
+// Whether this step may update the weights, the same answer on every rank (call it on every
+// rank, after the step's loss is known, before the optimizer; loss: the step's global loss, on
+// world rank 0 at least). World rank 0 holds the losses of the last --spike-window steps: a
+// loss more than --spike-z standard deviations above their mean is a spike, and --on-spike
+// says what follows: warn (1: update anyway), skip (0: no update on any rank; weights and Adam
+// state untouched), rollback (0, and session_step_end goes back to the last checkpoint), or stop
+// (the job ends with one message). Rank 0 decides once and broadcasts its verdict over the world
+// (not with warn, which changes nothing). 0 also for the steps a rollback skips.
+int session_may_update(Session *s, int step, float loss);
+// The step the loop runs after `step`: step + 1, or after a rollback the checkpoint's.
+int session_next_step(Session *s, int step);
+// The run's arguments as a --resume of path (no --load-weights): a chapter's --resume code
+// reads a rollback's checkpoint with them (state.load).
+LabArgs session_resume_args(const Session *s, const char *path);
+
+// (the loop's side of the guard: session.c calls these at its own points)
+void guard_open(Session *s);                  // session_open: nothing skipped, no checkpoint yet
+void guard_start(Session *s);                 // session_start_at: rollback's first checkpoint
+void guard_step_begin(Session *s, int step);  // --inject-oom-step; the lr after a replay
+void guard_norm(Session *s, double norm_sq);  // session_grad_norm_sq: a NaN/Inf skip (--on-nan)
+int guard_step_end(Session *s, int step, float loss);  // the windows; 1: rolled back
+void guard_saved(Session *s, int step);       // --save now holds the state at step
+void guard_report(const Session *s);          // the run's skips, at the end (rank 0)
 
 // The progress line, the same in every chapter, without the newline:
 //   "step     i/N  loss L z Z  gnorm G z Z  lr LR  tok/s  MFU M%  ETA E s"
@@ -194,5 +248,8 @@ void session_init(Session *s, const LabArgs *args, int rows, int has_optimizer);
 // step), --load-weights, or fresh from `seed`. Returns the first step (also s->start; say it
 // with session_start_at).
 int session_load_or_init(Session *s, uint64_t seed);
+// state.load of the replica (session_init sets it): the holder of the optimizer reads path
+// (weights, Adam m and v) as --resume does; returns the state's step there, 0 elsewhere.
+int session_replica_load(void *ctx, const char *path);
 // --inject-nan-step into the replica's gradient, if this rank is `who`.
 void session_inject_nan(Session *s, int step, int who);

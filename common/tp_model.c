@@ -384,6 +384,11 @@ static void norm_parts(const TpStage *c, size_t lo, size_t hi, const void *g, do
                                                           c->x.work_grads, c->x.work_size);
         else sq[c->sharded[i] ? 0 : 1] += c->k->sum_squares((const float *)g + (from - lo), to - from);
     }
+    // Each TP rank counts the replicated tensors from its own copy, so a NaN/Inf in one rank's
+    // copy (a fault on that rank) would be seen by that rank alone: put it into the sliced
+    // part too, which the caller sums over the TP group, and every rank finds it (--on-nan: one
+    // decision everywhere). A finite part changes nothing.
+    if (!isfinite(sq[1])) sq[0] = sq[1];
 }
 
 

@@ -377,6 +377,53 @@ int harness_kill_ends_promptly(const char *prog, int np, const char *flags) {
     return ok;
 }
 
+int harness_oom_fails_cleanly(const char *prog, int np, const char *flags, const GPT2Config *cfg) {
+    char ck[256], cmd[1024], *out = NULL;
+    harness_tmp(ck, sizeof ck, "oom.ckpt");
+    unlink(ck);
+    // many steps: if a rank outlived the failed one, the job would run into the timeout. Step
+    // 6: the state after 4 steps is written by then (step 5's collectives waited for rank 0 to
+    // finish its save; failing at step 5, the last rank could abort that write, and the file
+    // would rightly still hold step 2's state)
+    snprintf(cmd, sizeof cmd, "%s %s --steps 1000 --save %s --save-every 2 --inject-oom-step %d:6",
+             prog, flags, ck, np - 1);
+    char *mp = mpirun_cmd(np, NULL, cmd);
+    double t_msg, t_end;
+    int rc = run_watch(mp, 120, "out of host memory", 0, &out, &t_msg, &t_end), ok = 1;
+    free(mp);
+    char who[32];
+    snprintf(who, sizeof who, "[rank %d] error:", np - 1);
+    if (rc == 0 || rc == 124) {
+        fprintf(stderr, "oom: the job %s:\n%s\n", rc == 0 ? "succeeded" : "hung", out);
+        ok = 0;
+    } else if (t_msg < 0 || !harness_contains(out, "--inject-oom-step") ||
+               (np > 1 && !harness_contains(out, who))) {
+        fprintf(stderr, "oom: no out-of-memory message from rank %d naming --inject-oom-step:\n%s\n",
+                np - 1, out);
+        ok = 0;
+    } else if (count_of(out, "error:") != 1) {  // the failing rank says it, once
+        fprintf(stderr, "oom: the error is printed %d times, not once:\n%s\n", count_of(out, "error:"),
+                out);
+        ok = 0;
+    } else if (t_end - t_msg > HARNESS_PROMPT_S) {
+        fprintf(stderr, "oom: the job took %.1f s to end after the message (limit %.0f s):\n%s\n",
+                t_end - t_msg, HARNESS_PROMPT_S, out);
+        ok = 0;
+    } else {
+        size_t n = gpt2_param_count(cfg);
+        TrainState st = {.params = malloc(n * 4), .m = malloc(n * 4), .v = malloc(n * 4)};
+        ckpt_load_state(ck, cfg, &st);
+        if (st.step != 4) {
+            fprintf(stderr, "oom: the checkpoint on disk is after step %d, not 4\n", st.step);
+            ok = 0;
+        }
+        free(st.params), free(st.m), free(st.v);
+    }
+    free(out);
+    unlink(ck);
+    return ok;
+}
+
 // What a test thread reads back from a TrainState file (failures caught, not fatal).
 static const char *g_load_path;
 static const GPT2Config *g_load_cfg;
@@ -477,6 +524,7 @@ int harness_reliability_holds(const char *prog, int np, const char *flags, const
     char nan_flags[1024];
     snprintf(nan_flags, sizeof nan_flags, "%s --steps 10", flags);
     if (!harness_nan_fails_cleanly(prog, np, nan_flags, cfg)) ok = 0;
+    if (!harness_oom_fails_cleanly(prog, np, flags, cfg)) ok = 0;
     return ok;
 }
 

@@ -92,11 +92,16 @@ int harness_nan_fails_cleanly(const char *prog, int np, const char *flags, const
 //                with the tmp written) gets `sig` inside that save: the job ends non-zero within
 //                HARNESS_PROMPT_S, F is byte-for-byte the 2-step state and loads; resuming from
 //                it then works and leaves no <F>.tmp behind.
+//   oom:         --inject-oom-step np-1:6 of a 1000-step run saving every 2 steps: one
+//                out-of-memory message, from rank np-1, naming the flag; the job ends non-zero
+//                within HARNESS_PROMPT_S of it, and the checkpoint on disk loads and holds step 4.
 //   reliability: all of them (kill only when np > 1, as one rank has nobody to notice), the
-//                save-signal check with SIGTERM and with SIGKILL, and the NaN check
-//                (harness_nan_fails_cleanly, with --steps 10). One call per chapter.
+//                save-signal check with SIGTERM and with SIGKILL, the NaN check
+//                (harness_nan_fails_cleanly, with --steps 10) and the OOM check. One call per
+//                chapter.
 #define HARNESS_PROMPT_S 10.0
 int harness_kill_ends_promptly(const char *prog, int np, const char *flags);
+int harness_oom_fails_cleanly(const char *prog, int np, const char *flags, const GPT2Config *cfg);
 int harness_save_signal_is_safe(const char *prog, int np, const char *flags, const GPT2Config *cfg,
                                 int sig);
 int harness_reliability_holds(const char *prog, int np, const char *flags, const GPT2Config *cfg);

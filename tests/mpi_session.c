@@ -72,7 +72,7 @@ static void run(int stop_at) {
     Shard sh = {.s = &s};
     sh.count = s.n / (size_t)N + (rank == N - 1 ? s.n % (size_t)N : 0);
     sh.lo = (size_t)rank * (s.n / (size_t)N);
-    s.state = (SessionState){&sh, shard_save, shard_weights};
+    s.state = (SessionState){&sh, shard_save, shard_weights, NULL};
     session_start_at(&s, 0);
     const int end = stop_at >= 0 ? stop_at : 7;
     mpi_check(s.start == 0 && s.end == end, "steps [%d, %d), not [0, %d)", s.start, s.end, end);

@@ -298,6 +298,27 @@ Test(flags, fault_flags_must_be_able_to_fire, .timeout = 200) {
     check_refused_4(c, (int)(sizeof(c) / sizeof(c[0])));
 }
 
+// The production flags (common/session_guard.c): a rollback needs checkpoints to go back to,
+// its own flags act only with it, and the injected faults must name a step and rank of the run.
+// Seen to catch: with check_production returning at once, '--on-spike rollback' was accepted
+// (exit 0; the run would have met its first spike with no checkpoint to go back to). (The
+// --on-nan case is the choice parser's, kept here as the flag's own.)
+Test(flags, production_flags_refuse_what_cannot_act, .timeout = 200) {
+    BadCase c[] = {
+        {"--on-spike rollback", {"--on-spike rollback", "--save FILE --save-every N"}},
+        {"--on-spike rollback --save s.bin", {"--on-spike rollback", "--save-every N"}},
+        {"--rollback-lr-scale 0.5", {"--rollback-lr-scale", "add --on-spike rollback"}},
+        {"--rollback-skip 3 --on-spike skip", {"--rollback-skip", "got --on-spike skip"}},
+        {"--inject-spike-step 0", {"--inject-spike-step 0", "count from 1", "valid: 1 .. 20"}},
+        {"--inject-spike-step 21", {"--inject-spike-step 21", "valid: 1 .. 20"}},
+        {"--inject-oom-step 4:3", {"--inject-oom-step 4:3", "(0 .. 3)", "(1 .. 20)"}},
+        {"--inject-oom-step 1:21", {"--inject-oom-step 1:21", "(1 .. 20)"}},
+        {"--inject-oom-step 2x", {"--inject-oom-step 2x", "RANK:STEP"}},
+        {"--on-nan ignore", {"--on-nan", "stop|skip"}},
+    };
+    check_refused_4(c, (int)(sizeof(c) / sizeof(c[0])));
+}
+
 // A program states the shared groups it takes; a flag of another group is refused by name.
 // Seen to catch: with lab_parse_args_for ignoring `groups` (every row taken) all were accepted.
 Test(flags, a_program_refuses_the_groups_it_does_not_take, .timeout = 200) {

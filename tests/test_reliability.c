@@ -1,7 +1,9 @@
 // test_reliability.c: the reliability every training chapter owes, one harness call each
 // (tests/harness.h, harness_assert_reliable): a killed rank ends the job within 10 s, a signal
 // (SIGTERM, SIGKILL) inside a save leaves the old checkpoint intact and loadable, an injected
-// NaN stops the run with one message naming the step. Each new chapter adds one Test() here.
+// NaN stops the run with one message naming the step, an injected out-of-memory on the last
+// rank (--inject-oom-step) ends the job within 10 s with that rank's one message and the last
+// checkpoint loadable. Each new chapter adds one Test() here.
 //
 // Seen to catch (each break made, the test seen failing, then restored):
 //   - a non-atomic save (ckpt.c writing <path> itself instead of <path>.tmp): on 00,
@@ -30,6 +32,7 @@ Test(reliability, chapter_02_data_parallel, .timeout = 400) {
     harness_assert_reliable("./02_data_parallel/run --quiet", 3, MODEL, &CFG);
 }
 
+// Mutant: mutants/oom-rank-dropped.patch
 Test(reliability, chapter_03_ddp, .timeout = 400) {
     harness_assert_reliable("./03_ddp/run --quiet --overlap-steps 0", 2, MODEL, &CFG);
 }
@@ -68,6 +71,7 @@ Test(reliability, chapter_08_pipeline, .timeout = 400) {
 // 09: 2 pipeline stages (1F1B) through 09's grid (8.4 s here; the 4-rank 2 x 2 grid took
 // 9.5-10.3 s): the save gathers every stage to rank 0 in the lab's format; the NaN is injected
 // on the last rank and must stop both.
+// Mutant: mutants/oom-rank-dropped.patch
 Test(reliability, chapter_09_3d, .timeout = 400) {
     harness_assert_reliable("./09_3d/run --quiet --tp 1 --pp 2 --micro-batches 2", 2, MODEL, &CFG);
 }
