@@ -24,7 +24,7 @@
 //             slice adds the head's and the embedding's parts into one buffer, the stages keep
 //             one part each), fp32 and bf16. In bf16 that checks that a stage's output is the
 //             stored, rounded value (what the next block reads). Seen failing (by hand, in the
-//             old tp_model.c): a stage's output taken from the working layer's unrounded fp32
+//             TP model before tp.c): a stage's output taken from the working layer's unrounded fp32
 //             values ("bf16: loss 4.16345072 (whole) vs 4.16349554 (stages)").
 //   mutants   the bugs tp.h is built to avoid, each made on purpose here, must be seen (the
 //             comparison of `equiv` must fail): f's backward all-reduce missing; the loss's

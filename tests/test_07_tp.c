@@ -240,7 +240,7 @@ Test(tp07, bf16_tp_1_2_4_reproduce_single_device_bf16_training, .timeout = 240) 
 // every block's saved set at 2 bytes per element, plus ONE fp32 working set of a block and the
 // widened input of the running piece (N·C, SP: N·C/t); the backward's scratch, the head and the
 // embedding's output and d x stay fp32. Seen failing: the stored sets allocated as floats
-// (by hand in tp_model.c: "tp=2 bf16: activations 535552 B, formula 419840").
+// (by hand in the TP model: "tp=2 bf16: activations 535552 B, formula 419840").
 Test(tp07, bf16_memory_is_two_bytes_per_weight_and_stored_activation, .timeout = 120) {
     const int V = 250, T = 16, C = 32, L = 2, NH = 4, B = 4, tp = 2;
     for (int sp = 0; sp < 2; sp++) {
@@ -464,7 +464,7 @@ Test(tp07, bad_tp_is_refused_with_what_would_be_valid, .timeout = 120) {
 // bit, tp = 4, 2), so TP 4 resuming chapter 00's step-3 checkpoint, and 00 resuming TP 4's,
 // then train as the uninterrupted 00 run within the equivalence tolerance (the steps on the
 // other side round differently, not the hand-over). Measured: TP4 from 00's state: losses 0,
-// weights 2.1e-7; 00 from TP4's: losses 0, weights 1.4e-6. Seen failing: tpm_shard
+// weights 2.1e-7; 00 from TP4's: losses 0, weights 1.4e-6. Seen failing: the shard
 // taking wpe from lnfw's offset ("resume: the final weights differ after resuming at step 3").
 static void mpi_07_passes(int np, const char *what);
 // a (resumed at step `from`) against b (uninterrupted): the losses of the steps a ran, the weights

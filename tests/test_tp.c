@@ -212,9 +212,9 @@ Test(tp, a_slice_allocates_what_its_formulas_say) {
 // parts) stepped on their gradient pieces updates exactly those elements as the whole buffer's
 // state (07's: one part) does: the two pieces together give the weights the unsharded step
 // gives, bit for bit, on a TP slice in fp32 and in bf16 (the master pieces too: each the whole
-// master's piece, starting from the slice's own init). Seen failing (with the TpOpt this state
-// replaced): the bf16 master indexed from lo instead of lo - opt_lo (the piece's master written
-// out of its bounds: "malloc(): invalid size").
+// master's piece, starting from the slice's own init). Seen failing (with the optimizer state
+// this one replaced): the bf16 master indexed from lo instead of lo - opt_lo (the piece's
+// master written out of its bounds: "malloc(): invalid size").
 Test(tp, the_pieces_of_the_optimizer_step_are_the_whole_step) {
     const GPT2Config cfg = small_cfg();
     const AdamW h = {.lr = 1e-3f, .beta1 = 0.9f, .beta2 = 0.95f, .eps = 1e-8f, .weight_decay = 0.1f,
