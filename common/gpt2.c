@@ -138,8 +138,7 @@ int gpt2_stage_units(const GPT2Config *cfg, int l0, int l1, GPT2Unit *out) {
 // Tensors a TP group splits (vocab-parallel wte; column-parallel qkv, fc; row-parallel attproj,
 // fcproj weights), by kind; the rest is replicated.
 static int is_sliced(int t) {
-    return t == GPT2_WTE || t == GPT2_QKVW || t == GPT2_QKVB || t == GPT2_ATTPROJW ||
-           t == GPT2_FCW || t == GPT2_FCB || t == GPT2_FCPROJW;
+    return t == GPT2_WTE || (is_block_tensor(t) && tp_block_sliced(t - GPT2_LN1W));
 }
 
 static int stage_params(const GPT2Config *cfg, int l0, int l1, int tp, GPT2Param *out) {

@@ -122,7 +122,7 @@ static void carve_scratch(TpScratch *s, float *base, const Sizes *z, int sp) {
     LAB_CHECK(at == base + scratch_elems(z, sp), "tp: the scratch does not add up");
 }
 
-size_t tp_block_act_elems(const GPT2Config *cfg, TpShape s) {
+static size_t tp_block_act_elems(const GPT2Config *cfg, TpShape s) {
     const Sizes z = sizes_of(cfg, s);
     return layer_elems(&z, s.sp);
 }

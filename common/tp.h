@@ -121,8 +121,6 @@ void tp_acts_alloc(GPT2Acts *a, const GPT2 *m);
 // t = 1 without SP (gpt2's sets: calc_activation_bytes_lab, calc_pipe_set_bytes).
 size_t tp_acts_bytes(const GPT2Config *cfg, TpShape s, GPT2Dtype dtype);
 size_t tp_shared_bytes(const GPT2Config *cfg, TpShape s, GPT2Dtype dtype);
-// Elements of one block's saved set on this rank (what the per-block memory figures count).
-size_t tp_block_act_elems(const GPT2Config *cfg, TpShape s);
 
 // ---- the pieces ------------------------------------------------------------------------------------
 //
