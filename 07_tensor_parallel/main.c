@@ -22,9 +22,12 @@
 // all-reduced. --save / --resume move the FULL model (any --tp, or chapter 00, resumes it).
 // --dtype bf16: gpt2's mixed precision piece by piece (bf16 weights, gradients and stored
 // activations, an fp32 master; every piece computes in fp32 and the all-reduces carry fp32);
-// --device cuda runs the same pieces on the GPU's kernels, --backend nccl their collectives. The
-// pieces are common/tp.h's; tp_model.c lays them out in one flat buffer (the TpStage of every
-// block); this file is the training loop, the checkpoints and the report (report.c).
+// --device cuda runs the same pieces on the GPU's kernels, --backend nccl their collectives. This
+// rank's slice is a GPT2 (gpt2_build_tp: the one model, cut by heads, hidden units and
+// vocabulary rows) and the pieces are common/tp.c's: the step below runs embedding -> every
+// block -> loss and back through them; with --tp 1 they are gpt2's own, and this is chapter 00's
+// training bit for bit. This file is the training loop and the checkpoints; the report is
+// report.c's.
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -43,8 +46,9 @@
 #include "results.h"
 #include "session.h"
 #include "tp.h"
-#include "tp_model.h"
 #include "trace.h"
+#include "train.h"
+#include "zero.h"
 
 static const char *USAGE =
     "07_tensor_parallel: Megatron tensor parallelism. Every block's attention is split by heads\n"
@@ -81,12 +85,14 @@ typedef struct TpFlags {
     int sp;               // --sequence-parallel
 } TpFlags;
 
-// This rank's part of the run: its TP slice of the model, one batch's activations, the
-// optimizer's state of the slice, its groups (the SessionState's context).
+// This rank's part of the run: its TP slice of the model (a GPT2), one batch's activations, the
+// optimizer's state of the slice (a ZeroShard of one part: the whole slice), its groups (the
+// SessionState's context).
 typedef struct Tp7 {
-    TpStage m;
-    TpStageActs acts;
-    TpOpt o;
+    GPT2 m;
+    GPT2Acts a;
+    ZeroLayout z;
+    ZeroShard opt;
     DistGroup *tpg, *dpg;  // TP = consecutive ranks (inside a node), DP = the same place in each
     DistGroup *ckg;        // a copy of tpg for the checkpoints: their traffic stays out of the
                            // step's counters
@@ -94,17 +100,20 @@ typedef struct Tp7 {
     const Session *s;
 } Tp7;
 
-// The whole model's `buf` (a buffer of m's layout: the master, Adam's m or v) in memory order on
-// g's rank 0 (full: zeroed, gpt2_param_count floats; NULL elsewhere): every rank writes its
-// slices (the replicated tensors from rank 0) into a zeroed buffer, the group sums them (x + 0
-// == x: exact). Collective over g.
-static void gather_whole(const TpStage *m, const float *buf, DistGroup *g, float *full) {
+// The whole model's `buf` (a buffer of m's layout: the master, Adam's m or v; NULL: the weights
+// the forward reads) in memory order on g's rank 0 (full: zeroed, gpt2_param_count floats;
+// NULL elsewhere): every rank writes its slices (the replicated tensors from rank 0) into a
+// zeroed buffer (gpt2_unshard), the group sums them (x + 0 == x: exact). Collective over g.
+static void gather_whole(const GPT2 *m, const float *buf, DistGroup *g, float *full) {
     const size_t n = gpt2_param_count(&m->cfg);
-    float *mine = lab_xcalloc(n, sizeof(float));
-    if (buf) tpm_unshard(m, buf, mine, g->rank == 0);
-    else tpm_unshard_weights(m, mine, g->rank == 0);  // the weights the forward reads
+    float *mine = lab_xcalloc(n, sizeof(float)), *w = NULL;
+    if (!buf) {
+        w = lab_xmalloc(m->num_params * sizeof(float));
+        gpt2_weights_to_host(m, w);
+    }
+    gpt2_unshard(m, buf ? buf : w, mine, g->rank == 0);
     dist_reduce(mine, full, n, DIST_F32, DIST_SUM, 0, g);
-    free(mine);
+    free(mine), free(w);
 }
 
 // state.save: the FULL training state (bf16: its fp32 master; and Adam's m, v), gathered from
@@ -116,7 +125,7 @@ static void save_state(void *ctx, const char *path, int step) {
     if (t->dpg->rank != 0) return;  // TP group 0 holds what is saved
     const size_t n = gpt2_param_count(&t->m.cfg);
     float *buf[3] = {NULL, NULL, NULL};
-    const float *flat[3] = {t->o.master, t->o.m, t->o.v};
+    const float *flat[3] = {t->opt.master, t->opt.opt_m, t->opt.opt_v};
     for (int i = 0; i < 3; i++) {
         if (t->ckg->rank == 0) buf[i] = lab_xcalloc(n, sizeof(float));
         gather_whole(&t->m, flat[i], t->ckg, buf[i]);
@@ -139,13 +148,13 @@ static void weights_to_host(void *ctx, float *full) {
 }
 
 // --resume / --load-weights: world rank 0 reads the full model, every rank takes its slices
-// (tpm_shard: the exact inverse of the gather). Returns the step to continue from.
+// (gpt2_shard: the exact inverse of the gather). Returns the step to continue from.
 static int load_state(Tp7 *t, const LabArgs *args) {
     if (!args->resume && !args->load_weights) return 0;
-    TpStage *m = &t->m;
+    GPT2 *m = &t->m;
     const size_t n = gpt2_param_count(&m->cfg);
     float *buf[3] = {lab_xcalloc(n, sizeof(float)), lab_xcalloc(n, sizeof(float)), lab_xcalloc(n, sizeof(float))};
-    float *flat[3] = {t->o.master, t->o.m, t->o.v};
+    float *flat[3] = {t->opt.master, t->opt.opt_m, t->opt.opt_v};
     int start = 0;
     if (dist_rank() == 0) {
         if (args->resume) start = ckpt_resume_training(args->resume, &m->cfg, buf[0], buf[1], buf[2], n);
@@ -154,9 +163,9 @@ static int load_state(Tp7 *t, const LabArgs *args) {
     dist_broadcast(&start, 1, DIST_I32, 0, dist_world());
     for (int i = 0; i < (args->resume ? 3 : 1); i++) {
         dist_broadcast(buf[i], n, DIST_F32, 0, dist_world());
-        tpm_shard(m, buf[i], flat[i]);
+        gpt2_shard(m, buf[i], flat[i]);
     }
-    tpm_stage_set_weights(m, &t->o);  // bf16: the weights the forward reads, from the master
+    zero_shard_master_to_params(&t->z, &t->opt);  // bf16: the weights the forward reads
     for (int i = 0; i < 3; i++) free(buf[i]);
     return start;
 }
@@ -178,6 +187,8 @@ static MemPrediction predict_memory(const void *ctx, const LabArgs *args, int ba
     return mem_predict_tp(&cfg, tp, rank % tp, f->sp, batch / dp, strcmp(args->dtype, "bf16") == 0);
 }
 
+// The layout (refusing what cannot run), the groups, this rank's slice, its state loaded or
+// fresh, the loop's state (s->state) and first step; the counters start at zero. Returns Bl.
 static int setup(Tp7 *t, Session *s, const LabArgs *args, const TpFlags *f, int *row0) {
     const int rank = dist_rank(), world = dist_size();
     const GPT2Config cfg = lab_args_config(args);
@@ -190,6 +201,12 @@ static int setup(Tp7 *t, Session *s, const LabArgs *args, const TpFlags *f, int 
         lab_fail_collective("--tp %d does not divide the %d ranks into whole TP groups; valid: "
                             "a divisor of %d (and of the %d heads)", tp, world, world, cfg.NH);
     tp_check_config(&cfg, tp);  // whole heads per rank
+    if (f->sp && tp == 1)
+        lab_fail_collective("--sequence-parallel splits each sequence over the ranks of a TP group, "
+                            "and --tp 1 has one rank: nothing to split. Use --tp 2 or more (a "
+                            "divisor of the %d heads and of the %d ranks), or leave "
+                            "--sequence-parallel out", cfg.NH, world);
+    if (f->sp) tp_check_sequence_parallel(cfg.T, tp);
     const int dp = world / tp;
     if (args->batch % dp != 0)
         lab_fail_collective("--batch %d does not split over %d data-parallel groups; use a "
@@ -205,10 +222,11 @@ static int setup(Tp7 *t, Session *s, const LabArgs *args, const TpFlags *f, int 
     // This rank's share of the model, initialized slice by slice from --seed, on --device in
     // --dtype (bf16: the fp32 master beside bf16 weights and gradients): every block (l0 = 0,
     // l1 = L), one batch's activations, the optimizer's state of the whole slice.
-    const TpOpts opts = {.dev = s->dev, .dtype = s->bf16 ? GPT2_BF16 : GPT2_FP32, .sp = f->sp};
-    tpm_stage_build_opts(&t->m, cfg, tp, t->tpg->rank, 0, cfg.L, Bl, cfg.T, (uint64_t)args->seed, opts);
-    tpm_stage_acts_alloc(&t->acts, &t->m);
-    tpm_opt_alloc(&t->o, &t->m, (uint64_t)args->seed, 0, t->m.n);
+    const TpShape shape = {.l0 = 0, .l1 = cfg.L, .tp = tp, .r = t->tpg->rank, .sp = f->sp, .B = Bl, .T = cfg.T};
+    tp_build(&t->m, cfg, s->dev, s->bf16 ? GPT2_BF16 : GPT2_FP32, shape, (uint64_t)args->seed);
+    tp_acts_alloc(&t->a, &t->m);
+    zero_layout_init_buffer(&t->z, t->m.num_params, 1, 0);  // one part: the whole slice
+    zero_shard_alloc(&t->opt, &t->z, &t->m, (uint64_t)args->seed);
     t->ckg = dist_split(s->world, rank / tp, rank % tp, "tp-ckpt");
     s->state = (SessionState){t, save_state, weights_to_host, load_ckpt};
     session_start_at(s, load_state(t, args));
@@ -220,53 +238,68 @@ static int setup(Tp7 *t, Session *s, const LabArgs *args, const TpFlags *f, int 
 }
 
 static void free_state(Tp7 *t) {
-    tpm_opt_free(&t->o, &t->m);
-    tpm_stage_acts_free(&t->acts, &t->m);
-    tpm_stage_free(&t->m);
+    zero_shard_free(&t->opt);
+    zero_layout_free(&t->z);
+    gpt2_acts_free(&t->a);
+    gpt2_free(&t->m);
     dist_group_free(t->ckg);
     dist_group_free(t->dpg);
     dist_group_free(t->tpg);
 }
 
 // The loop around the step (progress line, fault hooks, checkpoints, the final weights) is the
-// Session's (common/session.h); the step is TP's.
+// Session's (common/session.h); the step is TP's: common/tp.c's pieces, one hop away.
 static void train(const LabArgs *args, const TpFlags *f) {
     Session s;
     Tp7 t;
     int row0;
     const int Bl = setup(&t, &s, args, f, &row0);
-    TpStage *m = &t.m;
+    GPT2 *m = &t.m;
+    GPT2Acts *a = &t.a;
     TpComm comm = tp_comm_group(t.tpg);
     for (int step = s.start; step < s.end; step = session_next_step(&s, step)) {
         session_step_begin(&s, step);  // (--kill-rank, --kill-step)
         // 1. The group's batch: every rank of the group reads the same rows.
         data_batch(&s.data, (uint64_t)step, args->batch, s.T, row0, Bl, s.inputs, s.targets);
-        // 2. Forward: embedding (1 all-reduce), L blocks (2 each: g), loss (3 of B·T).
+        gpt2_acts_set_batch(m, a, s.inputs, s.targets);
+        // 2. Forward: embedding (1 all-reduce), L blocks (g: 2 each), loss (3 of B·T).
         //    Sequence parallel: the stream on this rank's T/tp positions of each sequence;
         //    each all-reduce of B·T·C a reduce-scatter (g) or an all-gather (f).
         int tok = trace_begin("forward", TRACE_COMPUTE);
-        float loss = tpm_stage_forward(m, &comm, &t.acts, s.inputs, s.targets);
+        tp_embed_forward(m, a, &comm);
+        for (int l = 0; l < m->cfg.L; l++) tp_block_forward(m, a, &comm, l, NULL);  // (NULL: own weights)
+        float loss = tp_head_forward(m, a, &comm);
         trace_end(tok);
-        // 3. Backward: head (f: 1), L blocks (f: 2 each); the mean over this group's rows.
-        //    Sequence parallel: the mirror image, then one all-reduce of the LayerNorms' and
-        //    the row-parallel biases' gradients (each rank saw its positions only).
-        tpm_stage_zero_grad(m);
+        // 3. Backward, the mirror: head (f: 1), L blocks (f: 2 each), the embedding; the mean
+        //    over this group's rows. Sequence parallel: then one all-reduce of the LayerNorms'
+        //    and the row-parallel biases' gradients (each rank saw its positions only).
+        gpt2_zero_grad(m);
         tok = trace_begin("backward", TRACE_COMPUTE);
-        tpm_stage_backward(m, &comm, &t.acts, s.inputs, s.targets, 1.0f / ((float)Bl * (float)s.T));
+        tp_head_backward(m, a, &comm, 1.0f / ((float)Bl * (float)s.T));
+        for (int l = m->cfg.L - 1; l >= 0; l--) tp_block_backward(m, a, &comm, l, NULL, NULL);
+        tp_embed_backward(m, a, &comm);
+        if (m->sp) tp_sp_grads_all_reduce(m, &comm);
         trace_end(tok);
-        if (session_nan_due(&s, step, 0)) session_poison(tpm_stage_grad_buf(m), s.bf16);
+        if (session_nan_due(&s, step, 0)) session_poison(train_grads(m), s.bf16);
         // 4. Data parallel across groups (--tp < world): average the slices rank r of every
         //    group holds (the same slices; in their storage precision, bf16 like 03), and the loss.
         if (t.dp > 1) {
-            dist_all_reduce(tpm_stage_grad_buf(m), tpm_stage_grad_buf(m), m->n,
-                            tpm_stage_dist_dtype(m), DIST_AVG, t.dpg);
+            dist_all_reduce(train_grads(m), train_grads(m), m->num_params, train_dtype(m), DIST_AVG, t.dpg);
             dist_all_reduce(&loss, &loss, 1, DIST_F32, DIST_AVG, t.dpg);
         }
-        // 5. Every rank updates its own slice; the replicated tensors get the same update
-        //    everywhere (same gradients, same clip scale: the norm summed over the group).
+        // 5. Clip with the norm of the whole model: each slice lives on one rank (sum over the
+        //    group), each replicated tensor on all of them with the same value (count it once).
+        //    Then every rank updates its own slice; the replicated tensors get the same update
+        //    everywhere (same gradients, same clip scale).
         tok = trace_begin("optimizer", TRACE_COMPUTE);
-        if (session_may_update(&s, step, loss))  // (a loss spike: --on-spike)
-            session_grad_norm_sq(&s, tpm_stage_adamw_step(m, &s.opt, step, &t.o, t.tpg));
+        if (session_may_update(&s, step, loss)) {  // (a loss spike: --on-spike)
+            double sq[2];  // sliced, replicated
+            tp_norm_parts(m, 0, m->num_params, train_grads(m), sq);
+            dist_all_reduce(&sq[0], &sq[0], 1, DIST_F64, DIST_SUM, t.tpg);
+            const double norm_sq = sq[0] + sq[1];
+            zero_adamw(&t.z, &t.opt, &s.opt, step, adamw_clip_scale(&s.opt, norm_sq, step));
+            session_grad_norm_sq(&s, norm_sq);
+        }
         trace_end(tok);
         session_step_end(&s, step, loss);  // the progress line, the --save-every checkpoint
     }
@@ -274,7 +307,7 @@ static void train(const LabArgs *args, const TpFlags *f) {
     //    checkpoint and weights move anything), memory per rank; the --dump (report.c).
     Tp7Figures fig;
     tp7_measure(&fig, m, &comm, t.tpg, session_steps_run(&s), session_elapsed(&s), args->batch);
-    double replicated_diff = args->dump ? tpm_replicated_max_diff(m, &t.o, t.tpg) : 0.0;
+    double replicated_diff = args->dump ? tp7_replicated_max_diff(m, t.opt.master, t.tpg) : 0.0;
     session_finish(&s);  // the final checkpoint, the final weights on rank 0, --save-weights
     if (!args->quiet) tp7_print_report(&fig, m, t.tpg, s.N);
     if (args->dump && s.rank == 0) tp7_write_dump(&s, &fig, t.dp, replicated_diff);

@@ -1,9 +1,12 @@
 // report.c: chapter 07's picture, communication table and memory table (see report.h).
 #include "report.h"
 
+#include <math.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
+#include "calc.h"
 #include "check.h"
 #include "mem.h"
 #include "session.h"
@@ -20,9 +23,10 @@ static void picture_row(const char *label, int n, int nvalid, int tp, int width)
     printf("\n");
 }
 
-void tp7_print_layout(const TpStage *m, int world, int dp) {
+void tp7_print_layout(const GPT2 *m, int world, int dp) {
     const GPT2Config *c = &m->cfg;
     const int tp = m->tp, Cl = c->C / tp, Hl = 4 * c->C / tp;
+    const TpVocab tv = tp_vocab(c->V, tp, m->tp_rank);
     char b[32];
     printf("Tensor parallel: %d rank%s = %d TP group%s of %d%s; GPT-2 V=%d T=%d L=%d C=%d NH=%d, "
            "%zu parameters\n", world, world > 1 ? "s" : "", dp, dp > 1 ? "s" : "", tp,
@@ -40,22 +44,25 @@ void tp7_print_layout(const TpStage *m, int world, int dp) {
     snprintf(label, sizeof label, "MLP hidden units (4C=%d)", 4 * c->C);
     picture_row(label, 4 * c->C, 4 * c->C, tp, 64);
     printf("  %-28s %s\n", "  = fc rows, fcproj columns", "(the same split)");
-    snprintf(label, sizeof label, "wte rows (V=%d, padded %d)", c->V, m->tv.Vp);
-    picture_row(label, m->tv.Vp, c->V, tp, 64);
+    snprintf(label, sizeof label, "wte rows (V=%d, padded %d)", c->V, tv.Vp);
+    picture_row(label, tv.Vp, c->V, tp, 64);
     printf("  %-28s every rank (replicated)\n", "ln1, ln2, lnf, wpe, biases*");
     printf("  * of the row-parallel layers (attprojb, fcprojb), added once after the all-reduce;"
            " qkvb and fcb\n    are split with their rows\n");
     printf("per rank: %d head%s = %d of C's channels, %d hidden units, %d vocabulary rows "
-           "(%d real); weights %s\n\n", c->NH / tp, c->NH / tp > 1 ? "s" : "", Cl, Hl, m->tv.Vl,
-           m->tv.nvalid, mem_format(b, sizeof b, (double)m->n * 4));
+           "(%d real); weights %s\n\n", c->NH / tp, c->NH / tp > 1 ? "s" : "", Cl, Hl, tv.Vl,
+           tv.nvalid, mem_format(b, sizeof b, (double)m->num_params * 4));
 }
 
-void tp7_measure(Tp7Figures *f, const TpStage *m, const TpComm *comm, DistGroup *tpg, int steps,
+void tp7_measure(Tp7Figures *f, const GPT2 *m, const TpComm *comm, DistGroup *tpg, int steps,
                  double elapsed, int global_batch) {
     memset(f, 0, sizeof *f);
     const GPT2Config *c = &m->cfg;
-    const int tp = m->tp, L = c->L;
-    const double N = (double)m->B * m->T, NC = N * c->C, s = steps > 0 ? steps : 1;
+    const int tp = m->tp, L = c->L, B = m->tp_B;
+    const TpVocab tv = tp_vocab(c->V, tp, m->tp_rank);
+    // one rank without SP: no group, gpt2's own pieces (tp.h): no all-reduce at all
+    const int own = tp == 1 && !m->sp;
+    const double N = (double)B * m->tp_T, NC = N * c->C, s = steps > 0 ? steps : 1;
     f->tp = tp, f->steps = steps;
     for (int i = 0; i < TP_NSITES; i++)
         f->calls[i] = (double)comm->calls[i] / s, f->floats[i] = (double)comm->floats[i] / s;
@@ -83,12 +90,12 @@ void tp7_measure(Tp7Figures *f, const TpStage *m, const TpComm *comm, DistGroup 
     const uint64_t t1 = (uint64_t)(tp - 1), ut = (uint64_t)tp;
     f->sp = sp;
     f->want_tp_sent = 0;
-    for (int i = 0; i < TP_NSITES; i++) {
+    for (int i = 0; i < TP_NSITES && !own; i++) {
         f->want_calls[i] = want[i][0], f->want_floats[i] = want[i][1];
         if (want[i][0] <= 0) continue;
         uint64_t S = (uint64_t)(want[i][1] / want[i][0]) * sizeof(float);
         if (want[i][2] == 2) f->want_tp_sent += want[i][0] * (double)(2 * t1 * S / ut);
-        else f->want_tp_sent += want[i][0] * (double)m->B * (double)(t1 * (S / (uint64_t)m->B) / ut);
+        else f->want_tp_sent += want[i][0] * (double)B * (double)(t1 * (S / (uint64_t)B) / ut);
     }
     f->want_tp_sent += (double)(2 * t1 * 8 / ut);
     const DistCounters *g = dist_group_counters(tpg);
@@ -101,19 +108,20 @@ void tp7_measure(Tp7Figures *f, const TpStage *m, const TpComm *comm, DistGroup 
                         f->calls[TP_SITE_MLP_F]) / (L ? L : 1);
     f->layer_sent = sp ? (per_block + (f->calls[TP_SITE_ATTN_F_FWD] + f->calls[TP_SITE_MLP_F_FWD] +
                                        f->calls[TP_SITE_ATTN_G_BWD] + f->calls[TP_SITE_MLP_G_BWD]) / (L ? L : 1)) *
-                             (double)m->B * (double)(t1 * (S / (uint64_t)m->B) / ut)
+                             (double)B * (double)(t1 * (S / (uint64_t)B) / ut)
                        : per_block * (double)(2 * t1 * S / ut);
 
     // Memory. Weights: the sliced tensors of the full model over t (the vocabulary padded to a
     // multiple of t), the rest whole. Counted from the full model's shapes, not from our layout.
-    size_t sh, rep;
-    tpm_weight_split(m, &sh, &rep);
+    size_t sh = 0, rep = 0;  // (the tied copy left out: none on the whole model)
+    for (int i = 0; i < m->nplist; i++)
+        if (!m->plist[i].tied_copy) *(m->plist[i].sliced ? &sh : &rep) += m->plist[i].size;
     // bytes per stored element: the weights and gradients the pieces read / write, and every
     // block's saved activations (bf16: 2; the fp32 master, Adam m and v stay 4)
     const double eb = m->dtype == GPT2_BF16 ? 2.0 : 4.0;
     f->bf16 = m->dtype == GPT2_BF16;
     f->sharded = eb * (double)sh, f->replicated = eb * (double)rep;
-    const double C = c->C, V = m->tv.Vp, T = c->T;
+    const double C = c->C, V = tv.Vp, T = c->T;
     double full_sharded = V * C + L * (3 * C * C + 3 * C + C * C + 4 * C * C + 4 * C + 4 * C * C);
     double full_replicated = T * C + 2 * C + L * 6 * C;
     f->params = (double)mem_peak(MEM_PARAMS);
@@ -121,7 +129,7 @@ void tp7_measure(Tp7Figures *f, const TpStage *m, const TpComm *comm, DistGroup 
     f->grads = (double)mem_peak(MEM_GRADS), f->want_grads = f->want_params;
     f->master = (double)mem_peak(MEM_MASTER);
     f->want_master = f->bf16 ? 4.0 * (full_sharded / tp + full_replicated) : 0.0;
-    // Activations: per block (tp_block_acts) ln1, attproj, residual2, ln2, fcproj, out (N·C
+    // Activations: per block (tp.c's set) ln1, attproj, residual2, ln2, fcproj, out (N·C
     // each, replicated), 4 LayerNorm statistics (N), qkv and atty (4N·C/t), preatt and att
     // (2·B·NH/t·T²), fch and fch_gelu (8N·C/t); the backward's scratch (one block's worth:
     // 2N·C + 12N·C/t + 2·B·NH/t·T²); the head (lnf, dlnf: 2N·C; 3N statistics; logits and
@@ -131,10 +139,10 @@ void tp7_measure(Tp7Figures *f, const TpStage *m, const TpComm *comm, DistGroup 
     // (N·C), which also holds a gathered gradient (N·C) and a scattered one (N·C/t) and keeps
     // dresidual2 on N/t rows: 3N·C + 2N·C/t + 12N·C/t + 2·B·NH/t·T²; the head adds lnf's local
     // part (N·C/t) and keeps 2N/t statistics; the embedding's output and d x: 2N·C/t.
-    // bf16 (tp_model.h): every block's set stored at 2 bytes per element, plus ONE fp32 working
+    // bf16 (tp.h): every block's set stored at 2 bytes per element, plus ONE fp32 working
     // set of a block and the widened input of the running piece (N·C, SP: N·C/t); the scratch
     // (gradients), the head and the embedding stay fp32.
-    const double att = (double)m->B * (c->NH / tp) * T * T, Vl = m->tv.Vl;
+    const double att = (double)B * (c->NH / tp) * T * T, Vl = tv.Vl;
     double block, scratch, head, embed;
     if (sp) {
         block = 2 * NC + 2 * NC / tp + 4 * N / tp + 12 * NC / tp + 2 * att;
@@ -150,6 +158,8 @@ void tp7_measure(Tp7Figures *f, const TpStage *m, const TpComm *comm, DistGroup 
     f->block_acts = eb * block;
     const double work = f->bf16 ? 4.0 * (block + (sp ? NC / tp : NC)) : 0.0;
     f->want_acts = eb * L * block + work + 4.0 * (scratch + head + embed);
+    // one rank without SP: chapter 00's sets (gpt2.h; its one block saves the same tensors)
+    if (own) f->want_acts = calc_activation_bytes_lab(c, B, m->tp_T, m->dtype);
     f->acts = (double)mem_peak(MEM_ACTS);
     // Megatron (Korthikanti et al. 2022, fp16 activations, 1-byte dropout masks), bytes per
     // layer: s·b·h·(10 + 24/t + 5·a·s/(h·t)) without SP, s·b·h·(34/t + 5·a·s/(h·t)) with it.
@@ -159,7 +169,7 @@ void tp7_measure(Tp7Figures *f, const TpStage *m, const TpComm *comm, DistGroup 
     // fp32 = 8sbh), the 4 LayerNorm statistics (16sb bytes, /t with SP), and with SP the
     // LayerNorm outputs kept gathered (8sbh, not 8sbh/t: no second all-gather in backward):
     //   without SP: sbh(24 + 48/t + 8as/(ht)) + 16sb      with SP: sbh(8 + 56/t + 8as/(ht)) + 16sb/t
-    const double sbh = T * m->B * C, as_ht = c->NH * T / (C * tp), sb = T * m->B;
+    const double sbh = T * B * C, as_ht = c->NH * T / (C * tp), sb = T * B;
     f->megatron_block_acts = sp ? sbh * (34.0 / tp + 5.0 * as_ht) : sbh * (10.0 + 24.0 / tp + 5.0 * as_ht);
     f->adjusted_block_acts = sp ? sbh * (8.0 + 56.0 / tp + 8.0 * as_ht) + 16.0 * sb / tp
                                 : sbh * (24.0 + 48.0 / tp + 8.0 * as_ht) + 16.0 * sb;
@@ -171,7 +181,7 @@ void tp7_measure(Tp7Figures *f, const TpStage *m, const TpComm *comm, DistGroup 
 
 enum { F_SENT, F_RECV, F_PARAMS, F_ACTS, F_OPT, F_PEAK, F_N };
 
-void tp7_print_report(const Tp7Figures *f, const TpStage *m, DistGroup *tpg, int world) {
+void tp7_print_report(const Tp7Figures *f, const GPT2 *m, DistGroup *tpg, int world) {
     double mine[F_N] = {f->tp_sent, f->tp_recv, f->params, f->acts,
                         (double)(mem_peak(MEM_OPT_M) + mem_peak(MEM_OPT_V)), f->peak};
     double all[F_N * 64];
@@ -182,7 +192,7 @@ void tp7_print_report(const Tp7Figures *f, const TpStage *m, DistGroup *tpg, int
     const int L = m->cfg.L, tp = m->tp;
     printf("%d steps: %.0f tokens/s (all ranks)\n", f->steps, f->tokens_per_s);
     printf("\nAll-reduces in the TP group per step (N = B·T = %d positions of this group, C = %d):\n",
-           m->B * m->T, m->cfg.C);
+           m->tp_B * m->tp_T, m->cfg.C);
     printf("  %-14s %8s %8s %14s %14s\n", "site", "calls", "formula", "floats each", "formula");
     for (int i = 0; i < TP_NSITES; i++) {
         if (i == TP_SITE_OTHER || (f->calls[i] == 0 && f->want_calls[i] == 0)) continue;
@@ -199,7 +209,7 @@ void tp7_print_report(const Tp7Figures *f, const TpStage *m, DistGroup *tpg, int
     printf("  per block: %s of N·C floats = 4 x 2(t-1)/t x %s = %s "
            "on the wire per rank (measured %s)\n",
            f->sp ? "4 reduce-scatters + 4 all-gathers, each (t-1)/t," : "2 forward (g) + 2 backward (f)",
-           mem_format(a, sizeof a, 4.0 * m->B * m->T * m->cfg.C),
+           mem_format(a, sizeof a, 4.0 * m->tp_B * m->tp_T * m->cfg.C),
            mem_format(b, sizeof b, f->want_layer_sent), mem_format(d, sizeof d, f->layer_sent));
     printf("  whole step, TP group: sent %s per rank, formula %s (the above, each 2(t-1)/t of "
            "its bytes, + the clip's norm)\n", mem_format(a, sizeof a, f->tp_sent),
@@ -271,4 +281,26 @@ void tp7_write_dump(const Session *s, const Tp7Figures *f, int dp, double replic
     results_set_peak(&out);  // rank 0's peak memory, measured and predicted (mem_predict.h)
     results_write(s->args->dump, &out);
     results_free(&out);
+}
+
+double tp7_replicated_max_diff(const GPT2 *m, const float *master, DistGroup *g) {
+    double worst = 0.0;
+    float *params = lab_xmalloc(m->num_params * sizeof(float));
+    mem_copy(params, master, m->num_params * sizeof(float));  // (host or device)
+    for (int i = 0; i < m->nplist; i++) {
+        if (m->plist[i].sliced) continue;
+        const size_t n = m->plist[i].size;
+        const float *mine = params + m->plist[i].offset;
+        float *ref = lab_xmalloc(n * sizeof(float));
+        memcpy(ref, mine, n * sizeof(float));
+        dist_broadcast(ref, n, DIST_F32, 0, g);
+        for (size_t j = 0; j < n; j++) {
+            double d = fabs((double)mine[j] - (double)ref[j]);
+            if (!(d <= worst)) worst = d;  // NaN counts as the worst
+        }
+        free(ref);
+    }
+    free(params);
+    dist_all_reduce(&worst, &worst, 1, DIST_F64, DIST_MAX, g);
+    return worst;
 }

@@ -7,7 +7,6 @@
 #include "results.h"
 #include "session.h"
 #include "tp.h"
-#include "tp_model.h"
 
 // One run's measured figures (per step) and the formulas they are checked against.
 typedef struct Tp7Figures {
@@ -28,12 +27,17 @@ typedef struct Tp7Figures {
     double peak, tokens_per_s;
 } Tp7Figures;
 
-void tp7_print_layout(const TpStage *m, int world, int dp);
+// m: this rank's slice (tp_build's: its shape, one batch of m->tp_B rows).
+void tp7_print_layout(const GPT2 *m, int world, int dp);
 // Reads the counters of the run's `steps` steps (comm: the TpComm the loop used).
-void tp7_measure(Tp7Figures *f, const TpStage *m, const TpComm *comm, DistGroup *tpg, int steps,
+void tp7_measure(Tp7Figures *f, const GPT2 *m, const TpComm *comm, DistGroup *tpg, int steps,
                  double elapsed, int global_batch);
 // Collective over the world (a per-rank table gathered to rank 0).
-void tp7_print_report(const Tp7Figures *f, const TpStage *m, DistGroup *tpg, int world);
+void tp7_print_report(const Tp7Figures *f, const GPT2 *m, DistGroup *tpg, int world);
+// Largest |w - w on group rank 0| over the replicated tensors (LayerNorms, wpe, the row-parallel
+// biases) of the slice's whole master (host or device): 0 when every rank applied the same
+// updates to them. Collective over g.
+double tp7_replicated_max_diff(const GPT2 *m, const float *master, DistGroup *g);
 // --dump (world rank 0, after session_finish): the losses and final weights, the figures, the
 // layout (dp) and the replicated tensors' largest difference across the TP group.
 void tp7_write_dump(const Session *s, const Tp7Figures *f, int dp, double replicated_max_diff);

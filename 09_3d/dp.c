@@ -7,7 +7,9 @@
 
 #include "check.h"
 #include "mem.h"
+#include "tp.h"
 #include "trace.h"
+#include "train.h"
 
 void dpl_check(int zero) {
     if (zero < 0 || zero > 2)
@@ -17,33 +19,32 @@ void dpl_check(int zero) {
                             zero);
 }
 
-void dpl_init(DpLayer *d, int zero, TpStage **st, int v, const Grid *g, uint64_t seed) {
+void dpl_init(DpLayer *d, int zero, GPT2 **m, int v, const Grid *g, uint64_t seed) {
     memset(d, 0, sizeof *d);
-    d->zero = zero, d->v = v, d->st = st, d->grid = g;
-    d->o = lab_xcalloc((size_t)v, sizeof(TpOpt));
+    d->zero = zero, d->v = v, d->m = m, d->grid = g;
     d->z = lab_xcalloc((size_t)v, sizeof(ZeroLayout));
+    d->b = lab_xcalloc((size_t)v, sizeof(ZeroShard));
     d->tied_lo = lab_xcalloc((size_t)v, sizeof(size_t));
     d->tied_hi = lab_xcalloc((size_t)v, sizeof(size_t));
     for (int c = 0; c < v; c++) {
         // my piece of the chunk's flat buffer: shard_range(n, dp, d) (--zero 0: all of it)
-        zero_layout_init_buffer(&d->z[c], st[c]->n, zero ? g->dp : 1, zero ? g->c.d : 0);
-        const size_t lo = d->z[c].shard_begin;
-        tpm_opt_alloc(&d->o[c], st[c], seed, lo, lo + d->z[c].shard_n);
+        zero_layout_init_buffer(&d->z[c], m[c]->num_params, zero ? g->dp : 1, zero ? g->c.d : 0);
+        zero_shard_alloc(&d->b[c], &d->z[c], m[c], seed);
         // one end of the tied wte (the embedding's chunk without the head, or the head's
         // without the embedding): its span waits for the ends' sum
-        if (st[c]->has_embed != st[c]->has_head) {
-            d->tied_lo[c] = st[c]->off_wte;
-            d->tied_hi[c] = st[c]->off_wte + (size_t)st[c]->tv.Vl * st[c]->cfg.C;
+        if (m[c]->has_embed != m[c]->has_head) {
+            d->tied_lo[c] = m[c]->wte_offset;
+            d->tied_hi[c] = m[c]->wte_offset + gpt2_wte_elems(m[c]);
         }
     }
 }
 
 void dpl_free(DpLayer *d) {
     for (int c = 0; c < d->v; c++) {
-        tpm_opt_free(&d->o[c], d->st[c]);
+        zero_shard_free(&d->b[c]);
         zero_layout_free(&d->z[c]);
     }
-    free(d->o), free(d->z), free(d->tied_lo), free(d->tied_hi);
+    free(d->b), free(d->z), free(d->tied_lo), free(d->tied_hi);
     memset(d, 0, sizeof *d);
 }
 
@@ -58,11 +59,11 @@ static void zero_but(char *g, size_t e, size_t lo, size_t hi, size_t a, size_t b
 
 void dpl_after_backward(DpLayer *d, int c) {
     if (d->zero != 2) return;
-    const TpStage *st = d->st[c];
+    GPT2 *m = d->m[c];
     const ZeroLayout *z = &d->z[c];
-    const DistDtype dt = tpm_stage_dist_dtype(st);  // bf16: half the bytes, as 03
-    const size_t e = dist_dtype_size(dt), n = st->n, t0 = d->tied_lo[c], t1 = d->tied_hi[c];
-    char *g = tpm_stage_grad_buf(st);
+    const DistDtype dt = train_dtype(m);  // bf16: half the bytes, as 03
+    const size_t e = dist_dtype_size(dt), n = m->num_params, t0 = d->tied_lo[c], t1 = d->tied_hi[c];
+    char *g = train_grads(m);
     // this micro-batch's gradient outside the tied span summed over the replicas: my part lands
     // on my piece's running sum (the backward added to it), the rest is zeroed for the next one
     int tok = trace_begin("dp reduce-scatter", TRACE_COMM);
@@ -82,12 +83,12 @@ double dpl_step(DpLayer *d, const AdamW *h, int step) {
     //    place), or (ZeRO-2) reduce-scatter what is left: the tied span
     int tok = trace_begin(d->zero ? "dp reduce-scatter" : "dp all-reduce", TRACE_COMM);
     for (int c = 0; c < d->v; c++) {
-        const TpStage *st = d->st[c];
-        char *g = tpm_stage_grad_buf(st);
-        const DistDtype dt = tpm_stage_dist_dtype(st);
-        const size_t lo = d->o[c].lo;
-        if (d->zero == 0 && grid->dp > 1) dist_all_reduce(g, g, st->n, dt, DIST_AVG, grid->dpg);
-        if (d->zero == 1) dist_reduce_scatter_n(g, g + lo * dist_dtype_size(dt), st->n, dt, DIST_AVG, grid->dpg);
+        GPT2 *m = d->m[c];
+        char *g = train_grads(m);
+        const DistDtype dt = train_dtype(m);
+        const size_t lo = d->z[c].shard_begin, n = m->num_params;
+        if (d->zero == 0 && grid->dp > 1) dist_all_reduce(g, g, n, dt, DIST_AVG, grid->dpg);
+        if (d->zero == 1) dist_reduce_scatter_n(g, g + lo * dist_dtype_size(dt), n, dt, DIST_AVG, grid->dpg);
         if (d->zero == 2)
             zero_range_reduce_scatter(&d->z[c], d->tied_lo[c], d->tied_hi[c], g, dt, DIST_SUM, grid->dpg);
     }
@@ -96,80 +97,66 @@ double dpl_step(DpLayer *d, const AdamW *h, int step) {
     //    over DP too: they are disjoint), then AdamW on what this rank updates
     double sq[2] = {0, 0};
     for (int c = 0; c < d->v; c++) {
-        const TpStage *st = d->st[c];
-        const TpOpt *o = &d->o[c];
-        const char *g = tpm_stage_grad_buf(st);
+        GPT2 *m = d->m[c];
+        const size_t lo = d->z[c].shard_begin, hi = lo + d->z[c].shard_n;
         double part[2];
-        if (d->zero)
-            tpm_stage_norm_parts_range(st, o->lo, o->hi, g + o->lo * dist_dtype_size(tpm_stage_dist_dtype(st)), part);
-        else
-            tpm_stage_norm_parts(st, part);
+        tp_norm_parts(m, lo, hi, (const char *)train_grads(m) + lo * dist_dtype_size(train_dtype(m)), part);
         sq[0] += part[0], sq[1] += part[1];
     }
     if (d->zero) dist_all_reduce(sq, sq, 2, DIST_F64, DIST_SUM, grid->dpg);
     const double norm_sq = grid_clip_norm_sq(grid, sq);
     const float scale = adamw_clip_scale(h, norm_sq, step);
     for (int c = 0; c < d->v; c++) {
-        TpStage *st = d->st[c];
-        const TpOpt *o = &d->o[c];
-        const DistDtype dt = tpm_stage_dist_dtype(st);
-        const char *g = tpm_stage_grad_buf(st);
-        tpm_stage_adamw(st, h, step, o, g + o->lo * dist_dtype_size(dt), scale);
-        if (!d->zero) continue;
-        // 3. ZeRO: every replica's updated piece all-gathered into the whole stage's weights,
+        zero_adamw(&d->z[c], &d->b[c], h, step, scale);
+        // 3. ZeRO: every replica's updated piece all-gathered into the whole chunk's weights,
         //    in place: fp32 the weights themselves, bf16 the bf16 weights the forward reads
         //    (half the bytes; the master exists for the piece only)
-        ZeroShard b;
-        memset(&b, 0, sizeof b);
-        b.dt = dt;
-        b.params = dt == DIST_BF16 ? (void *)st->params_bf16 : (void *)st->params;
-        b.params_full = 1;
+        if (!d->zero) continue;
         tok = trace_begin("dp all-gather", TRACE_COMM);
-        zero_gather_params(&d->z[c], &b, grid->dpg);
+        zero_gather_params(&d->z[c], &d->b[c], grid->dpg);
         trace_end(tok);
     }
     return norm_sq;
 }
 
 void *dpl_grad_first(const DpLayer *d) {
-    const TpStage *st = d->st[0];
-    const size_t at = d->zero == 2 ? d->o[0].lo : 0;
-    return (char *)tpm_stage_grad_buf(st) + at * dist_dtype_size(tpm_stage_dist_dtype(st));
+    GPT2 *m = d->m[0];
+    const size_t at = d->zero == 2 ? d->z[0].shard_begin : 0;
+    return (char *)train_grads(m) + at * dist_dtype_size(train_dtype(m));
 }
 
 const float *dpl_whole_state(const DpLayer *d, int c, DplState which, float **owned) {
-    const TpStage *st = d->st[c];
-    const TpOpt *o = &d->o[c];
+    const GPT2 *m = d->m[c];
+    const ZeroShard *b = &d->b[c];
     *owned = NULL;
-    if (which == DPL_MASTER && st->dtype != GPT2_BF16) return st->params;  // the weights, whole
-    const float *buf = which == DPL_MASTER ? o->master : which == DPL_ADAM_M ? o->m : o->v;
+    if (which == DPL_MASTER && b->master_full) return b->master;  // fp32: the weights, whole
+    const float *buf = which == DPL_MASTER ? b->master : which == DPL_ADAM_M ? b->opt_m : b->opt_v;
     if (!d->zero) return buf;
-    *owned = mem_alloc(st->n * sizeof(float), MEM_OTHER, st->dev);
-    dist_all_gather_n(buf, *owned, st->n, DIST_F32, d->grid->dpg);
+    *owned = mem_alloc(m->num_params * sizeof(float), MEM_OTHER, m->dev);
+    dist_all_gather_n(buf, *owned, m->num_params, DIST_F32, d->grid->dpg);
     return *owned;
 }
 
 void dpl_take_state(DpLayer *d, int c, const float *w, const float *fm, const float *fv) {
-    TpStage *st = d->st[c];
-    const TpOpt *o = &d->o[c];
+    GPT2 *m = d->m[c];
+    const ZeroShard *b = &d->b[c];
     const ZeroLayout *z = &d->z[c];
-    float *whole = lab_xmalloc(st->n * sizeof(float));
+    float *whole = lab_xmalloc(m->num_params * sizeof(float));
     // the master: fp32 the whole weights; bf16 my piece, rounded into the weights the forward
     // reads, every replica's piece all-gathered
-    tpm_shard(st, w, whole);
-    if (st->dtype == GPT2_BF16) {
-        zero_take_pieces(z, whole, o->master, 0);
-        tpm_stage_set_weights(st, o);
-        if (d->zero)
-            dist_all_gather_n(st->params_bf16 + o->lo, st->params_bf16, st->n, DIST_BF16, d->grid->dpg);
+    gpt2_shard(m, w, whole);
+    if (b->master_full) {  // fp32: the weights themselves, whole on every replica
+        mem_copy(b->master, whole, m->num_params * sizeof(float));
     } else {
-        mem_copy(st->params, whole, st->n * sizeof(float));
+        zero_take_pieces(z, whole, b->master, 0);
+        zero_shard_master_to_params(z, b);
+        zero_gather_params(z, b, d->grid->dpg);  // (one part: nothing to gather)
     }
     if (fm) {
-        tpm_shard(st, fm, whole);
-        zero_take_pieces(z, whole, o->m, 0);
-        tpm_shard(st, fv, whole);
-        zero_take_pieces(z, whole, o->v, 0);
+        gpt2_shard(m, fm, whole);
+        zero_take_pieces(z, whole, b->opt_m, 0);
+        gpt2_shard(m, fv, whole);
+        zero_take_pieces(z, whole, b->opt_v, 0);
     }
     free(whole);
 }

@@ -14,26 +14,26 @@
 //      chunk holding one end of it is reduced once per step instead, after the two ends summed
 //      their gradients (main.c's sync_tied_wte). Then as ZeRO-1.
 // The reduce of ZeRO-2 sums (the accumulated piece is in it once); the 1/dp of the average is
-// in the loss's gradient instead (dpl_loss_divisor). The TP stage's backward writes a whole
-// chunk's gradient, so ZeRO-2 here holds the whole buffer as ZeRO-1 does (calc.h's
-// grads_whole): what it changes is WHEN the gradient moves (per micro-batch, as DeepSpeed's
-// stage 2), not the memory; a backward into buckets (05's) would drop the buffer.
-// Every tpm_* call of the layer is in dp.c.
+// in the loss's gradient instead (dpl_loss_divisor). The chunk's backward writes its whole
+// gradient, so ZeRO-2 here holds the whole buffer as ZeRO-1 does (calc.h's grads_whole): what
+// it changes is WHEN the gradient moves (per micro-batch, as DeepSpeed's stage 2), not the
+// memory; a backward into buckets (05's) would drop the buffer. The optimizer state of a chunk
+// is the lab's one: a ZeroShard of its pieces (common/zero.h), stepped by zero_adamw.
 #pragma once
 #include <stddef.h>
 #include <stdint.h>
 
 #include "grid3d.h"
+#include "gpt2.h"
 #include "optim.h"
-#include "tp_model.h"
 #include "zero.h"
 
 typedef struct DpLayer {
     int zero;          // 0, 1, 2
     int v;             // chunks
-    TpStage **st;      // (v) this rank's chunks (the caller's)
-    TpOpt *o;          // (v) their optimizer state: my piece [lo, hi) (--zero 0: [0, n))
+    GPT2 **m;          // (v) this rank's chunks (the caller's)
     ZeroLayout *z;     // (v) each chunk's flat buffer over the replicas (--zero 0: one part)
+    ZeroShard *b;      // (v) their optimizer state: my piece (--zero 0: the whole buffer)
     size_t *tied_lo, *tied_hi;  // (v) ZeRO-2: the tied wte's span of the chunk (the first
                                 //  chunk's wte, the last's copy at its end), reduced once per
                                 //  step; [0, 0) where the chunk holds no end of it
@@ -44,7 +44,7 @@ typedef struct DpLayer {
 void dpl_check(int zero);
 // The layer over this rank's v chunks st[0 .. v): the pieces, and the optimizer state of mine
 // (a bf16 master starts at the initial weights of `seed`).
-void dpl_init(DpLayer *d, int zero, TpStage **st, int v, const Grid *g, uint64_t seed);
+void dpl_init(DpLayer *d, int zero, GPT2 **m, int v, const Grid *g, uint64_t seed);
 void dpl_free(DpLayer *d);
 // What the loss's gradient is divided by besides the micro-batches and positions: 1 where the
 // reduce averages over the replicas (--zero 0, 1), dp where it sums (2).
@@ -62,7 +62,7 @@ void *dpl_grad_first(const DpLayer *d);
 // Checkpoints: the layouts are views of one model.
 typedef enum { DPL_MASTER, DPL_ADAM_M, DPL_ADAM_V } DplState;
 // Chunk c's whole fp32 master (fp32: the weights), Adam m or v in the chunk's layout (n floats,
-// on its device): the TpOpt's own buffer, or under ZeRO every replica's piece all-gathered into
+// on its device): the ZeroShard's own buffer, or under ZeRO every replica's piece all-gathered into
 // a fresh buffer (*owned, mem_free it after; NULL when nothing was allocated). Collective over
 // DP when the state is sharded.
 const float *dpl_whole_state(const DpLayer *d, int c, DplState which, float **owned);

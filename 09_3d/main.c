@@ -20,9 +20,10 @@
 //     over TP, the replicated tensors counted once, the stages summed over PP, nothing over DP;
 //   - AdamW on every rank's flat buffer (--zero 1, 2: on its piece, then all-gathered).
 // With dp = tp = pp = 1 and one micro-batch this is chapter 00's single-device step.
-// The same step runs on --device cuda and in --dtype bf16: the loop reaches the stages' buffers
-// only through common/tp_model.h (bf16: bf16 weights, gradients and stored activations around
-// an fp32 master; DP averages and PP sends bf16; see README "On CUDA and in bf16").
+// Every chunk is a GPT2 (the one model: gpt2_build_tp's TP slice t of its blocks) run by
+// common/tp.c's pieces; with tp = 1 they are gpt2's own, and 09 is chapter 08 bit for bit. The
+// same step runs on --device cuda and in --dtype bf16 (bf16 weights, gradients and stored
+// activations around an fp32 master; DP averages and PP send bf16; README "On CUDA and in bf16").
 #include <math.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -44,8 +45,8 @@
 #include "schedule.h"
 #include "session.h"
 #include "tp.h"
-#include "tp_model.h"
 #include "trace.h"
+#include "train.h"
 
 static const char *USAGE =
     "09_3d: DP x TP x PP. The ranks form a grid, TP fastest (inside a node), then DP, then PP;\n"
@@ -86,12 +87,12 @@ typedef struct Flags3d {
     int zero;              // over DP: 0 DDP's average, 1 ZeRO-1, 2 ZeRO-2 (dp.h)
 } Flags3d;
 
-// One chunk of layers on this rank: its TP stage and the micro-batches in flight on it (the
-// optimizer's state of it is the DP layer's: dp.h).
+// One chunk of layers on this rank: its TP slice of the chunk's blocks (a GPT2) and the
+// micro-batches in flight on it (the optimizer's state of it is the DP layer's: dp.h).
 typedef struct Chunk {
-    TpStage st;
+    GPT2 m;
     int vs;                // virtual stage chunk·pp + p
-    TpStageActs **acts;    // (m) NULL when micro-batch i is not in flight on this chunk
+    GPT2Acts **acts;       // (m) NULL when micro-batch i is not in flight on this chunk
 } Chunk;
 
 // ---------------------------------------------------------------------------------------------
@@ -118,36 +119,37 @@ static void stage_batch(Stage *w, int mb) {
 static float *stage_f_begin(void *ctx, int chunk, int mb) {
     Stage *w = ctx;
     Chunk *c = &w->ch[chunk];
-    stage_batch(w, mb);
-    TpStageActs *a = lab_xcalloc(1, sizeof(TpStageActs));
-    tpm_stage_acts_alloc(a, &c->st);
+    GPT2Acts *a = lab_xcalloc(1, sizeof(GPT2Acts));
+    tp_acts_alloc(a, &c->m);
     c->acts[mb] = a;
-    return a->in;
+    stage_batch(w, mb);
+    gpt2_acts_set_batch(&c->m, a, w->inputs, c->m.has_head ? w->targets : NULL);
+    return gpt2_acts_input(a);
 }
 
 static float stage_forward(void *ctx, int chunk, int mb, float *out) {
     Stage *w = ctx;
-    TpStage *st = &w->ch[chunk].st;
-    TpStageActs *a = w->ch[chunk].acts[mb];
-    float loss = tpm_stage_forward(st, w->comm, a, w->inputs, w->targets);
-    if (out) mem_copy(out, tpm_stage_output(st, a), w->BTC * sizeof(float));
-    return st->has_head ? loss : 0.0f;
+    GPT2 *m = &w->ch[chunk].m;
+    GPT2Acts *a = w->ch[chunk].acts[mb];
+    float loss = tp_forward(m, a, w->comm);
+    if (out) gpt2_acts_output(m, a, out);
+    return loss;
 }
 
 static float *stage_b_begin(void *ctx, int chunk, int mb) {
     Stage *w = ctx;
-    stage_batch(w, mb);
-    return w->ch[chunk].acts[mb]->dx;
+    stage_batch(w, mb);  // (a set on the host reads the batch in place: mb's again)
+    return gpt2_acts_doutput(w->ch[chunk].acts[mb]);
 }
 
 static void stage_backward(void *ctx, int chunk, int mb, float *din) {
     Stage *w = ctx;
-    TpStage *st = &w->ch[chunk].st;
-    TpStageActs *a = w->ch[chunk].acts[mb];
-    tpm_stage_backward(st, w->comm, a, w->inputs, w->targets, w->dloss);
-    if (din) mem_copy(din, a->dx, w->BTC * sizeof(float));
+    GPT2 *m = &w->ch[chunk].m;
+    GPT2Acts *a = w->ch[chunk].acts[mb];
+    tp_backward(m, a, w->comm, w->dloss);
+    if (din) mem_copy(din, gpt2_acts_dinput(a), w->BTC * sizeof(float));
     dpl_after_backward(w->dp, chunk);  // ZeRO-2: this micro-batch's gradient reduce-scattered
-    tpm_stage_acts_free(a, st);
+    gpt2_acts_free(a);
     free(a);
     w->ch[chunk].acts[mb] = NULL;
 }
@@ -156,14 +158,16 @@ static void stage_backward(void *ctx, int chunk, int mb, float *din) {
 // layer) sum their gradients over the PP group (the same TP slice t on both ends), in the
 // gradients' storage precision (bf16: half the bytes, like 08): common/pipe_exec's
 // pipe_sum_tied.
+static void *wte_grad(GPT2 *m) {
+    return (char *)train_grads(m) + m->wte_offset * dist_dtype_size(train_dtype(m));
+}
 static void sync_tied_wte(Chunk *ch, int v, int p, int pp, DistGroup *ppg) {
-    TpStage *first = p == 0 ? &ch[0].st : NULL, *last = p == pp - 1 ? &ch[v - 1].st : NULL;
+    GPT2 *first = p == 0 ? &ch[0].m : NULL, *last = p == pp - 1 ? &ch[v - 1].m : NULL;
     if (first && first == last) return;  // one stage holds both uses: one buffer
     if (!first && !last) return;
-    const TpStage *any = first ? first : last;
-    const size_t n = (size_t)any->tv.Vl * any->cfg.C;
-    pipe_sum_tied(tpm_stage_wte_grad(first ? first : last), first && last ? tpm_stage_wte_grad(last) : NULL,
-                  first ? pp - 1 : 0, n, tpm_stage_dist_dtype(any), ppg);
+    const GPT2 *any = first ? first : last;
+    pipe_sum_tied(wte_grad(first ? first : last), first && last ? wte_grad(last) : NULL,
+                  first ? pp - 1 : 0, gpt2_wte_elems(any), train_dtype(any), ppg);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -173,23 +177,27 @@ enum { WHOLE_WEIGHTS, WHOLE_MASTER, WHOLE_ADAM_M, WHOLE_ADAM_V };
 
 // The whole model's WHOLE_WEIGHTS (what the forward reads: fp32 params, bf16 params_bf16
 // widened: the --dump), WHOLE_MASTER (the fp32 weights AdamW updates: fp32 params, bf16 the
-// master: TpOpt's), Adam m or v, memory order, summed onto world rank 0's `full` (NULL elsewhere):
+// master: the DP layer's ZeroShard), Adam m or v, memory order, summed onto world rank 0's `full` (NULL elsewhere):
 // replica 0's ranks write their slices (the replicated tensors from TP rank 0) into zeroed
 // buffers (x + 0 == x: exact). --zero 1, 2: m and v (and bf16's master) exist for this
 // replica's piece only: they are first all-gathered over DP into the stage's layout (dp.h's
 // dpl_whole_state). Collective.
 static void gather_full(Chunk *ch, int v, const Grid *g, const DpLayer *dp, int which, float *full) {
-    const size_t n = gpt2_param_count(&ch[0].st.cfg);
+    const size_t n = gpt2_param_count(&ch[0].m.cfg);
     float *mine = lab_xcalloc(n, sizeof(float));
     for (int c = 0; c < v; c++) {
-        TpStage *st = &ch[c].st;
+        const GPT2 *m = &ch[c].m;
         if (which == WHOLE_WEIGHTS) {
-            if (g->c.d == 0) tpm_unshard_weights(st, mine, g->c.t == 0);
+            if (g->c.d != 0) continue;
+            float *w = lab_xmalloc(m->num_params * sizeof(float));
+            gpt2_weights_to_host(m, w);
+            gpt2_unshard(m, w, mine, g->c.t == 0);
+            free(w);
             continue;
         }
         float *whole;
         const float *buf = dpl_whole_state(dp, c, (DplState)(which - WHOLE_MASTER), &whole);
-        if (g->c.d == 0) tpm_unshard(st, buf, mine, g->c.t == 0);
+        if (g->c.d == 0) gpt2_unshard(m, buf, mine, g->c.t == 0);
         mem_free(whole);
     }
     dist_reduce(mine, full, n, DIST_F32, DIST_SUM, 0, dist_world());
@@ -200,7 +208,7 @@ static void gather_full(Chunk *ch, int v, const Grid *g, const DpLayer *dp, int 
 // and groups, the pipeline's table and executor over them.
 typedef struct Run3d {
     Chunk *ch;
-    TpStage **sts;         // (v) the chunks' stages, as the DP layer reads them
+    GPT2 **models;         // (v) the chunks' slices, as the DP layer reads them
     DpLayer dpl;           // over DP: the optimizer state, the average or ZeRO (dp.h)
     int v, dp;
     Grid grid;
@@ -217,7 +225,7 @@ typedef struct Run3d {
 static void save_state(void *ctx, const char *path, int step) {
     const Run3d *r = ctx;
     const LabArgs *a = r->s->args;
-    const GPT2Config cfg = r->ch[0].st.cfg;
+    const GPT2Config cfg = r->ch[0].m.cfg;
     const size_t n = gpt2_param_count(&cfg);
     float *full[3] = {NULL, NULL, NULL};
     for (int i = 0; i < 3; i++) {
@@ -235,7 +243,7 @@ static void save_state(void *ctx, const char *path, int step) {
 // into zeroed buffers, summed. Collective.
 static void weights_to_host(void *ctx, float *full) {
     const Run3d *r = ctx;
-    const GPT2Config cfg = r->ch[0].st.cfg;
+    const GPT2Config cfg = r->ch[0].m.cfg;
     float *sum = full ? lab_xcalloc(gpt2_param_count(&cfg), sizeof(float)) : NULL;
     gather_full(r->ch, r->v, &r->grid, &r->dpl, WHOLE_WEIGHTS, sum);
     if (full) gpt2_to_llmc(&cfg, sum, full);
@@ -248,7 +256,7 @@ static void weights_to_host(void *ctx, float *full) {
 // Returns the step to start at (0: fresh). Collective over DP.
 static int load_state(const LabArgs *a, Chunk *ch, DpLayer *dp) {
     if (!a->resume && !a->load_weights) return 0;
-    const GPT2Config cfg = ch[0].st.cfg;
+    const GPT2Config cfg = ch[0].m.cfg;
     const size_t n = gpt2_param_count(&cfg);
     float *fp = lab_xcalloc(n, sizeof(float)), *fm = lab_xcalloc(n, sizeof(float)),
           *fv = lab_xcalloc(n, sizeof(float));
@@ -292,11 +300,11 @@ static void setup(Run3d *r, Session *s, const LabArgs *args, const Flags3d *f) {
         lab_fail_collective("schedule %s: %s", r->sched.name, err);
     LAB_CHECK(!r->sched.split, "09_3d: the zb schedule (split backward) is not wired to TP stages");
     dpl_check(f->zero);
-    // Where and in which precision the TP stages live (common/tp_model.h's top: bf16 stores the
-    // weights, gradients and the blocks' saved activations in bf16, the master and Adam in fp32,
-    // and computes every piece in fp32). The MPI backend takes device buffers (staged through
-    // the host, so several ranks can share one GPU); NCCL moves every op 09 issues on device
-    // buffers (one GPU per rank). The batch stays on the host (tp_model copies it in on CUDA).
+    // Where and in which precision the chunks live (tp.h's top: bf16 stores the weights,
+    // gradients and the blocks' saved activations in bf16, the master and Adam in fp32, and
+    // computes every piece in fp32). The MPI backend takes device buffers (staged through the
+    // host, so several ranks can share one GPU); NCCL moves every op 09 issues on device
+    // buffers (one GPU per rank). The batch stays on the host (copied into a set on a device).
     const int Bm = B / dp / m;
     session_open(s, args, Bm);  // this rank's batch buffers: one micro-batch
     const GPT2Dtype dtype = s->bf16 ? GPT2_BF16 : GPT2_FP32;
@@ -312,13 +320,14 @@ static void setup(Run3d *r, Session *s, const LabArgs *args, const Flags3d *f) {
     Chunk *ch = r->ch = lab_xcalloc((size_t)v, sizeof(Chunk));
     for (int c = 0; c < v; c++) {
         ch[c].vs = c * pp + p;
-        tpm_stage_build_opts(&ch[c].st, cfg, tp, r->grid.c.t, ch[c].vs * per, (ch[c].vs + 1) * per,
-                             Bm, T, (uint64_t)args->seed, (TpOpts){.dev = s->dev, .dtype = dtype});
-        ch[c].acts = lab_xcalloc((size_t)m, sizeof(TpStageActs *));
+        const TpShape shape = {.l0 = ch[c].vs * per, .l1 = (ch[c].vs + 1) * per, .tp = tp,
+                               .r = r->grid.c.t, .sp = 0, .B = Bm, .T = T};
+        tp_build(&ch[c].m, cfg, s->dev, dtype, shape, (uint64_t)args->seed);
+        ch[c].acts = lab_xcalloc((size_t)m, sizeof(GPT2Acts *));
     }
-    r->sts = lab_xcalloc((size_t)v, sizeof(TpStage *));
-    for (int c = 0; c < v; c++) r->sts[c] = &ch[c].st;
-    dpl_init(&r->dpl, f->zero, r->sts, v, &r->grid, (uint64_t)args->seed);
+    r->models = lab_xcalloc((size_t)v, sizeof(GPT2 *));
+    for (int c = 0; c < v; c++) r->models[c] = &ch[c].m;
+    dpl_init(&r->dpl, f->zero, r->models, v, &r->grid, (uint64_t)args->seed);
     s->state = (SessionState){r, save_state, weights_to_host, load_ckpt};
     session_start_at(s, load_state(args, ch, &r->dpl));
     mem_reset_peaks();  // the figures: from here on
@@ -331,7 +340,7 @@ static void setup(Run3d *r, Session *s, const LabArgs *args, const Flags3d *f) {
     // stored bf16 layer already (no loss), the gradient is rounded once per boundary
     pipe_exec_init(&r->x, &r->sched,
                    (PipeWork){&r->work, stage_f_begin, stage_forward, stage_b_begin, stage_backward, NULL},
-                   r->grid.ppg, p, r->work.BTC, dtype == GPT2_BF16, ch[0].st.k, s->dev);
+                   r->grid.ppg, p, r->work.BTC, dtype == GPT2_BF16, ch[0].m.k, s->dev);
     if (!args->quiet) grid_print(stdout, &r->grid);
     if (!args->quiet && s->rank == 0) r3d_print_setup(&cfg, &r->sched, B, dp, tp, Bm);
     dist_counters_reset();
@@ -343,8 +352,8 @@ static void setup(Run3d *r, Session *s, const LabArgs *args, const Flags3d *f) {
 static void free_state(Run3d *r) {
     pipe_exec_free(&r->x);
     dpl_free(&r->dpl);
-    free(r->sts);
-    for (int c = 0; c < r->v; c++) tpm_stage_free(&r->ch[c].st), free(r->ch[c].acts);
+    free(r->models);
+    for (int c = 0; c < r->v; c++) gpt2_free(&r->ch[c].m), free(r->ch[c].acts);
     free(r->ch);
     grid_free(&r->grid);
     sched_free(&r->sched);
@@ -362,7 +371,7 @@ static void train(const LabArgs *args, const Flags3d *f) {
     const int v = r.v, pp = f->pp, m = f->m;
     for (int step = s.start; step < s.end; step = session_next_step(&s, step)) {
         session_step_begin(&s, step);  // (--kill-rank, --kill-step)
-        for (int c = 0; c < v; c++) tpm_stage_zero_grad(&ch[c].st);
+        for (int c = 0; c < v; c++) gpt2_zero_grad(&ch[c].m);
         // 1. The pipeline table: forwards and backwards of the m micro-batches (TP inside).
         r.work.step = step;
         double loss_sum = pipe_exec_step(&r.x);
@@ -384,8 +393,8 @@ static void train(const LabArgs *args, const Flags3d *f) {
     // 5. The report (report.c): each dimension's bytes per step (this rank's groups, read
     //    before the final checkpoint and weights move anything), memory per rank; the --dump.
     double mine[R3D_NFIELDS];
-    r3d_figures(&s, &(R3dView){grid, r.dp, f->tp, pp, v, m, f->zero, ch[0].st.l0,
-                               ch[v - 1].st.l1, r.x.acts_peak}, mine);
+    r3d_figures(&s, &(R3dView){grid, r.dp, f->tp, pp, v, m, f->zero, ch[0].m.l0,
+                               ch[v - 1].m.l1, r.x.acts_peak}, mine);
     double *all = session_gather_report(&s, mine, R3D_NFIELDS);
     session_finish(&s);  // the final checkpoint, the final weights on rank 0, --save-weights
     if (s.rank == 0 && !args->quiet) r3d_print_table(all, s.N, v, s.bf16);

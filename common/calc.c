@@ -530,7 +530,8 @@ double calc_layer_activation_bytes(const CalcModel *m, const CalcSetup *cs) {
     double w = act_width(cs->dtype);   // bytes per stored activation value
     double bytes = 0;
     if (cs->acts == CALC_ACTS_LAB) {
-        // common/tp_model.c's block, N = b*s tokens: ln1, ln2 outputs, the attention output
+        // common/tp.c's block of a TP slice (and at t = 1 gpt2's own stored layer: the same
+        // tensors), N = b*s tokens: ln1, ln2 outputs, the attention output
         // before proj, the two residuals, fcproj's output (6 N*h, replicated over TP); q, k, v,
         // the heads' output, fc and GELU's 4h (12 N*h / t, split by heads and columns); ln1's
         // and ln2's mean and rstd (4 N); the pre-softmax scores and the softmax, (b, a/t, s, s).
@@ -558,6 +559,13 @@ static double chunk_set_bytes(const CalcModel *m, const CalcSetup *s, int stage,
     const int v = s->chunks > 1 ? s->chunks : 1, S = s->pp * v, vs = c * s->pp + stage;
     const double N = (double)s->micro_batch * (s->seq_len > 0 ? s->seq_len : m->T), h = m->C;
     const double w = act_width(s->dtype), t = s->tp;
+    if (s->acts == CALC_ACTS_LAB && s->tp == 1) {
+        // t = 1: the stage runs gpt2's own pieces and sets (common/tp.h): chapter 08's set
+        const GPT2Config cfg = {.V = m->V, .T = m->T, .L = m->L, .C = m->C, .NH = m->NH};
+        return calc_pipe_set_bytes(&cfg, calc_stage_layers(m->L, S, vs), vs == S - 1, s->micro_batch,
+                                   s->seq_len > 0 ? s->seq_len : m->T,
+                                   s->dtype == CALC_BF16 ? GPT2_BF16 : GPT2_FP32, 0);
+    }
     double acts = calc_stage_layers(m->L, S, vs) * calc_layer_activation_bytes(m, s);
     if (s->acts == CALC_ACTS_LAB) {
         // the chunk's input and the input's gradient (2 N*h); the head: lnf's output and the
@@ -637,6 +645,9 @@ static void act_formula(char *buf, size_t n, const CalcModel *m, const CalcSetup
     const char *src = "Korthikanti et al. 2022 (GPT-3 block, 1-byte dropout masks)";
     if (m->arch == CALC_ARCH_RAW) {
         snprintf(buf, n, "not computed: --params gives no dimensions (use --model or --dims)");
+    } else if (s->acts == CALC_ACTS_LAB && !tp) {
+        snprintf(buf, n, "the lab's stage at t = 1 (chapter 09 runs gpt2's own sets, chapter 08's): "
+                 "%g-byte stored layers, fp32 input, head and one layer of gradients", w);
     } else if (s->acts == CALC_ACTS_LAB) {
         snprintf(buf, n, "the lab's TP stage (chapter 09), %g-byte values, N = b*s: N*h*(6 + 12/t)"
                  " + 4N + 2*b*(a/t)*s^2 per layer; per chunk its input and gradient 2*N*h; the "

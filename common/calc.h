@@ -100,9 +100,10 @@ typedef enum { CALC_RECOMPUTE_NONE, CALC_RECOMPUTE_SELECTIVE, CALC_RECOMPUTE_FUL
 // different list of stored tensors, chosen here rather than by a second function:
 //   CALC_ACTS_PAPER  Korthikanti et al. 2022's GPT-3 block (dropout masks, bf16/fp16 values; SP
 //                    and recomputation cut it): what Megatron stores, used for the large models.
-//   CALC_ACTS_LAB    what chapter 09's TP stage (common/tp_model.c) stores per micro-batch, no
+//   CALC_ACTS_LAB    what chapter 09's TP stage (common/tp.c) stores per micro-batch, no
 //                    dropout, the (B, NH/t, T, T) attention matrices twice, no SP, no
-//                    recomputation: exact for the lab's fp32 run (the 8-rank test checks it).
+//                    recomputation (at t = 1 gpt2's own sets, chapter 08's: calc_pipe_set_bytes):
+//                    exact for the lab's runs (the 8-rank test checks it).
 typedef enum { CALC_ACTS_PAPER, CALC_ACTS_LAB } CalcActModel;
 
 typedef struct CalcSetup {

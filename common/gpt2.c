@@ -12,7 +12,6 @@
 #include <string.h>
 
 #include "check.h"
-#include "tp.h"
 
 // ----------------------------------------------------------------------------------------------
 // Config and parameter layout
@@ -83,33 +82,6 @@ static int is_matrix(int tensor) {
 
 static int is_block_tensor(int tensor) { return tensor >= GPT2_LN1W && tensor <= GPT2_FCPROJB; }
 
-GPT2BlockDims gpt2_block_dims(const GPT2Config *cfg) {
-    GPT2BlockDims d = {.C = cfg->C, .NH = cfg->NH, .ATT = cfg->C, .FC = 4 * cfg->C};
-    return d;
-}
-
-size_t gpt2_block_layout(const GPT2BlockDims *d, size_t offset[GPT2_BLOCK_TENSORS],
-                         size_t size[GPT2_BLOCK_TENSORS]) {
-    size_t C = (size_t)d->C, A = (size_t)d->ATT, F = (size_t)d->FC;
-    size_t s[GPT2_BLOCK_TENSORS] = {C, C, 3 * A * C, 3 * A, C * A, C, C, C, F * C, F, C * F, C};
-    size_t at = 0;
-    for (int i = 0; i < GPT2_BLOCK_TENSORS; i++) {
-        if (offset) offset[i] = at;
-        if (size) size[i] = s[i];
-        at += s[i];
-    }
-    return at;
-}
-
-GPT2BlockWeights gpt2_block_weights(const GPT2BlockDims *d, float *unit) {
-    size_t o[GPT2_BLOCK_TENSORS];
-    gpt2_block_layout(d, o, NULL);
-    GPT2BlockWeights w = {unit + o[0], unit + o[1], unit + o[2],  unit + o[3],
-                          unit + o[4], unit + o[5], unit + o[6],  unit + o[7],
-                          unit + o[8], unit + o[9], unit + o[10], unit + o[11]};
-    return w;
-}
-
 // The widths of a block unit of TP slice r of t (t = 1: the full block; every slice has the
 // same): the ONE place every block kernel call and every unit size takes its shapes from.
 static GPT2BlockDims dims_tp(const GPT2Config *cfg, int tp) { return tp_block_dims(cfg->C, cfg->NH, tp); }
@@ -166,8 +138,7 @@ int gpt2_stage_units(const GPT2Config *cfg, int l0, int l1, GPT2Unit *out) {
 // Tensors a TP group splits (vocab-parallel wte; column-parallel qkv, fc; row-parallel attproj,
 // fcproj weights), by kind; the rest is replicated.
 static int is_sliced(int t) {
-    return t == GPT2_WTE || t == GPT2_QKVW || t == GPT2_QKVB || t == GPT2_ATTPROJW ||
-           t == GPT2_FCW || t == GPT2_FCB || t == GPT2_FCPROJW;
+    return t == GPT2_WTE || (is_block_tensor(t) && tp_block_sliced(t - GPT2_LN1W));
 }
 
 static int stage_params(const GPT2Config *cfg, int l0, int l1, int tp, GPT2Param *out) {
@@ -412,26 +383,35 @@ void gpt2_init_slice(const GPT2Config *cfg, uint64_t seed, size_t begin, size_t 
     free(p);
 }
 
-// A TP slice (t > 1): each unit from the full model's indices, by tp.c's slicing (wte's rows,
-// the block shards; wpe and the head are whole).
+// A TP slice (t > 1): each unit drawn from the full model's indices (gpt2_layout.h's runs of
+// the block tensors, wte's rows; wpe and the head whole), the padded wte rows zero.
 static void init_slice_tp(const GPT2 *m, uint64_t seed, float *out) {
     const GPT2Config *cfg = &m->cfg;
-    const TpVocab tv = tp_vocab(cfg->V, m->tp, m->tp_rank);
+    const int C = cfg->C, t = m->tp, r = m->tp_rank;
+    const TpVocab tv = tp_vocab(cfg->V, t, r);
+    const GPT2BlockDims fd = gpt2_block_dims(cfg), sd = block_dims(m);
+    size_t foff[GPT2_BLOCK_TENSORS], soff[GPT2_BLOCK_TENSORS];
+    gpt2_block_layout(&fd, foff, NULL);  // where block tensor i starts in the full unit
+    gpt2_block_layout(&sd, soff, NULL);  // ... and in the slice's
+    const size_t c = (size_t)C, wl = (size_t)tv.Vl * c;
     for (int u = 0; u < m->nunits; u++) {
         const GPT2Unit *un = &m->units[u];
         float *at = out + un->offset;
+        const size_t g0 = un->global_offset;
         if (un->kind == GPT2_UNIT_BLOCK) {
-            TpBlock b;
-            tp_block_views(&b, at, cfg->C, m->tp);
-            tp_block_init(&b, cfg, seed, un->layer, m->tp, m->tp_rank);
-            continue;
+            TpRun run;
+            for (int i = 0; i < GPT2_BLOCK_TENSORS; i++)
+                for (size_t j = 0; tp_slice_run(i, j, C, t, r, &run); j++)
+                    gpt2_init_slice(cfg, seed, g0 + foff[i] + run.full, g0 + foff[i] + run.full + run.n,
+                                    at + soff[i] + run.shard);
+        } else if (un->kind == GPT2_UNIT_HEAD) {
+            gpt2_init_slice(cfg, seed, g0, g0 + un->size, at);
+        } else {  // EMBED, TIED_WTE: wte's rows (wte starts the full model), then wpe
+            gpt2_init_slice(cfg, seed, (size_t)tv.v0 * c, (size_t)(tv.v0 + tv.nvalid) * c, at);
+            memset(at + (size_t)tv.nvalid * c, 0, (size_t)(tv.Vl - tv.nvalid) * c * sizeof(float));
+            if (un->kind == GPT2_UNIT_EMBED)
+                gpt2_init_slice(cfg, seed, (size_t)cfg->V * c, (size_t)(cfg->V + cfg->T) * c, at + wl);
         }
-        size_t g0 = un->global_offset, rest = un->size;
-        if (un->kind != GPT2_UNIT_HEAD) {  // wte's rows first (EMBED, TIED_WTE)
-            tp_wte_init(at, cfg, seed, &tv);
-            g0 += (size_t)cfg->V * cfg->C, at += (size_t)tv.Vl * cfg->C, rest -= (size_t)tv.Vl * cfg->C;
-        }
-        if (rest) gpt2_init_slice(cfg, seed, g0, g0 + rest, at);  // wpe, or lnfw lnfb
     }
 }
 
@@ -444,19 +424,30 @@ void gpt2_init_local(const GPT2 *m, uint64_t seed, float *out_host) {
         init_param(&m->cfg, seed, &m->plist[i], 0, m->plist[i].size, out_host + m->plist[i].offset);
 }
 
-// The whole <-> slice pair (host buffers): each unit of m between its place in m's buffer and
-// the full model's (tp.c's slicing for wte's rows and the block shards; the rest whole).
-void gpt2_unshard(const GPT2 *m, const float *buf, float *full_mem, int with_replicated) {
+// buf (n floats, host or device) readable on the host: itself, or a copy (*tmp, to free).
+static const float *on_host(const float *buf, size_t n, float **tmp) {
+    *tmp = NULL;
+    if (mem_device_of(buf) == DEV_CPU) return buf;
+    *tmp = lab_xmalloc(n * sizeof(float));
+    mem_copy(*tmp, buf, n * sizeof(float));
+    return *tmp;
+}
+
+// The whole <-> slice pair: each unit of m between its place in m's buffer and the full
+// model's (gpt2_layout.h's slicing for wte's rows and the block shards; the rest whole). A
+// device buffer goes through the host.
+void gpt2_unshard(const GPT2 *m, const float *buf_any, float *full_mem, int with_replicated) {
     const GPT2Config *cfg = &m->cfg;
     const TpVocab tv = tp_vocab(cfg->V, m->tp, m->tp_rank);
+    float *tmp;
+    const float *buf = on_host(buf_any, m->num_params, &tmp);
     for (int u = 0; u < m->nunits; u++) {
         const GPT2Unit *un = &m->units[u];
         const float *at = buf + un->offset;
         float *to = full_mem + un->global_offset;
         if (un->kind == GPT2_UNIT_BLOCK) {
-            TpBlock fb, sb;
-            tp_block_of_model(&fb, cfg, full_mem, un->layer);
-            tp_block_views(&sb, (float *)at, cfg->C, m->tp);
+            GPT2BlockWeights fb = gpt2_full_block(cfg, full_mem, un->layer);
+            GPT2BlockWeights sb = tp_block_views((float *)at, cfg->C, m->tp);
             tp_block_unshard(&fb, &sb, cfg->C, m->tp, m->tp_rank, with_replicated);
         } else if (un->kind == GPT2_UNIT_EMBED) {
             tp_wte_unshard(to, at, &tv, cfg->C);
@@ -467,19 +458,21 @@ void gpt2_unshard(const GPT2 *m, const float *buf, float *full_mem, int with_rep
             memcpy(to, at, un->size * sizeof(float));
         }  // the tied copy never: the first stage's wte is the one
     }
+    free(tmp);
 }
 
-void gpt2_shard(const GPT2 *m, const float *full_mem, float *buf) {
+void gpt2_shard(const GPT2 *m, const float *full_mem, float *buf_any) {
     const GPT2Config *cfg = &m->cfg;
     const TpVocab tv = tp_vocab(cfg->V, m->tp, m->tp_rank);
+    const int dev = mem_device_of(buf_any) != DEV_CPU;  // written on the host, then copied over
+    float *buf = dev ? lab_xcalloc(m->num_params, sizeof(float)) : buf_any;
     for (int u = 0; u < m->nunits; u++) {
         const GPT2Unit *un = &m->units[u];
         float *at = buf + un->offset;
         const float *from = full_mem + un->global_offset;
         if (un->kind == GPT2_UNIT_BLOCK) {
-            TpBlock fb, sb;
-            tp_block_of_model(&fb, cfg, (float *)full_mem, un->layer);
-            tp_block_views(&sb, at, cfg->C, m->tp);
+            GPT2BlockWeights fb = gpt2_full_block(cfg, (float *)full_mem, un->layer);
+            GPT2BlockWeights sb = tp_block_views(at, cfg->C, m->tp);
             tp_block_shard(&sb, &fb, cfg->C, m->tp, m->tp_rank);
         } else if (un->kind == GPT2_UNIT_HEAD) {
             memcpy(at, from, un->size * sizeof(float));
@@ -490,6 +483,21 @@ void gpt2_shard(const GPT2 *m, const float *full_mem, float *buf) {
                        (size_t)cfg->T * cfg->C * sizeof(float));
         }
     }
+    if (dev) {
+        mem_copy(buf_any, buf, m->num_params * sizeof(float));
+        free(buf);
+    }
+}
+
+void gpt2_weights_to_host(const GPT2 *m, float *host) {
+    if (m->dtype == GPT2_FP32) {
+        mem_copy(host, m->params, m->num_params * sizeof(float));
+        return;
+    }
+    uint16_t *h16 = lab_xmalloc(m->num_params * sizeof(uint16_t));
+    mem_copy(h16, m->params_bf16, m->num_params * sizeof(uint16_t));
+    kernels_cpu.bf16_to_f32(host, h16, m->num_params);
+    free(h16);
 }
 
 // ----------------------------------------------------------------------------------------------
@@ -587,7 +595,8 @@ void gpt2_alloc_grads(GPT2 *m) {
 // head's. The activation gradients (dacts): da.X is the gradient of a.X, laid out by
 // gpt2_dact_sizes_range, fp32 in both precisions.
 void gpt2_acts_alloc(GPT2Acts *a, const GPT2 *m, int B, int T) {
-    LAB_CHECK(m->tp == 1, "gpt2_acts_alloc: a TP slice (t = %d) runs its pieces through tp.c", m->tp);
+    LAB_CHECK(m->tp == 1 && !m->sp, "gpt2_acts_alloc: a TP slice (t = %d%s) has tp.c's sets "
+              "(tp_acts_alloc)", m->tp, m->sp ? ", sequence parallel" : "");
     if (B < 1) lab_fail("batch size B = %d: it must be at least 1", B);
     if (T < 1 || T > m->cfg.T)
         lab_fail("sequence length T = %d: it must be between 1 and the model's maximum T = %d", T,
@@ -598,6 +607,7 @@ void gpt2_acts_alloc(GPT2Acts *a, const GPT2 *m, int B, int T) {
     a->l0 = m->l0;
     a->l1 = m->l1;
     a->dtype = m->dtype;
+    a->rows = B * T;
     int nb = m->l1 - m->l0;
     gpt2_act_sizes_range(&m->cfg, m->dtype == GPT2_BF16 ? 1 : nb, m->has_head, B, T, a->act_sizes);
     gpt2_dact_sizes_range(&m->cfg, nb, m->has_head, B, T, a->dact_sizes);
@@ -637,11 +647,10 @@ void gpt2_acts_alloc_split(GPT2Acts *a, const GPT2 *m) {
 void gpt2_acts_free(GPT2Acts *a) {
     mem_free(a->acts);
     mem_free(a->acts_bf16);
-    mem_free(a->block_in);
+    if (!a->slice) mem_free(a->block_in);  // (a slice's is its model's: tp_block_in)
     mem_free(a->dacts);
     mem_free(a->wsave);
-    mem_free(a->inputs);
-    mem_free(a->targets);
+    if (!a->borrows_batch) mem_free(a->inputs), mem_free(a->targets);
     mem_free(a->host_losses);
     memset(a, 0, sizeof *a);
 }
@@ -650,8 +659,8 @@ void gpt2_acts_free(GPT2Acts *a) {
 // W reads (ln1 and its mean and rstd, atty, residual2, ln2 and its statistics, fch_gelu: the
 // order of ActTensors) followed by its output residual3 (the next block's input; not for the
 // last block); the one-layer fp32 scratch shrinks to the set's input (encoded) and one layer of
-// those tensors, where widen_layer widens them. W then reads the very values it read before.
-// block_in (where piece_input widens a block's input), wsave and the gradients of the blocks'
+// those tensors, where gpt2_layer_widen widens them. W then reads the very values it read before.
+// block_in (where gpt2_piece_input widens a block's input), wsave and the gradients of the blocks'
 // outputs stay; the rest goes.
 static void keep_for_w_bf16(GPT2Acts *a, const GPT2 *m) {
     // the tensors W reads, by index in ActTensors: encoded (0), ln1, ln1_mean, ln1_rstd (1-3),
@@ -758,6 +767,7 @@ void gpt2_free(GPT2 *m) {
     mem_free(m->grads_bf16);
     mem_free(m->work);
     mem_free(m->work_grads);
+    mem_free(m->tp_scratch), mem_free(m->tp_layer), mem_free(m->tp_block_in);
     free(m->plist);
     free(m->units);
     memset(m, 0, sizeof *m);
@@ -778,12 +788,14 @@ void gpt2_acts_set_batch(const GPT2 *m, GPT2Acts *a, const int *inputs, const in
     size_t BT = (size_t)a->B * a->T;
     if (inputs) {
         check_tokens(inputs, BT, m->cfg.V, "input");
-        mem_copy(a->inputs, inputs, BT * sizeof(int));
+        if (a->borrows_batch) a->inputs = (int *)inputs;  // read in place until the next batch
+        else mem_copy(a->inputs, inputs, BT * sizeof(int));
     }
     a->has_targets = targets != NULL;
     if (targets) {
         check_tokens(targets, BT, m->cfg.V, "target");
-        mem_copy(a->targets, targets, BT * sizeof(int));
+        if (a->borrows_batch) a->targets = (int *)targets;
+        else mem_copy(a->targets, targets, BT * sizeof(int));
     }
 }
 
@@ -795,33 +807,37 @@ void gpt2_set_batch(GPT2 *m, const int *inputs, const int *targets) {
 float *gpt2_acts_input(GPT2Acts *a) { return a->a.encoded; }
 float *gpt2_acts_dinput(GPT2Acts *a) { return a->da.encoded; }
 float *gpt2_acts_doutput(GPT2Acts *a) {
+    if (a->slice) return a->da.encoded;  // a slice's backward runs in place on the stream's gradient
     size_t BTC = a->act_sizes[0];  // encoded: (B,T,C)
     return a->da.residual3 + (size_t)(a->l1 - a->l0 - 1) * BTC;
 }
 
 // ----------------------------------------------------------------------------------------------
-// Views of one block's activations: layer li's slice (li = l - l0, local) of every stacked
-// tensor of an activation set, with the widths of GPT2BlockDims.
+// Views of one block's activations: layer li's slice (li = l - l0, local) of every per-layer
+// tensor of an activation set (stacked, or block-major: layer_stride), with the widths of
+// GPT2BlockDims.
 
 // A block's views moved to the chunk that starts at row r (= sequence r/T); NULL stays NULL.
 static float *rows_from(float *p, size_t r, size_t width) { return p ? p + r * width : NULL; }
 
-typedef struct LayerActs {
-    float *ln1, *ln1_mean, *ln1_rstd;  // (B,T,C), (B,T), (B,T)
-    float *qkv;                        // (B,T,3ATT)
-    float *atty;                       // (B,T,ATT)
-    float *preatt, *att;               // (B,NH,T,T)
-    float *attproj, *residual2;        // (B,T,C)
-    float *ln2, *ln2_mean, *ln2_rstd;  // (B,T,C), (B,T), (B,T)
-    float *fch, *fch_gelu;             // (B,T,FC)
-    float *fcproj, *residual3;         // (B,T,C)
-} LayerActs;
-
-static LayerActs layer_acts(const ActTensors *a, const GPT2BlockDims *dm, int B, int T, int li) {
-    size_t BT = (size_t)B * T, c = (size_t)dm->C, A = (size_t)dm->ATT, F = (size_t)dm->FC;
-    size_t L = (size_t)li, att = (size_t)B * dm->NH * T * T;
+static GPT2LayerActs layer_acts(const GPT2Acts *s, const GPT2BlockDims *dm, int li) {
+    const ActTensors *a = &s->a;
+    size_t BT = (size_t)s->B * s->T, c = (size_t)dm->C, A = (size_t)dm->ATT, F = (size_t)dm->FC;
+    size_t L = (size_t)li, att = (size_t)s->B * dm->NH * s->T * s->T;
+    if (s->layer_stride) {  // block-major: every tensor of block li one stride further
+        const size_t o = L * s->layer_stride;
+        GPT2LayerActs x = {
+            rows_from(a->ln1, o, 1), rows_from(a->ln1_mean, o, 1), rows_from(a->ln1_rstd, o, 1),
+            rows_from(a->qkv, o, 1), rows_from(a->atty, o, 1), rows_from(a->preatt, o, 1),
+            rows_from(a->att, o, 1), rows_from(a->attproj, o, 1), rows_from(a->residual2, o, 1),
+            rows_from(a->ln2, o, 1), rows_from(a->ln2_mean, o, 1), rows_from(a->ln2_rstd, o, 1),
+            rows_from(a->fch, o, 1), rows_from(a->fch_gelu, o, 1), rows_from(a->fcproj, o, 1),
+            rows_from(a->residual3, o, 1),
+        };
+        return x;
+    }
     // (rows_from: a tensor a W-only set does not keep stays NULL)
-    LayerActs x = {
+    GPT2LayerActs x = {
         rows_from(a->ln1, L * BT, c), rows_from(a->ln1_mean, L * BT, 1),
         rows_from(a->ln1_rstd, L * BT, 1),
         rows_from(a->qkv, L * BT, 3 * A),
@@ -840,10 +856,10 @@ static LayerActs layer_acts(const ActTensors *a, const GPT2BlockDims *dm, int B,
 // residual3, the gradient of block li's own output. attproj, fcproj are never materialized.
 // With split (wsave != NULL), the gradients W reads (ln1, qkv, residual2, ln2, fch) are the
 // block's own slice of wsave instead, so they survive until its W.
-static LayerActs layer_dacts(const GPT2Acts *acts, const GPT2BlockDims *dm, int li, int split) {
+static GPT2LayerActs layer_dacts(const GPT2Acts *acts, const GPT2BlockDims *dm, int li, int split) {
     const ActTensors *da = &acts->da;
     size_t BT = (size_t)acts->B * acts->T, BTC = BT * (size_t)dm->C;
-    LayerActs x = {
+    GPT2LayerActs x = {
         da->ln1, NULL, NULL, da->qkv, da->atty, da->preatt, da->att, NULL, da->residual2,
         da->ln2, NULL, NULL, da->fch, da->fch_gelu, NULL, da->residual3 + (size_t)li * BTC,
     };
@@ -858,43 +874,64 @@ static LayerActs layer_dacts(const GPT2Acts *acts, const GPT2BlockDims *dm, int 
     return x;
 }
 
+// Elements of the stream (rows, C): what enters and leaves a block.
+static size_t stream_elems(const GPT2 *m, const GPT2Acts *a) { return (size_t)a->rows * (size_t)m->cfg.C; }
+
 // The residual stream entering local block li: the set's input for li = 0, else block li-1's
-// output. (Used for the gradients, and for the activations in fp32; see piece_input.)
-static float *block_input(const ActTensors *a, size_t BTC, int li) {
-    return li == 0 ? a->encoded : a->residual3 + (size_t)(li - 1) * BTC;
+// output (fp32 sets; for bf16 see gpt2_piece_input).
+static float *block_input(const GPT2 *m, const GPT2Acts *a, int li) {
+    const size_t stride = a->layer_stride ? a->layer_stride : stream_elems(m, a);
+    return li == 0 ? a->a.encoded : a->a.residual3 + (size_t)(li - 1) * stride;
 }
 
-// The input of block l (l = l1: of the head), in fp32. bf16: block l-1's output as stored,
-// rounded to bf16, widened into block_in, so that the next piece reads exactly the stored
-// values, in its forward and again in its backward (on a GPU the activations are bf16 tensors).
-static const float *piece_input(const GPT2 *m, GPT2Acts *a, int l) {
-    size_t BTC = (size_t)a->B * a->T * m->cfg.C;
+// The gradient of that stream (gpt2's own sets): da.encoded, or the gradient of block li-1's output.
+static float *stream_grad(const GPT2Acts *a, size_t BTC, int li) {
+    return li == 0 ? a->da.encoded : a->da.residual3 + (size_t)(li - 1) * BTC;
+}
+
+const float *gpt2_piece_input(const GPT2 *m, GPT2Acts *a, int l) {
+    const size_t n = stream_elems(m, a);
     int li = l - a->l0;
-    if (m->dtype == GPT2_FP32 || li == 0) return block_input(&a->a, BTC, li);
+    if (m->dtype == GPT2_FP32 || li == 0) return block_input(m, a, li);
     // residual3 is the last tensor of a stored layer
-    const uint16_t *out = a->acts_bf16 + (size_t)li * a->layer_act_size - BTC;
-    m->k->bf16_to_f32(a->block_in, out, BTC);
+    const uint16_t *out = a->acts_bf16 + (size_t)li * a->layer_act_size - n;
+    m->k->bf16_to_f32(a->block_in, out, n);
     return a->block_in;
 }
 
 void gpt2_acts_output(const GPT2 *m, GPT2Acts *a, float *out) {
-    size_t BTC = (size_t)a->B * a->T * m->cfg.C;
+    const size_t n = stream_elems(m, a);
     int nb = a->l1 - a->l0;
-    if (m->dtype == GPT2_FP32) mem_copy(out, a->a.residual3 + (size_t)(nb - 1) * BTC, BTC * sizeof(float));
-    else m->k->bf16_to_f32(out, a->acts_bf16 + (size_t)nb * a->layer_act_size - BTC, BTC);
+    if (m->dtype == GPT2_FP32) mem_copy(out, block_input(m, a, nb), n * sizeof(float));
+    else m->k->bf16_to_f32(out, a->acts_bf16 + (size_t)nb * a->layer_act_size - n, n);
 }
 
-// Block l's activations: in place (fp32), or the one-layer fp32 scratch (bf16).
-static LayerActs block_acts(const GPT2 *m, const GPT2Acts *a, const GPT2BlockDims *dm, int l) {
-    return layer_acts(&a->a, dm, a->B, a->T, m->dtype == GPT2_BF16 ? 0 : l - a->l0);
+GPT2LayerActs gpt2_layer_acts(const GPT2 *m, const GPT2Acts *a, int l) {
+    const GPT2BlockDims dm = block_dims(m);
+    return layer_acts(a, &dm, m->dtype == GPT2_BF16 ? 0 : l - a->l0);
 }
 
-// bf16: widen block l's stored layer into the fp32 scratch (a W-only set: its W tensors, the
-// layer without its output; see keep_for_w_bf16).
-static void widen_layer(const GPT2 *m, GPT2Acts *a, int l) {
+void gpt2_layer_widen(const GPT2 *m, GPT2Acts *a, int l) {
     if (m->dtype != GPT2_BF16) return;
-    size_t n = a->layer_act_size - (a->w_only ? (size_t)a->B * a->T * (size_t)m->cfg.C : 0);
+    size_t n = a->layer_act_size - (a->w_only ? stream_elems(m, a) : 0);
     m->k->bf16_to_f32(a->a.ln1, a->acts_bf16 + (size_t)(l - a->l0) * a->layer_act_size, n);
+}
+
+void gpt2_layer_store(const GPT2 *m, GPT2Acts *a, int l) {
+    if (m->dtype != GPT2_BF16) return;  // (the layer's first tensor, ln1, is where it starts)
+    m->k->f32_to_bf16(a->acts_bf16 + (size_t)(l - a->l0) * a->layer_act_size, a->a.ln1, a->layer_act_size);
+}
+
+float gpt2_acts_mean_loss(GPT2Acts *a) {
+    const int N = a->B * a->T;
+    const float *losses = a->a.losses;
+    if (a->host_losses) {  // (a set on the host may sum its losses in place)
+        mem_copy(a->host_losses, losses, (size_t)N * sizeof(float));
+        losses = a->host_losses;
+    }
+    double sum = 0.0;  // in position order: the same bits on every run
+    for (int i = 0; i < N; i++) sum += losses[i];
+    return (float)(sum / N);
 }
 
 static void check_block(const GPT2 *m, const GPT2Acts *a, int l, const char *fn) {
@@ -910,14 +947,7 @@ static void check_block(const GPT2 *m, const GPT2Acts *a, int l, const char *fn)
 // unit; the head: wte and its unit), each at any address, in the model's dtype. In fp32 they
 // are read in place. In bf16 they are widened into m->work before the piece runs, its gradients
 // are accumulated in fp32 in m->work_grads, and rounded once into the bf16 gradient spans when
-// its backward is done.
-
-typedef struct Piece {
-    size_t n;              // spans
-    const void *w[2];      // weights of each span (float or uint16_t)
-    void *g[2];            // gradients of each span (NULL: not needed)
-    size_t size[2];        // elements
-} Piece;
+// its backward is done (gpt2.h's GPT2Piece).
 
 static size_t esize(const GPT2 *m) { return m->dtype == GPT2_BF16 ? sizeof(uint16_t) : sizeof(float); }
 
@@ -932,7 +962,7 @@ static void *own_g(const GPT2 *m, size_t off) {
     return base + off * esize(m);
 }
 
-static void piece_add(Piece *pc, const void *w, void *g, size_t size) {
+static void piece_add(GPT2Piece *pc, const void *w, void *g, size_t size) {
     LAB_CHECK(pc->n < 2, "a piece has at most 2 spans");
     pc->w[pc->n] = w;
     pc->g[pc->n] = g;
@@ -941,7 +971,7 @@ static void piece_add(Piece *pc, const void *w, void *g, size_t size) {
 }
 
 // Pointers to the piece's fp32 weights, one per span.
-static void piece_weights(GPT2 *m, const Piece *pc, float *w[2]) {
+void gpt2_piece_weights(GPT2 *m, const GPT2Piece *pc, float *w[2]) {
     size_t at = 0;
     for (size_t i = 0; i < pc->n && i < 2; i++) {
         if (m->dtype == GPT2_FP32) {
@@ -956,7 +986,7 @@ static void piece_weights(GPT2 *m, const Piece *pc, float *w[2]) {
 
 // Pointers to the piece's fp32 weight gradients. bf16 widens the gradient accumulated so far
 // (the backward kernels add into it: += in fp32).
-static void piece_grads(GPT2 *m, const Piece *pc, float *g[2]) {
+void gpt2_piece_grads(GPT2 *m, const GPT2Piece *pc, float *g[2]) {
     LAB_CHECK(m->dtype == GPT2_FP32 || m->work_grads, "a bf16 backward before gpt2_alloc_grads");
     size_t at = 0;
     for (size_t i = 0; i < pc->n && i < 2; i++) {
@@ -971,7 +1001,7 @@ static void piece_grads(GPT2 *m, const Piece *pc, float *g[2]) {
 }
 
 // After the piece's backward: bf16 rounds its fp32 gradients back into their spans.
-static void piece_grads_done(GPT2 *m, const Piece *pc) {
+void gpt2_piece_grads_done(GPT2 *m, const GPT2Piece *pc) {
     if (m->dtype == GPT2_FP32) return;
     size_t at = 0;
     for (size_t i = 0; i < pc->n && i < 2; i++) {
@@ -980,9 +1010,9 @@ static void piece_grads_done(GPT2 *m, const Piece *pc) {
     }
 }
 
-static size_t wte_size(const GPT2 *m) { return vocab_rows(&m->cfg, m->tp) * (size_t)m->cfg.C; }
+size_t gpt2_wte_elems(const GPT2 *m) { return vocab_rows(&m->cfg, m->tp) * (size_t)m->cfg.C; }
 
-static void piece_embed(Piece *pc, const GPT2 *m, const void *w, void *g, int need_grads) {
+void gpt2_piece_embed(GPT2Piece *pc, const GPT2 *m, const void *w, void *g, int need_grads) {
     LAB_CHECK(m->has_embed, "the embedding runs on the first stage only (this one holds blocks [%d, %d))",
               m->l0, m->l1);
     const GPT2Unit *u = &m->units[0];
@@ -991,14 +1021,14 @@ static void piece_embed(Piece *pc, const GPT2 *m, const void *w, void *g, int ne
               u->size);
 }
 
-static void piece_block(Piece *pc, const GPT2 *m, int l, const void *w, void *g, int need_w, int need_grads) {
+void gpt2_piece_block(GPT2Piece *pc, const GPT2 *m, int l, const void *w, void *g, int need_w, int need_grads) {
     const GPT2Unit *u = gpt2_block_unit(m, l);
     memset(pc, 0, sizeof *pc);
     piece_add(pc, need_w ? (w ? w : own_w(m, u->offset)) : NULL,
               need_grads ? (g ? g : own_g(m, u->offset)) : NULL, u->size);
 }
 
-static void piece_head(Piece *pc, const GPT2 *m, const void *wte, const void *w, void *dwte, void *g,
+void gpt2_piece_head(GPT2Piece *pc, const GPT2 *m, const void *wte, const void *w, void *dwte, void *g,
                         int need_grads) {
     LAB_CHECK(m->has_head, "the head runs on the last stage only (this one holds blocks [%d, %d))",
               m->l0, m->l1);
@@ -1006,7 +1036,7 @@ static void piece_head(Piece *pc, const GPT2 *m, const void *wte, const void *w,
     LAB_CHECK(u->kind == GPT2_UNIT_HEAD, "unit table: no head after the blocks");
     memset(pc, 0, sizeof *pc);
     piece_add(pc, wte ? wte : own_w(m, m->wte_offset),
-              need_grads ? (dwte ? dwte : own_g(m, m->wte_offset)) : NULL, wte_size(m));
+              need_grads ? (dwte ? dwte : own_g(m, m->wte_offset)) : NULL, gpt2_wte_elems(m));
     piece_add(pc, w ? w : own_w(m, u->offset), need_grads ? (g ? g : own_g(m, u->offset)) : NULL,
               u->size);
 }
@@ -1016,11 +1046,11 @@ static void piece_head(Piece *pc, const GPT2 *m, const void *wte, const void *w,
 
 void gpt2_embed_forward_w(GPT2 *m, GPT2Acts *acts, const void *embed_w) {
     GPT2Acts *a = acts_of(m, acts);
-    Piece pc = {0};
-    piece_embed(&pc, m, embed_w, NULL, 0);
+    GPT2Piece pc = {0};
+    gpt2_piece_embed(&pc, m, embed_w, NULL, 0);
     float *w[2] = {0};  // the unit: wte (V,C) then wpe (T,C)
-    piece_weights(m, &pc, w);
-    m->k->encoder_forward(a->a.encoded, a->inputs, w[0], w[0] + wte_size(m), a->B, a->T, m->cfg.C);
+    gpt2_piece_weights(m, &pc, w);
+    m->k->encoder_forward(a->a.encoded, a->inputs, w[0], w[0] + gpt2_wte_elems(m), a->B, a->T, m->cfg.C);
 }
 
 // A block works on its rows in chunks of a few whole sequences (attention mixes only the rows of
@@ -1038,10 +1068,10 @@ static int chunk_seqs(const GPT2 *m, const GPT2Acts *a) {
     return seqs < 1 ? 1 : seqs > a->B ? a->B : seqs;
 }
 
-static LayerActs layer_rows(LayerActs x, size_t r, const GPT2BlockDims *dm, int T) {
+static GPT2LayerActs layer_rows(GPT2LayerActs x, size_t r, const GPT2BlockDims *dm, int T) {
     size_t c = (size_t)dm->C, A = (size_t)dm->ATT, F = (size_t)dm->FC;
     size_t att = (size_t)dm->NH * T;  // a sequence's T rows own NH·T·T scores
-    LayerActs y = {
+    GPT2LayerActs y = {
         rows_from(x.ln1, r, c), rows_from(x.ln1_mean, r, 1), rows_from(x.ln1_rstd, r, 1),
         rows_from(x.qkv, r, 3 * A),
         rows_from(x.atty, r, A),
@@ -1056,10 +1086,10 @@ static LayerActs layer_rows(LayerActs x, size_t r, const GPT2BlockDims *dm, int 
 
 // Forward of one block on Bc sequences (BT = Bc·T rows): residual is their input rows, a their
 // rows of the block's activations.
-static void block_forward_rows(const Kernels *k, const GPT2BlockWeights *wp, const LayerActs *ap,
+static void block_forward_rows(const Kernels *k, const GPT2BlockWeights *wp, const GPT2LayerActs *ap,
                                const float *residual, int Bc, int T, const GPT2BlockDims *dm) {
     const GPT2BlockWeights w = *wp;
-    const LayerActs a = *ap;
+    const GPT2LayerActs a = *ap;
     int BT = Bc * T, C = dm->C, A = dm->ATT, F = dm->FC;
     // x = x + attn(ln1(x))
     k->layernorm_forward(a.ln1, a.ln1_mean, a.ln1_rstd, residual, w.ln1w, w.ln1b, BT, C);
@@ -1080,45 +1110,39 @@ void gpt2_block_forward_w(GPT2 *m, GPT2Acts *acts, int l, const void *block_w) {
     check_block(m, a, l, "gpt2_block_forward");
     int B = a->B, T = a->T;
     GPT2BlockDims dm = block_dims(m);
-    Piece pc = {0};
-    piece_block(&pc, m, l, block_w, NULL, 1, 0);
+    GPT2Piece pc = {0};
+    gpt2_piece_block(&pc, m, l, block_w, NULL, 1, 0);
     float *wv[2] = {0};
-    piece_weights(m, &pc, wv);
+    gpt2_piece_weights(m, &pc, wv);
     GPT2BlockWeights w = gpt2_block_weights(&dm, wv[0]);
-    LayerActs la = block_acts(m, a, &dm, l);
-    const float *residual = piece_input(m, a, l);  // (B,T,C)
+    GPT2LayerActs la = gpt2_layer_acts(m, a, l);
+    const float *residual = gpt2_piece_input(m, a, l);  // (B,T,C)
     int step = chunk_seqs(m, a);
     for (int b0 = 0; b0 < B; b0 += step) {
         int Bc = B - b0 < step ? B - b0 : step;
         size_t r = (size_t)b0 * T;  // first row of the chunk
-        LayerActs ac = layer_rows(la, r, &dm, T);
+        GPT2LayerActs ac = layer_rows(la, r, &dm, T);
         block_forward_rows(m->k, &w, &ac, residual + r * dm.C, Bc, T, &dm);
     }
-    // bf16: store the layer rounded to nearest even (backward widens it again)
-    if (m->dtype == GPT2_BF16)
-        m->k->f32_to_bf16(a->acts_bf16 + (size_t)(l - a->l0) * a->layer_act_size, la.ln1,
-                          a->layer_act_size);
+    gpt2_layer_store(m, a, l);  // bf16: the layer rounded to nearest even (backward widens it)
 }
 
 float gpt2_head_forward_w(GPT2 *m, GPT2Acts *acts, const void *wte, const void *head_w) {
     GPT2Acts *a = acts_of(m, acts);
     const Kernels *k = m->k;
     int BT = a->B * a->T, C = m->cfg.C, V = m->cfg.V;
-    Piece pc = {0};
-    piece_head(&pc, m, wte, head_w, NULL, NULL, 0);
-    const float *residual = piece_input(m, a, m->l1);  // last block's output
+    GPT2Piece pc = {0};
+    gpt2_piece_head(&pc, m, wte, head_w, NULL, NULL, 0);
+    const float *residual = gpt2_piece_input(m, a, m->l1);  // last block's output
     float *w[2] = {0};  // wte; the head unit: lnfw, lnfb
-    piece_weights(m, &pc, w);
+    gpt2_piece_weights(m, &pc, w);
     k->layernorm_forward(a->a.lnf, a->a.lnf_mean, a->a.lnf_rstd, residual, w[1], w[1] + C, BT, C);
     // logits (B,T,V) = lnf (B,T,C) · wte (V,C)ᵀ: the output layer is the embedding, transposed
     k->matmul_forward(a->a.logits, a->a.lnf, w[0], NULL, BT, C, V);
     k->softmax_forward(a->a.probs, a->a.logits, BT, V);
     if (!a->has_targets) return -1.0f;
     k->crossentropy_forward(a->a.losses, a->a.probs, a->targets, BT, V);
-    mem_copy(a->host_losses, a->a.losses, (size_t)BT * sizeof(float));
-    double sum = 0.0;  // in position order: the same bits on every run
-    for (int i = 0; i < BT; i++) sum += a->host_losses[i];
-    return (float)(sum / BT);
+    return gpt2_acts_mean_loss(a);
 }
 
 float gpt2_forward_acts(GPT2 *m, GPT2Acts *acts, const int *inputs, const int *targets) {
@@ -1157,18 +1181,18 @@ void gpt2_head_backward_w(GPT2 *m, GPT2Acts *acts, float dloss, const void *wte,
     const Kernels *k = m->k;
     int BT = a->B * a->T, C = m->cfg.C, V = m->cfg.V;
     LAB_CHECK(a->has_targets, "gpt2_head_backward: the batch has no targets (no loss to differentiate)");
-    Piece pc = {0};
-    piece_head(&pc, m, wte, head_w, dwte, dhead_w, 1);
-    const float *residual = piece_input(m, a, m->l1);
-    float *dresidual = block_input(&a->da, (size_t)BT * C, m->l1 - m->l0);
+    GPT2Piece pc = {0};
+    gpt2_piece_head(&pc, m, wte, head_w, dwte, dhead_w, 1);
+    const float *residual = gpt2_piece_input(m, a, m->l1);
+    float *dresidual = stream_grad(a, (size_t)BT * C, m->l1 - m->l0);
     float *w[2] = {0}, *dw[2] = {0};  // wte; lnfw, lnfb
-    piece_weights(m, &pc, w);
-    piece_grads(m, &pc, dw);
+    gpt2_piece_weights(m, &pc, w);
+    gpt2_piece_grads(m, &pc, dw);
     k->crossentropy_softmax_backward(a->da.logits, a->a.probs, a->targets, dloss, BT, V);
     k->matmul_backward(a->da.lnf, dw[0], NULL, a->da.logits, a->a.lnf, w[0], BT, C, V);
     k->layernorm_backward(dresidual, dw[1], dw[1] + C, a->da.lnf, NULL, residual, w[1],
                           a->a.lnf_mean, a->a.lnf_rstd, BT, C);
-    piece_grads_done(m, &pc);
+    gpt2_piece_grads_done(m, &pc);
 }
 
 // What a pass of a block's backward computes: the input gradient (B), the weight gradients (W),
@@ -1181,11 +1205,11 @@ enum { BACK_INPUT = 1, BACK_WEIGHTS = 2, BACK_BOTH = 3 };
 // the weight gradients dw from the intermediate gradients already there. Each kernel call of
 // BACK_BOTH is made by one of the two passes with the same operands, so B then W == BOTH.
 static void block_backward_rows(const Kernels *k, const GPT2BlockWeights *wp,
-                                const GPT2BlockWeights *dwp, const LayerActs *ap,
-                                const LayerActs *dp, const float *residual, float *dresidual,
+                                const GPT2BlockWeights *dwp, const GPT2LayerActs *ap,
+                                const GPT2LayerActs *dp, const float *residual, float *dresidual,
                                 int Bc, int T, const GPT2BlockDims *dm, int pass) {
     const GPT2BlockWeights w = *wp, dw = *dwp;
-    const LayerActs a = *ap, d = *dp;
+    const GPT2LayerActs a = *ap, d = *dp;
     int BT = Bc * T, C = dm->C, A = dm->ATT, F = dm->FC;
     int in = pass & BACK_INPUT, wt = pass & BACK_WEIGHTS;
 #define IN(x) (in ? (x) : NULL)
@@ -1223,32 +1247,32 @@ static void block_backward(GPT2 *m, GPT2Acts *a, int l, const void *block_w, voi
     int B = a->B, T = a->T;
     GPT2BlockDims dm = block_dims(m);
     size_t BTC = (size_t)B * T * dm.C;
-    Piece pc = {0};
-    piece_block(&pc, m, l, block_w, dblock_w, pass & BACK_INPUT, pass & BACK_WEIGHTS);
+    GPT2Piece pc = {0};
+    gpt2_piece_block(&pc, m, l, block_w, dblock_w, pass & BACK_INPUT, pass & BACK_WEIGHTS);
     GPT2BlockWeights w = {0}, dw = {0};  // W needs no weights, B no weight gradients
     float *wv[2] = {0}, *dwv[2] = {0};
     if (pass & BACK_INPUT) {
-        piece_weights(m, &pc, wv);
+        gpt2_piece_weights(m, &pc, wv);
         w = gpt2_block_weights(&dm, wv[0]);
     }
     if (pass & BACK_WEIGHTS) {
-        piece_grads(m, &pc, dwv);
+        gpt2_piece_grads(m, &pc, dwv);
         dw = gpt2_block_weights(&dm, dwv[0]);
     }
-    LayerActs la = block_acts(m, a, &dm, l);
-    LayerActs d = layer_dacts(a, &dm, l - a->l0, split);
-    widen_layer(m, a, l);  // bf16: the stored layer into the fp32 scratch
-    const float *residual = piece_input(m, a, l);
-    float *dresidual = block_input(&a->da, BTC, l - a->l0);
+    GPT2LayerActs la = gpt2_layer_acts(m, a, l);
+    GPT2LayerActs d = layer_dacts(a, &dm, l - a->l0, split);
+    gpt2_layer_widen(m, a, l);  // bf16: the stored layer into the fp32 scratch
+    const float *residual = gpt2_piece_input(m, a, l);
+    float *dresidual = stream_grad(a, BTC, l - a->l0);
     int step = chunk_seqs(m, a);
     for (int b0 = 0; b0 < B; b0 += step) {
         int Bc = B - b0 < step ? B - b0 : step;
         size_t r = (size_t)b0 * T;
-        LayerActs ac = layer_rows(la, r, &dm, T), dc = layer_rows(d, r, &dm, T);
+        GPT2LayerActs ac = layer_rows(la, r, &dm, T), dc = layer_rows(d, r, &dm, T);
         block_backward_rows(m->k, &w, &dw, &ac, &dc, residual + r * dm.C, dresidual + r * dm.C,
                             Bc, T, &dm, pass);
     }
-    if (pass & BACK_WEIGHTS) piece_grads_done(m, &pc);
+    if (pass & BACK_WEIGHTS) gpt2_piece_grads_done(m, &pc);
 }
 
 void gpt2_block_backward_w(GPT2 *m, GPT2Acts *acts, int l, const void *block_w, void *dblock_w) {
@@ -1266,13 +1290,13 @@ void gpt2_block_backward_weights(GPT2 *m, GPT2Acts *acts, int l, void *dblock_w)
 
 void gpt2_embed_backward_w(GPT2 *m, GPT2Acts *acts, void *dembed_w) {
     GPT2Acts *a = acts_of(m, acts);
-    Piece pc = {0};
-    piece_embed(&pc, m, NULL, dembed_w, 1);
+    GPT2Piece pc = {0};
+    gpt2_piece_embed(&pc, m, NULL, dembed_w, 1);
     float *dw[2] = {0};  // the unit: wte then wpe
-    piece_grads(m, &pc, dw);
-    m->k->encoder_backward(dw[0], dw[0] + wte_size(m), a->da.encoded, a->inputs, a->B, a->T,
+    gpt2_piece_grads(m, &pc, dw);
+    m->k->encoder_backward(dw[0], dw[0] + gpt2_wte_elems(m), a->da.encoded, a->inputs, a->B, a->T,
                            m->cfg.C);
-    piece_grads_done(m, &pc);
+    gpt2_piece_grads_done(m, &pc);
 }
 
 void gpt2_backward_acts(GPT2 *m, GPT2Acts *acts, float dloss) {

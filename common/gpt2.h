@@ -23,52 +23,9 @@
 #pragma once
 #include <stddef.h>
 #include <stdint.h>
+#include "gpt2_layout.h"
 #include "kernels.h"
 #include "mem.h"
-
-// Tensor kinds, in llm.c's order (the order of files, and of the tensors inside a block unit).
-enum {
-    GPT2_WTE, GPT2_WPE,
-    GPT2_LN1W, GPT2_LN1B, GPT2_QKVW, GPT2_QKVB, GPT2_ATTPROJW, GPT2_ATTPROJB,
-    GPT2_LN2W, GPT2_LN2B, GPT2_FCW, GPT2_FCB, GPT2_FCPROJW, GPT2_FCPROJB,
-    GPT2_LNFW, GPT2_LNFB,
-    GPT2_NUM_TENSORS
-};
-#define GPT2_BLOCK_TENSORS 12  // GPT2_LN1W .. GPT2_FCPROJB: block tensor i is kind GPT2_LN1W + i
-
-typedef struct GPT2Config {
-    int V;   // vocabulary size (256 = bytes)
-    int T;   // maximum sequence length
-    int L;   // number of blocks (of the FULL model, also in a partial one)
-    int C;   // channels
-    int NH;  // heads (C % NH == 0)
-} GPT2Config;
-
-// The widths inside one block, from ONE place: every block kernel call takes its shapes from
-// here, so a tensor-parallel shard (fewer heads, fewer hidden units) can shrink them.
-typedef struct GPT2BlockDims {
-    int C;    // residual stream width (in and out of the block)
-    int NH;   // attention heads computed here
-    int ATT;  // attention width NH * (C / cfg.NH): qkv rows are 3*ATT, attproj's input ATT
-    int FC;   // MLP hidden units (4C in the full block)
-} GPT2BlockDims;
-GPT2BlockDims gpt2_block_dims(const GPT2Config *cfg);  // the full block: {C, NH, C, 4C}
-// Element offsets and sizes of the 12 tensors inside a block unit of these widths; returns the
-// unit's size. (ln1w C, ln1b C, qkvw 3ATT*C, qkvb 3ATT, attprojw C*ATT, attprojb C, ln2w C,
-// ln2b C, fcw FC*C, fcb FC, fcprojw C*FC, fcprojb C)
-size_t gpt2_block_layout(const GPT2BlockDims *d, size_t offset[GPT2_BLOCK_TENSORS],
-                         size_t size[GPT2_BLOCK_TENSORS]);
-
-// One block's weights (or weight gradients) by name: views into one block unit.
-typedef struct GPT2BlockWeights {
-    float *ln1w, *ln1b;          // (C)
-    float *qkvw, *qkvb;          // (3ATT, C), (3ATT)   rows [Q; K; V]
-    float *attprojw, *attprojb;  // (C, ATT), (C)
-    float *ln2w, *ln2b;          // (C)
-    float *fcw, *fcb;            // (FC, C), (FC)
-    float *fcprojw, *fcprojb;    // (C, FC), (C)
-} GPT2BlockWeights;
-GPT2BlockWeights gpt2_block_weights(const GPT2BlockDims *d, float *unit);
 
 #define GPT2_NUM_ACTS 23
 typedef struct ActTensors {
@@ -168,6 +125,18 @@ typedef struct GPT2Acts {
     float *wsave;
     size_t wsave_per_block;   // floats per block: 10 * B * T * C
     int w_only;               // 1 after gpt2_acts_keep_for_w: only the blocks' W may run on it
+    // A TP slice's set (common/tp.c's tp_acts_alloc, for t > 1 or sequence parallelism; 0 for
+    // gpt2's own). Its blocks' sets are block-major (each block's 16 tensors ln1 .. residual3 at
+    // the slice's widths one after the other, layer_stride elements apart; bf16: acts_bf16,
+    // computing in the model's one fp32 layer); da.encoded is the gradient of the stream, in
+    // place: of the stage's output before its backward, of its input after. See tp.h.
+    int slice;
+    int rows;                 // rows of the residual stream: B·T (sequence parallel: B·T/t)
+    size_t layer_stride;      // 0: the stacked layout (gpt2_act_sizes); else block-major
+    float *ce_max, *ce_sum, *ce_target;  // the vocab-parallel loss's statistics, (B·T) each
+    float *lnf_local;         // sequence parallel: lnf's output on this rank's rows (rows, C)
+    int borrows_batch;        // 1: inputs, targets are the caller's host arrays (a slice's set
+                              // on the host reads the batch in place), not the set's
 } GPT2Acts;
 
 typedef struct GPT2 {
@@ -194,6 +163,13 @@ typedef struct GPT2 {
     float *work;           // fp32 weights of the piece running now (MEM_OTHER)
     float *work_grads;     // fp32 gradients of that piece (MEM_OTHER), with the grads
     GPT2Acts act;          // the default activation set (gpt2_alloc_acts); NULL acts use it
+    // A TP slice's pieces (common/tp.c; t > 1 or sequence parallelism): what the activation
+    // sets of every micro-batch of (tp_B, tp_T) share (tp_build, MEM_ACTS): the backward's
+    // gradients inside one block (tp_scratch); bf16: the fp32 layer a block computes in
+    // (tp_layer) and the widened input of the piece running now (tp_block_in).
+    int sp;                // sequence parallelism: the stream on B·T/t rows of this rank
+    int tp_B, tp_T;
+    float *tp_scratch, *tp_layer, *tp_block_in;
 } GPT2;
 
 // Config helpers. gpt2_config_check fails the job with a message naming the bad field.
@@ -266,20 +242,25 @@ void gpt2_build_dtype(GPT2 *m, GPT2Config cfg, Device dev, GPT2Dtype dtype);
 // gpt2_build_dtype.
 void gpt2_build_stage(GPT2 *m, GPT2Config cfg, Device dev, GPT2Dtype dtype, int l0, int l1);
 // TP slice r of t (tensor parallelism, common/tp.h) of blocks [l0, l1): the same units at the
-// slice's widths: wte's rows [r·Vl, (r+1)·Vl) of V padded to a multiple of t (padded rows zero),
-// wpe, each block's shard (tp.h: a block unit of tp_block_dims' widths), lnfw lnfb, in the
-// order above. t = 1 is gpt2_build_stage. global_offset is where the FULL tensor or unit starts.
-// t > 1: weights, gradients and bf16 work buffers as above; the pieces run through tp.c (this
-// file's activation sets and pieces refuse it).
+// slice's widths (gpt2_layout.h): wte's rows [r·Vl, (r+1)·Vl) of V padded to a multiple of t
+// (padded rows zero), wpe, each block's shard (a block unit of tp_block_dims' widths), lnfw lnfb,
+// in the order above. t = 1 is gpt2_build_stage. global_offset is where the FULL tensor or unit
+// starts. Weights, gradients and bf16 work buffers as above; a slice (t > 1, or sequence
+// parallel) runs tp.c's pieces on tp.c's activation sets (tp_build, tp_acts_alloc): this file's
+// sets refuse it; t = 1 without SP runs this file's own.
 void gpt2_build_tp(GPT2 *m, GPT2Config cfg, Device dev, GPT2Dtype dtype, int l0, int l1, int tp, int r);
-// Whole <-> slice, on the host: gpt2_unshard writes m's buffer buf (num_params floats, m's
-// layout: weights, a master, Adam's m or v) into its places of full_mem (the FULL model's memory
-// order, zeroed by the caller): the slices always, the replicated tensors only when
-// with_replicated, a tied copy never (so such buffers of a TP x PP grid, one with_replicated per
-// TP group, sum to the whole model exactly). gpt2_shard is its inverse (a tied copy filled
-// too): checkpoints move between any layouts, bit for bit.
+// Whole <-> slice: gpt2_unshard writes m's buffer buf (num_params floats, m's layout: weights,
+// a master, Adam's m or v; host or device) into its places of full_mem (on the host: the FULL
+// model's memory order, zeroed by the caller): the slices always, the replicated tensors only
+// when with_replicated, a tied copy never (so such buffers of a TP x PP grid, one
+// with_replicated per TP group, sum to the whole model exactly). gpt2_shard is its inverse (a
+// tied copy filled too): checkpoints move between any layouts, bit for bit. Every save, load and
+// --dump of a layer-cut or sliced layout (07, 08, 09) goes through this pair.
 void gpt2_unshard(const GPT2 *m, const float *buf, float *full_mem, int with_replicated);
 void gpt2_shard(const GPT2 *m, const float *full_mem, float *buf);
+// The weights the forward reads (fp32 params, or params_bf16 widened) as fp32 on the host, in
+// m's memory order (num_params floats): what a --dump gathers through gpt2_unshard.
+void gpt2_weights_to_host(const GPT2 *m, float *host);
 // Initialization: N(0, 0.02) weights, residual projections (attprojw, fcprojw) scaled by
 // 1/sqrt(2L) (the FULL L, also on a stage), biases 0, LayerNorm weights 1. Each element's value
 // is a pure function of (seed, cfg, its index in llm.c's order): a stage, a shard, any layout
@@ -309,7 +290,8 @@ void gpt2_acts_free(GPT2Acts *a);
 // 5C + ATT + FC + 4; wsave stays as it is).
 void gpt2_acts_keep_for_w(GPT2Acts *a, const GPT2 *m);
 size_t gpt2_acts_w_floats(const GPT2 *m, int B, int T);
-// Copy a (B,T) batch to the device. targets may be NULL (inference: no loss). acts NULL: m->act.
+// Copy a (B,T) batch to the device (a slice's set on the host: read in place, borrows_batch).
+// targets may be NULL (inference: no loss). acts NULL: m->act.
 void gpt2_acts_set_batch(const GPT2 *m, GPT2Acts *a, const int *inputs, const int *targets);
 // Pipeline boundaries (fp32, (B,T,C) on the device): where a stage l0 > 0 writes its input; the
 // gradient of that input after block l0's backward; where the gradient of the stage's output
@@ -364,6 +346,58 @@ void gpt2_head_backward(GPT2 *m, float dloss);
 void gpt2_block_backward(GPT2 *m, int l);
 void gpt2_embed_backward(GPT2 *m);
 void gpt2_backward(GPT2 *m, float dloss);
+
+// ---- the machinery of the pieces, for a layout that computes a piece its own way ------------
+// (common/tp.c's TP slices: the same weights, the same bf16 widening and rounding, the same
+// stored activations as gpt2's own pieces, so there is one copy of them.)
+//
+// A piece's weights are one or two spans (the embedding: its unit, wte's rows then wpe; a
+// block: its unit; the head: wte, then its unit lnfw lnfb), each at any address in the model's
+// dtype (NULL: m's own), and its gradients the same (NULL: m's own; need_grads 0: none).
+// gpt2_piece_weights / _grads give fp32 pointers, one per span: in place in fp32; bf16 widens
+// the spans into m->work / m->work_grads (the gradients summed so far: the backward adds to
+// them) and gpt2_piece_grads_done rounds the gradients back into their spans, once.
+typedef struct GPT2Piece {
+    size_t n;              // spans
+    const void *w[2];      // weights of each span (float or uint16_t)
+    void *g[2];            // gradients of each span (NULL: not needed)
+    size_t size[2];        // elements
+} GPT2Piece;
+void gpt2_piece_embed(GPT2Piece *pc, const GPT2 *m, const void *w, void *g, int need_grads);
+void gpt2_piece_block(GPT2Piece *pc, const GPT2 *m, int l, const void *w, void *g, int need_w,
+                      int need_grads);
+void gpt2_piece_head(GPT2Piece *pc, const GPT2 *m, const void *wte, const void *w, void *dwte,
+                     void *g, int need_grads);
+void gpt2_piece_weights(GPT2 *m, const GPT2Piece *pc, float *w[2]);
+void gpt2_piece_grads(GPT2 *m, const GPT2Piece *pc, float *g[2]);
+void gpt2_piece_grads_done(GPT2 *m, const GPT2Piece *pc);
+size_t gpt2_wte_elems(const GPT2 *m);  // wte's rows this model holds (V, or a slice's Vl) x C
+
+// One block's saved activations by name, at its widths: the 16 per-layer tensors of ActTensors.
+typedef struct GPT2LayerActs {
+    float *ln1, *ln1_mean, *ln1_rstd;  // (B,T,C), (B,T), (B,T)
+    float *qkv;                        // (B,T,3ATT)
+    float *atty;                       // (B,T,ATT)
+    float *preatt, *att;               // (B,NH,T,T)
+    float *attproj, *residual2;        // (B,T,C)
+    float *ln2, *ln2_mean, *ln2_rstd;  // (B,T,C), (B,T), (B,T)
+    float *fch, *fch_gelu;             // (B,T,FC)
+    float *fcproj, *residual3;         // (B,T,C): residual3 is the block's output
+} GPT2LayerActs;
+// Block l's activations: its own in fp32; in bf16 the one fp32 layer every block of the set
+// computes in. gpt2_layer_store (bf16, after block l's forward) rounds that layer into block l's
+// stored place; gpt2_layer_widen (bf16, before its backward) widens it back. fp32: nothing.
+GPT2LayerActs gpt2_layer_acts(const GPT2 *m, const GPT2Acts *a, int l);
+void gpt2_layer_store(const GPT2 *m, GPT2Acts *a, int l);
+void gpt2_layer_widen(const GPT2 *m, GPT2Acts *a, int l);
+// The input of block l (l = l1: of the head), fp32: the set's input, or block l-1's output in
+// place; bf16: block l-1's output as stored, rounded, widened into a->block_in, so that the
+// next piece reads exactly the stored values, forward and backward (on a GPU the activations
+// are bf16 tensors).
+const float *gpt2_piece_input(const GPT2 *m, GPT2Acts *a, int l);
+// The mean of the set's per-position losses (a.losses, on its device), summed on the host in
+// position order: the same bits on every run.
+float gpt2_acts_mean_loss(GPT2Acts *a);
 
 // Model FLOPs of one training step (forward + backward) on B*T tokens: 6*N*B*T for the
 // matmuls with parameters (incl. the tied output layer) + 12*L*C*T*B*T for attention

@@ -10,7 +10,6 @@
 #include "mem.h"
 #include "schedule.h"
 #include "tp.h"
-#include "tp_model.h"
 
 double mem_prediction_total(MemPrediction p) { return p.state + p.acts + p.buffers; }
 
@@ -66,24 +65,18 @@ MemPrediction mem_predict_pipeline(const GPT2Config *cfg, const Schedule *s, int
 }
 
 MemPrediction mem_predict_tp(const GPT2Config *cfg, int tp, int r, int sp, int rows, int bf16) {
+    // t = 1 without SP: gpt2's own sets (tp.h), a single replica's memory
+    if (tp == 1 && !sp) return mem_predict_replica(cfg, rows, bf16, 1);
     const double w = bf16 ? 2.0 : 4.0;
     CalcModel cm = calc_model_from_gpt2(cfg);
     MemPrediction p;
     p.state = (double)calc_stage_params(&cm, tp, 1, 0) * (w + w + (bf16 ? 4.0 : 0.0) + 4.0 + 4.0);
-    // the slice's shape alone (nothing allocated): what tp_model.h's formulas read
-    TpStage shape;
-    memset(&shape, 0, sizeof shape);
-    shape.cfg = *cfg, shape.tp = tp, shape.r = r, shape.l0 = 0, shape.l1 = cfg->L;
-    shape.has_embed = 1, shape.has_head = 1, shape.sp = sp, shape.B = rows, shape.T = cfg->T;
-    shape.dtype = bf16 ? GPT2_BF16 : GPT2_FP32, shape.tv = tp_vocab(cfg->V, tp, r);
-    p.acts = (double)tpm_stage_act_bytes(&shape) + (double)tpm_stage_work_act_bytes(&shape);
-    // the blocks' backward scratch (tp.c's scratch_carve: one block's gradients)
-    const double N = (double)rows * cfg->T, Nr = sp ? N / tp : N, C = cfg->C, Cl = C / tp;
-    const double att = (double)rows * (cfg->NH / tp) * cfg->T * cfg->T;
-    p.acts += 4.0 * (N * C + Nr * C + 4.0 * N * Cl + 2.0 * att + 2.0 * N * 4.0 * Cl +
-                     (sp ? 2.0 * N * C + Nr * C : 0.0));
+    // the slice's set and what its pieces share (tp.c's, from the shape: nothing allocated)
+    const TpShape s = {.l0 = 0, .l1 = cfg->L, .tp = tp, .r = r, .sp = sp, .B = rows, .T = cfg->T};
+    const GPT2Dtype dt = bf16 ? GPT2_BF16 : GPT2_FP32;
+    p.acts = (double)tp_acts_bytes(cfg, s, dt) + (double)tp_shared_bytes(cfg, s, dt);
     p.buffers = mem_predict_scratch(cfg, rows, bf16, bf16 ? mem_predict_largest_piece(cfg) : 0) -
-                3.0 * N * 4.0;  // (the slice reads the session's batch in place: no copies)
+                3.0 * rows * cfg->T * 4.0;  // (the slice reads the session's batch in place: no copies)
     return p;
 }
 

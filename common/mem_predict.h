@@ -57,9 +57,9 @@ MemPrediction mem_predict_pipeline(const GPT2Config *cfg, const struct Schedule 
                                    int Bm, int bf16);
 
 // A tensor-parallel slice r of tp of the whole model (chapter 07) for a batch of `rows`: the
-// slice's parameters (calc_stage_params) with grads, master, m and v; the activations
-// (tp_model.h's tpm_stage_act_bytes, tpm_stage_work_act_bytes, asked of the slice's shape), the
-// blocks' backward scratch (tp.c's), the session's batch and the kernels' scratch.
+// slice's parameters (calc_stage_params) with grads, master, m and v; the activations (tp.h's
+// tp_acts_bytes and tp_shared_bytes, asked of the slice's shape), the session's batch and the
+// kernels' scratch. t = 1 without SP runs gpt2's own pieces: mem_predict_replica.
 MemPrediction mem_predict_tp(const GPT2Config *cfg, int tp, int r, int sp, int rows, int bf16);
 
 // A chapter's prediction of rank `rank`'s peak for a global --batch of `batch`; ctx: its flags.

@@ -109,15 +109,6 @@ void adamw_step(const AdamW *h, const Kernels *k, int step, float *param, const 
     adamw_update(h, k, step, &r, params, nparams, grad_scale);
 }
 
-void adamw_step_bf16(const AdamW *h, const Kernels *k, int step, float *master, uint16_t *param,
-                     const uint16_t *grad, float *m, float *v, size_t lo, size_t hi,
-                     const GPT2Param *params, int nparams, float grad_scale, float *scratch,
-                     size_t chunk) {
-    AdamWRange r = {.lo = lo, .hi = hi, .master = master, .grad = grad, .m = m, .v = v,
-                    .bf16 = param, .scratch = scratch, .chunk = chunk};
-    adamw_update(h, k, step, &r, params, nparams, grad_scale);
-}
-
 double bf16_sum_squares(const Kernels *k, const uint16_t *g, size_t n, float *scratch, size_t chunk) {
     LAB_CHECK(chunk > 0, "bf16_sum_squares: a scratch buffer of 0 floats");
     double sum = 0.0;

@@ -56,14 +56,10 @@ typedef struct AdamWRange {
 void adamw_update(const AdamW *h, const Kernels *k, int step, const AdamWRange *r,
                   const GPT2Param *params, int nparams, float grad_scale);
 
-// The two entry points adamw_update replaces, kept as one-line forms of it until chapter 08
-// and the TP model switch (their owners do); new code calls adamw_update.
+// adamw_update on an fp32 range, as one call (the tools' benchmarks and GPU check use it); new
+// code calls adamw_update.
 void adamw_step(const AdamW *h, const Kernels *k, int step, float *param, const float *grad,
                 float *m, float *v, size_t lo, size_t hi, const GPT2Param *params, int nparams,
                 float grad_scale);
-void adamw_step_bf16(const AdamW *h, const Kernels *k, int step, float *master, uint16_t *param,
-                     const uint16_t *grad, float *m, float *v, size_t lo, size_t hi,
-                     const GPT2Param *params, int nparams, float grad_scale, float *scratch,
-                     size_t chunk);
 // Σ g² over n bf16 gradients (widened chunk by chunk into scratch), accumulated in double.
 double bf16_sum_squares(const Kernels *k, const uint16_t *g, size_t n, float *scratch, size_t chunk);

@@ -1,11 +1,14 @@
-// tp.c: Megatron tensor parallelism's pieces (see tp.h for the split and the picture).
+// tp.c: Megatron tensor parallelism on a GPT2 slice (see tp.h for the split and the picture).
 #include "tp.h"
 
+#include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "check.h"
+#include "mem.h"
+#include "optim.h"
 
 // ---- communication ------------------------------------------------------------------------------
 
@@ -53,346 +56,535 @@ void tp_all_reduce(TpComm *c, float *buf, size_t n, TpOp op, TpSite site) {
     c->all_reduce(c, buf, n, op, site);
 }
 
-void tp_check_config(const GPT2Config *cfg, int tp) {
-    if (tp < 1) lab_fail_collective("tensor-parallel degree %d: it must be >= 1", tp);
-    if (cfg->NH % tp != 0) {
-        char valid[128] = "";
-        size_t len = 0;
-        for (int d = 1; d <= cfg->NH && len + 12 < sizeof valid; d++)
-            if (cfg->NH % d == 0) len += (size_t)snprintf(valid + len, sizeof valid - len, "%s%d", len ? ", " : "", d);
-        lab_fail_collective("tensor-parallel degree %d does not divide the %d heads (each rank "
-                            "holds whole heads): valid degrees for NH=%d are %s",
-                            tp, cfg->NH, cfg->NH, valid);
-    }
+// ---- the slice's shapes ----------------------------------------------------------------------------
+
+// t = 1 without SP: the slice is the whole tensors and gpt2.c's own pieces run it (tp.h's top).
+static int own_path(const GPT2 *m) { return m->tp == 1 && !m->sp; }
+
+// What one block saves, and the scratch, as element counts of a shape (N = B·T positions; the
+// stream's own tensors on Nr rows: N, or N/t under sequence parallelism).
+typedef struct Sizes {
+    size_t N, Nr, C, Cl, Hl, att, Vl;
+} Sizes;
+static Sizes sizes_of(const GPT2Config *cfg, TpShape s) {
+    const size_t N = (size_t)s.B * (size_t)s.T, t = (size_t)s.tp;
+    Sizes z = {N, s.sp ? N / t : N, (size_t)cfg->C, (size_t)cfg->C / t, 4 * (size_t)cfg->C / t,
+               (size_t)s.B * (size_t)(cfg->NH / s.tp) * (size_t)s.T * (size_t)s.T,
+               (size_t)tp_vocab(cfg->V, s.tp, s.r).Vl};
+    return z;
 }
 
-// ---- a block's shard --------------------------------------------------------------------------------
-
-// Block tensor i (TpBlock's field order) is gpt2's tensor kind GPT2_LN1W + i; the sharded ones:
-enum {
-    QKVW = GPT2_QKVW - GPT2_LN1W, QKVB = GPT2_QKVB - GPT2_LN1W, ATTPROJW = GPT2_ATTPROJW - GPT2_LN1W,
-    FCW = GPT2_FCW - GPT2_LN1W, FCB = GPT2_FCB - GPT2_LN1W, FCPROJW = GPT2_FCPROJW - GPT2_LN1W,
-};
-static float **field(TpBlock *v, int i) { return &v->ln1w + i; }
-static float *cfield(const TpBlock *v, int i) { return (&v->ln1w)[i]; }
-
-GPT2BlockDims tp_block_dims(int C, int NH, int tp) {
-    LAB_CHECK(tp >= 1 && C % tp == 0 && NH % tp == 0, "tp_block_dims: C=%d NH=%d do not split over tp=%d", C, NH, tp);
-    GPT2BlockDims d = {.C = C, .NH = NH / tp, .ATT = C / tp, .FC = 4 * C / tp};
-    return d;
-}
-
-// The layout is gpt2's (gpt2_block_layout), at the shard's widths; NH does not enter it.
-static GPT2BlockDims layout_dims(int C, int tp) {
-    LAB_CHECK(tp >= 1 && C % tp == 0, "tp: C=%d is not divisible by tp=%d", C, tp);
-    GPT2BlockDims d = {.C = C, .NH = 0, .ATT = C / tp, .FC = 4 * C / tp};
-    return d;
-}
-
-void tp_block_sizes(int C, int tp, size_t sizes[TP_BLOCK_TENSORS]) {
-    GPT2BlockDims d = layout_dims(C, tp);
-    gpt2_block_layout(&d, NULL, sizes);
-}
-
-size_t tp_block_count(int C, int tp) {
-    GPT2BlockDims d = layout_dims(C, tp);
-    return gpt2_block_layout(&d, NULL, NULL);
-}
-
-void tp_block_views(TpBlock *v, float *base, int C, int tp) {
-    GPT2BlockDims d = layout_dims(C, tp);
-    *v = gpt2_block_weights(&d, base);
-}
-
-// Offsets of block l's 12 tensors in the model's flat buffer, from gpt2_params.
-static void block_offsets(const GPT2Config *cfg, int l, size_t off[TP_BLOCK_TENSORS]) {
-    int n = gpt2_params(cfg, NULL);
-    GPT2Param *list = lab_xmalloc((size_t)n * sizeof *list);
-    gpt2_params(cfg, list);
-    for (int i = 0; i < TP_BLOCK_TENSORS; i++) {
-        off[i] = SIZE_MAX;
-        for (int j = 0; j < n; j++)
-            if (list[j].layer == l && list[j].tensor == GPT2_LN1W + i) off[i] = list[j].offset;
-        LAB_CHECK(off[i] != SIZE_MAX, "no h.%d.%s in the model (L=%d)", l, gpt2_tensor_name(GPT2_LN1W + i), cfg->L);
-    }
-    free(list);
-}
-
-void tp_block_of_model(TpBlock *v, const GPT2Config *cfg, float *params, int l) {
-    size_t off[TP_BLOCK_TENSORS];
-    block_offsets(cfg, l, off);
-    for (int i = 0; i < TP_BLOCK_TENSORS; i++) *field(v, i) = params + off[i];
-}
-
-// The sharded tensors are one of two kinds, and each kind is a set of contiguous runs:
-//   row slices (column-parallel): rows [lo, lo + rows) of a (R, in) matrix or an (R) bias;
-//     qkvw / qkvb have three (Q, K, V), fcw / fcb one;
-//   column slices (row-parallel): columns [r·w, (r+1)·w) of each of the C rows of a (C, tp·w)
-//     matrix: attprojw (w = Cl), fcprojw (w = Hl).
-// run(i, j, ...) gives the j-th run of tensor i as (offset in the full tensor, offset in the
-// shard, length); it returns 0 when tensor i has no j-th run. Replicated tensors: one run, all.
-typedef struct { size_t full, shard, n; } Run;
-static int run(int i, size_t j, int C, int tp, int r, Run *out) {
-    size_t c = (size_t)C, cl = c / (size_t)tp, hl = 4 * c / (size_t)tp, rr = (size_t)r;
-    switch (i) {
-    case QKVW: case QKVB: {  // qkvw (3C, C) / qkvb (3C): rows j·C + [r·Cl, (r+1)·Cl), j = Q, K, V
-        size_t in = i == QKVW ? c : 1;
-        if (j >= 3) return 0;
-        *out = (Run){(j * c + rr * cl) * in, j * cl * in, cl * in};
-        return 1;
-    }
-    case FCW: case FCB: {  // fcw (4C, C) / fcb (4C): rows [r·Hl, (r+1)·Hl)
-        size_t in = i == FCW ? c : 1;
-        if (j >= 1) return 0;
-        *out = (Run){rr * hl * in, 0, hl * in};
-        return 1;
-    }
-    case ATTPROJW: case FCPROJW: {  // attprojw (C, C) / fcprojw (C, 4C): row j's columns of rank r
-        size_t w = i == ATTPROJW ? cl : hl;
-        if (j >= c) return 0;
-        *out = (Run){j * w * (size_t)tp + rr * w, j * w, w};
-        return 1;
-    }
-    default:  // replicated (C)
-        if (j >= 1) return 0;
-        *out = (Run){0, 0, c};
-        return 1;
-    }
-}
-static int is_replicated(int i) {
-    return !(i == QKVW || i == QKVB || i == ATTPROJW || i == FCW || i == FCB || i == FCPROJW);
-}
-
-void tp_block_shard(TpBlock *shard, const TpBlock *full, int C, int tp, int r) {
-    LAB_CHECK(r >= 0 && r < tp, "tp_block_shard: rank %d outside [0, %d)", r, tp);
-    Run u;
-    for (int i = 0; i < TP_BLOCK_TENSORS; i++)
-        for (size_t j = 0; run(i, j, C, tp, r, &u); j++)
-            memcpy(cfield(shard, i) + u.shard, cfield(full, i) + u.full, u.n * sizeof(float));
-}
-
-void tp_block_unshard(TpBlock *full, const TpBlock *shard, int C, int tp, int r, int with_replicated) {
-    LAB_CHECK(r >= 0 && r < tp, "tp_block_unshard: rank %d outside [0, %d)", r, tp);
-    Run u;
-    for (int i = 0; i < TP_BLOCK_TENSORS; i++) {
-        if (is_replicated(i) && !with_replicated) continue;
-        for (size_t j = 0; run(i, j, C, tp, r, &u); j++)
-            memcpy(cfield(full, i) + u.full, cfield(shard, i) + u.shard, u.n * sizeof(float));
-    }
-}
-
-void tp_block_init(TpBlock *shard, const GPT2Config *cfg, uint64_t seed, int l, int tp, int r) {
-    tp_check_config(cfg, tp);
-    size_t off[TP_BLOCK_TENSORS];  // where block l's tensors start in the full model
-    block_offsets(cfg, l, off);
-    Run u;
-    for (int i = 0; i < TP_BLOCK_TENSORS; i++) {
-        size_t base = off[i];
-        for (size_t j = 0; run(i, j, cfg->C, tp, r, &u); j++)
-            gpt2_init_slice(cfg, seed, base + u.full, base + u.full + u.n, cfield(shard, i) + u.shard);
-    }
-}
-
-// ---- a block's activations ------------------------------------------------------------------------
-
-// Carves n floats off *at (for the one-allocation structs below).
+// Carves n floats off *at.
 static float *take(float **at, size_t n) {
     float *p = *at;
     *at += n;
     return p;
 }
 
-// The saved set of a block, carved from one allocation. Nr: the rows of the stream's own
-// tensors (residual2, out, the LayerNorm statistics): N, or N/t under sequence parallelism;
-// partial: NULL (attproj and fcproj are the block's own (N,C)), or a shared (N,C) buffer.
-static void acts_carve(TpBlockActs *a, int B, int T, int C, int NH, int tp, size_t Nr, float *partial,
-                       Device dev) {
-    size_t N = (size_t)B * T, c = (size_t)C, cl = c / (size_t)tp, hl = 4 * c / (size_t)tp;
-    size_t att = (size_t)B * (size_t)(NH / tp) * T * T;
-    size_t total = 2 * N * c + 4 * Nr + 4 * N * cl + 2 * att + 2 * Nr * c + 2 * N * hl + (partial ? 0 : 2 * N * c);
-    memset(a, 0, sizeof *a);
-    a->B = B, a->T = T, a->C = C, a->NH = NH, a->tp = tp;
-    a->mem = mem_alloc(total * sizeof(float), MEM_ACTS, dev);
-    float *at = a->mem;
-    a->ln1 = take(&at, N * c), a->ln1_mean = take(&at, Nr), a->ln1_rstd = take(&at, Nr);
-    a->qkv = take(&at, 3 * N * cl), a->atty = take(&at, N * cl);
-    a->preatt = take(&at, att), a->att = take(&at, att);
-    a->attproj = partial ? partial : take(&at, N * c);
-    a->residual2 = take(&at, Nr * c);
-    a->ln2 = take(&at, N * c), a->ln2_mean = take(&at, Nr), a->ln2_rstd = take(&at, Nr);
-    a->fch = take(&at, N * hl), a->fch_gelu = take(&at, N * hl);
-    a->fcproj = partial ? partial : take(&at, N * c);
-    a->out = take(&at, Nr * c);
-    LAB_CHECK(at == a->mem + total, "tp_block_acts_alloc: sizes do not add up");
+// One block's saved tensors, in ActTensors' order (ln1 .. residual3): ln1, ln2 (N,C) (under SP
+// the GATHERED LayerNorm outputs, kept so backward needs no second all-gather), the LayerNorm
+// statistics (Nr), qkv, atty (N,3Cl), (N,Cl), preatt, att (B,NHl,T,T), fch, fch_gelu (N,Hl),
+// residual2 and the output (Nr,C); attproj and fcproj (N,C) the partial sums, except under SP,
+// where they live in the scratch's one `partial` (NULL here: backward never reads them).
+static size_t layer_elems(const Sizes *z, int sp) {
+    return 2 * z->N * z->C + 4 * z->Nr + 4 * z->N * z->Cl + 2 * z->att + 2 * z->Nr * z->C +
+           2 * z->N * z->Hl + (sp ? 0 : 2 * z->N * z->C);
+}
+static void carve_layer(ActTensors *x, float *base, const Sizes *z, int sp) {
+    float *at = base;
+    const size_t N = z->N, Nr = z->Nr, C = z->C;
+    x->ln1 = take(&at, N * C), x->ln1_mean = take(&at, Nr), x->ln1_rstd = take(&at, Nr);
+    x->qkv = take(&at, 3 * N * z->Cl), x->atty = take(&at, N * z->Cl);
+    x->preatt = take(&at, z->att), x->att = take(&at, z->att);
+    x->attproj = sp ? NULL : take(&at, N * C);
+    x->residual2 = take(&at, Nr * C);
+    x->ln2 = take(&at, N * C), x->ln2_mean = take(&at, Nr), x->ln2_rstd = take(&at, Nr);
+    x->fch = take(&at, N * z->Hl), x->fch_gelu = take(&at, N * z->Hl);
+    x->fcproj = sp ? NULL : take(&at, N * C);
+    x->residual3 = take(&at, Nr * C);
+    LAB_CHECK(at == base + layer_elems(z, sp), "tp: a block's set does not add up");
 }
 
-void tp_block_acts_alloc(TpBlockActs *a, int B, int T, int C, int NH, int tp, Device dev) {
-    LAB_CHECK(NH % tp == 0 && C % NH == 0, "tp_block_acts_alloc: C=%d NH=%d tp=%d do not split", C, NH, tp);
-    acts_carve(a, B, T, C, NH, tp, (size_t)B * T, NULL, dev);
+// The gradients inside one block: d ln (N,C), d residual2 (Nr,C), d qkv, d atty, d preatt,
+// d att, d fch, d fch_gelu; SP: full (N,C), dlnl (Nr,C), partial (N,C).
+static size_t scratch_elems(const Sizes *z, int sp) {
+    return z->N * z->C + z->Nr * z->C + 4 * z->N * z->Cl + 2 * z->att + 2 * z->N * z->Hl +
+           (sp ? 2 * z->N * z->C + z->Nr * z->C : 0);
 }
-void tp_block_acts_free(TpBlockActs *a) {
-    mem_free(a->mem);
-    memset(a, 0, sizeof *a);
+static void carve_scratch(TpScratch *s, float *base, const Sizes *z, int sp) {
+    float *at = base;
+    const size_t N = z->N, C = z->C;
+    memset(s, 0, sizeof *s);
+    s->dln = take(&at, N * C), s->dresidual2 = take(&at, z->Nr * C);
+    s->dqkv = take(&at, 3 * N * z->Cl), s->datty = take(&at, N * z->Cl);
+    s->dpreatt = take(&at, z->att), s->datt = take(&at, z->att);
+    s->dfch = take(&at, N * z->Hl), s->dfch_gelu = take(&at, N * z->Hl);
+    if (sp) s->full = take(&at, N * C), s->dlnl = take(&at, z->Nr * C), s->partial = take(&at, N * C);
+    LAB_CHECK(at == base + scratch_elems(z, sp), "tp: the scratch does not add up");
 }
 
-// One block's backward scratch, carved from one allocation; sp: dresidual2 on N/t rows, and
-// the SP buffers (full, dlnl, partial).
-static void scratch_carve(TpScratch *s, int B, int T, int C, int NH, int tp, int sp, Device dev) {
-    size_t N = (size_t)B * T, Nr = sp ? N / (size_t)tp : N, c = (size_t)C, cl = c / (size_t)tp, hl = 4 * c / (size_t)tp;
-    size_t att = (size_t)B * (size_t)(NH / tp) * T * T;
-    size_t total = N * c + Nr * c + 4 * N * cl + 2 * att + 2 * N * hl + (sp ? 2 * N * c + Nr * c : 0);
-    memset(s, 0, sizeof *s);
-    s->mem = mem_alloc(total * sizeof(float), MEM_ACTS, dev);
-    float *at = s->mem;
-    s->dln = take(&at, N * c), s->dresidual2 = take(&at, Nr * c);
-    s->dqkv = take(&at, 3 * N * cl), s->datty = take(&at, N * cl);
-    s->dpreatt = take(&at, att), s->datt = take(&at, att);
-    s->dfch = take(&at, N * hl), s->dfch_gelu = take(&at, N * hl);
-    if (sp) s->full = take(&at, N * c), s->dlnl = take(&at, Nr * c), s->partial = take(&at, N * c);
-    LAB_CHECK(at == s->mem + total, "tp_scratch_alloc: sizes do not add up");
+static size_t tp_block_act_elems(const GPT2Config *cfg, TpShape s) {
+    const Sizes z = sizes_of(cfg, s);
+    return layer_elems(&z, s.sp);
 }
-void tp_scratch_alloc(TpScratch *s, int B, int T, int C, int NH, int tp, Device dev) {
-    scratch_carve(s, B, T, C, NH, tp, 0, dev);
+
+// The head's fp32 tensors of a set (the last stage): lnf (N,C), SP its local rows (Nr,C), lnf's
+// mean and rstd (Nr), the logits (N,Vl), the losses and the loss's 3 statistics (N); in the
+// gradients: d lnf (N,C), d logits (N,Vl).
+static size_t head_elems(const Sizes *z, int sp) {
+    return 2 * z->N * z->C + (sp ? z->Nr * z->C : 0) + 2 * z->Nr + 2 * z->N * z->Vl + 4 * z->N;
 }
-void tp_scratch_free(TpScratch *s) {
-    mem_free(s->mem);
-    memset(s, 0, sizeof *s);
+
+size_t tp_acts_bytes(const GPT2Config *cfg, TpShape s, GPT2Dtype dtype) {
+    const Sizes z = sizes_of(cfg, s);
+    const size_t blocks = (size_t)(s.l1 - s.l0) * tp_block_act_elems(cfg, s);
+    // the stream's input and its gradient (Nr,C), the head where the set has it: fp32
+    const size_t rest = 2 * z.Nr * z.C + (s.l1 == cfg->L ? head_elems(&z, s.sp) : 0);
+    return (dtype == GPT2_BF16 ? 2 : 4) * blocks + 4 * rest;
+}
+
+size_t tp_shared_bytes(const GPT2Config *cfg, TpShape s, GPT2Dtype dtype) {
+    const Sizes z = sizes_of(cfg, s);
+    size_t floats = scratch_elems(&z, s.sp);
+    if (dtype == GPT2_BF16) floats += tp_block_act_elems(cfg, s) + z.Nr * z.C;  // tp_layer, tp_block_in
+    return 4 * floats;
+}
+
+static TpShape shape_of(const GPT2 *m) {
+    TpShape s = {m->l0, m->l1, m->tp, m->tp_rank, m->sp, m->tp_B, m->tp_T};
+    return s;
+}
+
+void tp_build(GPT2 *m, GPT2Config cfg, Device dev, GPT2Dtype dtype, TpShape s, uint64_t seed) {
+    if (s.sp) tp_check_sequence_parallel(s.T, s.tp);
+    gpt2_build_tp(m, cfg, dev, dtype, s.l0, s.l1, s.tp, s.r);
+    gpt2_alloc_grads(m);
+    gpt2_init_params(m, seed);
+    m->sp = s.sp, m->tp_B = s.B, m->tp_T = s.T;
+    if (own_path(m)) return;  // gpt2's sets carry their own
+    const Sizes z = sizes_of(&cfg, s);
+    m->tp_scratch = mem_alloc(scratch_elems(&z, s.sp) * sizeof(float), MEM_ACTS, dev);
+    if (dtype == GPT2_BF16) {
+        m->tp_layer = mem_alloc(tp_block_act_elems(&cfg, s) * sizeof(float), MEM_ACTS, dev);
+        m->tp_block_in = mem_alloc(z.Nr * z.C * sizeof(float), MEM_ACTS, dev);
+    }
+}
+
+static TpScratch scratch_of(const GPT2 *m) {
+    const Sizes z = sizes_of(&m->cfg, shape_of(m));
+    TpScratch s;
+    carve_scratch(&s, m->tp_scratch, &z, m->sp);
+    return s;
+}
+
+void tp_acts_alloc(GPT2Acts *a, const GPT2 *m) {
+    if (own_path(m)) {
+        gpt2_acts_alloc(a, m, m->tp_B, m->tp_T);
+        return;
+    }
+    LAB_CHECK(m->tp_scratch, "tp_acts_alloc: the slice was not built by tp_build");
+    const TpShape s = shape_of(m);
+    const Sizes z = sizes_of(&m->cfg, s);
+    const int nb = m->l1 - m->l0, bf16 = m->dtype == GPT2_BF16;
+    const size_t E = tp_block_act_elems(&m->cfg, s), stream = z.Nr * z.C;
+    memset(a, 0, sizeof *a);
+    a->B = s.B, a->T = s.T, a->l0 = m->l0, a->l1 = m->l1, a->dtype = m->dtype;
+    a->slice = 1, a->rows = (int)z.Nr;
+    // fp32 activations: the stream's input, the blocks' sets (fp32: block-major, layer_stride
+    // apart; bf16: in acts_bf16, computing in the model's tp_layer), the head's
+    const size_t head = m->has_head ? head_elems(&z, s.sp) : 0;
+    const size_t nacts = stream + (bf16 ? 0 : (size_t)nb * E) + head - (m->has_head ? z.N * z.C + z.N * z.Vl : 0);
+    a->acts = mem_alloc(nacts * sizeof(float), MEM_ACTS, m->dev);
+    float *at = a->acts;
+    a->a.encoded = take(&at, stream);
+    if (bf16) {
+        carve_layer(&a->a, m->tp_layer, &z, s.sp);
+        a->acts_bf16 = mem_alloc((size_t)nb * E * sizeof(uint16_t), MEM_ACTS, m->dev);
+        a->block_in = m->tp_block_in;
+    } else {
+        carve_layer(&a->a, at, &z, s.sp);
+        at += (size_t)nb * E;
+        a->layer_stride = E;
+    }
+    a->layer_act_size = E;
+    // the gradients: of the stream (in place, block by block), of lnf and the logits (the head)
+    a->dacts = mem_alloc((stream + (m->has_head ? z.N * z.C + z.N * z.Vl : 0)) * sizeof(float), MEM_ACTS,
+                         m->dev);
+    a->da.encoded = a->dacts;
+    if (m->has_head) {
+        a->a.lnf = take(&at, z.N * z.C);
+        if (s.sp) a->lnf_local = take(&at, z.Nr * z.C);
+        a->a.lnf_mean = take(&at, z.Nr), a->a.lnf_rstd = take(&at, z.Nr);
+        a->a.logits = take(&at, z.N * z.Vl), a->a.losses = take(&at, z.N);
+        a->ce_max = take(&at, z.N), a->ce_sum = take(&at, z.N), a->ce_target = take(&at, z.N);
+        a->da.lnf = a->dacts + stream, a->da.logits = a->da.lnf + z.N * z.C;
+    }
+    LAB_CHECK(at == a->acts + nacts, "tp_acts_alloc: %zu of %zu floats carved", (size_t)(at - a->acts), nacts);
+    // the batch: read in place on the host; a device needs copies, and a host copy of the losses
+    a->borrows_batch = m->dev == DEV_CPU;
+    if (m->dev != DEV_CPU) {
+        a->inputs = mem_alloc(z.N * sizeof(int), MEM_OTHER, m->dev);
+        a->targets = mem_alloc(z.N * sizeof(int), MEM_OTHER, m->dev);
+        a->host_losses = mem_alloc(z.N * sizeof(float), MEM_OTHER, DEV_CPU);
+    }
+}
+
+// ---- the pieces ------------------------------------------------------------------------------------
+
+// Block l's saved tensors (bf16: the model's one fp32 layer); under SP the partial sums live in
+// the scratch.
+static GPT2LayerActs layer_of(const GPT2 *m, const GPT2Acts *a, int l, const TpScratch *s) {
+    GPT2LayerActs x = gpt2_layer_acts(m, a, l);
+    if (m->sp) x.attproj = x.fcproj = s->partial;
+    return x;
+}
+
+// Block l's run: its piece's weights (and gradients: with_grads) as fp32, its tensors.
+static void block_begin(TpBlockRun *b, GPT2Piece *p, GPT2 *m, GPT2Acts *a, int l, const void *w,
+                        void *g, int with_grads) {
+    memset(b, 0, sizeof *b);
+    b->k = m->k, b->B = a->B, b->T = a->T, b->N = a->B * a->T;
+    b->d = tp_block_dims(m->cfg.C, m->cfg.NH, m->tp);
+    gpt2_piece_block(p, m, l, w, g, 1, with_grads);
+    float *wv[2] = {0}, *gv[2] = {0};
+    gpt2_piece_weights(m, p, wv);
+    b->w = gpt2_block_weights(&b->d, wv[0]);
+    if (with_grads) {
+        gpt2_piece_grads(m, p, gv);
+        b->dw = gpt2_block_weights(&b->d, gv[0]);
+    }
+    b->s = scratch_of(m);
+    b->x = layer_of(m, a, l, &b->s);
+}
+
+void tp_block_run(TpBlockRun *b, GPT2 *m, GPT2Acts *a, int l) {
+    LAB_CHECK(m->dtype == GPT2_FP32 && !own_path(m), "tp_block_run: an fp32 slice");
+    GPT2Piece p;
+    block_begin(b, &p, m, a, l, NULL, NULL, 1);
+}
+
+void tp_embed_forward(GPT2 *m, GPT2Acts *a, TpComm *c) {
+    if (own_path(m)) {
+        gpt2_embed_forward_w(m, a, NULL);
+        return;
+    }
+    const TpVocab tv = tp_vocab(m->cfg.V, m->tp, m->tp_rank);
+    const int B = a->B, T = a->T, C = m->cfg.C;
+    GPT2Piece p;
+    gpt2_piece_embed(&p, m, NULL, NULL, 0);
+    float *w[2] = {0};  // the unit: wte's Vl rows, then wpe
+    gpt2_piece_weights(m, &p, w);
+    const float *wpe = c->rank == 0 ? w[0] + (size_t)tv.Vl * C : NULL;
+    // wpe on rank 0 only: the sum over the group then has it once. Every other term is the
+    // owning rank's row or an exact 0, so the sum is wte[inp] + wpe[t] bit for bit.
+    if (!m->sp) {
+        m->k->vocab_embed_forward(a->a.encoded, a->inputs, w[0], wpe, tv.v0, tv.Vl, B, T, C);
+        tp_all_reduce(c, a->a.encoded, (size_t)B * T * C, TP_SUM, TP_SITE_EMBED);
+    } else {  // the lookup into the scratch, reduce-scattered onto this rank's positions
+        const TpScratch s = scratch_of(m);
+        m->k->vocab_embed_forward(s.full, a->inputs, w[0], wpe, tv.v0, tv.Vl, B, T, C);
+        tp_seq_reduce_scatter(c, s.full, a->a.encoded, B, T, C, TP_SITE_EMBED);
+    }
+}
+
+void tp_embed_backward(GPT2 *m, GPT2Acts *a, TpComm *c) {
+    if (own_path(m)) {
+        gpt2_embed_backward_w(m, a, NULL);
+        return;
+    }
+    const TpVocab tv = tp_vocab(m->cfg.V, m->tp, m->tp_rank);
+    const int B = a->B, T = a->T, C = m->cfg.C;
+    const float *dx = a->da.encoded;
+    if (m->sp) {  // the embedding's rows of wte see every position: the reverse of its forward
+        const TpScratch s = scratch_of(m);
+        tp_seq_all_gather(c, a->da.encoded, s.full, B, T, C, TP_SITE_EMBED_BWD);
+        dx = s.full;
+    }
+    GPT2Piece p;
+    gpt2_piece_embed(&p, m, NULL, NULL, 1);
+    float *g[2] = {0};
+    gpt2_piece_grads(m, &p, g);
+    m->k->vocab_embed_backward(g[0], g[0] + (size_t)tv.Vl * C, dx, a->inputs, tv.v0, tv.Vl, B, T, C);
+    gpt2_piece_grads_done(m, &p);
+}
+
+// Sequence parallelism's block (tp.h's top): the LayerNorms and residuals on this rank's Nl
+// rows, f an all-gather of the LayerNorm's output, g a reduce-scatter of the partial sums.
+static void sp_block_forward(TpBlockRun *b, TpComm *c, const float *in) {
+    const Kernels *k = b->k;
+    GPT2BlockWeights w = b->w;
+    GPT2LayerActs x = b->x;
+    const int B = b->B, T = b->T, C = b->d.C, Nl = b->N / c->tp;
+    // attention half: ln1 on this rank's positions, f = all-gather, the heads, g = reduce-scatter
+    k->layernorm_forward(b->s.partial, x.ln1_mean, x.ln1_rstd, in, w.ln1w, w.ln1b, Nl, C);
+    tp_seq_all_gather(c, b->s.partial, x.ln1, B, T, C, TP_SITE_ATTN_F_FWD);      // f
+    tp_attn_forward(b, x.ln1);                                // x.attproj (= s.partial): partial
+    tp_seq_reduce_scatter(c, x.attproj, x.residual2, B, T, C, TP_SITE_ATTN_G);   // g
+    k->tp_bias_residual_forward(x.residual2, in, x.residual2, w.attprojb, Nl, C);
+    // MLP half, the same way
+    k->layernorm_forward(b->s.partial, x.ln2_mean, x.ln2_rstd, x.residual2, w.ln2w, w.ln2b, Nl, C);
+    tp_seq_all_gather(c, b->s.partial, x.ln2, B, T, C, TP_SITE_MLP_F_FWD);
+    tp_mlp_forward(b, x.ln2);
+    tp_seq_reduce_scatter(c, x.fcproj, x.residual3, B, T, C, TP_SITE_MLP_G);
+    k->tp_bias_residual_forward(x.residual3, x.residual2, x.residual3, w.fcprojb, Nl, C);
+}
+
+void tp_block_forward(GPT2 *m, GPT2Acts *a, TpComm *c, int l, const void *block_w) {
+    if (own_path(m)) {
+        gpt2_block_forward_w(m, a, l, block_w);
+        return;
+    }
+    TpBlockRun b;
+    GPT2Piece p;
+    block_begin(&b, &p, m, a, l, block_w, NULL, 0);
+    const float *in = gpt2_piece_input(m, a, l);  // the stream entering block l
+    const Kernels *k = b.k;
+    const GPT2BlockWeights w = b.w;
+    const GPT2LayerActs x = b.x;
+    const int N = b.N, C = b.d.C;
+    const size_t NC = (size_t)N * C;
+    if (m->sp) {
+        sp_block_forward(&b, c, in);
+    } else {
+        // EXERCISE 07.1 The TP block forward and its g all-reduces -> 07_tensor_parallel/README.md#exercise-071-the-tp-block-forward-and-its-g-all-reduces
+        k->layernorm_forward(x.ln1, x.ln1_mean, x.ln1_rstd, in, w.ln1w, w.ln1b, N, C);
+        tp_attn_forward(&b, x.ln1);                                // f: the identity forward
+        tp_all_reduce(c, x.attproj, NC, TP_SUM, TP_SITE_ATTN_G);   // g
+        k->tp_bias_residual_forward(x.residual2, in, x.attproj, w.attprojb, N, C);
+        k->layernorm_forward(x.ln2, x.ln2_mean, x.ln2_rstd, x.residual2, w.ln2w, w.ln2b, N, C);
+        tp_mlp_forward(&b, x.ln2);
+        tp_all_reduce(c, x.fcproj, NC, TP_SUM, TP_SITE_MLP_G);
+        k->tp_bias_residual_forward(x.residual3, x.residual2, x.fcproj, w.fcprojb, N, C);
+        // END EXERCISE 07.1
+    }
+    gpt2_layer_store(m, a, l);  // bf16: the block's set stored rounded
+}
+
+// dout (Nl,C) -> dinp (Nl,C) (may alias dout); the replicated tensors' gradients PARTIAL.
+static void sp_block_backward(TpBlockRun *b, TpComm *c, const float *in, const float *dout, float *dinp) {
+    const Kernels *k = b->k;
+    const GPT2BlockWeights w = b->w, dw = b->dw;
+    const GPT2LayerActs x = b->x;
+    const TpScratch s = b->s;
+    const int B = b->B, T = b->T, C = b->d.C, Nl = b->N / c->tp;
+    // MLP half. The bias saw this rank's positions only: a partial gradient (summed later).
+    k->matmul_backward(NULL, NULL, dw.fcprojb, dout, NULL, NULL, Nl, 0, C);
+    tp_seq_all_gather(c, dout, s.full, B, T, C, TP_SITE_MLP_G_BWD);    // g's backward
+    tp_mlp_backward(b, x.ln2, s.full, s.dln);                          // d ln2 (N,C): partial
+    tp_seq_reduce_scatter(c, s.dln, s.dlnl, B, T, C, TP_SITE_MLP_F);   // f's backward
+    k->layernorm_backward(s.dresidual2, dw.ln2w, dw.ln2b, s.dlnl, dout, x.residual2, w.ln2w,
+                          x.ln2_mean, x.ln2_rstd, Nl, C);
+    // attention half
+    k->matmul_backward(NULL, NULL, dw.attprojb, s.dresidual2, NULL, NULL, Nl, 0, C);
+    tp_seq_all_gather(c, s.dresidual2, s.full, B, T, C, TP_SITE_ATTN_G_BWD);
+    tp_attn_backward(b, x.ln1, s.full, s.dln);
+    tp_seq_reduce_scatter(c, s.dln, s.dlnl, B, T, C, TP_SITE_ATTN_F);
+    k->layernorm_backward(dinp, dw.ln1w, dw.ln1b, s.dlnl, s.dresidual2, in, w.ln1w, x.ln1_mean,
+                          x.ln1_rstd, Nl, C);
+}
+
+void tp_block_backward(GPT2 *m, GPT2Acts *a, TpComm *c, int l, const void *block_w, void *dblock_w) {
+    if (own_path(m)) {
+        gpt2_block_backward_w(m, a, l, block_w, dblock_w);
+        return;
+    }
+    TpBlockRun b;
+    GPT2Piece p;
+    block_begin(&b, &p, m, a, l, block_w, dblock_w, 1);
+    gpt2_layer_widen(m, a, l);                    // bf16: the stored set into the fp32 layer
+    const float *in = gpt2_piece_input(m, a, l);
+    float *dx = a->da.encoded;  // the gradient of the block's output, then of its input (in place)
+    const Kernels *k = b.k;
+    const GPT2BlockWeights w = b.w, dw = b.dw;
+    const GPT2LayerActs x = b.x;
+    const TpScratch s = b.s;
+    const int N = b.N, C = b.d.C;
+    const size_t NC = (size_t)N * C;
+    if (m->sp) {
+        sp_block_backward(&b, c, in, dx, dx);
+    } else {
+        // MLP half. g's backward is the identity: d out (replicated) reaches fcproj and its bias.
+        k->matmul_backward(NULL, NULL, dw.fcprojb, dx, NULL, NULL, N, 0, C);
+        tp_mlp_backward(&b, x.ln2, dx, s.dln);
+        tp_all_reduce(c, s.dln, NC, TP_SUM, TP_SITE_MLP_F);         // f: the partial d ln2 -> whole
+        k->layernorm_backward(s.dresidual2, dw.ln2w, dw.ln2b, s.dln, dx, x.residual2, w.ln2w,
+                              x.ln2_mean, x.ln2_rstd, N, C);
+        // attention half
+        k->matmul_backward(NULL, NULL, dw.attprojb, s.dresidual2, NULL, NULL, N, 0, C);
+        tp_attn_backward(&b, x.ln1, s.dresidual2, s.dln);
+        tp_all_reduce(c, s.dln, NC, TP_SUM, TP_SITE_ATTN_F);
+        k->layernorm_backward(dx, dw.ln1w, dw.ln1b, s.dln, s.dresidual2, in, w.ln1w, x.ln1_mean,
+                              x.ln1_rstd, N, C);
+    }
+    gpt2_piece_grads_done(m, &p);
+}
+
+float tp_head_forward(GPT2 *m, GPT2Acts *a, TpComm *c) {
+    if (own_path(m)) return gpt2_head_forward_w(m, a, NULL, NULL);
+    LAB_CHECK(a->has_targets, "tp_head_forward: the batch has no targets");
+    const TpVocab tv = tp_vocab(m->cfg.V, m->tp, m->tp_rank);
+    const int N = a->B * a->T, C = m->cfg.C;
+    GPT2Piece p;
+    gpt2_piece_head(&p, m, NULL, NULL, NULL, NULL, 0);
+    const float *x = gpt2_piece_input(m, a, m->l1);  // the last block's output
+    float *w[2] = {0};  // wte's rows; lnfw, lnfb
+    gpt2_piece_weights(m, &p, w);
+    if (!m->sp) {  // f at the head's input: the identity forward
+        m->k->layernorm_forward(a->a.lnf, a->a.lnf_mean, a->a.lnf_rstd, x, w[1], w[1] + C, N, C);
+    } else {       // lnf on this rank's positions, f = all-gather of every position
+        m->k->layernorm_forward(a->lnf_local, a->a.lnf_mean, a->a.lnf_rstd, x, w[1], w[1] + C, a->rows, C);
+        tp_seq_all_gather(c, a->lnf_local, a->a.lnf, a->B, a->T, C, TP_SITE_HEAD_F_FWD);
+    }
+    m->k->matmul_forward(a->a.logits, a->a.lnf, w[0], NULL, N, C, tv.Vl);  // column-parallel (tied wte)
+    TpLossStats st = {a->ce_max, a->ce_sum, a->ce_target};
+    tp_crossentropy_forward(m->k, c, &tv, a->a.losses, &st, a->a.logits, a->targets, N);
+    return gpt2_acts_mean_loss(a);
+}
+
+void tp_head_backward(GPT2 *m, GPT2Acts *a, TpComm *c, float dloss) {
+    if (own_path(m)) {
+        gpt2_head_backward_w(m, a, dloss, NULL, NULL, NULL, NULL);
+        return;
+    }
+    const TpVocab tv = tp_vocab(m->cfg.V, m->tp, m->tp_rank);
+    const int N = a->B * a->T, C = m->cfg.C;
+    GPT2Piece p;
+    gpt2_piece_head(&p, m, NULL, NULL, NULL, NULL, 1);
+    const float *x = gpt2_piece_input(m, a, m->l1);
+    float *w[2] = {0}, *g[2] = {0};
+    gpt2_piece_weights(m, &p, w);
+    gpt2_piece_grads(m, &p, g);
+    const TpLossStats st = {a->ce_max, a->ce_sum, a->ce_target};
+    tp_crossentropy_backward(m->k, &tv, a->da.logits, &st, a->a.logits, a->targets, dloss, N);
+    m->k->matmul_backward(a->da.lnf, g[0], NULL, a->da.logits, a->a.lnf, w[0], N, C, tv.Vl);
+    if (!m->sp) {  // f: this rank's vocabulary columns only -> the whole gradient of lnf
+        tp_all_reduce(c, a->da.lnf, (size_t)N * C, TP_SUM, TP_SITE_HEAD_F);
+        m->k->layernorm_backward(a->da.encoded, g[1], g[1] + C, a->da.lnf, NULL, x, w[1], a->a.lnf_mean,
+                                 a->a.lnf_rstd, N, C);
+    } else {       // f's backward: a reduce-scatter onto this rank's positions; lnfw, lnfb partial
+        tp_seq_reduce_scatter(c, a->da.lnf, a->lnf_local, a->B, a->T, C, TP_SITE_HEAD_F);
+        m->k->layernorm_backward(a->da.encoded, g[1], g[1] + C, a->lnf_local, NULL, x, w[1], a->a.lnf_mean,
+                                 a->a.lnf_rstd, a->rows, C);
+    }
+    gpt2_piece_grads_done(m, &p);
+}
+
+// The replicated tensors whose gradients SP leaves partial (each rank: its positions' share).
+static const int sp_partial[GPT2_BLOCK_TENSORS] = {1, 1, 0, 0, 0, 1, 1, 1, 0, 0, 0, 1};
+
+void tp_sp_grads_all_reduce(GPT2 *m, TpComm *c) {
+    LAB_CHECK(m->sp, "tp_sp_grads_all_reduce without sequence parallelism");
+    const int nb = m->l1 - m->l0;
+    const size_t C = (size_t)m->cfg.C, n = (size_t)(6 * nb + (m->has_head ? 2 : 0)) * C;
+    size_t in_block[GPT2_BLOCK_TENSORS];  // where a tensor starts in a block unit
+    const GPT2BlockDims d = tp_block_dims(m->cfg.C, m->cfg.NH, m->tp);
+    gpt2_block_layout(&d, in_block, NULL);
+    // (the host's pack is not counted; a device's is communication memory)
+    float *pack = m->dev == DEV_CPU ? lab_xmalloc(n * sizeof(float)) : mem_alloc(n * sizeof(float), MEM_COMM, m->dev);
+    for (int pass = 0; pass < 2; pass++) {  // 0: pack, 1: unpack the sums
+        size_t at = 0;
+        for (int j = 0; j <= nb; j++)  // the blocks' six partial tensors each, then lnfw, lnfb
+            for (int i = 0; i < (j < nb ? GPT2_BLOCK_TENSORS : m->has_head ? 2 : 0); i++) {
+                if (j < nb && !sp_partial[i]) continue;
+                const size_t off = j < nb ? gpt2_block_unit(m, m->l0 + j)->offset + in_block[i]
+                                          : m->units[m->has_embed + nb].offset + (size_t)i * C;
+                if (m->dtype == GPT2_BF16) {
+                    if (pass == 0) m->k->bf16_to_f32(pack + at, m->grads_bf16 + off, C);
+                    else m->k->f32_to_bf16(m->grads_bf16 + off, pack + at, C);
+                } else if (pass == 0) mem_copy(pack + at, m->grads + off, C * sizeof(float));
+                else mem_copy(m->grads + off, pack + at, C * sizeof(float));
+                at += C;
+            }
+        LAB_CHECK(at == n, "tp_sp_grads_all_reduce: packed %zu of %zu", at, n);
+        if (pass == 0) tp_all_reduce(c, pack, n, TP_SUM, TP_SITE_SP_GRADS);
+    }
+    if (m->dev == DEV_CPU) free(pack);
+    else mem_free(pack);
+}
+
+float tp_forward(GPT2 *m, GPT2Acts *a, TpComm *c) {
+    if (m->has_embed) tp_embed_forward(m, a, c);
+    for (int l = m->l0; l < m->l1; l++) tp_block_forward(m, a, c, l, NULL);
+    return m->has_head ? tp_head_forward(m, a, c) : 0.0f;
+}
+
+void tp_backward(GPT2 *m, GPT2Acts *a, TpComm *c, float dloss) {
+    if (m->has_head) tp_head_backward(m, a, c, dloss);
+    for (int l = m->l1 - 1; l >= m->l0; l--) tp_block_backward(m, a, c, l, NULL, NULL);
+    if (m->has_embed) tp_embed_backward(m, a, c);
+}
+
+// ---- the clipping norm -----------------------------------------------------------------------------
+
+// Σ g² of n gradients of the model's dtype (bf16: widened a chunk at a time into work_grads).
+static double sum_squares(const GPT2 *m, const void *g, size_t n) {
+    if (m->dtype == GPT2_BF16) return bf16_sum_squares(m->k, g, n, m->work_grads, m->work_size);
+    return m->k->sum_squares(g, n);
+}
+
+void tp_norm_parts(const GPT2 *m, size_t lo, size_t hi, const void *g, double sq[2]) {
+    const size_t e = m->dtype == GPT2_BF16 ? sizeof(uint16_t) : sizeof(float);
+    sq[0] = sq[1] = 0.0;
+    if (own_path(m)) {  // the tied copy, where there is one, is the buffer's last unit
+        const size_t end = m->has_head && !m->has_embed ? m->wte_offset : m->num_params;
+        const size_t to = hi < end ? hi : end;
+        if (lo < to) sq[0] = sum_squares(m, g, to - lo);
+        return;
+    }
+    for (int i = 0; i < m->nplist; i++) {
+        const GPT2Param *p = &m->plist[i];
+        const size_t b = p->offset, en = b + p->size;
+        const size_t from = b > lo ? b : lo, to = en < hi ? en : hi;  // the tensor's part in range
+        if (p->tied_copy || from >= to) continue;
+        sq[p->sliced ? 0 : 1] += sum_squares(m, (const char *)g + (from - lo) * e, to - from);
+    }
+    // Each TP rank counts the replicated tensors from its own copy, so a NaN/Inf in one rank's
+    // copy (a fault on that rank) would be seen by that rank alone: put it into the sliced
+    // part too, which the caller sums over the TP group, and every rank finds it (--on-nan: one
+    // decision everywhere). A finite part changes nothing.
+    if (!isfinite(sq[1])) sq[0] = sq[1];
 }
 
 // ---- the halves ------------------------------------------------------------------------------------
 
-void tp_attn_forward(const Kernels *k, const TpBlock *w, TpBlockActs *a, const float *inp) {
-    int N = a->B * a->T, C = a->C, Cl = C / a->tp, NHl = a->NH / a->tp;
+void tp_attn_forward(TpBlockRun *b, const float *inp) {
+    const Kernels *k = b->k;
+    const int N = b->N, C = b->d.C, Cl = b->d.ATT, NHl = b->d.NH;
     // column-parallel: q, k, v of this rank's heads, (N,3Cl) rows [Q_r; K_r; V_r]
-    k->matmul_forward(a->qkv, inp, w->qkvw, w->qkvb, N, C, 3 * Cl);
+    k->matmul_forward(b->x.qkv, inp, b->w.qkvw, b->w.qkvb, N, C, 3 * Cl);
     // Cl channels of NHl heads: the head size Cl/NHl = C/NH, so the scale is the full model's
-    k->attention_forward(a->atty, a->preatt, a->att, a->qkv, a->B, a->T, Cl, NHl);
+    k->attention_forward(b->x.atty, b->x.preatt, b->x.att, b->x.qkv, b->B, b->T, Cl, NHl);
     // row-parallel: this rank's columns of the projection, a partial sum, no bias
-    k->matmul_forward(a->attproj, a->atty, w->attprojw, NULL, N, Cl, C);
+    k->matmul_forward(b->x.attproj, b->x.atty, b->w.attprojw, NULL, N, Cl, C);
 }
 
-void tp_attn_backward(const Kernels *k, const TpBlock *w, TpBlock *dw, const TpBlockActs *a,
-                      TpScratch *s, const float *inp, const float *dout, float *dinp) {
-    int N = a->B * a->T, C = a->C, Cl = C / a->tp, NHl = a->NH / a->tp;
-    k->matmul_backward(s->datty, dw->attprojw, NULL, dout, a->atty, w->attprojw, N, Cl, C);
-    k->attention_backward(s->dqkv, s->dpreatt, s->datt, s->datty, a->qkv, a->att, a->B, a->T, Cl, NHl);
-    k->matmul_backward(dinp, dw->qkvw, dw->qkvb, s->dqkv, inp, w->qkvw, N, C, 3 * Cl);
+void tp_attn_backward(TpBlockRun *b, const float *inp, const float *dout, float *dinp) {
+    const Kernels *k = b->k;
+    const int N = b->N, C = b->d.C, Cl = b->d.ATT, NHl = b->d.NH;
+    k->matmul_backward(b->s.datty, b->dw.attprojw, NULL, dout, b->x.atty, b->w.attprojw, N, Cl, C);
+    k->attention_backward(b->s.dqkv, b->s.dpreatt, b->s.datt, b->s.datty, b->x.qkv, b->x.att, b->B, b->T, Cl, NHl);
+    k->matmul_backward(dinp, b->dw.qkvw, b->dw.qkvb, b->s.dqkv, inp, b->w.qkvw, N, C, 3 * Cl);
 }
 
-void tp_mlp_forward(const Kernels *k, const TpBlock *w, TpBlockActs *a, const float *inp) {
-    int N = a->B * a->T, C = a->C, Hl = 4 * C / a->tp;
-    k->matmul_forward(a->fch, inp, w->fcw, w->fcb, N, C, Hl);       // column-parallel
-    k->gelu_forward(a->fch_gelu, a->fch, (size_t)N * Hl);
-    k->matmul_forward(a->fcproj, a->fch_gelu, w->fcprojw, NULL, N, Hl, C);  // row-parallel, partial
+void tp_mlp_forward(TpBlockRun *b, const float *inp) {
+    const Kernels *k = b->k;
+    const int N = b->N, C = b->d.C, Hl = b->d.FC;
+    k->matmul_forward(b->x.fch, inp, b->w.fcw, b->w.fcb, N, C, Hl);        // column-parallel
+    k->gelu_forward(b->x.fch_gelu, b->x.fch, (size_t)N * Hl);
+    k->matmul_forward(b->x.fcproj, b->x.fch_gelu, b->w.fcprojw, NULL, N, Hl, C);  // row-parallel, partial
 }
 
-void tp_mlp_backward(const Kernels *k, const TpBlock *w, TpBlock *dw, const TpBlockActs *a,
-                     TpScratch *s, const float *inp, const float *dout, float *dinp) {
-    int N = a->B * a->T, C = a->C, Hl = 4 * C / a->tp;
+void tp_mlp_backward(TpBlockRun *b, const float *inp, const float *dout, float *dinp) {
+    const Kernels *k = b->k;
+    const int N = b->N, C = b->d.C, Hl = b->d.FC;
     // EXERCISE 07.2 Column and row parallel MLP backward -> 07_tensor_parallel/README.md#exercise-072-column-and-row-parallel-mlp-backward
-    k->matmul_backward(s->dfch_gelu, dw->fcprojw, NULL, dout, a->fch_gelu, w->fcprojw, N, Hl, C);
-    k->gelu_backward(s->dfch, a->fch, s->dfch_gelu, (size_t)N * Hl);
-    k->matmul_backward(dinp, dw->fcw, dw->fcb, s->dfch, inp, w->fcw, N, C, Hl);
+    k->matmul_backward(b->s.dfch_gelu, b->dw.fcprojw, NULL, dout, b->x.fch_gelu, b->w.fcprojw, N, Hl, C);
+    k->gelu_backward(b->s.dfch, b->x.fch, b->s.dfch_gelu, (size_t)N * Hl);
+    k->matmul_backward(dinp, b->dw.fcw, b->dw.fcb, b->s.dfch, inp, b->w.fcw, N, C, Hl);
     // END EXERCISE 07.2
 }
 
-// ---- the block --------------------------------------------------------------------------------------
-
-void tp_block_forward(const Kernels *k, TpComm *c, const TpBlock *w, TpBlockActs *a, const float *inp) {
-    LAB_CHECK(c->tp == a->tp, "tp_block_forward: activations for tp=%d on a group of %d", a->tp, c->tp);
-    int N = a->B * a->T, C = a->C;
-    size_t NC = (size_t)N * C;
-    // EXERCISE 07.1 The TP block forward and its g all-reduces -> 07_tensor_parallel/README.md#exercise-071-the-tp-block-forward-and-its-g-all-reduces
-    k->layernorm_forward(a->ln1, a->ln1_mean, a->ln1_rstd, inp, w->ln1w, w->ln1b, N, C);
-    tp_attn_forward(k, w, a, a->ln1);                            // f: identity forward
-    tp_all_reduce(c, a->attproj, NC, TP_SUM, TP_SITE_ATTN_G);    // g
-    k->tp_bias_residual_forward(a->residual2, inp, a->attproj, w->attprojb, N, C);
-    k->layernorm_forward(a->ln2, a->ln2_mean, a->ln2_rstd, a->residual2, w->ln2w, w->ln2b, N, C);
-    tp_mlp_forward(k, w, a, a->ln2);
-    tp_all_reduce(c, a->fcproj, NC, TP_SUM, TP_SITE_MLP_G);
-    k->tp_bias_residual_forward(a->out, a->residual2, a->fcproj, w->fcprojb, N, C);
-    // END EXERCISE 07.1
-}
-
-void tp_block_backward(const Kernels *k, TpComm *c, const TpBlock *w, TpBlock *dw,
-                       const TpBlockActs *a, TpScratch *s, const float *inp, const float *dout,
-                       float *dinp) {
-    int N = a->B * a->T, C = a->C;
-    size_t NC = (size_t)N * C;
-    // MLP half. g's backward is the identity: dout (replicated) reaches fcproj and its bias.
-    k->matmul_backward(NULL, NULL, dw->fcprojb, dout, NULL, NULL, N, 0, C);
-    tp_mlp_backward(k, w, dw, a, s, a->ln2, dout, s->dln);
-    tp_all_reduce(c, s->dln, NC, TP_SUM, TP_SITE_MLP_F);         // f: the partial d ln2 -> whole
-    k->layernorm_backward(s->dresidual2, dw->ln2w, dw->ln2b, s->dln, dout, a->residual2, w->ln2w,
-                          a->ln2_mean, a->ln2_rstd, N, C);
-    // attention half
-    k->matmul_backward(NULL, NULL, dw->attprojb, s->dresidual2, NULL, NULL, N, 0, C);
-    tp_attn_backward(k, w, dw, a, s, a->ln1, s->dresidual2, s->dln);
-    tp_all_reduce(c, s->dln, NC, TP_SUM, TP_SITE_ATTN_F);
-    k->layernorm_backward(dinp, dw->ln1w, dw->ln1b, s->dln, s->dresidual2, inp, w->ln1w,
-                          a->ln1_mean, a->ln1_rstd, N, C);
-}
-
-// ---- the vocabulary ---------------------------------------------------------------------------------
-
-TpVocab tp_vocab(int V, int tp, int r) {
-    LAB_CHECK(V >= 1 && tp >= 1 && r >= 0 && r < tp, "tp_vocab: V=%d tp=%d r=%d", V, tp, r);
-    TpVocab tv;
-    tv.V = V;
-    tv.Vp = (V + tp - 1) / tp * tp;  // padded up to a multiple of tp
-    tv.Vl = tv.Vp / tp;
-    tv.v0 = r * tv.Vl;
-    int real = V - tv.v0;            // this rank's real rows: the rest of its range is padding
-    tv.nvalid = real < 0 ? 0 : real > tv.Vl ? tv.Vl : real;
-    return tv;
-}
-
-void tp_wte_shard(float *wte_local, const float *wte, const TpVocab *tv, int C) {
-    size_t c = (size_t)C;
-    memcpy(wte_local, wte + (size_t)tv->v0 * c, (size_t)tv->nvalid * c * sizeof(float));
-    memset(wte_local + (size_t)tv->nvalid * c, 0, (size_t)(tv->Vl - tv->nvalid) * c * sizeof(float));
-}
-
-void tp_wte_unshard(float *wte, const float *wte_local, const TpVocab *tv, int C) {
-    size_t c = (size_t)C;
-    memcpy(wte + (size_t)tv->v0 * c, wte_local, (size_t)tv->nvalid * c * sizeof(float));
-}
-
-void tp_wte_init(float *wte_local, const GPT2Config *cfg, uint64_t seed, const TpVocab *tv) {
-    int n = gpt2_params(cfg, NULL);
-    GPT2Param *list = lab_xmalloc((size_t)n * sizeof *list);
-    gpt2_params(cfg, list);
-    size_t base = SIZE_MAX, c = (size_t)cfg->C;
-    for (int j = 0; j < n; j++)
-        if (list[j].tensor == GPT2_WTE) base = list[j].offset;
-    free(list);
-    LAB_CHECK(base != SIZE_MAX, "tp_wte_init: the model has no wte");
-    size_t lo = base + (size_t)tv->v0 * c;
-    gpt2_init_slice(cfg, seed, lo, lo + (size_t)tv->nvalid * c, wte_local);
-    memset(wte_local + (size_t)tv->nvalid * c, 0, (size_t)(tv->Vl - tv->nvalid) * c * sizeof(float));
-}
-
-void tp_embed_forward(const Kernels *k, TpComm *c, const TpVocab *tv, float *out, const int *inp,
-                      const float *wte_local, const float *wpe, int B, int T, int C) {
-    // wpe on rank 0 only: the sum over the group then has it once. Every other term is the
-    // owning rank's row or an exact 0, so the sum is wte[inp] + wpe[t] bit for bit.
-    k->vocab_embed_forward(out, inp, wte_local, c->rank == 0 ? wpe : NULL, tv->v0, tv->Vl, B, T, C);
-    tp_all_reduce(c, out, (size_t)B * T * C, TP_SUM, TP_SITE_EMBED);
-}
-
-void tp_embed_backward(const Kernels *k, const TpVocab *tv, float *dwte_local, float *dwpe,
-                       const float *dout, const int *inp, int B, int T, int C) {
-    k->vocab_embed_backward(dwte_local, dwpe, dout, inp, tv->v0, tv->Vl, B, T, C);
-}
-
-void tp_loss_stats_alloc(TpLossStats *st, int N, Device dev) {
-    st->mem = mem_alloc(3 * (size_t)N * sizeof(float), MEM_ACTS, dev);
-    st->maxes = st->mem, st->sums = st->mem + N, st->tlogits = st->mem + 2 * (size_t)N;
-}
-void tp_loss_stats_free(TpLossStats *st) {
-    mem_free(st->mem);
-    memset(st, 0, sizeof *st);
-}
+// ---- the vocabulary's loss -------------------------------------------------------------------------
 
 void tp_crossentropy_forward(const Kernels *k, TpComm *c, const TpVocab *tv, float *losses,
                              TpLossStats *st, const float *logits, const int *targets, int N) {
@@ -415,46 +607,7 @@ void tp_crossentropy_backward(const Kernels *k, const TpVocab *tv, float *dlogit
     k->vocab_ce_backward(dlogits, logits, st->maxes, st->sums, targets, dloss, tv->v0, tv->nvalid, N, tv->Vl);
 }
 
-// ---- the head ---------------------------------------------------------------------------------------
-
-void tp_head_acts_alloc(TpHeadActs *h, int N, int C, const TpVocab *tv, Device dev) {
-    size_t n = (size_t)N, c = (size_t)C, vl = (size_t)tv->Vl;
-    size_t total = 2 * n * c + 3 * n + 2 * n * vl;
-    memset(h, 0, sizeof *h);
-    h->N = N, h->C = C;
-    h->mem = mem_alloc(total * sizeof(float), MEM_ACTS, dev);
-    float *at = h->mem;
-    h->lnf = take(&at, n * c), h->lnf_mean = take(&at, n), h->lnf_rstd = take(&at, n);
-    h->logits = take(&at, n * vl), h->dlogits = take(&at, n * vl);
-    h->losses = take(&at, n), h->dlnf = take(&at, n * c);
-    LAB_CHECK(at == h->mem + total, "tp_head_acts_alloc: sizes do not add up");
-    tp_loss_stats_alloc(&h->st, N, dev);
-}
-void tp_head_acts_free(TpHeadActs *h) {
-    tp_loss_stats_free(&h->st);
-    mem_free(h->mem);
-    memset(h, 0, sizeof *h);
-}
-
-void tp_head_forward(const Kernels *k, TpComm *c, const TpVocab *tv, TpHeadActs *h, const float *x,
-                     const float *lnfw, const float *lnfb, const float *wte_local, const int *targets) {
-    int N = h->N, C = h->C;
-    k->layernorm_forward(h->lnf, h->lnf_mean, h->lnf_rstd, x, lnfw, lnfb, N, C);
-    k->matmul_forward(h->logits, h->lnf, wte_local, NULL, N, C, tv->Vl);  // column-parallel (tied wte)
-    tp_crossentropy_forward(k, c, tv, h->losses, &h->st, h->logits, targets, N);
-}
-
-void tp_head_backward(const Kernels *k, TpComm *c, const TpVocab *tv, TpHeadActs *h, const float *x,
-                      const float *lnfw, const float *wte_local, float *dlnfw, float *dlnfb,
-                      float *dwte_local, const int *targets, float dloss, float *dx) {
-    int N = h->N, C = h->C;
-    tp_crossentropy_backward(k, tv, h->dlogits, &h->st, h->logits, targets, dloss, N);
-    k->matmul_backward(h->dlnf, dwte_local, NULL, h->dlogits, h->lnf, wte_local, N, C, tv->Vl);
-    tp_all_reduce(c, h->dlnf, (size_t)N * C, TP_SUM, TP_SITE_HEAD_F);  // this rank's columns only
-    k->layernorm_backward(dx, dlnfw, dlnfb, h->dlnf, NULL, x, lnfw, h->lnf_mean, h->lnf_rstd, N, C);
-}
-
-// ---- sequence parallelism ------------------------------------------------------------------------
+// ---- sequence parallelism's collectives ------------------------------------------------------------
 
 void tp_check_sequence_parallel(int T, int tp) {
     if (tp >= 1 && T % tp != 0)
@@ -485,94 +638,4 @@ void tp_seq_all_gather(TpComm *c, const float *local, float *full, int B, int T,
     for (int b = 0; b < B; b++)                  // sequence b: its t blocks at their places
         c->all_gather(c, local + (size_t)b * per, full + (size_t)b * T * C, per, site);
     // END EXERCISE 07.4
-}
-
-void tp_sp_block_acts_alloc(TpBlockActs *a, int B, int T, int C, int NH, int tp, float *partial, Device dev) {
-    LAB_CHECK(NH % tp == 0 && C % NH == 0 && T % tp == 0 && partial, "tp_sp_block_acts_alloc: C=%d NH=%d "
-              "T=%d tp=%d do not split (or no partial buffer)", C, NH, T, tp);
-    acts_carve(a, B, T, C, NH, tp, (size_t)B * T / (size_t)tp, partial, dev);
-}
-
-void tp_sp_scratch_alloc(TpScratch *s, int B, int T, int C, int NH, int tp, Device dev) {
-    LAB_CHECK(T % tp == 0, "tp_sp_scratch_alloc: T=%d tp=%d", T, tp);
-    scratch_carve(s, B, T, C, NH, tp, 1, dev);
-}
-
-void tp_sp_block_forward(const Kernels *k, TpComm *c, const TpBlock *w, TpBlockActs *a, TpScratch *s,
-                         const float *inp) {
-    LAB_CHECK(c->tp == a->tp, "tp_sp_block_forward: activations for tp=%d on a group of %d", a->tp, c->tp);
-    const int B = a->B, T = a->T, C = a->C, Nl = B * T / a->tp;
-    // attention half: ln1 on this rank's positions, f = all-gather, the heads, g = reduce-scatter
-    k->layernorm_forward(s->partial, a->ln1_mean, a->ln1_rstd, inp, w->ln1w, w->ln1b, Nl, C);
-    tp_seq_all_gather(c, s->partial, a->ln1, B, T, C, TP_SITE_ATTN_F_FWD);          // f
-    tp_attn_forward(k, w, a, a->ln1);                        // a->attproj (= s->partial): partial
-    tp_seq_reduce_scatter(c, a->attproj, a->residual2, B, T, C, TP_SITE_ATTN_G);    // g
-    k->tp_bias_residual_forward(a->residual2, inp, a->residual2, w->attprojb, Nl, C);
-    // MLP half, the same way
-    k->layernorm_forward(s->partial, a->ln2_mean, a->ln2_rstd, a->residual2, w->ln2w, w->ln2b, Nl, C);
-    tp_seq_all_gather(c, s->partial, a->ln2, B, T, C, TP_SITE_MLP_F_FWD);
-    tp_mlp_forward(k, w, a, a->ln2);
-    tp_seq_reduce_scatter(c, a->fcproj, a->out, B, T, C, TP_SITE_MLP_G);
-    k->tp_bias_residual_forward(a->out, a->residual2, a->out, w->fcprojb, Nl, C);
-}
-
-void tp_sp_block_backward(const Kernels *k, TpComm *c, const TpBlock *w, TpBlock *dw,
-                          const TpBlockActs *a, TpScratch *s, const float *inp, const float *dout,
-                          float *dinp) {
-    const int B = a->B, T = a->T, C = a->C, Nl = B * T / a->tp;
-    // MLP half. The bias saw this rank's positions only: a partial gradient (summed by the caller).
-    k->matmul_backward(NULL, NULL, dw->fcprojb, dout, NULL, NULL, Nl, 0, C);
-    tp_seq_all_gather(c, dout, s->full, B, T, C, TP_SITE_MLP_G_BWD);    // g's backward
-    tp_mlp_backward(k, w, dw, a, s, a->ln2, s->full, s->dln);           // d ln2 (N,C): partial
-    tp_seq_reduce_scatter(c, s->dln, s->dlnl, B, T, C, TP_SITE_MLP_F);  // f's backward
-    k->layernorm_backward(s->dresidual2, dw->ln2w, dw->ln2b, s->dlnl, dout, a->residual2, w->ln2w,
-                          a->ln2_mean, a->ln2_rstd, Nl, C);
-    // attention half
-    k->matmul_backward(NULL, NULL, dw->attprojb, s->dresidual2, NULL, NULL, Nl, 0, C);
-    tp_seq_all_gather(c, s->dresidual2, s->full, B, T, C, TP_SITE_ATTN_G_BWD);
-    tp_attn_backward(k, w, dw, a, s, a->ln1, s->full, s->dln);
-    tp_seq_reduce_scatter(c, s->dln, s->dlnl, B, T, C, TP_SITE_ATTN_F);
-    k->layernorm_backward(dinp, dw->ln1w, dw->ln1b, s->dlnl, s->dresidual2, inp, w->ln1w,
-                          a->ln1_mean, a->ln1_rstd, Nl, C);
-}
-
-void tp_sp_embed_forward(const Kernels *k, TpComm *c, const TpVocab *tv, float *out, float *full,
-                         const int *inp, const float *wte_local, const float *wpe, int B, int T, int C) {
-    k->vocab_embed_forward(full, inp, wte_local, c->rank == 0 ? wpe : NULL, tv->v0, tv->Vl, B, T, C);
-    tp_seq_reduce_scatter(c, full, out, B, T, C, TP_SITE_EMBED);
-}
-
-void tp_sp_head_acts_alloc(TpHeadActs *h, int B, int T, int C, int tp, const TpVocab *tv, Device dev) {
-    LAB_CHECK(T % tp == 0, "tp_sp_head_acts_alloc: T=%d tp=%d", T, tp);
-    size_t n = (size_t)B * T, nl = n / (size_t)tp, c = (size_t)C, vl = (size_t)tv->Vl;
-    size_t total = 2 * n * c + nl * c + 2 * nl + n + 2 * n * vl;
-    memset(h, 0, sizeof *h);
-    h->N = B * T, h->C = C, h->B = B, h->T = T, h->tp = tp;
-    h->mem = mem_alloc(total * sizeof(float), MEM_ACTS, dev);
-    float *at = h->mem;
-    h->lnf = take(&at, n * c), h->lnfl = take(&at, nl * c);
-    h->lnf_mean = take(&at, nl), h->lnf_rstd = take(&at, nl);
-    h->logits = take(&at, n * vl), h->dlogits = take(&at, n * vl);
-    h->losses = take(&at, n), h->dlnf = take(&at, n * c);
-    LAB_CHECK(at == h->mem + total, "tp_sp_head_acts_alloc: sizes do not add up");
-    tp_loss_stats_alloc(&h->st, h->N, dev);
-}
-
-void tp_sp_head_forward(const Kernels *k, TpComm *c, const TpVocab *tv, TpHeadActs *h, const float *x,
-                        const float *lnfw, const float *lnfb, const float *wte_local, const int *targets) {
-    const int N = h->N, C = h->C, Nl = N / h->tp;
-    k->layernorm_forward(h->lnfl, h->lnf_mean, h->lnf_rstd, x, lnfw, lnfb, Nl, C);
-    tp_seq_all_gather(c, h->lnfl, h->lnf, h->B, h->T, C, TP_SITE_HEAD_F_FWD);  // f
-    k->matmul_forward(h->logits, h->lnf, wte_local, NULL, N, C, tv->Vl);
-    tp_crossentropy_forward(k, c, tv, h->losses, &h->st, h->logits, targets, N);
-}
-
-void tp_sp_head_backward(const Kernels *k, TpComm *c, const TpVocab *tv, TpHeadActs *h, const float *x,
-                         const float *lnfw, const float *wte_local, float *dlnfw, float *dlnfb,
-                         float *dwte_local, const int *targets, float dloss, float *dx) {
-    const int N = h->N, C = h->C, Nl = N / h->tp;
-    tp_crossentropy_backward(k, tv, h->dlogits, &h->st, h->logits, targets, dloss, N);
-    k->matmul_backward(h->dlnf, dwte_local, NULL, h->dlogits, h->lnf, wte_local, N, C, tv->Vl);
-    tp_seq_reduce_scatter(c, h->dlnf, h->lnfl, h->B, h->T, C, TP_SITE_HEAD_F);  // f's backward
-    k->layernorm_backward(dx, dlnfw, dlnfb, h->lnfl, NULL, x, lnfw, h->lnf_mean, h->lnf_rstd, Nl, C);
 }

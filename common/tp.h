@@ -1,38 +1,41 @@
-// tp.h: the pieces of Megatron tensor parallelism (Shoeybi et al. 2019), fp32, on the kernels of
-// kernels.h: a block whose attention is split by heads and whose MLP is split by hidden units,
-// the vocab-parallel embedding and the vocab-parallel softmax cross-entropy.
-//
-// A TP group of tp ranks; rank r of it holds, of every block (C channels, NH heads, Cl = C/tp,
-// Hl = 4C/tp, NHl = NH/tp):
-//   qkvw (3Cl, C), qkvb (3Cl)  rows [Q_r; K_r; V_r]: heads [r·NHl, (r+1)·NHl) of Q, of K and of V
-//                              (column-parallel: each rank computes its heads' q, k, v)
-//   attprojw (C, Cl)           columns [r·Cl, (r+1)·Cl) (row-parallel: a partial sum of the output)
-//   fcw (Hl, C), fcb (Hl)      hidden units [r·Hl, (r+1)·Hl) (column-parallel)
-//   fcprojw (C, Hl)            the same units' columns (row-parallel)
-//   ln1w ln1b attprojb ln2w ln2b fcprojb   replicated: every rank holds all C
-// A block is
+// tp.h: Megatron tensor parallelism (Shoeybi et al. 2019) on the one model. A rank's TP slice r
+// of t of blocks [l0, l1) IS a GPT2 (gpt2_build_tp: its heads, hidden units and vocabulary rows,
+// gpt2_layout.h), fp32 or bf16, on the host or a GPU; its activation sets are GPT2Acts; these
+// pieces run it, communicating only through a TpComm (so a test can count every all-reduce and
+// forget one on purpose). A block is
 //   x ─ ln1 ─ f ─ [qkv → attention → proj] ─ g ─ + attprojb + x = r2
 //   r2 ─ ln2 ─ f ─ [fc → GELU → fcproj]    ─ g ─ + fcprojb + r2 = out
 // where g is an all-reduce (SUM) in forward and the identity in backward, and f is the identity
 // in forward and an all-reduce of the input gradient in backward (each rank's half sees only
 // its own heads / units, so its gradient w.r.t. the LayerNorm output is partial). The biases of
-// the row-parallel layers are added once, after the reduce. The halves in brackets
-// (tp_attn_*, tp_mlp_*) do no communication: the block functions do it through a TpComm.
+// the row-parallel layers are added once, after the reduce. The halves in brackets (tp_attn_*,
+// tp_mlp_*) do no communication.
 //
-// The vocabulary: V rows of the tied wte, padded to Vp = tp·ceil(V/tp); rank r holds rows
-// [r·Vl, (r+1)·Vl), Vl = Vp/tp; the padded rows (index >= V) are zero, masked out of the
-// softmax and never get a gradient. The embedding masks the tokens another rank owns and
-// all-reduces; the loss never gathers the logits: three all-reduces of B·T floats (the max, the
-// sum of exp, the target logit).
+// The vocabulary: the embedding masks the tokens another rank owns and all-reduces; the loss
+// never gathers the logits: three all-reduces of B·T floats (the max, the sum of exp, the
+// target logit); the padded rows are masked out of the softmax and never get a gradient.
 //
-// A shard of a block is a gpt2 block unit (gpt2_block_layout: the 12 tensors above in llm.c's
-// tensor order, contiguous) at the shard's widths (tp_block_dims): with tp = 1 a "shard" IS a
-// block unit of the model, so tp_block_views(&v, m->params + gpt2_block_unit(m, l)->offset, C, 1)
-// reads block l in place (also in a pipeline stage). Shard / unshard / init work on host memory
-// (a GPU run shards on the host and uploads). The pieces compute in fp32; bf16 storage is
-// tp_model.h's (it widens a piece's bf16 weights and stored activations into fp32 buffers
-// before the piece runs, as gpt2's work buffer does). Sequence parallelism composes the halves below with its own reduce-scatter /
-// all-gather in place of tp_block_forward's all-reduces.
+// Sequence parallelism (Korthikanti et al. 2022, the model's sp): between the halves the
+// residual stream lives on this rank's T/t positions of every sequence ((B, T/t) rows); the
+// LayerNorms, the row-parallel biases and the residual adds run on those rows only; g becomes a
+// reduce-scatter (the partial sums arrive as this rank's positions) and f an all-gather (the
+// heads and units need every row); backward swaps them. An all-reduce IS a reduce-scatter and
+// an all-gather, so the bytes on the wire are the same. The replicated tensors whose gradients
+// then come from N/t rows (ln1, ln2, lnf, attprojb, fcprojb) get partial gradients: the group
+// sums them once per step (tp_sp_grads_all_reduce). Our layout is (B, T, C): one sequence's
+// positions are contiguous, so the collectives make one call per sequence (Megatron keeps
+// (T, B, C) and makes one); T must be divisible by t.
+//
+// t = 1 without sequence parallelism: the slice is the whole tensors, and every piece below is
+// gpt2.c's own (gpt2_*_w on gpt2_acts_alloc's sets): one rank computes exactly chapter 00's
+// step (a pipeline stage, chapter 08's), bit for bit.
+//
+// Precision and device: the model's (gpt2.h). bf16 pieces are widened and rounded by gpt2.c's
+// machinery (GPT2Piece: the model's work and work_grads buffers; the stored activations: every
+// block computes in ONE fp32 layer the model's sets share, tp_layer, stored rounded into the
+// set's acts_bf16, the next piece reading the stored output widened). The pieces compute in
+// fp32 and reduce fp32 buffers (Megatron reduces bf16 activations); the embedding's output, the
+// head's activations and every gradient of an activation stay fp32.
 #pragma once
 #include <stddef.h>
 #include <stdint.h>
@@ -40,7 +43,6 @@
 #include "dist.h"
 #include "gpt2.h"
 #include "kernels.h"
-#include "mem.h"
 
 // ---- communication ------------------------------------------------------------------------------
 
@@ -57,7 +59,7 @@ typedef enum {
     TP_SITE_CE_TARGET,   // the loss: the target's logit                (B·T)
     TP_SITE_HEAD_F,      // f's backward at the head's input (lnf)      (B·T·C)
     TP_SITE_OTHER,       // the caller's own
-    // sequence parallelism (--sequence-parallel): the collectives that appear only there
+    // sequence parallelism: the collectives that appear only there
     TP_SITE_ATTN_F_FWD,  // f's forward: all-gather of ln1's output     (B·T·C, gathered)
     TP_SITE_MLP_F_FWD,   // f's forward: all-gather of ln2's output     (B·T·C)
     TP_SITE_ATTN_G_BWD,  // g's backward: all-gather of the gradient    (B·T·C)
@@ -91,123 +93,122 @@ TpComm tp_comm_group(DistGroup *g);
 TpComm tp_comm_single(void);
 void tp_all_reduce(TpComm *c, float *buf, size_t n, TpOp op, TpSite site);
 
-// Checks that a (C, NH, V) model splits over tp ranks: NH % tp == 0 (whole heads per rank; so
-// C % tp == 0 too). Fails the job naming what would be valid (lab_fail_collective: every rank
-// sees the same arguments).
-void tp_check_config(const GPT2Config *cfg, int tp);
+// ---- the slice ------------------------------------------------------------------------------------
 
-// ---- a block's shard ------------------------------------------------------------------------------
+// Where a rank's slice sits and what it runs: blocks [l0, l1) (the embedding when l0 = 0, the
+// head when l1 = L), TP slice r of tp, sequence parallelism or not, micro-batches of (B, T).
+typedef struct TpShape {
+    int l0, l1;
+    int tp, r;
+    int sp;
+    int B, T;
+} TpShape;
 
-#define TP_BLOCK_TENSORS GPT2_BLOCK_TENSORS
-// A shard's tensors by name: gpt2.h's block views, at the shard's widths (tp_block_dims):
-//   ln1w ln1b (C), qkvw (3Cl, C), qkvb (3Cl), attprojw (C, Cl), attprojb (C), ln2w ln2b (C),
-//   fcw (Hl, C), fcb (Hl), fcprojw (C, Hl), fcprojb (C)
-typedef GPT2BlockWeights TpBlock;
-// The widths of rank r's block: {C, NH/tp, C/tp, 4C/tp} (the same for every rank).
-GPT2BlockDims tp_block_dims(int C, int NH, int tp);
-// Element counts of the 12 tensors of one rank's shard, in TpBlock order, and their sum.
-void tp_block_sizes(int C, int tp, size_t sizes[TP_BLOCK_TENSORS]);
-size_t tp_block_count(int C, int tp);
-// Points v's 12 tensors into base (tp_block_count(C, tp) floats, on any device).
-void tp_block_views(TpBlock *v, float *base, int C, int tp);
-// Block l of the FULL model as a tp = 1 view, from gpt2_params' offsets: params is the full
-// model's flat buffer (or its gradients; on any device).
-void tp_block_of_model(TpBlock *v, const GPT2Config *cfg, float *params, int l);
+// The slice (gpt2_build_tp), its gradients, its weights initialized from seed (each element the
+// full model's: gpt2_init_params), and the buffers the pieces of all its micro-batches share
+// (t > 1 or sp; MEM_ACTS): one block's backward scratch, and in bf16 the fp32 layer a block
+// computes in and the widened input of the running piece. sp: T % tp == 0 (fails naming a
+// valid --seq).
+void tp_build(GPT2 *m, GPT2Config cfg, Device dev, GPT2Dtype dtype, TpShape s, uint64_t seed);
+// One micro-batch's activation set (the shape's B, T): t = 1 without SP gpt2_acts_alloc's; else
+// the slice's (gpt2.h's GPT2Acts.slice): every block's saved tensors (block-major; bf16 stored
+// in 2 bytes), the stream's input and the gradient flowing through it, the head's (lnf, the
+// logits on this rank's vocabulary rows and their gradient, the loss and its 3 statistics).
+// On the host it reads the batch in place (gpt2_acts_set_batch); gpt2_acts_free frees it.
+void tp_acts_alloc(GPT2Acts *a, const GPT2 *m);
+// Bytes of MEM_ACTS one set of a slice allocates, and that its model shares (tp_build), from
+// the shape alone (mem_predict.h predicts with them before anything is allocated). Not for
+// t = 1 without SP (gpt2's sets: calc_activation_bytes_lab, calc_pipe_set_bytes).
+size_t tp_acts_bytes(const GPT2Config *cfg, TpShape s, GPT2Dtype dtype);
+size_t tp_shared_bytes(const GPT2Config *cfg, TpShape s, GPT2Dtype dtype);
 
-// Host memory. shard := rank r's slices of full (a tp = 1 view), replicated tensors copied.
-void tp_block_shard(TpBlock *shard, const TpBlock *full, int C, int tp, int r);
-// The reverse, to gather gradients back: writes shard's slices into rank r's places of full;
-// the replicated tensors only when with_replicated (so zeroed fulls from every rank, one of them
-// with_replicated, sum to the whole gradient).
-void tp_block_unshard(TpBlock *full, const TpBlock *shard, int C, int tp, int r, int with_replicated);
-// Rank r's shard of block l of gpt2_init_params(seed)'s model, initialized alone (element by
-// element from the full model's indices: == tp_block_shard of the full init, bit for bit).
-void tp_block_init(TpBlock *shard, const GPT2Config *cfg, uint64_t seed, int l, int tp, int r);
+// ---- the pieces ------------------------------------------------------------------------------------
+//
+// Each on the micro-batch's set a (its batch set with gpt2_acts_set_batch), its weights the
+// model's own (block_w, dblock_w NULL) or a caller's block unit in the model's dtype (a gathered
+// one; gradients accumulated into it, +=), as gpt2's _w functions. The stream: a.encoded is the
+// set's input (the embedding's output, or what a stage l0 > 0 receives: gpt2_acts_input); the
+// gradient flows through da.encoded in place (gpt2_acts_doutput before the backward, the
+// gradient of the input after: gpt2_acts_dinput); the stage's output: gpt2_acts_output.
 
-// ---- a block's activations --------------------------------------------------------------------------
+// The vocab-parallel embedding: each rank looks up the tokens it owns (wpe on rank 0 only), the
+// group sums them: one all-reduce of (B·T, C) (SP: a reduce-scatter onto this rank's rows).
+void tp_embed_forward(GPT2 *m, GPT2Acts *a, TpComm *c);
+// Block l: ln -> f -> half -> g -> bias + residual, twice. Two all-reduces of B·T·C (the g's).
+void tp_block_forward(GPT2 *m, GPT2Acts *a, TpComm *c, int l, const void *block_w);
+// lnf, the logits on this rank's vocabulary rows (the tied wte, column-parallel), the loss from
+// three all-reduces of B·T floats; returns the mean loss (the same on every rank).
+float tp_head_forward(GPT2 *m, GPT2Acts *a, TpComm *c);
+// From the loss (dloss: d objective / d loss at each position); f at the head's input
+// all-reduces the gradient of lnf (each rank saw its vocabulary columns only).
+void tp_head_backward(GPT2 *m, GPT2Acts *a, TpComm *c, float dloss);
+// Block l backward: two all-reduces of B·T·C (the f's). The sliced tensors' gradients are this
+// rank's slices; the replicated ones come out the same on every rank (SP: partial).
+void tp_block_backward(GPT2 *m, GPT2Acts *a, TpComm *c, int l, const void *block_w, void *dblock_w);
+// dwte += the rows of this rank's tokens; dwpe += Σ_b d x (whole on every rank; SP: after an
+// all-gather of d x).
+void tp_embed_backward(GPT2 *m, GPT2Acts *a, TpComm *c);
+// SP: the replicated tensors' partial gradients (every block's ln1w ln1b attprojb ln2w ln2b
+// fcprojb, and lnfw lnfb) summed over the group: one all-reduce of L·6C + 2C floats (fp32 on
+// the wire; bf16 widens, sums, rounds once more). Once per step, after the backward.
+void tp_sp_grads_all_reduce(GPT2 *m, TpComm *c);
+// A stage's whole forward / backward of one micro-batch: the embedding where it has it, its
+// blocks, the head where it has it (the loss: 0 on a stage without the head).
+float tp_forward(GPT2 *m, GPT2Acts *a, TpComm *c);
+void tp_backward(GPT2 *m, GPT2Acts *a, TpComm *c, float dloss);
 
-// What one rank's block saves for backward ((B,T) positions, N = B·T).
-typedef struct TpBlockActs {
-    int B, T, C, NH, tp;
-    float *ln1, *ln1_mean, *ln1_rstd;   // (N,C), (N), (N)
-    float *qkv;                          // (N,3Cl)
-    float *atty;                         // (N,Cl)
-    float *preatt, *att;                 // (B,NHl,T,T)
-    float *attproj;                      // (N,C): this rank's partial, then (after g) the sum
-    float *residual2;                    // (N,C)
-    float *ln2, *ln2_mean, *ln2_rstd;   // (N,C), (N), (N)
-    float *fch, *fch_gelu;               // (N,Hl)
-    float *fcproj;                       // (N,C): partial, then the sum
-    float *out;                          // (N,C) the block's output
-    float *mem;                          // the one allocation (MEM_ACTS)
-} TpBlockActs;
-// Gradients of the activations inside a block: live only during one block's backward, so one
-// set serves every block (as gpt2_dact_sizes does for the full model).
+// ---- the clipping norm -----------------------------------------------------------------------------
+
+// Σ g² over elements [lo, hi) of m's flat buffer, read from g (hi - lo elements of the model's
+// dtype, from lo): sq[0] the tensors sliced over the TP group (sum it over the group), sq[1] the
+// replicated ones (count them once); the tied copy of wte left out (the first stage counts it).
+// t = 1 without SP: nothing is sliced; the range (but the tied copy) is one sum in sq[0], as one
+// device (00, 08) takes it. No communication.
+void tp_norm_parts(const GPT2 *m, size_t lo, size_t hi, const void *g, double sq[2]);
+
+// ---- a block's halves (no communication) -------------------------------------------------------
+
+// The gradients inside one block: live only during its backward, so one set serves every block
+// (views into the model's tp_scratch). SP: full (N,C) an all-gathered tensor, dlnl (N/t,C) a
+// reduce-scattered gradient, partial (N,C) the row-parallel layers' partial sums (forward).
 typedef struct TpScratch {
-    float *dln;        // (N,C): d LayerNorm output; partial until f's all-reduce
-    float *dresidual2; // (N,C)
-    float *dqkv;       // (N,3Cl)
-    float *datty;      // (N,Cl)
-    float *dpreatt, *datt;  // (B,NHl,T,T)
+    float *dln;               // (N,C): d LayerNorm output; partial until f's all-reduce
+    float *dresidual2;        // (rows,C)
+    float *dqkv, *datty;      // (N,3Cl), (N,Cl)
+    float *dpreatt, *datt;    // (B,NHl,T,T)
     float *dfch, *dfch_gelu;  // (N,Hl)
-    float *full, *dlnl, *partial;  // sequence parallelism only (tp_sp_scratch_alloc), else NULL
-    float *mem;
+    float *full, *dlnl, *partial;  // sequence parallelism only, else NULL
 } TpScratch;
-void tp_block_acts_alloc(TpBlockActs *a, int B, int T, int C, int NH, int tp, Device dev);
-void tp_block_acts_free(TpBlockActs *a);
-void tp_scratch_alloc(TpScratch *s, int B, int T, int C, int NH, int tp, Device dev);
-void tp_scratch_free(TpScratch *s);
 
-// ---- the halves (no communication) ------------------------------------------------------------------
+// One block's work on this rank: its widths (this rank's NH/t heads, C/t attention channels,
+// 4C/t hidden units), weights and weight gradients (fp32 views of one unit), what it saves, the
+// scratch. N = B·T positions.
+typedef struct TpBlockRun {
+    const Kernels *k;
+    int B, T, N;
+    GPT2BlockDims d;
+    GPT2BlockWeights w, dw;
+    GPT2LayerActs x;
+    TpScratch s;
+} TpBlockRun;
+// Block l of m on set a with the model's own weights and gradients in fp32 (a test's view of
+// the halves; the pieces above make theirs from any unit, bf16 widened).
+void tp_block_run(TpBlockRun *b, GPT2 *m, GPT2Acts *a, int l);
 
-// Attention half: inp (N,C) = ln1's output (replicated) -> a->qkv, a->atty, a->attproj = this
-// rank's PARTIAL projection (N,C), no bias.
-void tp_attn_forward(const Kernels *k, const TpBlock *w, TpBlockActs *a, const float *inp);
+// Attention half: inp (N,C) = ln1's output -> x.qkv, x.atty, x.attproj = this rank's PARTIAL
+// projection (N,C), no bias.
+void tp_attn_forward(TpBlockRun *b, const float *inp);
 // dout (N,C): gradient of the (reduced) projection output. dw +=; dinp (N,C) = this rank's
-// PARTIAL gradient of inp (f's all-reduce makes it whole). Uses s->dqkv, datty, dpreatt, datt.
-void tp_attn_backward(const Kernels *k, const TpBlock *w, TpBlock *dw, const TpBlockActs *a,
-                      TpScratch *s, const float *inp, const float *dout, float *dinp);
-// MLP half: inp (N,C) = ln2's output -> a->fch, a->fch_gelu, a->fcproj = the PARTIAL fcproj.
-void tp_mlp_forward(const Kernels *k, const TpBlock *w, TpBlockActs *a, const float *inp);
-void tp_mlp_backward(const Kernels *k, const TpBlock *w, TpBlock *dw, const TpBlockActs *a,
-                     TpScratch *s, const float *inp, const float *dout, float *dinp);
+// PARTIAL gradient of inp (f's all-reduce makes it whole). Uses s.dqkv, datty, dpreatt, datt.
+void tp_attn_backward(TpBlockRun *b, const float *inp, const float *dout, float *dinp);
+// MLP half: inp (N,C) = ln2's output -> x.fch, x.fch_gelu, x.fcproj = the PARTIAL fcproj.
+void tp_mlp_forward(TpBlockRun *b, const float *inp);
+void tp_mlp_backward(TpBlockRun *b, const float *inp, const float *dout, float *dinp);
 
-// ---- the block ---------------------------------------------------------------------------------------
-
-// inp (N,C) replicated -> a->out (N,C) replicated. Two all-reduces of N·C (the g's).
-void tp_block_forward(const Kernels *k, TpComm *c, const TpBlock *w, TpBlockActs *a, const float *inp);
-// dout (N,C): gradient of a->out (replicated). dinp (N,C) = gradient of inp (may alias dout);
-// dw += (the sharded tensors' gradients are this rank's slices; the replicated ones come out
-// the same on every rank). Two all-reduces of N·C (the f's).
-void tp_block_backward(const Kernels *k, TpComm *c, const TpBlock *w, TpBlock *dw,
-                       const TpBlockActs *a, TpScratch *s, const float *inp, const float *dout,
-                       float *dinp);
-
-// ---- the vocabulary -------------------------------------------------------------------------------------
-
-// This rank's rows: [v0, v0 + Vl) of the padded vocabulary, of which the first nvalid are real.
-typedef struct TpVocab { int V, Vp, Vl, v0, nvalid; } TpVocab;
-TpVocab tp_vocab(int V, int tp, int r);
-// Host memory. wte_local (Vl,C) := rows [v0, v0+Vl) of wte (V,C), padded rows zero.
-void tp_wte_shard(float *wte_local, const float *wte, const TpVocab *tv, int C);
-// wte (V,C) rows [v0, v0+nvalid) := wte_local's (the padding is dropped).
-void tp_wte_unshard(float *wte, const float *wte_local, const TpVocab *tv, int C);
-// wte_local of gpt2_init_params(seed)'s model, initialized alone (padded rows zero).
-void tp_wte_init(float *wte_local, const GPT2Config *cfg, uint64_t seed, const TpVocab *tv);
-
-// out (B,T,C) = wte[inp] + wpe[t] from the local rows: masked lookup (rank 0 adds wpe), then
-// one all-reduce of B·T·C. Tokens must lie in [0, V).
-void tp_embed_forward(const Kernels *k, TpComm *c, const TpVocab *tv, float *out, const int *inp,
-                      const float *wte_local, const float *wpe, int B, int T, int C);
-// dwte_local += the rows of this rank's tokens; dwpe += Σ_b dout (dout is replicated, so every
-// rank computes the whole dwpe). No communication.
-void tp_embed_backward(const Kernels *k, const TpVocab *tv, float *dwte_local, float *dwpe,
-                       const float *dout, const int *inp, int B, int T, int C);
+// ---- the vocabulary's loss -------------------------------------------------------------------------
 
 // The per-position statistics the loss reduces (device buffers, N floats each).
-typedef struct TpLossStats { float *maxes, *sums, *tlogits, *mem; } TpLossStats;
-void tp_loss_stats_alloc(TpLossStats *st, int N, Device dev);
-void tp_loss_stats_free(TpLossStats *st);
+typedef struct TpLossStats { float *maxes, *sums, *tlogits; } TpLossStats;
 // logits (N,Vl) local -> losses (N) = log Σ_v exp(logit_v) - logit_target over the V real
 // entries of the whole vocabulary, every rank the same. Exactly three all-reduces of N floats.
 void tp_crossentropy_forward(const Kernels *k, TpComm *c, const TpVocab *tv, float *losses,
@@ -218,81 +219,10 @@ void tp_crossentropy_backward(const Kernels *k, const TpVocab *tv, float *dlogit
                               const TpLossStats *st, const float *logits, const int *targets,
                               float dloss, int N);
 
-// ---- the head: final LayerNorm, logits on the local wte rows (tied), the loss -------------------
+// ---- sequence parallelism's collectives ------------------------------------------------------------
 
-typedef struct TpHeadActs {
-    int N, C;
-    float *lnf, *lnf_mean, *lnf_rstd;  // (N,C), (N), (N)
-    float *logits, *dlogits;           // (N,Vl): this rank's vocabulary columns
-    float *losses;                     // (N) per position, the same on every rank
-    float *dlnf;                       // (N,C) scratch of the backward
-    int B, T, tp;                      // sequence parallelism (tp_sp_head_acts_alloc), else 0
-    float *lnfl;                       // SP: (N/t,C) this rank's positions of lnf / of d lnf
-    TpLossStats st;
-    float *mem;
-} TpHeadActs;
-void tp_head_acts_alloc(TpHeadActs *h, int N, int C, const TpVocab *tv, Device dev);
-void tp_head_acts_free(TpHeadActs *h);
-// x (N,C): the last block's output (replicated) -> h->losses. f sits at the head's input (the
-// identity forward); the loss makes its three all-reduces.
-void tp_head_forward(const Kernels *k, TpComm *c, const TpVocab *tv, TpHeadActs *h, const float *x,
-                     const float *lnfw, const float *lnfb, const float *wte_local, const int *targets);
-// dloss: d objective / d loss at each position (1/N for the mean). dx (N,C) = the gradient of x,
-// whole after f's all-reduce (one of N·C); dlnfw, dlnfb, dwte_local +=.
-void tp_head_backward(const Kernels *k, TpComm *c, const TpVocab *tv, TpHeadActs *h, const float *x,
-                      const float *lnfw, const float *wte_local, float *dlnfw, float *dlnfb,
-                      float *dwte_local, const int *targets, float dloss, float *dx);
-
-// ---- sequence parallelism (Korthikanti et al. 2022, --sequence-parallel) -------------------------
-//
-// Outside the two halves the residual stream is split along the sequence: rank r of the group
-// holds positions [r·T/t, (r+1)·T/t) of every sequence, (B, T/t) rows, N/t = B·T/t of the N.
-// The LayerNorms, the row-parallel biases and the residual adds run on those rows only.
-// g becomes a reduce-scatter (the partial (N,C) sums arrive as this rank's positions) and f an
-// all-gather (every rank needs all N rows of the LayerNorm output for its heads / units);
-// backward swaps them (g: all-gather of the gradient, f: reduce-scatter). An all-reduce IS a
-// reduce-scatter and an all-gather, so the bytes on the wire are the same. The replicated
-// tensors whose gradients now come from N/t rows (ln1, ln2, lnf, attprojb, fcprojb) get
-// partial gradients: the group sums them (tpm_stage_backward, site "sp grads").
-//
-// The layout is (B, T, C), so one sequence's positions are contiguous and its T/t-blocks are
-// the ranks' parts: the collectives below make one call per sequence (Megatron keeps (T, B, C)
-// and makes one call). T must be divisible by t.
 void tp_check_sequence_parallel(int T, int tp);  // fails naming the valid T when t ∤ T
 // full (B,T,C) partial sums on every rank -> local (B,T/t,C) = rank's positions, summed.
 void tp_seq_reduce_scatter(TpComm *c, const float *full, float *local, int B, int T, int C, TpSite site);
 // local (B,T/t,C) on every rank -> full (B,T,C) = every rank's positions at their places.
 void tp_seq_all_gather(TpComm *c, const float *local, float *full, int B, int T, int C, TpSite site);
-
-// A block's saved activations under SP (the same struct, other sizes; B, T are the whole
-// batch's): ln1, ln2 (N,C) the GATHERED LayerNorm outputs (the column-parallel matmuls' inputs,
-// kept so backward needs no second all-gather), ln*_mean/rstd (N/t), qkv, atty, preatt, att,
-// fch, fch_gelu as without SP, residual2 and out (N/t,C) this rank's positions; attproj and
-// fcproj (the partial sums before the reduce-scatter, not needed by backward) point into the
-// scratch's `partial` (N,C), shared by every block.
-void tp_sp_block_acts_alloc(TpBlockActs *a, int B, int T, int C, int NH, int tp, float *partial, Device dev);
-// The scratch under SP: dln (N,C), dresidual2 (N/t,C), dqkv .. dfch_gelu as without SP, and
-// full (N,C) (an all-gathered gradient), dlnl (N/t,C) (a reduce-scattered one), partial (N,C).
-void tp_sp_scratch_alloc(TpScratch *s, int B, int T, int C, int NH, int tp, Device dev);
-// inp (N/t,C): this rank's positions of the stream -> a->out (N/t,C). Two all-gathers (f) and
-// two reduce-scatters (g) of N·C.
-void tp_sp_block_forward(const Kernels *k, TpComm *c, const TpBlock *w, TpBlockActs *a, TpScratch *s,
-                         const float *inp);
-// dout (N/t,C) -> dinp (N/t,C) (may alias dout). dw += : the sharded tensors' slices whole; ln1,
-// ln2, attprojb, fcprojb PARTIAL (this rank's positions): the caller sums them over the group.
-void tp_sp_block_backward(const Kernels *k, TpComm *c, const TpBlock *w, TpBlock *dw,
-                          const TpBlockActs *a, TpScratch *s, const float *inp, const float *dout,
-                          float *dinp);
-// The embedding under SP: the masked lookup into full (N,C) (scratch), then a reduce-scatter
-// into out (N/t,C): this rank's positions of wte[inp] + wpe[t], bit for bit.
-void tp_sp_embed_forward(const Kernels *k, TpComm *c, const TpVocab *tv, float *out, float *full,
-                         const int *inp, const float *wte_local, const float *wpe, int B, int T, int C);
-// The head under SP: lnf on this rank's positions, f = all-gather into h->lnf (N,C), logits
-// and loss as without SP (every position: the three all-reduces of N). h->lnfl (N/t,C) is the
-// local part; lnf_mean/rstd are (N/t). Backward: dx (N/t,C); dlnfw, dlnfb PARTIAL.
-void tp_sp_head_acts_alloc(TpHeadActs *h, int B, int T, int C, int tp, const TpVocab *tv, Device dev);
-void tp_sp_head_forward(const Kernels *k, TpComm *c, const TpVocab *tv, TpHeadActs *h, const float *x,
-                        const float *lnfw, const float *lnfb, const float *wte_local, const int *targets);
-void tp_sp_head_backward(const Kernels *k, TpComm *c, const TpVocab *tv, TpHeadActs *h, const float *x,
-                         const float *lnfw, const float *wte_local, float *dlnfw, float *dlnfb,
-                         float *dwte_local, const int *targets, float dloss, float *dx);

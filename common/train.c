@@ -67,7 +67,7 @@ static void to_host_f32(const GPT2 *m, float *host, const float *f32, const uint
         kernels_cpu.bf16_to_f32(mem, h16, n);
         free(h16);
     }
-    if (m->l0 == 0 && m->l1 == m->cfg.L) gpt2_to_llmc(&m->cfg, mem, host);
+    if (m->l0 == 0 && m->l1 == m->cfg.L && m->tp == 1) gpt2_to_llmc(&m->cfg, mem, host);
     else memcpy(host, mem, n * sizeof(float));
     free(mem);
 }

@@ -180,6 +180,44 @@ ZeroShard zero_shard_of(const GPT2 *m, const GPT2Param *plist, int nplist) {
     return b;
 }
 
+void zero_shard_alloc(ZeroShard *b, const ZeroLayout *z, GPT2 *m, uint64_t seed) {
+    LAB_CHECK(z->n == m->num_params, "zero_shard_alloc: a layout of %zu elements for a model of %zu",
+              z->n, m->num_params);
+    *b = zero_shard_of(m, m->plist, m->nplist);
+    const int bf16 = m->dtype == GPT2_BF16;
+    b->params = bf16 ? (void *)m->params_bf16 : (void *)m->params;
+    b->grads = bf16 ? (void *)m->grads_bf16 : (void *)m->grads;
+    b->params_full = b->grads_full = 1;
+    if (bf16) {  // my pieces of the fp32 master: the initial weights, unrounded
+        b->master = mem_alloc(z->shard_n * sizeof(float), MEM_MASTER, m->dev);
+        float *init = lab_xcalloc(m->num_params, sizeof(float));
+        gpt2_init_local(m, seed, init);
+        zero_take_pieces(z, init, b->master, 0);
+        free(init);
+    } else {  // the weights themselves
+        b->master = m->params;
+        b->master_full = 1;
+    }
+    b->opt_m = mem_alloc(z->shard_n * sizeof(float), MEM_OPT_M, m->dev);
+    b->opt_v = mem_alloc(z->shard_n * sizeof(float), MEM_OPT_V, m->dev);
+}
+
+void zero_shard_free(ZeroShard *b) {
+    if (!b->master_full) mem_free(b->master);
+    mem_free(b->opt_m), mem_free(b->opt_v);
+    memset(b, 0, sizeof *b);
+}
+
+void zero_shard_master_to_params(const ZeroLayout *z, const ZeroShard *b) {
+    if (b->dt != DIST_BF16) return;  // fp32: the master is the weights
+    LAB_CHECK(b->params_full && !b->master_full, "zero_shard_master_to_params: whole bf16 weights, "
+              "a master of my pieces");
+    for (int u = 0; u < z->nunits; u++) {
+        const ZeroPiece *p = &z->p[u];
+        if (p->count) b->k->f32_to_bf16((uint16_t *)b->params + piece_global(p), b->master + p->local, p->count);
+    }
+}
+
 double zero_sum_squares(const ZeroLayout *z, const ZeroShard *b) {
     const size_t e = dist_dtype_size(b->dt);
     const int full = b->grads_full;

@@ -89,6 +89,18 @@ typedef struct ZeroShard {
 // The ZeroShard fields a GPT-2 gives (k, dt, scratch, chunk); the buffers are the caller's.
 ZeroShard zero_shard_of(const GPT2 *m, const GPT2Param *plist, int nplist);
 
+// One rank's optimizer state of its pieces (z) of model m's flat buffer, the weights and the
+// gradients whole (params_full, grads_full): Adam's m, v of my pieces (MEM_OPT_M, MEM_OPT_V,
+// zeroed) and the master: fp32 the weights themselves (master_full), bf16 an fp32 copy of my
+// pieces (MEM_MASTER) starting at m's initial weights of seed, unrounded (the weights are those
+// rounded: gpt2_init_params). A layout of one part is the whole buffer's state: 07's TP slice;
+// 09's chunks over DP (zero_layout_init_buffer); zero_adamw steps it.
+void zero_shard_alloc(ZeroShard *b, const ZeroLayout *z, GPT2 *m, uint64_t seed);
+void zero_shard_free(ZeroShard *b);
+// After the master changed outside a step (a checkpoint read into it): bf16 rounds my pieces of
+// it into the weights the forward reads; fp32 nothing (the master is the weights).
+void zero_shard_master_to_params(const ZeroLayout *z, const ZeroShard *b);
+
 // Σ g² of this rank's gradient pieces (b->grads, whole or pieces), in double. Pieces adjacent
 // in memory are summed as one run (so one part = one sum over everything, op for op the
 // single-device clipping norm).

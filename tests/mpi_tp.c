@@ -1,20 +1,31 @@
-// mpi_tp.c: the tensor-parallel pieces of common/tp.h against the full model of common/gpt2.h.
+// mpi_tp.c: the tensor-parallel pieces of common/tp.h, on a TP slice (a GPT2: tp_build), against
+// the full model of common/gpt2.h.
 //
 // Launched by tests/test_tp.c as
 //   mpirun -np N build/tests/mpi_tp <what>...
 // and run (mpitest.h) on the world and on a split group: with N = 4, tp = 4 and tp = 2. Every
 // rank also runs the full GPT-2 (gpt2_forward / gpt2_backward, one device): the truth. <what>:
-//   equiv     a whole model (vocab-parallel embedding, L TP blocks, final LayerNorm, the head's
-//             matmul on the local wte rows, vocab-parallel loss) == the full model: every block's
-//             output, the per-position losses, and every gradient, both on each rank's own shard
-//             and gathered back into the full layout (tp_block_unshard / tp_wte_unshard, summed
-//             over the group). V = 250 (tp = 2 divides it, tp = 4 pads it to 252) and V = 251
-//             (padded on both). Also: a shard's init alone == the slice of the full init, bit
-//             for bit, and the padded wte rows get exactly zero gradient.
+//   equiv     the slice's step (tp_forward, tp_backward: the vocab-parallel embedding, L TP
+//             blocks, the head's matmul on the local wte rows, the vocab-parallel loss) == the
+//             full model: every block's output, the per-position losses, and every gradient,
+//             both on each rank's own units and gathered back into the full layout
+//             (gpt2_unshard, summed over the group). V = 250 (tp = 2 divides it, tp = 4 pads it
+//             to 252) and V = 251 (padded on both). Also: a slice initialized alone (tp_build)
+//             holds the slice of the full init (gpt2_shard), bit for bit, and the padded wte
+//             rows get exactly zero gradient.
 //   count     exactly three all-reduces in the loss, each of B·T floats (the TpComm counters,
 //             and dist's call and byte counters against 2(t-1)/t · 4·B·T per all-reduce); a
 //             whole step makes 2 (forward) + 2 (backward) all-reduces of B·T·C per block, one
 //             for the embedding and one for f at the head's input.
+//   stages    the slice cut into two pipeline stages, blocks [0, 1) and [1, L), the first's
+//             output handed to the second and the second's input gradient back, computes
+//             exactly what the slice of every block computes (the same pieces, kernels and
+//             rounding points): the loss and every gradient but wte's bit for bit (the whole
+//             slice adds the head's and the embedding's parts into one buffer, the stages keep
+//             one part each), fp32 and bf16. In bf16 that checks that a stage's output is the
+//             stored, rounded value (what the next block reads). Seen failing (by hand, in the
+//             TP model before tp.c): a stage's output taken from the working layer's unrounded fp32
+//             values ("bf16: loss 4.16345072 (whole) vs 4.16349554 (stages)").
 //   mutants   the bugs tp.h is built to avoid, each made on purpose here, must be seen (the
 //             comparison of `equiv` must fail): f's backward all-reduce missing; the loss's
 //             sum of exp not reduced (the softmax normalised by the local vocab); heads of the
@@ -54,7 +65,6 @@ static const uint64_t SEED = 1234;
 
 static GPT2Config config(int V) { return (GPT2Config){.V = V, .T = T_, .L = 2, .C = 32, .NH = 4}; }
 
-
 // ---- the comm, with one bug switchable ------------------------------------------------------------
 
 static int skip_site[TP_NSITES];   // 1: that all-reduce is "forgotten" (a mutant)
@@ -91,180 +101,116 @@ static void full_run(Full *f, GPT2Config cfg) {
     gpt2_backward(&f->m, 1.0f / (B_ * T_));
 }
 
-// The full model's non-block tensors (wte, wpe, lnfw, lnfb), weights and gradients.
-static size_t off(const GPT2 *m, int tensor) { return gpt2_tensor_offset(m, tensor, -1); }
-static float *W(const GPT2 *m, int tensor) { return m->params + off(m, tensor); }
-static float *G(const GPT2 *m, int tensor) { return m->grads + off(m, tensor); }
+// ---- one rank's slice ----------------------------------------------------------------------------------
 
-// ---- one rank's TP model ------------------------------------------------------------------------------
+// The slice of every block (as_if_V: the vocabulary it believes in; the full model's V, or a
+// mutant's padded one), its set, and one step on the truth's batch.
+typedef struct { GPT2 m; GPT2Acts a; } Slice;
 
-typedef struct {
-    GPT2Config cfg;
-    TpVocab tv;
-    float *blocks[8], *dblocks[8];   // shards, tp_block_count floats each
-    TpBlock w[8], dw[8];
-    float *wte, *dwte;               // (Vl, C)
-    float *wpe, *dwpe;               // (T, C)
-    float *lnfw, *lnfb, *dlnfw, *dlnfb;
-    TpBlockActs a[8];
-    TpScratch s;
-    TpHeadActs h;
-    float *enc, *dx;                 // (N, C)
-} TpModel;
-
-static float *zeros(size_t n) { return lab_xcalloc(n ? n : 1, sizeof(float)); }
-
-// Weights from the full model's (so a mutant can alter a shard before it runs); checks on the
-// way that a shard initialized alone equals the slice of the full init.
-static void tp_model_build(TpModel *t, const Full *f, TpComm *c, int vocab_as_if) {
+static void slice_build(Slice *s, const Full *f, DistGroup *g, int as_if_V) {
     GPT2Config cfg = f->m.cfg;
-    int C = cfg.C, N = B_ * T_;
-    memset(t, 0, sizeof *t);
-    t->cfg = cfg;
-    t->tv = tp_vocab(vocab_as_if, c->tp, c->rank);
-    size_t nb = tp_block_count(C, c->tp), Vl = (size_t)t->tv.Vl;
-    for (int l = 0; l < cfg.L; l++) {
-        t->blocks[l] = zeros(nb), t->dblocks[l] = zeros(nb);
-        tp_block_views(&t->w[l], t->blocks[l], C, c->tp);
-        tp_block_views(&t->dw[l], t->dblocks[l], C, c->tp);
-        TpBlock full;
-        tp_block_of_model(&full, &cfg, f->m.params, l);
-        tp_block_shard(&t->w[l], &full, C, c->tp, c->rank);
-        float *alone = zeros(nb);
-        TpBlock va;
-        tp_block_views(&va, alone, C, c->tp);
-        tp_block_init(&va, &cfg, SEED, l, c->tp, c->rank);
-        mpi_check(memcmp(alone, t->blocks[l], nb * sizeof(float)) == 0,
-                  "tp=%d rank %d block %d: the shard initialized alone != the slice of the full init",
-                  c->tp, c->rank, l);
-        free(alone);
+    cfg.V = as_if_V;
+    const TpShape sh = {.l0 = 0, .l1 = cfg.L, .tp = g->size, .r = g->rank, .sp = 0, .B = B_, .T = T_};
+    tp_build(&s->m, cfg, DEV_CPU, GPT2_FP32, sh, SEED);
+    tp_acts_alloc(&s->a, &s->m);
+    if (as_if_V != f->m.cfg.V) {  // the full model's weights, the vocabulary padded with zero rows
+        const size_t C = (size_t)cfg.C, n = gpt2_param_count(&cfg);
+        float *padded = lab_xcalloc(n, sizeof(float));
+        memcpy(padded, f->m.params, (size_t)f->m.cfg.V * C * sizeof(float));
+        memcpy(padded + (size_t)as_if_V * C, f->m.params + (size_t)f->m.cfg.V * C,
+               (f->m.num_params - (size_t)f->m.cfg.V * C) * sizeof(float));
+        gpt2_shard(&s->m, padded, s->m.params);
+        free(padded);
+        return;
     }
-    t->wte = zeros(Vl * C), t->dwte = zeros(Vl * C);
-    TpVocab real = tp_vocab(cfg.V, c->tp, c->rank);  // the padded rows are zero in any case
-    tp_wte_shard(t->wte, W(&f->m, GPT2_WTE), &real, C);
-    float *alone = zeros(Vl * C);
-    tp_wte_init(alone, &cfg, SEED, &real);
-    mpi_check(memcmp(alone, t->wte, Vl * C * sizeof(float)) == 0,
-              "tp=%d rank %d: wte rows initialized alone != the slice of the full init", c->tp, c->rank);
-    free(alone);
-    t->wpe = zeros((size_t)T_ * C), t->dwpe = zeros((size_t)T_ * C);
-    memcpy(t->wpe, W(&f->m, GPT2_WPE), (size_t)T_ * C * sizeof(float));
-    t->lnfw = zeros(C), t->lnfb = zeros(C), t->dlnfw = zeros(C), t->dlnfb = zeros(C);
-    memcpy(t->lnfw, W(&f->m, GPT2_LNFW), C * sizeof(float));
-    memcpy(t->lnfb, W(&f->m, GPT2_LNFB), C * sizeof(float));
-    for (int l = 0; l < cfg.L; l++) tp_block_acts_alloc(&t->a[l], B_, T_, C, cfg.NH, c->tp, DEV_CPU);
-    tp_scratch_alloc(&t->s, B_, T_, C, cfg.NH, c->tp, DEV_CPU);
-    tp_head_acts_alloc(&t->h, N, C, &t->tv, DEV_CPU);
-    t->enc = zeros((size_t)N * C), t->dx = zeros((size_t)N * C);
+    float *want = lab_xcalloc(s->m.num_params, sizeof(float));
+    gpt2_shard(&s->m, f->m.params, want);
+    mpi_check(memcmp(want, s->m.params, s->m.num_params * sizeof(float)) == 0,
+              "tp=%d rank %d: the slice initialized alone != the slice of the full init", g->size, g->rank);
+    free(want);
 }
 
-static void tp_model_free(TpModel *t) {
-    for (int l = 0; l < t->cfg.L; l++) {
-        free(t->blocks[l]), free(t->dblocks[l]);
-        tp_block_acts_free(&t->a[l]);
-    }
-    tp_scratch_free(&t->s);
-    tp_head_acts_free(&t->h);
-    void *p[] = {t->wte, t->dwte, t->wpe, t->dwpe, t->lnfw, t->lnfb, t->dlnfw, t->dlnfb, t->enc, t->dx};
-    for (size_t i = 0; i < sizeof p / sizeof p[0]; i++) free(p[i]);
+static void slice_free(Slice *s) {
+    gpt2_acts_free(&s->a);
+    gpt2_free(&s->m);
 }
 
-// One forward and backward of the TP model, composed of tp.h's pieces as chapter 07 will.
-static void tp_model_step(TpModel *t, TpComm *c, const int *inp, const int *tgt) {
-    const Kernels *k = kernels_get(DEV_CPU);
-    int C = t->cfg.C, L = t->cfg.L, N = B_ * T_;
-    tp_embed_forward(k, c, &t->tv, t->enc, inp, t->wte, t->wpe, B_, T_, C);
-    const float *x = t->enc;
-    for (int l = 0; l < L; l++) {
-        tp_block_forward(k, c, &t->w[l], &t->a[l], x);
-        x = t->a[l].out;
-    }
-    tp_head_forward(k, c, &t->tv, &t->h, x, t->lnfw, t->lnfb, t->wte, tgt);
-    tp_head_backward(k, c, &t->tv, &t->h, x, t->lnfw, t->wte, t->dlnfw, t->dlnfb, t->dwte, tgt, 1.0f / N, t->dx);
-    for (int l = L - 1; l >= 0; l--)
-        tp_block_backward(k, c, &t->w[l], &t->dw[l], &t->a[l], &t->s, l ? t->a[l - 1].out : t->enc,
-                          t->dx, t->dx);
-    tp_embed_backward(k, &t->tv, t->dwte, t->dwpe, t->dx, inp, B_, T_, C);
+static void slice_step(Slice *s, TpComm *c, const Full *f) {
+    gpt2_acts_set_batch(&s->m, &s->a, f->inp, f->tgt);
+    gpt2_zero_grad(&s->m);
+    tp_forward(&s->m, &s->a, c);
+    tp_backward(&s->m, &s->a, c, 1.0f / (B_ * T_));
 }
 
-// The worst relative difference of the TP model from the full one, over everything compared
-// (block outputs, losses, every gradient; shard by shard and gathered back). what: for messages.
-static float tp_model_worst(const TpModel *t, const Full *f, DistGroup *g, int report) {
-    const GPT2 *m = &f->m;
-    int C = t->cfg.C, N = B_ * T_, tp = g->size, r = g->rank;
+// The worst relative difference of the slice from the full model, over everything compared
+// (block outputs, losses, every gradient; unit by unit and gathered back).
+static float slice_worst(Slice *s, const Full *f, DistGroup *g, int report) {
+    const GPT2 *m = &s->m, *full = &f->m;
+    const int C = m->cfg.C, N = B_ * T_, tp = g->size, r = g->rank;
     float worst = 0.0f;
 #define SEE(name, err)                                                                           \
     do {                                                                                         \
         float e_ = (err);                                                                        \
         if (report) mpi_check(e_ <= TOL, "tp=%d rank %d V=%d: %s differs by %.3g (tolerance %g)", \
-                              tp, r, t->cfg.V, name, (double)e_, (double)TOL);                   \
+                              tp, r, full->cfg.V, name, (double)e_, (double)TOL);                \
         if (!(e_ <= worst)) worst = e_;                                                          \
     } while (0)
     char name[96];
-    for (int l = 0; l < t->cfg.L; l++) {
+    for (int l = 0; l < m->cfg.L; l++) {
         snprintf(name, sizeof name, "block %d's output", l);
-        SEE(name, mpi_rel_err(t->a[l].out, m->act.a.residual3 + (size_t)l * N * C, (size_t)N * C));
+        SEE(name, mpi_rel_err(gpt2_layer_acts(m, &s->a, l).residual3,
+                              full->act.a.residual3 + (size_t)l * N * C, (size_t)N * C));
     }
-    SEE("the per-position losses", mpi_rel_err(t->h.losses, m->act.host_losses, N));
-    double sum = 0.0;
-    for (int i = 0; i < N; i++) sum += t->h.losses[i];
-    float mean = (float)(sum / N);
+    SEE("the per-position losses", mpi_rel_err(s->a.a.losses, full->act.host_losses, N));
+    float mean = gpt2_acts_mean_loss(&s->a);
     SEE("the mean loss", mpi_rel_err(&mean, &f->loss, 1));
 
-    // Gradients on this rank's shard, against the same shard of the full gradients.
-    size_t nb = tp_block_count(C, tp), sizes[TP_BLOCK_TENSORS];
+    // Gradients on this rank's units, against the same slices of the full gradients: the
+    // block shards, wte's real rows, wpe, lnfw, lnfb.
+    const size_t nb = tp_block_count(C, tp);
+    size_t sizes[GPT2_BLOCK_TENSORS];
     tp_block_sizes(C, tp, sizes);
-    float *ref = zeros(nb);
-    for (int l = 0; l < t->cfg.L; l++) {
-        TpBlock full, vref;
-        tp_block_of_model(&full, &t->cfg, m->grads, l);
-        tp_block_views(&vref, ref, C, tp);
-        tp_block_shard(&vref, &full, C, tp, r);
+    float *ref = lab_xcalloc(nb, sizeof(float));
+    for (int l = 0; l < m->cfg.L; l++) {
+        GPT2BlockWeights fb = gpt2_full_block(&full->cfg, full->grads, l), vref = tp_block_views(ref, C, tp);
+        tp_block_shard(&vref, &fb, C, tp, r);
+        const float *mine = m->grads + gpt2_block_unit(m, l)->offset;
         size_t off = 0;
-        for (int i = 0; i < TP_BLOCK_TENSORS; i++) {
+        for (int i = 0; i < GPT2_BLOCK_TENSORS; i++) {
             snprintf(name, sizeof name, "block %d's gradient tensor %d (shard)", l, i);
-            SEE(name, mpi_rel_err(t->dblocks[l] + off, ref + off, sizes[i]));
+            SEE(name, mpi_rel_err(mine + off, ref + off, sizes[i]));
             off += sizes[i];
         }
     }
     free(ref);
-    TpVocab real = tp_vocab(t->cfg.V, tp, r);
-    size_t Vl = (size_t)t->tv.Vl;
-    float *wref = zeros(Vl * C);
-    tp_wte_shard(wref, G(m, GPT2_WTE), &real, C);
-    SEE("the wte gradient (shard)", mpi_rel_err(t->dwte, wref, Vl * C));
+    const TpVocab real = tp_vocab(full->cfg.V, tp, r);
+    const size_t Vl = (size_t)real.Vl;
+    float *wref = lab_xcalloc(Vl * C, sizeof(float));
+    tp_wte_shard(wref, full->grads, &real, C);
+    const float *dwte = m->grads, *dwpe = m->grads + Vl * C;  // the EMBED unit: wte's rows, wpe
+    SEE("the wte gradient (shard)", mpi_rel_err(dwte, wref, (size_t)real.nvalid * C));
     free(wref);
     int pad_clean = 1;
-    for (size_t i = (size_t)real.nvalid * C; i < Vl * C; i++) pad_clean &= t->dwte[i] == 0.0f;
-    if (report) mpi_check(pad_clean, "tp=%d rank %d V=%d: a padded wte row got a gradient", tp, r, t->cfg.V);
+    for (size_t i = (size_t)real.nvalid * C; i < Vl * C; i++) pad_clean &= dwte[i] == 0.0f;
+    if (report) mpi_check(pad_clean, "tp=%d rank %d V=%d: a padded wte row got a gradient", tp, r, full->cfg.V);
     if (!pad_clean) worst = INFINITY;
-    SEE("the wpe gradient", mpi_rel_err(t->dwpe, G(m, GPT2_WPE), (size_t)T_ * C));
-    SEE("the lnfw gradient", mpi_rel_err(t->dlnfw, G(m, GPT2_LNFW), C));
-    SEE("the lnfb gradient", mpi_rel_err(t->dlnfb, G(m, GPT2_LNFB), C));
+    SEE("the wpe gradient", mpi_rel_err(dwpe, full->grads + (size_t)full->cfg.V * C, (size_t)T_ * C));
+    const float *dlnf = m->grads + m->units[m->nunits - 1].offset;  // the HEAD unit: lnfw, lnfb
+    SEE("the lnfw, lnfb gradients", mpi_rel_err(dlnf, full->grads + full->units[full->nunits - 1].offset, 2 * (size_t)C));
 
-    // Gathered back: every rank writes its slices into a zeroed full-size buffer (the
-    // replicated tensors from rank 0 only), the group sums them: the whole gradient.
-    float *all = zeros(m->num_params);
-    for (int l = 0; l < t->cfg.L; l++) {
-        TpBlock full;
-        tp_block_of_model(&full, &t->cfg, all, l);
-        tp_block_unshard(&full, &t->dw[l], C, tp, r, r == 0);
+    // Gathered back (the slice's vocabulary is the truth's): every rank writes its slices into
+    // a zeroed full-size buffer (the replicated tensors from rank 0 only), the group sums them.
+    if (m->cfg.V == full->cfg.V) {
+        float *all = lab_xcalloc(full->num_params, sizeof(float));
+        gpt2_unshard(m, m->grads, all, r == 0);
+        dist_all_reduce(all, all, full->num_params, DIST_F32, DIST_SUM, g);
+        for (int j = 0; j < full->nplist; j++) {
+            snprintf(name, sizeof name, "the gathered gradient of %.31s", full->plist[j].name);
+            SEE(name, mpi_rel_err(all + full->plist[j].offset, full->grads + full->plist[j].offset,
+                                  full->plist[j].size));
+        }
+        free(all);
     }
-    float *wte_all = all + (off(m, GPT2_WTE));
-    tp_wte_unshard(wte_all, t->dwte, &real, C);
-    if (r == 0) {
-        memcpy(all + (off(m, GPT2_WPE)), t->dwpe, (size_t)T_ * C * sizeof(float));
-        memcpy(all + (off(m, GPT2_LNFW)), t->dlnfw, C * sizeof(float));
-        memcpy(all + (off(m, GPT2_LNFB)), t->dlnfb, C * sizeof(float));
-    }
-    dist_all_reduce(all, all, m->num_params, DIST_F32, DIST_SUM, g);
-    GPT2Param list[64];
-    int np = gpt2_params(&t->cfg, list);
-    for (int j = 0; j < np; j++) {
-        snprintf(name, sizeof name, "the gathered gradient of %.31s", list[j].name);
-        SEE(name, mpi_rel_err(all + list[j].offset, m->grads + list[j].offset, list[j].size));
-    }
-    free(all);
 #undef SEE
     return worst;
 }
@@ -279,14 +225,14 @@ static void run_equiv(DistGroup *g) {
         Full f;
         full_run(&f, config(Vs[i]));
         TpComm c = comm(g);
-        TpModel t;
-        tp_model_build(&t, &f, &c, Vs[i]);
-        tp_model_step(&t, &c, f.inp, f.tgt);
-        float worst = tp_model_worst(&t, &f, g, 1);
+        Slice s;
+        slice_build(&s, &f, g, Vs[i]);
+        slice_step(&s, &c, &f);
+        float worst = slice_worst(&s, &f, g, 1);
         if (g->rank == 0)
             printf("mpi_tp: equiv tp=%d V=%d (padded to %d): worst relative difference %.3g\n", g->size,
-                   Vs[i], t.tv.Vp, (double)worst);
-        tp_model_free(&t);
+                   Vs[i], tp_vocab(Vs[i], g->size, 0).Vp, (double)worst);
+        slice_free(&s);
         gpt2_free(&f.m);
     }
 }
@@ -295,17 +241,18 @@ static void run_count(DistGroup *g) {
     Full f;
     full_run(&f, config(250));
     TpComm c = comm(g);
-    TpModel t;
-    tp_model_build(&t, &f, &c, 250);
-    int N = B_ * T_, C = t.cfg.C, L = t.cfg.L, tp = g->size;
-    const Kernels *k = kernels_get(DEV_CPU);
+    Slice s;
+    slice_build(&s, &f, g, 250);
+    const int N = B_ * T_, C = s.m.cfg.C, L = s.m.cfg.L, tp = g->size;
     // the loss alone: the TpComm counters and dist's
-    tp_model_step(&t, &c, f.inp, f.tgt);
+    slice_step(&s, &c, &f);
     TpComm c2 = comm(g);
     dist_counters_reset();
-    tp_crossentropy_forward(k, &c2, &t.tv, t.h.losses, &t.h.st, t.h.logits, f.tgt, N);
+    const TpVocab tv = tp_vocab(250, tp, g->rank);
+    TpLossStats st = {s.a.ce_max, s.a.ce_sum, s.a.ce_target};
+    tp_crossentropy_forward(s.m.k, &c2, &tv, s.a.a.losses, &st, s.a.a.logits, f.tgt, N);
     uint64_t total_calls = 0, total_floats = 0;
-    for (int s = 0; s < TP_NSITES; s++) total_calls += c2.calls[s], total_floats += c2.floats[s];
+    for (int i = 0; i < TP_NSITES; i++) total_calls += c2.calls[i], total_floats += c2.floats[i];
     mpi_check(total_calls == 3 && c2.calls[TP_SITE_CE_MAX] == 1 && c2.calls[TP_SITE_CE_SUMEXP] == 1 &&
                   c2.calls[TP_SITE_CE_TARGET] == 1 && total_floats == 3 * (uint64_t)N,
               "tp=%d: the loss made %llu all-reduces of %llu floats in all, want 3 of %d (max, sumexp, target)",
@@ -316,7 +263,7 @@ static void run_count(DistGroup *g) {
               "tp=%d: dist saw %llu all-reduces sending %llu bytes in the loss, want 3 sending 3 x 2(t-1)/t x %llu = %llu",
               tp, (unsigned long long)dc->calls[OP_ALL_REDUCE], (unsigned long long)dc->sent[OP_ALL_REDUCE],
               (unsigned long long)S, (unsigned long long)want);
-    // the whole step (run by tp_model_step above on c): per block 2 forward (g) + 2 backward (f)
+    // the whole step (slice_step above on c): per block 2 forward (g) + 2 backward (f)
     TpSite block_sites[4] = {TP_SITE_ATTN_G, TP_SITE_MLP_G, TP_SITE_ATTN_F, TP_SITE_MLP_F};
     for (int i = 0; i < 4; i++)
         mpi_check(c.calls[block_sites[i]] == (uint64_t)L && c.floats[block_sites[i]] == (uint64_t)L * N * C,
@@ -329,8 +276,71 @@ static void run_count(DistGroup *g) {
     mpi_check(c.calls[TP_SITE_EMBED] == 1 && c.floats[TP_SITE_EMBED] == (uint64_t)N * C,
               "tp=%d: the embedding made %llu all-reduces, want 1 of B*T*C", tp,
               (unsigned long long)c.calls[TP_SITE_EMBED]);
-    tp_model_free(&t);
+    slice_free(&s);
     gpt2_free(&f.m);
+}
+
+// The gradient of parameter i of m, as fp32 on the host.
+static void grad_of(const GPT2 *m, int i, float *out) {
+    const GPT2Param *p = &m->plist[i];
+    if (m->dtype == GPT2_FP32) {
+        memcpy(out, m->grads + p->offset, p->size * sizeof(float));
+        return;
+    }
+    for (size_t j = 0; j < p->size; j++) out[j] = bf16_to_f32(m->grads_bf16[p->offset + j]);
+}
+
+static void run_stages(DistGroup *g) {
+    const GPT2Config cfg = {.V = 64, .T = T_, .L = 3, .C = 32, .NH = 4};
+    const int N = B_ * T_, tp = g->size, r = g->rank;
+    int in[B_ * T_], tg[B_ * T_];
+    for (int i = 0; i < N; i++) in[i] = (i * 7 + 3) % cfg.V, tg[i] = (i * 5 + 1) % cfg.V;
+    for (int d = 0; d < 2; d++) {
+        const GPT2Dtype dt = d ? GPT2_BF16 : GPT2_FP32;
+        TpComm c = tp_comm_group(g);
+        GPT2 whole, st[2];
+        GPT2Acts wa, sa[2];
+        tp_build(&whole, cfg, DEV_CPU, dt, (TpShape){0, cfg.L, tp, r, 0, B_, T_}, 42);
+        tp_acts_alloc(&wa, &whole);
+        gpt2_acts_set_batch(&whole, &wa, in, tg);
+        gpt2_zero_grad(&whole);
+        float lw = tp_forward(&whole, &wa, &c);
+        tp_backward(&whole, &wa, &c, 1.0f / N);
+        const int cut[3] = {0, 1, cfg.L};
+        for (int k = 0; k < 2; k++) {
+            tp_build(&st[k], cfg, DEV_CPU, dt, (TpShape){cut[k], cut[k + 1], tp, r, 0, B_, T_}, 42);
+            tp_acts_alloc(&sa[k], &st[k]);
+            gpt2_acts_set_batch(&st[k], &sa[k], in, k == 1 ? tg : NULL);
+            gpt2_zero_grad(&st[k]);
+        }
+        tp_forward(&st[0], &sa[0], &c);
+        gpt2_acts_output(&st[0], &sa[0], gpt2_acts_input(&sa[1]));
+        float ls = tp_forward(&st[1], &sa[1], &c);
+        tp_backward(&st[1], &sa[1], &c, 1.0f / N);
+        memcpy(gpt2_acts_doutput(&sa[0]), gpt2_acts_dinput(&sa[1]), (size_t)N * cfg.C * sizeof(float));
+        tp_backward(&st[0], &sa[0], &c, 1.0f / N);
+        mpi_check(memcmp(&lw, &ls, sizeof lw) == 0, "tp=%d %s: loss %.9g (whole) vs %.9g (stages)", tp,
+                  d ? "bf16" : "fp32", (double)lw, (double)ls);
+        // every tensor but wte, found by name in the stage that holds it
+        float *a = lab_xmalloc(tp_block_count(cfg.C, 1) * sizeof(float)), *b = lab_xmalloc(tp_block_count(cfg.C, 1) * sizeof(float));
+        int compared = 0;
+        for (int i = 1; i < whole.nplist; i++)
+            for (int k = 0; k < 2; k++)
+                for (int j = 0; j < st[k].nplist; j++) {
+                    if (strcmp(st[k].plist[j].name, whole.plist[i].name) != 0) continue;
+                    grad_of(&whole, i, a);
+                    grad_of(&st[k], j, b);
+                    mpi_check(memcmp(a, b, whole.plist[i].size * sizeof(float)) == 0, "tp=%d %s: the "
+                              "gradient of %s differs between the whole slice and stage %d", tp,
+                              d ? "bf16" : "fp32", whole.plist[i].name, k);
+                    compared++;
+                }
+        mpi_check(compared == whole.nplist - 1, "tp=%d: compared %d tensors of %d", tp, compared, whole.nplist - 1);
+        free(a), free(b);
+        for (int k = 0; k < 2; k++) gpt2_acts_free(&sa[k]), gpt2_free(&st[k]);
+        gpt2_acts_free(&wa), gpt2_free(&whole);
+    }
+    if (r == 0) printf("mpi_tp: stages tp=%d: two stages == the whole slice, fp32 and bf16\n", tp);
 }
 
 // A mutant must move the results well past the tolerance (10x) to count as caught.
@@ -339,32 +349,32 @@ static void expect_caught(const char *bug, float worst, int tp) {
     if (dist_rank() == 0) printf("mpi_tp: mutant tp=%d \"%s\": worst difference %.3g\n", tp, bug, (double)worst);
 }
 
-static float run_mutant(DistGroup *g, int V, int vocab_as_if, const TpSite *skip, int nskip, int wrong_heads) {
+static float run_mutant(DistGroup *g, int V, int as_if_V, const TpSite *skip, int nskip, int wrong_heads) {
     Full f;
     full_run(&f, config(V));
     TpComm c = comm(g);
-    TpModel t;
-    tp_model_build(&t, &f, &c, vocab_as_if);
+    Slice s;
+    slice_build(&s, &f, g, as_if_V);
     if (wrong_heads) {  // q, k, v rows of the next rank's heads, with this rank's projection columns
-        int C = t.cfg.C, tp = g->size;
-        float *other = zeros(tp_block_count(C, tp));
-        for (int l = 0; l < t.cfg.L; l++) {
-            TpBlock full, vo;
-            tp_block_of_model(&full, &t.cfg, f.m.params, l);
-            tp_block_views(&vo, other, C, tp);
-            tp_block_shard(&vo, &full, C, tp, (g->rank + 1) % tp);
-            memcpy(t.w[l].qkvw, vo.qkvw, (size_t)3 * C / tp * C * sizeof(float));
-            memcpy(t.w[l].qkvb, vo.qkvb, (size_t)3 * C / tp * sizeof(float));
+        GPT2 other;
+        const TpShape sh = {0, s.m.cfg.L, g->size, (g->rank + 1) % g->size, 0, B_, T_};
+        tp_build(&other, s.m.cfg, DEV_CPU, GPT2_FP32, sh, SEED);
+        const GPT2BlockDims d = tp_block_dims(s.m.cfg.C, s.m.cfg.NH, g->size);
+        for (int l = 0; l < s.m.cfg.L; l++) {
+            GPT2BlockWeights mine = gpt2_block_weights(&d, s.m.params + gpt2_block_unit(&s.m, l)->offset);
+            GPT2BlockWeights next = gpt2_block_weights(&d, other.params + gpt2_block_unit(&other, l)->offset);
+            memcpy(mine.qkvw, next.qkvw, (size_t)3 * d.ATT * d.C * sizeof(float));
+            memcpy(mine.qkvb, next.qkvb, (size_t)3 * d.ATT * sizeof(float));
         }
-        free(other);
+        gpt2_free(&other);
     }
     for (int i = 0; i < nskip; i++) skip_site[skip[i]] = 1;
-    tp_model_step(&t, &c, f.inp, f.tgt);
+    slice_step(&s, &c, &f);
     memset(skip_site, 0, sizeof skip_site);
-    float worst = tp_model_worst(&t, &f, g, 0);
+    float worst = slice_worst(&s, &f, g, 0);
     // every rank must agree that the bug was seen: the worst over the group
     dist_all_reduce(&worst, &worst, 1, DIST_F32, DIST_MAX, g);
-    tp_model_free(&t);
+    slice_free(&s);
     gpt2_free(&f.m);
     return worst;
 }
@@ -382,15 +392,16 @@ static void run_mutants(DistGroup *g) {
     expect_caught("padded vocab rows leaking into the softmax", run_mutant(g, V, Vp, NULL, 0, 0), tp);
 }
 
-static const char *const kinds[] = {"equiv", "count", "mutants"};
+static const char *const kinds[] = {"equiv", "count", "stages", "mutants"};
 
 static void run(int kind, DistGroup *g) {
     if (!splits(g)) return;  // 3 ranks do not split 4 heads
     if (kind == 0) run_equiv(g);
     if (kind == 1) run_count(g);
-    if (kind == 2) run_mutants(g);
+    if (kind == 2) run_stages(g);
+    if (kind == 3) run_mutants(g);
 }
 
 int main(int argc, char **argv) {
-    return mpi_test_main(argc, argv, "mpi_tp", "usage: mpi_tp equiv|count|mutants...", kinds, 3, run);
+    return mpi_test_main(argc, argv, "mpi_tp", "usage: mpi_tp equiv|count|stages|mutants...", kinds, 4, run);
 }

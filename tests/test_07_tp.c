@@ -9,18 +9,18 @@
 // Tolerances. With tp > 1 a row-parallel matmul adds t partial dot products of C/t (or 4C/t)
 // terms, and the all-reduce adds them in another order than one long dot product; the loss's
 // max / sum of exp / target logit are computed per vocabulary slice, then reduced; the clip
-// norm is summed tensor by tensor. Even tp = 1 goes through these pieces, so it is not
-// bit-exact with 00. Measured over 6 steps of SMALL (printed on stderr by every run): losses
-// within 8.6e-8 relative (0 in most runs), weights within 2.1e-6 absolute (tp 1: 2.0e-6, tp 2:
+// norm is summed tensor by tensor. Measured over 6 steps of SMALL (printed on stderr by every
+// run): losses within 8.6e-8 relative (0 in most runs), weights within 2.1e-6 absolute (tp 2:
 // 1.5e-6, tp 4: 1.4e-6, V=251 on tp 2: 1.3e-6, V=250 on tp 4: 2.1e-6, 2 groups of tp 2: 1.2e-6).
 // The weights move more than the losses because Adam divides by sqrt(v): for an element whose
 // gradient is near 0 a rounding difference changes the update by a sizeable fraction of lr.
 // The bounds: 1e-6 relative on losses, 2e-5 absolute on weights (10x the worst measured).
+// tp = 1 runs gpt2's own pieces (common/tp.h): chapter 00 bit for bit (tp07/tp_1_is_chapter_00).
 // Seen failing (each break made by hand in 07_tensor_parallel/, then restored):
-//   the clip's norm not summed over the group (tpm_stage_adamw_step): default clip: losses 7e-6,
-//     weights 4.2e-5 (tp 2), 7e-5 (tp 4); the_clip_norm_is_the_full_models (--grad-clip 0.1) fails;
+//   the clip's norm not summed over the group: default clip: losses 7e-6, weights 4.2e-5 (tp 2),
+//     7e-5 (tp 4); the_clip_norm_is_the_full_models (--grad-clip 0.1) fails;
 //   the data-parallel gradient average removed: 2 groups of tp 2 differ by 4.1e-3 in the losses;
-//   the replicated tensors gathered from every rank (tpm_unshard_weights): weights off by 1.
+//   the replicated tensors gathered from every rank: weights off by 1.
 // And each mechanism tp.h provides, broken by a mutant (mutants/07-*.patch, applied to a copy of
 // the tree by tools/mutants.sh): the positive test that names it must fail with it applied.
 #include <criterion/criterion.h>
@@ -114,6 +114,50 @@ Test(tp07, tp_1_2_4_reproduce_single_device_training, .timeout = 240) {
 // and the loss leaves the oracle's. Measured with the mutant (tp 2): losses 4.4e-4 / weights
 // 6.2e-3, the replicated copies 7.0e-3 apart.
 // Mutant: mutants/07-sp-grads.patch
+// --tp 1 is chapter 00's training bit for bit (tp.h: one rank without SP runs gpt2's own
+// pieces and sets, and the norm is one sum as 00 takes it): the losses, the final weights and
+// the checkpoint (the training state: master, Adam m and v), fp32 and bf16, with clipping at
+// every step (--grad-clip 0.1) and without. Seen failing: the t = 1 slice run through the TP
+// pieces instead (mutants/tp1-through-tp-pieces.patch: the row-parallel biases added after the
+// matmul, the loss per vocabulary slice, the norm per tensor, as before this model was one).
+// Mutant: mutants/tp1-through-tp-pieces.patch
+static void check_bit_identical(const char *what, const char *flags, int np, const char *prog, const char *oflags) {
+    char a[256], b[256], f1[512], f2[512], *log = NULL;
+    snprintf(a, sizeof a, "/tmp/test07_bits_a_%d.ckpt", (int)getpid());
+    snprintf(b, sizeof b, "/tmp/test07_bits_b_%d.ckpt", (int)getpid());
+    snprintf(f1, sizeof f1, "%s --save %s", oflags, a);
+    snprintf(f2, sizeof f2, "%s --save %s", flags, b);
+    RunResults o, r;
+    run(ORACLE, 1, f1, &o);
+    run(prog, np, f2, &r);
+    cr_assert(o.nsteps == r.nsteps && o.nparams == r.nparams, "%s: the runs differ in shape", what);
+    cr_assert(memcmp(o.losses, r.losses, (size_t)o.nsteps * sizeof(float)) == 0,
+              "%s: the losses are not chapter 00's bits (worst %g relative)", what,
+              (double)harness_max_rel_diff(r.losses, o.losses, (size_t)o.nsteps));
+    cr_assert(memcmp(o.params, r.params, o.nparams * sizeof(float)) == 0,
+              "%s: the final weights are not chapter 00's bits (worst %g)", what,
+              (double)harness_max_abs_diff(r.params, o.params, o.nparams));
+    char cmd[640];
+    snprintf(cmd, sizeof cmd, "cmp -s %s %s", a, b);
+    cr_assert_eq(harness_run(cmd, &log, 30), 0, "%s: the checkpoints differ (cmp %s %s)", what, a, b);
+    free(log);
+    fprintf(stderr, "test_07: %-44s chapter 00's bits (losses, weights, checkpoint)\n", what);
+    unlink(a), unlink(b);
+    results_free(&o), results_free(&r);
+}
+
+Test(tp07, tp_1_is_chapter_00_bit_for_bit, .timeout = 120) {
+    static const char *const models[4] = {"", "--grad-clip 0.1", "--dtype bf16", "--dtype bf16 --grad-clip 0.1"};
+    for (int i = 0; i < 4; i++) {
+        char flags[256], what[128];
+        snprintf(flags, sizeof flags, "%s %s", SMALL, models[i]);
+        snprintf(what, sizeof what, "--tp 1 %s", models[i]);
+        char tpf[320];
+        snprintf(tpf, sizeof tpf, "%s --tp 1", flags);
+        check_bit_identical(what, tpf, 1, TP, flags);
+    }
+}
+
 Test(tp07, sequence_parallel_tp_2_4_reproduce_single_device_training, .timeout = 180) {
     check_equivalent(2, "--tp 2 --sequence-parallel", "");
     check_equivalent(4, "--tp 4 --sequence-parallel", "--vocab 250");  // and a padded vocabulary
@@ -147,13 +191,13 @@ Test(tp07, tp_groups_as_data_parallel_replicas, .timeout = 180) {
 // boundary then lands one bf16 step away: 2^-8 = 3.9e-3 in [0.5, 1), 2^-7 = 7.8e-3 in [1, 2)
 // (the LayerNorm gains), as in 03's bf16 runs. With tp < world the gradients are averaged in
 // bf16 (like 03), which rounds again. Measured (6 steps, SMALL), losses (rel) / weights (abs):
-//   tp 1: 8.6e-8 / 7.6e-6   tp 2: 1.6e-6 / 6.1e-5   tp 4: 1.9e-6 / 6.1e-5   tp 2 V=250: 1.4e-6 / 2.4e-4
+//   tp 1: 0 / 0 (00's bits)  tp 2: 1.6e-6 / 6.1e-5   tp 4: 1.9e-6 / 6.1e-5   tp 2 V=250: 1.4e-6 / 2.4e-4
 //   SP tp 2: 4.3e-6 / 2.4e-4   SP tp 4: 3.9e-6 / 2.4e-4   SP tp 2 V=250: 7.0e-6 / 9.9e-4
 //   2 groups of tp 2 (bf16 gradient average): 8.5e-6 / 1.0e-3; with SP, V=250: 1.8e-5 / 1.3e-3
 // Bounds (03's): losses 1e-4 relative (5x the worst), weights 8e-3 absolute (one bf16 step at
 // 1.0). An fp32 run against the bf16 oracle: 2.7e-5 / 3.6e-3, inside those bounds; so tp 1, which
-// rounds exactly where 00 does, gets bounds of 1e-6 / 1e-4 (12x its measured figures) that a run
-// skipping the bf16 roundings fails, and the memory test below checks the storage at every tp.
+// is 00's own run, gets a bound of 0 (a run skipping the bf16 roundings fails it), and the memory
+// test below checks the storage at tp 2.
 // The mechanisms broken must be seen within the bf16 bounds too: the SP all-reduce of the
 // LayerNorms' partial gradients forgotten (measured 6 steps, tp 2: losses 4.2e-4 relative, 4x
 // the bound, the replicated copies 7.0e-3 apart) and f's backward all-reduce at the attention
@@ -179,8 +223,8 @@ Test(tp07, bf16_tp_1_2_4_reproduce_single_device_bf16_training, .timeout = 240) 
                 if (sp && t == 1) continue;  // (SP on one rank is the plain run)
                 char tpf[64];
                 snprintf(tpf, sizeof tpf, "--tp %d%s", t, sp ? " --sequence-parallel" : "");
-                if (t == 1)  // one rank: the same rounding points as 00, so a bound an fp32
-                    check_against(&o, 1, tpf, models[i], 1e-6f, 1e-4f);  // run fails (2.7e-5)
+                if (t == 1)  // one rank: 00's own pieces (tp_1_is_chapter_00_bit_for_bit)
+                    check_against(&o, 1, tpf, models[i], 0.0f, 0.0f);
                 else
                     check_against(&o, t, tpf, models[i], BF16_LOSS_RTOL, BF16_PARAM_ATOL);
             }
@@ -196,7 +240,7 @@ Test(tp07, bf16_tp_1_2_4_reproduce_single_device_bf16_training, .timeout = 240) 
 // every block's saved set at 2 bytes per element, plus ONE fp32 working set of a block and the
 // widened input of the running piece (N·C, SP: N·C/t); the backward's scratch, the head and the
 // embedding's output and d x stay fp32. Seen failing: the stored sets allocated as floats
-// (by hand in tp_model.c: "tp=2 bf16: activations 535552 B, formula 419840").
+// (by hand in the TP model: "tp=2 bf16: activations 535552 B, formula 419840").
 Test(tp07, bf16_memory_is_two_bytes_per_weight_and_stored_activation, .timeout = 120) {
     const int V = 250, T = 16, C = 32, L = 2, NH = 4, B = 4, tp = 2;
     for (int sp = 0; sp < 2; sp++) {
@@ -324,8 +368,12 @@ Test(tp07, bytes_per_step_are_the_formula_and_the_loss_makes_three, .timeout = 1
 // ones (wpe, lnf, and per block ln1, ln2, attprojb, fcprojb) whole. Activations (N = B·T):
 // per block 6NC + 4N + 12NC/t + 2·B·(NH/t)·T² floats, the backward's scratch
 // 2NC + 12NC/t + 2·B·(NH/t)·T², the head 2NC + 6N + 2N·Vp/t, the embedding's output and its
-// gradient 2NC. Seen failing: the embedding's output allocated twice as large ("tp=1:
-// activations 680448 B, formula 672256").
+// gradient 2NC. tp = 1 runs gpt2's own sets: chapter 00's activations (calc_activation_bytes_lab's
+// list, written here from the shapes: per block 18NC + 4N + 2·B·NH·T² stored, the input, lnf,
+// its statistics, the losses, logits and probs 2NC + 3N + 2NV; the gradients of one block's
+// tensors 15NC + 2·B·NH·T², of every block's output L·NC, of the input, lnf and the logits
+// 2NC + NV). Seen failing: the embedding's output allocated twice as large (when tp 1 ran the
+// TP pieces: "tp=1: activations 680448 B, formula 672256").
 Test(tp07, memory_per_rank_is_the_formula, .timeout = 120) {
     const int V = 250, T = 16, C = 32, L = 2, NH = 4, B = 4;
     for (int tp = 1; tp <= 4; tp *= 2) {
@@ -345,6 +393,9 @@ Test(tp07, memory_per_rank_is_the_formula, .timeout = 120) {
         double N = B * T, NC = N * c, att = (double)B * (NH / tp) * T * T;
         double acts = L * (6 * NC + 4 * N + 12 * NC / tp + 2 * att) + (2 * NC + 12 * NC / tp + 2 * att) +
                       (2 * NC + 6 * N + 2 * N * Vp / tp) + 2 * NC;
+        if (tp == 1)
+            acts = L * (18 * NC + 4 * N + 2 * att) + (2 * NC + 3 * N + 2 * N * V) +
+                   (15 * NC + 2 * att + L * NC + 2 * NC + N * V);
         cr_assert_eq(results_get(&r, "mem_acts", -1), 4 * acts, "tp=%d: activations %g B, formula %g",
                      tp, results_get(&r, "mem_acts", -1), 4 * acts);
         results_free(&r);
@@ -402,6 +453,8 @@ Test(tp07, bad_tp_is_refused_with_what_would_be_valid, .timeout = 120) {
     harness_assert_refused(2, TP " --tp 4 --steps 1", "larger than the 2 ranks");
     harness_assert_refused(3, TP " --tp 2 --steps 1", "does not divide the 3 ranks");
     harness_assert_refused(4, TP " --tp 4 --seq 10 --sequence-parallel --steps 1", "T must be a multiple of 4 (e.g. --seq 12)");
+    // SP splits the sequence over the ranks of a TP group: one rank has nothing to split
+    harness_assert_refused(1, TP " --tp 1 --sequence-parallel --steps 1", "--tp 1 has one rank", "Use --tp 2 or more");
 }
 
 // ---- checkpoints: the full model's state, so any layout resumes any other's ---------------------
@@ -411,7 +464,7 @@ Test(tp07, bad_tp_is_refused_with_what_would_be_valid, .timeout = 120) {
 // bit, tp = 4, 2), so TP 4 resuming chapter 00's step-3 checkpoint, and 00 resuming TP 4's,
 // then train as the uninterrupted 00 run within the equivalence tolerance (the steps on the
 // other side round differently, not the hand-over). Measured: TP4 from 00's state: losses 0,
-// weights 2.1e-7; 00 from TP4's: losses 0, weights 1.4e-6. Seen failing: tpm_shard
+// weights 2.1e-7; 00 from TP4's: losses 0, weights 1.4e-6. Seen failing: the shard
 // taking wpe from lnfw's offset ("resume: the final weights differ after resuming at step 3").
 static void mpi_07_passes(int np, const char *what);
 // a (resumed at step `from`) against b (uninterrupted): the losses of the steps a ran, the weights

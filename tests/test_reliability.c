@@ -54,9 +54,9 @@ Test(reliability, chapter_06_fsdp, .timeout = 400) {
 }
 
 // 07: a TP group of 2 in bf16: the save gathers the slices of the fp32 master (and Adam m, v) to
-// rank 0 in the lab's format; the NaN is injected into rank 0's bf16 gradients (tpm_stage_poison_grad)
-// and must stop both ranks through the group's clipping norm (10.2 s at load 8; seen failing
-// with tpm_stage_poison_grad a no-op: "nan: the run succeeded").
+// rank 0 in the lab's format; the NaN is injected into rank 0's bf16 gradients (session_poison
+// on the slice's gradient buffer) and must stop both ranks through the group's clipping norm
+// (10.2 s at load 8; seen failing with the injection a no-op: "nan: the run succeeded").
 Test(reliability, chapter_07_tensor_parallel, .timeout = 400) {
     harness_assert_reliable("./07_tensor_parallel/run --quiet --tp 2 --dtype bf16", 2, MODEL, &CFG);
 }

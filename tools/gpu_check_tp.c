@@ -1,11 +1,13 @@
 // gpu_check_tp.c: are the CUDA kernels of tensor parallelism (kernels.h's "tensor parallelism"
 // section, used by common/tp.c) right? Each one runs on the CPU and on the GPU with the same
 // random inputs and the outputs are compared, as tools/gpu_check does for the other kernels;
-// then tp.h's halves (a tp = 2 shard, rank 1) and a whole TP block (tp = 1, one rank: every
-// all-reduce the identity) run on both devices, forward and backward; then tp_model.h's whole
-// model (tp = 1) and a pipeline stage of it, in fp32 and in bf16 (on CUDA a bf16 model's
-// matmuls run in TF32), with and without SP: the model's loss and each of its gradient tensors,
-// the stage's loss and input gradient.
+// then tp.h's halves and a whole TP block (slice 1 of 2 of a one-block model, built by tp_build
+// on each device; one rank: every all-reduce the identity, tp_comm_single) run on both devices,
+// forward and backward, and the sequence-parallel block (tp = 1 with SP: its reduce-scatters
+// and all-gathers are copies); then a whole slice (tp_forward, tp_backward) and a pipeline stage
+// of one, in fp32 and in bf16 (on CUDA a bf16 model's matmuls run in TF32), with and without
+// SP: the slice's loss and each of its gradient tensors, the stage's loss and input gradient.
+// (A one-rank slice without SP is gpt2's own model: tools/gpu_check checks that.)
 //
 //   make BUILD=build-cuda CUDA=1 build-cuda/tools/gpu_check_tp && ./build-cuda/tools/gpu_check_tp
 //   EMU_TOOL=gpu_check_tp bash tests/cuda_emu/run.sh      (on a CPU: the CUDA code emulated)
@@ -37,7 +39,6 @@ int main(void) {
 #include "kernels.h"
 #include "mem.h"
 #include "tp.h"
-#include "tp_model.h"
 
 #define EXACT 0.0
 #define TOL_ELEMENTWISE 1e-6
@@ -193,159 +194,156 @@ static void check_kernels(void) {
 
 enum { PB = 2, PT = 17, PC = 72, PNH = 4, PN = PB * PT };  // head size 18
 
-// A block's weights and gradients on both devices (random, LayerNorm weights near 1).
-typedef struct { float *h, *d; TpBlock vh, vd; size_t n; } Both;
-static void both(Both *x, int tp, int random) {
-    x->n = tp_block_count(PC, tp);
-    x->h = random ? host_rand(x->n, -0.3f, 0.3f) : lab_xcalloc(x->n, sizeof(float));
-    x->d = mem_alloc(x->n * sizeof(float), MEM_PARAMS, DEV_CUDA);
-    tp_block_views(&x->vh, x->h, PC, tp);
-    tp_block_views(&x->vd, x->d, PC, tp);
-    if (random)
-        for (int c = 0; c < PC; c++) x->vh.ln1w[c] += 1.0f, x->vh.ln2w[c] += 1.0f;
-    mem_copy(x->d, x->h, x->n * sizeof(float));
+// A slice of a one-block model on each device, the same random weights (LayerNorm weights near
+// 1), its gradients zero, one set each (tp_build: rank r of tp, sp).
+typedef struct { GPT2 m[2]; GPT2Acts a[2]; } Both;
+static void both(Both *x, int tp, int r, int sp) {
+    const GPT2Config cfg = {.V = 96, .T = PT, .L = 1, .C = PC, .NH = PNH};
+    const TpShape sh = {.l0 = 0, .l1 = 1, .tp = tp, .r = r, .sp = sp, .B = PB, .T = PT};
+    for (int d = 0; d < 2; d++) tp_build(&x->m[d], cfg, d ? DEV_CUDA : DEV_CPU, GPT2_FP32, sh, 7);
+    const size_t n = x->m[0].num_params;
+    float *w = host_rand(n, -0.3f, 0.3f);
+    const GPT2BlockDims bd = tp_block_dims(PC, PNH, tp);
+    GPT2BlockWeights v = gpt2_block_weights(&bd, w + gpt2_block_unit(&x->m[0], 0)->offset);
+    for (int c = 0; c < PC; c++) v.ln1w[c] += 1.0f, v.ln2w[c] += 1.0f;
+    for (int d = 0; d < 2; d++) {
+        mem_copy(x->m[d].params, w, n * sizeof(float));
+        tp_acts_alloc(&x->a[d], &x->m[d]);
+    }
+    free(w);
 }
 static void both_free(Both *x) {
-    free(x->h);
-    mem_free(x->d);
+    for (int d = 0; d < 2; d++) gpt2_acts_free(&x->a[d]), gpt2_free(&x->m[d]);
 }
 
 // The halves of rank 1 of tp = 2 (no communication): partial outputs and partial input
 // gradients, and the weight gradients of the shard.
 static void check_halves(void) {
-    int tp = 2;
-    Both w, dw;
-    both(&w, tp, 1), both(&dw, tp, 0);
-    TpBlockActs ah, ad;
-    TpScratch sh, sd;
-    tp_block_acts_alloc(&ah, PB, PT, PC, PNH, tp, DEV_CPU), tp_block_acts_alloc(&ad, PB, PT, PC, PNH, tp, DEV_CUDA);
-    tp_scratch_alloc(&sh, PB, PT, PC, PNH, tp, DEV_CPU), tp_scratch_alloc(&sd, PB, PT, PC, PNH, tp, DEV_CUDA);
+    const int tp = 2;
+    Both x;
+    both(&x, tp, 1, 0);
+    TpBlockRun h, g;
+    tp_block_run(&h, &x.m[0], &x.a[0], 0);
+    tp_block_run(&g, &x.m[1], &x.a[1], 0);
     size_t NC = (size_t)PN * PC;
     float *inp = host_rand(NC, -1, 1), *dout = host_rand(NC, -1, 1), *dinp = lab_xcalloc(NC, sizeof(float));
     float *d_inp = dev_f32(inp, NC), *d_dout = dev_f32(dout, NC), *d_dinp = dev_f32(NULL, NC);
 
-    tp_attn_forward(kc, &w.vh, &ah, inp);
-    tp_attn_forward(kg, &w.vd, &ad, d_inp);
-    check("tp_attn_forward (tp 2, rank 1)", "qkv", ah.qkv, ad.qkv, (size_t)PN * 3 * PC / tp, TOL_MATMUL);
-    check("tp_attn_forward (tp 2, rank 1)", "partial", ah.attproj, ad.attproj, NC, TOL_MATMUL);
-    tp_attn_backward(kc, &w.vh, &dw.vh, &ah, &sh, inp, dout, dinp);
-    tp_attn_backward(kg, &w.vd, &dw.vd, &ad, &sd, d_inp, d_dout, d_dinp);
+    tp_attn_forward(&h, inp);
+    tp_attn_forward(&g, d_inp);
+    check("tp_attn_forward (tp 2, rank 1)", "qkv", h.x.qkv, g.x.qkv, (size_t)PN * 3 * PC / tp, TOL_MATMUL);
+    check("tp_attn_forward (tp 2, rank 1)", "partial", h.x.attproj, g.x.attproj, NC, TOL_MATMUL);
+    tp_attn_backward(&h, inp, dout, dinp);
+    tp_attn_backward(&g, d_inp, d_dout, d_dinp);
     check("tp_attn_backward (tp 2, rank 1)", "dinp", dinp, d_dinp, NC, TOL_MATMUL);
-    check("tp_attn_backward (tp 2, rank 1)", "dqkvw", dw.vh.qkvw, dw.vd.qkvw, 3 * PC / tp * PC, TOL_MATMUL);
-    check("tp_attn_backward (tp 2, rank 1)", "dattprojw", dw.vh.attprojw, dw.vd.attprojw, PC * PC / tp, TOL_MATMUL);
+    check("tp_attn_backward (tp 2, rank 1)", "dqkvw", h.dw.qkvw, g.dw.qkvw, 3 * PC / tp * PC, TOL_MATMUL);
+    check("tp_attn_backward (tp 2, rank 1)", "dattprojw", h.dw.attprojw, g.dw.attprojw, PC * PC / tp, TOL_MATMUL);
 
-    tp_mlp_forward(kc, &w.vh, &ah, inp);
-    tp_mlp_forward(kg, &w.vd, &ad, d_inp);
-    check("tp_mlp_forward (tp 2, rank 1)", "partial", ah.fcproj, ad.fcproj, NC, TOL_MATMUL);
-    tp_mlp_backward(kc, &w.vh, &dw.vh, &ah, &sh, inp, dout, dinp);
-    tp_mlp_backward(kg, &w.vd, &dw.vd, &ad, &sd, d_inp, d_dout, d_dinp);
+    tp_mlp_forward(&h, inp);
+    tp_mlp_forward(&g, d_inp);
+    check("tp_mlp_forward (tp 2, rank 1)", "partial", h.x.fcproj, g.x.fcproj, NC, TOL_MATMUL);
+    tp_mlp_backward(&h, inp, dout, dinp);
+    tp_mlp_backward(&g, d_inp, d_dout, d_dinp);
     check("tp_mlp_backward (tp 2, rank 1)", "dinp", dinp, d_dinp, NC, TOL_MATMUL);
-    check("tp_mlp_backward (tp 2, rank 1)", "dfcw", dw.vh.fcw, dw.vd.fcw, 4 * PC / tp * PC, TOL_MATMUL);
-    check("tp_mlp_backward (tp 2, rank 1)", "dfcprojw", dw.vh.fcprojw, dw.vd.fcprojw, PC * 4 * PC / tp, TOL_MATMUL);
+    check("tp_mlp_backward (tp 2, rank 1)", "dfcw", h.dw.fcw, g.dw.fcw, 4 * PC / tp * PC, TOL_MATMUL);
+    check("tp_mlp_backward (tp 2, rank 1)", "dfcprojw", h.dw.fcprojw, g.dw.fcprojw, PC * 4 * PC / tp, TOL_MATMUL);
 
-    tp_block_acts_free(&ah), tp_block_acts_free(&ad), tp_scratch_free(&sh), tp_scratch_free(&sd);
-    both_free(&w), both_free(&dw);
+    both_free(&x);
     free(inp), free(dout), free(dinp);
     dev_free_all();
 }
 
-// A whole block on one rank (tp = 1): its output, input gradient and every weight gradient;
-// sp: the sequence-parallel block (tp = 1: its reduce-scatters and all-gathers are copies; what
-// is checked is that the SP composition runs on device buffers, kernels in place included:
-// tp_bias_residual_forward with out == x).
+// A whole block on one rank (tp_comm_single): its output, input gradient and every weight
+// gradient. sp 0: slice 1 of 2 (its g's and f's the identity: the composition on device
+// buffers); sp 1: tp = 1 with SP (its reduce-scatters and all-gathers are copies: kernels in
+// place included, tp_bias_residual_forward with out == x).
 static void check_block(int sp) {
-    Both w, dw;
-    both(&w, 1, 1), both(&dw, 1, 0);
-    TpBlockActs ah, ad;
-    TpScratch sh, sd;
-    if (sp) {
-        tp_sp_scratch_alloc(&sh, PB, PT, PC, PNH, 1, DEV_CPU), tp_sp_scratch_alloc(&sd, PB, PT, PC, PNH, 1, DEV_CUDA);
-        tp_sp_block_acts_alloc(&ah, PB, PT, PC, PNH, 1, sh.partial, DEV_CPU);
-        tp_sp_block_acts_alloc(&ad, PB, PT, PC, PNH, 1, sd.partial, DEV_CUDA);
-    } else {
-        tp_block_acts_alloc(&ah, PB, PT, PC, PNH, 1, DEV_CPU), tp_block_acts_alloc(&ad, PB, PT, PC, PNH, 1, DEV_CUDA);
-        tp_scratch_alloc(&sh, PB, PT, PC, PNH, 1, DEV_CPU), tp_scratch_alloc(&sd, PB, PT, PC, PNH, 1, DEV_CUDA);
-    }
-    size_t NC = (size_t)PN * PC;
-    float *inp = host_rand(NC, -1, 1), *dout = host_rand(NC, -1, 1), *dinp = lab_xcalloc(NC, sizeof(float));
-    float *d_inp = dev_f32(inp, NC), *d_dout = dev_f32(dout, NC), *d_dinp = dev_f32(NULL, NC);
+    Both x;
+    both(&x, sp ? 1 : 2, sp ? 0 : 1, sp);
+    const size_t rows = (size_t)x.a[0].rows, n = rows * PC;
+    float *inp = host_rand(n, -1, 1), *dout = host_rand(n, -1, 1), *out = lab_xcalloc(n, sizeof(float));
+    float *d_out = dev_f32(NULL, n);
     TpComm c = tp_comm_single();
-    const char *fw = sp ? "tp_sp_block_forward (tp 1)" : "tp_block_forward (tp 1)";
-    const char *bw = sp ? "tp_sp_block_backward (tp 1)" : "tp_block_backward (tp 1)";
-    if (sp) {
-        tp_sp_block_forward(kc, &c, &w.vh, &ah, &sh, inp);
-        tp_sp_block_forward(kg, &c, &w.vd, &ad, &sd, d_inp);
-    } else {
-        tp_block_forward(kc, &c, &w.vh, &ah, inp);
-        tp_block_forward(kg, &c, &w.vd, &ad, d_inp);
+    for (int d = 0; d < 2; d++) {
+        mem_copy(gpt2_acts_input(&x.a[d]), inp, n * sizeof(float));
+        tp_block_forward(&x.m[d], &x.a[d], &c, 0, NULL);
     }
-    check(fw, "out", ah.out, ad.out, NC, TOL_MATMUL);
-    if (sp) {
-        tp_sp_block_backward(kc, &c, &w.vh, &dw.vh, &ah, &sh, inp, dout, dinp);
-        tp_sp_block_backward(kg, &c, &w.vd, &dw.vd, &ad, &sd, d_inp, d_dout, d_dinp);
-    } else {
-        tp_block_backward(kc, &c, &w.vh, &dw.vh, &ah, &sh, inp, dout, dinp);
-        tp_block_backward(kg, &c, &w.vd, &dw.vd, &ad, &sd, d_inp, d_dout, d_dinp);
+    gpt2_acts_output(&x.m[0], &x.a[0], out);
+    gpt2_acts_output(&x.m[1], &x.a[1], d_out);
+    const char *fw = sp ? "tp_block_forward (tp 1, SP)" : "tp_block_forward (tp 2, rank 1)";
+    const char *bw = sp ? "tp_block_backward (tp 1, SP)" : "tp_block_backward (tp 2, rank 1)";
+    check(fw, "out", out, d_out, n, TOL_MATMUL);
+    for (int d = 0; d < 2; d++) {
+        mem_copy(gpt2_acts_doutput(&x.a[d]), dout, n * sizeof(float));
+        tp_block_backward(&x.m[d], &x.a[d], &c, 0, NULL, NULL);
     }
-    check(bw, "dinp", dinp, d_dinp, NC, TOL_MATMUL);
-    check(bw, "dweights", dw.h, dw.d, dw.n, TOL_MATMUL);
-    tp_block_acts_free(&ah), tp_block_acts_free(&ad), tp_scratch_free(&sh), tp_scratch_free(&sd);
-    both_free(&w), both_free(&dw);
-    free(inp), free(dout), free(dinp);
+    check(bw, "dinp", gpt2_acts_dinput(&x.a[0]), gpt2_acts_dinput(&x.a[1]), n, TOL_MATMUL);
+    check(bw, "dweights", x.m[0].grads, x.m[1].grads, x.m[0].num_params, TOL_MATMUL);
+    both_free(&x);
+    free(inp), free(dout), free(out);
     dev_free_all();
 }
 
-// ---- tp_model: the whole model and a stage, on both devices ---------------------------------------
-// tp = 1 (tp_comm_single); the same batch; one forward and one backward. The model's gradients
-// (tensor by tensor, widened from bf16), and a stage of blocks [1, L) fed the same input: its
-// loss and the gradient of its input.
+// ---- a whole slice and a stage of one, on both devices -----------------------------------------------
+// One rank (tp_comm_single): without SP slice 1 of 2 (the loss of its vocabulary rows: each
+// device the same), with SP tp = 1; the same batch; one forward and one backward. The slice's
+// gradients (tensor by tensor, widened from bf16), and a stage of blocks [1, L) fed the same
+// input: its loss and the gradient of its input.
 static void check_model(GPT2Dtype dtype, int sp) {
     const GPT2Config cfg = {.V = 96, .T = 16, .L = 2, .C = 32, .NH = 4};
-    const int MB = 2, MN = MB * cfg.T;
+    const int MB = 2, MN = MB * cfg.T, tp = sp ? 1 : 2, r = sp ? 0 : 1;
     int *in = host_tokens((size_t)MN, cfg.V), *tg = host_tokens((size_t)MN, cfg.V);
     const int bf16 = dtype == GPT2_BF16;
     char what[64];
-    snprintf(what, sizeof what, "tp_model %s%s (tp 1)", bf16 ? "bf16" : "fp32", sp ? " SP" : "");
-    TpStage m[2];
-    TpStageActs ma[2];
+    snprintf(what, sizeof what, "tp slice %s%s (tp %d)", bf16 ? "bf16" : "fp32", sp ? " SP" : "", tp);
+    GPT2 m[2];
+    GPT2Acts ma[2];
     float loss[2], *g[2];
     TpComm c = tp_comm_single();
-    for (int d = 0; d < 2; d++) {  // every block: chapter 07's model
-        const TpOpts o = {.dev = d ? DEV_CUDA : DEV_CPU, .dtype = dtype, .sp = sp};
-        tpm_stage_build_opts(&m[d], cfg, 1, 0, 0, cfg.L, MB, cfg.T, 7, o);
-        tpm_stage_acts_alloc(&ma[d], &m[d]);
-        tpm_stage_zero_grad(&m[d]);
-        loss[d] = tpm_stage_forward(&m[d], &c, &ma[d], in, tg);
-        tpm_stage_backward(&m[d], &c, &ma[d], in, tg, 1.0f / (float)MN);
-        g[d] = lab_xmalloc(m[d].n * sizeof(float));
-        tpm_to_host_f32(g[d], tpm_stage_grad_buf(&m[d]), m[d].n, tpm_stage_dist_dtype(&m[d]));
+    for (int d = 0; d < 2; d++) {  // every block: chapter 07's slice
+        const TpShape sh = {.l0 = 0, .l1 = cfg.L, .tp = tp, .r = r, .sp = sp, .B = MB, .T = cfg.T};
+        tp_build(&m[d], cfg, d ? DEV_CUDA : DEV_CPU, dtype, sh, 7);
+        tp_acts_alloc(&ma[d], &m[d]);
+        gpt2_acts_set_batch(&m[d], &ma[d], in, tg);
+        loss[d] = tp_forward(&m[d], &ma[d], &c);
+        tp_backward(&m[d], &ma[d], &c, 1.0f / (float)MN);
+        if (sp) tp_sp_grads_all_reduce(&m[d], &c);
+        g[d] = lab_xmalloc(m[d].num_params * sizeof(float));
+        if (bf16) {
+            uint16_t *h16 = lab_xmalloc(m[d].num_params * sizeof(uint16_t));
+            mem_copy(h16, m[d].grads_bf16, m[d].num_params * sizeof(uint16_t));
+            for (size_t i = 0; i < m[d].num_params; i++) g[d][i] = bf16_to_f32(h16[i]);
+            free(h16);
+        } else {
+            mem_copy(g[d], m[d].grads, m[d].num_params * sizeof(float));
+        }
     }
     check_host(what, "loss", &loss[0], &loss[1], 1, bf16 ? TOL_BF16_LOSS : TOL_MATMUL);
     for (int i = 0; i < m[0].nplist; i++)  // tensor by tensor: each against its own scale
         check_host(what, m[0].plist[i].name, g[0] + m[0].plist[i].offset, g[1] + m[0].plist[i].offset,
                    m[0].plist[i].size, bf16 ? TOL_BF16_GRADS : TOL_MATMUL);
-    for (int d = 0; d < 2; d++) tpm_stage_acts_free(&ma[d], &m[d]), tpm_stage_free(&m[d]), free(g[d]);
+    for (int d = 0; d < 2; d++) gpt2_acts_free(&ma[d]), gpt2_free(&m[d]), free(g[d]);
     if (sp) {
         free(in), free(tg);
         return;
     }
     // the last stage (blocks [1, L) and the head) from the same random input
     float *x = host_rand((size_t)MN * cfg.C, -1.0f, 1.0f);
-    snprintf(what, sizeof what, "tp stage [1,%d) %s (tp 1)", cfg.L, bf16 ? "bf16" : "fp32");
+    snprintf(what, sizeof what, "tp stage [1,%d) %s (tp %d)", cfg.L, bf16 ? "bf16" : "fp32", tp);
     for (int d = 0; d < 2; d++) {
-        const TpOpts o = {.dev = d ? DEV_CUDA : DEV_CPU, .dtype = dtype, .sp = 0};
-        TpStage st;
-        TpStageActs a;
-        tpm_stage_build_opts(&st, cfg, 1, 0, 1, cfg.L, MB, cfg.T, 7, o);
-        tpm_stage_acts_alloc(&a, &st);
-        tpm_stage_zero_grad(&st);
-        mem_copy(a.in, x, (size_t)MN * cfg.C * sizeof(float));
-        loss[d] = tpm_stage_forward(&st, &c, &a, NULL, tg);
-        tpm_stage_backward(&st, &c, &a, NULL, tg, 1.0f / (float)MN);
+        const TpShape sh = {.l0 = 1, .l1 = cfg.L, .tp = tp, .r = r, .sp = 0, .B = MB, .T = cfg.T};
+        GPT2 st;
+        GPT2Acts a;
+        tp_build(&st, cfg, d ? DEV_CUDA : DEV_CPU, dtype, sh, 7);
+        tp_acts_alloc(&a, &st);
+        gpt2_acts_set_batch(&st, &a, NULL, tg);
+        mem_copy(gpt2_acts_input(&a), x, (size_t)MN * cfg.C * sizeof(float));
+        loss[d] = tp_forward(&st, &a, &c);
+        tp_backward(&st, &a, &c, 1.0f / (float)MN);
         g[d] = lab_xmalloc((size_t)MN * cfg.C * sizeof(float));
-        mem_copy(g[d], a.dx, (size_t)MN * cfg.C * sizeof(float));
-        tpm_stage_acts_free(&a, &st);
-        tpm_stage_free(&st);
+        mem_copy(g[d], gpt2_acts_dinput(&a), (size_t)MN * cfg.C * sizeof(float));
+        gpt2_acts_free(&a);
+        gpt2_free(&st);
     }
     check_host(what, "loss", &loss[0], &loss[1], 1, bf16 ? TOL_BF16_LOSS : TOL_MATMUL);
     check_host(what, "dinput", g[0], g[1], (size_t)MN * cfg.C, bf16 ? TOL_BF16_GRADS : TOL_MATMUL);
