@@ -118,9 +118,10 @@ Test(watchdog, communication_thread_named, .timeout = 60) {
 }
 
 // 08 with two stages; rank 1 stops at the start of step 3. Each 08 step makes four collectives
-// on the world (the clock's barrier, the tied wte's all-reduce, the norm's all-reduce, the
-// loss's broadcast; its sends and receives count apart): rank 0 waits in step 3's barrier, #9,
-// and rank 1's last collective was step 2's broadcast, #8.
+// on the world (the clock's barrier, the tied wte's all-reduce, the loss's broadcast, which
+// comes before the update so that --on-spike can judge the loss, then the norm's all-reduce;
+// its sends and receives count apart): rank 0 waits in step 3's barrier, #9, and rank 1's last
+// collective was step 2's norm all-reduce, #8.
 #define PIPE_HANG "./08_pipeline/run --steps 50 --log-every 1 --inject-hang 1:3"
 
 // Mutant: mutants/watchdog-never-fires.patch
@@ -130,7 +131,7 @@ Test(watchdog, pipeline_hang_ends_with_diagnosis, .timeout = 60) {
     char *line = one_diagnosis(rc, "08 --inject-hang 1:3", out);
     expect_in(line, "world group {0,1}: rank 0 waits in barrier #9 for ", out);
     expect_in(line, "rank 1 has not reached it: it is outside communication for ", out);
-    expect_in(line, "in step 3, last op: world broadcast #8)", out);
+    expect_in(line, "in step 3, last op: world all-reduce #8)", out);
     cr_assert(strstr(out, "--inject-hang: stopping without dying at the start of step 3"), "%s", out);
     free(line);
     free(out);
