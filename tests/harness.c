@@ -322,6 +322,18 @@ static int count_of(const char *hay, const char *needle) {
     return n;
 }
 
+// The run failed at step 5 or 6 saving every 2 steps: the file on disk must hold step 4's state,
+// whole (the last save before the failure, not torn by it).
+static int ckpt_on_disk_is_step_4(const char *ck, const GPT2Config *cfg, const char *what) {
+    size_t n = gpt2_param_count(cfg);
+    TrainState st = {.params = malloc(n * 4), .m = malloc(n * 4), .v = malloc(n * 4)};
+    ckpt_load_state(ck, cfg, &st);
+    int ok = st.step == 4;
+    if (!ok) fprintf(stderr, "%s: the checkpoint on disk is after step %d, not 4\n", what, st.step);
+    free(st.params), free(st.m), free(st.v);
+    return ok;
+}
+
 int harness_nan_fails_cleanly(const char *prog, int np, const char *flags, const GPT2Config *cfg) {
     char ck[256], cmd[1024], *out = NULL;
     harness_tmp(ck, sizeof ck, "nan.ckpt");
@@ -338,14 +350,7 @@ int harness_nan_fails_cleanly(const char *prog, int np, const char *flags, const
                 out ? out : "");
         ok = 0;
     } else {
-        size_t n = gpt2_param_count(cfg);
-        TrainState st = {.params = malloc(n * 4), .m = malloc(n * 4), .v = malloc(n * 4)};
-        ckpt_load_state(ck, cfg, &st);
-        if (st.step != 4) {
-            fprintf(stderr, "nan: the checkpoint on disk is after step %d, not 4\n", st.step);
-            ok = 0;
-        }
-        free(st.params), free(st.m), free(st.v);
+        ok = ckpt_on_disk_is_step_4(ck, cfg, "nan");
     }
     free(out);
     unlink(ck);
@@ -410,14 +415,7 @@ int harness_oom_fails_cleanly(const char *prog, int np, const char *flags, const
                 t_end - t_msg, HARNESS_PROMPT_S, out);
         ok = 0;
     } else {
-        size_t n = gpt2_param_count(cfg);
-        TrainState st = {.params = malloc(n * 4), .m = malloc(n * 4), .v = malloc(n * 4)};
-        ckpt_load_state(ck, cfg, &st);
-        if (st.step != 4) {
-            fprintf(stderr, "oom: the checkpoint on disk is after step %d, not 4\n", st.step);
-            ok = 0;
-        }
-        free(st.params), free(st.m), free(st.v);
+        ok = ckpt_on_disk_is_step_4(ck, cfg, "oom");
     }
     free(out);
     unlink(ck);
@@ -584,4 +582,14 @@ int harness_refuses(int np, const char *cmd, const char *const *words, int nword
     if (why[0]) fprintf(stderr, "-np %d %s: exit %d, %s:\n%s\n", np, cmd, rc, why, out ? out : "(no output)");
     free(out);
     return why[0] == 0;
+}
+
+int harness_read_lines(const char *path, char **lines, int max) {
+    FILE *f = fopen(path, "r");
+    if (!f) return -1;
+    int n = 0;
+    char buf[4096];
+    while (n < max && fgets(buf, sizeof buf, f)) lines[n++] = strdup(buf);
+    fclose(f);
+    return n;
 }

@@ -51,16 +51,6 @@ static void run(const char *prog, int np, const char *flags, RunResults *out) {
     harness_assert_run_dump(prog, np, flags, out);
 }
 
-// The --log file's lines (at most max), each malloc'd; returns how many.
-static int read_lines(const char *path, char **lines, int max) {
-    FILE *f = fopen(path, "r");
-    if (!f) return -1;
-    int n = 0;
-    char buf[4096];
-    while (n < max && fgets(buf, sizeof buf, f)) lines[n++] = strdup(buf);
-    fclose(f);
-    return n;
-}
 
 // The integer after "key": in line, or -1.
 static int json_int(const char *line, const char *key) {
@@ -76,7 +66,7 @@ static int json_int(const char *line, const char *key) {
 // "step"): step `at` once more, as the step its rollback skips ("skipped":"rollback").
 static void assert_log(const char *path, int at, const char *why, int spikes, int nans, int rollbacks) {
     char *l[64];
-    int n = read_lines(path, l, 64), seen = 0;
+    int n = harness_read_lines(path, l, 64), seen = 0;
     cr_assert(n >= 18, "%s: %d lines, not 18 or more", path, n);
     char want[64];
     for (int i = 0; i < n; i++) {

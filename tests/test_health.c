@@ -100,16 +100,6 @@ static double json_num(const char *line, const char *key) {
     return strtod(p, NULL);
 }
 
-// The lines of a --log file (at most max), each malloc'd; returns how many.
-static int read_lines(const char *path, char **lines, int max) {
-    FILE *f = fopen(path, "r");
-    if (!f) return -1;
-    int n = 0;
-    char buf[4096];
-    while (n < max && fgets(buf, sizeof buf, f)) lines[n++] = strdup(buf);
-    fclose(f);
-    return n;
-}
 static void free_lines(char **lines, int n) {
     for (int i = 0; i < n; i++) free(lines[i]);
 }
@@ -155,7 +145,7 @@ Test(health, log_lines_parse_and_say_the_step) {
              log);
     cr_assert_eq(run(cmd, &out), 0, "run failed:\n%s", out);
     char *lines[16];
-    int n = read_lines(log, lines, 16);
+    int n = harness_read_lines(log, lines, 16);
     cr_assert_eq(n, 7, "%d lines in --log for 7 steps", n);
     static const char *fields[] = {"step", "loss", "grad_norm", "clipped", "lr", "tokens_per_s",
                                    "mfu", "flops", "peak_flops", "z_loss", "z_grad_norm",
@@ -229,7 +219,7 @@ Test(health, grad_norm_is_the_norm_before_clipping, .timeout = 120) {
     snprintf(cmd, sizeof cmd, "./00_memory_budget/run --train --quiet " TINY " --steps 3 --stop-at 2 --save-weights %s", w2);
     cr_assert_eq(run(cmd, &out), 0, "run failed:\n%s", out);
     char *lines[8];
-    int n = read_lines(log, lines, 8);
+    int n = harness_read_lines(log, lines, 8);
     cr_assert_eq(n, 3);
     double logged = json_num(lines[2], "grad_norm"), want = oracle_norm(w2, 2);
     double rel = fabs(logged - want) / want;
@@ -264,7 +254,7 @@ Test(health, ddp_chapters_log_chapter_00s_norms, .timeout = 400) {
     cr_assert_eq(run(cmd, &out), 0, "run failed:\n%s", out);
     free(out);
     char *want[8];
-    cr_assert_eq(read_lines(ref, want, 8), 4);
+    cr_assert_eq(harness_read_lines(ref, want, 8), 4);
     for (int p = 0; p < 4; p++) {
         char *log = tmp_path(names[p]);
         snprintf(cmd, sizeof cmd, "%s --quiet " TINY " --steps 4 --log %s", progs[p], log);
@@ -272,7 +262,7 @@ Test(health, ddp_chapters_log_chapter_00s_norms, .timeout = 400) {
         cr_assert_eq(harness_mpirun(2, cmd, &out, 120), 0, "%s failed:\n%s", progs[p], out);
         free(out);
         char *got[8];
-        int n = read_lines(log, got, 8);
+        int n = harness_read_lines(log, got, 8);
         cr_assert_eq(n, 4, "%s: %d lines", progs[p], n);
         for (int i = 0; i < n; i++) {
             cr_assert(json_valid(got[i]), "%s", got[i]);
