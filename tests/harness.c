@@ -114,9 +114,13 @@ int harness_run(const char *cmd, char **output, int timeout_s) {
 static char *mpirun_cmd(int np, const char *env, const char *prog_and_args) {
     char *xenv = env ? str_printf("%s ", env) : str_printf("%s", "");
     char *xflag = env ? str_printf("-x %.*s ", (int)strcspn(env, "="), env) : str_printf("%s", "");
-    char *cmd = str_printf("%smpirun --allow-run-as-root --oversubscribe --bind-to none --mca btl self,vader "
+    // The transport: shared memory between the ranks of this machine, or what LAB_TEST_MCA says
+    // (tests/test_nodes.c: TCP, the transport between separate nodes)
+    const char *mca = getenv("LAB_TEST_MCA");
+    if (!mca || !*mca) mca = "--mca btl self,vader";
+    char *cmd = str_printf("%smpirun --allow-run-as-root --oversubscribe --bind-to none %s "
                            "--mca mpi_yield_when_idle 1 -x OPENBLAS_NUM_THREADS=1 %s-np %d %s",
-                           xenv, xflag, np, prog_and_args);
+                           xenv, mca, xflag, np, prog_and_args);
     free(xenv);
     free(xflag);
     return cmd;
