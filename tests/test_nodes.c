@@ -35,10 +35,12 @@ static void same_bits_over_tcp(const char *prog, int np, const char *flags) {
               "%s %s: the TCP run differs from the shared-memory run", prog, flags);
 }
 
+// Mutant: mutants/nodes-transport-ignored.patch
 Test(nodes, zero1_over_tcp_is_bit_identical, .timeout = 240) {
     same_bits_over_tcp("./05_zero/run", 2, SMALL " --zero 1");
 }
 
+// Mutant: mutants/nodes-transport-ignored.patch
 Test(nodes, grid_2x2x1_over_tcp_is_bit_identical, .timeout = 240) {
     same_bits_over_tcp("./09_3d/run", 4, SMALL " --tp 2 --pp 2 --micro-batches 2");
 }
