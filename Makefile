@@ -11,6 +11,7 @@
 #   make mutants        every deliberate bug in mutants/*.patch is caught by the test that names it
 #   make gpu-check      on a machine with a GPU: the CUDA path against the CPU path (tools/gpu_check.sh)
 #   make compare ARGS="--np 4 05_zero --zero 2"   a run against chapter 00's, as distances
+#   make questions      run every command of docs/QUESTIONS.md and check the page shows what they print
 #
 # Options: CC=clang (default gcc; MPI flags come from mpicc -showme), CUDA=0|1 (default: 1 when nvcc is found),
 #          SAN=1 (AddressSanitizer + UndefinedBehaviorSanitizer build), NP=4 (ranks for tour).
@@ -203,6 +204,11 @@ mutants: tests
 compare: $(addsuffix /run,$(CHAPTERS))
 	@bash tools/compare.sh $(ARGS)
 
+# docs/QUESTIONS.md, the notes' eight questions: every command it quotes is run, and every line
+# and answer figure it quotes must be what they print now (tools/questions.sh; test_questions).
+questions: $(addsuffix /run,$(CHAPTERS))
+	@bash tools/questions.sh
+
 gpu-check:
 	@BUILD=$(if $(filter build,$(BUILD)),build-cuda,$(BUILD)) bash tools/gpu_check.sh
 
@@ -215,4 +221,4 @@ clean:
 help:
 	@sed -n '/^# The lab/,/^$$/p' Makefile | sed 's/^# \{0,1\}//'
 
-.PHONY: all test tests grade tour bench gpu-check student clean help deps mutants matrix compare
+.PHONY: all test tests grade tour bench gpu-check student clean help deps mutants matrix compare questions
