@@ -721,14 +721,35 @@ CalcBreakdown calc_memory(const CalcModel *m, const CalcSetup *s) {
     return best;
 }
 
+// One block's ActTensors (gpt2.h), in elements: ln1, atty, attproj, residual2, ln2, fcproj,
+// residual3 (1 each), qkv (3), fch, fch_gelu (4 each) = 18 B*T*C; ln1's and ln2's mean and rstd
+// (4 B*T); preatt and att (2 B*NH*T*T).
+static double lab_layer_elems(const GPT2Config *cfg, int B, int T) {
+    return (double)B * T * cfg->C * 18 + (double)B * T * 4 + 2.0 * B * cfg->NH * (double)T * T;
+}
+
+// What a block keeps of them under recomputation r, and the one layer of recomputed tensors the
+// model's sets share (gpt2.h's GPT2Recompute), in elements.
+static double lab_kept_elems(const GPT2Config *cfg, int B, int T, GPT2Recompute r) {
+    const double scores = 2.0 * B * cfg->NH * (double)T * T;  // preatt and att
+    if (r == GPT2_RECOMPUTE_FULL) return (double)B * T * cfg->C;  // its output (the next input)
+    return lab_layer_elems(cfg, B, T) - (r == GPT2_RECOMPUTE_SELECTIVE ? scores : 0);
+}
+
+double calc_recompute_scratch_bytes(const GPT2Config *cfg, int B, int T, GPT2Recompute r) {
+    if (r == GPT2_RECOMPUTE_NONE) return 0;
+    return 4.0 * (lab_layer_elems(cfg, B, T) - lab_kept_elems(cfg, B, T, r));
+}
+
 double calc_activation_bytes_lab(const GPT2Config *cfg, int B, int T, GPT2Dtype dtype) {
+    return calc_activation_bytes_recompute(cfg, B, T, dtype, GPT2_RECOMPUTE_NONE);
+}
+
+double calc_activation_bytes_recompute(const GPT2Config *cfg, int B, int T, GPT2Dtype dtype,
+                                       GPT2Recompute r) {
     double L = cfg->L, C = cfg->C, NH = cfg->NH, V = cfg->V;
     double BT = (double)B * T;
-    // The ActTensors of gpt2.h, in elements (gpt2_act_sizes). One block's:
-    double layer = BT * C * 18                 // ln1, atty, attproj, residual2, ln2, fcproj,
-                                               // residual3 (1), qkv (3), fch, fch_gelu (4) = 18
-                   + BT * 4                    // ln1 and ln2 mean and rstd
-                   + 2 * B * NH * (double)T * T;  // preatt and att
+    double layer = lab_layer_elems(cfg, B, T);  // the ActTensors of one block
     // The embedding's and the head's: encoded, lnf (1 each); lnf mean, rstd, losses; logits, probs.
     double outer = BT * C * 2 + BT * 3 + 2 * BT * V;
     // Their gradients (gpt2_dact_sizes): one layer of scratch, shared by all blocks, plus the
@@ -742,7 +763,10 @@ double calc_activation_bytes_lab(const GPT2Config *cfg, int B, int T, GPT2Dtype 
         // the L stored layers in bf16; in fp32 one layer (where a block computes), the
         // embedding's and head's, the widened input of a block (B,T,C), and the gradients
         return 2 * L * layer + 4 * (layer + outer + BT * C + dacts);
-    return 4 * (L * layer + outer + dacts);    // fp32: 4 bytes each
+    // fp32: 4 bytes each; recomputing, each block keeps part of its layer, and the model one
+    // layer of what they do not keep
+    return 4 * (L * lab_kept_elems(cfg, B, T, r) + outer + dacts) +
+           calc_recompute_scratch_bytes(cfg, B, T, r);
 }
 
 int calc_fits(const CalcBreakdown *b, double mem_bytes) { return b->total <= mem_bytes; }

@@ -207,6 +207,14 @@ double calc_layer_activation_bytes(const CalcModel *m, const CalcSetup *s);
 //   GPT2_BF16: 2 * L*A + 4 * (A + O + B*T*C + D)   (the L layers stored in bf16; one layer, the
 //              outside tensors, a block's widened input and the gradients in fp32)
 double calc_activation_bytes_lab(const GPT2Config *cfg, int B, int T, GPT2Dtype dtype);
+// The same for an fp32 run that recomputes r (gpt2.h's GPT2Recompute; none: the above). Each
+// block keeps of its A: selective A - 2*B*NH*T*T (the scores and softmax go), full B*T*C (its
+// output, the next block's input); and the model ONE layer of what they drop, the scratch its
+// backward recomputes into (calc_recompute_scratch_bytes: 4 * (A - kept)):
+//   4 * (L*kept + O + D) + 4 * (A - kept)
+double calc_activation_bytes_recompute(const GPT2Config *cfg, int B, int T, GPT2Dtype dtype,
+                                       GPT2Recompute r);
+double calc_recompute_scratch_bytes(const GPT2Config *cfg, int B, int T, GPT2Recompute r);
 
 // 1 when total fits in mem_bytes.
 int calc_fits(const CalcBreakdown *b, double mem_bytes);
@@ -372,7 +380,6 @@ typedef struct CalcCliArgs {
     int seq_parallel;       // --seq-parallel
     int micro_batch;        // --micro-batch (0: --batch for the lab model, else 1)
     int seq_len;            // --seq-len (0: the model's T)
-    const char *recompute;  // --recompute none|selective|full
     const char *gpu;        // --gpu a100-40|a100-80|h100|h200 (NULL: none for the memory
                             // table, h100 for --cost and --plan)
     float gpu_mem;          // --gpu-mem GB (0: the preset's)

@@ -33,10 +33,15 @@ double mem_predict_scratch(const GPT2Config *cfg, int rows, int bf16, double npa
 }
 
 MemPrediction mem_predict_replica(const GPT2Config *cfg, int rows, int bf16, int has_optimizer) {
+    return mem_predict_replica_recompute(cfg, rows, bf16, has_optimizer, GPT2_RECOMPUTE_NONE);
+}
+
+MemPrediction mem_predict_replica_recompute(const GPT2Config *cfg, int rows, int bf16,
+                                            int has_optimizer, GPT2Recompute r) {
     const double n = (double)gpt2_param_count(cfg), w = bf16 ? 2.0 : 4.0;
     MemPrediction p;
     p.state = n * (w + w) + (has_optimizer ? n * ((bf16 ? 4.0 : 0.0) + 4.0 + 4.0) : 0.0);
-    p.acts = calc_activation_bytes_lab(cfg, rows, cfg->T, bf16 ? GPT2_BF16 : GPT2_FP32);
+    p.acts = calc_activation_bytes_recompute(cfg, rows, cfg->T, bf16 ? GPT2_BF16 : GPT2_FP32, r);
     p.buffers = mem_predict_scratch(cfg, rows, bf16, bf16 ? mem_predict_largest_piece(cfg) : 0);
     return p;
 }

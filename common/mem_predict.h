@@ -33,6 +33,9 @@ double mem_prediction_total(MemPrediction p);
 // in the model's type, bf16's fp32 master and Adam's m and v when it has the optimizer), the
 // activations for (rows, T) and the batch and scratch buffers of mem_predict_scratch.
 MemPrediction mem_predict_replica(const GPT2Config *cfg, int rows, int bf16, int has_optimizer);
+// The same for a run that recomputes r (fp32; calc_activation_bytes_recompute).
+MemPrediction mem_predict_replica_recompute(const GPT2Config *cfg, int rows, int bf16,
+                                            int has_optimizer, GPT2Recompute r);
 
 // The buffers every rank that runs a model of `rows` x T holds besides its state and
 // activations: the session's and the model's inputs and targets (rows x T ints each), the
