@@ -44,7 +44,8 @@ static void assert_same_bits(const char *what, const RunResults *a, const RunRes
 // prediction the refusal uses; recomputing saves what the formula says; the FLOPs the backward
 // ran again, counted as they ran, are the formula's (full: one more forward of the blocks, the
 // notes' "about 4/3" of the step; selective: only QK^T and att*V), and the run prints them.
-// Mutant: mutants/recompute-full-stale-ln2.patch
+// Mutant: mutants/recompute-stale-input.patch
+// Mutant: mutants/recompute-selective-skipped.patch
 // Mutant: mutants/recompute-calc-keeps-one-tensor-more.patch
 Test(recompute, train00) {
     GPT2Config cfg = gpt2_config_tiny();
