@@ -461,6 +461,10 @@ struct Schedule;
 // saved gradients when split.
 double calc_pipe_set_bytes(const GPT2Config *cfg, int nb, int has_head, int Bm, int T,
                            GPT2Dtype dtype, int split);
+// The same when the chunk recomputes r (fp32): each of its nb blocks keeps
+// calc_recompute_scratch_bytes less (that one layer lives once per chunk model, from its build).
+double calc_pipe_set_bytes_recompute(const GPT2Config *cfg, int nb, int has_head, int Bm, int T,
+                                     GPT2Dtype dtype, int split, GPT2Recompute r);
 // ZB-H1: what a deferred W keeps from B to W (gpt2_acts_keep_for_w): per block and position
 // the inputs of its matmuls and LayerNorms (ln1, atty, ln2: C each; fch_gelu: 4C; the block's
 // input, residual2: C each), the two LayerNorms' mean and rstd (4), the gradient of the
@@ -474,6 +478,10 @@ double calc_pipe_w_bytes(const GPT2Config *cfg, int nb, int Bm, int T, GPT2Dtype
 // chunk holds cfg->L / (p v) blocks, the last virtual stage the head.
 double calc_pipe_peak_bytes(const GPT2Config *cfg, const struct Schedule *s, int rank, int Bm,
                             int T, GPT2Dtype dtype);
+// The same with sets that recompute r (the chunks' scratch layers, allocated before the first
+// step, not counted: v * calc_recompute_scratch_bytes more for the whole run).
+double calc_pipe_peak_bytes_recompute(const GPT2Config *cfg, const struct Schedule *s, int rank,
+                                      int Bm, int T, GPT2Dtype dtype, GPT2Recompute r);
 // Bytes rank `rank` of p sends per step: one message of msg_elems elements (Bm·T·C) of
 // elem_bytes (fp32 4, bf16 2) per micro-batch for every boundary one of its v chunks has with
 // a chunk on another rank (forward to the next virtual stage, backward to the previous).

@@ -48,6 +48,11 @@ MemPrediction mem_predict_replica_recompute(const GPT2Config *cfg, int rows, int
 
 MemPrediction mem_predict_pipeline(const GPT2Config *cfg, const Schedule *s, int rank, int Bm,
                                    int bf16) {
+    return mem_predict_pipeline_recompute(cfg, s, rank, Bm, bf16, GPT2_RECOMPUTE_NONE);
+}
+
+MemPrediction mem_predict_pipeline_recompute(const GPT2Config *cfg, const Schedule *s, int rank,
+                                             int Bm, int bf16, GPT2Recompute r) {
     const int S = s->p * s->v;
     const double w = bf16 ? 2.0 : 4.0, BT = (double)Bm * cfg->T, msg = BT * cfg->C;
     const double sets = (double)s->m * s->v;  // activation sets alive, at most
@@ -57,7 +62,8 @@ MemPrediction mem_predict_pipeline(const GPT2Config *cfg, const Schedule *s, int
         p.state += (double)calc_stage_params(&cm, 1, S, c * s->p + rank) *
                    (w + w + (bf16 ? 4.0 : 0.0) + 4.0 + 4.0);
     const GPT2Dtype dt = bf16 ? GPT2_BF16 : GPT2_FP32;
-    p.acts = calc_pipe_peak_bytes(cfg, s, rank, Bm, cfg->T, dt);
+    p.acts = calc_pipe_peak_bytes_recompute(cfg, s, rank, Bm, cfg->T, dt, r) +
+             s->v * calc_recompute_scratch_bytes(cfg, Bm, cfg->T, r);  // each chunk's scratch
     // calc_pipe_peak_bytes counts at op boundaries. Inside a split B, what W keeps is allocated
     // (gpt2_acts_keep_for_w) before the set is freed: W's bytes but the wsave the set already
     // holds (10 C fp32 a block and position), on top of the sets alive before it, at most.

@@ -58,6 +58,9 @@ double mem_predict_largest_piece(const GPT2Config *cfg);
 struct Schedule;
 MemPrediction mem_predict_pipeline(const GPT2Config *cfg, const struct Schedule *s, int rank,
                                    int Bm, int bf16);
+// The same when the chunks recompute r (fp32): smaller sets, and one layer of scratch per chunk.
+MemPrediction mem_predict_pipeline_recompute(const GPT2Config *cfg, const struct Schedule *s,
+                                             int rank, int Bm, int bf16, GPT2Recompute r);
 
 // A tensor-parallel slice r of tp of the whole model (chapter 07) for a batch of `rows`: the
 // slice's parameters (calc_stage_params) with grads, master, m and v; the activations (tp.h's

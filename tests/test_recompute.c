@@ -16,6 +16,7 @@
 #include "gpt2.h"
 #include "harness.h"
 #include "results.h"
+#include "schedule.h"
 
 #define RUN00 "./00_memory_budget/run --train --quiet"
 #define FLAGS00 "--steps 3 --batch 8"
@@ -90,10 +91,62 @@ Test(recompute, train00) {
     for (int i = 0; i < 3; i++) results_free(&r[i]), free(out[i]);
 }
 
+// Chapter 08 on 2 ranks (1F1B, m = 4; interleaved, v = 2): the same bits in every mode, and
+// each stage's measured activation peak (MEM_ACTS above the step's start, at op boundaries) is
+// the calculator's walk of its table with the mode's sets, to the byte. A stage keeps of each
+// in-flight micro-batch its blocks' inputs only (full); its chunks' scratch layers come before
+// the first step: the up-front prediction counts them and still covers the measured peak.
+// Mutant: mutants/recompute-stale-input.patch
+// Mutant: mutants/recompute-calc-keeps-one-tensor-more.patch
+Test(recompute, pipeline08) {
+    static const struct { const char *sched; int v; int modes; } layouts[] = {
+        {"1f1b", 1, 3}, {"interleaved", 2, 3},
+    };
+    GPT2Config cfg = gpt2_config_tiny();
+    const int B = 8, m = 4, Bm = B / m;
+    for (size_t k = 0; k < sizeof layouts / sizeof layouts[0]; k++) {
+        RunResults r[3];
+        Schedule sc;
+        sched_make(&sc, layouts[k].sched, 2, layouts[k].v, m);
+        for (int i = 0; i < layouts[k].modes; i++) {
+            char flags[256];
+            snprintf(flags, sizeof flags, "--steps 2 --batch %d --micro-batches %d --schedule %s "
+                     "--chunks %d --recompute %s", B, m, layouts[k].sched, layouts[k].v, MODES[i]);
+            harness_assert_run_dump("./08_pipeline/run --quiet", 2, flags, &r[i]);
+            for (int rank = 0; rank < 2; rank++) {
+                char key[64];
+                snprintf(key, sizeof key, "peak_act_bytes_r%d", rank);
+                const double got = results_get(&r[i], key, -1);
+                const double want = calc_pipe_peak_bytes_recompute(&cfg, &sc, rank, Bm, cfg.T,
+                                                                   GPT2_FP32, RC[i]);
+                cr_log_info("08 %s --recompute %-9s stage %d: acts peak %.0f B, formula %.0f B",
+                            layouts[k].sched, MODES[i], rank, got, want);
+                cr_assert_eq(got, want, "08 %s --recompute %s stage %d: activation peak %.0f B, the "
+                             "calculator says %.0f B (off by %+.0f)", layouts[k].sched, MODES[i],
+                             rank, got, want, got - want);
+            }
+            const double pred = results_get(&r[i], "mem_predicted", -1);
+            const double peak = results_get(&r[i], "mem_peak", -2);
+            cr_assert(pred >= peak && pred <= 1.1 * peak, "08 %s --recompute %s: predicted %.0f B, "
+                      "measured peak %.0f B", layouts[k].sched, MODES[i], pred, peak);
+        }
+        for (int i = 1; i < layouts[k].modes; i++) {
+            char what[64];
+            snprintf(what, sizeof what, "08 %s --recompute %s", layouts[k].sched, MODES[i]);
+            assert_same_bits(what, &r[i], &r[0]);
+        }
+        for (int i = 0; i < layouts[k].modes; i++) results_free(&r[i]);
+        sched_free(&sc);
+    }
+}
+
 // What the runs do not offer is refused with one message naming what is.
 Test(recompute, refusals) {
     harness_assert_refused(1, RUN00 " --steps 1 --dtype bf16 --recompute full",
                            "--recompute full with --dtype bf16", "valid: --dtype fp32");
     harness_assert_refused(2, "./03_ddp/run --quiet --steps 1 --recompute full", "--recompute",
                            "offered by 00_memory_budget --train and 08_pipeline");
+    harness_assert_refused(2, "./08_pipeline/run --quiet --steps 1 --batch 8 --schedule zb "
+                           "--recompute selective", "--recompute selective with --schedule zb",
+                           "offered with --schedule gpipe, 1f1b and interleaved");
 }
