@@ -137,6 +137,7 @@ static void print_measured_vs_predicted(const GPT2Config *cfg, int B, int T, int
     cs.dtype = bf16 ? CALC_BF16 : CALC_FP32;
     cs.micro_batch = B;
     cs.seq_len = T;
+    cs.recompute = (CalcRecompute)rc;  // (the same numbering; the paper's formula for the mode)
     CalcBreakdown pred = calc_memory(&cm, &cs);
     double acts_lab = calc_activation_bytes_recompute(cfg, B, T, bf16 ? GPT2_BF16 : GPT2_FP32, rc);
     struct { const char *name; MemCategory cat; double predicted; } rows[] = {
@@ -144,7 +145,7 @@ static void print_measured_vs_predicted(const GPT2Config *cfg, int B, int T, int
         {"master", MEM_MASTER, pred.master},  {"adam m", MEM_OPT_M, pred.m},
         {"adam v", MEM_OPT_V, pred.v},    {"activations", MEM_ACTS, acts_lab},
     };
-    char a[32], b[32];
+    char a[32], b[32], c[32];
     printf("\nMemory of this run: measured (peak per category) vs predicted\n");
     printf("  %-12s %14s %14s %10s\n", "category", "measured", "predicted", "match");
     int exact_ok = 1;
@@ -161,20 +162,26 @@ static void print_measured_vs_predicted(const GPT2Config *cfg, int B, int T, int
            (pred.params + pred.grads + pred.master + pred.m + pred.v) /
                (double)gpt2_param_count(cfg),
            exact_ok ? "matches the runtime exactly" : "DOES NOT match the runtime");
-    printf("  activations: the lab keeps every tensor llm.c keeps (incl. the (B,NH,T,T) attention\n"
-           "  matrices, logits and probs) and the gradients of one block's = %s; the Korthikanti\n"
-           "  et al. formula for the same shapes (%s) gives %s. See README: the real run.\n",
-           mem_format(a, sizeof a, acts_lab), bf16 ? "bf16, 2 bytes" : "fp32, 2 bytes -> 4",
-           mem_format(b, sizeof b, pred.acts));
+    if (rc == GPT2_RECOMPUTE_NONE)
+        printf("  activations: the lab keeps every tensor llm.c keeps (incl. the (B,NH,T,T) attention\n"
+               "  matrices, logits and probs) and the gradients of one block's = %s; the Korthikanti\n"
+               "  et al. formula for the same shapes (%s) gives %s. See README: the real run.\n",
+               mem_format(a, sizeof a, acts_lab), bf16 ? "bf16, 2 bytes" : "fp32, 2 bytes -> 4",
+               mem_format(b, sizeof b, pred.acts));
+    else
+        printf("  activations: --recompute %s: each block keeps %s;\n"
+               "  one layer of the rest is the scratch its backward recomputes into; with the outer\n"
+               "  tensors and the gradients of one block's = %s (without recomputation: %s);\n"
+               "  the Korthikanti et al. formula for the same shapes and recomputation (fp32, 2 bytes\n"
+               "  -> 4) gives %s.\n",
+               gpt2_recompute_name(rc),
+               rc == GPT2_RECOMPUTE_FULL ? "only its input" : "all but the attention scores and softmax",
+               mem_format(a, sizeof a, acts_lab),
+               mem_format(b, sizeof b, calc_activation_bytes_lab(cfg, B, T, GPT2_FP32)),
+               mem_format(c, sizeof c, pred.acts));
     if (bf16)
         printf("  (--dtype bf16: the blocks' saved activations are stored in bf16; one layer of\n"
                "  them, the embedding's and head's activations and all gradients stay fp32)\n");
-    if (rc != GPT2_RECOMPUTE_NONE)
-        printf("  (--recompute %s: each block keeps %s, and one layer of the rest is the\n"
-               "  scratch its backward recomputes into; without recomputation: %s)\n",
-               gpt2_recompute_name(rc),
-               rc == GPT2_RECOMPUTE_FULL ? "only its input" : "all but the attention scores and softmax",
-               mem_format(a, sizeof a, calc_activation_bytes_lab(cfg, B, T, GPT2_FP32)));
 }
 
 // What recomputation cost: the model FLOPs the backwards ran again (counted as they ran) against
