@@ -426,9 +426,13 @@ const char *calc_setup_check(const CalcModel *m, const CalcSetup *s) {
     if (s->chunks < 0) return msg("--chunks %d: must be 0 or more (chunks per pipeline rank; 0 and 1: one)", s->chunks);
     if (s->acts != CALC_ACTS_PAPER && s->acts != CALC_ACTS_LAB)
         return msg("activation model %d: unknown (valid: paper, lab)", s->acts);
-    if (s->acts == CALC_ACTS_LAB && (s->sp || s->recompute != CALC_RECOMPUTE_NONE))
-        return msg("the lab's activation list (chapter 09's run) has no sequence parallelism and "
-                   "no recomputation: drop --seq-parallel and --recompute");
+    if (s->acts == CALC_ACTS_LAB && s->sp)
+        return msg("the lab's activation list (chapter 09's run) has no sequence parallelism: "
+                   "drop --seq-parallel");
+    if (s->acts == CALC_ACTS_LAB && s->recompute != CALC_RECOMPUTE_NONE &&
+        (s->tp > 1 || s->dtype != CALC_FP32))
+        return msg("the lab's runs recompute in fp32 at TP 1 only (chapter 09 at --tp 1): drop "
+                   "--recompute, or use TP 1 and fp32");
     if (m->arch == CALC_ARCH_RAW) {
         if (s->tp > 1 || s->pp > 1 || s->chunks > 1)
             return msg("--tp %d --pp %d --chunks %d: splitting a model across TP/PP ranks needs "
@@ -562,9 +566,12 @@ static double chunk_set_bytes(const CalcModel *m, const CalcSetup *s, int stage,
     if (s->acts == CALC_ACTS_LAB && s->tp == 1) {
         // t = 1: the stage runs gpt2's own pieces and sets (common/tp.h): chapter 08's set
         const GPT2Config cfg = {.V = m->V, .T = m->T, .L = m->L, .C = m->C, .NH = m->NH};
-        return calc_pipe_set_bytes(&cfg, calc_stage_layers(m->L, S, vs), vs == S - 1, s->micro_batch,
-                                   s->seq_len > 0 ? s->seq_len : m->T,
-                                   s->dtype == CALC_BF16 ? GPT2_BF16 : GPT2_FP32, 0);
+        // (GPT2Recompute numbers its modes as CalcRecompute does; each chunk's scratch layer is
+        // allocated before the first step, outside this: calc_recompute_scratch_bytes)
+        return calc_pipe_set_bytes_recompute(&cfg, calc_stage_layers(m->L, S, vs), vs == S - 1,
+                                             s->micro_batch, s->seq_len > 0 ? s->seq_len : m->T,
+                                             s->dtype == CALC_BF16 ? GPT2_BF16 : GPT2_FP32, 0,
+                                             (GPT2Recompute)s->recompute);
     }
     double acts = calc_stage_layers(m->L, S, vs) * calc_layer_activation_bytes(m, s);
     if (s->acts == CALC_ACTS_LAB) {

@@ -102,8 +102,11 @@ typedef enum { CALC_RECOMPUTE_NONE, CALC_RECOMPUTE_SELECTIVE, CALC_RECOMPUTE_FUL
 //                    and recomputation cut it): what Megatron stores, used for the large models.
 //   CALC_ACTS_LAB    what chapter 09's TP stage (common/tp.c) stores per micro-batch, no
 //                    dropout, the (B, NH/t, T, T) attention matrices twice, no SP, no
-//                    recomputation (at t = 1 gpt2's own sets, chapter 08's: calc_pipe_set_bytes):
-//                    exact for the lab's runs (the 8-rank test checks it).
+//                    recomputation at t > 1 (at t = 1 gpt2's own sets, chapter 08's:
+//                    calc_pipe_set_bytes_recompute, fp32 recomputation too; each chunk's one
+//                    layer of recompute scratch, allocated before the first step, is not in the
+//                    walk: calc_recompute_scratch_bytes): exact for the lab's runs (the 8-rank
+//                    test checks it).
 typedef enum { CALC_ACTS_PAPER, CALC_ACTS_LAB } CalcActModel;
 
 typedef struct CalcSetup {

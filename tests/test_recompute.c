@@ -140,13 +140,44 @@ Test(recompute, pipeline08) {
     }
 }
 
+// Chapter 09 at --tp 1 (its stages run gpt2's own pieces and sets, as 08's): 2 stages x 2
+// replicas, 1F1B, m = 2. The same bits in every mode, and each rank's activation peak is the
+// calculator's calc_rank_memory for the layout with the mode (calc_setup_lab's lab list).
+// Mutant: mutants/recompute-stale-input.patch
+Test(recompute, grid09_tp1) {
+    GPT2Config cfg = gpt2_config_tiny();
+    const CalcModel cm = calc_model_from_gpt2(&cfg);
+    RunResults r[3];
+    for (int i = 0; i < 3; i++) {
+        char flags[256];
+        snprintf(flags, sizeof flags, "--tp 1 --pp 2 --steps 2 --batch 8 --micro-batches 2 "
+                 "--recompute %s", MODES[i]);
+        harness_assert_run_dump("./09_3d/run --quiet", 4, flags, &r[i]);
+        CalcSetup cs = calc_setup_lab(2, 1, 2, 1, 2, 8, cfg.T, 0, CALC_FP32);
+        cs.recompute = (CalcRecompute)RC[i];
+        for (int rk = 0; rk < 4; rk++) {
+            char key[32];
+            snprintf(key, sizeof key, "acts_peak_r%d", rk);
+            const double got = results_get(&r[i], key, -1);
+            const double want = calc_rank_memory(&cm, &cs, rk / 2, rk % 2).acts;
+            cr_assert_eq(got, want, "09 --recompute %s rank %d: activation peak %.0f B, the "
+                         "calculator says %.0f B (off by %+.0f)", MODES[i], rk, got, want, got - want);
+        }
+    }
+    assert_same_bits("09 --recompute selective", &r[1], &r[0]);
+    assert_same_bits("09 --recompute full", &r[2], &r[0]);
+    for (int i = 0; i < 3; i++) results_free(&r[i]);
+}
+
 // What the runs do not offer is refused with one message naming what is.
 Test(recompute, refusals) {
     harness_assert_refused(1, RUN00 " --steps 1 --dtype bf16 --recompute full",
                            "--recompute full with --dtype bf16", "valid: --dtype fp32");
     harness_assert_refused(2, "./03_ddp/run --quiet --steps 1 --recompute full", "--recompute",
-                           "offered by 00_memory_budget --train and 08_pipeline");
+                           "offered by 00_memory_budget --train, 08_pipeline and 09_3d");
     harness_assert_refused(2, "./08_pipeline/run --quiet --steps 1 --batch 8 --schedule zb "
                            "--recompute selective", "--recompute selective with --schedule zb",
                            "offered with --schedule gpipe, 1f1b and interleaved");
+    harness_assert_refused(2, "./09_3d/run --quiet --steps 1 --batch 8 --tp 2 --recompute full",
+                           "--recompute full with --tp 2", "offered here at --tp 1");
 }
