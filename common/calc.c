@@ -654,7 +654,11 @@ static void act_formula(char *buf, size_t n, const CalcModel *m, const CalcSetup
         snprintf(buf, n, "not computed: --params gives no dimensions (use --model or --dims)");
     } else if (s->acts == CALC_ACTS_LAB && !tp) {
         snprintf(buf, n, "the lab's stage at t = 1 (chapter 09 runs gpt2's own sets, chapter 08's): "
-                 "%g-byte stored layers, fp32 input, head and one layer of gradients", w);
+                 "%g-byte stored layers, fp32 input, head and one layer of gradients%s", w,
+                 s->recompute == CALC_RECOMPUTE_FULL ? "; full recomputation: a block keeps its "
+                 "input (each chunk's scratch layer comes on top)"
+                 : s->recompute == CALC_RECOMPUTE_SELECTIVE ? "; selective: no scores kept (each "
+                 "chunk's scratch layer comes on top)" : "");
     } else if (s->acts == CALC_ACTS_LAB) {
         snprintf(buf, n, "the lab's TP stage (chapter 09), %g-byte values, N = b*s: N*h*(6 + 12/t)"
                  " + 4N + 2*b*(a/t)*s^2 per layer; per chunk its input and gradient 2*N*h; the "

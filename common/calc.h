@@ -168,7 +168,7 @@ typedef struct CalcBreakdown {
     int stage, nstages;      // which stage is the heaviest, of how many
     int layers;              // layers on that stage
     int inflight;            // micro-batches whose activations that stage keeps (1F1B)
-    char act_formula[200];   // which activation formula was used, in words
+    char act_formula[320];   // which activation formula was used, in words
 } CalcBreakdown;
 
 // NULL when (model, setup) is valid, else a message naming the flag and valid values.
