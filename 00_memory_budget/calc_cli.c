@@ -23,7 +23,6 @@ CalcCliArgs calc_cli_defaults(void) {
     a.dp = a.tp = a.pp = 1;
     a.micro_batch = 0;
     a.seq_len = 0;
-    a.recompute = "none";
     a.gpu = NULL;
     a.mfu = 0.45f;        // the notes' example; 40-55 % is excellent
     a.gpus = 8;
@@ -65,8 +64,6 @@ const FlagSpec *calc_cli_flags(CalcCliArgs *a, int *n) {
         "sequences per micro-batch b (0: --batch for the lab model, else 1)"};
     f[k++] = (FlagSpec){"--seq-len", FLAG_INT, &a->seq_len, 0, 1 << 24, NULL,
         "tokens per sequence s (0: the model's T)"};
-    f[k++] = (FlagSpec){"--recompute", FLAG_CHOICE, &a->recompute, 0, 0, "none|selective|full",
-        "activation recomputation (Korthikanti et al. 2022)"};
     f[k++] = (FlagSpec){"--gpu", FLAG_CHOICE, &a->gpu, 0, 0, "a100-40|a100-80|h100|h200",
         "GPU to fit in (default: none for the table, h100 for --cost/--plan)"};
     f[k++] = (FlagSpec){"--gpu-mem", FLAG_FLOAT, &a->gpu_mem, 0, 1e6, NULL,
@@ -185,8 +182,9 @@ int calc_cli_run(const CalcCliArgs *a, const LabArgs *lab) {
         lab_fail_collective("--dtype %s: valid: fp32, bf16 (bf16 = mixed precision)", lab->dtype);
     if (calc_parse_optim(a->optimizer, &s.optim) != 0)
         lab_fail_collective("--optimizer %s: valid: adam, sgd", a->optimizer);
-    if (calc_parse_recompute(a->recompute, &s.recompute) != 0)
-        lab_fail_collective("--recompute %s: valid: none, selective, full", a->recompute);
+    // (--recompute is a shared flag, LAB_FLAGS_RECOMPUTE: the training run takes it too)
+    if (calc_parse_recompute(lab->recompute, &s.recompute) != 0)
+        lab_fail_collective("--recompute %s: valid: none, selective, full", lab->recompute);
     s.zero = a->zero;
     s.dp = a->dp;
     s.tp = a->tp;
@@ -280,10 +278,23 @@ int calc_cli_run(const CalcCliArgs *a, const LabArgs *lab) {
         const double lab =
             calc_activation_bytes_lab(&cfg, s.micro_batch, T, bf16 ? GPT2_BF16 : GPT2_FP32);
         char bin[32];
-        printf("  this lab's runtime keeps every activation llm.c keeps (%s), and the gradients of "
-               "one block's: %.3f MB = %s for B=%d T=%d (README: the real run)\n",
-               bf16 ? "bf16, one layer in fp32" : "fp32", lab / 1e6,
-               mem_format(bin, sizeof bin, lab), s.micro_batch, T);
+        if (s.recompute == CALC_RECOMPUTE_NONE || bf16) {
+            printf("  this lab's runtime keeps every activation llm.c keeps (%s), and the gradients of "
+                   "one block's: %.3f MB = %s for B=%d T=%d (README: the real run)\n",
+                   bf16 ? "bf16, one layer in fp32" : "fp32", lab / 1e6,
+                   mem_format(bin, sizeof bin, lab), s.micro_batch, T);
+        } else {  // (GPT2Recompute numbers its modes as CalcRecompute does)
+            char without[32];
+            const double rc = calc_activation_bytes_recompute(&cfg, s.micro_batch, T, GPT2_FP32,
+                                                              (GPT2Recompute)s.recompute);
+            printf("  this lab's runtime with --recompute %s (--train) keeps %s, one layer of the "
+                   "rest to recompute into, and the gradients of one block's: %.3f MB = %s for "
+                   "B=%d T=%d (without: %s; README: recomputation)\n",
+                   calc_recompute_name(s.recompute),
+                   s.recompute == CALC_RECOMPUTE_FULL ? "each block's input" : "all but the attention scores and softmax",
+                   rc / 1e6, mem_format(bin, sizeof bin, rc), s.micro_batch, T,
+                   mem_format(without, sizeof without, lab));
+        }
     }
     calc_print_bars(stdout, &b, label, capacity);
     if (a->layout) calc_print_layout(stdout, &model, &s, &p, hw_label);

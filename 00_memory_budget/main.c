@@ -53,6 +53,10 @@ static const char *USAGE =
     "  ./00_memory_budget/run --train --dtype bf16   the same in mixed precision: bf16 params,\n"
     "                                                grads and saved activations, fp32 master\n"
     "                                                and Adam m, v\n"
+    "  ./00_memory_budget/run --train --recompute full\n"
+    "                                                keep only each block's input, rerun its\n"
+    "                                                forward in backward: the same bits, less\n"
+    "                                                activation memory, more compute\n"
     "\n"
     "The training run is single-device by definition: run it without mpirun or with -np 1.\n"
     "The calculator takes the model flags, --batch and --dtype; the training flags (--steps,\n"
@@ -81,7 +85,7 @@ static void refuse_flags_of_the_other_half(int argc, char **argv, int train, con
                                     calc[i].name);
         return;
     }
-    static const char *const calculators[] = {"--batch", "--dtype", NULL};
+    static const char *const calculators[] = {"--batch", "--dtype", "--recompute", NULL};
     const char *name = lab_shared_flag_given(argc, argv, LAB_FLAGS_SINGLE & ~LAB_FLAGS_MODEL,
                                              calculators);
     if (name)
@@ -107,7 +111,7 @@ int main(int argc, char **argv) {
     FlagSpec *extra = lab_xcalloc((size_t)nextra, sizeof(FlagSpec));
     memcpy(extra, train_flags, sizeof(train_flags));
     memcpy(extra + ntrain, calc_flags, (size_t)ncalc * sizeof(FlagSpec));
-    lab_parse_args_for(LAB_FLAGS_SINGLE, argc, argv, &args, extra, nextra, "00_memory_budget/run", USAGE);
+    lab_parse_args_for(LAB_FLAGS_SINGLE | LAB_FLAGS_RECOMPUTE, argc, argv, &args, extra, nextra, "00_memory_budget/run", USAGE);
     free(extra);
     refuse_flags_of_the_other_half(argc, argv, tf.train, calc_flags, ncalc);
 
@@ -126,20 +130,22 @@ int main(int argc, char **argv) {
 }
 
 // The memory the runtime really allocated, next to the calculator's prediction.
-static void print_measured_vs_predicted(const GPT2Config *cfg, int B, int T, int bf16) {
+static void print_measured_vs_predicted(const GPT2Config *cfg, int B, int T, int bf16,
+                                        GPT2Recompute rc) {
     CalcModel cm = calc_model_from_gpt2(cfg);
     CalcSetup cs = calc_setup_default();
     cs.dtype = bf16 ? CALC_BF16 : CALC_FP32;
     cs.micro_batch = B;
     cs.seq_len = T;
+    cs.recompute = (CalcRecompute)rc;  // (the same numbering; the paper's formula for the mode)
     CalcBreakdown pred = calc_memory(&cm, &cs);
-    double acts_lab = calc_activation_bytes_lab(cfg, B, T, bf16 ? GPT2_BF16 : GPT2_FP32);
+    double acts_lab = calc_activation_bytes_recompute(cfg, B, T, bf16 ? GPT2_BF16 : GPT2_FP32, rc);
     struct { const char *name; MemCategory cat; double predicted; } rows[] = {
         {"params", MEM_PARAMS, pred.params},  {"grads", MEM_GRADS, pred.grads},
         {"master", MEM_MASTER, pred.master},  {"adam m", MEM_OPT_M, pred.m},
         {"adam v", MEM_OPT_V, pred.v},    {"activations", MEM_ACTS, acts_lab},
     };
-    char a[32], b[32];
+    char a[32], b[32], c[32];
     printf("\nMemory of this run: measured (peak per category) vs predicted\n");
     printf("  %-12s %14s %14s %10s\n", "category", "measured", "predicted", "match");
     int exact_ok = 1;
@@ -156,14 +162,46 @@ static void print_measured_vs_predicted(const GPT2Config *cfg, int B, int T, int
            (pred.params + pred.grads + pred.master + pred.m + pred.v) /
                (double)gpt2_param_count(cfg),
            exact_ok ? "matches the runtime exactly" : "DOES NOT match the runtime");
-    printf("  activations: the lab keeps every tensor llm.c keeps (incl. the (B,NH,T,T) attention\n"
-           "  matrices, logits and probs) and the gradients of one block's = %s; the Korthikanti\n"
-           "  et al. formula for the same shapes (%s) gives %s. See README: the real run.\n",
-           mem_format(a, sizeof a, acts_lab), bf16 ? "bf16, 2 bytes" : "fp32, 2 bytes -> 4",
-           mem_format(b, sizeof b, pred.acts));
+    if (rc == GPT2_RECOMPUTE_NONE)
+        printf("  activations: the lab keeps every tensor llm.c keeps (incl. the (B,NH,T,T) attention\n"
+               "  matrices, logits and probs) and the gradients of one block's = %s; the Korthikanti\n"
+               "  et al. formula for the same shapes (%s) gives %s. See README: the real run.\n",
+               mem_format(a, sizeof a, acts_lab), bf16 ? "bf16, 2 bytes" : "fp32, 2 bytes -> 4",
+               mem_format(b, sizeof b, pred.acts));
+    else
+        printf("  activations: --recompute %s: each block keeps %s;\n"
+               "  one layer of the rest is the scratch its backward recomputes into; with the outer\n"
+               "  tensors and the gradients of one block's = %s (without recomputation: %s);\n"
+               "  the Korthikanti et al. formula for the same shapes and recomputation (fp32, 2 bytes\n"
+               "  -> 4) gives %s.\n",
+               gpt2_recompute_name(rc),
+               rc == GPT2_RECOMPUTE_FULL ? "only its input" : "all but the attention scores and softmax",
+               mem_format(a, sizeof a, acts_lab),
+               mem_format(b, sizeof b, calc_activation_bytes_lab(cfg, B, T, GPT2_FP32)),
+               mem_format(c, sizeof c, pred.acts));
     if (bf16)
         printf("  (--dtype bf16: the blocks' saved activations are stored in bf16; one layer of\n"
                "  them, the embedding's and head's activations and all gradients stay fp32)\n");
+}
+
+// What recomputation cost: the model FLOPs the backwards ran again (counted as they ran) against
+// the step's (gpt2_flops_per_step), and the time they took against the step's compute time.
+// The formula: full recomputation reruns each block's forward, about a third of the step's 6N
+// FLOPs per token (the notes' 4/3); selective only QK^T and att*V, 4*C*T per token and block.
+static void print_recompute_cost(const Session *s, int B, int T, double step_seconds) {
+    const GPT2 *m = &s->model;
+    const int steps = session_steps_run(s);
+    const double step = gpt2_flops_per_step(&s->cfg, B, T);
+    const double counted = m->rc_flops / steps;
+    const double formula = s->cfg.L * gpt2_recompute_flops(&s->cfg, m->recompute, B, T);
+    printf("\nRecomputation (--recompute %s), per step:\n", gpt2_recompute_name(m->recompute));
+    printf("  FLOPs run again   %.4g counted = %.4g by the formula (L x %s) -> %.4f x the step's %.4g"
+           " model FLOPs%s\n", counted, formula,
+           m->recompute == GPT2_RECOMPUTE_FULL ? "(2*(12C^2+13C) + 4CT) BT" : "4CT BT",
+           1.0 + counted / step, step, m->recompute == GPT2_RECOMPUTE_FULL ? " (the notes: about 4/3)" : "");
+    printf("  time              %.2f ms of %.2f ms forward+backward recomputing -> measured ratio "
+           "%.3f (step / step without it)\n", 1e3 * m->rc_seconds / steps, 1e3 * step_seconds / steps,
+           step_seconds / (step_seconds - m->rc_seconds));
 }
 
 static void print_header(const Session *s) {
@@ -188,7 +226,8 @@ static void print_header(const Session *s) {
 static MemPrediction predict_memory(const void *ctx, const LabArgs *args, int batch, int rank) {
     (void)ctx, (void)rank;
     GPT2Config cfg = lab_args_config(args);
-    return mem_predict_replica(&cfg, batch, strcmp(args->dtype, "bf16") == 0, 1);
+    return mem_predict_replica_recompute(&cfg, batch, strcmp(args->dtype, "bf16") == 0, 1,
+                                         lab_args_recompute(args));
 }
 
 static void train(const LabArgs *args) {
@@ -200,6 +239,7 @@ static void train(const LabArgs *args) {
     Session s;
     session_init(&s, args, args->batch, 1);
     const int B = args->batch, T = s.T;
+    double compute_seconds = 0;  // forward + backward (what recomputation adds to)
     session_start_at(&s, session_load_or_init(&s, (uint64_t)args->seed));  // resumed/loaded/fresh
     if (!args->quiet) print_header(&s);
 
@@ -233,6 +273,7 @@ static void train(const LabArgs *args) {
             trace_end(tok);
             session_grad_norm_sq(&s, norm_sq);  // the health line's grad norm (before clipping)
         }
+        compute_seconds += t2 - t0;
         session_phase(&s, "forward", t1 - t0);
         session_phase(&s, "backward", t2 - t1);
         session_phase(&s, "optimizer", lab_now() - t2);
@@ -242,7 +283,9 @@ static void train(const LabArgs *args) {
     session_finish(&s);  // final --save, --save-weights, --trace
     session_print_throughput(&s, 0);
     if (!args->quiet && session_steps_run(&s) > 0)
-        print_measured_vs_predicted(&s.cfg, B, T, s.bf16);
+        print_measured_vs_predicted(&s.cfg, B, T, s.bf16, s.model.recompute);
+    if (!args->quiet && session_steps_run(&s) > 0 && s.model.recompute != GPT2_RECOMPUTE_NONE)
+        print_recompute_cost(&s, B, T, compute_seconds);
     if (args->dump) {  // for the test harness: losses, final weights, measured memory
         RunResults out;
         session_dump_open(&s, &out);

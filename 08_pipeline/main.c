@@ -79,6 +79,7 @@ typedef struct PipeFlags {
     int stages;     // --compare: p
     int picture_cols;
     int max_w;      // --schedule zb: at most this many W stores pending per stage (0: no cap)
+    GPT2Recompute recompute;  // --recompute (a shared flag): each chunk's sets keep less
 } PipeFlags;
 
 // One chunk of layers on this rank: a partial model (gpt2_build_stage), its optimizer state,
@@ -341,13 +342,17 @@ static void make_schedule(Schedule *s, const PipeFlags *f, int p, int L, int B) 
     if (f->max_w > 0 && strcmp(f->schedule, "zb") != 0)
         lab_fail_collective("--max-w-stores %d: only --schedule zb defers W's; use it with "
                             "--schedule zb, or leave it out", f->max_w);
+    if (f->recompute != GPT2_RECOMPUTE_NONE && strcmp(f->schedule, "zb") == 0)
+        lab_fail_collective("--recompute %s with --schedule zb: a zero-bubble W runs after its B "
+                            "and would read what B recomputed, long gone; recomputation is offered "
+                            "with --schedule gpipe, 1f1b and interleaved", gpt2_recompute_name(f->recompute));
     sched_make(s, f->schedule, p, v, m);  // checks the name and --chunks for every schedule
     if (f->max_w > 0) sched_free(s), sched_zb_h1_capped(s, p, m, f->max_w);
 }
 
 // This rank's v chunks: chunk c is virtual stage c·p + rank, blocks [vs·per, (vs+1)·per).
 static Chunk *chunks_build(const GPT2Config *cfg, int rank, int p, int v, int m, Device dev,
-                           GPT2Dtype dtype) {
+                           GPT2Dtype dtype, GPT2Recompute rc, int Bm) {
     const int per = cfg->L / (p * v);
     Chunk *ch = lab_xcalloc((size_t)v, sizeof(Chunk));
     for (int c = 0; c < v; c++) {
@@ -355,6 +360,7 @@ static Chunk *chunks_build(const GPT2Config *cfg, int rank, int p, int v, int m,
         k->vs = c * p + rank;
         gpt2_build_stage(&k->model, *cfg, dev, dtype, k->vs * per, (k->vs + 1) * per);
         gpt2_alloc_grads(&k->model);
+        gpt2_set_recompute(&k->model, rc, Bm, cfg->T);  // (none: nothing)
         k->master = train_master_alloc(&k->model);
         k->opt_m = mem_alloc(k->model.num_params * sizeof(float), MEM_OPT_M, dev);
         k->opt_v = mem_alloc(k->model.num_params * sizeof(float), MEM_OPT_V, dev);
@@ -378,7 +384,8 @@ static void chunks_free(Chunk *ch, int v) {
 static MemPrediction predict_memory(const void *ctx, const LabArgs *args, int batch, int rank) {
     const Schedule *sc = ctx;
     GPT2Config cfg = lab_args_config(args);
-    return mem_predict_pipeline(&cfg, sc, rank, batch / sc->m, strcmp(args->dtype, "bf16") == 0);
+    return mem_predict_pipeline_recompute(&cfg, sc, rank, batch / sc->m,
+                                          strcmp(args->dtype, "bf16") == 0, lab_args_recompute(args));
 }
 
 // One step is the table run by the executor, then the tied wte, the global norm and every
@@ -394,7 +401,7 @@ static void train(const LabArgs *args, const PipeFlags *f) {
     session_open(&s, args, Bm);  // this rank's batch buffers: one micro-batch
     const int rank = s.rank;
     const GPT2Dtype dtype = s.bf16 ? GPT2_BF16 : GPT2_FP32;
-    Chunk *ch = chunks_build(&cfg, rank, p, v, m, s.dev, dtype);
+    Chunk *ch = chunks_build(&cfg, rank, p, v, m, s.dev, dtype, f->recompute, Bm);
     Pipe pp = {.ch = ch, .v = v, .s = &s};
     Stage work = {.ch = ch, .data = &s.data, .B = B, .Bm = Bm, .T = T, .m = m,
                   .inputs = s.inputs, .targets = s.targets,
@@ -438,7 +445,7 @@ static void train(const LabArgs *args, const PipeFlags *f) {
     session_finish(&s);  // the final checkpoint, the final weights on rank 0, --save-weights
 
     // the report (every rank's figures), the --dump
-    PipeRun run = {.s = &sc, .x = &x, .ses = &s, .dtype = dtype, .B = B, .Bm = Bm, .T = T,
+    PipeRun run = {.s = &sc, .x = &x, .ses = &s, .dtype = dtype, .recompute = f->recompute, .B = B, .Bm = Bm, .T = T,
                    .l0 = ch[0].model.l0, .l1 = ch[v - 1].model.l1, .cols = f->picture_cols};
     pipe8_report(&run, &clk);
 
@@ -475,9 +482,10 @@ int main(int argc, char **argv) {
          "width of the schedule pictures in columns (a wider picture is cut, and says so)"},
     };
     lab_parse_args_for(LAB_FLAGS_MODEL | LAB_FLAGS_TRAINING | LAB_FLAGS_HARDWARE | LAB_FLAGS_OUTPUT |
-                           LAB_FLAGS_RELIABILITY | LAB_FLAGS_KILL,
+                           LAB_FLAGS_RELIABILITY | LAB_FLAGS_KILL | LAB_FLAGS_RECOMPUTE,
                        argc, argv, &args, extra, (int)(sizeof extra / sizeof extra[0]),
                        "08_pipeline/run", USAGE);
+    f.recompute = lab_args_recompute(&args);
     if (!f.compare && lab_flag_given(argc, argv, "--stages"))
         lab_fail_collective("--stages %d is p for --compare (the schedules simulated, no "
                             "training); a training run has one stage per rank (mpirun -np p): "

@@ -54,6 +54,7 @@ typedef struct PipeRun {
     const PipeExec *x;
     const Session *ses;       // the loop: config, flags, world, losses, final weights (rank 0)
     GPT2Dtype dtype;
+    GPT2Recompute recompute;  // --recompute
     int B, Bm, T;
     int l0, l1;               // this rank's blocks: its first chunk's l0, its last chunk's l1
     int cols;                 // --picture-cols

@@ -307,7 +307,8 @@ void pipe8_report(const PipeRun *run, const PipeClock *c) {
     mine[F_PEAK_SETS] = x->live_peak;
     mine[F_PEAK_SETS_SCHED] = sched_peak_inflight(s, rank);
     mine[F_PEAK_BYTES] = (double)x->acts_peak;
-    mine[F_PEAK_BYTES_FORMULA] = calc_pipe_peak_bytes(&run->ses->cfg, s, rank, Bm, T, run->dtype);
+    mine[F_PEAK_BYTES_FORMULA] = calc_pipe_peak_bytes_recompute(&run->ses->cfg, s, rank, Bm, T,
+                                                                run->dtype, run->recompute);
     mine[F_SENT] = end > start ? c->sent_sum / (end - start) : 0;
     mine[F_SENT_FORMULA] = calc_pipe_sent_bytes(p, v, m, rank, (double)x->msg,
                                                 run->dtype == GPT2_BF16 ? 2 : 4);

@@ -85,6 +85,7 @@ typedef struct Flags3d {
     const char *schedule;
     int m, v;              // micro-batches per step (per replica), chunks per rank
     int zero;              // over DP: 0 DDP's average, 1 ZeRO-1, 2 ZeRO-2 (dp.h)
+    GPT2Recompute recompute;  // --recompute (a shared flag): at --tp 1 only (gpt2's own sets)
 } Flags3d;
 
 // One chunk of layers on this rank: its TP slice of the chunk's blocks (a GPT2) and the
@@ -300,6 +301,10 @@ static void setup(Run3d *r, Session *s, const LabArgs *args, const Flags3d *f) {
         lab_fail_collective("schedule %s: %s", r->sched.name, err);
     LAB_CHECK(!r->sched.split, "09_3d: the zb schedule (split backward) is not wired to TP stages");
     dpl_check(f->zero);
+    if (f->recompute != GPT2_RECOMPUTE_NONE && tp > 1)
+        lab_fail_collective("--recompute %s with --tp %d: a TP slice's pieces (common/tp.c) do not "
+                            "recompute; recomputation is offered here at --tp 1 (and by 00 --train "
+                            "and 08_pipeline)", gpt2_recompute_name(f->recompute), tp);
     // Where and in which precision the chunks live (tp.h's top: bf16 stores the weights,
     // gradients and the blocks' saved activations in bf16, the master and Adam in fp32, and
     // computes every piece in fp32). The MPI backend takes device buffers (staged through the
@@ -323,6 +328,7 @@ static void setup(Run3d *r, Session *s, const LabArgs *args, const Flags3d *f) {
         const TpShape shape = {.l0 = ch[c].vs * per, .l1 = (ch[c].vs + 1) * per, .tp = tp,
                                .r = r->grid.c.t, .sp = 0, .B = Bm, .T = T};
         tp_build(&ch[c].m, cfg, s->dev, dtype, shape, (uint64_t)args->seed);
+        gpt2_set_recompute(&ch[c].m, f->recompute, Bm, T);  // (t = 1: gpt2's sets; none: nothing)
         ch[c].acts = lab_xcalloc((size_t)m, sizeof(GPT2Acts *));
     }
     r->models = lab_xcalloc((size_t)v, sizeof(GPT2 *));
@@ -426,9 +432,10 @@ int main(int argc, char **argv) {
          "gradients reduce-scattered after every micro-batch, only the piece accumulating)"},
     };
     lab_parse_args_for(LAB_FLAGS_MODEL | LAB_FLAGS_TRAINING | LAB_FLAGS_HARDWARE | LAB_FLAGS_OUTPUT |
-                           LAB_FLAGS_RELIABILITY | LAB_FLAGS_KILL,
+                           LAB_FLAGS_RELIABILITY | LAB_FLAGS_KILL | LAB_FLAGS_RECOMPUTE,
                        argc, argv, &args,
                        extra, (int)(sizeof extra / sizeof extra[0]), "09_3d/run", USAGE);
+    f.recompute = lab_args_recompute(&args);
     train(&args, &f);
     dist_finalize();
     return 0;

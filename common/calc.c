@@ -426,9 +426,13 @@ const char *calc_setup_check(const CalcModel *m, const CalcSetup *s) {
     if (s->chunks < 0) return msg("--chunks %d: must be 0 or more (chunks per pipeline rank; 0 and 1: one)", s->chunks);
     if (s->acts != CALC_ACTS_PAPER && s->acts != CALC_ACTS_LAB)
         return msg("activation model %d: unknown (valid: paper, lab)", s->acts);
-    if (s->acts == CALC_ACTS_LAB && (s->sp || s->recompute != CALC_RECOMPUTE_NONE))
-        return msg("the lab's activation list (chapter 09's run) has no sequence parallelism and "
-                   "no recomputation: drop --seq-parallel and --recompute");
+    if (s->acts == CALC_ACTS_LAB && s->sp)
+        return msg("the lab's activation list (chapter 09's run) has no sequence parallelism: "
+                   "drop --seq-parallel");
+    if (s->acts == CALC_ACTS_LAB && s->recompute != CALC_RECOMPUTE_NONE &&
+        (s->tp > 1 || s->dtype != CALC_FP32))
+        return msg("the lab's runs recompute in fp32 at TP 1 only (chapter 09 at --tp 1): drop "
+                   "--recompute, or use TP 1 and fp32");
     if (m->arch == CALC_ARCH_RAW) {
         if (s->tp > 1 || s->pp > 1 || s->chunks > 1)
             return msg("--tp %d --pp %d --chunks %d: splitting a model across TP/PP ranks needs "
@@ -562,9 +566,12 @@ static double chunk_set_bytes(const CalcModel *m, const CalcSetup *s, int stage,
     if (s->acts == CALC_ACTS_LAB && s->tp == 1) {
         // t = 1: the stage runs gpt2's own pieces and sets (common/tp.h): chapter 08's set
         const GPT2Config cfg = {.V = m->V, .T = m->T, .L = m->L, .C = m->C, .NH = m->NH};
-        return calc_pipe_set_bytes(&cfg, calc_stage_layers(m->L, S, vs), vs == S - 1, s->micro_batch,
-                                   s->seq_len > 0 ? s->seq_len : m->T,
-                                   s->dtype == CALC_BF16 ? GPT2_BF16 : GPT2_FP32, 0);
+        // (GPT2Recompute numbers its modes as CalcRecompute does; each chunk's scratch layer is
+        // allocated before the first step, outside this: calc_recompute_scratch_bytes)
+        return calc_pipe_set_bytes_recompute(&cfg, calc_stage_layers(m->L, S, vs), vs == S - 1,
+                                             s->micro_batch, s->seq_len > 0 ? s->seq_len : m->T,
+                                             s->dtype == CALC_BF16 ? GPT2_BF16 : GPT2_FP32, 0,
+                                             (GPT2Recompute)s->recompute);
     }
     double acts = calc_stage_layers(m->L, S, vs) * calc_layer_activation_bytes(m, s);
     if (s->acts == CALC_ACTS_LAB) {
@@ -647,7 +654,11 @@ static void act_formula(char *buf, size_t n, const CalcModel *m, const CalcSetup
         snprintf(buf, n, "not computed: --params gives no dimensions (use --model or --dims)");
     } else if (s->acts == CALC_ACTS_LAB && !tp) {
         snprintf(buf, n, "the lab's stage at t = 1 (chapter 09 runs gpt2's own sets, chapter 08's): "
-                 "%g-byte stored layers, fp32 input, head and one layer of gradients", w);
+                 "%g-byte stored layers, fp32 input, head and one layer of gradients%s", w,
+                 s->recompute == CALC_RECOMPUTE_FULL ? "; full recomputation: a block keeps its "
+                 "input (each chunk's scratch layer comes on top)"
+                 : s->recompute == CALC_RECOMPUTE_SELECTIVE ? "; selective: no scores kept (each "
+                 "chunk's scratch layer comes on top)" : "");
     } else if (s->acts == CALC_ACTS_LAB) {
         snprintf(buf, n, "the lab's TP stage (chapter 09), %g-byte values, N = b*s: N*h*(6 + 12/t)"
                  " + 4N + 2*b*(a/t)*s^2 per layer; per chunk its input and gradient 2*N*h; the "
@@ -721,14 +732,35 @@ CalcBreakdown calc_memory(const CalcModel *m, const CalcSetup *s) {
     return best;
 }
 
+// One block's ActTensors (gpt2.h), in elements: ln1, atty, attproj, residual2, ln2, fcproj,
+// residual3 (1 each), qkv (3), fch, fch_gelu (4 each) = 18 B*T*C; ln1's and ln2's mean and rstd
+// (4 B*T); preatt and att (2 B*NH*T*T).
+static double lab_layer_elems(const GPT2Config *cfg, int B, int T) {
+    return (double)B * T * cfg->C * 18 + (double)B * T * 4 + 2.0 * B * cfg->NH * (double)T * T;
+}
+
+// What a block keeps of them under recomputation r, and the one layer of recomputed tensors the
+// model's sets share (gpt2.h's GPT2Recompute), in elements.
+static double lab_kept_elems(const GPT2Config *cfg, int B, int T, GPT2Recompute r) {
+    const double scores = 2.0 * B * cfg->NH * (double)T * T;  // preatt and att
+    if (r == GPT2_RECOMPUTE_FULL) return (double)B * T * cfg->C;  // its output (the next input)
+    return lab_layer_elems(cfg, B, T) - (r == GPT2_RECOMPUTE_SELECTIVE ? scores : 0);
+}
+
+double calc_recompute_scratch_bytes(const GPT2Config *cfg, int B, int T, GPT2Recompute r) {
+    if (r == GPT2_RECOMPUTE_NONE) return 0;
+    return 4.0 * (lab_layer_elems(cfg, B, T) - lab_kept_elems(cfg, B, T, r));
+}
+
 double calc_activation_bytes_lab(const GPT2Config *cfg, int B, int T, GPT2Dtype dtype) {
+    return calc_activation_bytes_recompute(cfg, B, T, dtype, GPT2_RECOMPUTE_NONE);
+}
+
+double calc_activation_bytes_recompute(const GPT2Config *cfg, int B, int T, GPT2Dtype dtype,
+                                       GPT2Recompute r) {
     double L = cfg->L, C = cfg->C, NH = cfg->NH, V = cfg->V;
     double BT = (double)B * T;
-    // The ActTensors of gpt2.h, in elements (gpt2_act_sizes). One block's:
-    double layer = BT * C * 18                 // ln1, atty, attproj, residual2, ln2, fcproj,
-                                               // residual3 (1), qkv (3), fch, fch_gelu (4) = 18
-                   + BT * 4                    // ln1 and ln2 mean and rstd
-                   + 2 * B * NH * (double)T * T;  // preatt and att
+    double layer = lab_layer_elems(cfg, B, T);  // the ActTensors of one block
     // The embedding's and the head's: encoded, lnf (1 each); lnf mean, rstd, losses; logits, probs.
     double outer = BT * C * 2 + BT * 3 + 2 * BT * V;
     // Their gradients (gpt2_dact_sizes): one layer of scratch, shared by all blocks, plus the
@@ -742,7 +774,10 @@ double calc_activation_bytes_lab(const GPT2Config *cfg, int B, int T, GPT2Dtype 
         // the L stored layers in bf16; in fp32 one layer (where a block computes), the
         // embedding's and head's, the widened input of a block (B,T,C), and the gradients
         return 2 * L * layer + 4 * (layer + outer + BT * C + dacts);
-    return 4 * (L * layer + outer + dacts);    // fp32: 4 bytes each
+    // fp32: 4 bytes each; recomputing, each block keeps part of its layer, and the model one
+    // layer of what they do not keep
+    return 4 * (L * lab_kept_elems(cfg, B, T, r) + outer + dacts) +
+           calc_recompute_scratch_bytes(cfg, B, T, r);
 }
 
 int calc_fits(const CalcBreakdown *b, double mem_bytes) { return b->total <= mem_bytes; }

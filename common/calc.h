@@ -102,8 +102,11 @@ typedef enum { CALC_RECOMPUTE_NONE, CALC_RECOMPUTE_SELECTIVE, CALC_RECOMPUTE_FUL
 //                    and recomputation cut it): what Megatron stores, used for the large models.
 //   CALC_ACTS_LAB    what chapter 09's TP stage (common/tp.c) stores per micro-batch, no
 //                    dropout, the (B, NH/t, T, T) attention matrices twice, no SP, no
-//                    recomputation (at t = 1 gpt2's own sets, chapter 08's: calc_pipe_set_bytes):
-//                    exact for the lab's runs (the 8-rank test checks it).
+//                    recomputation at t > 1 (at t = 1 gpt2's own sets, chapter 08's:
+//                    calc_pipe_set_bytes_recompute, fp32 recomputation too; each chunk's one
+//                    layer of recompute scratch, allocated before the first step, is not in the
+//                    walk: calc_recompute_scratch_bytes): exact for the lab's runs (the 8-rank
+//                    test checks it).
 typedef enum { CALC_ACTS_PAPER, CALC_ACTS_LAB } CalcActModel;
 
 typedef struct CalcSetup {
@@ -165,7 +168,7 @@ typedef struct CalcBreakdown {
     int stage, nstages;      // which stage is the heaviest, of how many
     int layers;              // layers on that stage
     int inflight;            // micro-batches whose activations that stage keeps (1F1B)
-    char act_formula[200];   // which activation formula was used, in words
+    char act_formula[320];   // which activation formula was used, in words
 } CalcBreakdown;
 
 // NULL when (model, setup) is valid, else a message naming the flag and valid values.
@@ -207,6 +210,14 @@ double calc_layer_activation_bytes(const CalcModel *m, const CalcSetup *s);
 //   GPT2_BF16: 2 * L*A + 4 * (A + O + B*T*C + D)   (the L layers stored in bf16; one layer, the
 //              outside tensors, a block's widened input and the gradients in fp32)
 double calc_activation_bytes_lab(const GPT2Config *cfg, int B, int T, GPT2Dtype dtype);
+// The same for an fp32 run that recomputes r (gpt2.h's GPT2Recompute; none: the above). Each
+// block keeps of its A: selective A - 2*B*NH*T*T (the scores and softmax go), full B*T*C (its
+// output, the next block's input); and the model ONE layer of what they drop, the scratch its
+// backward recomputes into (calc_recompute_scratch_bytes: 4 * (A - kept)):
+//   4 * (L*kept + O + D) + 4 * (A - kept)
+double calc_activation_bytes_recompute(const GPT2Config *cfg, int B, int T, GPT2Dtype dtype,
+                                       GPT2Recompute r);
+double calc_recompute_scratch_bytes(const GPT2Config *cfg, int B, int T, GPT2Recompute r);
 
 // 1 when total fits in mem_bytes.
 int calc_fits(const CalcBreakdown *b, double mem_bytes);
@@ -372,7 +383,6 @@ typedef struct CalcCliArgs {
     int seq_parallel;       // --seq-parallel
     int micro_batch;        // --micro-batch (0: --batch for the lab model, else 1)
     int seq_len;            // --seq-len (0: the model's T)
-    const char *recompute;  // --recompute none|selective|full
     const char *gpu;        // --gpu a100-40|a100-80|h100|h200 (NULL: none for the memory
                             // table, h100 for --cost and --plan)
     float gpu_mem;          // --gpu-mem GB (0: the preset's)
@@ -454,6 +464,10 @@ struct Schedule;
 // saved gradients when split.
 double calc_pipe_set_bytes(const GPT2Config *cfg, int nb, int has_head, int Bm, int T,
                            GPT2Dtype dtype, int split);
+// The same when the chunk recomputes r (fp32): each of its nb blocks keeps
+// calc_recompute_scratch_bytes less (that one layer lives once per chunk model, from its build).
+double calc_pipe_set_bytes_recompute(const GPT2Config *cfg, int nb, int has_head, int Bm, int T,
+                                     GPT2Dtype dtype, int split, GPT2Recompute r);
 // ZB-H1: what a deferred W keeps from B to W (gpt2_acts_keep_for_w): per block and position
 // the inputs of its matmuls and LayerNorms (ln1, atty, ln2: C each; fch_gelu: 4C; the block's
 // input, residual2: C each), the two LayerNorms' mean and rstd (4), the gradient of the
@@ -467,6 +481,10 @@ double calc_pipe_w_bytes(const GPT2Config *cfg, int nb, int Bm, int T, GPT2Dtype
 // chunk holds cfg->L / (p v) blocks, the last virtual stage the head.
 double calc_pipe_peak_bytes(const GPT2Config *cfg, const struct Schedule *s, int rank, int Bm,
                             int T, GPT2Dtype dtype);
+// The same with sets that recompute r (the chunks' scratch layers, allocated before the first
+// step, not counted: v * calc_recompute_scratch_bytes more for the whole run).
+double calc_pipe_peak_bytes_recompute(const GPT2Config *cfg, const struct Schedule *s, int rank,
+                                      int Bm, int T, GPT2Dtype dtype, GPT2Recompute r);
 // Bytes rank `rank` of p sends per step: one message of msg_elems elements (Bm·T·C) of
 // elem_bytes (fp32 4, bf16 2) per micro-batch for every boundary one of its v chunks has with
 // a chunk on another rank (forward to the next virtual stage, backward to the previous).

@@ -8,6 +8,13 @@
 
 double calc_pipe_set_bytes(const GPT2Config *cfg, int nb, int has_head, int Bm, int T,
                            GPT2Dtype dtype, int split) {
+    return calc_pipe_set_bytes_recompute(cfg, nb, has_head, Bm, T, dtype, split, GPT2_RECOMPUTE_NONE);
+}
+
+double calc_pipe_set_bytes_recompute(const GPT2Config *cfg, int nb, int has_head, int Bm, int T,
+                                     GPT2Dtype dtype, int split, GPT2Recompute r) {
+    // recomputing (fp32), each block keeps all but what the chunk's one layer of scratch holds
+    const double dropped = (double)nb * calc_recompute_scratch_bytes(cfg, Bm, T, r);
     size_t a[GPT2_NUM_ACTS], d[GPT2_NUM_ACTS];
     const int bf16 = dtype == GPT2_BF16;
     const double BTC = (double)Bm * T * cfg->C;
@@ -17,7 +24,7 @@ double calc_pipe_set_bytes(const GPT2Config *cfg, int nb, int has_head, int Bm, 
     for (int i = 0; i < GPT2_NUM_ACTS; i++) floats += (double)a[i] + (double)d[i];
     for (int i = 1; i <= 16; i++) layer += (double)a[i];  // ln1 .. residual3: one layer
     if (split) floats += 10.0 * nb * BTC;
-    return bf16 ? 4.0 * (floats + BTC) + 2.0 * nb * layer : 4.0 * floats;
+    return bf16 ? 4.0 * (floats + BTC) + 2.0 * nb * layer : 4.0 * floats - dropped;
 }
 
 double calc_pipe_w_bytes(const GPT2Config *cfg, int nb, int Bm, int T, GPT2Dtype dtype) {
@@ -30,12 +37,17 @@ double calc_pipe_w_bytes(const GPT2Config *cfg, int nb, int Bm, int T, GPT2Dtype
 
 double calc_pipe_peak_bytes(const GPT2Config *cfg, const Schedule *s, int rank, int Bm, int T,
                             GPT2Dtype dtype) {
+    return calc_pipe_peak_bytes_recompute(cfg, s, rank, Bm, T, dtype, GPT2_RECOMPUTE_NONE);
+}
+
+double calc_pipe_peak_bytes_recompute(const GPT2Config *cfg, const Schedule *s, int rank, int Bm,
+                                      int T, GPT2Dtype dtype, GPT2Recompute r) {
     const int S = s->p * s->v, nb = cfg->L / S;
     double live = 0, peak = 0;
     for (int j = 0; j < s->nops[rank]; j++) {
         PipeOp o = s->ops[rank][j];
         const int head = o.chunk * s->p + rank == S - 1;
-        double b = calc_pipe_set_bytes(cfg, nb, head, Bm, T, dtype, s->split);
+        double b = calc_pipe_set_bytes_recompute(cfg, nb, head, Bm, T, dtype, s->split, r);
         double w = calc_pipe_w_bytes(cfg, nb, Bm, T, dtype);
         if (o.kind == PIPE_F) live += b;
         else if (o.kind == PIPE_B) live += s->split ? w - b : -b;

@@ -88,6 +88,7 @@ LabArgs lab_args_defaults(void) {
     a.inject_spike_step = -1;
     a.oom_rank = -1;
     a.oom_step = -1;
+    a.recompute = "none";
     return a;
 }
 
@@ -109,6 +110,18 @@ AdamW lab_args_adamw(const LabArgs *a) {
     h.total_steps = a->steps;   // cosine decay over the whole run
     h.skip_nan = strcmp(a->on_nan, "skip") == 0;
     return h;
+}
+
+GPT2Recompute lab_args_recompute(const LabArgs *a) {
+    GPT2Recompute r = strcmp(a->recompute, "full") == 0        ? GPT2_RECOMPUTE_FULL
+                      : strcmp(a->recompute, "selective") == 0 ? GPT2_RECOMPUTE_SELECTIVE
+                                                               : GPT2_RECOMPUTE_NONE;
+    if (r != GPT2_RECOMPUTE_NONE && strcmp(a->dtype, "fp32") != 0)
+        lab_fail_collective("--recompute %s with --dtype %s: recomputation is offered for fp32 runs "
+                            "(a bf16 block keeps its rounded values, which a second forward does "
+                            "not reproduce); valid: --dtype fp32, or --recompute none", a->recompute,
+                            a->dtype);
+    return r;
 }
 
 int lab_args_end_step(const LabArgs *a) {
@@ -209,6 +222,9 @@ static Table build_table(LabArgs *a, const FlagSpec *extra, int nextra, unsigned
     add(&t, row("reliability", "--rollback-skip", "N", FLAG_INT, &a->rollback_skip, 1, MAX_INT_FLAG, NULL, "--on-spike rollback: skip the updates of N steps from the spike's (its data)"));
     add(&t, row("reliability", "--inject-spike-step", "N", FLAG_INT, &a->inject_spike_step, -1, MAX_INT_FLAG, NULL, "fault: corrupt step N's batch (every token id off by V/2; counted from 1; -1 = off)"));
     add(&t, row("reliability", "--inject-oom-step", "R:N", FLAG_STRING, &a->inject_oom, 0, 0, NULL, "fault: an allocation fails on rank R at step N (N alone: rank 0; counted from 1)"));
+    // activation recomputation: the programs that take LAB_FLAGS_RECOMPUTE (not in LAB_FLAGS_ALL)
+    add(&t, row("training", "--recompute", "M", FLAG_CHOICE, &a->recompute, 0, 0, "none|selective|full", "activation recomputation: selective recomputes attention's scores and softmax in backward, full keeps only each block's input and reruns its forward"));
+    out[t.n - 1].mask = LAB_FLAGS_RECOMPUTE;
     for (int i = 0; i < nextra; i++) {
         const FlagSpec *e = &extra[i];
         LAB_CHECK(e->name && strncmp(e->name, "--", 2) == 0, "chapter flag %d: name '%s' must start with --",
@@ -628,6 +644,10 @@ LAB_NORETURN static void fail_not_taken(const Flag *f, const char *program) {
     if (f->mask & LAB_FLAGS_COMM)
         flag_fail("%s: %s runs on one rank, which never waits for another: it has no collective "
                   "watchdog; run with --help to list its flags", f->s.name, prog);
+    if (f->mask == LAB_FLAGS_RECOMPUTE)
+        flag_fail("%s: %s does not recompute activations; it is offered by 00_memory_budget "
+                  "--train, 08_pipeline and 09_3d at --tp 1 (fp32); run with --help to list its "
+                  "flags", f->s.name, prog);
     flag_fail("%s: %s takes no %s flags (it would have no effect here); run with --help to list "
               "its flags", f->s.name, prog, f->group);
 }

@@ -75,6 +75,8 @@ typedef struct LabArgs {
                              // from 1; -1: off)
     const char *inject_oom;  // fault: "RANK:STEP" or "STEP" (rank 0): an allocation fails there
     int oom_rank, oom_step;  // ... parsed (oom_step: an index from 0; -1: off)
+    // activation recomputation (LAB_FLAGS_RECOMPUTE; gpt2.h's GPT2Recompute)
+    const char *recompute;   // "none" | "selective" | "full"
 } LabArgs;
 
 LabArgs lab_args_defaults(void);
@@ -85,6 +87,8 @@ AdamW lab_args_adamw(const LabArgs *a);                // --lr --weight-decay --
 void lab_args_data(const LabArgs *a, DataSource *d);   // --data FILE, or the synthetic source
                                                        // (--inject-spike-step corrupts a batch)
 int lab_args_end_step(const LabArgs *a);               // --steps, or --stop-at when earlier
+// --recompute as gpt2.h's mode; refuses (on every rank) a mode the run cannot do: --dtype bf16.
+GPT2Recompute lab_args_recompute(const LabArgs *a);
 
 // The groups of shared flags a program takes. A shared flag of a group it does not take is
 // refused with a message naming the program (a flag with no effect must not be accepted
@@ -105,6 +109,8 @@ enum {
                                      // 04: nothing to train, but ranks that communicate)
     LAB_FLAGS_ALL = (1 << 7) - 1,    // every shared flag (a multi-rank training chapter)
     LAB_FLAGS_SINGLE = LAB_FLAGS_ALL & ~LAB_FLAGS_KILL & ~LAB_FLAGS_COMM,  // one device (00)
+    LAB_FLAGS_RECOMPUTE = 1 << 7,    // --recompute: only the programs whose runs recompute
+                                     // (00 --train, 08, 09 at --tp 1), not in LAB_FLAGS_ALL
 };
 
 // Parse argv into *a (pre-filled with defaults) and the chapter's extra flags; every shared

@@ -279,6 +279,39 @@ void gpt2_act_sizes(const GPT2Config *cfg, int B, int T, size_t sizes[GPT2_NUM_A
     gpt2_act_sizes_range(cfg, cfg->L, 1, B, T, sizes);
 }
 
+// ActTensors index i of a block's tensors: recomputed under r (not kept by the set)?
+enum { ACT_PREATT = 6, ACT_ATT = 7 };
+static int recomputed(GPT2Recompute r, int i) {
+    if (r == GPT2_RECOMPUTE_FULL) return i >= ACT_LN1 && i < ACT_RESIDUAL3;  // all but the output
+    if (r == GPT2_RECOMPUTE_SELECTIVE) return i == ACT_PREATT || i == ACT_ATT;
+    return 0;
+}
+
+void gpt2_act_sizes_recompute(const GPT2Config *cfg, int nblocks, int head, int B, int T,
+                              GPT2Recompute r, size_t sizes[GPT2_NUM_ACTS]) {
+    gpt2_act_sizes_range(cfg, nblocks, head, B, T, sizes);
+    for (int i = 0; i < GPT2_NUM_ACTS; i++)
+        if (recomputed(r, i)) sizes[i] = 0;
+}
+
+size_t gpt2_recompute_scratch(const GPT2Config *cfg, GPT2Recompute r, int B, int T) {
+    size_t one[GPT2_NUM_ACTS], n = 0;  // one layer, in ActTensors order
+    gpt2_act_sizes_range(cfg, 1, 0, B, T, one);
+    for (int i = 0; i < GPT2_NUM_ACTS; i++)
+        if (recomputed(r, i)) n += one[i];
+    return n;
+}
+
+double gpt2_recompute_flops(const GPT2Config *cfg, GPT2Recompute r, int B, int T) {
+    const double C = cfg->C, BT = (double)B * T, attn = 4.0 * C * T;  // QK^T and att*V
+    if (r == GPT2_RECOMPUTE_FULL) return BT * (2.0 * (12.0 * C * C + 13.0 * C) + attn);
+    return r == GPT2_RECOMPUTE_SELECTIVE ? BT * attn : 0.0;
+}
+
+const char *gpt2_recompute_name(GPT2Recompute r) {
+    return r == GPT2_RECOMPUTE_FULL ? "full" : r == GPT2_RECOMPUTE_SELECTIVE ? "selective" : "none";
+}
+
 void gpt2_dact_sizes_range(const GPT2Config *cfg, int nblocks, int head, int B, int T,
                            size_t sizes[GPT2_NUM_ACTS]) {
     size_t L = (size_t)nblocks, C = (size_t)cfg->C, NH = (size_t)cfg->NH, V = (size_t)cfg->V;
@@ -609,7 +642,12 @@ void gpt2_acts_alloc(GPT2Acts *a, const GPT2 *m, int B, int T) {
     a->dtype = m->dtype;
     a->rows = B * T;
     int nb = m->l1 - m->l0;
-    gpt2_act_sizes_range(&m->cfg, m->dtype == GPT2_BF16 ? 1 : nb, m->has_head, B, T, a->act_sizes);
+    LAB_CHECK(!m->recompute || (B == m->rc_B && T == m->rc_T), "gpt2_acts_alloc: a set of (%d, %d) "
+              "on a model that recomputes for sets of (%d, %d)", B, T, m->rc_B, m->rc_T);
+    a->recompute = m->recompute;
+    a->rc = m->rc_scratch;
+    gpt2_act_sizes_recompute(&m->cfg, m->dtype == GPT2_BF16 ? 1 : nb, m->has_head, B, T,
+                             m->recompute, a->act_sizes);
     gpt2_dact_sizes_range(&m->cfg, nb, m->has_head, B, T, a->dact_sizes);
     for (int i = 0; i < GPT2_NUM_ACTS; i++) {
         a->num_acts += a->act_sizes[i];
@@ -638,6 +676,8 @@ static size_t wsave_floats(const GPT2BlockDims *d, size_t BT) {
 
 void gpt2_acts_alloc_split(GPT2Acts *a, const GPT2 *m) {
     LAB_CHECK(a->acts, "gpt2_acts_alloc_split before gpt2_acts_alloc");
+    LAB_CHECK(!a->recompute, "gpt2_acts_alloc_split: a split backward's W reads what its B "
+              "recomputed, later: recomputation (%s) is for the whole backward", gpt2_recompute_name(a->recompute));
     if (a->wsave) return;
     GPT2BlockDims d = block_dims(m);
     a->wsave_per_block = wsave_floats(&d, (size_t)a->B * a->T);
@@ -750,6 +790,19 @@ size_t gpt2_acts_w_floats(const GPT2 *m, int B, int T) {
     return nb * BT * ((size_t)d.C * 4 + d.ATT + d.FC + 4 + d.C);
 }
 
+void gpt2_set_recompute(GPT2 *m, GPT2Recompute r, int B, int T) {
+    LAB_CHECK(r == GPT2_RECOMPUTE_NONE || (m->dtype == GPT2_FP32 && m->tp == 1 && !m->sp),
+              "gpt2_set_recompute: recomputation runs on fp32 models of whole blocks (dtype %d, "
+              "t = %d, sp %d)", (int)m->dtype, m->tp, m->sp);
+    mem_free(m->rc_scratch);
+    m->rc_scratch = NULL;
+    m->recompute = r;
+    m->rc_B = B, m->rc_T = T;
+    if (r != GPT2_RECOMPUTE_NONE)
+        m->rc_scratch = mem_alloc(gpt2_recompute_scratch(&m->cfg, r, B, T) * sizeof(float), MEM_ACTS,
+                                  m->dev);
+}
+
 void gpt2_alloc_acts(GPT2 *m, int B, int T) {
     if (B < 1) lab_fail("batch size B = %d: it must be at least 1", B);
     if (T < 1 || T > m->cfg.T)
@@ -760,6 +813,7 @@ void gpt2_alloc_acts(GPT2 *m, int B, int T) {
 }
 
 void gpt2_free(GPT2 *m) {
+    mem_free(m->rc_scratch);
     gpt2_acts_free(&m->act);
     mem_free(m->params);
     mem_free(m->grads);
@@ -820,6 +874,34 @@ float *gpt2_acts_doutput(GPT2Acts *a) {
 // A block's views moved to the chunk that starts at row r (= sequence r/T); NULL stays NULL.
 static float *rows_from(float *p, size_t r, size_t width) { return p ? p + r * width : NULL; }
 
+// A recomputing set's block views of what it does not keep: the model's one layer of scratch,
+// the same for every block (layer li's values are there only after its backward recomputed them).
+static void rc_views(const GPT2Acts *s, const GPT2BlockDims *dm, GPT2LayerActs *x) {
+    size_t BT = (size_t)s->B * s->T, c = (size_t)dm->C, A = (size_t)dm->ATT, F = (size_t)dm->FC;
+    size_t att = (size_t)s->B * dm->NH * s->T * s->T;
+    float *p = s->rc;
+    if (s->recompute == GPT2_RECOMPUTE_SELECTIVE) {
+        x->preatt = p, x->att = p + att;
+        return;
+    }
+    // full: ActTensors order, one layer (gpt2_recompute_scratch)
+    x->ln1 = p, p += BT * c;
+    x->ln1_mean = p, p += BT;
+    x->ln1_rstd = p, p += BT;
+    x->qkv = p, p += BT * 3 * A;
+    x->atty = p, p += BT * A;
+    x->preatt = p, p += att;
+    x->att = p, p += att;
+    x->attproj = p, p += BT * c;
+    x->residual2 = p, p += BT * c;
+    x->ln2 = p, p += BT * c;
+    x->ln2_mean = p, p += BT;
+    x->ln2_rstd = p, p += BT;
+    x->fch = p, p += BT * F;
+    x->fch_gelu = p, p += BT * F;
+    x->fcproj = p;
+}
+
 static GPT2LayerActs layer_acts(const GPT2Acts *s, const GPT2BlockDims *dm, int li) {
     const ActTensors *a = &s->a;
     size_t BT = (size_t)s->B * s->T, c = (size_t)dm->C, A = (size_t)dm->ATT, F = (size_t)dm->FC;
@@ -837,7 +919,7 @@ static GPT2LayerActs layer_acts(const GPT2Acts *s, const GPT2BlockDims *dm, int 
         return x;
     }
     // (rows_from: a tensor a W-only set does not keep stays NULL)
-    GPT2LayerActs x = {
+    GPT2LayerActs x0 = {
         rows_from(a->ln1, L * BT, c), rows_from(a->ln1_mean, L * BT, 1),
         rows_from(a->ln1_rstd, L * BT, 1),
         rows_from(a->qkv, L * BT, 3 * A),
@@ -849,7 +931,8 @@ static GPT2LayerActs layer_acts(const GPT2Acts *s, const GPT2BlockDims *dm, int 
         rows_from(a->fch, L * BT, F), rows_from(a->fch_gelu, L * BT, F),
         rows_from(a->fcproj, L * BT, c), rows_from(a->residual3, L * BT, c),
     };
-    return x;
+    if (s->recompute) rc_views(s, dm, &x0);
+    return x0;
 }
 
 // The gradient scratch of one block (gpt2_dact_sizes): the same buffers for every layer, except
@@ -1265,6 +1348,21 @@ static void block_backward(GPT2 *m, GPT2Acts *a, int l, const void *block_w, voi
     const float *residual = gpt2_piece_input(m, a, l);
     float *dresidual = stream_grad(a, BTC, l - a->l0);
     int step = chunk_seqs(m, a);
+    if (a->recompute) {  // what the forward did not keep, again, into the model's scratch
+        LAB_CHECK(pass == BACK_BOTH, "%s: a recomputing set runs the whole backward", fn);
+        double t0 = lab_now();
+        for (int b0 = 0; b0 < B; b0 += step) {
+            int Bc = B - b0 < step ? B - b0 : step;
+            size_t r = (size_t)b0 * T;
+            GPT2LayerActs ac = layer_rows(la, r, &dm, T);
+            if (a->recompute == GPT2_RECOMPUTE_FULL)  // the block's forward, from its kept input
+                block_forward_rows(m->k, &w, &ac, residual + r * dm.C, Bc, T, &dm);
+            else  // the scores and softmax, from the kept qkv (atty rewritten with its own bits)
+                m->k->attention_forward(ac.atty, ac.preatt, ac.att, ac.qkv, Bc, T, dm.ATT, dm.NH);
+        }
+        m->rc_flops += gpt2_recompute_flops(&m->cfg, a->recompute, B, T);
+        m->rc_seconds += lab_now() - t0;
+    }
     for (int b0 = 0; b0 < B; b0 += step) {
         int Bc = B - b0 < step ? B - b0 : step;
         size_t r = (size_t)b0 * T;

@@ -89,6 +89,16 @@ typedef struct GPT2Unit {
 // caller. On CUDA its matmuls run on tensor cores in TF32 (kernels_get_tf32).
 typedef enum { GPT2_FP32 = 0, GPT2_BF16 = 1 } GPT2Dtype;
 
+// Activation recomputation (Korthikanti et al. 2022), gpt2_set_recompute. NONE: every block keeps
+// its 16 tensors until its backward. SELECTIVE: a block keeps all but the attention scores and
+// their softmax (preatt, att: the B*NH*T*T ones), and its backward first recomputes them from the
+// qkv it kept. FULL: a block keeps only its output (= the next block's input; the first block's
+// input is the set's encoded), and its backward first runs its forward again from its input.
+// The recomputed tensors of every set of a model live in ONE layer of scratch the model owns
+// (rc_scratch): a backward recomputes into it and reads it at once. The same kernels on the same
+// inputs in the same chunks: the recomputed values are the forward's, bit for bit.
+typedef enum { GPT2_RECOMPUTE_NONE = 0, GPT2_RECOMPUTE_SELECTIVE = 1, GPT2_RECOMPUTE_FULL = 2 } GPT2Recompute;
+
 // One micro-batch's activations over the blocks [l0, l1) of the model it was made for: the
 // forward activations, their gradients, the batch (inputs, targets) and the losses. Several can
 // be alive at once (a pipeline stage keeps one per micro-batch in flight); each is freed when
@@ -137,6 +147,9 @@ typedef struct GPT2Acts {
     float *lnf_local;         // sequence parallel: lnf's output on this rank's rows (rows, C)
     int borrows_batch;        // 1: inputs, targets are the caller's host arrays (a slice's set
                               // on the host reads the batch in place), not the set's
+    GPT2Recompute recompute;  // its model's (gpt2_set_recompute): the recomputed tensors have
+                              // size 0 here (views NULL) and live in rc, the model's scratch
+    float *rc;
 } GPT2Acts;
 
 typedef struct GPT2 {
@@ -170,6 +183,13 @@ typedef struct GPT2 {
     int sp;                // sequence parallelism: the stream on B·T/t rows of this rank
     int tp_B, tp_T;
     float *tp_scratch, *tp_layer, *tp_block_in;
+    // Recomputation (gpt2_set_recompute): the mode every set allocated after it takes, the one
+    // layer of recomputed tensors those sets share (MEM_ACTS, for sets of (rc_B, rc_T)), and what
+    // the backwards recomputed so far: model FLOPs (gpt2_recompute_flops' count) and seconds.
+    GPT2Recompute recompute;
+    float *rc_scratch;
+    int rc_B, rc_T;
+    double rc_flops, rc_seconds;
 } GPT2;
 
 // Config helpers. gpt2_config_check fails the job with a message naming the bad field.
@@ -204,6 +224,9 @@ void gpt2_from_llmc(const GPT2Config *cfg, const float *llmc, float *mem);
 void gpt2_act_sizes(const GPT2Config *cfg, int B, int T, size_t sizes[GPT2_NUM_ACTS]);
 void gpt2_act_sizes_range(const GPT2Config *cfg, int nblocks, int head, int B, int T,
                           size_t sizes[GPT2_NUM_ACTS]);
+// The same for a set of a model that recomputes r: the recomputed tensors 0 (the model's scratch).
+void gpt2_act_sizes_recompute(const GPT2Config *cfg, int nblocks, int head, int B, int T,
+                              GPT2Recompute r, size_t sizes[GPT2_NUM_ACTS]);
 // Element counts of the activation GRADIENTS (dacts), in ActTensors order. The activations are
 // kept for every layer until backward; a block's internal gradients live only during its own
 // backward, so ONE layer of them serves all L blocks (less memory, and it stays in cache):
@@ -272,6 +295,16 @@ void gpt2_init_slice(const GPT2Config *cfg, uint64_t seed, size_t begin, size_t 
 void gpt2_init_local(const GPT2 *m, uint64_t seed, float *out_host);
 void gpt2_alloc_grads(GPT2 *m);
 void gpt2_alloc_acts(GPT2 *m, int B, int T);   // (re)allocates m->act
+// Activation recomputation for the sets of (B, T) allocated after this call (see
+// GPT2Recompute): allocates the model's one layer of recomputed tensors (gpt2_recompute_scratch
+// floats). fp32 models of whole blocks only (tp = 1, no SP); the split backward refuses it.
+void gpt2_set_recompute(GPT2 *m, GPT2Recompute r, int B, int T);
+const char *gpt2_recompute_name(GPT2Recompute r);   // "none", "selective", "full"
+// Floats of that scratch: selective 2*B*NH*T*T; full one layer but the block's output.
+size_t gpt2_recompute_scratch(const GPT2Config *cfg, GPT2Recompute r, int B, int T);
+// Model FLOPs one block's recomputation runs (gpt2_flops_per_step's convention): full, the
+// block's forward 2*(12C^2 + 13C) + 4*C*T per token; selective, QK^T and att*V, 4*C*T per token.
+double gpt2_recompute_flops(const GPT2Config *cfg, GPT2Recompute r, int B, int T);
 void gpt2_free(GPT2 *m);
 
 // Activation sets. gpt2_acts_alloc: one (B, T) micro-batch over m's blocks [l0, l1), in m's

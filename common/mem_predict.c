@@ -33,16 +33,26 @@ double mem_predict_scratch(const GPT2Config *cfg, int rows, int bf16, double npa
 }
 
 MemPrediction mem_predict_replica(const GPT2Config *cfg, int rows, int bf16, int has_optimizer) {
+    return mem_predict_replica_recompute(cfg, rows, bf16, has_optimizer, GPT2_RECOMPUTE_NONE);
+}
+
+MemPrediction mem_predict_replica_recompute(const GPT2Config *cfg, int rows, int bf16,
+                                            int has_optimizer, GPT2Recompute r) {
     const double n = (double)gpt2_param_count(cfg), w = bf16 ? 2.0 : 4.0;
     MemPrediction p;
     p.state = n * (w + w) + (has_optimizer ? n * ((bf16 ? 4.0 : 0.0) + 4.0 + 4.0) : 0.0);
-    p.acts = calc_activation_bytes_lab(cfg, rows, cfg->T, bf16 ? GPT2_BF16 : GPT2_FP32);
+    p.acts = calc_activation_bytes_recompute(cfg, rows, cfg->T, bf16 ? GPT2_BF16 : GPT2_FP32, r);
     p.buffers = mem_predict_scratch(cfg, rows, bf16, bf16 ? mem_predict_largest_piece(cfg) : 0);
     return p;
 }
 
 MemPrediction mem_predict_pipeline(const GPT2Config *cfg, const Schedule *s, int rank, int Bm,
                                    int bf16) {
+    return mem_predict_pipeline_recompute(cfg, s, rank, Bm, bf16, GPT2_RECOMPUTE_NONE);
+}
+
+MemPrediction mem_predict_pipeline_recompute(const GPT2Config *cfg, const Schedule *s, int rank,
+                                             int Bm, int bf16, GPT2Recompute r) {
     const int S = s->p * s->v;
     const double w = bf16 ? 2.0 : 4.0, BT = (double)Bm * cfg->T, msg = BT * cfg->C;
     const double sets = (double)s->m * s->v;  // activation sets alive, at most
@@ -52,7 +62,8 @@ MemPrediction mem_predict_pipeline(const GPT2Config *cfg, const Schedule *s, int
         p.state += (double)calc_stage_params(&cm, 1, S, c * s->p + rank) *
                    (w + w + (bf16 ? 4.0 : 0.0) + 4.0 + 4.0);
     const GPT2Dtype dt = bf16 ? GPT2_BF16 : GPT2_FP32;
-    p.acts = calc_pipe_peak_bytes(cfg, s, rank, Bm, cfg->T, dt);
+    p.acts = calc_pipe_peak_bytes_recompute(cfg, s, rank, Bm, cfg->T, dt, r) +
+             s->v * calc_recompute_scratch_bytes(cfg, Bm, cfg->T, r);  // each chunk's scratch
     // calc_pipe_peak_bytes counts at op boundaries. Inside a split B, what W keeps is allocated
     // (gpt2_acts_keep_for_w) before the set is freed: W's bytes but the wsave the set already
     // holds (10 C fp32 a block and position), on top of the sets alive before it, at most.

@@ -33,6 +33,9 @@ double mem_prediction_total(MemPrediction p);
 // in the model's type, bf16's fp32 master and Adam's m and v when it has the optimizer), the
 // activations for (rows, T) and the batch and scratch buffers of mem_predict_scratch.
 MemPrediction mem_predict_replica(const GPT2Config *cfg, int rows, int bf16, int has_optimizer);
+// The same for a run that recomputes r (fp32; calc_activation_bytes_recompute).
+MemPrediction mem_predict_replica_recompute(const GPT2Config *cfg, int rows, int bf16,
+                                            int has_optimizer, GPT2Recompute r);
 
 // The buffers every rank that runs a model of `rows` x T holds besides its state and
 // activations: the session's and the model's inputs and targets (rows x T ints each), the
@@ -55,6 +58,9 @@ double mem_predict_largest_piece(const GPT2Config *cfg);
 struct Schedule;
 MemPrediction mem_predict_pipeline(const GPT2Config *cfg, const struct Schedule *s, int rank,
                                    int Bm, int bf16);
+// The same when the chunks recompute r (fp32): smaller sets, and one layer of scratch per chunk.
+MemPrediction mem_predict_pipeline_recompute(const GPT2Config *cfg, const struct Schedule *s,
+                                             int rank, int Bm, int bf16, GPT2Recompute r);
 
 // A tensor-parallel slice r of tp of the whole model (chapter 07) for a batch of `rows`: the
 // slice's parameters (calc_stage_params) with grads, master, m and v; the activations (tp.h's

@@ -359,6 +359,7 @@ void session_init(Session *s, const LabArgs *args, int rows, int has_optimizer) 
     session_open(s, args, rows);
     gpt2_build_dtype(&s->model, s->cfg, s->dev, s->bf16 ? GPT2_BF16 : GPT2_FP32);
     gpt2_alloc_grads(&s->model);
+    gpt2_set_recompute(&s->model, lab_args_recompute(args), rows, s->T);  // (none: nothing)
     gpt2_alloc_acts(&s->model, rows, s->T);
     LAB_CHECK(s->model.num_params == s->n, "session_init: the model has %zu parameters, not %zu",
               s->model.num_params, s->n);

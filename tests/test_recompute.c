@@ -1,0 +1,187 @@
+// test_recompute.c: activation recomputation (--recompute none|selective|full).
+//
+// Recomputing a block's forward runs the same kernels on the same inputs in the same chunks, so
+// a run that recomputes trains exactly the run that does not: the same losses and final weights,
+// bit for bit. What it changes is memory and compute: the measured activation peak equals the
+// calculator's formula for the mode to the byte (calc_activation_bytes_recompute; chapter 08's
+// pipeline: calc_pipe_peak_bytes_recompute), the up-front prediction (mem_predicted) stays the
+// measured peak, and the FLOPs run again are counted as they run and equal the formula.
+#include <criterion/criterion.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "calc.h"
+#include "gpt2.h"
+#include "harness.h"
+#include "results.h"
+#include "schedule.h"
+
+#define RUN00 "./00_memory_budget/run --train --quiet"
+#define FLAGS00 "--steps 3 --batch 8"
+
+static const char *const MODES[] = {"none", "selective", "full"};
+static const GPT2Recompute RC[] = {GPT2_RECOMPUTE_NONE, GPT2_RECOMPUTE_SELECTIVE, GPT2_RECOMPUTE_FULL};
+
+// a and b: the same steps, losses and weights, bit for bit
+static void assert_same_bits(const char *what, const RunResults *a, const RunResults *b) {
+    cr_assert_eq(a->nsteps, b->nsteps, "%s: %d steps vs %d", what, a->nsteps, b->nsteps);
+    cr_assert_eq(a->nparams, b->nparams, "%s: %zu weights vs %zu", what, a->nparams, b->nparams);
+    for (int s = 0; s < a->nsteps; s++)
+        cr_assert_eq(memcmp(&a->losses[s], &b->losses[s], sizeof(float)), 0,
+                     "%s: step %d loss %.9g vs %.9g without recomputation", what, s + 1,
+                     a->losses[s], b->losses[s]);
+    size_t bad = 0, first = 0;
+    for (size_t i = 0; i < a->nparams; i++)
+        if (memcmp(&a->params[i], &b->params[i], sizeof(float)) != 0 && bad++ == 0) first = i;
+    cr_assert_eq(bad, 0, "%s: %zu of %zu final weights differ from the run without recomputation "
+                 "(first at %zu: %.9g vs %.9g)", what, bad, a->nparams, first,
+                 bad ? a->params[first] : 0.0, bad ? b->params[first] : 0.0);
+}
+
+// Chapter 00 --train, once per mode: selective and full train the bits of none; the measured
+// activation peak is the calculator's formula for the mode, to the byte, and so is the up-front
+// prediction the refusal uses; recomputing saves what the formula says; the FLOPs the backward
+// ran again, counted as they ran, are the formula's (full: one more forward of the blocks, the
+// notes' "about 4/3" of the step; selective: only QK^T and att*V), and the run prints them.
+// Mutant: mutants/recompute-stale-input.patch
+// Mutant: mutants/recompute-selective-skipped.patch
+// Mutant: mutants/recompute-calc-keeps-one-tensor-more.patch
+Test(recompute, train00) {
+    GPT2Config cfg = gpt2_config_tiny();
+    const double step = gpt2_flops_per_step(&cfg, 8, cfg.T);
+    RunResults r[3];
+    char *out[3];
+    for (int i = 0; i < 3; i++) {
+        char flags[256];
+        snprintf(flags, sizeof flags, FLAGS00 " --recompute %s --log-every 0", MODES[i]);
+        int rc = harness_run_dump("./00_memory_budget/run --train", 1, flags, &r[i], &out[i], 120);
+        cr_assert_eq(rc, 0, "--recompute %s failed:\n%s", MODES[i], out[i]);
+    }
+    assert_same_bits("--recompute selective", &r[1], &r[0]);
+    assert_same_bits("--recompute full", &r[2], &r[0]);
+    double acts[3];
+    for (int i = 0; i < 3; i++) {
+        const double want = calc_activation_bytes_recompute(&cfg, 8, cfg.T, GPT2_FP32, RC[i]);
+        acts[i] = results_get(&r[i], "mem_acts", -1);
+        cr_log_info("--recompute %-9s activations measured %.0f B, formula %.0f B", MODES[i],
+                    acts[i], want);
+        cr_assert_eq(acts[i], want, "--recompute %s: measured activation peak %.0f B, the "
+                     "calculator says %.0f B (off by %+.0f)", MODES[i], acts[i], want, acts[i] - want);
+        cr_assert_eq(results_get(&r[i], "mem_predicted", -1), results_get(&r[i], "mem_peak", -2),
+                     "--recompute %s: predicted peak %.0f B, measured %.0f B", MODES[i],
+                     results_get(&r[i], "mem_predicted", -1), results_get(&r[i], "mem_peak", -2));
+        if (i == 0) continue;
+        const double extra = cfg.L * gpt2_recompute_flops(&cfg, RC[i], 8, cfg.T) / step;
+        char want_line[64];
+        snprintf(want_line, sizeof want_line, "-> %.4f x the step's", 1.0 + extra);
+        cr_log_info("--recompute %s: %.4f x the step's FLOPs", MODES[i], 1.0 + extra);
+        cr_assert(harness_contains(out[i], want_line), "--recompute %s does not print '%s':\n%s",
+                  MODES[i], want_line, out[i]);
+        if (RC[i] == GPT2_RECOMPUTE_FULL)
+            cr_assert(fabs(1.0 + extra - 4.0 / 3.0) < 0.03, "full: %.4f x the step, not about 4/3",
+                      1.0 + extra);
+    }
+    // full keeps one (B,T,C) per block instead of A; selective drops the B*NH*T*T scores
+    const double BT = 8.0 * cfg.T, att = 2.0 * 8 * cfg.NH * (double)cfg.T * cfg.T;
+    const double A = BT * cfg.C * 18 + BT * 4 + att;
+    cr_assert_eq(acts[0] - acts[1], 4.0 * (cfg.L - 1) * att);
+    cr_assert_eq(acts[0] - acts[2], 4.0 * (cfg.L - 1) * (A - BT * cfg.C));
+    for (int i = 0; i < 3; i++) results_free(&r[i]), free(out[i]);
+}
+
+// Chapter 08 on 2 ranks (1F1B, m = 4, every mode; interleaved, v = 2, none and full, each of
+// its chunks with its own scratch layer): the same bits in every mode, and
+// each stage's measured activation peak (MEM_ACTS above the step's start, at op boundaries) is
+// the calculator's walk of its table with the mode's sets, to the byte. A stage keeps of each
+// in-flight micro-batch its blocks' inputs only (full); its chunks' scratch layers come before
+// the first step: the up-front prediction counts them and still covers the measured peak.
+// Mutant: mutants/recompute-stale-input.patch
+// Mutant: mutants/recompute-calc-keeps-one-tensor-more.patch
+Test(recompute, pipeline08) {
+    static const struct { const char *sched; int v; int selective; } layouts[] = {
+        {"1f1b", 1, 1}, {"interleaved", 2, 0},  // (interleaved: none and full)
+    };
+    GPT2Config cfg = gpt2_config_tiny();
+    const int B = 8, m = 4, Bm = B / m;
+    for (size_t k = 0; k < sizeof layouts / sizeof layouts[0]; k++) {
+        RunResults r[3];
+        Schedule sc;
+        sched_make(&sc, layouts[k].sched, 2, layouts[k].v, m);
+        for (int i = 0; i < 3; i++) {
+            if (RC[i] == GPT2_RECOMPUTE_SELECTIVE && !layouts[k].selective) continue;
+            char flags[256];
+            snprintf(flags, sizeof flags, "--steps 2 --batch %d --micro-batches %d --schedule %s "
+                     "--chunks %d --recompute %s", B, m, layouts[k].sched, layouts[k].v, MODES[i]);
+            harness_assert_run_dump("./08_pipeline/run --quiet", 2, flags, &r[i]);
+            for (int rank = 0; rank < 2; rank++) {
+                char key[64];
+                snprintf(key, sizeof key, "peak_act_bytes_r%d", rank);
+                const double got = results_get(&r[i], key, -1);
+                const double want = calc_pipe_peak_bytes_recompute(&cfg, &sc, rank, Bm, cfg.T,
+                                                                   GPT2_FP32, RC[i]);
+                cr_log_info("08 %s --recompute %-9s stage %d: acts peak %.0f B, formula %.0f B",
+                            layouts[k].sched, MODES[i], rank, got, want);
+                cr_assert_eq(got, want, "08 %s --recompute %s stage %d: activation peak %.0f B, the "
+                             "calculator says %.0f B (off by %+.0f)", layouts[k].sched, MODES[i],
+                             rank, got, want, got - want);
+            }
+            const double pred = results_get(&r[i], "mem_predicted", -1);
+            const double peak = results_get(&r[i], "mem_peak", -2);
+            cr_assert(pred >= peak && pred <= 1.1 * peak, "08 %s --recompute %s: predicted %.0f B, "
+                      "measured peak %.0f B", layouts[k].sched, MODES[i], pred, peak);
+        }
+        for (int i = 1; i < 3; i++) {
+            if (RC[i] == GPT2_RECOMPUTE_SELECTIVE && !layouts[k].selective) continue;
+            char what[64];
+            snprintf(what, sizeof what, "08 %s --recompute %s", layouts[k].sched, MODES[i]);
+            assert_same_bits(what, &r[i], &r[0]);
+        }
+        for (int i = 0; i < 3; i++)
+            if (RC[i] != GPT2_RECOMPUTE_SELECTIVE || layouts[k].selective) results_free(&r[i]);
+        sched_free(&sc);
+    }
+}
+
+// Chapter 09 at --tp 1 (its stages run gpt2's own pieces and sets, as 08's): 2 stages, 1F1B,
+// m = 2. The same bits in every mode, and each rank's activation peak is the
+// calculator's calc_rank_memory for the layout with the mode (calc_setup_lab's lab list).
+// Mutant: mutants/recompute-stale-input.patch
+Test(recompute, grid09_tp1) {
+    GPT2Config cfg = gpt2_config_tiny();
+    const CalcModel cm = calc_model_from_gpt2(&cfg);
+    RunResults r[3];
+    for (int i = 0; i < 3; i++) {
+        char flags[256];
+        snprintf(flags, sizeof flags, "--tp 1 --pp 2 --steps 2 --batch 8 --micro-batches 2 "
+                 "--recompute %s", MODES[i]);
+        harness_assert_run_dump("./09_3d/run --quiet", 2, flags, &r[i]);
+        CalcSetup cs = calc_setup_lab(1, 1, 2, 1, 2, 8, cfg.T, 0, CALC_FP32);
+        cs.recompute = (CalcRecompute)RC[i];
+        for (int rk = 0; rk < 2; rk++) {
+            char key[32];
+            snprintf(key, sizeof key, "acts_peak_r%d", rk);
+            const double got = results_get(&r[i], key, -1);
+            const double want = calc_rank_memory(&cm, &cs, rk, 0).acts;
+            cr_assert_eq(got, want, "09 --recompute %s rank %d: activation peak %.0f B, the "
+                         "calculator says %.0f B (off by %+.0f)", MODES[i], rk, got, want, got - want);
+        }
+    }
+    assert_same_bits("09 --recompute selective", &r[1], &r[0]);
+    assert_same_bits("09 --recompute full", &r[2], &r[0]);
+    for (int i = 0; i < 3; i++) results_free(&r[i]);
+}
+
+// What the runs do not offer is refused with one message naming what is.
+Test(recompute, refusals) {
+    harness_assert_refused(1, RUN00 " --steps 1 --dtype bf16 --recompute full",
+                           "--recompute full with --dtype bf16", "valid: --dtype fp32");
+    harness_assert_refused(2, "./03_ddp/run --quiet --steps 1 --recompute full", "--recompute",
+                           "offered by 00_memory_budget --train, 08_pipeline and 09_3d");
+    harness_assert_refused(2, "./08_pipeline/run --quiet --steps 1 --batch 8 --schedule zb "
+                           "--recompute selective", "--recompute selective with --schedule zb",
+                           "offered with --schedule gpipe, 1f1b and interleaved");
+    harness_assert_refused(2, "./09_3d/run --quiet --steps 1 --batch 8 --tp 2 --recompute full",
+                           "--recompute full with --tp 2", "offered here at --tp 1");
+}
