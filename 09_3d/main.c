@@ -227,6 +227,21 @@ static void save_state(void *ctx, const char *path, int step) {
     const LabArgs *a = r->s->args;
     const GPT2Config cfg = r->ch[0].m.cfg;
     const size_t n = gpt2_param_count(&cfg);
+    if (ckpt_policy().sharded) {  // --save-sharded: replica 0's ranks write their slices (ckpt.h)
+        CkptShard sh;
+        ckpt_shard_begin(&sh, n);
+        for (int c = 0; c < r->v; c++) {
+            float *whole[3];  // (--zero 1, 2: the slice's state gathered over DP first: collective)
+            const float *buf[3];
+            for (int i = 0; i < 3; i++)
+                buf[i] = dpl_whole_state(&r->dpl, c, (DplState)i, &whole[i]);
+            if (r->grid.c.d == 0)
+                ckpt_shard_add_slice(&sh, &r->ch[c].m, buf[0], buf[1], buf[2], r->grid.c.t == 0);
+            for (int i = 0; i < 3; i++) mem_free(whole[i]);
+        }
+        ckpt_shard_write(path, &cfg, step, (uint64_t)a->seed, (uint64_t)a->data_seed, &sh);
+        return;
+    }
     float *full[3] = {NULL, NULL, NULL};
     for (int i = 0; i < 3; i++) {
         if (r->grid.rank == 0) full[i] = lab_xcalloc(n, sizeof(float));

@@ -97,6 +97,9 @@ typedef struct Session {
     DistCounters save_cost;  // what the checkpoints (and a rollback's load) moved: leave it out
                              // of per-step figures
     float *host_params;    // (n) final weights as fp32 on rank 0 (session_finish), else NULL
+    int saves;             // checkpoints written (state.save), and the time training was blocked
+    double save_stall_s;   // in them (with --async-save the write itself goes on in the background)
+    double last_save_t;    // wall clock of the last checkpoint (--save-every-min), or the start
     // --- health (rank 0 computes it; health.h) ---
     FILE *log;             // --log, on rank 0
     int health;            // rank 0 prints progress lines or writes --log
