@@ -183,7 +183,7 @@ static Table build_table(LabArgs *a, const FlagSpec *extra, int nextra, unsigned
     add(&t, row("reliability", "--save", "FILE", FLAG_STRING, &a->save, 0, 0, NULL, "training-state checkpoint (every --save-every steps and at the end)"));
     out[t.n - 1].file = FILE_OUT;
     add(&t, row("reliability", "--save-every", "N", FLAG_INT, &a->save_every, 0, MAX_INT_FLAG, NULL, "checkpoint period in steps (0 = only at the end)"));
-    add(&t, row("reliability", "--resume", "FILE", FLAG_STRING, &a->resume, 0, 0, NULL, "resume from a training-state checkpoint"));
+    add(&t, row("reliability", "--resume", "FILE", FLAG_STRING, &a->resume, 0, 0, NULL, "resume from a training-state checkpoint (a file, or a --save-sharded directory)"));
     out[t.n - 1].file = FILE_IN;
     add(&t, row("reliability", "--allow-changed", "F,..", FLAG_STRING, &a->allow_changed, 0, 0, NULL, "let --resume change these of the state's run: " RUN_IDENTITY_FIELDS ", or all"));
     add(&t, row("reliability", "--load-weights", "FILE", FLAG_STRING, &a->load_weights, 0, 0, NULL, "start from llm.c gpt2_*.bin weights"));

@@ -118,7 +118,8 @@ enum {
 // every flag with its default and valid range, on rank 0, and exits 0 on every rank.
 // Checked here, before the first step, so that a mistake does not cost a run: no flag is given
 // twice (none is repeatable), input files (--data --resume --load-weights) are regular readable
-// files (a FIFO would block) and a --resume/--load-weights file is whole (exact size, CRC),
+// files (a FIFO would block; a --resume may be a --save-sharded directory, checked whole: its
+// manifest and every shard's CRC) and a --resume/--load-weights file is whole (exact size, CRC),
 // output paths (--save --save-weights --trace --dump) are regular files or new, each differs
 // from every input and every other output after links (--resume F --save F excepted: the run
 // continues the state it read), and rank 0 creates and removes the "<path>.tmp" each is written
