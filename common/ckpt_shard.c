@@ -447,8 +447,9 @@ int ckpt_shard_load(const char *dir, const GPT2Config *expect, float *p, float *
     }
     free(sh);
     if (lab_log_rank == 0) {
-        printf("restored step %d from %s (%d shards, written on %d ranks) in %.0f ms\n", mf.step,
-               dir, mf.nshards, mf.nranks, (lab_now() - t0) * 1e3);
+        printf("restored step %d from %s (%d shard%s, written on %d rank%s) in %.0f ms\n",
+               mf.step, dir, mf.nshards, mf.nshards == 1 ? "" : "s", mf.nranks,
+               mf.nranks == 1 ? "" : "s", (lab_now() - t0) * 1e3);
         fflush(stdout);
     }
     return mf.step;
