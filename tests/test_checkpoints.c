@@ -252,3 +252,27 @@ Test(checkpoints, save_every_min_is_one_decision, .timeout = 90) {
     snprintf(cmd, sizeof cmd, "rm -rf %s %s.step-*", dir, dir);
     cr_assert_eq(system(cmd), 0);
 }
+
+// A rollback (--on-spike rollback) reads the last checkpoint back mid-run: with --save-sharded
+// --async-save that checkpoint is complete only once every rank's write is joined and rank 0 has
+// written its manifest (ckpt_settle before the load). 09 on 2 stages, a spike at step 12,
+// checkpoints every 5: the same losses and weights as the run with one synchronous file.
+// Mutant: mutants/ckpt-rollback-unsettled.patch
+Test(checkpoints, rollback_reads_the_settled_checkpoint, .timeout = 90) {
+    char *dir = tmp_path("rb"), *file = tmp_path("rb.ckpt"), cmd[1024], *out = NULL;
+    const char *flags = CFG " --steps 16 --on-spike rollback --inject-spike-step 12 "
+                        "--spike-window 5 --save-every 5";
+    RunResults r1, r2;
+    snprintf(cmd, sizeof cmd, "%s --save %s --save-sharded --async-save", flags, dir);
+    cr_assert_eq(harness_run_dump("./09_3d/run --pp 2", 2, cmd, &r1, &out, 120), 0, "%s", out);
+    cr_assert(harness_contains(out, "rolled back to the checkpoint of step 10"), "no rollback:\n%s", out);
+    free(out);
+    out = NULL;
+    snprintf(cmd, sizeof cmd, "%s --save %s", flags, file);
+    cr_assert_eq(harness_run_dump("./09_3d/run --pp 2", 2, cmd, &r2, &out, 120), 0, "%s", out);
+    free(out);
+    assert_same_run("rollback from a sharded async checkpoint, against one file", &r1, &r2, 0);
+    results_free(&r1), results_free(&r2);
+    snprintf(cmd, sizeof cmd, "rm -rf %s %s.step-* %s", dir, dir, file);
+    cr_assert_eq(system(cmd), 0);
+}
