@@ -127,7 +127,7 @@ static void save_state(void *ctx, const char *path, int step) {
     if (ckpt_policy().sharded) {  // --save-sharded: each rank writes its slice (ckpt.h)
         CkptShard sh;
         ckpt_shard_begin(&sh, n);
-        ckpt_shard_add_slice(&sh, &t->m, t->opt.master, t->opt.opt_m, t->opt.opt_v,
+        ckpt_shard_add_slice(&sh, &t->m, t->opt.master, t->opt.opt_m, t->opt.opt_v, NULL,
                              t->tpg->rank == 0);
         ckpt_shard_write(path, &t->m.cfg, step, (uint64_t)args->seed, (uint64_t)args->data_seed,
                          &sh);

@@ -261,7 +261,7 @@ static void pipe_save(void *ctx, const char *path, int step) {
         for (int c = 0; c < pp->v; c++)
             ckpt_shard_add_slice(&sh, &pp->ch[c].model, chunk_buffer(&pp->ch[c], WHOLE_MASTER),
                                  chunk_buffer(&pp->ch[c], WHOLE_ADAM_M),
-                                 chunk_buffer(&pp->ch[c], WHOLE_ADAM_V), 1);
+                                 chunk_buffer(&pp->ch[c], WHOLE_ADAM_V), NULL, 1);
         ckpt_shard_write(path, &s->cfg, step, (uint64_t)s->args->seed,
                          (uint64_t)s->args->data_seed, &sh);
         return;

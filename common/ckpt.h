@@ -180,9 +180,10 @@ void ckpt_shard_add(CkptShard *sh, size_t at, size_t count, const float *p, cons
                     const float *v);
 // A slice's buffers (a GPT2 of a TP slice and/or a stage: its master, m, v; host or device):
 // the elements gpt2_unshard puts into the whole (the replicated tensors only when
-// with_replicated, as the chapters' gathers).
+// with_replicated, as the chapters' gathers). held (host, the slice's size, or NULL: all of it):
+// nonzero where this rank holds the element (a ZeRO piece of the slice).
 void ckpt_shard_add_slice(CkptShard *sh, const GPT2 *slice, const float *p, const float *m,
-                          const float *v, int with_replicated);
+                          const float *v, const float *held, int with_replicated);
 // Writes this rank's shard of the state after `step` steps into "<path>.step-N/" (in the
 // background with --async-save) and frees sh; the manifest follows at ckpt_settle. Every rank
 // that saves calls it (one that holds nothing: an empty sh, and no file).

@@ -68,12 +68,12 @@ void ckpt_shard_add(CkptShard *sh, size_t at, size_t count, const float *p, cons
 }
 
 void ckpt_shard_add_slice(CkptShard *sh, const GPT2 *slice, const float *p, const float *m,
-                          const float *v, int with_replicated) {
+                          const float *v, const float *mine, int with_replicated) {
     const size_t n = sh->n, k = slice->num_params;
     float *whole[3], *held = lab_xcalloc(n, sizeof(float)), *ones = lab_xmalloc(k * sizeof(float));
     const float *src[3] = {p, m, v};
-    for (size_t i = 0; i < k; i++) ones[i] = 1.0f;
-    gpt2_unshard(slice, ones, held, with_replicated);  // 1 where this slice's elements go
+    for (size_t i = 0; i < k; i++) ones[i] = !mine || mine[i] != 0.0f ? 1.0f : 0.0f;
+    gpt2_unshard(slice, ones, held, with_replicated);  // 1 where this rank's elements go
     for (int i = 0; i < 3; i++) {
         whole[i] = lab_xcalloc(n, sizeof(float));
         gpt2_unshard(slice, src[i], whole[i], with_replicated);
