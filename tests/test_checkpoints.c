@@ -152,6 +152,26 @@ Test(checkpoints, sharded_resumes_in_another_layout_exactly, .timeout = 150) {
     free(out);
     assert_same_run("07 --tp 2 sharded -> 00, against the file", &r1, &r2, 3);
     results_free(&r1), results_free(&r2);
+    // 09 on (dp, pp) = (2, 2) with --zero 1: each of the 4 ranks writes its ZeRO pieces -> 00
+    snprintf(cmd, sizeof cmd, "./09_3d/run --dp 2 --pp 2 --zero 1 " CFG " --steps 6 --stop-at 3 "
+             "--save %s --save-sharded --quiet", dir);
+    run_ok(4, cmd, NULL);
+    snprintf(cmd, sizeof cmd, "./09_3d/run --dp 2 --pp 2 --zero 1 " CFG " --steps 6 --stop-at 3 "
+             "--save %s --quiet", file);
+    run_ok(4, cmd, NULL);
+    snprintf(mf, sizeof mf, "%s/manifest", dir);
+    text = (char *)slurp(mf, &n);
+    cr_assert(text && strstr(text, "shards 4\n"), "--zero 1 on 4 ranks: not 4 shards:\n%s", text ? text : "");
+    free(text);
+    snprintf(cmd, sizeof cmd, CFG " --steps 6 --resume %s", dir);
+    cr_assert_eq(harness_run_dump(RUN00, 1, cmd, &r1, &out, 120), 0, "%s", out);
+    free(out);
+    out = NULL;
+    snprintf(cmd, sizeof cmd, CFG " --steps 6 --resume %s", file);
+    cr_assert_eq(harness_run_dump(RUN00, 1, cmd, &r2, &out, 120), 0, "%s", out);
+    free(out);
+    assert_same_run("09 (dp 2, pp 2) --zero 1 sharded -> 00, against the file", &r1, &r2, 3);
+    results_free(&r1), results_free(&r2);
     unlink(file);
 }
 
