@@ -64,6 +64,16 @@ static void assert_same_run(const char *what, const RunResults *a, const RunResu
               bad, a->nparams, first, (double)a->params[first], (double)b->params[first]);
 }
 
+// The line of out that says "error" (a failed run's message), else all of out.
+static const char *error_line(const char *out) {
+    static char line[512];
+    const char *e = out ? strstr(out, "error") : NULL;
+    if (!e) return out ? out : "";
+    const char *end = strchr(e, '\n');
+    snprintf(line, sizeof line, "%.*s", (int)(end ? end - e : (long)strlen(e)), e);
+    return line;
+}
+
 static void run_ok(int np, const char *cmd, char **out) {
     char *o = NULL;
     int rc = harness_mpirun(np, cmd, &o, 120);
@@ -284,7 +294,8 @@ Test(checkpoints, rollback_reads_the_settled_checkpoint, .timeout = 90) {
                         "--spike-window 5 --save-every 5";
     RunResults r1, r2;
     snprintf(cmd, sizeof cmd, "%s --save %s --save-sharded --async-save", flags, dir);
-    cr_assert_eq(harness_run_dump("./09_3d/run --pp 2", 2, cmd, &r1, &out, 120), 0, "%s", out);
+    cr_assert_eq(harness_run_dump("./09_3d/run --pp 2", 2, cmd, &r1, &out, 120), 0, "%s",
+                 error_line(out));
     cr_assert(harness_contains(out, "rolled back to the checkpoint of step 10"), "no rollback:\n%s", out);
     free(out);
     out = NULL;
