@@ -12,6 +12,7 @@
 #   make gpu-check      on a machine with a GPU: the CUDA path against the CPU path (tools/gpu_check.sh)
 #   make compare ARGS="--np 4 05_zero --zero 2"   a run against chapter 00's, as distances
 #   make questions      run every command of docs/QUESTIONS.md and check the page shows what they print
+#   make drill          chapter 09 under a chaos schedule, restarted from its checkpoints (tools/drill.sh)
 #
 # Options: CC=clang (default gcc; MPI flags come from mpicc -showme), CUDA=0|1 (default: 1 when nvcc is found),
 #          SAN=1 (AddressSanitizer + UndefinedBehaviorSanitizer build), NP=4 (ranks for tour).
@@ -194,6 +195,12 @@ matrix: $(MATRIX_BIN) $(addsuffix /run,$(CHAPTERS))
 	  OPENBLAS_NUM_THREADS=1 bash -c 't0=$$(date +%s); $(MATRIX_BIN) -j$$LAB_MATRIX_JOBS; rc=$$?; \
 	  echo "matrix: $$(( $$(date +%s) - t0 )) s"; exit $$rc'
 
+# The fire drill (tools/drill.sh): chapter 09 on 4 ranks under a chaos schedule (a killed rank, a
+# hang, a NaN, a spike), restarted from its checkpoints; goodput, the cost of each fault, save and
+# restore times, Young/Daly; the final weights against an uninterrupted run's, bit for bit.
+drill: 09_3d/run
+	@bash tools/drill.sh
+
 # Every deliberate bug in mutants/*.patch is caught by the tests that name it (mutants/README.md);
 # MUTANTS="a b" runs only those.
 mutants: tests
@@ -221,4 +228,4 @@ clean:
 help:
 	@sed -n '/^# The lab/,/^$$/p' Makefile | sed 's/^# \{0,1\}//'
 
-.PHONY: all test tests grade tour bench gpu-check student clean help deps mutants matrix compare questions
+.PHONY: all test tests grade tour bench gpu-check student clean help deps mutants matrix compare questions drill

@@ -124,6 +124,15 @@ static void save_state(void *ctx, const char *path, int step) {
     const LabArgs *args = t->s->args;
     if (t->dpg->rank != 0) return;  // TP group 0 holds what is saved
     const size_t n = gpt2_param_count(&t->m.cfg);
+    if (ckpt_policy().sharded) {  // --save-sharded: each rank writes its slice (ckpt.h)
+        CkptShard sh;
+        ckpt_shard_begin(&sh, n);
+        ckpt_shard_add_slice(&sh, &t->m, t->opt.master, t->opt.opt_m, t->opt.opt_v, NULL,
+                             t->tpg->rank == 0);
+        ckpt_shard_write(path, &t->m.cfg, step, (uint64_t)args->seed, (uint64_t)args->data_seed,
+                         &sh);
+        return;
+    }
     float *buf[3] = {NULL, NULL, NULL};
     const float *flat[3] = {t->opt.master, t->opt.opt_m, t->opt.opt_v};
     for (int i = 0; i < 3; i++) {

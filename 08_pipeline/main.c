@@ -256,6 +256,17 @@ static void gather_whole(Chunk *ch, int v, int which, float *full, size_t n, Dis
 static void pipe_save(void *ctx, const char *path, int step) {
     Pipe *pp = ctx;
     const Session *s = pp->s;
+    if (ckpt_policy().sharded) {  // --save-sharded: each stage writes its chunks (ckpt.h)
+        CkptShard sh;
+        ckpt_shard_begin(&sh, s->n);
+        for (int c = 0; c < pp->v; c++)
+            ckpt_shard_add_slice(&sh, &pp->ch[c].model, chunk_buffer(&pp->ch[c], WHOLE_MASTER),
+                                 chunk_buffer(&pp->ch[c], WHOLE_ADAM_M),
+                                 chunk_buffer(&pp->ch[c], WHOLE_ADAM_V), NULL, 1);
+        ckpt_shard_write(path, &s->cfg, step, (uint64_t)s->args->seed,
+                         (uint64_t)s->args->data_seed, &sh);
+        return;
+    }
     float *full[3] = {NULL, NULL, NULL};
     for (int i = 0; i < 3; i++) {
         if (s->rank == 0) full[i] = lab_xmalloc(s->n * sizeof(float));

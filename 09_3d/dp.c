@@ -137,6 +137,20 @@ const float *dpl_whole_state(const DpLayer *d, int c, DplState which, float **ow
     return *owned;
 }
 
+void dpl_my_pieces(const DpLayer *d, int c, float *p, float *m, float *v, float *held) {
+    const ZeroShard *b = &d->b[c];
+    const ZeroLayout *z = &d->z[c];
+    for (int u = 0; u < z->nunits; u++) {
+        const ZeroPiece *q = &z->p[u];
+        const size_t at = q->unit_offset + q->begin, bytes = q->count * sizeof(float);
+        if (!q->count) continue;
+        mem_copy(p + at, b->master + (b->master_full ? at : q->local), bytes);
+        mem_copy(m + at, b->opt_m + q->local, bytes);
+        mem_copy(v + at, b->opt_v + q->local, bytes);
+        for (size_t i = 0; i < q->count; i++) held[at + i] = 1.0f;
+    }
+}
+
 void dpl_take_state(DpLayer *d, int c, const float *w, const float *fm, const float *fv) {
     GPT2 *m = d->m[c];
     const ZeroShard *b = &d->b[c];

@@ -66,6 +66,10 @@ typedef enum { DPL_MASTER, DPL_ADAM_M, DPL_ADAM_V } DplState;
 // a fresh buffer (*owned, mem_free it after; NULL when nothing was allocated). Collective over
 // DP when the state is sharded.
 const float *dpl_whole_state(const DpLayer *d, int c, DplState which, float **owned);
+// --save-sharded under --zero 1, 2: chunk c's pieces this replica holds (the fp32 master, Adam m
+// and v) at their places in host arrays of the chunk's size (p, m, v, zeroed by the caller), and
+// 1 in held there. Not collective.
+void dpl_my_pieces(const DpLayer *d, int c, float *p, float *m, float *v, float *held);
 // Chunk c takes its slices of a whole model's arrays (memory order, host): the weights `w` into
 // its master (bf16: rounded into the weights, every replica's piece all-gathered), Adam's fm and
 // fv (NULL: --load-weights, left as they are) into its piece. Collective over DP (bf16 ZeRO).

@@ -228,6 +228,29 @@ static void save_state(void *ctx, const char *path, int step) {
     const LabArgs *a = r->s->args;
     const GPT2Config cfg = r->ch[0].m.cfg;
     const size_t n = gpt2_param_count(&cfg);
+    if (ckpt_policy().sharded) {  // --save-sharded: each rank writes what it holds (ckpt.h):
+        CkptShard sh;             // its slices (--zero 0: replica 0's), or its ZeRO pieces of them
+        ckpt_shard_begin(&sh, n);
+        for (int c = 0; c < r->v; c++) {
+            const GPT2 *m = &r->ch[c].m;
+            const int wr = r->grid.c.t == 0;  // the replicated tensors: TP rank 0's
+            if (!r->dpl.zero) {
+                float *none[3];  // (no ZeRO: the chunk's own buffers, nothing gathered)
+                const float *buf[3];
+                for (int i = 0; i < 3; i++) buf[i] = dpl_whole_state(&r->dpl, c, (DplState)i, &none[i]);
+                if (r->grid.c.d == 0) ckpt_shard_add_slice(&sh, m, buf[0], buf[1], buf[2], NULL, wr);
+                continue;
+            }
+            const size_t k = m->num_params;
+            float *p = lab_xcalloc(k, sizeof(float)), *mm = lab_xcalloc(k, sizeof(float)),
+                  *vv = lab_xcalloc(k, sizeof(float)), *held = lab_xcalloc(k, sizeof(float));
+            dpl_my_pieces(&r->dpl, c, p, mm, vv, held);
+            ckpt_shard_add_slice(&sh, m, p, mm, vv, held, wr);
+            free(p), free(mm), free(vv), free(held);
+        }
+        ckpt_shard_write(path, &cfg, step, (uint64_t)a->seed, (uint64_t)a->data_seed, &sh);
+        return;
+    }
     float *full[3] = {NULL, NULL, NULL};
     for (int i = 0; i < 3; i++) {
         if (r->grid.rank == 0) full[i] = lab_xcalloc(n, sizeof(float));

@@ -9,7 +9,9 @@
 // (lab_fail_collective): chapters that load on every rank meet the same error on every rank.
 #include "ckpt.h"
 
+#include <dirent.h>
 #include <errno.h>
+#include <pthread.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -19,6 +21,9 @@
 
 #include "check.h"
 #include "mem.h"
+#include "trace.h"
+
+static CkptPolicy g_policy;  // (the policy: the end of this file)
 
 // ---- CRC32 (IEEE 802.3, reflected polynomial 0xEDB88320, as zlib and PNG) ------------------
 
@@ -378,6 +383,11 @@ static void get(Packer *k, void *v, size_t n) { memcpy(v, k->p + k->off, n); k->
 static RunIdentity g_identity;
 static int g_identity_set;
 
+int ckpt_identity(RunIdentity *id) {
+    if (g_identity_set) *id = g_identity;
+    return g_identity_set;
+}
+
 void ckpt_set_identity(const RunIdentity *id) {
     if (id) g_identity = *id;
     g_identity_set = id != NULL;
@@ -568,6 +578,14 @@ static int state_verify(const char *path, uint8_t hdr[STATE_HEADER_BYTES], size_
 }
 
 int ckpt_state_peek(const char *path, int *step, int *total_steps, char *err, size_t errlen) {
+    if (ckpt_is_sharded(path)) {
+        CkptManifest mf;
+        if (ckpt_shard_verify(path, &mf, err, errlen) != 0) return -1;
+        if (state_steps_why(mf.step, mf.id.steps, err, errlen) != 0) return -1;
+        *step = mf.step;
+        *total_steps = mf.id.steps;
+        return 0;
+    }
     uint8_t hdr[STATE_HEADER_BYTES];
     size_t hb;
     if (state_verify(path, hdr, &hb, err, errlen) != 0) return -1;
@@ -581,6 +599,12 @@ int ckpt_state_peek(const char *path, int *step, int *total_steps, char *err, si
 }
 
 int ckpt_state_config(const char *path, GPT2Config *cfg, char *err, size_t errlen) {
+    if (ckpt_is_sharded(path)) {
+        CkptManifest mf;
+        if (ckpt_shard_verify(path, &mf, err, errlen) != 0) return -1;
+        *cfg = mf.cfg;
+        return 0;
+    }
     uint8_t hdr[STATE_HEADER_BYTES];
     size_t hb;
     if (state_verify(path, hdr, &hb, err, errlen) != 0) return -1;
@@ -591,6 +615,12 @@ int ckpt_state_config(const char *path, GPT2Config *cfg, char *err, size_t errle
 }
 
 int ckpt_state_identity(const char *path, RunIdentity *id, char *err, size_t errlen) {
+    if (ckpt_is_sharded(path)) {
+        CkptManifest mf;
+        if (ckpt_shard_verify(path, &mf, err, errlen) != 0) return -1;
+        *id = mf.id;
+        return 1;
+    }
     uint8_t hdr[STATE_HEADER_BYTES];
     size_t hb;
     if (state_verify(path, hdr, &hb, err, errlen) != 0) return -1;
@@ -669,18 +699,34 @@ static void from_file_order(const GPT2Config *cfg, const float *file, float *dev
 void ckpt_save_training(const char *path, const GPT2Config *cfg, int step, uint64_t seed,
                         uint64_t data_seed, const float *params, const float *m, const float *v,
                         size_t n) {
+    if (g_policy.sharded) {  // a chapter whose one writer holds the whole state: one shard
+        CkptShard sh;
+        ckpt_shard_begin(&sh, n);
+        ckpt_shard_add(&sh, 0, n, params, m, v);
+        ckpt_shard_write(path, cfg, step, seed, data_seed, &sh);
+        return;
+    }
+    // the host snapshot: copies in the file's order (the write, maybe in the background, owns them)
     TrainState st = {.cfg = *cfg, .step = step, .seed = seed, .data_seed = data_seed, .n = n};
     st.params = to_file_order(cfg, params, n);
     st.m = to_file_order(cfg, m, n);
     st.v = to_file_order(cfg, v, n);
-    ckpt_save_state(path, &st);
-    free(st.params);
-    free(st.m);
-    free(st.v);
+    ckpt_write_state_owned(path, &st);
 }
 
 int ckpt_resume_training(const char *path, const GPT2Config *cfg, float *params, float *m,
                          float *v, size_t n) {
+    ckpt_wait();  // a background write of this process first
+    if (ckpt_is_sharded(path)) {  // memory order already: every shard's pieces into the whole
+        float *buf[3] = {lab_xmalloc(n * sizeof(float)), lab_xmalloc(n * sizeof(float)),
+                         lab_xmalloc(n * sizeof(float))};
+        int step = ckpt_shard_load(path, cfg, buf[0], buf[1], buf[2], n);
+        mem_copy(params, buf[0], n * sizeof(float));
+        mem_copy(m, buf[1], n * sizeof(float));
+        mem_copy(v, buf[2], n * sizeof(float));
+        for (int i = 0; i < 3; i++) free(buf[i]);
+        return step;
+    }
     TrainState st = {.params = lab_xmalloc(n * sizeof(float)), .m = lab_xmalloc(n * sizeof(float)),
                      .v = lab_xmalloc(n * sizeof(float))};
     ckpt_load_state(path, cfg, &st);
@@ -699,4 +745,209 @@ void ckpt_load_weights_into(const char *path, const GPT2Config *cfg, float *para
     ckpt_load_weights(path, cfg, w);
     from_file_order(cfg, w, params, n);
     free(w);
+}
+
+// ---- the policy: background writes, rotation (ckpt.h) ------------------------------------------
+
+static char g_command[1024];
+static CkptStats g_stats;
+
+void ckpt_set_policy(const CkptPolicy *p) { g_policy = *p; }
+CkptPolicy ckpt_policy(void) { return g_policy; }
+
+void ckpt_set_command(int argc, char **argv) {
+    size_t k = 0;
+    g_command[0] = '\0';
+    for (int i = 0; i < argc && k + 2 < sizeof g_command; i++) {
+        int w = snprintf(g_command + k, sizeof g_command - k, "%s%s", i ? " " : "", argv[i]);
+        if (w < 0) break;
+        k += (size_t)w;
+        if (k >= sizeof g_command) k = sizeof g_command - 1;
+    }
+    for (char *c = g_command; *c; c++)
+        if (*c == '\n') *c = ' ';
+}
+const char *ckpt_command(void) { return g_command; }
+
+CkptStats ckpt_stats(void) { return g_stats; }
+
+void ckpt_note_write(double t0, double t1) {
+    g_stats.writes++;
+    g_stats.write_s += t1 - t0;
+    g_stats.last_t0 = t0;
+    g_stats.last_t1 = t1;
+}
+
+const char *ckpt_step_path(char *buf, size_t len, const char *path, int step) {
+    int w = g_policy.keep_last > 0 || g_policy.sharded ? snprintf(buf, len, "%s.step-%d", path, step)
+                                                        : snprintf(buf, len, "%s", path);
+    LAB_CHECK(w >= 0 && (size_t)w < len, "checkpoint path too long: %s", path);
+    return buf;
+}
+
+int ckpt_is_sharded(const char *path) {
+    struct stat st;
+    return stat(path, &st) == 0 && S_ISDIR(st.st_mode);
+}
+
+// a file, or a directory of files (a sharded checkpoint), removed
+static void remove_tree(const char *path) {
+    struct stat st;
+    if (lstat(path, &st) != 0) return;
+    if (S_ISDIR(st.st_mode)) {
+        DIR *d = opendir(path);
+        struct dirent *e;
+        while (d && (e = readdir(d))) {
+            if (!strcmp(e->d_name, ".") || !strcmp(e->d_name, "..")) continue;
+            char sub[4200];
+            snprintf(sub, sizeof sub, "%s/%s", path, e->d_name);
+            remove(sub);
+        }
+        if (d) closedir(d);
+        rmdir(path);
+    } else {
+        remove(path);
+    }
+}
+
+typedef struct Kept { char name[4800]; double mtime; int step; } Kept;
+
+static int newer_first(const void *a, const void *b) {
+    const Kept *x = a, *y = b;
+    if (x->mtime != y->mtime) return x->mtime < y->mtime ? 1 : -1;
+    return y->step - x->step;
+}
+
+void ckpt_rotate(const char *path, int step) {
+    if (g_policy.keep_last <= 0 && !g_policy.sharded) return;
+    char target[4200], link_tmp[4200], dir[4200];
+    ckpt_step_path(target, sizeof target, path, step);
+    const char *slash = strrchr(path, '/'), *base = slash ? slash + 1 : path;
+    const char *tbase = strrchr(target, '/') ? strrchr(target, '/') + 1 : target;
+    if (slash) snprintf(dir, sizeof dir, "%.*s", (int)(slash - path), path);
+    else snprintf(dir, sizeof dir, ".");
+    // <path> -> <path>.step-N: a new link renamed over the old one (atomic)
+    snprintf(link_tmp, sizeof link_tmp, "%s.link-tmp", path);
+    remove(link_tmp);
+    if (symlink(tbase, link_tmp) != 0 || rename(link_tmp, path) != 0) {
+        int err = errno;
+        remove(link_tmp);
+        lab_fail("cannot point %s at %s: %s (the checkpoint itself is complete in %s)", path,
+                 target, strerror(err), target);
+    }
+    // the newest K (by time written; the one just written always) kept, the older removed
+    int keep = g_policy.keep_last > 0 ? g_policy.keep_last : 1;
+    DIR *d = opendir(dir);
+    if (!d) return;
+    Kept *list = NULL;
+    int nk = 0, cap = 0;
+    size_t blen = strlen(base);
+    struct dirent *e;
+    while ((e = readdir(d))) {
+        const char *nm = e->d_name;
+        if (strncmp(nm, base, blen) != 0 || strncmp(nm + blen, ".step-", 6) != 0) continue;
+        char *end = NULL;
+        long st_no = strtol(nm + blen + 6, &end, 10);
+        if (end == nm + blen + 6 || *end != '\0') continue;  // its .tmp and others: not ours
+        if (!strcmp(nm, tbase)) continue;
+        char full[4800];
+        struct stat st;
+        snprintf(full, sizeof full, "%s/%s", dir, nm);
+        if (lstat(full, &st) != 0) continue;
+        if (nk == cap) list = realloc(list, (size_t)(cap = cap ? 2 * cap : 16) * sizeof(Kept));
+        LAB_CHECK(list, "out of memory listing %s", dir);
+        snprintf(list[nk].name, sizeof list[nk].name, "%s", full);
+        list[nk].mtime = (double)st.st_mtim.tv_sec + 1e-9 * (double)st.st_mtim.tv_nsec;
+        list[nk++].step = (int)st_no;
+    }
+    closedir(d);
+    qsort(list, (size_t)nk, sizeof(Kept), newer_first);
+    for (int i = keep - 1; i < nk; i++)
+        if (i >= 0) remove_tree(list[i].name);
+    free(list);
+}
+
+// One background write at a time.
+typedef struct AsyncJob {
+    char path[4200];
+    TrainState st;           // owned arrays (state), or:
+    void *buf;               // owned bytes (a shard)
+    size_t nbytes;
+    void (*after)(void *);   // (shards) called in the thread after the write
+    void *after_arg;
+    double t0, t1;
+} AsyncJob;
+
+static pthread_t g_thread;
+static int g_running;
+static AsyncJob g_job;
+static int g_atexit;
+
+static void run_job(AsyncJob *j) {
+    j->t0 = lab_now();
+    if (j->buf) {
+        file_write_atomic(j->path, j->buf, j->nbytes);
+        free(j->buf);
+        j->buf = NULL;
+    } else {
+        char final[4200];
+        ckpt_step_path(final, sizeof final, j->path, j->st.step);
+        ckpt_save_state(final, &j->st);
+        ckpt_rotate(j->path, j->st.step);
+        free(j->st.params), free(j->st.m), free(j->st.v);
+    }
+    if (j->after) j->after(j->after_arg);
+    j->t1 = lab_now();
+}
+
+static void *job_thread(void *arg) {
+    run_job(arg);
+    return NULL;
+}
+
+void ckpt_wait(void) {
+    if (!g_running) return;
+    if (pthread_equal(pthread_self(), g_thread)) return;  // (an exit from the writer itself)
+    pthread_join(g_thread, NULL);
+    g_running = 0;
+    ckpt_note_write(g_job.t0, g_job.t1);
+    if (trace_enabled()) trace_span("checkpoint write (background)", TRACE_OTHER, g_job.t0, g_job.t1);
+}
+
+static void wait_at_exit(void) { ckpt_wait(); }
+
+static void start_job(void) {
+    ckpt_wait();
+    if (!g_policy.async) {
+        run_job(&g_job);
+        ckpt_note_write(g_job.t0, g_job.t1);
+        return;
+    }
+    if (!g_atexit) {  // an exit (the end, or an error elsewhere) lets the write finish first
+        atexit(wait_at_exit);
+        g_atexit = 1;
+    }
+    LAB_CHECK(pthread_create(&g_thread, NULL, job_thread, &g_job) == 0,
+              "--async-save: cannot start the writer thread");
+    g_running = 1;
+}
+
+void ckpt_write_state_owned(const char *path, TrainState *st) {
+    ckpt_wait();
+    memset(&g_job, 0, sizeof g_job);
+    snprintf(g_job.path, sizeof g_job.path, "%s", path);
+    g_job.st = *st;
+    start_job();
+}
+
+void ckpt_write_bytes_owned(const char *path, void *buf, size_t n, void (*after)(void *),
+                            void *arg) {
+    ckpt_wait();
+    memset(&g_job, 0, sizeof g_job);
+    snprintf(g_job.path, sizeof g_job.path, "%s", path);
+    g_job.buf = buf;
+    g_job.nbytes = n;
+    g_job.after = after;
+    g_job.after_arg = arg;
+    start_job();
 }

@@ -105,3 +105,106 @@ int ckpt_resume_training(const char *path, const GPT2Config *cfg, float *params,
                          float *v, size_t n);
 // llm.c weights from path into params (n floats on any device, memory order); the config must match.
 void ckpt_load_weights_into(const char *path, const GPT2Config *cfg, float *params, size_t n);
+
+// ---- how a run writes its checkpoints (the notes' 10.9; flags.c sets it from the flags) ------
+//
+// --async-save: ckpt_save_training (and a sharded save) takes a host snapshot of the state, in
+//   the file's order, and returns; a background thread writes it (tmp, fsync, rename: the same
+//   bytes as a synchronous save) while training goes on. One write at a time: the next save,
+//   a rollback and the run's end wait for it (ckpt_settle), and so does an exit.
+// --keep-last K: each save goes to "<path>.step-N" and <path> becomes a symbolic link to it
+//   (swapped by a rename: atomic); the newest K are kept, older ones removed after the new one is
+//   complete.
+// --save-sharded: <path> is a directory (a link to "<path>.step-N/"): each rank writes the part
+//   of the state it holds, shard-RRRRR.bin, and rank 0 a manifest once every shard is complete
+//   (ckpt_shard.c). Any layout resumes it.
+typedef struct CkptPolicy {
+    int async;       // --async-save
+    int keep_last;   // --keep-last K (0: one file, replaced)
+    int sharded;     // --save-sharded
+} CkptPolicy;
+void ckpt_set_policy(const CkptPolicy *p);
+CkptPolicy ckpt_policy(void);
+// The command line that runs the job (recorded as the layout in a sharded manifest).
+void ckpt_set_command(int argc, char **argv);
+const char *ckpt_command(void);
+
+// What this process's writes took (for the stall line: session.c).
+typedef struct CkptStats {
+    int writes;           // files written (or shards)
+    double write_s;       // seconds inside the writes (background ones included)
+    double last_t0, last_t1;  // the last write's start and end (lab_now())
+} CkptStats;
+CkptStats ckpt_stats(void);
+// Waits for this process's background write, if any (its span goes into the --trace
+// timeline). Not collective.
+void ckpt_wait(void);
+// Every rank at the same point (collective over the world when --async-save or
+// --save-sharded): the background writes finished on every rank, and a sharded save whose
+// shards are all written gets its manifest (rank 0): the checkpoint is complete on return.
+void ckpt_settle(void);
+
+// Writes (in this thread, or the background's with --async-save) the state st to path under
+// the policy (keep-last rotation); takes ownership of st's arrays (freed after the write).
+void ckpt_write_state_owned(const char *path, TrainState *st);
+// The final path a state of `step` goes to under the policy ("<path>.step-N" with
+// --keep-last/--save-sharded, else path), into buf.
+const char *ckpt_step_path(char *buf, size_t len, const char *path, int step);
+// After the file (or directory) of `step` is complete: <path> -> it (a link swapped by a
+// rename), and the ones beyond the newest K removed. Nothing without --keep-last/--save-sharded.
+void ckpt_rotate(const char *path, int step);
+// Is path a sharded checkpoint (a directory, or a link to one)?
+int ckpt_is_sharded(const char *path);
+
+// ---- sharded checkpoints (ckpt_shard.c; --save-sharded) ----------------------------------------
+//
+// A directory: shard-RRRRR.bin from each rank that holds a part of the state, and a manifest
+// (text) written by rank 0 once every shard is complete. A shard holds ranges of the WHOLE
+// model's memory order (gpt2.h: block-major) and, for them, the fp32 weights (bf16: the master),
+// Adam's m and v, and a CRC32 of all of it. The manifest: the step, the config, each shard's
+// file, elements, bytes and CRC32, the layout (the command line that wrote it, on how many
+// ranks), the run's identity (hyperparameters, data seed, the data file's size and CRC32), the
+// code (the program's size and CRC32), and its own CRC32. A resume reads every shard into the
+// whole state (every element exactly once, else refused), then takes this layout's part the
+// way a file is taken: any layout resumes any other, exactly.
+typedef struct CkptShard {
+    size_t n;              // elements of the whole model
+    size_t nr, cap, k;     // ranges, their capacity, elements held
+    uint64_t *ranges;      // (nr x 2) start, count in the whole's memory order
+    float *p, *m, *v;      // (k) the held elements, in range order (host)
+    size_t kcap;
+} CkptShard;
+void ckpt_shard_begin(CkptShard *sh, size_t n);
+// Elements [at, at + count) of the whole, from p, m, v (count floats each; host or device).
+void ckpt_shard_add(CkptShard *sh, size_t at, size_t count, const float *p, const float *m,
+                    const float *v);
+// A slice's buffers (a GPT2 of a TP slice and/or a stage: its master, m, v; host or device):
+// the elements gpt2_unshard puts into the whole (the replicated tensors only when
+// with_replicated, as the chapters' gathers). held (host, the slice's size, or NULL: all of it):
+// nonzero where this rank holds the element (a ZeRO piece of the slice).
+void ckpt_shard_add_slice(CkptShard *sh, const GPT2 *slice, const float *p, const float *m,
+                          const float *v, const float *held, int with_replicated);
+// Writes this rank's shard of the state after `step` steps into "<path>.step-N/" (in the
+// background with --async-save) and frees sh; the manifest follows at ckpt_settle. Every rank
+// that saves calls it (one that holds nothing: an empty sh, and no file).
+void ckpt_shard_write(const char *path, const GPT2Config *cfg, int step, uint64_t seed,
+                      uint64_t data_seed, CkptShard *sh);
+// What a valid sharded checkpoint's manifest says, after the whole directory is checked
+// (manifest CRC, every shard's size and CRC32, every element exactly once): 0; -1 and why.
+typedef struct CkptManifest {
+    int step, nshards, nranks;
+    GPT2Config cfg;
+    uint64_t n;
+    RunIdentity id;
+    char layout[1100];
+} CkptManifest;
+int ckpt_shard_verify(const char *dir, CkptManifest *mf, char *err, size_t errlen);
+// The whole state (memory order, host arrays of n) from the shards; the config must be
+// *expect's. Rank 0 prints the restore time. Returns the step.
+int ckpt_shard_load(const char *dir, const GPT2Config *expect, float *p, float *m, float *v,
+                    size_t n);
+
+// (ckpt.c, for ckpt_shard.c) a background-capable write of owned bytes; after(arg) follows it
+void ckpt_write_bytes_owned(const char *path, void *buf, size_t n, void (*after)(void *), void *arg);
+void ckpt_note_write(double t0, double t1);
+int ckpt_identity(RunIdentity *id);  // the process's (ckpt_set_identity): 1, or 0 if none

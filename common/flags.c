@@ -196,13 +196,18 @@ static Table build_table(LabArgs *a, const FlagSpec *extra, int nextra, unsigned
     add(&t, row("reliability", "--save", "FILE", FLAG_STRING, &a->save, 0, 0, NULL, "training-state checkpoint (every --save-every steps and at the end)"));
     out[t.n - 1].file = FILE_OUT;
     add(&t, row("reliability", "--save-every", "N", FLAG_INT, &a->save_every, 0, MAX_INT_FLAG, NULL, "checkpoint period in steps (0 = only at the end)"));
-    add(&t, row("reliability", "--resume", "FILE", FLAG_STRING, &a->resume, 0, 0, NULL, "resume from a training-state checkpoint"));
+    add(&t, row("reliability", "--resume", "FILE", FLAG_STRING, &a->resume, 0, 0, NULL, "resume from a training-state checkpoint (a file, or a --save-sharded directory)"));
     out[t.n - 1].file = FILE_IN;
     add(&t, row("reliability", "--allow-changed", "F,..", FLAG_STRING, &a->allow_changed, 0, 0, NULL, "let --resume change these of the state's run: " RUN_IDENTITY_FIELDS ", or all"));
     add(&t, row("reliability", "--load-weights", "FILE", FLAG_STRING, &a->load_weights, 0, 0, NULL, "start from llm.c gpt2_*.bin weights"));
     out[t.n - 1].file = FILE_IN;
     add(&t, row("reliability", "--save-weights", "FILE", FLAG_STRING, &a->save_weights, 0, 0, NULL, "write llm.c gpt2_*.bin weights at the end"));
     out[t.n - 1].file = FILE_OUT;
+    // checkpoints as the notes' 10.9 (common/ckpt.h): async, sharded, rotated, timed
+    add(&t, row("reliability", "--async-save", NULL, FLAG_BOOL, &a->async_save, 0, 1, NULL, "write each checkpoint from a host snapshot in a background thread while training goes on"));
+    add(&t, row("reliability", "--save-sharded", NULL, FLAG_BOOL, &a->save_sharded, 0, 1, NULL, "--save DIR: each rank writes its part of the state, plus a manifest; any layout resumes it"));
+    add(&t, row("reliability", "--keep-last", "K", FLAG_INT, &a->keep_last, 0, 1000000, NULL, "write <save>.step-N, point <save> at it, keep the newest K (0 = one file, replaced)"));
+    add(&t, row("reliability", "--save-every-min", "X", FLAG_FLOAT, &a->save_every_min, 0, 1e6, NULL, "also a checkpoint once X minutes passed since the last (0 = off; rank 0 decides for all)"));
     add(&t, row("reliability", "--stop-at", "N", FLAG_INT, &a->stop_at, -1, MAX_INT_FLAG, NULL, "stop after N steps as if interrupted (to test --save/--resume; -1 = off)"));
     add(&t, row("reliability", "--inject-nan-step", "N", FLAG_INT, &a->inject_nan_step, -1, MAX_INT_FLAG, NULL, "fault: put a NaN into a gradient in step N (counted from 1, as the progress lines; -1 = off)"));
     add(&t, row("reliability", "--kill-rank", "R", FLAG_INT, &a->kill_rank, -1, 1048576, NULL, "fault: rank R exits abruptly at --kill-step (-1 = off)"));
@@ -360,6 +365,7 @@ static void check_input_file(const char *name, const char *path) {
     struct stat st;
     if (stat(path, &st) != 0)
         flag_fail("%s %s: cannot use this file: %s", name, path, strerror(errno));
+    if (S_ISDIR(st.st_mode) && strcmp(name, "--resume") == 0 && ckpt_is_sharded(path)) return;
     if (S_ISDIR(st.st_mode))
         flag_fail("%s %s: is a directory, expected a file", name, path);
     if (!S_ISREG(st.st_mode))
@@ -383,9 +389,14 @@ static void dir_of(const char *path, char *dir, size_t n) {
 // must be a regular file or nothing yet (the writer renames "<path>.tmp" over it: a FIFO or a
 // device there would be replaced by a regular file).
 static void check_output_path(const char *name, const char *path) {
-    struct stat st;
-    if (stat(path, &st) == 0 && S_ISDIR(st.st_mode))
-        flag_fail("%s %s: is a directory; valid: a file path in a writable directory", name, path);
+    struct stat st, lst;
+    // a link to a directory: a sharded checkpoint's (check_combinations wants --save-sharded)
+    int link_to_dir = lstat(path, &lst) == 0 && S_ISLNK(lst.st_mode) && ckpt_is_sharded(path);
+    if (stat(path, &st) == 0 && S_ISDIR(st.st_mode) && !(strcmp(name, "--save") == 0 && link_to_dir))
+        flag_fail("%s %s: is a directory; valid: a file path in a writable directory%s", name, path,
+                  strcmp(name, "--save") == 0 ? " (--save-sharded writes <path>.step-N/ and links "
+                  "<path> to it)" : "");
+    if (link_to_dir) return;
     if (stat(path, &st) == 0 && !S_ISREG(st.st_mode))
         flag_fail("%s %s: is %s, which the output would replace; valid: a regular file or a path "
                   "that does not exist yet", name, path, S_ISFIFO(st.st_mode) ? "a FIFO"
@@ -867,6 +878,21 @@ static void check_production(LabArgs *a) {
                   "--on-spike rollback (got --on-spike %s)", a->on_spike);
 }
 
+// --async-save, --save-sharded, --keep-last, --save-every-min: all about --save's checkpoints.
+static void check_ckpt_policy(const LabArgs *a) {
+    const char *which = a->async_save ? "--async-save" : a->save_sharded ? "--save-sharded"
+                        : a->keep_last ? "--keep-last" : a->save_every_min > 0 ? "--save-every-min"
+                        : NULL;
+    if (which && !a->save)
+        flag_fail("%s acts on the checkpoints of --save: add --save %s", which,
+                  a->save_sharded ? "DIR" : "FILE");
+    struct stat lst;
+    if (a->save && !a->save_sharded && lstat(a->save, &lst) == 0 && S_ISLNK(lst.st_mode) &&
+        ckpt_is_sharded(a->save))
+        flag_fail("--save %s is a sharded checkpoint (a directory): add --save-sharded, or give "
+                  "another path", a->save);
+}
+
 // Checks that involve more than one flag.
 static void check_combinations(LabArgs *a, const RunIdentity *now) {
     if (a->C % a->NH != 0) {
@@ -890,6 +916,7 @@ static void check_combinations(LabArgs *a, const RunIdentity *now) {
                   a->resume, a->load_weights);
     if (a->save_every > 0 && !a->save)
         flag_fail("--save-every %d needs --save FILE (where to write the checkpoint)", a->save_every);
+    check_ckpt_policy(a);
     check_inject_hang(a, world_size_now());
     if ((a->kill_rank >= 0) != (a->kill_step >= 0))
         flag_fail("--kill-rank and --kill-step go together (which rank dies, and when); got "
@@ -993,6 +1020,9 @@ void lab_parse_args_for(unsigned groups, int argc, char **argv, LabArgs *a, cons
     RunIdentity id = run_identity(a);
     check_combinations(a, &id);
     ckpt_set_identity(&id);
+    CkptPolicy pol = {.async = a->async_save, .keep_last = a->keep_last, .sharded = a->save_sharded};
+    ckpt_set_policy(&pol);
+    ckpt_set_command(argc, argv);
     GPT2Config cfg = lab_args_config(a);
     gpt2_config_check(&cfg);
     kernels_set_threads(a->threads);   // BLAS threads of this rank (--threads)

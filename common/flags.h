@@ -54,6 +54,11 @@ typedef struct LabArgs {
     const char *allow_changed;  // --resume may change these identity fields ("steps,lr", "all")
     const char *load_weights;  // llm.c gpt2_*.bin weights to start from
     const char *save_weights;  // write llm.c gpt2_*.bin weights at the end
+    // checkpoints as the notes' 10.9 (common/ckpt.h: the policy)
+    int async_save;       // --async-save: a host snapshot, written by a background thread
+    int save_sharded;     // --save-sharded: --save is a directory, each rank writes its part
+    int keep_last;        // --keep-last K: "<save>.step-N" files, the newest K kept (0: off)
+    float save_every_min; // --save-every-min X: also a checkpoint when X minutes passed (0: off)
     int stop_at;          // stop after this many steps as if interrupted (-1: run all --steps)
     int inject_nan_step;  // fault injection: a NaN into a gradient in the step of this index
                           // (counted from 0; the flag counts from 1 like the progress lines; -1: off)
@@ -119,7 +124,8 @@ enum {
 // every flag with its default and valid range, on rank 0, and exits 0 on every rank.
 // Checked here, before the first step, so that a mistake does not cost a run: no flag is given
 // twice (none is repeatable), input files (--data --resume --load-weights) are regular readable
-// files (a FIFO would block) and a --resume/--load-weights file is whole (exact size, CRC),
+// files (a FIFO would block; a --resume may be a --save-sharded directory, checked whole: its
+// manifest and every shard's CRC) and a --resume/--load-weights file is whole (exact size, CRC),
 // output paths (--save --save-weights --trace --dump) are regular files or new, each differs
 // from every input and every other output after links (--resume F --save F excepted: the run
 // continues the state it read), and rank 0 creates and removes the "<path>.tmp" each is written

@@ -133,18 +133,70 @@ void session_poison(void *buf, int bf16) {
     else mem_copy(buf, &nan, sizeof nan);
 }
 
-// state.save on every rank; what it moves is counted apart (s->save_cost)
-static void save_state(Session *s, int step) {
-    LAB_CHECK(s->state.save, "--save: the chapter gave the session no way to save its state");
-    DistCounters before = *dist_counters();
-    s->state.save(s->state.ctx, s->args->save, step);
+// what a checkpoint's work moved since `before`, counted apart (s->save_cost)
+static void count_save(Session *s, const DistCounters *before) {
     const DistCounters *after = dist_counters();
     for (int k = 0; k < OP_NKINDS; k++) {
-        s->save_cost.calls[k] += after->calls[k] - before.calls[k];
-        s->save_cost.sent[k] += after->sent[k] - before.sent[k];
-        s->save_cost.recv[k] += after->recv[k] - before.recv[k];
+        s->save_cost.calls[k] += after->calls[k] - before->calls[k];
+        s->save_cost.sent[k] += after->sent[k] - before->sent[k];
+        s->save_cost.recv[k] += after->recv[k] - before->recv[k];
     }
+}
+
+// state.save on every rank; what it moves is counted apart (s->save_cost). The previous save is
+// completed first (ckpt_settle: its background write, a sharded save's manifest); without
+// --async-save this one is completed now. The time here is what training waited (the stall).
+static void save_state(Session *s, int step) {
+    LAB_CHECK(s->state.save, "--save: the chapter gave the session no way to save its state");
+    const double t0 = lab_now();
+    DistCounters before = *dist_counters();
+    ckpt_settle();
+    s->state.save(s->state.ctx, s->args->save, step);
+    if (!ckpt_policy().async) ckpt_settle();
+    count_save(s, &before);
+    s->last_save_t = lab_now();
+    s->save_stall_s += s->last_save_t - t0;
+    s->saves++;
     guard_saved(s, step);
+}
+
+// --save-every N, or --save-every-min X: the clock of rank 0 decides, once, for every rank
+static int save_due(Session *s, int step) {
+    const LabArgs *a = s->args;
+    int due = a->save_every > 0 && (step + 1) % a->save_every == 0;
+    if (a->save_every_min > 0) {
+        if (s->last_save_t == 0) s->last_save_t = s->t_start;
+        int late = s->rank == 0 && lab_now() - s->last_save_t >= 60.0 * a->save_every_min;
+        DistCounters before = *dist_counters();
+        if (s->N > 1) dist_broadcast(&late, 1, DIST_I32, 0, s->world);
+        count_save(s, &before);
+        due = due || late;
+    }
+    return due;
+}
+
+// The checkpoints' cost, when the run asked for more than one file replaced (rank 0): the time
+// training was blocked per save, against what the whole save took.
+static void print_save_cost(const Session *s) {
+    const LabArgs *a = s->args;
+    const CkptPolicy pol = ckpt_policy();
+    if (a->quiet || s->rank != 0 || s->saves == 0 ||
+        !(pol.async || pol.sharded || pol.keep_last || a->save_every_min > 0))
+        return;
+    const CkptStats st = ckpt_stats();
+    const double stall = 1e3 * s->save_stall_s / s->saves;
+    const double write = st.writes ? 1e3 * st.write_s / s->saves : 0;
+    char how[160];
+    snprintf(how, sizeof how, "%s%s", pol.sharded ? "sharded: rank 0 wrote its shard and the manifest"
+             : "one file from rank 0", pol.async ? ", in a background thread" : "");
+    if (pol.async)
+        printf("checkpoints: %d saves, training blocked %.1f ms per save (the snapshot); the whole "
+               "save %.1f ms (its write %.1f ms went on while training ran; %s)\n", s->saves,
+               stall, stall + write, write, how);
+    else
+        printf("checkpoints: %d saves, training blocked %.1f ms per save: the whole save (%s)\n",
+               s->saves, stall, how);
+    fflush(stdout);
 }
 
 // a z-score in 5 columns ("-" not yet; clamped so the columns stay aligned)
@@ -220,7 +272,7 @@ void session_step_end(Session *s, int step, float loss) {
     s->t_last = now;
     if (guard_step_end(s, step, loss)) return;  // the windows; rolled back: no checkpoint now
     // the periodic checkpoint (the final one: session_finish)
-    if (a->save && a->save_every > 0 && (step + 1) % a->save_every == 0 && !last)
+    if (a->save && (a->save_every > 0 || a->save_every_min > 0) && !last && save_due(s, step))
         save_state(s, step + 1);
 }
 
@@ -251,6 +303,12 @@ void session_finish(Session *s) {
         save_state(s, s->end);
         if (!a->quiet && s->rank == 0)
             printf("saved training state (step %d) to %s\n", s->end, a->save);
+    }
+    if (a->save) {  // the last save complete (with --async-save: its write joined)
+        DistCounters before = *dist_counters();
+        ckpt_settle();
+        count_save(s, &before);
+        print_save_cost(s);
     }
     print_learned(s);
     if (s->state.weights_to_host) {

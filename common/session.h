@@ -6,8 +6,10 @@
 //     rank's (rows, T) batch buffers, the losses, the clock, the progress line, the fault hooks
 //     (--kill-rank/--kill-step, --inject-nan-step, --inject-spike-step, --inject-oom-step,
 //     --stop-at), the NaN and loss-spike policies (--on-nan, --on-spike: session_guard.c), the
-//     checkpoint cadence (every --save-every, the final --save, --save-weights), the --dump and
-//     the per-rank table;
+//     checkpoint cadence (every --save-every steps or --save-every-min minutes, the final --save,
+//     --save-weights; how each is written, ckpt.h's policy: --async-save, --save-sharded,
+//     --keep-last; ckpt_settle before each save, a rollback's load and at the end), the --dump
+//     and the per-rank table;
 //   the state (the chapter's): what a checkpoint holds and where the final weights come from,
 //     given to the loop as a SessionState (save, weights_to_host, load). A single replica (00,
 //     02, 03) takes session_init, which adds the model, gradients, activations, the optimizer
@@ -97,6 +99,9 @@ typedef struct Session {
     DistCounters save_cost;  // what the checkpoints (and a rollback's load) moved: leave it out
                              // of per-step figures
     float *host_params;    // (n) final weights as fp32 on rank 0 (session_finish), else NULL
+    int saves;             // checkpoints written (state.save), and the time training was blocked
+    double save_stall_s;   // in them (with --async-save the write itself goes on in the background)
+    double last_save_t;    // wall clock of the last checkpoint (--save-every-min), or the start
     // --- health (rank 0 computes it; health.h) ---
     FILE *log;             // --log, on rank 0
     int health;            // rank 0 prints progress lines or writes --log
@@ -194,7 +199,9 @@ void guard_report(const Session *s);          // the run's skips, at the end (ra
 // from r (its step is 1-based); a z not yet known, a grad norm not given, an unknown MFU: "-".
 int session_progress_line(char *buf, size_t len, int steps, const HealthRecord *r, double eta_s);
 
-// After the loop: the final checkpoint (state.save, when --save), the "learned:" line (rank 0,
+// After the loop: the final checkpoint (state.save, when --save; then every write finished and,
+// with --async-save, --save-sharded, --keep-last or --save-every-min, the "checkpoints:" line:
+// the time training was blocked per save against the whole save), the "learned:" line (rank 0,
 // not --quiet: the last loss between ln V and the data's floor, and how far along it is), the
 // final weights as fp32 on rank 0 (s->host_params; state.weights_to_host), --save-weights, the
 // --trace file. All collective: read the run's byte counters before (or subtract s->save_cost).

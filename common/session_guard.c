@@ -26,6 +26,7 @@
 #include <string.h>
 
 #include "check.h"
+#include "ckpt.h"
 #include "mem.h"
 #include "session.h"
 
@@ -54,6 +55,7 @@ void guard_start(Session *s) {
     if (on_spike(s->args) != ON_SPIKE_ROLLBACK) return;
     LAB_CHECK(s->state.save, "--on-spike rollback: the chapter gave the loop no way to save its state");
     s->state.save(s->state.ctx, s->args->save, s->start);
+    ckpt_settle();  // (--save-sharded: its manifest; --async-save: the write done)
     guard_saved(s, s->start);
 }
 
@@ -147,6 +149,7 @@ static void rollback(Session *s, int step) {
                             a->save);
     double t0 = lab_now();
     DistCounters before = *dist_counters();  // what the load moves is checkpoint traffic
+    ckpt_settle();  // the last checkpoint complete on every rank (--async-save, --save-sharded)
     int got = s->state.load(s->state.ctx, a->save);
     const DistCounters *after = dist_counters();
     for (int k = 0; k < OP_NKINDS; k++) {

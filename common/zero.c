@@ -412,6 +412,18 @@ void zero_save_training(const ZeroLayout *z, const char *path, const GPT2Config 
                         const float *opt_m, const float *opt_v, DistGroup *g) {
     const size_t n = z->n;
     const int root = g->rank == 0;
+    if (ckpt_policy().sharded) {  // --save-sharded: each rank writes its own pieces
+        CkptShard sh;
+        ckpt_shard_begin(&sh, n);
+        for (int u = 0; u < z->nunits && (z->N > 1 || root); u++) {  // (one part: g's rank 0)
+            const ZeroPiece *p = &z->p[u];
+            const size_t at = piece_global(p);
+            ckpt_shard_add(&sh, at, p->count, master + (master_full ? at : p->local),
+                           opt_m + p->local, opt_v + p->local);
+        }
+        ckpt_shard_write(path, cfg, step, seed, data_seed, &sh);
+        return;
+    }
     float *w = root ? lab_xcalloc(n, sizeof(float)) : NULL;
     float *mm = root ? lab_xcalloc(n, sizeof(float)) : NULL;
     float *vv = root ? lab_xcalloc(n, sizeof(float)) : NULL;

@@ -181,7 +181,8 @@ void zero_take_pieces(const ZeroLayout *z, const float *full, float *dst, int ds
 // master_full: the master is a whole-model buffer every rank holds in full (05's fp32 stages 0-2,
 // where the master IS the model's parameters); else my shard buffer, like m and v.
 // save: collective over g (the ranks of ONE copy of the pieces, e.g. HSDP's first shard
-//   group); g's rank 0 writes path.
+//   group); g's rank 0 writes path. --save-sharded: no gather, each rank of g writes its own
+//   pieces (ckpt_shard_write; the loop's ckpt_settle writes the manifest).
 void zero_save_training(const ZeroLayout *z, const char *path, const GPT2Config *cfg, int step,
                         uint64_t seed, uint64_t data_seed, const float *master, int master_full,
                         const float *opt_m, const float *opt_v, DistGroup *g);
