@@ -21,6 +21,36 @@ double calc_ring_all_reduce_bytes(double bytes, int n) {
     return prod / n;
 }
 
+// World rank of grid coordinates (t, d, p) in the setup's order.
+static int grid_rank_of(const CalcSetup *s, int t, int d, int p) {
+    return s->grid_order == CALC_ORDER_PP_FIRST ? p + s->pp * (d + s->dp * t)
+                                                : t + s->tp * (d + s->dp * p);
+}
+
+int calc_group_nodes(const CalcSetup *s, int dim, int gpus_per_node) {
+    const int tp = s->tp, dp = s->dp, pp = s->pp;
+    LAB_CHECK(tp > 0 && dp > 0 && pp > 0 && gpus_per_node > 0, "calc_group_nodes: %d x %d x %d, "
+              "%d GPUs per node", dp, tp, pp, gpus_per_node);
+    const int n = dim == CALC_DIM_TP ? tp : dim == CALC_DIM_DP ? dp : pp;
+    // the groups: one per value of the two other coordinates (a, b)
+    const int na = dim == CALC_DIM_TP ? dp : tp, nb = dim == CALC_DIM_PP ? dp : pp;
+    int most = 1;
+    for (int a = 0; a < na; a++)
+        for (int b = 0; b < nb; b++) {
+            // a member's rank grows with its coordinate along dim: count the node changes
+            int nodes = 0, last = -1;
+            for (int k = 0; k < n; k++) {
+                int t = dim == CALC_DIM_TP ? k : a;
+                int d = dim == CALC_DIM_DP ? k : dim == CALC_DIM_TP ? a : b;
+                int p = dim == CALC_DIM_PP ? k : b;
+                int node = grid_rank_of(s, t, d, p) / gpus_per_node;
+                if (node != last) nodes++, last = node;
+            }
+            if (nodes > most) most = nodes;
+        }
+    return most;
+}
+
 // Adds one collective to a group's count, once per micro-batch or once per step.
 static void add(CalcTraffic *t, int per_mb, double bytes, double hops) {
     if (per_mb) t->mb_bytes += bytes, t->mb_hops += hops;
