@@ -108,3 +108,9 @@ void dist_thread_queue(const DistCall *c, DistGroup *g, DistWork *w);
 int dist_thread_finish(DistWork *w, int block);  // 1 when the thread has run it (then finished)
 int dist_thread_pending(void);                    // queued ops not yet finished by the caller
 void dist_thread_stop_all(void);                  // at dist_finalize
+
+// --- dist_link.c: the virtual links' holds (dist.h) -------------------------------------------------
+void dist_link_hold_before(const DistCall *c, const DistGroup *g);  // a send: before MPI gets it
+void dist_link_hold_after(const DistCall *c, const DistGroup *g);   // a collective: after it ran
+double dist_link_call_seconds(const DistCall *c, const DistGroup *g);  // the hold a collective gets (charged)
+void dist_link_sleep(double seconds);

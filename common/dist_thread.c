@@ -70,6 +70,7 @@ static void run_op(CommTask *task) {
         }
     }
     dist_mpi_backend.run(&task->call, g, NULL);
+    dist_link_hold_after(&task->call, g);   // virtual links: the stream is busy for the link's time
 }
 
 // Runs the head of the queue, claimed under the mutex (held on entry and on return), and

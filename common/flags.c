@@ -21,6 +21,7 @@
 
 #include "check.h"
 #include "ckpt.h"
+#include "dist.h"
 #include "watchdog.h"
 #include "health.h"
 #ifdef LAB_CUDA
@@ -209,6 +210,9 @@ static Table build_table(LabArgs *a, const FlagSpec *extra, int nextra, unsigned
     add(&t, row("reliability", "--rollback-skip", "N", FLAG_INT, &a->rollback_skip, 1, MAX_INT_FLAG, NULL, "--on-spike rollback: skip the updates of N steps from the spike's (its data)"));
     add(&t, row("reliability", "--inject-spike-step", "N", FLAG_INT, &a->inject_spike_step, -1, MAX_INT_FLAG, NULL, "fault: corrupt step N's batch (every token id off by V/2; counted from 1; -1 = off)"));
     add(&t, row("reliability", "--inject-oom-step", "R:N", FLAG_STRING, &a->inject_oom, 0, 0, NULL, "fault: an allocation fails on rank R at step N (N alone: rank 0; counted from 1)"));
+    // the virtual cluster (dist_link.c, docs/CLUSTER.md): nodes of G ranks and their links
+    add(&t, row("reliability", "--links", "SPEC", FLAG_STRING, &a->links, 0, 0, NULL, "virtual nodes and links: G:BW,LAT:BW,LAT (G ranks per node; GB/s and us inside a node, then between nodes) or PRESET:G[:cpu] (h100, a100; cpu: scaled to this machine's compute); every message is held for its alpha-beta time"));
+    out[t.n - 1].mask = LAB_FLAGS_COMM | LAB_FLAGS_KILL;  // every multi-rank program
     for (int i = 0; i < nextra; i++) {
         const FlagSpec *e = &extra[i];
         LAB_CHECK(e->name && strncmp(e->name, "--", 2) == 0, "chapter flag %d: name '%s' must start with --",
@@ -902,6 +906,23 @@ static void check_combinations(LabArgs *a, const RunIdentity *now) {
     }
 }
 
+// --links: parsed on every rank alike (a scaled preset uses rank 0's measured peak, so every
+// rank holds the same times), then handed to dist (dist_link.c).
+static void configure_links(const LabArgs *a, int mpi_up) {
+    if (!a->links) return;
+    double peak = 0;
+    if (strstr(a->links, ":cpu")) {
+        int rank = 0;
+        if (mpi_up) MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+        if (rank == 0) peak = dist_links_cpu_peak();
+        if (mpi_up) MPI_Bcast(&peak, 1, MPI_DOUBLE, 0, MPI_COMM_WORLD);
+    }
+    DistLinks l;
+    const char *err = dist_links_parse(a->links, &l, peak);
+    if (err) flag_fail("%s", err);
+    dist_links_set(&l);
+}
+
 void lab_parse_args_for(unsigned groups, int argc, char **argv, LabArgs *a, const FlagSpec *extra,
                         int nextra, const char *program, const char *usage) {
     // --help anywhere wins, so that it works even next to a mistake.
@@ -981,6 +1002,7 @@ void lab_parse_args_for(unsigned groups, int argc, char **argv, LabArgs *a, cons
     MPI_Initialized(&up);
     MPI_Finalized(&down);
     if (up && !down) watchdog_start(a->collective_timeout);
+    configure_links(a, up && !down);
 }
 
 void lab_parse_args(int argc, char **argv, LabArgs *a, const FlagSpec *extra, int nextra,
