@@ -78,17 +78,14 @@ double calc_plan_link_bw(const CalcPlanSpec *p, const CalcSetup *s, int dim) {
     return calc_group_nodes(s, dim, p->gpus_per_node) > 1 ? p->bw_inter : p->bw_intra;
 }
 
+double calc_plan_link_lat(const CalcPlanSpec *p, const CalcSetup *s, int dim) {
+    if (p->latency_inter > 0 && calc_group_nodes(s, dim, p->gpus_per_node) > 1) return p->latency_inter;
+    return p->latency;
+}
+
 // Seconds of one group's traffic: bytes / bandwidth + hops * alpha (the alpha-beta model).
 static double traffic_s(double bytes, double hops, double bw, double alpha) {
     return bytes / bw + hops * alpha;
-}
-
-// A group whose messages come with every micro-batch (TP, PP): each of the pipeline's slots
-// waits for one micro-batch's messages (the bubble's slots too: the pipeline's pace is the
-// slot's), then the once-per-step messages follow.
-static double per_slot_s(const CalcTraffic *t, double slots, int nmb, double bw, double alpha) {
-    return slots * traffic_s(t->mb_bytes, t->mb_hops, bw, alpha) +
-           traffic_s(t->step_bytes - nmb * t->mb_bytes, t->step_hops - nmb * t->mb_hops, bw, alpha);
 }
 
 void calc_plan_time(const CalcModel *m, const CalcPlanSpec *p, CalcPlan *c) {
@@ -122,10 +119,10 @@ void calc_plan_time(const CalcModel *m, const CalcPlanSpec *p, CalcPlan *c) {
     for (int r = 0; r < s->pp; r++) {
         CalcComm k = calc_rank_comm(m, s, r, 0);
         const CalcTraffic *tp = &k.tp, *pq = &k.pp, *dq = &k.dp;
-        double t_tp = per_slot_s(tp, slots, nmb, bw_tp, p->latency);
-        double t_pp = per_slot_s(pq, slots, nmb, bw_pp, p->latency);
+        double t_tp = calc_traffic_slot_seconds(tp, slots, nmb, bw_tp, calc_plan_link_lat(p, s, CALC_DIM_TP));
+        double t_pp = calc_traffic_slot_seconds(pq, slots, nmb, bw_pp, calc_plan_link_lat(p, s, CALC_DIM_PP));
         // DP: after the pipeline drains (ZeRO-2/3: per micro-batch too, counted in step_*)
-        double t_dp = traffic_s(dq->step_bytes, dq->step_hops, bw_dp, p->latency);
+        double t_dp = traffic_s(dq->step_bytes, dq->step_hops, bw_dp, calc_plan_link_lat(p, s, CALC_DIM_DP));
         if (t_tp > c->t_tp) c->t_tp = t_tp;
         if (t_pp > c->t_pp) c->t_pp = t_pp;
         if (t_dp > c->t_dp) c->t_dp = t_dp;

@@ -138,6 +138,13 @@ enum { CALC_DIM_TP = 0, CALC_DIM_DP = 1, CALC_DIM_PP = 2 };
 // and the setup's grid_order: 1 when every such group stays inside a node. The planner times a
 // group's traffic on the slowest link it crosses: inside a node when this is 1, else between.
 int calc_group_nodes(const CalcSetup *s, int dim, int gpus_per_node);
+// The planner's time of one group's traffic per step (alpha-beta: bytes / bw + hops x alpha):
+// messages that come with every micro-batch (mb_*) are paid once per pipeline slot, `slots` of
+// them (1F1B: m + pp - 1; the bubble's slots wait at the same pace), the rest once per step
+// (nmb = m micro-batches: step_* - nmb x mb_*).
+struct CalcTraffic;
+double calc_traffic_slot_seconds(const struct CalcTraffic *t, double slots, int nmb, double bw,
+                                 double alpha);
 
 // fp32, Adam, ZeRO-0, DP=TP=PP=1, no SP, micro-batch 1, seq_len = T, no recomputation, one
 // chunk, Korthikanti's activations.
@@ -313,7 +320,9 @@ typedef struct CalcPlanSpec {
     double mfu;           // fraction of peak the compute runs at (communication is added on top)
     double bw_intra;      // bytes/s per GPU per direction inside a node
     double bw_inter;      // bytes/s per GPU per direction between nodes
-    double latency;       // alpha, seconds per message hop
+    double latency;       // alpha, seconds per message hop (inside a node; between nodes too
+                          // unless latency_inter is set)
+    double latency_inter; // alpha between nodes (0: latency; the virtual links have one each)
 } CalcPlanSpec;
 
 typedef struct CalcPlan {
@@ -357,6 +366,8 @@ void calc_plan_time(const CalcModel *m, const CalcPlanSpec *p, CalcPlan *c);
 // The bandwidth a group along dim (CALC_DIM_*) is timed at: the slowest link it crosses (between
 // nodes when calc_group_nodes says the group spans more than one node, else inside a node).
 double calc_plan_link_bw(const CalcPlanSpec *p, const CalcSetup *s, int dim);
+// The latency of that link (latency, or latency_inter when set and the group spans nodes).
+double calc_plan_link_lat(const CalcPlanSpec *p, const CalcSetup *s, int dim);
 // The layout report of --layout: memory per GPU by category and bytes per step per dimension
 // for every pipeline stage (replica 0), then the step time per dimension and MFU (p: the
 // GPU, bandwidths and MFU; p->global_batch = dp * m * micro-batch, p->gpus = dp * tp * pp).

@@ -51,6 +51,11 @@ int calc_group_nodes(const CalcSetup *s, int dim, int gpus_per_node) {
     return most;
 }
 
+double calc_traffic_slot_seconds(const CalcTraffic *t, double slots, int nmb, double bw, double alpha) {
+    return slots * (t->mb_bytes / bw + t->mb_hops * alpha) +
+           (t->step_bytes - nmb * t->mb_bytes) / bw + (t->step_hops - nmb * t->mb_hops) * alpha;
+}
+
 // Adds one collective to a group's count, once per micro-batch or once per step.
 static void add(CalcTraffic *t, int per_mb, double bytes, double hops) {
     if (per_mb) t->mb_bytes += bytes, t->mb_hops += hops;
