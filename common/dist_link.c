@@ -270,16 +270,22 @@ static const char *bw_text(char *buf, size_t len, double bw) {
     return buf;
 }
 
+static const char *lat_text(char *buf, size_t len, double lat) {
+    if (lat >= 1e-3) snprintf(buf, len, "%.4g ms", lat * 1e3);
+    else snprintf(buf, len, "%.4g us", lat * 1e6);
+    return buf;
+}
+
 void dist_links_print(FILE *out) {
     if (!links_on) return;
-    char a[32], b[32];
+    char a[32], b[32], la[32], lb[32];
     int world = dist_size(), G = links.ranks_per_node;
     int nodes = (world + G - 1) / G;
-    fprintf(out, "virtual cluster: %d rank%s in %d node%s of %d; inside a node %s, %.4g us; "
-            "between nodes %s, %.4g us (alpha-beta: bytes / bw + hops x latency, held in dist)\n",
+    fprintf(out, "virtual cluster: %d rank%s in %d node%s of %d; inside a node %s, %s; "
+            "between nodes %s, %s (alpha-beta: bytes / bw + hops x latency, held in dist)\n",
             world, world == 1 ? "" : "s", nodes, nodes == 1 ? "" : "s", G,
-            bw_text(a, sizeof a, links.intra.bw), links.intra.lat * 1e6,
-            bw_text(b, sizeof b, links.inter.bw), links.inter.lat * 1e6);
+            bw_text(a, sizeof a, links.intra.bw), lat_text(la, sizeof la, links.intra.lat),
+            bw_text(b, sizeof b, links.inter.bw), lat_text(lb, sizeof lb, links.inter.lat));
     if (links.preset && links.scale != 1)
         fprintf(out, "  preset %s scaled by this machine's compute: %.3g GFLOP/s measured (SGEMM, "
                 "one rank) / %.0f TFLOP/s of the GPU = %.3g, so every link is %.3g x as fast (latency "
