@@ -132,8 +132,8 @@ CalcComm calc_rank_comm(const CalcModel *m, const CalcSetup *s, int stage, int r
     if (pp > 1) {
         all_reduce(&k.pp, 0, 8, pp);  // the clip norm over the stages (a double)
         // the tied wte's gradient, summed between its copies on the first and the last stage:
-        // an all-reduce of 2 ranks sends it once
-        if (m->tied && (stage == 0 || stage == pp - 1)) all_reduce(&k.pp, 0, Vl * m->C * w, 2);
+        // an exchange (pipe_sum_tied's sendrecv) sends it once, in one hop
+        if (m->tied && (stage == 0 || stage == pp - 1)) add(&k.pp, 0, Vl * m->C * w, 1);
         if (stage == pp - 1) add(&k.pp, 0, 4, 1);  // the step's loss, broadcast by the last stage
     }
     CalcTraffic *g[3] = {&k.tp, &k.dp, &k.pp};

@@ -51,3 +51,37 @@ Test(links, a_malformed_spec_is_refused, .timeout = 60) {
     const char *words2[] = {"--links h200:4", "PRESET"};
     cr_assert(harness_refuses(2, RUN3D " --links h200:4", words2, 2));
 }
+
+// The value after `key` on the row of `dim` in 09's "link time per step" block, or -1.
+static double row_value(const char *out, const char *dim, const char *key) {
+    const char *at = out ? strstr(out, "link time per step on the virtual cluster") : NULL;
+    char head[16];
+    snprintf(head, sizeof head, "\n  %-3s", dim);
+    at = at ? strstr(at, head) : NULL;
+    if (!at) return -1;
+    const char *end = strchr(at + 1, '\n');
+    const char *k = strstr(at, key);
+    if (!k || (end && k > end)) return -1;
+    return atof(k + strlen(key));
+}
+
+// 09 with TP 2 inside each node of 2 and PP 2 across: the link time dist held each group for
+// per step is chapter 00's bytes and hops of the busiest rank on that link, within 5 % (the
+// modelled clock, not the wall clock).
+Test(links, the_held_time_per_group_is_the_calculators, .timeout = 90) {
+    char *out = NULL;
+    int rc = harness_mpirun(4, "./09_3d/run --layers 2 --channels 32 --heads 4 --seq 16 --batch 8 "
+                            "--steps 2 --tp 2 --pp 2 --links 2:1,50:0.1,500", &out, 80);
+    cr_assert_eq(rc, 0, "09 with links failed (exit %d):\n%s", rc, out ? out : "");
+    const char *dims[2] = {"TP", "PP"};
+    for (int i = 0; i < 2; i++) {
+        double held = row_value(out, dims[i], "held "), model = row_value(out, dims[i], "model ");
+        cr_assert(held > 0 && model > 0, "no %s row with held and model times:\n%s", dims[i], out);
+        cr_assert(held >= 0.95 * model && held <= 1.05 * model, "%s: dist held %.4f ms per step, "
+                  "the calculator's bytes and hops on its link give %.4f ms\n%s", dims[i], held,
+                  model, out);
+    }
+    cr_assert(harness_contains(out, "TP   2 ranks inside a node"), "%s", out);
+    cr_assert(harness_contains(out, "PP   2 ranks between nodes"), "%s", out);
+    free(out);
+}
