@@ -118,31 +118,33 @@ void r3d_print_links(const Session *s, const R3dView *v, int pp_first, double st
     // the planner's pace (00_memory_budget/planner.c): TP and PP once per 1F1B slot, m + (pp-1)/v
     // slots per step; DP once per step
     const double slots = v->m + (double)(v->pp - 1) / v->v;
-    double mine[10], most[10];
+    double mine[13], most[13];
     int across[3];
     for (int i = 0; i < 3; i++) {
         across[i] = calc_group_nodes(&cs, dims[i], l->ranks_per_node) > 1;
         const DistLink *link = across[i] ? &l->inter : &l->intra;
         mine[i] = dist_link_held_seconds(grp[i]) / nsteps;
+        mine[10 + i] = dist_link_hidden_seconds(grp[i]) / nsteps;
         mine[3 + i] = t[i]->step_bytes / link->bw + t[i]->step_hops * link->lat;
         mine[6 + i] = dims[i] == CALC_DIM_DP ? mine[3 + i]
                     : calc_traffic_slot_seconds(t[i], slots, v->m, link->bw, link->lat);
     }
     mine[9] = step_s;
-    dist_all_reduce(mine, most, 10, DIST_F64, DIST_MAX, dist_world());
+    dist_all_reduce(mine, most, 13, DIST_F64, DIST_MAX, dist_world());
     if (s->rank != 0 || s->args->quiet) return;
     static const char *names[3] = {"TP", "DP", "PP"};
     const int deg[3] = {v->tp, v->dp, v->pp};
     printf("\nlink time per step on the virtual cluster (the busiest rank of each dimension)\n");
-    printf("  held: what dist held this rank's ops for; model: chapter 00's bytes and hops of the "
-           "rank on the same link (the two agree);\n  planner: the planner's step estimate, "
+    printf("  held: what dist held this rank's ops for (hidden: the part the communication thread "
+           "waited behind compute; the rest is exposed);\n  model: chapter 00's bytes and hops of "
+           "the rank on the same link (the two agree);\n  planner: the planner's step estimate, "
            "which pays TP and PP once per 1F1B slot (%.3g slots: the bubble waits at the same "
            "pace)\n", slots);
     for (int i = 0; i < 3; i++)
-        printf("  %-3s %2d rank%s %-14s held %9.3f ms   model %9.3f ms   planner %9.3f ms\n",
-               names[i], deg[i], deg[i] == 1 ? " " : "s",
+        printf("  %-3s %2d rank%s %-14s held %9.3f ms (hidden %7.3f)   model %9.3f ms   planner "
+               "%9.3f ms\n", names[i], deg[i], deg[i] == 1 ? " " : "s",
                deg[i] == 1 ? "-" : across[i] ? "between nodes" : "inside a node", 1e3 * most[i],
-               1e3 * most[3 + i], 1e3 * most[6 + i]);
+               1e3 * most[10 + i], 1e3 * most[3 + i], 1e3 * most[6 + i]);
     printf("  step %.3f ms measured (wall clock, all ranks); the planner's communication %.3f ms "
            "per step\n", 1e3 * most[9], 1e3 * (most[6] + most[7] + most[8]));
 }

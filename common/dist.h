@@ -248,8 +248,11 @@ int dist_group_nodes(const DistGroup *g);
 // group of n over link l: bytes / l->bw + hops x l->lat; hops: all-reduce 2(n-1), reduce-scatter,
 // all-gather and barrier n-1, anything else 1.
 double dist_link_seconds(DistOpKind k, double bytes, int n, const DistLink *l);
-// Seconds this rank was held in g's ops since the start or the last reset.
+// Seconds this rank was held in g's ops since the start or the last reset, and of those the
+// seconds the communication thread was held (hidden behind the caller's compute; the rest
+// were on the caller's path: exposed).
 double dist_link_held_seconds(const DistGroup *g);
+double dist_link_hidden_seconds(const DistGroup *g);
 void dist_link_held_reset(const DistGroup *g);
 // One line (two with a scaled preset) describing the virtual cluster; nothing when off.
 void dist_links_print(FILE *out);

@@ -32,7 +32,7 @@ static int links_on = 0;
 
 // seconds held per group (by gid: the communication thread's copy of a group is the same group)
 #define LINK_GROUPS 64
-static struct { uint64_t gid; double s; int used; } held[LINK_GROUPS];
+static struct { uint64_t gid; double s, hidden; int used; } held[LINK_GROUPS];
 static pthread_mutex_t held_mu = PTHREAD_MUTEX_INITIALIZER;
 
 // The presets: per GPU, per direction. NVLink 4 (H100 SXM: 450 GB/s each way), 400 Gb/s
@@ -190,15 +190,26 @@ static const DistLink *call_link(const DistCall *c, const DistGroup *g, double *
     return dist_group_nodes(g) > 1 ? &links.inter : &links.intra;
 }
 
-static void charge(const DistGroup *g, double s) {
+static void charge_as(const DistGroup *g, double s, int hidden) {
     pthread_mutex_lock(&held_mu);
     int at = -1;
     for (int i = 0; i < LINK_GROUPS && at < 0; i++)
         if (held[i].used && held[i].gid == g->gid) at = i;
     for (int i = 0; i < LINK_GROUPS && at < 0; i++)
-        if (!held[i].used) at = i, held[i].used = 1, held[i].gid = g->gid, held[i].s = 0;
-    if (at >= 0) held[at].s += s;
+        if (!held[i].used) at = i, held[i].used = 1, held[i].gid = g->gid, held[i].s = held[i].hidden = 0;
+    if (at >= 0) held[at].s += s, held[at].hidden += hidden ? s : 0;
     pthread_mutex_unlock(&held_mu);
+}
+
+static void charge(const DistGroup *g, double s) { charge_as(g, s, 0); }
+
+double dist_link_hidden_seconds(const DistGroup *g) {
+    double s = 0;
+    pthread_mutex_lock(&held_mu);
+    for (int i = 0; i < LINK_GROUPS; i++)
+        if (held[i].used && held[i].gid == g->gid) s = held[i].hidden;
+    pthread_mutex_unlock(&held_mu);
+    return s;
 }
 
 double dist_link_held_seconds(const DistGroup *g) {
@@ -213,7 +224,7 @@ double dist_link_held_seconds(const DistGroup *g) {
 void dist_link_held_reset(const DistGroup *g) {
     pthread_mutex_lock(&held_mu);
     for (int i = 0; i < LINK_GROUPS; i++)
-        if (held[i].used && held[i].gid == g->gid) held[i].s = 0;
+        if (held[i].used && held[i].gid == g->gid) held[i].s = held[i].hidden = 0;
     pthread_mutex_unlock(&held_mu);
 }
 
@@ -257,10 +268,12 @@ void dist_link_hold_before(const DistCall *c, const DistGroup *g) {
     sleep_until(mono_now() + s);
 }
 
-void dist_link_hold_after(const DistCall *c, const DistGroup *g) {
+void dist_link_hold_after(const DistCall *c, const DistGroup *g) { dist_link_hold_after_on(c, g, 0); }
+
+void dist_link_hold_after_on(const DistCall *c, const DistGroup *g, int comm_thread) {
     if (!links_on || c->kind == OP_SEND || c->kind == OP_RECV) return;
     double s = model_seconds(c, g);
-    charge(g, s);
+    charge_as(g, s, comm_thread);
     sleep_until(mono_now() + s);
 }
 

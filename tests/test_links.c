@@ -68,6 +68,7 @@ static double row_value(const char *out, const char *dim, const char *key) {
 // 09 with TP 2 inside each node of 2 and PP 2 across: the link time dist held each group for
 // per step is chapter 00's bytes and hops of the busiest rank on that link, within 5 % (the
 // modelled clock, not the wall clock).
+// Mutant: mutants/links-allreduce-half-hops.patch
 Test(links, the_held_time_per_group_is_the_calculators, .timeout = 90) {
     char *out = NULL;
     int rc = harness_mpirun(4, "./09_3d/run --layers 2 --channels 32 --heads 4 --seq 16 --batch 8 "
