@@ -346,7 +346,6 @@ static void setup(Run3d *r, Session *s, const LabArgs *args, const Flags3d *f) {
                    (PipeWork){&r->work, stage_f_begin, stage_forward, stage_b_begin, stage_backward, NULL},
                    r->grid.ppg, p, r->work.BTC, dtype == GPT2_BF16, ch[0].m.k, s->dev);
     if (!args->quiet) grid_print(stdout, &r->grid);
-    if (!args->quiet && s->rank == 0) dist_links_print(stdout);   // --links: the virtual cluster
     if (!args->quiet && s->rank == 0) r3d_print_setup(&cfg, &r->sched, B, dp, tp, Bm);
     dist_counters_reset();
     dist_group_counters_reset(r->grid.tpg);

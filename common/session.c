@@ -85,6 +85,7 @@ void session_step_begin(Session *s, int step) {
     if (step == s->start) {  // under the chapter's header, over the first progress line
         if (s->args->log_every > 0)
             session_print_cores_note(s, "the tok/s and MFU of the progress lines");
+        if (s->rank == 0 && !s->args->quiet) dist_links_print(stdout);  // --links: the cluster
         s->t_start = s->t_last = lab_now();  // the loop's clock starts
     }
     s->gnorm_sq = NAN;
