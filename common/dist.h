@@ -253,6 +253,8 @@ double dist_link_seconds(DistOpKind k, double bytes, int n, const DistLink *l);
 // were on the caller's path: exposed).
 double dist_link_held_seconds(const DistGroup *g);
 double dist_link_hidden_seconds(const DistGroup *g);
+// The same summed over every group of this process since it started.
+void dist_link_totals(double *held_s, double *hidden_s);
 void dist_link_held_reset(const DistGroup *g);
 // One line (two with a scaled preset) describing the virtual cluster; nothing when off.
 void dist_links_print(FILE *out);

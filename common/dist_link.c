@@ -34,6 +34,7 @@ static int links_on = 0;
 #define LINK_GROUPS 64
 static struct { uint64_t gid; double s, hidden; int used; } held[LINK_GROUPS];
 static pthread_mutex_t held_mu = PTHREAD_MUTEX_INITIALIZER;
+static double total_held, total_hidden;   // this process, every group
 
 // The presets: per GPU, per direction. NVLink 4 (H100 SXM: 450 GB/s each way), 400 Gb/s
 // InfiniBand NDR, one NIC per GPU (50 GB/s); latencies of a small message.
@@ -198,10 +199,17 @@ static void charge_as(const DistGroup *g, double s, int hidden) {
     for (int i = 0; i < LINK_GROUPS && at < 0; i++)
         if (!held[i].used) at = i, held[i].used = 1, held[i].gid = g->gid, held[i].s = held[i].hidden = 0;
     if (at >= 0) held[at].s += s, held[at].hidden += hidden ? s : 0;
+    total_held += s, total_hidden += hidden ? s : 0;
     pthread_mutex_unlock(&held_mu);
 }
 
 static void charge(const DistGroup *g, double s) { charge_as(g, s, 0); }
+
+void dist_link_totals(double *held_s, double *hidden_s) {
+    pthread_mutex_lock(&held_mu);
+    *held_s = total_held, *hidden_s = total_hidden;
+    pthread_mutex_unlock(&held_mu);
+}
 
 double dist_link_hidden_seconds(const DistGroup *g) {
     double s = 0;
