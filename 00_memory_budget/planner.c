@@ -1,6 +1,6 @@
 // planner.c: which DP x TP x PP layout trains this model on these GPUs?
 //
-// Enumerate the layouts the notes' rules allow (TP inside a node; PP and DP across nodes), with
+// Enumerate the layouts (TP inside a node, or over whole nodes, ranked after; PP and DP anywhere), with
 // every ZeRO stage, micro-batch size and recomputation mode; keep the ones whose memory per
 // GPU fits (calc_memory); rank them by an estimated step time.
 //
@@ -13,10 +13,10 @@
 //             per rank (interleaved 1F1B: each warm-up op is a chunk, 1/v of a slot).
 //   TP, PP, DP the bytes and message hops one rank sends per micro-batch and per step in each
 //             group, from calc_rank_comm (common/calc_comm.c: the same count chapter 09's run is checked
-//             against to the byte), timed as bytes / bw + hops * alpha: TP over NVLink (it
-//             stays inside a node) once per micro-batch slot; PP per slot over NVLink when the
-//             whole job fits in a node, else InfiniBand; DP once per step (ZeRO-2/3 also per
-//             micro-batch) over NVLink when a DP group fits in a node with its TP ranks.
+//             against to the byte), timed as bytes / bw + hops * alpha on the slowest link the
+//             group crosses (calc_group_nodes: NVLink when every group of that dimension stays
+//             inside a node, else InfiniBand): TP and PP once per micro-batch slot; DP once per
+//             step (ZeRO-2/3 also per micro-batch).
 //   ring      all-reduce(S, n) = 2(n-1) hops, 2(n-1)/n * S bytes; reduce-scatter and
 //             all-gather half of that.
 #include <math.h>
@@ -74,17 +74,18 @@ const char *calc_plan_check(const CalcModel *m, const CalcPlanSpec *p) {
     return NULL;
 }
 
+double calc_plan_link_bw(const CalcPlanSpec *p, const CalcSetup *s, int dim) {
+    return calc_group_nodes(s, dim, p->gpus_per_node) > 1 ? p->bw_inter : p->bw_intra;
+}
+
+double calc_plan_link_lat(const CalcPlanSpec *p, const CalcSetup *s, int dim) {
+    if (p->latency_inter > 0 && calc_group_nodes(s, dim, p->gpus_per_node) > 1) return p->latency_inter;
+    return p->latency;
+}
+
 // Seconds of one group's traffic: bytes / bandwidth + hops * alpha (the alpha-beta model).
 static double traffic_s(double bytes, double hops, double bw, double alpha) {
     return bytes / bw + hops * alpha;
-}
-
-// A group whose messages come with every micro-batch (TP, PP): each of the pipeline's slots
-// waits for one micro-batch's messages (the bubble's slots too: the pipeline's pace is the
-// slot's), then the once-per-step messages follow.
-static double per_slot_s(const CalcTraffic *t, double slots, int nmb, double bw, double alpha) {
-    return slots * traffic_s(t->mb_bytes, t->mb_hops, bw, alpha) +
-           traffic_s(t->step_bytes - nmb * t->mb_bytes, t->step_hops - nmb * t->mb_hops, bw, alpha);
 }
 
 void calc_plan_time(const CalcModel *m, const CalcPlanSpec *p, CalcPlan *c) {
@@ -111,16 +112,17 @@ void calc_plan_time(const CalcModel *m, const CalcPlanSpec *p, CalcPlan *c) {
     // Communication: calc_rank_comm's bytes of every stage (replica 0), timed on the link its
     // group crosses; each dimension's time is its busiest stage's (a pessimistic sum when
     // different stages are the busiest for different dimensions).
-    double bw_pp = G <= p->gpus_per_node ? p->bw_intra : p->bw_inter;
-    double bw_dp = s->tp * s->dp <= p->gpus_per_node ? p->bw_intra : p->bw_inter;
+    double bw_tp = calc_plan_link_bw(p, s, CALC_DIM_TP);
+    double bw_pp = calc_plan_link_bw(p, s, CALC_DIM_PP);
+    double bw_dp = calc_plan_link_bw(p, s, CALC_DIM_DP);
     c->t_tp = c->t_pp = c->t_dp = c->b_tp = c->b_pp = c->b_dp = 0;
     for (int r = 0; r < s->pp; r++) {
         CalcComm k = calc_rank_comm(m, s, r, 0);
         const CalcTraffic *tp = &k.tp, *pq = &k.pp, *dq = &k.dp;
-        double t_tp = per_slot_s(tp, slots, nmb, p->bw_intra, p->latency);
-        double t_pp = per_slot_s(pq, slots, nmb, bw_pp, p->latency);
+        double t_tp = calc_traffic_slot_seconds(tp, slots, nmb, bw_tp, calc_plan_link_lat(p, s, CALC_DIM_TP));
+        double t_pp = calc_traffic_slot_seconds(pq, slots, nmb, bw_pp, calc_plan_link_lat(p, s, CALC_DIM_PP));
         // DP: after the pipeline drains (ZeRO-2/3: per micro-batch too, counted in step_*)
-        double t_dp = traffic_s(dq->step_bytes, dq->step_hops, bw_dp, p->latency);
+        double t_dp = traffic_s(dq->step_bytes, dq->step_hops, bw_dp, calc_plan_link_lat(p, s, CALC_DIM_DP));
         if (t_tp > c->t_tp) c->t_tp = t_tp;
         if (t_pp > c->t_pp) c->t_pp = t_pp;
         if (t_dp > c->t_dp) c->t_dp = t_dp;
@@ -130,6 +132,14 @@ void calc_plan_time(const CalcModel *m, const CalcPlanSpec *p, CalcPlan *c) {
     }
     c->t_step = c->t_compute + c->t_tp + c->t_pp + c->t_dp;
     c->mfu = 6 * N * (double)p->global_batch * seq / ((double)G * p->peak_flops * c->t_step);
+}
+
+// "450 GB/s", "12.5 GB/s", "0.0391 GB/s": a bandwidth with the digits it needs.
+static const char *fmt_bw(char *buf, size_t len, double bytes_per_s) {
+    double gb = bytes_per_s / 1e9;
+    if (gb >= 100) snprintf(buf, len, "%.0f GB/s", gb);
+    else snprintf(buf, len, "%.3g GB/s", gb);
+    return buf;
 }
 
 // Growable array of candidates.
@@ -150,8 +160,8 @@ static void plan_push(PlanList *l, const CalcPlan *c) {
 // All valid candidates on G GPUs.
 static void enumerate(const CalcModel *m, const CalcPlanSpec *p, int G, PlanList *out) {
     int gpn = p->gpus_per_node;
-    for (int tp = 1; tp <= gpn && tp <= G; tp++) {
-        if (gpn % tp || G % tp) continue;                         // TP inside a node
+    for (int tp = 1; tp <= G; tp++) {
+        if (G % tp || (gpn % tp && tp % gpn)) continue;   // TP inside a node, or whole nodes
         if (m->NH % tp || m->KV % tp || m->FFN % tp) continue;    // whole heads per rank
         for (int pp = 1; pp <= G / tp && pp <= m->L; pp++) {
             if ((G / tp) % pp || calc_stage_layers(m->L, pp, 0) < 0) continue;
@@ -175,6 +185,7 @@ static void enumerate(const CalcModel *m, const CalcPlanSpec *p, int G, PlanList
                         s->micro_batches = per_dp / mb;
                         s->seq_len = p->seq_len;
                         s->recompute = (CalcRecompute)rc;
+                        c.tp_nodes = calc_group_nodes(s, CALC_DIM_TP, gpn);
                         c.mem = calc_memory(m, s);
                         c.fits = calc_fits(&c.mem, p->mem_bytes);
                         calc_plan_time(m, p, &c);
@@ -185,10 +196,13 @@ static void enumerate(const CalcModel *m, const CalcPlanSpec *p, int G, PlanList
     }
 }
 
-// Fitting first; then faster; then smaller; then the simpler ZeRO stage.
+// Fitting first; then TP inside a node (question 5: a TP group across nodes runs its
+// all-reduces on the slow link, and they sit inside every layer's forward and backward, where no
+// overlap can hide them); then faster; then smaller; then the simpler ZeRO stage.
 static int plan_cmp(const void *a, const void *b) {
     const CalcPlan *x = a, *y = b;
     if (x->fits != y->fits) return y->fits - x->fits;
+    if ((x->tp_nodes > 1) != (y->tp_nodes > 1)) return (x->tp_nodes > 1) - (y->tp_nodes > 1);
     if (x->t_step != y->t_step) return x->t_step < y->t_step ? -1 : 1;
     if (x->mem.total != y->mem.total) return x->mem.total < y->mem.total ? -1 : 1;
     return x->setup.zero - y->setup.zero;
@@ -272,11 +286,14 @@ void calc_print_plan(FILE *out, const CalcModel *m, const CalcPlanSpec *p,
             p->optim == CALC_ADAM ? "Adam" : "SGD+momentum");
     fprintf(out, "  GPU memory %.2f GB (%.2f GiB); model states of all ranks together %.1f GB\n",
             p->mem_bytes / 1e9, p->mem_bytes / (1024.0 * 1024 * 1024), r->state_bytes / 1e9);
+    char bi[32], be[32];
     fprintf(out, "  step time: alpha-beta ring model, no overlap; compute at MFU %.2f of %.0f "
-            "TFLOP/s; NVLink %.0f GB/s, InfiniBand %.0f GB/s per GPU, alpha %.1f us\n", p->mfu,
-            p->peak_flops / 1e12, p->bw_intra / 1e9, p->bw_inter / 1e9, p->latency * 1e6);
-    fprintf(out, "  rules: TP inside a node (tp divides %d), PP and DP across nodes; SP on with "
-            "TP; 1F1B; mb = micro-batch, m = micro-batches per step\n", p->gpus_per_node);
+            "TFLOP/s; NVLink %s, InfiniBand %s per GPU, alpha %.1f us\n", p->mfu,
+            p->peak_flops / 1e12, fmt_bw(bi, sizeof bi, p->bw_intra),
+            fmt_bw(be, sizeof be, p->bw_inter), p->latency * 1e6);
+    fprintf(out, "  rules: TP inside a node (tp divides %d) first, TP over whole nodes after; each "
+            "group timed on the slowest link it crosses; SP on with TP; 1F1B; mb = micro-batch, "
+            "m = micro-batches per step\n", p->gpus_per_node);
     fprintf(out, "  TP/PP/DP GB: bytes one GPU sends per step in that group (its busiest stage; "
             "--layout DPxTPxPP details one layout)\n");
     fprintf(out, "  %d candidate setups, %d fit; best setup of each DP x TP x PP layout, fastest "
@@ -368,12 +385,39 @@ void calc_print_layout(FILE *out, const CalcModel *m, const CalcSetup *s, const 
     c.setup.micro_batches = M;
     c.mem = calc_memory(m, s);
     calc_plan_time(m, p, &c);
+    char bi[32], be[32];
     fprintf(out, "\nStep time on %s (alpha-beta, no overlap; peak %.0f TFLOP/s at MFU %.2f, NVLink "
-            "%.0f GB/s, InfiniBand %.0f GB/s, alpha %.1f us)\n", gpu_label, p->peak_flops / 1e12,
-            p->mfu, p->bw_intra / 1e9, p->bw_inter / 1e9, p->latency * 1e6);
+            "%s, InfiniBand %s, alpha %.1f us)\n", gpu_label, p->peak_flops / 1e12,
+            p->mfu, fmt_bw(bi, sizeof bi, p->bw_intra), fmt_bw(be, sizeof be, p->bw_inter),
+            p->latency * 1e6);
     fprintf(out, "  compute %.4g s + TP %.4g s + PP %.4g s + DP %.4g s = step %.4g s; MFU %.1f %% "
             "(6 N x %d x %d tokens / (%d GPUs x peak x step))\n", c.t_compute, c.t_tp, c.t_pp,
             c.t_dp, c.t_step, 100 * c.mfu, p->global_batch, seq, p->gpus);
+    // the link each group crosses (nodes of --gpus-per-node GPUs, ranks numbered TP fastest)
+    static const int dim_of[3] = {CALC_DIM_TP, CALC_DIM_PP, CALC_DIM_DP};
+    static const char *dim_name[3] = {"TP", "PP", "DP"};
+    fprintf(out, "  links (nodes of %d GPUs):", p->gpus_per_node);
+    for (int i = 0; i < 3; i++) {
+        int nodes = calc_group_nodes(s, dim_of[i], p->gpus_per_node);
+        int degree = dim_of[i] == CALC_DIM_TP ? s->tp : dim_of[i] == CALC_DIM_PP ? s->pp : s->dp;
+        fprintf(out, "%s %s %s", i ? ";" : "", dim_name[i], degree == 1 ? "none (degree 1)"
+                : nodes > 1 ? "between nodes" : "inside a node");
+    }
+    fprintf(out, "\n");
+    int tp_nodes = calc_group_nodes(s, CALC_DIM_TP, p->gpus_per_node);
+    if (tp_nodes > 1 && s->tp > 1) {
+        CalcPlanSpec inside = *p;
+        inside.bw_inter = p->bw_intra;   // the same layout with every link as fast as a node's
+        CalcPlan in;
+        memset(&in, 0, sizeof in);
+        in.setup = c.setup;
+        calc_plan_time(m, &inside, &in);
+        fprintf(out, "  WARNING: TP %d spans %d nodes: its all-reduces cross the %s link, x%.3g "
+                "slower than inside a node (TP %.4g s per step instead of %.4g s); keep TP inside "
+                "a node (tp dividing %d) and put PP or DP across nodes\n", s->tp, tp_nodes,
+                fmt_bw(be, sizeof be, p->bw_inter), p->bw_intra / p->bw_inter, c.t_tp, in.t_tp,
+                p->gpus_per_node);
+    }
     char tot[32];
     fprintf(out, "  heaviest GPU %s of %.2f GiB (%.2f GB): %s\n",
             mem_format(tot, sizeof tot, c.mem.total), p->mem_bytes / (1024.0 * 1024 * 1024),

@@ -57,11 +57,21 @@ void grid_check(int world, int *dp, int tp, int pp, int chunks, int NH, int L) {
                             pp * chunks, 2 * pp * chunks);
 }
 
-void grid_init(Grid *g, int tp, int dp, int pp) {
+void grid_init(Grid *g, int tp, int dp, int pp) { grid_init_ordered(g, tp, dp, pp, 0); }
+
+void grid_init_ordered(Grid *g, int tp, int dp, int pp, int pp_first) {
     g->world = dist_size(), g->rank = dist_rank(), g->tp = tp, g->dp = dp, g->pp = pp;
     LAB_CHECK(g->world == tp * dp * pp, "grid: %d ranks for %d x %d x %d", g->world, tp, dp, pp);
     int color[3], key[3];
-    for (int dim = 0; dim < 3; dim++) grid_group_color(g->rank, tp, dp, pp, dim, &color[dim], &key[dim]);
+    // pp_first: this rank stands at the place the TP-first grid gives the rank with the same
+    // (t, d, p), read PP fastest; its groups are that place's
+    int place = g->rank;
+    g->pp_first = pp_first;
+    if (pp_first) {
+        const int p = g->rank % pp, d = (g->rank / pp) % dp, t = g->rank / (pp * dp);
+        place = grid_rank((GridCoord){t, d, p}, tp, dp, pp);
+    }
+    for (int dim = 0; dim < 3; dim++) grid_group_color(place, tp, dp, pp, dim, &color[dim], &key[dim]);
     g->c = (GridCoord){key[GRID_TP], key[GRID_DP], key[GRID_PP]};
     g->tpg = dist_split(dist_world(), color[GRID_TP], key[GRID_TP], "tp");
     g->dpg = dist_split(dist_world(), color[GRID_DP], key[GRID_DP], "dp");
@@ -103,8 +113,9 @@ void grid_print(FILE *out, const Grid *g) {
     int *all = g->rank == 0 ? lab_xcalloc((size_t)g->world * W, sizeof(int)) : NULL;
     dist_gather(mine, all, W, DIST_I32, 0, dist_world());
     if (g->rank == 0) {
-        fprintf(out, "the grid: %d ranks = dp %d x tp %d x pp %d, TP fastest, then DP, then PP\n",
-                g->world, g->dp, g->tp, g->pp);
+        fprintf(out, "the grid: %d ranks = dp %d x tp %d x pp %d, %s\n", g->world, g->dp, g->tp,
+                g->pp, g->pp_first ? "PP fastest, then DP, then TP (--grid-order pp-first)"
+                                   : "TP fastest, then DP, then PP");
         for (int p = 0; p < g->pp; p++) {
             fprintf(out, "  stage p=%d%*s", p, 4, "");
             for (int t = 0; t < g->tp; t++) fprintf(out, " t=%-3d", t);

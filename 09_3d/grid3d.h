@@ -29,6 +29,7 @@ void grid_group_color(int rank, int tp, int dp, int pp, int dim, int *color, int
 typedef struct Grid {
     int world, tp, dp, pp;
     int rank;
+    int pp_first;                // the ranks numbered PP fastest (grid_init_ordered)
     GridCoord c;                 // this rank's coordinates
     DistGroup *tpg, *dpg, *ppg;  // its groups (group rank == c.t, c.d, c.p)
 } Grid;
@@ -39,6 +40,10 @@ typedef struct Grid {
 void grid_check(int world, int *dp, int tp, int pp, int chunks, int NH, int L);
 // Builds the grid and its three groups (collective over the world).
 void grid_init(Grid *g, int tp, int dp, int pp);
+// The same with the ranks in another order when pp_first: rank = p + pp·(d + dp·t), PP
+// fastest and TP slowest, so a TP group spreads over nodes (--grid-order pp-first: question 5's
+// experiment). The coordinates and groups are those of the rank's place, so training is the same.
+void grid_init_ordered(Grid *g, int tp, int dp, int pp, int pp_first);
 void grid_free(Grid *g);
 // The picture: which world rank sits at which (t, d, p), and the members of each group.
 void grid_print(FILE *out, const Grid *g);

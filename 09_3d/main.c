@@ -70,6 +70,9 @@ static const char *USAGE =
     "                                                     on a GPU (the MPI backend stages device\n"
     "                                                     buffers: ranks may share one GPU; --backend\n"
     "                                                     nccl: one GPU per rank)\n"
+    "  mpirun -np 8 ./09_3d/run --tp 4 --pp 2 --links h100:4 [--grid-order pp-first]\n"
+    "                                                     2 virtual nodes of 4 (docs/CLUSTER.md):\n"
+    "                                                     TP inside each node, or across them\n"
     "  mpirun -np 8 ./09_3d/run --tp 2 --pp 2 --stop-at 10 --save s.bin, then\n"
     "  mpirun -np 4 ./09_3d/run --tp 4 --resume s.bin     a checkpoint of any layout resumes\n"
     "                                                     under any other, in either precision\n"
@@ -86,6 +89,7 @@ typedef struct Flags3d {
     int m, v;              // micro-batches per step (per replica), chunks per rank
     int zero;              // over DP: 0 DDP's average, 1 ZeRO-1, 2 ZeRO-2 (dp.h)
     GPT2Recompute recompute;  // --recompute (a shared flag): at --tp 1 only (gpt2's own sets)
+    const char *order;     // "tp-first" (Megatron's grid) | "pp-first" (question 5's other layout)
 } Flags3d;
 
 // One chunk of layers on this rank: its TP slice of the chunk's blocks (a GPT2) and the
@@ -337,7 +341,7 @@ static void setup(Run3d *r, Session *s, const LabArgs *args, const Flags3d *f) {
     session_open(s, args, Bm);  // this rank's batch buffers: one micro-batch
     const GPT2Dtype dtype = s->bf16 ? GPT2_BF16 : GPT2_FP32;
     r->s = s, r->v = v, r->dp = dp;
-    grid_init(&r->grid, tp, dp, pp);
+    grid_init_ordered(&r->grid, tp, dp, pp, strcmp(f->order, "pp-first") == 0);
     const int p = r->grid.c.p, per = L / (pp * v);
     int row0, Bl;  // this replica's rows of the global batch
     data_slice(B, r->grid.c.d, dp, &row0, &Bl);
@@ -376,6 +380,9 @@ static void setup(Run3d *r, Session *s, const LabArgs *args, const Flags3d *f) {
     dist_group_counters_reset(r->grid.tpg);
     dist_group_counters_reset(r->grid.dpg);
     dist_group_counters_reset(r->grid.ppg);
+    dist_link_held_reset(r->grid.tpg);
+    dist_link_held_reset(r->grid.dpg);
+    dist_link_held_reset(r->grid.ppg);
 }
 
 static void free_state(Run3d *r) {
@@ -424,6 +431,11 @@ static void train(const LabArgs *args, const Flags3d *f) {
     double mine[R3D_NFIELDS];
     r3d_figures(&s, &(R3dView){grid, r.dp, f->tp, pp, v, m, f->zero, ch[0].m.l0,
                                ch[v - 1].m.l1, r.x.acts_peak}, mine);
+    const R3dView view = {grid, r.dp, f->tp, pp, v, m, f->zero, ch[0].m.l0, ch[v - 1].m.l1,
+                          r.x.acts_peak};
+    const int run = session_steps_run(&s);
+    r3d_print_links(&s, &view, strcmp(f->order, "pp-first") == 0,
+                    run > 0 ? session_elapsed(&s) / run : 0);   // --links only
     double *all = session_gather_report(&s, mine, R3D_NFIELDS);
     session_finish(&s);  // the final checkpoint, the final weights on rank 0, --save-weights
     if (s.rank == 0 && !args->quiet) r3d_print_table(all, s.N, v, s.bf16);
@@ -436,7 +448,7 @@ static void train(const LabArgs *args, const Flags3d *f) {
 int main(int argc, char **argv) {
     dist_init(&argc, &argv);
     LabArgs args = lab_args_defaults();
-    Flags3d f = {.tp = 1, .pp = 1, .dp = 0, .schedule = "1f1b", .m = 2, .v = 1};
+    Flags3d f = {.tp = 1, .pp = 1, .dp = 0, .schedule = "1f1b", .m = 2, .v = 1, .order = "tp-first"};
     FlagSpec extra[] = {
         {"--tp", FLAG_INT, &f.tp, 1, 1 << 20, NULL,
          "tensor-parallel degree: ranks per TP group (consecutive ranks); must divide --heads"},
@@ -453,6 +465,10 @@ int main(int argc, char **argv) {
          "over DP: 0 DDP's all-reduce; 1 ZeRO-1 (reduce-scatter the gradients, AdamW on this "
          "replica's piece with m, v for it only, all-gather the weights); 2 ZeRO-2 (the same, the "
          "gradients reduce-scattered after every micro-batch, only the piece accumulating)"},
+        {"--grid-order", FLAG_CHOICE, &f.order, 0, 0, "tp-first|pp-first",
+         "where the ranks sit: tp-first (rank = t + tp(d + dp p): a TP group is consecutive ranks, "
+         "one node) or pp-first (rank = p + pp(d + dp t): a PP group is consecutive ranks, TP "
+         "spread over nodes; with --links, question 5's experiment, tools/why_tp_in_node.sh)"},
     };
     lab_parse_args_for(LAB_FLAGS_MODEL | LAB_FLAGS_TRAINING | LAB_FLAGS_HARDWARE | LAB_FLAGS_OUTPUT |
                            LAB_FLAGS_RELIABILITY | LAB_FLAGS_KILL | LAB_FLAGS_RECOMPUTE,

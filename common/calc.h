@@ -129,7 +129,25 @@ typedef struct CalcSetup {
                         // stage), and ZeRO-1 and -2 reduce-scatter in place inside it: the rank
                         // holds the whole gradients whatever the stage (0: ZeRO-2 keeps only its
                         // pieces, the gradients written into buckets, as DeepSpeed's)
+    int grid_order;     // where the ranks sit (calc_group_nodes): CALC_ORDER_TP_FIRST (0, chapter
+                        // 09's grid: TP fastest, then DP, then PP) or CALC_ORDER_PP_FIRST
 } CalcSetup;
+
+// Rank numbering of a DP x TP x PP grid; rank r sits on node r / gpus_per_node.
+enum { CALC_ORDER_TP_FIRST = 0,   // rank = t + tp (d + dp p): a TP group is consecutive ranks
+       CALC_ORDER_PP_FIRST = 1 }; // rank = p + pp (d + dp t): a PP group is consecutive ranks
+enum { CALC_DIM_TP = 0, CALC_DIM_DP = 1, CALC_DIM_PP = 2 };
+// The most nodes any one group along dim (CALC_DIM_*) spans, with gpus_per_node GPUs per node
+// and the setup's grid_order: 1 when every such group stays inside a node. The planner times a
+// group's traffic on the slowest link it crosses: inside a node when this is 1, else between.
+int calc_group_nodes(const CalcSetup *s, int dim, int gpus_per_node);
+// The planner's time of one group's traffic per step (alpha-beta: bytes / bw + hops x alpha):
+// messages that come with every micro-batch (mb_*) are paid once per pipeline slot, `slots` of
+// them (1F1B: m + pp - 1; the bubble's slots wait at the same pace), the rest once per step
+// (nmb = m micro-batches: step_* - nmb x mb_*).
+struct CalcTraffic;
+double calc_traffic_slot_seconds(const struct CalcTraffic *t, double slots, int nmb, double bw,
+                                 double alpha);
 
 // fp32, Adam, ZeRO-0, DP=TP=PP=1, no SP, micro-batch 1, seq_len = T, no recomputation, one
 // chunk, Korthikanti's activations.
@@ -313,7 +331,9 @@ typedef struct CalcPlanSpec {
     double mfu;           // fraction of peak the compute runs at (communication is added on top)
     double bw_intra;      // bytes/s per GPU per direction inside a node
     double bw_inter;      // bytes/s per GPU per direction between nodes
-    double latency;       // alpha, seconds per message hop
+    double latency;       // alpha, seconds per message hop (inside a node; between nodes too
+                          // unless latency_inter is set)
+    double latency_inter; // alpha between nodes (0: latency; the virtual links have one each)
 } CalcPlanSpec;
 
 typedef struct CalcPlan {
@@ -329,6 +349,7 @@ typedef struct CalcPlan {
     double mfu;           // 6 N tokens / (G * peak * t_step)
     // bytes one GPU sends per step in each group (calc_rank_comm, the busiest stage of each)
     double b_tp, b_pp, b_dp;
+    int tp_nodes;         // nodes one TP group spans (calc_group_nodes): 1 = inside a node
 } CalcPlan;
 
 typedef struct CalcPlanResult {
@@ -340,7 +361,8 @@ typedef struct CalcPlanResult {
 } CalcPlanResult;
 
 const char *calc_plan_check(const CalcModel *m, const CalcPlanSpec *p);
-// Enumerates tp (dividing gpus_per_node and the heads), pp (valid for L), dp = G/(tp*pp)
+// Enumerates tp (dividing gpus_per_node, or whole nodes of it, and the heads; plans with TP
+// inside a node rank before any whose TP group spans nodes), pp (valid for L), dp = G/(tp*pp)
 // (dividing the global batch), ZeRO 0-3, micro-batch 1..64 (powers of 2), recomputation;
 // sequence parallelism on whenever tp > 1. Caller frees with calc_plan_free.
 CalcPlanResult calc_plan(const CalcModel *m, const CalcPlanSpec *p);
@@ -352,6 +374,11 @@ const CalcPlan *calc_plan_find(const CalcPlanResult *r, int dp, int tp, int pp);
 // per micro-batch slot for TP and PP (1F1B runs m + pp - 1 slots), per step for DP; each
 // dimension's time is its busiest stage's.
 void calc_plan_time(const CalcModel *m, const CalcPlanSpec *p, CalcPlan *c);
+// The bandwidth a group along dim (CALC_DIM_*) is timed at: the slowest link it crosses (between
+// nodes when calc_group_nodes says the group spans more than one node, else inside a node).
+double calc_plan_link_bw(const CalcPlanSpec *p, const CalcSetup *s, int dim);
+// The latency of that link (latency, or latency_inter when set and the group spans nodes).
+double calc_plan_link_lat(const CalcPlanSpec *p, const CalcSetup *s, int dim);
 // The layout report of --layout: memory per GPU by category and bytes per step per dimension
 // for every pipeline stage (replica 0), then the step time per dimension and MFU (p: the
 // GPU, bandwidths and MFU; p->global_batch = dp * m * micro-batch, p->gpus = dp * tp * pp).

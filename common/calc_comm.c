@@ -21,6 +21,41 @@ double calc_ring_all_reduce_bytes(double bytes, int n) {
     return prod / n;
 }
 
+// World rank of grid coordinates (t, d, p) in the setup's order.
+static int grid_rank_of(const CalcSetup *s, int t, int d, int p) {
+    return s->grid_order == CALC_ORDER_PP_FIRST ? p + s->pp * (d + s->dp * t)
+                                                : t + s->tp * (d + s->dp * p);
+}
+
+int calc_group_nodes(const CalcSetup *s, int dim, int gpus_per_node) {
+    const int tp = s->tp, dp = s->dp, pp = s->pp;
+    LAB_CHECK(tp > 0 && dp > 0 && pp > 0 && gpus_per_node > 0, "calc_group_nodes: %d x %d x %d, "
+              "%d GPUs per node", dp, tp, pp, gpus_per_node);
+    const int n = dim == CALC_DIM_TP ? tp : dim == CALC_DIM_DP ? dp : pp;
+    // the groups: one per value of the two other coordinates (a, b)
+    const int na = dim == CALC_DIM_TP ? dp : tp, nb = dim == CALC_DIM_PP ? dp : pp;
+    int most = 1;
+    for (int a = 0; a < na; a++)
+        for (int b = 0; b < nb; b++) {
+            // a member's rank grows with its coordinate along dim: count the node changes
+            int nodes = 0, last = -1;
+            for (int k = 0; k < n; k++) {
+                int t = dim == CALC_DIM_TP ? k : a;
+                int d = dim == CALC_DIM_DP ? k : dim == CALC_DIM_TP ? a : b;
+                int p = dim == CALC_DIM_PP ? k : b;
+                int node = grid_rank_of(s, t, d, p) / gpus_per_node;
+                if (node != last) nodes++, last = node;
+            }
+            if (nodes > most) most = nodes;
+        }
+    return most;
+}
+
+double calc_traffic_slot_seconds(const CalcTraffic *t, double slots, int nmb, double bw, double alpha) {
+    return slots * (t->mb_bytes / bw + t->mb_hops * alpha) +
+           (t->step_bytes - nmb * t->mb_bytes) / bw + (t->step_hops - nmb * t->mb_hops) * alpha;
+}
+
 // Adds one collective to a group's count, once per micro-batch or once per step.
 static void add(CalcTraffic *t, int per_mb, double bytes, double hops) {
     if (per_mb) t->mb_bytes += bytes, t->mb_hops += hops;
@@ -97,8 +132,8 @@ CalcComm calc_rank_comm(const CalcModel *m, const CalcSetup *s, int stage, int r
     if (pp > 1) {
         all_reduce(&k.pp, 0, 8, pp);  // the clip norm over the stages (a double)
         // the tied wte's gradient, summed between its copies on the first and the last stage:
-        // an all-reduce of 2 ranks sends it once
-        if (m->tied && (stage == 0 || stage == pp - 1)) all_reduce(&k.pp, 0, Vl * m->C * w, 2);
+        // an exchange (pipe_sum_tied's sendrecv) sends it once, in one hop
+        if (m->tied && (stage == 0 || stage == pp - 1)) add(&k.pp, 0, Vl * m->C * w, 1);
         if (stage == pp - 1) add(&k.pp, 0, 4, 1);  // the step's loss, broadcast by the last stage
     }
     CalcTraffic *g[3] = {&k.tp, &k.dp, &k.pp};

@@ -293,7 +293,9 @@ static DistWork submit(DistCall c, DistGroup *g, int nonblocking) {
     count_call(&c, g);
     c.wd = number_call(&c, g, nonblocking);
     if (!nonblocking) {
+        dist_link_hold_before(&c, g);   // virtual links (dist_link.c): nothing when off
         backend_for(&c)->run(&c, g, NULL);
+        dist_link_hold_after(&c, g);
         if (c.wd) watchdog_op_end(c.wd, WD_CALLER);
         return (DistWork){.req = MPI_REQUEST_NULL};
     }
@@ -307,6 +309,8 @@ static DistWork submit(DistCall c, DistGroup *g, int nonblocking) {
         dist_thread_queue(&c, g, &w);
         return w;
     }
+    dist_link_hold_before(&c, g);
+    w.link_s = dist_link_call_seconds(&c, g);   // held when it finishes (dist_wait, dist_test)
     backend_for(&c)->run(&c, g, &w);
     return w;
 }
@@ -453,6 +457,8 @@ void dist_wait(DistWork *w) {
     need_no_queued_ops("wait");
     LAB_CHECK(w->backend != NULL, "dist_wait: an active DistWork that no op started");
     ((const DistBackendOps *)w->backend)->wait(w);
+    dist_link_sleep(w->link_s);
+    w->link_s = 0;
     if (w->wd) watchdog_op_end(w->wd, WD_CALLER);
     w->wd = 0;
 }
@@ -463,6 +469,7 @@ int dist_test(DistWork *w) {
     need_no_queued_ops("test");
     LAB_CHECK(w->backend != NULL, "dist_test: an active DistWork that no op started");
     int done = ((const DistBackendOps *)w->backend)->test(w);
+    if (done) dist_link_sleep(w->link_s), w->link_s = 0;
     if (done && w->wd) watchdog_op_end(w->wd, -1);
     if (done) w->wd = 0;
     return done;

@@ -42,6 +42,7 @@
 #pragma once
 #include <mpi.h>
 #include <stddef.h>
+#include <stdio.h>
 #include <stdint.h>
 
 typedef enum { DIST_F32 = 0, DIST_BF16, DIST_F64, DIST_I32, DIST_U8, DIST_NDTYPES } DistDtype;
@@ -89,6 +90,7 @@ typedef struct DistWork {
     const void *backend;  // internal: the backend that finishes it (dist_backend.h)
     void *aux;          // internal: that backend's state for finishing it, else NULL
     uint64_t wd;        // internal: its record in the flight recorder (watchdog.h), 0: none
+    double link_s;      // internal: virtual links on, a collective: seconds held after it finishes
 } DistWork;
 
 // Lifecycle. dist_init calls MPI_Init (thread level SERIALIZED: one thread in MPI at a time,
@@ -214,3 +216,45 @@ const DistCounters *dist_group_counters(const DistGroup *g);
 void dist_group_counters_reset(DistGroup *g);
 uint64_t dist_group_bytes_sent(const DistGroup *g);
 uint64_t dist_group_bytes_recv(const DistGroup *g);
+
+// ---- Virtual nodes and links (dist_link.c; docs/CLUSTER.md) --------------------------------
+// A cluster this machine does not have: world rank r sits on virtual node r / ranks_per_node,
+// and every op is held until the alpha-beta time of its bytes on the link it crosses has passed
+// (bytes / bw + hops x latency, the bytes and hops of common/calc_comm.c, the planner's model):
+// a send holds the message T before MPI gets it; a collective, timed on the slowest link its
+// group crosses, holds every rank T after the real op. The data and the byte counters are
+// untouched; off (the default) nothing is held and nothing is measured.
+typedef struct DistLink {
+    double bw;    // bytes/s per rank per direction
+    double lat;   // seconds per message hop
+} DistLink;
+typedef struct DistLinks {
+    int ranks_per_node;      // 0: off
+    DistLink intra, inter;   // inside a node, between nodes
+    const char *preset;      // "h100", ... or NULL (given numbers)
+    double scale;            // the preset's links x scale (1: as the GPUs have them)
+    double gpu_peak, cpu_peak;  // FLOP/s of the preset's GPU and of this machine (scale = cpu / gpu)
+} DistLinks;
+// Parses --links: "G:BW,LAT:BW,LAT" (GB/s, microseconds) or "PRESET:G[:cpu]" (cpu: scaled by
+// cpu_peak, this machine's FLOP/s, against the GPU's). NULL, or a message naming the valid forms.
+const char *dist_links_parse(const char *spec, DistLinks *out, double cpu_peak);
+void dist_links_set(const DistLinks *l);   // NULL or ranks_per_node 0: off
+const DistLinks *dist_links(void);         // NULL when off
+int dist_links_enabled(void);
+double dist_links_cpu_peak(void);          // this rank's measured SGEMM FLOP/s (health.h)
+// Nodes g's ranks sit on (1 when off).
+int dist_group_nodes(const DistGroup *g);
+// The model: seconds of one op of kind k moving `bytes` (this rank's, as dist counts them) in a
+// group of n over link l: bytes / l->bw + hops x l->lat; hops: all-reduce 2(n-1), reduce-scatter,
+// all-gather and barrier n-1, anything else 1.
+double dist_link_seconds(DistOpKind k, double bytes, int n, const DistLink *l);
+// Seconds this rank was held in g's ops since the start or the last reset, and of those the
+// seconds the communication thread was held (hidden behind the caller's compute; the rest
+// were on the caller's path: exposed).
+double dist_link_held_seconds(const DistGroup *g);
+double dist_link_hidden_seconds(const DistGroup *g);
+// The same summed over every group of this process since it started.
+void dist_link_totals(double *held_s, double *hidden_s);
+void dist_link_held_reset(const DistGroup *g);
+// One line (two with a scaled preset) describing the virtual cluster; nothing when off.
+void dist_links_print(FILE *out);

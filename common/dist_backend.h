@@ -108,3 +108,12 @@ void dist_thread_queue(const DistCall *c, DistGroup *g, DistWork *w);
 int dist_thread_finish(DistWork *w, int block);  // 1 when the thread has run it (then finished)
 int dist_thread_pending(void);                    // queued ops not yet finished by the caller
 void dist_thread_stop_all(void);                  // at dist_finalize
+
+// --- dist_link.c: the virtual links' holds (dist.h) -------------------------------------------------
+void dist_link_hold_before(const DistCall *c, const DistGroup *g);  // a send: before MPI gets it
+void dist_link_hold_after(const DistCall *c, const DistGroup *g);   // a collective: after it ran
+// The same from the communication thread's run of a queued op: comm_thread 1 when the thread ran
+// it (its time hidden behind the caller's compute), 0 when the caller ran it in dist_wait.
+void dist_link_hold_after_on(const DistCall *c, const DistGroup *g, int comm_thread);
+double dist_link_call_seconds(const DistCall *c, const DistGroup *g);  // the hold a collective gets (charged)
+void dist_link_sleep(double seconds);

@@ -70,6 +70,7 @@ static void run_op(CommTask *task) {
         }
     }
     dist_mpi_backend.run(&task->call, g, NULL);
+    dist_link_hold_after_on(&task->call, g, on_comm_thread);   // virtual links: the stream is busy
 }
 
 // Runs the head of the queue, claimed under the mutex (held on entry and on return), and

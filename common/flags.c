@@ -21,6 +21,7 @@
 
 #include "check.h"
 #include "ckpt.h"
+#include "dist.h"
 #include "watchdog.h"
 #include "health.h"
 #ifdef LAB_CUDA
@@ -230,6 +231,9 @@ static Table build_table(LabArgs *a, const FlagSpec *extra, int nextra, unsigned
     // activation recomputation: the programs that take LAB_FLAGS_RECOMPUTE (not in LAB_FLAGS_ALL)
     add(&t, row("training", "--recompute", "M", FLAG_CHOICE, &a->recompute, 0, 0, "none|selective|full", "activation recomputation: selective recomputes attention's scores and softmax in backward, full keeps only each block's input and reruns its forward"));
     out[t.n - 1].mask = LAB_FLAGS_RECOMPUTE;
+    // the virtual cluster (dist_link.c, docs/CLUSTER.md): nodes of G ranks and their links
+    add(&t, row("reliability", "--links", "SPEC", FLAG_STRING, &a->links, 0, 0, NULL, "virtual nodes and links: G:BW,LAT:BW,LAT (G ranks per node; GB/s and us inside a node, then between nodes) or PRESET:G[:cpu] (h100, a100; cpu: scaled to this machine's compute); every message is held for its alpha-beta time"));
+    out[t.n - 1].mask = LAB_FLAGS_COMM | LAB_FLAGS_KILL;  // every multi-rank program
     for (int i = 0; i < nextra; i++) {
         const FlagSpec *e = &extra[i];
         LAB_CHECK(e->name && strncmp(e->name, "--", 2) == 0, "chapter flag %d: name '%s' must start with --",
@@ -949,6 +953,23 @@ static void check_combinations(LabArgs *a, const RunIdentity *now) {
     }
 }
 
+// --links: parsed on every rank alike (a scaled preset uses rank 0's measured peak, so every
+// rank holds the same times), then handed to dist (dist_link.c).
+static void configure_links(const LabArgs *a, int mpi_up) {
+    if (!a->links) return;
+    double peak = 0;
+    if (strstr(a->links, ":cpu")) {
+        int rank = 0;
+        if (mpi_up) MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+        if (rank == 0) peak = dist_links_cpu_peak();
+        if (mpi_up) MPI_Bcast(&peak, 1, MPI_DOUBLE, 0, MPI_COMM_WORLD);
+    }
+    DistLinks l;
+    const char *err = dist_links_parse(a->links, &l, peak);
+    if (err) flag_fail("%s", err);
+    dist_links_set(&l);
+}
+
 void lab_parse_args_for(unsigned groups, int argc, char **argv, LabArgs *a, const FlagSpec *extra,
                         int nextra, const char *program, const char *usage) {
     // --help anywhere wins, so that it works even next to a mistake.
@@ -1031,6 +1052,7 @@ void lab_parse_args_for(unsigned groups, int argc, char **argv, LabArgs *a, cons
     MPI_Initialized(&up);
     MPI_Finalized(&down);
     if (up && !down) watchdog_start(a->collective_timeout);
+    configure_links(a, up && !down);
 }
 
 void lab_parse_args(int argc, char **argv, LabArgs *a, const FlagSpec *extra, int nextra,

@@ -82,6 +82,8 @@ typedef struct LabArgs {
     int oom_rank, oom_step;  // ... parsed (oom_step: an index from 0; -1: off)
     // activation recomputation (LAB_FLAGS_RECOMPUTE; gpt2.h's GPT2Recompute)
     const char *recompute;   // "none" | "selective" | "full"
+    // virtual cluster (dist.h, "Virtual nodes and links"; docs/CLUSTER.md)
+    const char *links;       // "G:BW,LAT:BW,LAT" or "PRESET:G[:cpu]"; NULL: off
 } LabArgs;
 
 LabArgs lab_args_defaults(void);
@@ -108,8 +110,8 @@ enum {
                                      // --inject-spike-step, --inject-oom-step
     LAB_FLAGS_KILL = 1 << 5,         // --kill-rank --kill-step --inject-hang (a rank dies or
                                      // hangs: multi-rank training programs)
-    LAB_FLAGS_COMM = 1 << 6,         // --collective-timeout (ranks that wait for each other; also
-                                     // taken with LAB_FLAGS_KILL)
+    LAB_FLAGS_COMM = 1 << 6,         // --collective-timeout, --links (ranks that wait for each
+                                     // other; also taken with LAB_FLAGS_KILL)
     LAB_FLAGS_NONE = LAB_FLAGS_COMM, // only the program's own flags and --collective-timeout (01,
                                      // 04: nothing to train, but ranks that communicate)
     LAB_FLAGS_ALL = (1 << 7) - 1,    // every shared flag (a multi-rank training chapter)

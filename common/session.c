@@ -85,6 +85,8 @@ void session_step_begin(Session *s, int step) {
     if (step == s->start) {  // under the chapter's header, over the first progress line
         if (s->args->log_every > 0)
             session_print_cores_note(s, "the tok/s and MFU of the progress lines");
+        if (s->rank == 0 && !s->args->quiet) dist_links_print(stdout);  // --links: the cluster
+        if (dist_links_enabled()) dist_link_totals(&s->link_held0, &s->link_hidden0);
         s->t_start = s->t_last = lab_now();  // the loop's clock starts
     }
     s->gnorm_sq = NAN;
@@ -374,6 +376,14 @@ void session_print_throughput(const Session *s, int all_ranks) {
            (double)s->args->batch * s->T * nrun / elapsed);
     if (all_ranks) printf(" (all ranks), %.1f ms per step", 1e3 * elapsed / nrun);
     printf("\n");
+    if (dist_links_enabled()) {   // --links: rank 0's link time (docs/CLUSTER.md)
+        double held, hidden;
+        dist_link_totals(&held, &hidden);
+        held -= s->link_held0, hidden -= s->link_hidden0;
+        printf("virtual links: rank 0 was held %.3f ms per step for its messages' link time, %.3f "
+               "ms exposed on its path and %.3f ms hidden behind compute (the communication "
+               "thread)\n", 1e3 * held / nrun, 1e3 * (held - hidden) / nrun, 1e3 * hidden / nrun);
+    }
     session_print_cores_note(s, all_ranks ? "the tokens/s and ms per step figures"
                                           : "the tokens/s figures");
 }

@@ -95,6 +95,7 @@ typedef struct Session {
     int start, end;        // steps [start, end) run here (resume, --steps, --stop-at)
     float *losses;         // (--steps) the loss of every step; NaN where not run here
     double t_start, t_last;  // wall clock at the loop's start / at the last step's end
+    double link_held0, link_hidden0;  // --links: this process's held link time when the loop began
     SessionState state;    // the chapter's (session_init: the single replica's)
     DistCounters save_cost;  // what the checkpoints (and a rollback's load) moved: leave it out
                              // of per-step figures

@@ -22,6 +22,7 @@ void mpi_check(int ok, const char *fmt, ...) {
 }
 
 int mpi_failed(void) { return nfailed; }
+int mpi_checks(void) { return nchecks; }
 
 static uint64_t mark_sent, mark_recv;
 void mpi_bytes_mark(void) {

@@ -18,6 +18,8 @@
 void mpi_check(int ok, const char *fmt, ...) LAB_PRINTF(2, 3);
 // Checks that failed on this rank so far.
 int mpi_failed(void);
+// Checks made on this rank so far.
+int mpi_checks(void);
 
 // Byte counters against a formula: mpi_bytes_mark() remembers this rank's OP_SEND / OP_RECV
 // bytes; mpi_check_bytes checks what was sent and received since then (`what` and `count` name

@@ -438,10 +438,82 @@ Test(calc, production_layouts_fit) {
         cr_assert(c != NULL, "%s: DP%d x TP%d x PP%d does not fit on %d H100s", prod[i].model,
                   prod[i].dp, prod[i].tp, prod[i].pp, prod[i].gpus);
         cr_assert_leq(c->mem.total, p.mem_bytes);
-        // TP never leaves a node.
-        for (int k = 0; k < r.nplans; k++) cr_assert_leq(r.plans[k].setup.tp, 8);
+        // Every fitting plan whose TP group leaves a node ranks after all that keep it inside.
+        int spanned = 0;
+        for (int k = 0; k < r.nplans && r.plans[k].fits; k++) {
+            if (r.plans[k].setup.tp > 8) spanned = 1;
+            else cr_assert(!spanned, "%s: TP %d inside a node ranks after a TP across nodes",
+                           prod[i].model, r.plans[k].setup.tp);
+        }
         calc_plan_free(&r);
     }
+}
+
+// Where the groups land: ranks numbered TP fastest (chapter 09's grid) put TP 4 inside each
+// node of 4 and PP 2 across the two nodes; numbered PP fastest, the other way round.
+Test(calc, groups_land_on_nodes) {
+    CalcSetup s = calc_setup_default();
+    s.tp = 4, s.pp = 2, s.dp = 1;
+    cr_assert_eq(calc_group_nodes(&s, CALC_DIM_TP, 4), 1);
+    cr_assert_eq(calc_group_nodes(&s, CALC_DIM_PP, 4), 2);
+    cr_assert_eq(calc_group_nodes(&s, CALC_DIM_DP, 4), 1);
+    s.grid_order = CALC_ORDER_PP_FIRST;
+    cr_assert_eq(calc_group_nodes(&s, CALC_DIM_TP, 4), 2);
+    cr_assert_eq(calc_group_nodes(&s, CALC_DIM_PP, 4), 1);
+    // TP 8 on nodes of 4 spans 2; on nodes of 8 it fits; DP 2 of TP 8 crosses either way
+    s = calc_setup_default();
+    s.dp = 2, s.tp = 8;
+    cr_assert_eq(calc_group_nodes(&s, CALC_DIM_TP, 4), 2);
+    cr_assert_eq(calc_group_nodes(&s, CALC_DIM_TP, 8), 1);
+    cr_assert_eq(calc_group_nodes(&s, CALC_DIM_DP, 8), 2);
+    // uneven: TP 4 on nodes of 6: the second group {4..7} straddles
+    s = calc_setup_default();
+    s.dp = 3, s.tp = 4;
+    cr_assert_eq(calc_group_nodes(&s, CALC_DIM_TP, 6), 2);
+}
+
+// The example: 7B, DP 2 x TP 8, 8 micro-batches, SP. With 8 GPUs per node the TP
+// all-reduces run on NVLink; with 4 the TP group spans 2 nodes and its time is the same bytes
+// on InfiniBand: the TP time of a job whose every link is InfiniBand, 450/50 = 9x the NVLink
+// one less the latency part.
+// Mutant: mutants/planner-tp-intra-link.patch
+Test(calc, tp_time_uses_the_link_its_group_crosses) {
+    const CalcModel *m = calc_model_preset("llama2-7b");
+    CalcPlanSpec p = h100_spec(16, 16);
+    CalcPlan c8, c4, ib;
+    memset(&c8, 0, sizeof c8);
+    c8.setup = calc_setup_default();
+    c8.setup.dtype = CALC_BF16;
+    c8.setup.dp = 2, c8.setup.tp = 8, c8.setup.sp = 1, c8.setup.micro_batches = 8;
+    c4 = ib = c8;
+    calc_plan_time(m, &p, &c8);
+    p.gpus_per_node = 4;
+    calc_plan_time(m, &p, &c4);
+    CalcPlanSpec all_ib = p;
+    all_ib.bw_intra = p.bw_inter;
+    calc_plan_time(m, &all_ib, &ib);
+    cr_assert_gt(c8.t_tp, 0);
+    cr_assert_float_eq(c4.t_tp, ib.t_tp, 1e-12 * ib.t_tp, "TP on nodes of 4: %.6g s, on "
+                       "InfiniBand %.6g s", c4.t_tp, ib.t_tp);
+    cr_assert_gt(c4.t_tp, 5 * c8.t_tp, "TP across nodes %.4g s vs inside %.4g s", c4.t_tp, c8.t_tp);
+}
+
+// --plan on 2 nodes of 4 for a model whose 32 heads allow TP 8: TP 8 (across the nodes) fits
+// too, but every layout that keeps TP inside a node ranks first.
+Test(calc, plan_prefers_tp_inside_a_node) {
+    const CalcModel *m = calc_model_preset("llama2-7b");
+    CalcPlanSpec p = h100_spec(8, 64);
+    p.gpus_per_node = 4;
+    CalcPlanResult r = calc_plan(m, &p);
+    int across = 0, inside_after = 0;
+    for (int i = 0; i < r.nplans && r.plans[i].fits; i++) {
+        if (r.plans[i].tp_nodes > 1) across++;
+        else if (across) inside_after++;
+    }
+    cr_assert_gt(across, 0, "no fitting layout with TP across the nodes to rank");
+    cr_assert_eq(inside_after, 0);
+    cr_assert_leq(r.plans[0].setup.tp, 4);
+    calc_plan_free(&r);
 }
 
 // Ranking: fitting plans first, then by estimated step time.
@@ -452,7 +524,8 @@ Test(calc, plans_are_ranked) {
     cr_assert_gt(r.nfit, 0);
     for (int i = 1; i < r.nplans; i++) {
         cr_assert(r.plans[i - 1].fits >= r.plans[i].fits, "fitting plans first");
-        if (r.plans[i - 1].fits == r.plans[i].fits)
+        if (r.plans[i - 1].fits == r.plans[i].fits &&
+            (r.plans[i - 1].tp_nodes > 1) == (r.plans[i].tp_nodes > 1))
             cr_assert_leq(r.plans[i - 1].t_step, r.plans[i].t_step);
     }
     calc_plan_free(&r);
