@@ -41,6 +41,7 @@ tmp=$(mktemp -d /tmp/lab-questions-XXXXXX)
 trap 'rm -rf "$tmp"' EXIT
 mkdir -p "$tmp/cmd" "$tmp/work"
 for d in "$root"/[0-9][0-9]_*/; do ln -s "${d%/}" "$tmp/work/$(basename "$d")"; done
+ln -s "$root/tools" "$tmp/work/tools"
 
 # Split the page: cmd/K.sh (command K), cmd/K.exp (its quoted lines), cmd/K.q (its question),
 # cmd/aN (the figures of question N's answer, one a line).
