@@ -84,7 +84,7 @@ typedef struct Flags3d {
     int tp, pp, dp;        // dp 0: world / (tp·pp)
     const char *schedule;
     int m, v;              // micro-batches per step (per replica), chunks per rank
-    int zero;              // over DP: 0 DDP's average, 1 ZeRO-1, 2 ZeRO-2 (dp.h)
+    DplOpts dpo;           // over DP (dp.h): --zero 0 DDP's average, 1, 2, 3; --fsdp
 } Flags3d;
 
 // One chunk of layers on this rank: its TP slice of the chunk's blocks (a GPT2) and the
@@ -131,7 +131,7 @@ static float stage_forward(void *ctx, int chunk, int mb, float *out) {
     Stage *w = ctx;
     GPT2 *m = &w->ch[chunk].m;
     GPT2Acts *a = w->ch[chunk].acts[mb];
-    float loss = tp_forward(m, a, w->comm);
+    float loss = dpl_forward(w->dp, chunk, a, w->comm);  // (sharded: unit by unit, gathered)
     if (out) gpt2_acts_output(m, a, out);
     return loss;
 }
@@ -144,11 +144,10 @@ static float *stage_b_begin(void *ctx, int chunk, int mb) {
 
 static void stage_backward(void *ctx, int chunk, int mb, float *din) {
     Stage *w = ctx;
-    GPT2 *m = &w->ch[chunk].m;
     GPT2Acts *a = w->ch[chunk].acts[mb];
-    tp_backward(m, a, w->comm, w->dloss);
+    dpl_backward(w->dp, chunk, a, w->comm, w->dloss);
     if (din) mem_copy(din, gpt2_acts_dinput(a), w->BTC * sizeof(float));
-    dpl_after_backward(w->dp, chunk);  // ZeRO-2: this micro-batch's gradient reduce-scattered
+    dpl_after_backward(w->dp, chunk);  // ZeRO-2, 3, FSDP: this micro-batch's gradient reduce-scattered
     gpt2_acts_free(a);
     free(a);
     w->ch[chunk].acts[mb] = NULL;
@@ -182,16 +181,16 @@ enum { WHOLE_WEIGHTS, WHOLE_MASTER, WHOLE_ADAM_M, WHOLE_ADAM_V };
 // buffers (x + 0 == x: exact). --zero 1, 2: m and v (and bf16's master) exist for this
 // replica's piece only: they are first all-gathered over DP into the stage's layout (dp.h's
 // dpl_whole_state). Collective.
-static void gather_full(Chunk *ch, int v, const Grid *g, const DpLayer *dp, int which, float *full) {
+static void gather_full(Chunk *ch, int v, const Grid *g, DpLayer *dp, int which, float *full) {
     const size_t n = gpt2_param_count(&ch[0].m.cfg);
     float *mine = lab_xcalloc(n, sizeof(float));
     for (int c = 0; c < v; c++) {
         const GPT2 *m = &ch[c].m;
         if (which == WHOLE_WEIGHTS) {
-            if (g->c.d != 0) continue;
+            if (g->c.d != 0 && !dp->sharded) continue;  // (sharded: every replica's pieces)
             float *w = lab_xmalloc(m->num_params * sizeof(float));
-            gpt2_weights_to_host(m, w);
-            gpt2_unshard(m, w, mine, g->c.t == 0);
+            dpl_weights_to_host(dp, c, w);
+            if (g->c.d == 0) gpt2_unshard(m, w, mine, g->c.t == 0);
             free(w);
             continue;
         }
@@ -223,7 +222,7 @@ typedef struct Run3d {
 // the same file whatever the layout; bf16 saves the fp32 master (as 00 and 03 do), so a state
 // resumes across layouts and precisions. Collective.
 static void save_state(void *ctx, const char *path, int step) {
-    const Run3d *r = ctx;
+    Run3d *r = ctx;
     const LabArgs *a = r->s->args;
     const GPT2Config cfg = r->ch[0].m.cfg;
     const size_t n = gpt2_param_count(&cfg);
@@ -242,7 +241,7 @@ static void save_state(void *ctx, const char *path, int step) {
 // world rank 0: replica 0's ranks write their slices (the replicated tensors from TP rank 0)
 // into zeroed buffers, summed. Collective.
 static void weights_to_host(void *ctx, float *full) {
-    const Run3d *r = ctx;
+    Run3d *r = ctx;
     const GPT2Config cfg = r->ch[0].m.cfg;
     float *sum = full ? lab_xcalloc(gpt2_param_count(&cfg), sizeof(float)) : NULL;
     gather_full(r->ch, r->v, &r->grid, &r->dpl, WHOLE_WEIGHTS, sum);
@@ -299,7 +298,7 @@ static void setup(Run3d *r, Session *s, const LabArgs *args, const Flags3d *f) {
     if (sched_check(&r->sched, err, sizeof err) != 0)
         lab_fail_collective("schedule %s: %s", r->sched.name, err);
     LAB_CHECK(!r->sched.split, "09_3d: the zb schedule (split backward) is not wired to TP stages");
-    dpl_check(f->zero);
+    dpl_check(&f->dpo, r->sched.split);
     // Where and in which precision the chunks live (tp.h's top: bf16 stores the weights,
     // gradients and the blocks' saved activations in bf16, the master and Adam in fp32, and
     // computes every piece in fp32). The MPI backend takes device buffers (staged through the
@@ -327,7 +326,7 @@ static void setup(Run3d *r, Session *s, const LabArgs *args, const Flags3d *f) {
     }
     r->models = lab_xcalloc((size_t)v, sizeof(GPT2 *));
     for (int c = 0; c < v; c++) r->models[c] = &ch[c].m;
-    dpl_init(&r->dpl, f->zero, r->models, v, &r->grid, (uint64_t)args->seed);
+    dpl_init(&r->dpl, &f->dpo, r->models, v, &r->grid, (uint64_t)args->seed);
     s->state = (SessionState){r, save_state, weights_to_host, load_ckpt};
     session_start_at(s, load_state(args, ch, &r->dpl));
     mem_reset_peaks();  // the figures: from here on
@@ -393,7 +392,7 @@ static void train(const LabArgs *args, const Flags3d *f) {
     // 5. The report (report.c): each dimension's bytes per step (this rank's groups, read
     //    before the final checkpoint and weights move anything), memory per rank; the --dump.
     double mine[R3D_NFIELDS];
-    r3d_figures(&s, &(R3dView){grid, r.dp, f->tp, pp, v, m, f->zero, ch[0].m.l0,
+    r3d_figures(&s, &(R3dView){grid, r.dp, f->tp, pp, v, m, f->dpo.zero, ch[0].m.l0,
                                ch[v - 1].m.l1, r.x.acts_peak}, mine);
     double *all = session_gather_report(&s, mine, R3D_NFIELDS);
     session_finish(&s);  // the final checkpoint, the final weights on rank 0, --save-weights
@@ -407,7 +406,8 @@ static void train(const LabArgs *args, const Flags3d *f) {
 int main(int argc, char **argv) {
     dist_init(&argc, &argv);
     LabArgs args = lab_args_defaults();
-    Flags3d f = {.tp = 1, .pp = 1, .dp = 0, .schedule = "1f1b", .m = 2, .v = 1};
+    Flags3d f = {.tp = 1, .pp = 1, .dp = 0, .schedule = "1f1b", .m = 2, .v = 1,
+                 .dpo = {.zero = 0, .fsdp = 0, .prefetch = -1, .reshard = -1}};
     FlagSpec extra[] = {
         {"--tp", FLAG_INT, &f.tp, 1, 1 << 20, NULL,
          "tensor-parallel degree: ranks per TP group (consecutive ranks); must divide --heads"},
@@ -420,10 +420,20 @@ int main(int argc, char **argv) {
         {"--micro-batches", FLAG_INT, &f.m, 1, 10000, NULL,
          "m: micro-batches per step per replica (dp x m must divide --batch)"},
         {"--chunks", FLAG_INT, &f.v, 1, 64, NULL, "v: chunks of layers per stage (interleaved)"},
-        {"--zero", FLAG_INT, &f.zero, 0, 3, NULL,
+        {"--zero", FLAG_INT, &f.dpo.zero, 0, 3, NULL,
          "over DP: 0 DDP's all-reduce; 1 ZeRO-1 (reduce-scatter the gradients, AdamW on this "
          "replica's piece with m, v for it only, all-gather the weights); 2 ZeRO-2 (the same, the "
-         "gradients reduce-scattered after every micro-batch, only the piece accumulating)"},
+         "gradients reduce-scattered after every micro-batch, only the piece accumulating); 3 "
+         "ZeRO-3 (the weights sharded too: each unit gathered before its forward and again before "
+         "its backward, freed after)"},
+        {"--fsdp", FLAG_BOOL, &f.dpo.fsdp, 0, 1, NULL,
+         "over DP: FSDP (chapter 06): every unit of every chunk sharded over the replicas, "
+         "gathered around its use (--prefetch, --reshard-after-forward)"},
+        {"--prefetch", FLAG_INT, &f.dpo.prefetch, 0, 8, NULL,
+         "with --fsdp: units whose all-gather starts ahead of the one running (default 1)"},
+        {"--reshard-after-forward", FLAG_INT, &f.dpo.reshard, 0, 1, NULL,
+         "with --fsdp: 1 free each unit after its forward (gathered again for its backward); 0 "
+         "keep the units gathered until the step's update (default 1)"},
     };
     lab_parse_args_for(LAB_FLAGS_MODEL | LAB_FLAGS_TRAINING | LAB_FLAGS_HARDWARE | LAB_FLAGS_OUTPUT |
                            LAB_FLAGS_RELIABILITY | LAB_FLAGS_KILL,
