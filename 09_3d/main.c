@@ -392,8 +392,10 @@ static void train(const LabArgs *args, const Flags3d *f) {
     // 5. The report (report.c): each dimension's bytes per step (this rank's groups, read
     //    before the final checkpoint and weights move anything), memory per rank; the --dump.
     double mine[R3D_NFIELDS];
-    r3d_figures(&s, &(R3dView){grid, r.dp, f->tp, pp, v, m, f->dpo.zero, ch[0].m.l0,
-                               ch[v - 1].m.l1, r.x.acts_peak}, mine);
+    const DpLayer *d = &r.dpl;
+    r3d_figures(&s, &(R3dView){grid, r.dp, f->tp, pp, v, m, d->sharded ? 3 : d->zero, d->fsdp,
+                               d->sharded && !d->reshard, ch[0].m.l0, ch[v - 1].m.l1, r.x.acts_peak},
+                mine);
     double *all = session_gather_report(&s, mine, R3D_NFIELDS);
     session_finish(&s);  // the final checkpoint, the final weights on rank 0, --save-weights
     if (s.rank == 0 && !args->quiet) r3d_print_table(all, s.N, v, s.bf16);

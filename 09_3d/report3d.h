@@ -24,7 +24,8 @@ enum {
 // activation sets above the step's start (the executor's).
 typedef struct R3dView {
     const Grid *g;
-    int dp, tp, pp, v, m, zero;
+    int dp, tp, pp, v, m, zero;  // zero: 0 .. 3 (FSDP: 3 with fsdp)
+    int fsdp, keep_gathered;     // FSDP's layout; --reshard-after-forward 0
     int l0, l1;
     size_t acts_peak;
 } R3dView;
