@@ -711,8 +711,8 @@ Test(threed09, zero_3_and_fsdp_on_uneven_pieces_reproduce_single_device_training
 // and takes its pieces of a whole one. Chapter 00 -> (2,2,1) FSDP -> (2,2,2) ZeRO-3 -> dp 3 x
 // pp 2 FSDP -> chapter 00, one step each (--batch 24: dp 3 divides it), every link and the
 // final weights as 00's uninterrupted run. Measured: losses within 8.6e-8, weights 3e-7.
-// Mutant: mutants/09-sharded-save-pieces-only.patch (the save reading this replica's pieces as
-// the whole master: the other replicas' parts of the state lost)
+// Mutant: mutants/09-sharded-load-skips-master.patch (a resume taking Adam's state but leaving
+// its pieces of the weights at the initialization: DP 2 x TP 2 trains on from step 0's weights)
 Test(threed09, a_zero_3_or_fsdp_checkpoint_resumes_under_other_layouts, .timeout = 200) {
     static const ChainLink link[5] = {
         {ORACLE, 1, "", "1 rank (00)"},
