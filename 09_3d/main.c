@@ -39,6 +39,7 @@
 #include "gpt2.h"
 #include "grid3d.h"
 #include "mem.h"
+#include "mem_predict.h"
 #include "optim.h"
 #include "pipe_exec.h"
 #include "report3d.h"
@@ -299,6 +300,11 @@ static void setup(Run3d *r, Session *s, const LabArgs *args, const Flags3d *f) {
         lab_fail_collective("schedule %s: %s", r->sched.name, err);
     LAB_CHECK(!r->sched.split, "09_3d: the zb schedule (split backward) is not wired to TP stages");
     dpl_check(&f->dpo, r->sched.split);
+    // every rank's peak predicted before anything big is allocated (mem_predict.h): one refusal
+    const DplOpts *o = &f->dpo;
+    const R3dLayout lay = {dp, tp, pp, v, m, &r->sched, o->fsdp ? 3 : o->zero, o->fsdp,
+                           o->fsdp && o->prefetch >= 0 ? o->prefetch : 1, o->fsdp && o->reshard == 0};
+    mem_refuse_if_it_cannot_fit(args, r3d_predict_memory, &lay, dp * m);
     // Where and in which precision the chunks live (tp.h's top: bf16 stores the weights,
     // gradients and the blocks' saved activations in bf16, the master and Adam in fp32, and
     // computes every piece in fp32). The MPI backend takes device buffers (staged through the
