@@ -18,7 +18,8 @@
 //     the PP group, so both copies stay equal;
 //   - clipping: the global norm over all three dimensions (grid_clip_norm_sq): the slices summed
 //     over TP, the replicated tensors counted once, the stages summed over PP, nothing over DP;
-//   - AdamW on every rank's flat buffer (--zero 1, 2: on its piece, then all-gathered).
+//   - AdamW on every rank's flat buffer (--zero 1, 2: on its piece, then all-gathered; --zero 3
+//     and --fsdp: the weights stay in pieces, each unit gathered around its use: dp.h).
 // With dp = tp = pp = 1 and one micro-batch this is chapter 00's single-device step.
 // Every chunk is a GPT2 (the one model: gpt2_build_tp's TP slice t of its blocks) run by
 // common/tp.c's pieces; with tp = 1 they are gpt2's own, and 09 is chapter 08 bit for bit. The
@@ -62,6 +63,10 @@ static const char *USAGE =
     "                                                     over the 2 replicas (chapter 05)\n"
     "  mpirun -np 8 ./09_3d/run --tp 2 --pp 2 --zero 2    ZeRO-2: the gradients reduce-scattered\n"
     "                                                     after every micro-batch as well\n"
+    "  mpirun -np 8 ./09_3d/run --tp 2 --pp 2 --zero 3    ZeRO-3: the weights sharded too, each unit\n"
+    "                                                     gathered around its forward and backward\n"
+    "  mpirun -np 8 ./09_3d/run --tp 2 --pp 2 --fsdp [--prefetch N] [--reshard-after-forward 0|1]\n"
+    "                                                     FSDP (chapter 06): every unit in dp pieces\n"
     "  mpirun -np 8 ./09_3d/run --tp 8 --pp 1 --heads 8   TP alone (chapter 07)\n"
     "  mpirun -np 1 ./09_3d/run                           one rank: chapter 00's training\n"
     "  mpirun -np 8 ./09_3d/run --tp 2 --pp 2 --dtype bf16\n"
