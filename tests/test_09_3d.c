@@ -761,6 +761,17 @@ Test(threed09, the_memory_prediction_holds_on_every_layout, .timeout = 120) {
     }
 }
 
+// bf16 under sharded weights: the file holds the fp32 master all-gathered from the replicas'
+// pieces, and a resume rounds its pieces of it into its pieces of the bf16 weights, so stopping
+// at step 2 and resuming in the same layout is bit-exact: FSDP on the uneven dp 3 x tp 2 (ZeRO-3
+// takes the same path, dpl_take_state; tried by hand on (2,2,2) bf16: bit-exact too).
+// Mutant: mutants/09-sharded-bf16-load-unrounded.patch (a bf16 resume leaving its pieces of the
+// weights at the initialization: the master is right, the forward reads the old weights)
+Test(threed09, a_bf16_fsdp_or_zero_3_resume_in_the_same_layout_is_bit_exact, .timeout = 120) {
+    check_same_layout_resume("--layers 4 --channels 32 --heads 4 --seq 16 --batch 24 --steps 4 "
+                             "--dtype bf16 --dp 3 --tp 2 --pp 1 --fsdp", 6, "fsdpbf16same");
+}
+
 // What the DP layer refuses, each with one message naming the valid choices (dpl_check).
 Test(threed09, sharded_dp_refuses_what_it_cannot_run, .timeout = 120) {
     harness_assert_refused(2, RUN3D " --dp 2 --zero 1 --fsdp --steps 1", "--fsdp with --zero 1: over DP 09 offers");
