@@ -1,5 +1,5 @@
-// dp.c: chapter 09's data-parallel layer (dp.h): DDP's average, ZeRO-1 and ZeRO-2 over the
-// replicas of a chunk, on common/zero.h's flat layout of the chunk's buffer.
+// dp.c: chapter 09's data-parallel layer (dp.h): DDP's average, ZeRO-1, -2 and -3 and FSDP over
+// the replicas of a chunk, on common/zero.h's layouts of the chunk's buffer.
 #include "dp.h"
 
 #include <stdlib.h>
@@ -22,8 +22,9 @@ void dpl_check(const DplOpts *o, int split_schedule) {
         lab_fail_collective("--prefetch and --reshard-after-forward shape FSDP's gathers: add --fsdp; %s",
                             valid);
     if (split_schedule && (o->zero == 3 || o->fsdp))
-        lab_fail_collective("--schedule zb with %s: a W op runs after its unit was freed; use "
-                            "--zero 0, 1 or 2 with zb, or another schedule (gpipe, 1f1b, interleaved)",
+        lab_fail_collective("--schedule zb with %s: a W op adds a block's weight gradient after its "
+                            "micro-batch's gradient was reduce-scattered unit by unit; use --zero 0, "
+                            "1 or 2 with zb, or another schedule (gpipe, 1f1b, interleaved)",
                             o->fsdp ? "--fsdp" : "--zero 3");
 }
 
@@ -150,8 +151,7 @@ static float walk_units(DpLayer *d, int c, GPT2Acts *a, TpComm *comm, int backwa
             else if (o->kind == 1) tp_block_backward(m, a, comm, o->l, w0, NULL);
             else tp_embed_backward(m, a, comm);
         }
-        if (!backward && !d->reshard) continue;  // FSDP without reshard: kept to the update
-        if (backward && !d->reshard) continue;
+        if (!d->reshard) continue;  // FSDP's --reshard-after-forward 0: kept to the update
         for (int i = 0; i < o->nneed; i++)
             if (k + 1 >= n || !op_needs(&ops[k + 1], o->need[i])) unit_release(d, c, o->need[i]);
     }
