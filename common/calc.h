@@ -382,6 +382,7 @@ typedef struct CalcCliArgs {
     const char *dims;       // --dims "L=..,C=..,NH=..,..." (NULL = not given)
     const char *optimizer;  // --optimizer adam|sgd
     int zero;               // --zero 0..3
+    int fsdp;               // --fsdp (with a lab --layout: chapter 09's FSDP, CalcSetup.fsdp)
     int dp, tp, pp;         // --dp --tp --pp
     int seq_parallel;       // --seq-parallel
     int micro_batch;        // --micro-batch (0: --batch for the lab model, else 1)

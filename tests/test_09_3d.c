@@ -774,6 +774,34 @@ Test(threed09, a_bf16_fsdp_or_zero_3_resume_in_the_same_layout_is_bit_exact, .ti
                              "--dtype bf16 --dp 3 --tp 2 --pp 1 --fsdp", 6, "fsdpbf16same");
 }
 
+// Chapter 00's calculator prints the same figures for a lab layout: `--layout 2x2x2 --fsdp`
+// (and --zero 3) gives every stage's DP bytes per step of calc_rank_comm, which the runs above
+// match to the byte.
+Test(threed09, the_calculator_prints_zero_3_and_fsdp_layouts, .timeout = 60) {
+    const CalcModel cm = calc_model_from_gpt2(&SMALL_CFG);
+    for (int fsdp = 0; fsdp < 2; fsdp++) {
+        char cmd[256], *log = NULL, want[64];
+        snprintf(cmd, sizeof cmd, "./00_memory_budget/run --layers 4 --channels 32 --heads 4 --seq 16 "
+                 "--batch 8 --layout 2x2x2 %s", fsdp ? "--fsdp" : "--zero 3");
+        cr_assert_eq(harness_run(cmd, &log, 60), 0, "%s:\n%s", cmd, log);
+        CalcSetup cs = calc_setup_lab(2, 2, 2, 1, 2, BATCH, SMALL_CFG.T, 3, CALC_FP32);
+        cs.fsdp = fsdp;
+        for (int p = 0; p < 2; p++) {
+            snprintf(want, sizeof want, "      %d DP ", p);
+            const char *line = strstr(log, want);
+            cr_assert(line, "%s: no DP line of stage %d in:\n%s", cmd, p, log);
+            const double got = strtod(line + strlen(want), NULL);
+            const double calc = calc_rank_comm(&cm, &cs, p, 0).dp.step_bytes;
+            cr_assert_eq(got, calc, "%s: stage %d's DP bytes printed %g, calc_rank_comm %g", cmd, p, got, calc);
+        }
+        free(log);
+    }
+    char *log = NULL;
+    cr_assert_neq(harness_run("./00_memory_budget/run --fsdp", &log, 60), 0, "--fsdp without a layout ran");
+    cr_assert(strstr(log, "give it a --layout"), "%s", log);
+    free(log);
+}
+
 // What the DP layer refuses, each with one message naming the valid choices (dpl_check).
 Test(threed09, sharded_dp_refuses_what_it_cannot_run, .timeout = 120) {
     harness_assert_refused(2, RUN3D " --dp 2 --zero 1 --fsdp --steps 1", "--fsdp with --zero 1: over DP 09 offers");
