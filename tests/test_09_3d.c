@@ -777,6 +777,8 @@ Test(threed09, a_bf16_fsdp_or_zero_3_resume_in_the_same_layout_is_bit_exact, .ti
 // Chapter 00's calculator prints the same figures for a lab layout: `--layout 2x2x2 --fsdp`
 // (and --zero 3) gives every stage's DP bytes per step of calc_rank_comm, which the runs above
 // match to the byte.
+// Mutant: mutants/calc-cli-fsdp-as-zero-3.patch (00's --fsdp printing ZeRO-3's cut: stage 0's DP
+// bytes 173,204 instead of FSDP's 182,420)
 Test(threed09, the_calculator_prints_zero_3_and_fsdp_layouts, .timeout = 60) {
     const CalcModel cm = calc_model_from_gpt2(&SMALL_CFG);
     for (int fsdp = 0; fsdp < 2; fsdp++) {
