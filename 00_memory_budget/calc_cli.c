@@ -20,6 +20,7 @@ CalcCliArgs calc_cli_defaults(void) {
     a.dims = NULL;
     a.optimizer = "adam";
     a.zero = 0;
+    a.fsdp = 0;
     a.dp = a.tp = a.pp = 1;
     a.micro_batch = 0;
     a.seq_len = 0;
@@ -53,6 +54,9 @@ const FlagSpec *calc_cli_flags(CalcCliArgs *a, int *n) {
         "adam (m and v) or sgd with momentum (one buffer)"};
     f[k++] = (FlagSpec){"--zero", FLAG_INT, &a->zero, 0, 3, NULL,
         "ZeRO stage over the DP group: 1 optimizer, 2 + grads, 3 + params"};
+    f[k++] = (FlagSpec){"--fsdp", FLAG_BOOL, &a->fsdp, 0, 1, NULL,
+        "with a --layout of the lab model: chapter 09's --fsdp (every unit of a chunk in dp "
+        "pieces; the states of --zero 3)"};
     f[k++] = (FlagSpec){"--dp", FLAG_INT, &a->dp, 1, 1 << 24, NULL, "data-parallel degree"};
     f[k++] = (FlagSpec){"--tp", FLAG_INT, &a->tp, 1, 1 << 16, NULL,
         "tensor-parallel degree (divides the heads)"};
@@ -212,11 +216,18 @@ int calc_cli_run(const CalcCliArgs *a, const LabArgs *lab) {
                                         lab->batch, s.dp, s.micro_batches, s.dp * s.micro_batches);
                 s.micro_batch = lab->batch / (s.dp * s.micro_batches);
             }
+            if (a->fsdp && a->zero != 0 && a->zero != 3)
+                lab_fail_collective("--fsdp with --zero %d: FSDP shards what --zero 3 does; leave "
+                                    "--zero out (or 3)", a->zero);
+            if (a->fsdp) s.zero = 3, s.fsdp = 1;
             s.acts = CALC_ACTS_LAB;  // what calc_setup_lab sets for a 09 run: its stored
             s.tp_fp32 = 1;           // tensors, TP reduced in fp32 (DP, PP in --dtype), and
             s.grads_whole = 1;       // the whole gradients its TP stage's backward writes
         }
     }
+    if (a->fsdp && !s.fsdp)
+        lab_fail_collective("--fsdp details chapter 09's FSDP: give it a --layout DPxTPxPP of the "
+                            "lab model (--model lab, the default)");
     if ((err = calc_setup_check(&model, &s))) lab_fail_collective("%s", err);
 
     const CalcGpu *gpu = NULL;

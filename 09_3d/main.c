@@ -18,7 +18,8 @@
 //     the PP group, so both copies stay equal;
 //   - clipping: the global norm over all three dimensions (grid_clip_norm_sq): the slices summed
 //     over TP, the replicated tensors counted once, the stages summed over PP, nothing over DP;
-//   - AdamW on every rank's flat buffer (--zero 1, 2: on its piece, then all-gathered).
+//   - AdamW on every rank's flat buffer (--zero 1, 2: on its piece, then all-gathered; --zero 3
+//     and --fsdp: the weights stay in pieces, each unit gathered around its use: dp.h).
 // With dp = tp = pp = 1 and one micro-batch this is chapter 00's single-device step.
 // Every chunk is a GPT2 (the one model: gpt2_build_tp's TP slice t of its blocks) run by
 // common/tp.c's pieces; with tp = 1 they are gpt2's own, and 09 is chapter 08 bit for bit. The
@@ -39,6 +40,7 @@
 #include "gpt2.h"
 #include "grid3d.h"
 #include "mem.h"
+#include "mem_predict.h"
 #include "optim.h"
 #include "pipe_exec.h"
 #include "report3d.h"
@@ -61,6 +63,10 @@ static const char *USAGE =
     "                                                     over the 2 replicas (chapter 05)\n"
     "  mpirun -np 8 ./09_3d/run --tp 2 --pp 2 --zero 2    ZeRO-2: the gradients reduce-scattered\n"
     "                                                     after every micro-batch as well\n"
+    "  mpirun -np 8 ./09_3d/run --tp 2 --pp 2 --zero 3    ZeRO-3: the weights sharded too, each unit\n"
+    "                                                     gathered around its forward and backward\n"
+    "  mpirun -np 8 ./09_3d/run --tp 2 --pp 2 --fsdp [--prefetch N] [--reshard-after-forward 0|1]\n"
+    "                                                     FSDP (chapter 06): every unit in dp pieces\n"
     "  mpirun -np 8 ./09_3d/run --tp 8 --pp 1 --heads 8   TP alone (chapter 07)\n"
     "  mpirun -np 1 ./09_3d/run                           one rank: chapter 00's training\n"
     "  mpirun -np 8 ./09_3d/run --tp 2 --pp 2 --dtype bf16\n"
@@ -87,7 +93,7 @@ typedef struct Flags3d {
     int tp, pp, dp;        // dp 0: world / (tp·pp)
     const char *schedule;
     int m, v;              // micro-batches per step (per replica), chunks per rank
-    int zero;              // over DP: 0 DDP's average, 1 ZeRO-1, 2 ZeRO-2 (dp.h)
+    DplOpts dpo;           // over DP (dp.h): --zero 0 DDP's average, 1, 2, 3; --fsdp
     GPT2Recompute recompute;  // --recompute (a shared flag): at --tp 1 only (gpt2's own sets)
     const char *order;     // "tp-first" (Megatron's grid) | "pp-first" (question 5's other layout)
 } Flags3d;
@@ -136,7 +142,7 @@ static float stage_forward(void *ctx, int chunk, int mb, float *out) {
     Stage *w = ctx;
     GPT2 *m = &w->ch[chunk].m;
     GPT2Acts *a = w->ch[chunk].acts[mb];
-    float loss = tp_forward(m, a, w->comm);
+    float loss = dpl_forward(w->dp, chunk, a, w->comm);  // (sharded: unit by unit, gathered)
     if (out) gpt2_acts_output(m, a, out);
     return loss;
 }
@@ -149,11 +155,10 @@ static float *stage_b_begin(void *ctx, int chunk, int mb) {
 
 static void stage_backward(void *ctx, int chunk, int mb, float *din) {
     Stage *w = ctx;
-    GPT2 *m = &w->ch[chunk].m;
     GPT2Acts *a = w->ch[chunk].acts[mb];
-    tp_backward(m, a, w->comm, w->dloss);
+    dpl_backward(w->dp, chunk, a, w->comm, w->dloss);
     if (din) mem_copy(din, gpt2_acts_dinput(a), w->BTC * sizeof(float));
-    dpl_after_backward(w->dp, chunk);  // ZeRO-2: this micro-batch's gradient reduce-scattered
+    dpl_after_backward(w->dp, chunk);  // ZeRO-2, 3, FSDP: this micro-batch's gradient reduce-scattered
     gpt2_acts_free(a);
     free(a);
     w->ch[chunk].acts[mb] = NULL;
@@ -187,16 +192,16 @@ enum { WHOLE_WEIGHTS, WHOLE_MASTER, WHOLE_ADAM_M, WHOLE_ADAM_V };
 // buffers (x + 0 == x: exact). --zero 1, 2: m and v (and bf16's master) exist for this
 // replica's piece only: they are first all-gathered over DP into the stage's layout (dp.h's
 // dpl_whole_state). Collective.
-static void gather_full(Chunk *ch, int v, const Grid *g, const DpLayer *dp, int which, float *full) {
+static void gather_full(Chunk *ch, int v, const Grid *g, DpLayer *dp, int which, float *full) {
     const size_t n = gpt2_param_count(&ch[0].m.cfg);
     float *mine = lab_xcalloc(n, sizeof(float));
     for (int c = 0; c < v; c++) {
         const GPT2 *m = &ch[c].m;
         if (which == WHOLE_WEIGHTS) {
-            if (g->c.d != 0) continue;
+            if (g->c.d != 0 && !dp->sharded) continue;  // (sharded: every replica's pieces)
             float *w = lab_xmalloc(m->num_params * sizeof(float));
-            gpt2_weights_to_host(m, w);
-            gpt2_unshard(m, w, mine, g->c.t == 0);
+            dpl_weights_to_host(dp, c, w);
+            if (g->c.d == 0) gpt2_unshard(m, w, mine, g->c.t == 0);
             free(w);
             continue;
         }
@@ -228,7 +233,7 @@ typedef struct Run3d {
 // the same file whatever the layout; bf16 saves the fp32 master (as 00 and 03 do), so a state
 // resumes across layouts and precisions. Collective.
 static void save_state(void *ctx, const char *path, int step) {
-    const Run3d *r = ctx;
+    Run3d *r = ctx;
     const LabArgs *a = r->s->args;
     const GPT2Config cfg = r->ch[0].m.cfg;
     const size_t n = gpt2_param_count(&cfg);
@@ -270,7 +275,7 @@ static void save_state(void *ctx, const char *path, int step) {
 // world rank 0: replica 0's ranks write their slices (the replicated tensors from TP rank 0)
 // into zeroed buffers, summed. Collective.
 static void weights_to_host(void *ctx, float *full) {
-    const Run3d *r = ctx;
+    Run3d *r = ctx;
     const GPT2Config cfg = r->ch[0].m.cfg;
     float *sum = full ? lab_xcalloc(gpt2_param_count(&cfg), sizeof(float)) : NULL;
     gather_full(r->ch, r->v, &r->grid, &r->dpl, WHOLE_WEIGHTS, sum);
@@ -327,11 +332,22 @@ static void setup(Run3d *r, Session *s, const LabArgs *args, const Flags3d *f) {
     if (sched_check(&r->sched, err, sizeof err) != 0)
         lab_fail_collective("schedule %s: %s", r->sched.name, err);
     LAB_CHECK(!r->sched.split, "09_3d: the zb schedule (split backward) is not wired to TP stages");
-    dpl_check(f->zero);
+    dpl_check(&f->dpo, r->sched.split);
+    if (f->recompute != GPT2_RECOMPUTE_NONE && (f->dpo.zero == 3 || f->dpo.fsdp))
+        lab_fail_collective("--recompute %s with %s: a block's recomputation reads the chunk's own "
+                            "weights, not a gathered unit; recomputation is offered here over DP with "
+                            "--zero 0, 1 or 2", gpt2_recompute_name(f->recompute),
+                            f->dpo.fsdp ? "--fsdp" : "--zero 3");
     if (f->recompute != GPT2_RECOMPUTE_NONE && tp > 1)
         lab_fail_collective("--recompute %s with --tp %d: a TP slice's pieces (common/tp.c) do not "
                             "recompute; recomputation is offered here at --tp 1 (and by 00 --train "
                             "and 08_pipeline)", gpt2_recompute_name(f->recompute), tp);
+    // every rank's peak predicted before anything big is allocated (mem_predict.h): one refusal
+    const DplOpts *o = &f->dpo;
+    const R3dLayout lay = {dp, tp, pp, v, m, &r->sched, o->fsdp ? 3 : o->zero, o->fsdp,
+                           o->fsdp && o->prefetch >= 0 ? o->prefetch : 1, o->fsdp && o->reshard == 0,
+                           f->recompute};
+    mem_refuse_if_it_cannot_fit(args, r3d_predict_memory, &lay, dp * m);
     // Where and in which precision the chunks live (tp.h's top: bf16 stores the weights,
     // gradients and the blocks' saved activations in bf16, the master and Adam in fp32, and
     // computes every piece in fp32). The MPI backend takes device buffers (staged through the
@@ -360,7 +376,7 @@ static void setup(Run3d *r, Session *s, const LabArgs *args, const Flags3d *f) {
     }
     r->models = lab_xcalloc((size_t)v, sizeof(GPT2 *));
     for (int c = 0; c < v; c++) r->models[c] = &ch[c].m;
-    dpl_init(&r->dpl, f->zero, r->models, v, &r->grid, (uint64_t)args->seed);
+    dpl_init(&r->dpl, &f->dpo, r->models, v, &r->grid, (uint64_t)args->seed);
     s->state = (SessionState){r, save_state, weights_to_host, load_ckpt};
     session_start_at(s, load_state(args, ch, &r->dpl));
     mem_reset_peaks();  // the figures: from here on
@@ -429,10 +445,10 @@ static void train(const LabArgs *args, const Flags3d *f) {
     // 5. The report (report.c): each dimension's bytes per step (this rank's groups, read
     //    before the final checkpoint and weights move anything), memory per rank; the --dump.
     double mine[R3D_NFIELDS];
-    r3d_figures(&s, &(R3dView){grid, r.dp, f->tp, pp, v, m, f->zero, ch[0].m.l0,
-                               ch[v - 1].m.l1, r.x.acts_peak}, mine);
-    const R3dView view = {grid, r.dp, f->tp, pp, v, m, f->zero, ch[0].m.l0, ch[v - 1].m.l1,
-                          r.x.acts_peak};
+    const DpLayer *d = &r.dpl;
+    const R3dView view = {grid, r.dp, f->tp, pp, v, m, d->sharded ? 3 : d->zero, d->fsdp,
+                          d->sharded && !d->reshard, ch[0].m.l0, ch[v - 1].m.l1, r.x.acts_peak};
+    r3d_figures(&s, &view, mine);
     const int run = session_steps_run(&s);
     r3d_print_links(&s, &view, strcmp(f->order, "pp-first") == 0,
                     run > 0 ? session_elapsed(&s) / run : 0);   // --links only
@@ -448,7 +464,8 @@ static void train(const LabArgs *args, const Flags3d *f) {
 int main(int argc, char **argv) {
     dist_init(&argc, &argv);
     LabArgs args = lab_args_defaults();
-    Flags3d f = {.tp = 1, .pp = 1, .dp = 0, .schedule = "1f1b", .m = 2, .v = 1, .order = "tp-first"};
+    Flags3d f = {.tp = 1, .pp = 1, .dp = 0, .schedule = "1f1b", .m = 2, .v = 1, .order = "tp-first",
+                 .dpo = {.zero = 0, .fsdp = 0, .prefetch = -1, .reshard = -1}};
     FlagSpec extra[] = {
         {"--tp", FLAG_INT, &f.tp, 1, 1 << 20, NULL,
          "tensor-parallel degree: ranks per TP group (consecutive ranks); must divide --heads"},
@@ -461,10 +478,20 @@ int main(int argc, char **argv) {
         {"--micro-batches", FLAG_INT, &f.m, 1, 10000, NULL,
          "m: micro-batches per step per replica (dp x m must divide --batch)"},
         {"--chunks", FLAG_INT, &f.v, 1, 64, NULL, "v: chunks of layers per stage (interleaved)"},
-        {"--zero", FLAG_INT, &f.zero, 0, 3, NULL,
+        {"--zero", FLAG_INT, &f.dpo.zero, 0, 3, NULL,
          "over DP: 0 DDP's all-reduce; 1 ZeRO-1 (reduce-scatter the gradients, AdamW on this "
          "replica's piece with m, v for it only, all-gather the weights); 2 ZeRO-2 (the same, the "
-         "gradients reduce-scattered after every micro-batch, only the piece accumulating)"},
+         "gradients reduce-scattered after every micro-batch, only the piece accumulating); 3 "
+         "ZeRO-3 (the weights sharded too: each unit gathered before its forward and again before "
+         "its backward, freed after)"},
+        {"--fsdp", FLAG_BOOL, &f.dpo.fsdp, 0, 1, NULL,
+         "over DP: FSDP (chapter 06): every unit of every chunk sharded over the replicas, "
+         "gathered around its use (--prefetch, --reshard-after-forward)"},
+        {"--prefetch", FLAG_INT, &f.dpo.prefetch, 0, 8, NULL,
+         "with --fsdp: units whose all-gather starts ahead of the one running (default 1)"},
+        {"--reshard-after-forward", FLAG_INT, &f.dpo.reshard, 0, 1, NULL,
+         "with --fsdp: 1 free each unit after its forward (gathered again for its backward); 0 "
+         "keep the units gathered until the step's update (default 1)"},
         {"--grid-order", FLAG_CHOICE, &f.order, 0, 0, "tp-first|pp-first",
          "where the ranks sit: tp-first (rank = t + tp(d + dp p): a TP group is consecutive ranks, "
          "one node) or pp-first (rank = p + pp(d + dp t): a PP group is consecutive ranks, TP "

@@ -3,11 +3,14 @@
 #include "report3d.h"
 
 #include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
 
 #include "calc.h"
 #include "dist.h"
 #include "mem.h"
 #include "results.h"
+#include "tp.h"
 
 void r3d_print_setup(const GPT2Config *cfg, const Schedule *s, int B, int dp, int tp, int Bm) {
     const int pp = s->p, v = s->v, m = s->m, per = cfg->L / (pp * v);
@@ -36,8 +39,9 @@ void r3d_figures(const Session *s, const R3dView *v, double mine[R3D_NFIELDS]) {
     // the norm's parts); PP an activation forward and a gradient back per micro-batch and
     // boundary, the tied wte's gradient, the norm, the loss
     const CalcModel cm = calc_model_from_gpt2(&s->cfg);
-    const CalcSetup cs = calc_setup_lab(v->dp, v->tp, v->pp, v->v, v->m, s->args->batch, s->T,
-                                        v->zero, s->bf16 ? CALC_BF16 : CALC_FP32);
+    CalcSetup cs = calc_setup_lab(v->dp, v->tp, v->pp, v->v, v->m, s->args->batch, s->T, v->zero,
+                                  s->bf16 ? CALC_BF16 : CALC_FP32);
+    cs.fsdp = v->fsdp, cs.keep_gathered = v->keep_gathered;
     const CalcComm k = calc_rank_comm(&cm, &cs, g->c.p, g->c.d);
     mine[R3D_TP_SENT] = (double)dist_group_bytes_sent(g->tpg) / nsteps;
     mine[R3D_DP_SENT] = (double)dist_group_bytes_sent(g->dpg) / nsteps;
@@ -82,8 +86,8 @@ void r3d_print_table(const double *all, int world, int v, int bf16) {
 }
 
 void r3d_write_dump(const Session *s, const double *all) {
-    // (results hold 64 figures: 7 per rank for ranks 0..7; not session_dump_close, whose 8
-    // memory figures, rank 0's alone, would not fit)
+    // (8 figures per rank for ranks 0..7, and rank 0's measured and predicted peak; not
+    // session_dump_close, whose 8 memory figures, rank 0's alone, would not fit)
     static const char *keys[R3D_NFIELDS] = {
         [R3D_TP_SENT] = "tp_sent", [R3D_DP_SENT] = "dp_sent", [R3D_PP_SENT] = "pp_sent",
         [R3D_PARAMS] = "mem_params", [R3D_ACTS_PEAK] = "acts_peak", [R3D_OPT_M] = "mem_opt_m",
@@ -97,6 +101,7 @@ void r3d_write_dump(const Session *s, const double *all) {
             snprintf(key, sizeof key, "%s_r%d", keys[k], r);
             results_set(&out, key, all[(size_t)r * R3D_NFIELDS + k]);
         }
+    results_set_peak(&out);
     results_write(s->args->dump, &out);
     results_free(&out);
 }
@@ -111,6 +116,7 @@ void r3d_print_links(const Session *s, const R3dView *v, int pp_first, double st
     CalcSetup cs = calc_setup_lab(v->dp, v->tp, v->pp, v->v, v->m, s->args->batch, s->T, v->zero,
                                   s->bf16 ? CALC_BF16 : CALC_FP32);
     cs.grid_order = pp_first ? CALC_ORDER_PP_FIRST : CALC_ORDER_TP_FIRST;
+    cs.fsdp = v->fsdp, cs.keep_gathered = v->keep_gathered;
     const CalcComm k = calc_rank_comm(&cm, &cs, g->c.p, g->c.d);
     const CalcTraffic *t[3] = {&k.tp, &k.dp, &k.pp};
     DistGroup *grp[3] = {g->tpg, g->dpg, g->ppg};
@@ -147,4 +153,72 @@ void r3d_print_links(const Session *s, const R3dView *v, int pp_first, double st
                1e3 * most[10 + i], 1e3 * most[3 + i], 1e3 * most[6 + i]);
     printf("  step %.3f ms measured (wall clock, all ranks); the planner's communication %.3f ms "
            "per step\n", 1e3 * most[9], 1e3 * (most[6] + most[7] + most[8]));
+}
+
+MemPrediction r3d_predict_memory(const void *ctx, const LabArgs *args, int batch, int rank) {
+    const R3dLayout *L = ctx;
+    const GPT2Config cfg = lab_args_config(args);
+    const int bf16 = strcmp(args->dtype, "bf16") == 0;
+    const GPT2Dtype dt = bf16 ? GPT2_BF16 : GPT2_FP32;
+    const double w = bf16 ? 2.0 : 4.0;
+    const int d = (rank / L->tp) % L->dp, p = rank / (L->tp * L->dp), t = rank % L->tp;
+    const int Bm = batch / (L->dp * L->m), S = L->pp * L->v, per = cfg.L / S;
+    // the model state: the calculator's, to the byte (the pieces ZeRO and FSDP keep)
+    const CalcModel cm = calc_model_from_gpt2(&cfg);
+    CalcSetup cs = calc_setup_lab(L->dp, L->tp, L->pp, L->v, L->m, batch, cfg.T, L->zero,
+                                  bf16 ? CALC_BF16 : CALC_FP32);
+    cs.fsdp = L->fsdp, cs.keep_gathered = L->keep_gathered;
+    const CalcBreakdown b = calc_rank_memory(&cm, &cs, p, d);
+    MemPrediction step = {b.params + b.grads + b.master + b.m + b.v, 0, 0};
+    // the activations: the most the table keeps at once (tp 1: gpt2's sets, 08's count), and
+    // what a TP slice's sets share (tp_build)
+    double shared = 0, whole = 0, unit_max = 0, units_all = 0;
+    double *set = calloc((size_t)L->v, sizeof(double));
+    int64_t *u = calloc((size_t)per + 3, sizeof(int64_t));
+    for (int c = 0; c < L->v; c++) {
+        const int vs = c * L->pp + p;
+        const TpShape sh = {.l0 = vs * per, .l1 = (vs + 1) * per, .tp = L->tp, .r = t, .sp = 0, .B = Bm, .T = cfg.T};
+        if (L->tp > 1) set[c] = (double)tp_acts_bytes(&cfg, sh, dt), shared += (double)tp_shared_bytes(&cfg, sh, dt);
+        whole += (double)calc_stage_params(&cm, L->tp, S, vs);
+        const int nu = calc_chunk_units(&cm, L->tp, S, vs, u);
+        for (int i = 0; i < nu; i++) {
+            units_all += (double)u[i];
+            if ((double)u[i] > unit_max) unit_max = (double)u[i];
+        }
+    }
+    if (L->tp == 1) {
+        step.acts = calc_pipe_peak_bytes_recompute(&cfg, L->s, p, Bm, cfg.T, dt, L->recompute) +
+                    L->v * calc_recompute_scratch_bytes(&cfg, Bm, cfg.T, L->recompute);
+    } else {
+        double cur = 0, most = 0;
+        for (int j = 0; j < L->s->nops[p]; j++) {
+            const PipeOp o = L->s->ops[p][j];
+            cur += o.kind == PIPE_F ? set[o.chunk] : o.kind == PIPE_B ? -set[o.chunk] : 0;
+            if (cur > most) most = cur;
+        }
+        step.acts = most + shared;
+    }
+    // a bf16 chunk's fp32 work buffers hold its largest piece (gpt2.c: the slice's embedding,
+    // one block, or the head with wte's rows), whichever chunk it is
+    int64_t *all = calloc((size_t)cfg.L + 3, sizeof(int64_t));
+    calc_chunk_units(&cm, L->tp, 1, 0, all);
+    const double head_piece = (double)((cfg.V + L->tp - 1) / L->tp) * cfg.C + 2.0 * cfg.C;
+    double piece = (double)(all[0] > all[1] ? all[0] : all[1]);
+    if (head_piece > piece) piece = head_piece;
+    free(set), free(u), free(all);
+    // the buffers: the batch, losses and kernels' scratch (a slice reads the batch in place; gpt2's
+    // sets copy it, every set alive), bf16's work buffers of each chunk, the executor's messages
+    // (2 v m of Bm·T·C floats, bf16 their wire copies), ZeRO-3 / FSDP's gathered units (the
+    // ops in the prefetch window: one more unit than ops, the head reading two; or every unit)
+    const double BT = (double)Bm * cfg.T, msg = BT * cfg.C, sets = (double)L->m * L->v;
+    step.buffers = mem_predict_scratch(&cfg, Bm, bf16, L->v * piece) +
+                   (L->tp == 1 ? (sets - 1.0) * 3.0 * BT * 4.0 : -3.0 * BT * 4.0) +
+                   2.0 * sets * msg * 4.0 + (bf16 ? (2.0 * sets + 1.0) * msg * 2.0 : 0.0);
+    if (L->zero == 3)
+        step.buffers += (L->keep_gathered ? units_all : (L->prefetch + 2.0) * unit_max) * w;
+    if (L->zero != 3) return step;  // (the setup allocates what the step holds, less)
+    // the setup: every chunk built whole (weights, gradients) before ZeRO-3 / FSDP cut it, its
+    // pieces, master and Adam's state allocated next to it
+    MemPrediction setup = {whole * 2.0 * w + b.params + b.master + b.m + b.v, shared, 0};
+    return mem_prediction_total(setup) > mem_prediction_total(step) ? setup : step;
 }

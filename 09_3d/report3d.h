@@ -6,6 +6,7 @@
 
 #include "gpt2.h"
 #include "grid3d.h"
+#include "mem_predict.h"
 #include "schedule.h"
 #include "session.h"
 
@@ -24,10 +25,26 @@ enum {
 // activation sets above the step's start (the executor's).
 typedef struct R3dView {
     const Grid *g;
-    int dp, tp, pp, v, m, zero;
+    int dp, tp, pp, v, m, zero;  // zero: 0 .. 3 (FSDP: 3 with fsdp)
+    int fsdp, keep_gathered;     // FSDP's layout; --reshard-after-forward 0
     int l0, l1;
     size_t acts_peak;
 } R3dView;
+
+// What a rank's memory is predicted from (before anything is allocated): the layout, the
+// schedule's table, the DP layer's choices.
+typedef struct R3dLayout {
+    int dp, tp, pp, v, m;
+    const Schedule *s;
+    int zero, fsdp, prefetch, keep_gathered;  // zero 3 with fsdp: FSDP (as R3dView)
+    GPT2Recompute recompute;                  // --recompute (tp 1 only): smaller sets, a scratch layer a chunk
+} R3dLayout;
+// World rank `rank`'s peak bytes (mem_predict.h) for a global batch of `batch`: its model state
+// from chapter 00's calculator (calc_rank_memory: the pieces ZeRO and FSDP keep, the whole
+// gradients), the larger of the setup (the chunks built whole, then cut) and the step: the
+// activation sets its table keeps at once (calc_pipe_peak_bytes at tp 1; tp.c's sets walked
+// op by op otherwise), the executor's messages, the gathered units of ZeRO-3 / FSDP, scratch.
+MemPrediction r3d_predict_memory(const void *ctx, const LabArgs *args, int batch, int rank);
 
 // The model, the layout and the schedule (simulated with tf = tb), before training (rank 0).
 void r3d_print_setup(const GPT2Config *cfg, const Schedule *s, int B, int dp, int tp, int Bm);

@@ -508,6 +508,29 @@ int64_t calc_stage_params(const CalcModel *m, int tp, int pp, int stage) {
     return n;
 }
 
+int calc_chunk_units(const CalcModel *m, int tp, int S, int vs, int64_t *sizes) {
+    LAB_CHECK(m->arch == CALC_ARCH_GPT2, "calc_chunk_units: GPT-2's units only");
+    int64_t split, repl;
+    layer_params(m, &split, &repl);
+    const int64_t C = m->C, vocab_rows = ceil_div(m->V, tp);
+    int n = 0;
+    if (vs == 0) sizes[n++] = vocab_rows * C + (int64_t)m->T * C;  // wte's rows, wpe
+    for (int l = 0; l < calc_stage_layers(m->L, S, vs); l++) sizes[n++] = split / tp + repl;
+    if (vs == S - 1) {
+        sizes[n++] = final_norm_params(m);
+        if (!m->tied || S > 1) sizes[n++] = vocab_rows * C;  // the output layer's (tied) copy
+    }
+    return n;
+}
+
+int64_t calc_unit_piece(const int64_t *sizes, int nunits, int u, int fsdp, int dp, int d) {
+    if (fsdp) return calc_piece(sizes[u], dp, d);
+    int64_t n = 0, at = 0;
+    for (int i = 0; i < nunits; i++) n += sizes[i];
+    for (int i = 0; i < u; i++) at += sizes[i];
+    return calc_range_piece(n, dp, d, at, at + sizes[u]);
+}
+
 int64_t calc_stage_replicated_params(const CalcModel *m, int S, int vs) {
     if (m->arch == CALC_ARCH_RAW) return 0;
     int64_t split, repl;
@@ -697,13 +720,20 @@ CalcBreakdown calc_rank_memory(const CalcModel *m, const CalcSetup *s, int stage
     for (int c = 0; c < v; c++) {
         int64_t n = m->arch == CALC_ARCH_RAW ? m->nparams : calc_stage_params(m, s->tp, S, c * s->pp + stage);
         psi += n;
-        piece += calc_piece(n, s->dp, replica);
+        if (s->fsdp && s->zero == 3 && m->arch == CALC_ARCH_GPT2) {  // piece d of every unit
+            int64_t *u = calloc((size_t)m->L + 3, sizeof(int64_t));
+            const int nu = calc_chunk_units(m, s->tp, S, c * s->pp + stage, u);
+            for (int i = 0; i < nu; i++) piece += calc_piece(u[i], s->dp, replica);
+            free(u);
+        } else {
+            piece += calc_piece(n, s->dp, replica);
+        }
     }
     // Which states are sharded is exercise 00.4's answer (it pads: ceil(psi / dp)); the runtime
     // cuts each chunk unevenly, so a sharded state holds this replica's pieces exactly.
     CalcShard sh = calc_zero_shard(psi, s->zero, s->dp);
     if (sh.params != psi) sh.params = piece;
-    if (sh.grads != psi) sh.grads = s->grads_whole && s->zero < 3 ? psi : piece;
+    if (sh.grads != psi) sh.grads = s->grads_whole ? psi : piece;
     if (sh.opt != psi) sh.opt = piece;
     b.params = (double)sh.params * bpp.params;
     b.grads = (double)sh.grads * bpp.grads;

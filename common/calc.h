@@ -131,6 +131,10 @@ typedef struct CalcSetup {
                         // pieces, the gradients written into buckets, as DeepSpeed's)
     int grid_order;     // where the ranks sit (calc_group_nodes): CALC_ORDER_TP_FIRST (0, chapter
                         // 09's grid: TP fastest, then DP, then PP) or CALC_ORDER_PP_FIRST
+    int fsdp;           // with zero 3: FSDP's layout (every unit of a chunk cut into dp pieces,
+                        // calc_chunk_units) instead of ZeRO-3's (the chunk's flat buffer cut)
+    int keep_gathered;  // with zero 3 and grads_whole: a unit gathered once per step (FSDP's
+                        // --reshard-after-forward 0), not around each forward and backward
 } CalcSetup;
 
 // Rank numbering of a DP x TP x PP grid; rank r sits on node r / gpus_per_node.
@@ -204,6 +208,16 @@ int64_t calc_stage_params(const CalcModel *m, int tp, int pp, int stage);
 // Parameters every TP rank of virtual stage vs (of S) replicates: its layers' norms (and GPT-2's
 // biases of row-parallel layers), the final norm on the last stage.
 int64_t calc_stage_replicated_params(const CalcModel *m, int S, int vs);
+// The units of the chunk of virtual stage vs of S on a TP rank of tp (GPT-2 only): the embedding
+// (wte's rows and wpe) on vs 0, one per layer, the head (the final norm) on vs S-1 and there,
+// when S > 1, the copy of the tied wte: the runtime's units (gpt2.h) in memory order. Fills
+// sizes (room for calc_stage_layers + 3) and returns the count; they sum to calc_stage_params.
+int calc_chunk_units(const CalcModel *m, int tp, int S, int vs, int64_t *sizes);
+// Elements replica d keeps of the chunk's units (sizes, n in all) under the lab's ZeRO-3
+// (fsdp 0: unit u's part of piece d of the chunk's flat buffer) or FSDP (fsdp 1: piece d of
+// unit u): what a rank sends for u is the unit but its own part (a reduce-scatter) or but the
+// next replica's (an all-gather).
+int64_t calc_unit_piece(const int64_t *sizes, int nunits, int u, int fsdp, int dp, int d);
 // Elements of piece d when n elements are cut into dp pieces, the first n % dp one longer.
 int64_t calc_piece(int64_t n, int dp, int d);
 // Elements of that piece d inside the range [lo, hi) of the n.
@@ -406,6 +420,7 @@ typedef struct CalcCliArgs {
     const char *dims;       // --dims "L=..,C=..,NH=..,..." (NULL = not given)
     const char *optimizer;  // --optimizer adam|sgd
     int zero;               // --zero 0..3
+    int fsdp;               // --fsdp (with a lab --layout: chapter 09's FSDP, CalcSetup.fsdp)
     int dp, tp, pp;         // --dp --tp --pp
     int seq_parallel;       // --seq-parallel
     int micro_batch;        // --micro-batch (0: --batch for the lab model, else 1)

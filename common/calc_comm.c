@@ -8,6 +8,7 @@
 // (reduce-scatter: all but its own, all-gather: all but the next rank's), a send its bytes, a
 // broadcast's root its bytes once. Latencies: a ring all-reduce is 2(n-1) hops, a
 // reduce-scatter or all-gather n-1, a send 1.
+#include <stdlib.h>
 #include <string.h>
 #include "calc.h"
 #include "check.h"
@@ -67,6 +68,31 @@ static void all_reduce(CalcTraffic *t, int per_mb, double bytes, int n) {
     if (n > 1) add(t, per_mb, calc_ring_all_reduce_bytes(bytes, n), 2.0 * (n - 1));
 }
 
+// Chapter 09's ZeRO-3 and FSDP on the chunk of virtual stage vs (dp > 1): every unit
+// reduce-scattered after each micro-batch (ZeRO-2's rule, unit by unit), but the one holding an
+// end of the tied wte once per step, after the ends' sum; and all-gathered around its uses: per
+// micro-batch a block and the head twice (forward, backward), the tied copy twice (the head's
+// forward and backward), the embedding once, and twice more on a chunk that is also the head's
+// (the head's forward and backward read its wte); keep_gathered: every unit once per step.
+static void sharded_units(CalcTraffic *t, const CalcModel *m, const CalcSetup *s, int vs, int replica,
+                          double w) {
+    const int dp = s->dp, S = s->pp * (s->chunks > 1 ? s->chunks : 1);
+    const int first = vs == 0, last = vs == S - 1;
+    int64_t *u = calloc((size_t)m->L + 3, sizeof(int64_t));
+    const int nu = calc_chunk_units(m, s->tp, S, vs, u);
+    const int wte = first ? 0 : nu - 1, tied = m->tied && first != last;
+    for (int i = 0; i < nu; i++) {
+        const double mine = (double)calc_unit_piece(u, nu, i, s->fsdp, dp, replica);
+        const double next = (double)calc_unit_piece(u, nu, i, s->fsdp, dp, (replica + 1) % dp);
+        const double rs = ((double)u[i] - mine) * w, ag = ((double)u[i] - next) * w;
+        add(t, !(tied && i == wte), rs, dp - 1);
+        const int gathers = first && i == 0 ? 1 + 2 * last : 2;
+        if (s->keep_gathered) add(t, 0, ag, dp - 1);
+        else add(t, 1, gathers * ag, gathers * (dp - 1.0));
+    }
+    free(u);
+}
+
 CalcComm calc_rank_comm(const CalcModel *m, const CalcSetup *s, int stage, int replica) {
     const char *err = calc_setup_check(m, s);
     LAB_CHECK(err == NULL, "calc_rank_comm: %s", err);
@@ -112,7 +138,8 @@ CalcComm calc_rank_comm(const CalcModel *m, const CalcSetup *s, int stage, int r
             if (s->zero == 1) add(&k.dp, 0, rs + ag, 2.0 * (dp - 1));
             if (s->zero == 2)
                 add(&k.dp, 1, rs_rest, dp - 1), add(&k.dp, 0, rs_tied + ag, ((tied > 0) + 1.0) * (dp - 1));
-            if (s->zero == 3) add(&k.dp, 1, rs + 2 * ag, 3.0 * (dp - 1));
+            if (s->zero == 3 && !s->grads_whole) add(&k.dp, 1, rs + 2 * ag, 3.0 * (dp - 1));
+            if (s->zero == 3 && s->grads_whole) sharded_units(&k.dp, m, s, vs, replica, w);
         }
         // PP, per micro-batch: the activation to the next virtual stage, the gradient back
         if (pp > 1) {

@@ -9,7 +9,7 @@
 
 #include "check.h"
 
-#define RESULTS_MAX_KV 64
+#define RESULTS_MAX_KV 72  // 09's 8 ranks x 8 figures, and the memory peak and prediction
 
 typedef struct RunResults {
     int nsteps;

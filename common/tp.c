@@ -263,15 +263,17 @@ void tp_block_run(TpBlockRun *b, GPT2 *m, GPT2Acts *a, int l) {
     block_begin(b, &p, m, a, l, NULL, NULL, 1);
 }
 
-void tp_embed_forward(GPT2 *m, GPT2Acts *a, TpComm *c) {
+void tp_embed_forward(GPT2 *m, GPT2Acts *a, TpComm *c) { tp_embed_forward_w(m, a, c, NULL); }
+
+void tp_embed_forward_w(GPT2 *m, GPT2Acts *a, TpComm *c, const void *embed_w) {
     if (own_path(m)) {
-        gpt2_embed_forward_w(m, a, NULL);
+        gpt2_embed_forward_w(m, a, embed_w);
         return;
     }
     const TpVocab tv = tp_vocab(m->cfg.V, m->tp, m->tp_rank);
     const int B = a->B, T = a->T, C = m->cfg.C;
     GPT2Piece p;
-    gpt2_piece_embed(&p, m, NULL, NULL, 0);
+    gpt2_piece_embed(&p, m, embed_w, NULL, 0);
     float *w[2] = {0};  // the unit: wte's Vl rows, then wpe
     gpt2_piece_weights(m, &p, w);
     const float *wpe = c->rank == 0 ? w[0] + (size_t)tv.Vl * C : NULL;
@@ -419,13 +421,15 @@ void tp_block_backward(GPT2 *m, GPT2Acts *a, TpComm *c, int l, const void *block
     gpt2_piece_grads_done(m, &p);
 }
 
-float tp_head_forward(GPT2 *m, GPT2Acts *a, TpComm *c) {
-    if (own_path(m)) return gpt2_head_forward_w(m, a, NULL, NULL);
+float tp_head_forward(GPT2 *m, GPT2Acts *a, TpComm *c) { return tp_head_forward_w(m, a, c, NULL, NULL); }
+
+float tp_head_forward_w(GPT2 *m, GPT2Acts *a, TpComm *c, const void *wte, const void *head_w) {
+    if (own_path(m)) return gpt2_head_forward_w(m, a, wte, head_w);
     LAB_CHECK(a->has_targets, "tp_head_forward: the batch has no targets");
     const TpVocab tv = tp_vocab(m->cfg.V, m->tp, m->tp_rank);
     const int N = a->B * a->T, C = m->cfg.C;
     GPT2Piece p;
-    gpt2_piece_head(&p, m, NULL, NULL, NULL, NULL, 0);
+    gpt2_piece_head(&p, m, wte, head_w, NULL, NULL, 0);
     const float *x = gpt2_piece_input(m, a, m->l1);  // the last block's output
     float *w[2] = {0};  // wte's rows; lnfw, lnfb
     gpt2_piece_weights(m, &p, w);
@@ -442,14 +446,19 @@ float tp_head_forward(GPT2 *m, GPT2Acts *a, TpComm *c) {
 }
 
 void tp_head_backward(GPT2 *m, GPT2Acts *a, TpComm *c, float dloss) {
+    tp_head_backward_w(m, a, c, dloss, NULL, NULL);
+}
+
+void tp_head_backward_w(GPT2 *m, GPT2Acts *a, TpComm *c, float dloss, const void *wte,
+                        const void *head_w) {
     if (own_path(m)) {
-        gpt2_head_backward_w(m, a, dloss, NULL, NULL, NULL, NULL);
+        gpt2_head_backward_w(m, a, dloss, wte, head_w, NULL, NULL);
         return;
     }
     const TpVocab tv = tp_vocab(m->cfg.V, m->tp, m->tp_rank);
     const int N = a->B * a->T, C = m->cfg.C;
     GPT2Piece p;
-    gpt2_piece_head(&p, m, NULL, NULL, NULL, NULL, 1);
+    gpt2_piece_head(&p, m, wte, head_w, NULL, NULL, 1);
     const float *x = gpt2_piece_input(m, a, m->l1);
     float *w[2] = {0}, *g[2] = {0};
     gpt2_piece_weights(m, &p, w);

@@ -157,6 +157,15 @@ void tp_sp_grads_all_reduce(GPT2 *m, TpComm *c);
 float tp_forward(GPT2 *m, GPT2Acts *a, TpComm *c);
 void tp_backward(GPT2 *m, GPT2Acts *a, TpComm *c, float dloss);
 
+// The same three pieces on a caller's weights (a unit gathered from its DP pieces: 09's ZeRO-3
+// and FSDP), in the model's dtype: embed_w the EMBED unit (wte's rows, then wpe), wte the (Vl, C)
+// output-layer rows and head_w the HEAD unit (lnfw, lnfb); NULL: the model's own. The gradients
+// go to the model's own buffer, as above.
+void tp_embed_forward_w(GPT2 *m, GPT2Acts *a, TpComm *c, const void *embed_w);
+float tp_head_forward_w(GPT2 *m, GPT2Acts *a, TpComm *c, const void *wte, const void *head_w);
+void tp_head_backward_w(GPT2 *m, GPT2Acts *a, TpComm *c, float dloss, const void *wte,
+                        const void *head_w);
+
 // ---- the clipping norm -----------------------------------------------------------------------------
 
 // Σ g² over elements [lo, hi) of m's flat buffer, read from g (hi - lo elements of the model's

@@ -13,9 +13,10 @@
 
 static void fill_counts(ZeroLayout *z);
 
-// What both layouts share: the model's units, in memory order, and no pieces yet.
+// What both layouts share: the model's units, in memory order, and no pieces yet. m may be a
+// part of the model (09's chunks: a TP slice of some blocks): its own units, its own offsets.
 static void layout_begin(ZeroLayout *z, const GPT2 *m, int N, int r, int flat) {
-    LAB_CHECK(m->l0 == 0 && m->l1 == m->cfg.L, "ZeRO partitions the full model");
+    LAB_CHECK(m->nunits > 0 && m->units, "ZeRO partitions a model's units: none here");
     memset(z, 0, sizeof *z);
     z->N = N;
     z->r = r;

@@ -44,7 +44,8 @@ typedef struct ZeroLayout {
                           // (a layout built by hand: computed from N, n, flat and the units)
 } ZeroLayout;
 
-// The layout of model m (full model) over N parts, as seen by part r.
+// The layout of model m (the full model, or any part of it: its units, its offsets; 09's chunks)
+// over N parts, as seen by part r.
 // zero_layout_init: by unit (piece r of every unit); zero_layout_init_flat: the flat buffer in N
 // shards, my pieces the units' intersections with mine.
 void zero_layout_init(ZeroLayout *z, const GPT2 *m, int N, int r);

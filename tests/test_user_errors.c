@@ -53,7 +53,7 @@ static const Chapter CHAPTERS[] = {
     {"06", "./06_fsdp/run", 2, 1},
     {"07", "./07_tensor_parallel/run --tp 2", 2, 1},
     {"08", "./08_pipeline/run", 2, 1},
-    {"09", "./09_3d/run --tp 1 --pp 2", 2, 0},
+    {"09", "./09_3d/run --tp 1 --pp 2", 2, 1},
 };
 
 #define MODEL "--layers 2 --channels 32 --heads 2 --seq 16 --batch 8 --steps 4"
