@@ -334,9 +334,9 @@ static void setup(Run3d *r, Session *s, const LabArgs *args, const Flags3d *f) {
     LAB_CHECK(!r->sched.split, "09_3d: the zb schedule (split backward) is not wired to TP stages");
     dpl_check(&f->dpo, r->sched.split);
     if (f->recompute != GPT2_RECOMPUTE_NONE && (f->dpo.zero == 3 || f->dpo.fsdp))
-        lab_fail_collective("--recompute %s with %s: a block's recomputation reads the chunk's own "
-                            "weights, not a gathered unit; recomputation is offered here over DP with "
-                            "--zero 0, 1 or 2", gpt2_recompute_name(f->recompute),
+        lab_fail_collective("--recompute %s with %s: recomputation is not wired to the units ZeRO-3 "
+                            "and FSDP gather and free; it is offered here over DP with --zero 0, 1 "
+                            "or 2 (at --tp 1)", gpt2_recompute_name(f->recompute),
                             f->dpo.fsdp ? "--fsdp" : "--zero 3");
     if (f->recompute != GPT2_RECOMPUTE_NONE && tp > 1)
         lab_fail_collective("--recompute %s with --tp %d: a TP slice's pieces (common/tp.c) do not "
