@@ -108,6 +108,7 @@ typedef struct Stage {
     int *inputs, *targets;
     float dloss;           // every micro-batch's loss counts 1/m: 1 / (Bm·T·m) (ZeRO-2: / dp)
     size_t BTC;
+    int split;             // ZB-H1: B is the input gradient only, W (the weight gradients) later
 } Stage;
 
 // micro-batch mb: rows [row0 + mb·Bm, +Bm) of the step's global batch (this replica's)
@@ -121,6 +122,7 @@ static float *stage_f_begin(void *ctx, int chunk, int mb) {
     Chunk *c = &w->ch[chunk];
     GPT2Acts *a = lab_xcalloc(1, sizeof(GPT2Acts));
     tp_acts_alloc(a, &c->m);
+    if (w->split) tp_acts_alloc_split(a, &c->m);
     c->acts[mb] = a;
     stage_batch(w, mb);
     gpt2_acts_set_batch(&c->m, a, w->inputs, c->m.has_head ? w->targets : NULL);
@@ -146,9 +148,26 @@ static void stage_backward(void *ctx, int chunk, int mb, float *din) {
     Stage *w = ctx;
     GPT2 *m = &w->ch[chunk].m;
     GPT2Acts *a = w->ch[chunk].acts[mb];
-    tp_backward(m, a, w->comm, w->dloss);
+    if (!w->split) tp_backward(m, a, w->comm, w->dloss);
+    else tp_backward_input(m, a, w->comm, w->dloss);  // B: the input gradient; the blocks' W later
     if (din) mem_copy(din, gpt2_acts_dinput(a), w->BTC * sizeof(float));
+    if (w->split) {
+        tp_acts_keep_for_w(a, m);  // (tp 1: the set shrinks to what W reads, as in 08)
+        return;
+    }
     dpl_after_backward(w->dp, chunk);  // ZeRO-2: this micro-batch's gradient reduce-scattered
+    gpt2_acts_free(a);
+    free(a);
+    w->ch[chunk].acts[mb] = NULL;
+}
+
+// W: the blocks' weight gradients of micro-batch mb (no communication in TP), then ZeRO-2's
+// reduce-scatter of what the chunk's buffer holds.
+static void stage_weights(void *ctx, int chunk, int mb) {
+    Stage *w = ctx;
+    GPT2Acts *a = w->ch[chunk].acts[mb];
+    tp_backward_weights(&w->ch[chunk].m, a);
+    dpl_after_backward(w->dp, chunk);
     gpt2_acts_free(a);
     free(a);
     w->ch[chunk].acts[mb] = NULL;
@@ -298,7 +317,6 @@ static void setup(Run3d *r, Session *s, const LabArgs *args, const Flags3d *f) {
     char err[256];
     if (sched_check(&r->sched, err, sizeof err) != 0)
         lab_fail_collective("schedule %s: %s", r->sched.name, err);
-    LAB_CHECK(!r->sched.split, "09_3d: the zb schedule (split backward) is not wired to TP stages");
     dpl_check(f->zero);
     // Where and in which precision the chunks live (tp.h's top: bf16 stores the weights,
     // gradients and the blocks' saved activations in bf16, the master and Adam in fp32, and
@@ -335,11 +353,12 @@ static void setup(Run3d *r, Session *s, const LabArgs *args, const Flags3d *f) {
     r->work = (Stage){.ch = ch, .dp = &r->dpl, .comm = &r->comm, .data = &s->data, .B = B, .Bm = Bm, .T = T,
                       .row0 = row0, .inputs = s->inputs, .targets = s->targets,
                       .dloss = 1.0f / ((float)Bm * (float)T * (float)m * (float)dpl_loss_divisor(&r->dpl)),
-                      .BTC = (size_t)Bm * T * cfg.C};
+                      .BTC = (size_t)Bm * T * cfg.C, .split = r->sched.split};
     // bf16: the stage boundary messages travel as bf16 (08's executor): the activation is a
     // stored bf16 layer already (no loss), the gradient is rounded once per boundary
     pipe_exec_init(&r->x, &r->sched,
-                   (PipeWork){&r->work, stage_f_begin, stage_forward, stage_b_begin, stage_backward, NULL},
+                   (PipeWork){&r->work, stage_f_begin, stage_forward, stage_b_begin, stage_backward,
+                              stage_weights},
                    r->grid.ppg, p, r->work.BTC, dtype == GPT2_BF16, ch[0].m.k, s->dev);
     if (!args->quiet) grid_print(stdout, &r->grid);
     if (!args->quiet && s->rank == 0) r3d_print_setup(&cfg, &r->sched, B, dp, tp, Bm);
@@ -415,8 +434,8 @@ int main(int argc, char **argv) {
          "pipeline stages; pp x chunks must divide --layers"},
         {"--dp", FLAG_INT, &f.dp, 0, 1 << 20, NULL,
          "data-parallel replicas (0: ranks / (tp x pp)); dp x tp x pp must equal the ranks"},
-        {"--schedule", FLAG_CHOICE, &f.schedule, 0, 0, "gpipe|1f1b|interleaved",
-         "the pipeline schedule (08's tables)"},
+        {"--schedule", FLAG_CHOICE, &f.schedule, 0, 0, "gpipe|1f1b|interleaved|zb",
+         "the pipeline schedule (08's tables; zb: ZB-H1, the backward split: B the input gradient, W the weight gradients)"},
         {"--micro-batches", FLAG_INT, &f.m, 1, 10000, NULL,
          "m: micro-batches per step per replica (dp x m must divide --batch)"},
         {"--chunks", FLAG_INT, &f.v, 1, 64, NULL, "v: chunks of layers per stage (interleaved)"},
