@@ -85,6 +85,7 @@ typedef struct Flags3d {
     const char *schedule;
     int m, v;              // micro-batches per step (per replica), chunks per rank
     int zero;              // over DP: 0 DDP's average, 1 ZeRO-1, 2 ZeRO-2 (dp.h)
+    int sp;                // --sequence-parallel: chapter 07's SP inside every TP stage
 } Flags3d;
 
 // One chunk of layers on this rank: its TP slice of the chunk's blocks (a GPT2) and the
@@ -309,6 +310,12 @@ static void setup(Run3d *r, Session *s, const LabArgs *args, const Flags3d *f) {
     if (strcmp(f->schedule, "interleaved") != 0 && v != 1)
         lab_fail_collective("--chunks %d needs --schedule interleaved (the other schedules run one "
                             "chunk per rank)", v);
+    if (f->sp && tp == 1)
+        lab_fail_collective("--sequence-parallel splits each sequence over the ranks of a TP group, "
+                            "and --tp 1 has one rank: nothing to split. Use --tp 2 or more (a "
+                            "divisor of the %d heads whose TP groups fit the %d ranks), or leave "
+                            "--sequence-parallel out", cfg.NH, world);
+    if (f->sp) tp_check_sequence_parallel(T, tp);
     if (B % (dp * m) != 0)
         lab_fail_collective("--batch %d does not split into %d replicas x %d micro-batches; use a "
                             "multiple of %d", B, dp, m, dp * m);
@@ -339,7 +346,7 @@ static void setup(Run3d *r, Session *s, const LabArgs *args, const Flags3d *f) {
     for (int c = 0; c < v; c++) {
         ch[c].vs = c * pp + p;
         const TpShape shape = {.l0 = ch[c].vs * per, .l1 = (ch[c].vs + 1) * per, .tp = tp,
-                               .r = r->grid.c.t, .sp = 0, .B = Bm, .T = T};
+                               .r = r->grid.c.t, .sp = f->sp, .B = Bm, .T = T};
         tp_build(&ch[c].m, cfg, s->dev, dtype, shape, (uint64_t)args->seed);
         ch[c].acts = lab_xcalloc((size_t)m, sizeof(GPT2Acts *));
     }
@@ -353,9 +360,10 @@ static void setup(Run3d *r, Session *s, const LabArgs *args, const Flags3d *f) {
     r->work = (Stage){.ch = ch, .dp = &r->dpl, .comm = &r->comm, .data = &s->data, .B = B, .Bm = Bm, .T = T,
                       .row0 = row0, .inputs = s->inputs, .targets = s->targets,
                       .dloss = 1.0f / ((float)Bm * (float)T * (float)m * (float)dpl_loss_divisor(&r->dpl)),
-                      .BTC = (size_t)Bm * T * cfg.C, .split = r->sched.split};
+                      .BTC = (size_t)Bm * (T / (f->sp ? tp : 1)) * cfg.C, .split = r->sched.split};
     // bf16: the stage boundary messages travel as bf16 (08's executor): the activation is a
-    // stored bf16 layer already (no loss), the gradient is rounded once per boundary
+    // stored bf16 layer already (no loss), the gradient is rounded once per boundary. Under
+    // SP a stage's stream is this rank's T/t positions: each TP rank sends its part only.
     pipe_exec_init(&r->x, &r->sched,
                    (PipeWork){&r->work, stage_f_begin, stage_forward, stage_b_begin, stage_backward,
                               stage_weights},
@@ -395,6 +403,9 @@ static void train(const LabArgs *args, const Flags3d *f) {
         r.work.step = step;
         double loss_sum = pipe_exec_step(&r.x);
         if (session_nan_due(&s, step, s.N - 1)) session_poison(dpl_grad_first(&r.dpl), s.bf16);
+        // 1b. SP: the replicated tensors' partial gradients (LayerNorms, row-parallel biases: each
+        //     TP rank saw its positions only) summed over the TP group, once per step.
+        for (int c = 0; f->sp && c < v; c++) tp_sp_grads_all_reduce(&ch[c].m, &r.comm);
         // 2. The tied wte's two copies: their gradients summed across the pipeline.
         sync_tied_wte(ch, v, grid->c.p, pp, grid->ppg);
         // 3. The step's loss: the last stage's mean over micro-batches, over replicas, to rank 0.
@@ -413,7 +424,7 @@ static void train(const LabArgs *args, const Flags3d *f) {
     //    before the final checkpoint and weights move anything), memory per rank; the --dump.
     double mine[R3D_NFIELDS];
     r3d_figures(&s, &(R3dView){grid, r.dp, f->tp, pp, v, m, f->zero, ch[0].m.l0,
-                               ch[v - 1].m.l1, r.x.acts_peak}, mine);
+                               ch[v - 1].m.l1, r.x.acts_peak, f->sp}, mine);
     double *all = session_gather_report(&s, mine, R3D_NFIELDS);
     session_finish(&s);  // the final checkpoint, the final weights on rank 0, --save-weights
     if (s.rank == 0 && !args->quiet) r3d_print_table(all, s.N, v, s.bf16);
@@ -443,6 +454,9 @@ int main(int argc, char **argv) {
          "over DP: 0 DDP's all-reduce; 1 ZeRO-1 (reduce-scatter the gradients, AdamW on this "
          "replica's piece with m, v for it only, all-gather the weights); 2 ZeRO-2 (the same, the "
          "gradients reduce-scattered after every micro-batch, only the piece accumulating)"},
+        {"--sequence-parallel", FLAG_BOOL, &f.sp, 0, 1, NULL,
+         "sequence parallelism in every TP stage (chapter 07): LayerNorms and residuals on T/tp "
+         "positions per rank, g a reduce-scatter and f an all-gather; needs --tp > 1 dividing --seq"},
     };
     lab_parse_args_for(LAB_FLAGS_MODEL | LAB_FLAGS_TRAINING | LAB_FLAGS_HARDWARE | LAB_FLAGS_OUTPUT |
                            LAB_FLAGS_RELIABILITY | LAB_FLAGS_KILL,

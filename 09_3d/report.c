@@ -35,8 +35,9 @@ void r3d_figures(const Session *s, const R3dView *v, double mine[R3D_NFIELDS]) {
     // the norm's parts); PP an activation forward and a gradient back per micro-batch and
     // boundary, the tied wte's gradient, the norm, the loss
     const CalcModel cm = calc_model_from_gpt2(&s->cfg);
-    const CalcSetup cs = calc_setup_lab(v->dp, v->tp, v->pp, v->v, v->m, s->args->batch, s->T,
+    CalcSetup cs = calc_setup_lab(v->dp, v->tp, v->pp, v->v, v->m, s->args->batch, s->T,
                                         v->zero, s->bf16 ? CALC_BF16 : CALC_FP32);
+    cs.sp = v->sp;
     const CalcComm k = calc_rank_comm(&cm, &cs, g->c.p, g->c.d);
     mine[R3D_TP_SENT] = (double)dist_group_bytes_sent(g->tpg) / nsteps;
     mine[R3D_DP_SENT] = (double)dist_group_bytes_sent(g->dpg) / nsteps;

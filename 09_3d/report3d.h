@@ -27,6 +27,7 @@ typedef struct R3dView {
     int dp, tp, pp, v, m, zero;
     int l0, l1;
     size_t acts_peak;
+    int sp;                // --sequence-parallel
 } R3dView;
 
 // The model, the layout and the schedule (simulated with tf = tb), before training (rank 0).

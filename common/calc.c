@@ -426,9 +426,9 @@ const char *calc_setup_check(const CalcModel *m, const CalcSetup *s) {
     if (s->chunks < 0) return msg("--chunks %d: must be 0 or more (chunks per pipeline rank; 0 and 1: one)", s->chunks);
     if (s->acts != CALC_ACTS_PAPER && s->acts != CALC_ACTS_LAB)
         return msg("activation model %d: unknown (valid: paper, lab)", s->acts);
-    if (s->acts == CALC_ACTS_LAB && (s->sp || s->recompute != CALC_RECOMPUTE_NONE))
-        return msg("the lab's activation list (chapter 09's run) has no sequence parallelism and "
-                   "no recomputation: drop --seq-parallel and --recompute");
+    if (s->acts == CALC_ACTS_LAB && s->recompute != CALC_RECOMPUTE_NONE)
+        return msg("the lab's activation list (chapter 09's run) has no recomputation: drop "
+                   "--recompute");
     if (m->arch == CALC_ARCH_RAW) {
         if (s->tp > 1 || s->pp > 1 || s->chunks > 1)
             return msg("--tp %d --pp %d --chunks %d: splitting a model across TP/PP ranks needs "
@@ -535,7 +535,11 @@ double calc_layer_activation_bytes(const CalcModel *m, const CalcSetup *cs) {
         // before proj, the two residuals, fcproj's output (6 N*h, replicated over TP); q, k, v,
         // the heads' output, fc and GELU's 4h (12 N*h / t, split by heads and columns); ln1's
         // and ln2's mean and rstd (4 N); the pre-softmax scores and the softmax, (b, a/t, s, s).
+        // Sequence parallel (tp.c's SP block): ln1's and ln2's outputs are kept gathered (2 N*h),
+        // the residuals and the LayerNorms' statistics on the rank's N/t rows, and the partial
+        // sums of proj and fcproj are not kept (they live in the model's scratch).
         double N = b * s;
+        if (cs->sp) return w * (2 * N * h + 2 * N * h / t + 4 * N / t + 12 * N * h / t + 2 * b * (a / t) * s * s);
         return w * (6 * N * h + 4 * N + 12 * N * h / t + 2 * b * (a / t) * s * s);
     }
     // EXERCISE 00.2 Activation memory -> 00_memory_budget/README.md#exercise-002-activation-memory
@@ -573,9 +577,11 @@ static double chunk_set_bytes(const CalcModel *m, const CalcSetup *s, int stage,
         // target logit and loss (6 N), the logits and their softmax over the rank's
         // vocabulary rows (2 N V/t)
         // (kept in fp32 also in a bf16 run: only the blocks' saved sets are stored in bf16)
-        const double Vl = (double)((m->V + s->tp - 1) / s->tp);
-        acts += 4 * 2 * N * h;
-        if (vs == S - 1) acts += 4 * (2 * N * h + 6 * N + 2 * N * Vl);
+        // SP: the stream (input and gradient) on the rank's N/t rows; the head adds lnf's
+        // output on those rows (N*h/t) and keeps lnf's statistics for them only
+        const double Vl = (double)((m->V + s->tp - 1) / s->tp), r = s->sp ? N / t : N;
+        acts += 4 * 2 * r * h;
+        if (vs == S - 1) acts += 4 * (2 * N * h + (s->sp ? r * h : 0) + 2 * r + 4 * N + 2 * N * Vl);
     } else if (vs == S - 1) {
         double norm = 2 * w * N * h;                // final norm input and output
         double logits = 4.0 * N * m->V;             // fp32 logits for the loss
