@@ -802,8 +802,10 @@ Test(calc, bad_layout_setups_refused) {
     s = calc_setup_lab(1, 1, 2, 2, 3, 6, 16, 0, CALC_FP32);   // interleaved: m must be a multiple of pp
     assert_msg(calc_setup_check(&m, &s), "must be a multiple of --pp 2 (valid: 2, 4, ...)");
     s = calc_setup_lab(2, 2, 1, 1, 2, 8, 16, 0, CALC_FP32);
-    s.sp = 1;                                      // the lab's stage has no SP
-    assert_msg(calc_setup_check(&m, &s), "drop --seq-parallel");
+    s.recompute = CALC_RECOMPUTE_FULL;             // the lab's stage does not recompute
+    assert_msg(calc_setup_check(&m, &s), "drop --recompute");
+    s.recompute = CALC_RECOMPUTE_NONE, s.sp = 1;   // SP: 09's TP stages run it
+    cr_assert_null(calc_setup_check(&m, &s), "the lab's SP stage passes");
     s = calc_setup_lab(2, 2, 1, 1, 2, 8, 16, 0, CALC_FP32);
     s.chunks = -1;
     assert_msg(calc_setup_check(&m, &s), "--chunks -1");
