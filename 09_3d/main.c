@@ -10,7 +10,12 @@
 //     micro-batch receives the stage's input from p-1 (or embeds the tokens), runs its TP
 //     blocks (each with its g all-reduces in the TP group) and sends the output to p+1; B
 //     receives the gradient of the output (or starts from the vocab-parallel loss), runs the
-//     blocks' backward (the f all-reduces) and sends the gradient of its input to p-1;
+//     blocks' backward (the f all-reduces) and sends the gradient of its input to p-1; with
+//     --schedule zb (ZB-H1) B is the input gradient only (every f and g collective in it) and
+//     W, later, the blocks' weight gradients, locally (tp.h's split backward);
+//   - --sequence-parallel: chapter 07's SP inside every TP stage: the stream between blocks (and
+//     the PP messages) is this rank's T/t positions; the replicated tensors' partial gradients
+//     are summed over TP once per step;
 //   - every micro-batch's loss counts 1/m, each replica's 1/dp: the gradient of the mean;
 //   - DP (dp.h): the gradients of every stage are averaged over its DP group (ranks with the
 //     same t, p); --zero 1 reduce-scatters them (ZeRO-1), --zero 2 after every micro-batch;
@@ -61,6 +66,13 @@ static const char *USAGE =
     "                                                     over the 2 replicas (chapter 05)\n"
     "  mpirun -np 8 ./09_3d/run --tp 2 --pp 2 --zero 2    ZeRO-2: the gradients reduce-scattered\n"
     "                                                     after every micro-batch as well\n"
+    "  mpirun -np 8 ./09_3d/run --tp 2 --pp 2 --schedule zb --micro-batches 4\n"
+    "                                                     ZB-H1 (chapter 08): each TP stage's backward\n"
+    "                                                     split, B the input gradient (f, g collectives),\n"
+    "                                                     W the weight gradients later (local)\n"
+    "  mpirun -np 8 ./09_3d/run --tp 2 --pp 2 --sequence-parallel\n"
+    "                                                     SP in every TP stage (chapter 07): norms and\n"
+    "                                                     residuals on T/tp positions; PP sends them\n"
     "  mpirun -np 8 ./09_3d/run --tp 8 --pp 1 --heads 8   TP alone (chapter 07)\n"
     "  mpirun -np 1 ./09_3d/run                           one rank: chapter 00's training\n"
     "  mpirun -np 8 ./09_3d/run --tp 2 --pp 2 --dtype bf16\n"
@@ -78,7 +90,8 @@ static const char *USAGE =
     "It prints the grid (which rank is which coordinate and in which groups), the schedule, and\n"
     "after training each dimension's bytes per step against its formula and the memory per rank.\n"
     "Needs: dp x tp x pp = ranks, tp dividing --heads, pp x chunks dividing --layers, --batch\n"
-    "divisible by dp x micro-batches.\n";
+    "divisible by dp x micro-batches; --chunks > 1 with --schedule interleaved only;\n"
+    "--sequence-parallel with --tp > 1 dividing --seq. Every schedule composes with SP and --zero.\n";
 
 typedef struct Flags3d {
     int tp, pp, dp;        // dp 0: world / (tp·pp)
