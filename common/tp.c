@@ -239,22 +239,30 @@ static GPT2LayerActs layer_of(const GPT2 *m, const GPT2Acts *a, int l, const TpS
     return x;
 }
 
-// Block l's run: its piece's weights (and gradients: with_grads) as fp32, its tensors.
-static void block_begin(TpBlockRun *b, GPT2Piece *p, GPT2 *m, GPT2Acts *a, int l, const void *w,
-                        void *g, int with_grads) {
+// Block l's run: its piece's weights (unless a split backward's W, which reads none: with_w 0)
+// and gradients (with_grads) as fp32, its tensors.
+static void block_begin_w(TpBlockRun *b, GPT2Piece *p, GPT2 *m, GPT2Acts *a, int l, const void *w,
+                          void *g, int with_w, int with_grads) {
     memset(b, 0, sizeof *b);
     b->k = m->k, b->B = a->B, b->T = a->T, b->N = a->B * a->T;
     b->d = tp_block_dims(m->cfg.C, m->cfg.NH, m->tp);
-    gpt2_piece_block(p, m, l, w, g, 1, with_grads);
+    gpt2_piece_block(p, m, l, w, g, with_w, with_grads);
     float *wv[2] = {0}, *gv[2] = {0};
-    gpt2_piece_weights(m, p, wv);
-    b->w = gpt2_block_weights(&b->d, wv[0]);
+    if (with_w) {
+        gpt2_piece_weights(m, p, wv);
+        b->w = gpt2_block_weights(&b->d, wv[0]);
+    }
     if (with_grads) {
         gpt2_piece_grads(m, p, gv);
         b->dw = gpt2_block_weights(&b->d, gv[0]);
     }
     b->s = scratch_of(m);
     b->x = layer_of(m, a, l, &b->s);
+}
+
+static void block_begin(TpBlockRun *b, GPT2Piece *p, GPT2 *m, GPT2Acts *a, int l, const void *w,
+                        void *g, int with_grads) {
+    block_begin_w(b, p, m, a, l, w, g, 1, with_grads);
 }
 
 void tp_block_run(TpBlockRun *b, GPT2 *m, GPT2Acts *a, int l) {
@@ -471,14 +479,14 @@ void tp_acts_keep_for_w(GPT2Acts *a, const GPT2 *m) {
 // B of block l: tp_block_backward's input-gradient half, op for op, every f and g collective
 // where the input gradient needs it; the intermediate gradients W reads land in the set's wsave
 // (the kernels' weight-gradient arguments NULL: B writes no weight gradient).
-void tp_block_backward_input(GPT2 *m, GPT2Acts *a, TpComm *c, int l) {
+void tp_block_backward_input(GPT2 *m, GPT2Acts *a, TpComm *c, int l, const void *block_w) {
     if (own_path(m)) {
-        gpt2_block_backward_input(m, a, l, NULL);
+        gpt2_block_backward_input(m, a, l, block_w);
         return;
     }
     TpBlockRun b;
     GPT2Piece p;
-    block_begin(&b, &p, m, a, l, NULL, NULL, 0);
+    block_begin(&b, &p, m, a, l, block_w, NULL, 0);
     gpt2_layer_widen(m, a, l);
     const float *in = gpt2_piece_input(m, a, l);
     float *dx = a->da.encoded;  // d out, then d in (in place)
@@ -520,32 +528,33 @@ void tp_block_backward_input(GPT2 *m, GPT2Acts *a, TpComm *c, int l) {
 }
 
 // W of block l: the twelve weight gradients from what B kept, the same kernel calls on the same
-// operands as tp_block_backward's (so B then W gives its bits); no communication.
-void tp_block_backward_weights(GPT2 *m, GPT2Acts *a, int l) {
+// operands as tp_block_backward's (so B then W gives its bits); no communication, and no
+// weights read (a weight gradient needs the activations and the output's gradient only).
+void tp_block_backward_weights(GPT2 *m, GPT2Acts *a, int l, void *dblock_w) {
     if (own_path(m)) {
-        gpt2_block_backward_weights(m, a, l, NULL);
+        gpt2_block_backward_weights(m, a, l, dblock_w);
         return;
     }
     TpBlockRun b;
     GPT2Piece p;
-    block_begin(&b, &p, m, a, l, NULL, NULL, 1);
+    block_begin_w(&b, &p, m, a, l, NULL, dblock_w, 0, 1);
     gpt2_layer_widen(m, a, l);
     const float *in = gpt2_piece_input(m, a, l);
     const Kernels *k = b.k;
-    const GPT2BlockWeights w = b.w, dw = b.dw;
+    const GPT2BlockWeights dw = b.dw;
     const GPT2LayerActs x = b.x;
     const TpWSave v = wsave_of(m, a, l);
     const int N = b.N, Nr = a->rows, C = b.d.C, Cl = b.d.ATT, Hl = b.d.FC;
     const float *gm = m->sp ? v.gmlp : v.dout, *ga = m->sp ? v.gattn : v.dres2;
     k->matmul_backward(NULL, NULL, dw.fcprojb, v.dout, NULL, NULL, Nr, 0, C);
-    k->matmul_backward(NULL, dw.fcprojw, NULL, gm, x.fch_gelu, w.fcprojw, N, Hl, C);
-    k->matmul_backward(NULL, dw.fcw, dw.fcb, v.dfch, x.ln2, w.fcw, N, C, Hl);
-    k->layernorm_backward(NULL, dw.ln2w, dw.ln2b, v.dln2, NULL, x.residual2, w.ln2w, x.ln2_mean,
+    k->matmul_backward(NULL, dw.fcprojw, NULL, gm, x.fch_gelu, NULL, N, Hl, C);
+    k->matmul_backward(NULL, dw.fcw, dw.fcb, v.dfch, x.ln2, NULL, N, C, Hl);
+    k->layernorm_backward(NULL, dw.ln2w, dw.ln2b, v.dln2, NULL, x.residual2, NULL, x.ln2_mean,
                           x.ln2_rstd, Nr, C);
     k->matmul_backward(NULL, NULL, dw.attprojb, v.dres2, NULL, NULL, Nr, 0, C);
-    k->matmul_backward(NULL, dw.attprojw, NULL, ga, x.atty, w.attprojw, N, Cl, C);
-    k->matmul_backward(NULL, dw.qkvw, dw.qkvb, v.dqkv, x.ln1, w.qkvw, N, C, 3 * Cl);
-    k->layernorm_backward(NULL, dw.ln1w, dw.ln1b, v.dln1, NULL, in, w.ln1w, x.ln1_mean, x.ln1_rstd,
+    k->matmul_backward(NULL, dw.attprojw, NULL, ga, x.atty, NULL, N, Cl, C);
+    k->matmul_backward(NULL, dw.qkvw, dw.qkvb, v.dqkv, x.ln1, NULL, N, C, 3 * Cl);
+    k->layernorm_backward(NULL, dw.ln1w, dw.ln1b, v.dln1, NULL, in, NULL, x.ln1_mean, x.ln1_rstd,
                           Nr, C);
     gpt2_piece_grads_done(m, &p);
 }
@@ -647,12 +656,12 @@ void tp_backward(GPT2 *m, GPT2Acts *a, TpComm *c, float dloss) {
 
 void tp_backward_input(GPT2 *m, GPT2Acts *a, TpComm *c, float dloss) {
     if (m->has_head) tp_head_backward(m, a, c, dloss);
-    for (int l = m->l1 - 1; l >= m->l0; l--) tp_block_backward_input(m, a, c, l);
+    for (int l = m->l1 - 1; l >= m->l0; l--) tp_block_backward_input(m, a, c, l, NULL);
     if (m->has_embed) tp_embed_backward(m, a, c);
 }
 
 void tp_backward_weights(GPT2 *m, GPT2Acts *a) {
-    for (int l = m->l1 - 1; l >= m->l0; l--) tp_block_backward_weights(m, a, l);
+    for (int l = m->l1 - 1; l >= m->l0; l--) tp_block_backward_weights(m, a, l, NULL);
 }
 
 // ---- the clipping norm -----------------------------------------------------------------------------

@@ -170,8 +170,10 @@ void tp_backward(GPT2 *m, GPT2Acts *a, TpComm *c, float dloss);
 void tp_acts_alloc_split(GPT2Acts *a, const GPT2 *m);
 void tp_acts_keep_for_w(GPT2Acts *a, const GPT2 *m);
 size_t tp_wsave_bytes(const GPT2Config *cfg, TpShape s);  // a slice's wsave (not t = 1 without SP)
-void tp_block_backward_input(GPT2 *m, GPT2Acts *a, TpComm *c, int l);
-void tp_block_backward_weights(GPT2 *m, GPT2Acts *a, int l);
+// (block_w, dblock_w: a caller's unit, or NULL for the model's own, as tp_block_backward's;
+// W reads no weights.)
+void tp_block_backward_input(GPT2 *m, GPT2Acts *a, TpComm *c, int l, const void *block_w);
+void tp_block_backward_weights(GPT2 *m, GPT2Acts *a, int l, void *dblock_w);
 void tp_backward_input(GPT2 *m, GPT2Acts *a, TpComm *c, float dloss);
 void tp_backward_weights(GPT2 *m, GPT2Acts *a);
 
