@@ -888,8 +888,14 @@ Test(threed09s, zb_with_tp_1_is_chapter_08_bit_for_bit, .timeout = 120) {
 //                         summed over TP: fp32 1F1B losses 4.9e-4 / weights 4.0e-3 off 00
 //   calc-sp-lab-residuals the calculator counting the SP set's residuals whole (N·h, not N·h/t):
 //                         "rank 0's acts_peak is 189440 bytes, calculator 205824"
+//   tp-zb-sp-w-local-dout W takes fcproj's weight gradient from this rank's rows of the
+//                         output's gradient, not the all-gathered one: zb --zero 1 1.1e-3 / 4.2e-3
+//   09-zb-zero2-scatter-before-w  ZeRO-2's reduce-scatter after B, before W added the weight
+//                         gradients: zb --zero 2 6.8e-4 / 4.2e-3
 // Mutant: mutants/09-sp-grads-unsummed.patch
 // Mutant: mutants/calc-sp-lab-residuals.patch
+// Mutant: mutants/tp-zb-sp-w-local-dout.patch
+// Mutant: mutants/09-zb-zero2-scatter-before-w.patch
 Test(threed09s, sequence_parallel_in_tp_stages_reproduces_single_device_training, .timeout = 300) {
     RunResults o;
     for (int bf16 = 0; bf16 < 2; bf16++) {
