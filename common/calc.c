@@ -654,6 +654,10 @@ static void act_formula(char *buf, size_t n, const CalcModel *m, const CalcSetup
     } else if (s->acts == CALC_ACTS_LAB && !tp) {
         snprintf(buf, n, "the lab's stage at t = 1 (chapter 09 runs gpt2's own sets, chapter 08's): "
                  "%g-byte stored layers, fp32 input, head and one layer of gradients", w);
+    } else if (s->acts == CALC_ACTS_LAB && s->sp) {
+        snprintf(buf, n, "the lab's SP TP stage (chapter 09), %g-byte values, N = b*s: "
+                 "N*h*(2 + 14/t) + 4N/t + 2*b*(a/t)*s^2 per layer; per chunk 2*N*h/t; the head "
+                 "N*h*(2 + 1/t) + 2N/t + 4N + 2*N*V/t", w);
     } else if (s->acts == CALC_ACTS_LAB) {
         snprintf(buf, n, "the lab's TP stage (chapter 09), %g-byte values, N = b*s: N*h*(6 + 12/t)"
                  " + 4N + 2*b*(a/t)*s^2 per layer; per chunk its input and gradient 2*N*h; the "
