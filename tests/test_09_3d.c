@@ -753,12 +753,16 @@ static double zb_peak_by_hand(int m, int sp, int bf16, int stage) {
 // flags: the layout (a --tp 2 --pp 2 ... run on 8 ranks); sp: whether it runs with SP (the
 // calculator's setup), zero, m, v as the flags say; acts: check the activation peak too (1: the
 // calculator's, 1F1B and interleaved; 2: ZB-H1's by hand).
+static void split_sp_flags(char *f, size_t n, const char *flags, int sp, int zero, int m, int bf16) {
+    snprintf(f, n, "%s --dp 2 --tp 2 --pp 2 --micro-batches %d --zero %d%s%s %s", SMALL, m, zero,
+             sp ? " --sequence-parallel" : "", bf16 ? " --dtype bf16" : "", flags);
+}
+
+// (keep: the run's results are left there, else freed)
 static void check_split_sp(const RunResults *oracle, const char *flags, int sp, int zero, int m, int v,
-                           int acts, int bf16) {
+                           int acts, int bf16, RunResults *keep) {
     char f[512], what[256];
-    snprintf(f, sizeof f, "%s --dp 2 --tp 2 --pp 2 --micro-batches %d --zero %d%s%s", SMALL, m, zero,
-             sp ? " --sequence-parallel" : "", bf16 ? " --dtype bf16" : "");
-    snprintf(f + strlen(f), sizeof f - strlen(f), " %s", flags);
+    split_sp_flags(f, sizeof f, flags, sp, zero, m, bf16);
     snprintf(what, sizeof what, "%s (2,2,2) %s%s m=%d --zero %d", bf16 ? "bf16" : "fp32", flags,
              sp ? " SP" : "", m, zero);
     RunResults r;
@@ -789,50 +793,45 @@ static void check_split_sp(const RunResults *oracle, const char *flags, int sp, 
     }
     fprintf(stderr, "test_09: %-56s losses %.2g, weights %.2g; bytes = calculator\n", what, (double)dl,
             (double)dpar);
-    results_free(&r);
+    if (keep) *keep = r;
+    else results_free(&r);
 }
 
-// (2,2,2) --schedule zb, fp32 and bf16: chapter 00 within the bounds, the calculator's bytes;
-// and the very bits of 1F1B on the same layout (W(mb) adds the weight gradients in the order
-// 1F1B's B(mb) did, micro-batch after micro-batch), with ZeRO-1 as well. Measured (3 steps):
-// fp32 losses 8.6e-8 / weights 1.4e-6, bf16 1.0e-5 / 3.9e-3 (1F1B's own figures).
+// (2,2,2) --schedule zb with 4 micro-batches, fp32 with ZeRO-1 and bf16 with DDP's average:
+// chapter 00 within the bounds, the calculator's bytes; and the very bits of 1F1B on the same
+// layout (W(mb) adds the weight gradients in the order 1F1B's B(mb) did, micro-batch after
+// micro-batch). Measured (3 steps): fp32 losses 0 / weights 2.1e-6, bf16 1.5e-5 / 2.1e-3
+// (1F1B's own figures).
 // The activation peak: ZB-H1 keeps a slice's set whole from its F to its W, with what W reads
 // (tp_wsave_bytes): the most sets alive on the stage's row times both, to the byte (and above
 // 1F1B's on every rank).
 // Seen failing (the mutant: B copies the gradient of the block's output for W only after its
 // in-place backward overwrote it with the input's gradient): fp32 losses 1.6e-4 / weights 4.1e-3
-// off chapter 00 (160x and 400x the bounds).
+// off chapter 00 (m = 2, DDP: 160x and 400x the bounds).
 // Mutant: mutants/tp-zb-dout-after-b.patch
 Test(threed09s, zb_on_tp_stages_is_1f1b_bit_for_bit_and_chapter_00, .timeout = 240) {
-    RunResults o;
+    RunResults o, rz, r1;
     for (int bf16 = 0; bf16 < 2; bf16++) {
+        const int zero = !bf16;  // fp32 with ZeRO-1, bf16 with DDP's average
         run(ORACLE, 1, bf16 ? SMALL " --dtype bf16" : SMALL, &o);
-        check_split_sp(&o, "--schedule zb", 0, 0, 2, 1, 2, bf16);
-        for (int zero = 0; zero < 2; zero += 1 + bf16) {  // fp32: DDP and ZeRO-1; bf16: DDP
-            char fz[512], f1[512];
-            snprintf(fz, sizeof fz, "%s --tp 2 --pp 2 --micro-batches 4 --zero %d --schedule zb%s", SMALL,
-                     zero, bf16 ? " --dtype bf16" : "");
-            snprintf(f1, sizeof f1, "%s --tp 2 --pp 2 --micro-batches 4 --zero %d --schedule 1f1b%s", SMALL,
-                     zero, bf16 ? " --dtype bf16" : "");
-            RunResults rz, r1;
-            run(RUN3D, 8, fz, &rz);
-            run(RUN3D, 8, f1, &r1);
-            cr_assert(rz.nsteps == r1.nsteps && rz.nparams == r1.nparams, "zb vs 1f1b: shapes");
-            cr_assert(memcmp(rz.losses, r1.losses, (size_t)rz.nsteps * sizeof(float)) == 0,
-                      "%s zb --zero %d: the losses are not 1F1B's bits (worst %g)", bf16 ? "bf16" : "fp32",
-                      zero, (double)harness_max_rel_diff(rz.losses, r1.losses, (size_t)rz.nsteps));
-            cr_assert(memcmp(rz.params, r1.params, rz.nparams * sizeof(float)) == 0,
-                      "%s zb --zero %d: the weights are not 1F1B's bits (worst %g)", bf16 ? "bf16" : "fp32",
-                      zero, (double)harness_max_abs_diff(rz.params, r1.params, rz.nparams));
-            for (int rk = 0; rk < 8; rk++) {
-                char k[32];
-                snprintf(k, sizeof k, "acts_peak_r%d", rk);
-                cr_assert(results_get(&rz, k, -1) > results_get(&r1, k, -1), "rank %d: zb's activation "
-                          "peak %g is not above 1F1B's %g", rk, results_get(&rz, k, -1), results_get(&r1, k, -1));
-            }
-            results_free(&rz), results_free(&r1);
+        check_split_sp(&o, "--schedule zb", 0, zero, 4, 1, 2, bf16, &rz);
+        char f1[512];
+        split_sp_flags(f1, sizeof f1, "--schedule 1f1b", 0, zero, 4, bf16);
+        run(RUN3D, 8, f1, &r1);
+        cr_assert(rz.nsteps == r1.nsteps && rz.nparams == r1.nparams, "zb vs 1f1b: shapes");
+        cr_assert(memcmp(rz.losses, r1.losses, (size_t)rz.nsteps * sizeof(float)) == 0,
+                  "%s zb --zero %d: the losses are not 1F1B's bits (worst %g)", bf16 ? "bf16" : "fp32",
+                  zero, (double)harness_max_rel_diff(rz.losses, r1.losses, (size_t)rz.nsteps));
+        cr_assert(memcmp(rz.params, r1.params, rz.nparams * sizeof(float)) == 0,
+                  "%s zb --zero %d: the weights are not 1F1B's bits (worst %g)", bf16 ? "bf16" : "fp32",
+                  zero, (double)harness_max_abs_diff(rz.params, r1.params, rz.nparams));
+        for (int rk = 0; rk < 8; rk++) {
+            char k[32];
+            snprintf(k, sizeof k, "acts_peak_r%d", rk);
+            cr_assert(results_get(&rz, k, -1) > results_get(&r1, k, -1), "rank %d: zb's activation "
+                      "peak %g is not above 1F1B's %g", rk, results_get(&rz, k, -1), results_get(&r1, k, -1));
         }
-        results_free(&o);
+        results_free(&rz), results_free(&r1), results_free(&o);
     }
 }
 
@@ -896,23 +895,31 @@ Test(threed09s, zb_with_tp_1_is_chapter_08_bit_for_bit, .timeout = 120) {
 // Mutant: mutants/calc-sp-lab-residuals.patch
 // Mutant: mutants/tp-zb-sp-w-local-dout.patch
 // Mutant: mutants/09-zb-zero2-scatter-before-w.patch
-Test(threed09s, sequence_parallel_in_tp_stages_reproduces_single_device_training, .timeout = 300) {
+Test(threed09s, sequence_parallel_in_tp_stages_reproduces_single_device_training, .timeout = 240) {
     RunResults o;
-    for (int bf16 = 0; bf16 < 2; bf16++) {
-        run(ORACLE, 1, bf16 ? SMALL " --dtype bf16" : SMALL, &o);
-        check_split_sp(&o, "--schedule 1f1b", 1, 0, 2, 1, 1, bf16);
-        check_split_sp(&o, "--schedule interleaved --chunks 2", 1, 0, 2, 2, 1, bf16);
-        check_split_sp(&o, "--schedule zb", 1, 1, 2, 1, 2, bf16);
-        check_split_sp(&o, "--schedule 1f1b", 1, 2, 2, 1, 1, bf16);
-        check_split_sp(&o, "--schedule zb", 1, 2, 2, 1, 2, bf16);
-        results_free(&o);
-    }
+    run(ORACLE, 1, SMALL, &o);
+    check_split_sp(&o, "--schedule 1f1b", 1, 0, 2, 1, 1, 0, NULL);
+    check_split_sp(&o, "--schedule interleaved --chunks 2", 1, 0, 2, 2, 1, 0, NULL);
+    check_split_sp(&o, "--schedule zb", 1, 1, 2, 1, 2, 0, NULL);
+    check_split_sp(&o, "--schedule 1f1b", 1, 2, 2, 1, 1, 0, NULL);
+    check_split_sp(&o, "--schedule zb", 1, 2, 2, 1, 2, 0, NULL);
+    results_free(&o);
+}
+
+// The same in bf16 (the bf16 bounds), interleaved and ZB-H1 with ZeRO-1 and ZeRO-2.
+Test(threed09s, bf16_sequence_parallel_in_tp_stages_reproduces_single_device_bf16, .timeout = 240) {
+    RunResults o;
+    run(ORACLE, 1, SMALL " --dtype bf16", &o);
+    check_split_sp(&o, "--schedule interleaved --chunks 2", 1, 0, 2, 2, 1, 1, NULL);
+    check_split_sp(&o, "--schedule zb", 1, 1, 2, 1, 2, 1, NULL);
+    check_split_sp(&o, "--schedule zb", 1, 2, 2, 1, 2, 1, NULL);
+    results_free(&o);
 }
 
 // Checkpoints stay layout-free: a state saved at step 2 under (2,2,2) ZB-H1 + SP (+ ZeRO-1)
 // resumes under (2,2,2) 1F1B without SP, whose state resumes under TP 4 with SP, then chapter 00:
-// every link as chapter 00's uninterrupted run (the fp32 bounds). And the same layout resuming its
-// own bf16 state (ZB-H1, SP, ZeRO-1) is bit-exact.
+// every link as chapter 00's uninterrupted run (the fp32 bounds). And (the next test) the same
+// layout resuming its own bf16 state (ZB-H1, SP, ZeRO-1) is bit-exact.
 Test(threed09s, a_zb_sp_checkpoint_resumes_under_other_layouts, .timeout = 180) {
     static const ChainLink link[5] = {
         {ORACLE, 1, "", "1 rank (00)"},
@@ -922,6 +929,9 @@ Test(threed09s, a_zb_sp_checkpoint_resumes_under_other_layouts, .timeout = 180) 
         {ORACLE, 1, "", "1 rank (00)"}};
     run_chain("zbsp", "--layers 4 --channels 32 --heads 4 --seq 16 --batch 8 --steps 5", link, 5,
               LOSS_RTOL, PARAM_ATOL);
+}
+
+Test(threed09s, a_bf16_zb_sp_zero_1_resume_in_the_same_layout_is_bit_exact, .timeout = 120) {
     check_same_layout_resume("--layers 4 --channels 32 --heads 4 --seq 16 --batch 8 --steps 4 --dtype bf16 "
                              "--dp 2 --tp 2 --pp 2 --schedule zb --sequence-parallel --zero 1", 8, "zbspsame");
 }
