@@ -70,6 +70,7 @@ static const char *USAGE =
     "                                                     ZB-H1 (chapter 08): each TP stage's backward\n"
     "                                                     split, B the input gradient (f, g collectives),\n"
     "                                                     W the weight gradients later (local)\n"
+    "                                                     (--max-w-stores N: at most N W's pending)\n"
     "  mpirun -np 8 ./09_3d/run --tp 2 --pp 2 --sequence-parallel\n"
     "                                                     SP in every TP stage (chapter 07): norms and\n"
     "                                                     residuals on T/tp positions; PP sends them\n"
@@ -99,6 +100,7 @@ typedef struct Flags3d {
     int m, v;              // micro-batches per step (per replica), chunks per rank
     int zero;              // over DP: 0 DDP's average, 1 ZeRO-1, 2 ZeRO-2 (dp.h)
     int sp;                // --sequence-parallel: chapter 07's SP inside every TP stage
+    int max_w;             // --schedule zb: at most this many W stores pending per stage (0: no cap)
 } Flags3d;
 
 // One chunk of layers on this rank: its TP slice of the chunk's blocks (a GPT2) and the
@@ -333,7 +335,11 @@ static void setup(Run3d *r, Session *s, const LabArgs *args, const Flags3d *f) {
         lab_fail_collective("--batch %d does not split into %d replicas x %d micro-batches; use a "
                             "multiple of %d", B, dp, m, dp * m);
     memset(r, 0, sizeof *r);
+    if (f->max_w > 0 && strcmp(f->schedule, "zb") != 0)
+        lab_fail_collective("--max-w-stores %d: only --schedule zb defers W's; use it with "
+                            "--schedule zb, or leave it out", f->max_w);
     sched_make(&r->sched, f->schedule, pp, v, m);
+    if (f->max_w > 0) sched_free(&r->sched), sched_zb_h1_capped(&r->sched, pp, m, f->max_w);
     char err[256];
     if (sched_check(&r->sched, err, sizeof err) != 0)
         lab_fail_collective("schedule %s: %s", r->sched.name, err);
@@ -470,6 +476,9 @@ int main(int argc, char **argv) {
         {"--sequence-parallel", FLAG_BOOL, &f.sp, 0, 1, NULL,
          "sequence parallelism in every TP stage (chapter 07): LayerNorms and residuals on T/tp "
          "positions per rank, g a reduce-scatter and f an all-gather; needs --tp > 1 dividing --seq"},
+        {"--max-w-stores", FLAG_INT, &f.max_w, 0, 10000, NULL,
+         "--schedule zb: at most this many W stores pending per stage (0: ZB-H1's own table; "
+         "chapter 08)"},
     };
     lab_parse_args_for(LAB_FLAGS_MODEL | LAB_FLAGS_TRAINING | LAB_FLAGS_HARDWARE | LAB_FLAGS_OUTPUT |
                            LAB_FLAGS_RELIABILITY | LAB_FLAGS_KILL,

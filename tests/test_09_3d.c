@@ -735,9 +735,10 @@ Test(ex09_2, the_clip_norm_counts_slices_once_per_tp_rank_replicas_once, .timeou
 // ZB-H1's activation peak on stage `stage` of 2 (4 blocks, tp 2), by hand: a TP stage keeps a
 // micro-batch's whole set (tp_acts_bytes) and what W reads (tp_wsave_bytes) from its F to its W,
 // so the peak is the most sets alive at once on the stage's row of the table, times both.
-static double zb_peak_by_hand(int m, int sp, int bf16, int stage) {
+static double zb_peak_by_hand(int m, int sp, int bf16, int stage, int max_w) {
     Schedule s;
-    sched_make(&s, "zb", 2, 1, m);
+    if (max_w > 0) sched_zb_h1_capped(&s, 2, m, max_w);  // (--max-w-stores)
+    else sched_make(&s, "zb", 2, 1, m);
     int live = 0, most = 0;
     for (int j = 0; j < s.nops[stage]; j++) {
         if (s.ops[stage][j].kind == PIPE_F && ++live > most) most = live;
@@ -785,7 +786,10 @@ static void check_split_sp(const RunResults *oracle, const char *flags, int sp, 
         for (int i = 0; i < (acts ? 7 : 6); i++) {
             char k[32];
             snprintf(k, sizeof k, "%s_r%d", keys[i], rk);
-            const double want_i = i == 6 && acts == 2 ? zb_peak_by_hand(m, sp, bf16, p) : want[i];
+            const char *cap = strstr(flags, "--max-w-stores ");
+            const double want_i = i == 6 && acts == 2
+                                      ? zb_peak_by_hand(m, sp, bf16, p, cap ? atoi(cap + 15) : 0)
+                                      : want[i];
             cr_assert_eq(results_get(&r, k, -1), want_i, "%s: rank %d's %s is %g bytes, %s %g", what, rk,
                          keys[i], results_get(&r, k, -1), i == 6 && acts == 2 ? "by hand" : "calculator",
                          want_i);
@@ -833,6 +837,20 @@ Test(threed09s, zb_on_tp_stages_is_1f1b_bit_for_bit_and_chapter_00, .timeout = 2
         }
         results_free(&rz), results_free(&r1), results_free(&o);
     }
+}
+
+// --max-w-stores 1 (08's capped ZB-H1) on (2,2,2) with SP, 4 micro-batches: chapter 00 within
+// the bounds, the calculator's bytes, the activation peak of the capped table by hand (at most
+// one W store pending: fewer sets alive than ZB-H1's own table).
+// Seen failing with the cap ignored (ZB-H1's own table run): "rank 0's acts_peak is 312320
+// bytes, by hand 156160".
+// Mutant: mutants/09-max-w-ignored.patch
+Test(threed09s, capped_zb_with_sp_reproduces_single_device_training, .timeout = 120) {
+    RunResults o;
+    run(ORACLE, 1, SMALL, &o);
+    check_split_sp(&o, "--schedule zb --max-w-stores 1", 1, 0, 4, 1, 2, 0, NULL);
+    cr_assert(zb_peak_by_hand(4, 1, 0, 0, 1) < zb_peak_by_hand(4, 1, 0, 0, 0), "the cap keeps no fewer sets");
+    results_free(&o);
 }
 
 // With tp = 1 the split backward is gpt2's own (tp.h): 09 --schedule zb is chapter 08 --schedule
@@ -949,6 +967,8 @@ Test(threed09s, sp_and_zb_combinations_the_math_refuses, .timeout = 120) {
                            "T must be a multiple of 4 (e.g. --seq 20)");
     harness_assert_refused(4, RUN3D " --tp 1 --pp 2 --schedule zb --chunks 2 --steps 1",
                            "--chunks 2 needs --schedule interleaved");
+    harness_assert_refused(4, RUN3D " --tp 2 --pp 2 --max-w-stores 1 --steps 1",
+                           "only --schedule zb defers W's; use it with --schedule zb");
 }
 
 // 09 runs its table through the executor, which checks it for deadlock whether or not it is
