@@ -123,7 +123,7 @@ typedef struct Stage {
     int step, B, Bm, T, row0;
     int *inputs, *targets;
     float dloss;           // every micro-batch's loss counts 1/m: 1 / (Bm·T·m) (ZeRO-2: / dp)
-    size_t BTC;
+    size_t BTC;            // one micro-batch's stream: Bm·T·C floats (SP: this rank's Bm·T/t·C)
     int split;             // ZB-H1: B is the input gradient only, W (the weight gradients) later
 } Stage;
 
