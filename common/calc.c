@@ -426,6 +426,10 @@ const char *calc_setup_check(const CalcModel *m, const CalcSetup *s) {
     if (s->chunks < 0) return msg("--chunks %d: must be 0 or more (chunks per pipeline rank; 0 and 1: one)", s->chunks);
     if (s->acts != CALC_ACTS_PAPER && s->acts != CALC_ACTS_LAB)
         return msg("activation model %d: unknown (valid: paper, lab)", s->acts);
+    if (s->split && s->chunks > 1)
+        return msg("ZB-H1 (the split backward) runs one chunk per pipeline rank: drop --chunks %d",
+                   s->chunks);
+    if (s->max_w < 0) return msg("max W stores %d: must be 0 (no cap) or more", s->max_w);
     if (s->acts == CALC_ACTS_LAB && s->recompute != CALC_RECOMPUTE_NONE)
         return msg("the lab's activation list (chapter 09's run) has no recomputation: drop "
                    "--recompute");
@@ -590,6 +594,41 @@ static double chunk_set_bytes(const CalcModel *m, const CalcSetup *s, int stage,
     return acts;
 }
 
+// ZB-H1 on a TP stage of the lab (tp.c's split backward): one micro-batch's set (chunk_set_bytes)
+// stays whole from its F to its W, with what W reads from B (fp32, per layer and N = b*s
+// positions, r of them on this rank's stream: N, or N/t under SP): the gradients of the
+// block's output, ln2's and ln1's output (whole) and residual2 (4 r*h), of fch (4N*h/t) and qkv
+// (3N*h/t), and under SP the two all-gathered gradients of the row-parallel layers (2 N*h).
+// At t = 1 the stage runs gpt2's own split sets (chapter 08's W stores: calc_pipe_peak_bytes).
+static double split_activation_bytes(const CalcModel *m, const CalcSetup *s, int stage, int *inflight_out) {
+    const int M = calc_micro_batches(s), T = s->seq_len > 0 ? s->seq_len : m->T;
+    Schedule sc;
+    if (s->max_w > 0) sched_zb_h1_capped(&sc, s->pp, M, s->max_w);
+    else sched_zb_h1(&sc, s->pp, M);
+    double acts = 0, cur = 0;
+    int sets = 0;
+    *inflight_out = 0;
+    if (s->tp == 1) {
+        const GPT2Config cfg = {.V = m->V, .T = m->T, .L = m->L, .C = m->C, .NH = m->NH};
+        acts = calc_pipe_peak_bytes(&cfg, &sc, stage, s->micro_batch, T,
+                                    s->dtype == CALC_BF16 ? GPT2_BF16 : GPT2_FP32);
+    }
+    const double N = (double)s->micro_batch * T, h = m->C, t = s->tp, r = s->sp ? N / t : N;
+    const double wsave = 4.0 * calc_stage_layers(m->L, s->pp, stage) *
+                         (4 * r * h + 7 * N * h / t + (s->sp ? 2 * N * h : 0));
+    const double set = chunk_set_bytes(m, s, stage, 0) + wsave;
+    for (int i = 0; i < sc.nops[stage]; i++) {
+        const PipeOpKind k = sc.ops[stage][i].kind;
+        if (k == PIPE_B) continue;
+        sets += k == PIPE_F ? 1 : -1;
+        cur += k == PIPE_F ? set : -set;
+        if (s->tp > 1 && cur > acts) acts = cur;
+        if (sets > *inflight_out) *inflight_out = sets;
+    }
+    sched_free(&sc);
+    return acts;
+}
+
 // Activations of stage `stage` at their peak. 1F1B (one chunk) keeps min(pp - stage,
 // micro-batches) micro-batches alive. Interleaved 1F1B (v > 1 chunks) is walked op by op on the
 // schedule table chapters 08 and 09 execute (common/schedule.h): a forward of chunk c adds its
@@ -600,7 +639,9 @@ static double stage_activation_bytes(const CalcModel *m, const CalcSetup *s, int
     if (m->arch == CALC_ARCH_RAW) { *inflight_out = 0; return 0; }
     const int v = s->chunks > 1 ? s->chunks : 1;
     double acts = 0;
-    if (v == 1) {
+    if (s->split && s->acts == CALC_ACTS_LAB) {
+        acts = split_activation_bytes(m, s, stage, inflight_out);
+    } else if (v == 1) {
         int inflight = s->pp - stage;
         if (s->micro_batches > 0 && s->micro_batches < inflight) inflight = s->micro_batches;
         *inflight_out = inflight;

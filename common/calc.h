@@ -126,6 +126,9 @@ typedef struct CalcSetup {
                         // stage), and ZeRO-1 and -2 reduce-scatter in place inside it: the rank
                         // holds the whole gradients whatever the stage (0: ZeRO-2 keeps only its
                         // pieces, the gradients written into buckets, as DeepSpeed's)
+    int split;          // 1: ZB-H1 (chapter 08's split backward; the lab's activation list, one
+                        // chunk): a set lives from its F to its W, with what W reads from B
+    int max_w;          // split: at most this many W's pending per stage (0: ZB-H1's own table)
 } CalcSetup;
 
 // fp32, Adam, ZeRO-0, DP=TP=PP=1, no SP, micro-batch 1, seq_len = T, no recomputation, one

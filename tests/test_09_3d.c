@@ -729,8 +729,8 @@ Test(ex09_2, the_clip_norm_counts_slices_once_per_tp_rank_replicas_once, .timeou
 // backward: B the input gradient with every f and g collective, W the weight gradients from what
 // B kept, local). Every figure against chapter 00: the losses and weights within the bounds
 // above, each rank's bytes per group, weights, Adam m and master from the calculator for the same
-// flags (calc_setup_lab, SP set), and for 1F1B and interleaved the activation peak as well (the
-// calculator keeps no W stores of a TP stage: zb's peak is checked by hand, zb_peak_by_hand).
+// flags (calc_setup_lab, SP and ZB-H1 set), and the activation peak as well (ZB-H1's also by
+// hand from tp.c's sizes: zb_peak_by_hand).
 
 // ZB-H1's activation peak on stage `stage` of 2 (4 blocks, tp 2), by hand: a TP stage keeps a
 // micro-batch's whole set (tp_acts_bytes) and what W reads (tp_wsave_bytes) from its F to its W,
@@ -752,8 +752,8 @@ static double zb_peak_by_hand(int m, int sp, int bf16, int stage, int max_w) {
 }
 
 // flags: the layout (a --tp 2 --pp 2 ... run on 8 ranks); sp: whether it runs with SP (the
-// calculator's setup), zero, m, v as the flags say; acts: check the activation peak too (1: the
-// calculator's, 1F1B and interleaved; 2: ZB-H1's by hand).
+// calculator's setup), zero, m, v as the flags say; acts: check the activation peak against the
+// calculator too (1; 2: ZB-H1, and the calculator's peak against zb_peak_by_hand as well).
 static void split_sp_flags(char *f, size_t n, const char *flags, int sp, int zero, int m, int bf16) {
     snprintf(f, n, "%s --dp 2 --tp 2 --pp 2 --micro-batches %d --zero %d%s%s %s", SMALL, m, zero,
              sp ? " --sequence-parallel" : "", bf16 ? " --dtype bf16" : "", flags);
@@ -774,7 +774,8 @@ static void check_split_sp(const RunResults *oracle, const char *flags, int sp, 
                                  bf16 ? BF16_PARAM_ATOL : PARAM_ATOL);
     const CalcModel cm = calc_model_from_gpt2(&SMALL_CFG);
     CalcSetup cs = calc_setup_lab(2, 2, 2, v, m, BATCH, SMALL_CFG.T, zero, bf16 ? CALC_BF16 : CALC_FP32);
-    cs.sp = sp;
+    const char *cap = strstr(flags, "--max-w-stores ");
+    cs.sp = sp, cs.split = strstr(flags, "--schedule zb") != NULL, cs.max_w = cap ? atoi(cap + 15) : 0;
     for (int rk = 0; rk < 8; rk++) {
         const int d = (rk / 2) % 2, p = rk / 4;
         const CalcComm c = calc_rank_comm(&cm, &cs, p, d);
@@ -786,13 +787,13 @@ static void check_split_sp(const RunResults *oracle, const char *flags, int sp, 
         for (int i = 0; i < (acts ? 7 : 6); i++) {
             char k[32];
             snprintf(k, sizeof k, "%s_r%d", keys[i], rk);
-            const char *cap = strstr(flags, "--max-w-stores ");
-            const double want_i = i == 6 && acts == 2
-                                      ? zb_peak_by_hand(m, sp, bf16, p, cap ? atoi(cap + 15) : 0)
-                                      : want[i];
-            cr_assert_eq(results_get(&r, k, -1), want_i, "%s: rank %d's %s is %g bytes, %s %g", what, rk,
-                         keys[i], results_get(&r, k, -1), i == 6 && acts == 2 ? "by hand" : "calculator",
-                         want_i);
+            cr_assert_eq(results_get(&r, k, -1), want[i], "%s: rank %d's %s is %g bytes, calculator %g",
+                         what, rk, keys[i], results_get(&r, k, -1), want[i]);
+        }
+        if (acts == 2) {  // the calculator's ZB-H1 peak against tp.c's sizes, by hand
+            const double hand = zb_peak_by_hand(m, sp, bf16, p, cs.max_w);
+            cr_assert_eq(b.acts, hand, "%s: stage %d's ZB-H1 peak: calculator %g, by hand %g", what, p,
+                         b.acts, hand);
         }
     }
     fprintf(stderr, "test_09: %-56s losses %.2g, weights %.2g; bytes = calculator\n", what, (double)dl,
