@@ -813,7 +813,10 @@ static void check_split_sp(const RunResults *oracle, const char *flags, int sp, 
 // Seen failing (the mutant: B copies the gradient of the block's output for W only after its
 // in-place backward overwrote it with the input's gradient): fp32 losses 1.6e-4 / weights 4.1e-3
 // off chapter 00 (m = 2, DDP: 160x and 400x the bounds).
+// And the calculator freeing a ZB-H1 set at its B (as 1F1B does) instead of at its W: "rank 0's
+// acts_peak is 370688 bytes, calculator 185344".
 // Mutant: mutants/tp-zb-dout-after-b.patch
+// Mutant: mutants/calc-zb-frees-at-b.patch
 Test(threed09s, zb_on_tp_stages_is_1f1b_bit_for_bit_and_chapter_00, .timeout = 240) {
     RunResults o, rz, r1;
     for (int bf16 = 0; bf16 < 2; bf16++) {
