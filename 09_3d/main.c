@@ -10,7 +10,12 @@
 //     micro-batch receives the stage's input from p-1 (or embeds the tokens), runs its TP
 //     blocks (each with its g all-reduces in the TP group) and sends the output to p+1; B
 //     receives the gradient of the output (or starts from the vocab-parallel loss), runs the
-//     blocks' backward (the f all-reduces) and sends the gradient of its input to p-1;
+//     blocks' backward (the f all-reduces) and sends the gradient of its input to p-1; with
+//     --schedule zb (ZB-H1) B is the input gradient only (every f and g collective in it) and
+//     W, later, the blocks' weight gradients, locally (tp.h's split backward);
+//   - --sequence-parallel: chapter 07's SP inside every TP stage: the stream between blocks (and
+//     the PP messages) is this rank's T/t positions; the replicated tensors' partial gradients
+//     are summed over TP once per step;
 //   - every micro-batch's loss counts 1/m, each replica's 1/dp: the gradient of the mean;
 //   - DP (dp.h): the gradients of every stage are averaged over its DP group (ranks with the
 //     same t, p); --zero 1 reduce-scatters them (ZeRO-1), --zero 2 after every micro-batch;
@@ -67,6 +72,14 @@ static const char *USAGE =
     "                                                     gathered around its forward and backward\n"
     "  mpirun -np 8 ./09_3d/run --tp 2 --pp 2 --fsdp [--prefetch N] [--reshard-after-forward 0|1]\n"
     "                                                     FSDP (chapter 06): every unit in dp pieces\n"
+    "  mpirun -np 8 ./09_3d/run --tp 2 --pp 2 --schedule zb --micro-batches 4\n"
+    "                                                     ZB-H1 (chapter 08): each TP stage's backward\n"
+    "                                                     split, B the input gradient (f, g collectives),\n"
+    "                                                     W the weight gradients later (local)\n"
+    "                                                     (--max-w-stores N: at most N W's pending)\n"
+    "  mpirun -np 8 ./09_3d/run --tp 2 --pp 2 --sequence-parallel\n"
+    "                                                     SP in every TP stage (chapter 07): norms and\n"
+    "                                                     residuals on T/tp positions; PP sends them\n"
     "  mpirun -np 8 ./09_3d/run --tp 8 --pp 1 --heads 8   TP alone (chapter 07)\n"
     "  mpirun -np 1 ./09_3d/run                           one rank: chapter 00's training\n"
     "  mpirun -np 8 ./09_3d/run --tp 2 --pp 2 --dtype bf16\n"
@@ -87,7 +100,8 @@ static const char *USAGE =
     "It prints the grid (which rank is which coordinate and in which groups), the schedule, and\n"
     "after training each dimension's bytes per step against its formula and the memory per rank.\n"
     "Needs: dp x tp x pp = ranks, tp dividing --heads, pp x chunks dividing --layers, --batch\n"
-    "divisible by dp x micro-batches.\n";
+    "divisible by dp x micro-batches; --chunks > 1 with --schedule interleaved only;\n"
+    "--sequence-parallel with --tp > 1 dividing --seq. Every schedule composes with SP and --zero.\n";
 
 typedef struct Flags3d {
     int tp, pp, dp;        // dp 0: world / (tp·pp)
@@ -96,6 +110,8 @@ typedef struct Flags3d {
     DplOpts dpo;           // over DP (dp.h): --zero 0 DDP's average, 1, 2, 3; --fsdp
     GPT2Recompute recompute;  // --recompute (a shared flag): at --tp 1 only (gpt2's own sets)
     const char *order;     // "tp-first" (Megatron's grid) | "pp-first" (question 5's other layout)
+    int sp;                // --sequence-parallel: chapter 07's SP inside every TP stage
+    int max_w;             // --schedule zb: at most this many W stores pending per stage (0: no cap)
 } Flags3d;
 
 // One chunk of layers on this rank: its TP slice of the chunk's blocks (a GPT2) and the
@@ -118,7 +134,8 @@ typedef struct Stage {
     int step, B, Bm, T, row0;
     int *inputs, *targets;
     float dloss;           // every micro-batch's loss counts 1/m: 1 / (Bm·T·m) (ZeRO-2: / dp)
-    size_t BTC;
+    size_t BTC;            // one micro-batch's stream: Bm·T·C floats (SP: this rank's Bm·T/t·C)
+    int split;             // ZB-H1: B is the input gradient only, W (the weight gradients) later
 } Stage;
 
 // micro-batch mb: rows [row0 + mb·Bm, +Bm) of the step's global batch (this replica's)
@@ -132,6 +149,7 @@ static float *stage_f_begin(void *ctx, int chunk, int mb) {
     Chunk *c = &w->ch[chunk];
     GPT2Acts *a = lab_xcalloc(1, sizeof(GPT2Acts));
     tp_acts_alloc(a, &c->m);
+    if (w->split) tp_acts_alloc_split(a, &c->m);
     c->acts[mb] = a;
     stage_batch(w, mb);
     gpt2_acts_set_batch(&c->m, a, w->inputs, c->m.has_head ? w->targets : NULL);
@@ -155,10 +173,28 @@ static float *stage_b_begin(void *ctx, int chunk, int mb) {
 
 static void stage_backward(void *ctx, int chunk, int mb, float *din) {
     Stage *w = ctx;
+    GPT2 *m = &w->ch[chunk].m;
     GPT2Acts *a = w->ch[chunk].acts[mb];
-    dpl_backward(w->dp, chunk, a, w->comm, w->dloss);
+    if (!w->split) dpl_backward(w->dp, chunk, a, w->comm, w->dloss);  // (sharded: unit by unit)
+    else tp_backward_input(m, a, w->comm, w->dloss);  // B: the input gradient; the blocks' W later
     if (din) mem_copy(din, gpt2_acts_dinput(a), w->BTC * sizeof(float));
+    if (w->split) {
+        tp_acts_keep_for_w(a, m);  // (tp 1: the set shrinks to what W reads, as in 08)
+        return;
+    }
     dpl_after_backward(w->dp, chunk);  // ZeRO-2, 3, FSDP: this micro-batch's gradient reduce-scattered
+    gpt2_acts_free(a);
+    free(a);
+    w->ch[chunk].acts[mb] = NULL;
+}
+
+// W: the blocks' weight gradients of micro-batch mb (no communication in TP), then ZeRO-2's
+// reduce-scatter of what the chunk's buffer holds.
+static void stage_weights(void *ctx, int chunk, int mb) {
+    Stage *w = ctx;
+    GPT2Acts *a = w->ch[chunk].acts[mb];
+    tp_backward_weights(&w->ch[chunk].m, a);
+    dpl_after_backward(w->dp, chunk);
     gpt2_acts_free(a);
     free(a);
     w->ch[chunk].acts[mb] = NULL;
@@ -323,15 +359,24 @@ static void setup(Run3d *r, Session *s, const LabArgs *args, const Flags3d *f) {
     if (strcmp(f->schedule, "interleaved") != 0 && v != 1)
         lab_fail_collective("--chunks %d needs --schedule interleaved (the other schedules run one "
                             "chunk per rank)", v);
+    if (f->sp && tp == 1)
+        lab_fail_collective("--sequence-parallel splits each sequence over the ranks of a TP group, "
+                            "and --tp 1 has one rank: nothing to split. Use --tp 2 or more (a "
+                            "divisor of the %d heads whose TP groups fit the %d ranks), or leave "
+                            "--sequence-parallel out", cfg.NH, world);
+    if (f->sp) tp_check_sequence_parallel(T, tp);
     if (B % (dp * m) != 0)
         lab_fail_collective("--batch %d does not split into %d replicas x %d micro-batches; use a "
                             "multiple of %d", B, dp, m, dp * m);
     memset(r, 0, sizeof *r);
+    if (f->max_w > 0 && strcmp(f->schedule, "zb") != 0)
+        lab_fail_collective("--max-w-stores %d: only --schedule zb defers W's; use it with "
+                            "--schedule zb, or leave it out", f->max_w);
     sched_make(&r->sched, f->schedule, pp, v, m);
+    if (f->max_w > 0) sched_free(&r->sched), sched_zb_h1_capped(&r->sched, pp, m, f->max_w);
     char err[256];
     if (sched_check(&r->sched, err, sizeof err) != 0)
         lab_fail_collective("schedule %s: %s", r->sched.name, err);
-    LAB_CHECK(!r->sched.split, "09_3d: the zb schedule (split backward) is not wired to TP stages");
     dpl_check(&f->dpo, r->sched.split);
     if (f->recompute != GPT2_RECOMPUTE_NONE && (f->dpo.zero == 3 || f->dpo.fsdp))
         lab_fail_collective("--recompute %s with %s: recomputation is not wired to the units ZeRO-3 "
@@ -346,7 +391,7 @@ static void setup(Run3d *r, Session *s, const LabArgs *args, const Flags3d *f) {
     const DplOpts *o = &f->dpo;
     const R3dLayout lay = {dp, tp, pp, v, m, &r->sched, o->fsdp ? 3 : o->zero, o->fsdp,
                            o->fsdp && o->prefetch >= 0 ? o->prefetch : 1, o->fsdp && o->reshard == 0,
-                           f->recompute};
+                           f->recompute, f->sp};
     mem_refuse_if_it_cannot_fit(args, r3d_predict_memory, &lay, dp * m);
     // Where and in which precision the chunks live (tp.h's top: bf16 stores the weights,
     // gradients and the blocks' saved activations in bf16, the master and Adam in fp32, and
@@ -369,7 +414,7 @@ static void setup(Run3d *r, Session *s, const LabArgs *args, const Flags3d *f) {
     for (int c = 0; c < v; c++) {
         ch[c].vs = c * pp + p;
         const TpShape shape = {.l0 = ch[c].vs * per, .l1 = (ch[c].vs + 1) * per, .tp = tp,
-                               .r = r->grid.c.t, .sp = 0, .B = Bm, .T = T};
+                               .r = r->grid.c.t, .sp = f->sp, .B = Bm, .T = T};
         tp_build(&ch[c].m, cfg, s->dev, dtype, shape, (uint64_t)args->seed);
         gpt2_set_recompute(&ch[c].m, f->recompute, Bm, T);  // (t = 1: gpt2's sets; none: nothing)
         ch[c].acts = lab_xcalloc((size_t)m, sizeof(GPT2Acts *));
@@ -384,11 +429,13 @@ static void setup(Run3d *r, Session *s, const LabArgs *args, const Flags3d *f) {
     r->work = (Stage){.ch = ch, .dp = &r->dpl, .comm = &r->comm, .data = &s->data, .B = B, .Bm = Bm, .T = T,
                       .row0 = row0, .inputs = s->inputs, .targets = s->targets,
                       .dloss = 1.0f / ((float)Bm * (float)T * (float)m * (float)dpl_loss_divisor(&r->dpl)),
-                      .BTC = (size_t)Bm * T * cfg.C};
+                      .BTC = (size_t)Bm * (T / (f->sp ? tp : 1)) * cfg.C, .split = r->sched.split};
     // bf16: the stage boundary messages travel as bf16 (08's executor): the activation is a
-    // stored bf16 layer already (no loss), the gradient is rounded once per boundary
+    // stored bf16 layer already (no loss), the gradient is rounded once per boundary. Under
+    // SP a stage's stream is this rank's T/t positions: each TP rank sends its part only.
     pipe_exec_init(&r->x, &r->sched,
-                   (PipeWork){&r->work, stage_f_begin, stage_forward, stage_b_begin, stage_backward, NULL},
+                   (PipeWork){&r->work, stage_f_begin, stage_forward, stage_b_begin, stage_backward,
+                              stage_weights},
                    r->grid.ppg, p, r->work.BTC, dtype == GPT2_BF16, ch[0].m.k, s->dev);
     if (!args->quiet) grid_print(stdout, &r->grid);
     if (!args->quiet && s->rank == 0) r3d_print_setup(&cfg, &r->sched, B, dp, tp, Bm);
@@ -428,6 +475,9 @@ static void train(const LabArgs *args, const Flags3d *f) {
         r.work.step = step;
         double loss_sum = pipe_exec_step(&r.x);
         if (session_nan_due(&s, step, s.N - 1)) session_poison(dpl_grad_first(&r.dpl), s.bf16);
+        // 1b. SP: the replicated tensors' partial gradients (LayerNorms, row-parallel biases: each
+        //     TP rank saw its positions only) summed over the TP group, once per step.
+        for (int c = 0; f->sp && c < v; c++) tp_sp_grads_all_reduce(&ch[c].m, &r.comm);
         // 2. The tied wte's two copies: their gradients summed across the pipeline.
         sync_tied_wte(ch, v, grid->c.p, pp, grid->ppg);
         // 3. The step's loss: the last stage's mean over micro-batches, over replicas, to rank 0.
@@ -447,7 +497,7 @@ static void train(const LabArgs *args, const Flags3d *f) {
     double mine[R3D_NFIELDS];
     const DpLayer *d = &r.dpl;
     const R3dView view = {grid, r.dp, f->tp, pp, v, m, d->sharded ? 3 : d->zero, d->fsdp,
-                          d->sharded && !d->reshard, ch[0].m.l0, ch[v - 1].m.l1, r.x.acts_peak};
+                          d->sharded && !d->reshard, ch[0].m.l0, ch[v - 1].m.l1, r.x.acts_peak, f->sp};
     r3d_figures(&s, &view, mine);
     const int run = session_steps_run(&s);
     r3d_print_links(&s, &view, strcmp(f->order, "pp-first") == 0,
@@ -473,8 +523,8 @@ int main(int argc, char **argv) {
          "pipeline stages; pp x chunks must divide --layers"},
         {"--dp", FLAG_INT, &f.dp, 0, 1 << 20, NULL,
          "data-parallel replicas (0: ranks / (tp x pp)); dp x tp x pp must equal the ranks"},
-        {"--schedule", FLAG_CHOICE, &f.schedule, 0, 0, "gpipe|1f1b|interleaved",
-         "the pipeline schedule (08's tables)"},
+        {"--schedule", FLAG_CHOICE, &f.schedule, 0, 0, "gpipe|1f1b|interleaved|zb",
+         "the pipeline schedule (08's tables; zb: ZB-H1, the backward split: B the input gradient, W the weight gradients)"},
         {"--micro-batches", FLAG_INT, &f.m, 1, 10000, NULL,
          "m: micro-batches per step per replica (dp x m must divide --batch)"},
         {"--chunks", FLAG_INT, &f.v, 1, 64, NULL, "v: chunks of layers per stage (interleaved)"},
@@ -496,6 +546,12 @@ int main(int argc, char **argv) {
          "where the ranks sit: tp-first (rank = t + tp(d + dp p): a TP group is consecutive ranks, "
          "one node) or pp-first (rank = p + pp(d + dp t): a PP group is consecutive ranks, TP "
          "spread over nodes; with --links, question 5's experiment, tools/why_tp_in_node.sh)"},
+        {"--sequence-parallel", FLAG_BOOL, &f.sp, 0, 1, NULL,
+         "sequence parallelism in every TP stage (chapter 07): LayerNorms and residuals on T/tp "
+         "positions per rank, g a reduce-scatter and f an all-gather; needs --tp > 1 dividing --seq"},
+        {"--max-w-stores", FLAG_INT, &f.max_w, 0, 10000, NULL,
+         "--schedule zb: at most this many W stores pending per stage (0: ZB-H1's own table; "
+         "chapter 08)"},
     };
     lab_parse_args_for(LAB_FLAGS_MODEL | LAB_FLAGS_TRAINING | LAB_FLAGS_HARDWARE | LAB_FLAGS_OUTPUT |
                            LAB_FLAGS_RELIABILITY | LAB_FLAGS_KILL | LAB_FLAGS_RECOMPUTE,

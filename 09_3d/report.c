@@ -42,6 +42,7 @@ void r3d_figures(const Session *s, const R3dView *v, double mine[R3D_NFIELDS]) {
     CalcSetup cs = calc_setup_lab(v->dp, v->tp, v->pp, v->v, v->m, s->args->batch, s->T, v->zero,
                                   s->bf16 ? CALC_BF16 : CALC_FP32);
     cs.fsdp = v->fsdp, cs.keep_gathered = v->keep_gathered;
+    cs.sp = v->sp;
     const CalcComm k = calc_rank_comm(&cm, &cs, g->c.p, g->c.d);
     mine[R3D_TP_SENT] = (double)dist_group_bytes_sent(g->tpg) / nsteps;
     mine[R3D_DP_SENT] = (double)dist_group_bytes_sent(g->dpg) / nsteps;
@@ -177,8 +178,11 @@ MemPrediction r3d_predict_memory(const void *ctx, const LabArgs *args, int batch
     int64_t *u = calloc((size_t)per + 3, sizeof(int64_t));
     for (int c = 0; c < L->v; c++) {
         const int vs = c * L->pp + p;
-        const TpShape sh = {.l0 = vs * per, .l1 = (vs + 1) * per, .tp = L->tp, .r = t, .sp = 0, .B = Bm, .T = cfg.T};
-        if (L->tp > 1) set[c] = (double)tp_acts_bytes(&cfg, sh, dt), shared += (double)tp_shared_bytes(&cfg, sh, dt);
+        const TpShape sh = {.l0 = vs * per, .l1 = (vs + 1) * per, .tp = L->tp, .r = t, .sp = L->sp, .B = Bm, .T = cfg.T};
+        if (L->tp > 1) {
+            set[c] = (double)tp_acts_bytes(&cfg, sh, dt) + (L->s->split ? (double)tp_wsave_bytes(&cfg, sh) : 0);
+            shared += (double)tp_shared_bytes(&cfg, sh, dt);
+        }
         whole += (double)calc_stage_params(&cm, L->tp, S, vs);
         const int nu = calc_chunk_units(&cm, L->tp, S, vs, u);
         for (int i = 0; i < nu; i++) {
@@ -193,7 +197,9 @@ MemPrediction r3d_predict_memory(const void *ctx, const LabArgs *args, int batch
         double cur = 0, most = 0;
         for (int j = 0; j < L->s->nops[p]; j++) {
             const PipeOp o = L->s->ops[p][j];
-            cur += o.kind == PIPE_F ? set[o.chunk] : o.kind == PIPE_B ? -set[o.chunk] : 0;
+            // (a split table's set lives from its F to its W, with what W reads from B)
+            const int frees = L->s->split ? o.kind == PIPE_W : o.kind == PIPE_B;
+            cur += o.kind == PIPE_F ? set[o.chunk] : frees ? -set[o.chunk] : 0;
             if (cur > most) most = cur;
         }
         step.acts = most + shared;

@@ -29,6 +29,7 @@ typedef struct R3dView {
     int fsdp, keep_gathered;     // FSDP's layout; --reshard-after-forward 0
     int l0, l1;
     size_t acts_peak;
+    int sp;                // --sequence-parallel
 } R3dView;
 
 // What a rank's memory is predicted from (before anything is allocated): the layout, the
@@ -38,6 +39,7 @@ typedef struct R3dLayout {
     const Schedule *s;
     int zero, fsdp, prefetch, keep_gathered;  // zero 3 with fsdp: FSDP (as R3dView)
     GPT2Recompute recompute;                  // --recompute (tp 1 only): smaller sets, a scratch layer a chunk
+    int sp;                                   // --sequence-parallel: a TP stage's sets on T/tp rows
 } R3dLayout;
 // World rank `rank`'s peak bytes (mem_predict.h) for a global batch of `batch`: its model state
 // from chapter 00's calculator (calc_rank_memory: the pieces ZeRO and FSDP keep, the whole

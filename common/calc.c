@@ -426,13 +426,14 @@ const char *calc_setup_check(const CalcModel *m, const CalcSetup *s) {
     if (s->chunks < 0) return msg("--chunks %d: must be 0 or more (chunks per pipeline rank; 0 and 1: one)", s->chunks);
     if (s->acts != CALC_ACTS_PAPER && s->acts != CALC_ACTS_LAB)
         return msg("activation model %d: unknown (valid: paper, lab)", s->acts);
-    if (s->acts == CALC_ACTS_LAB && s->sp)
-        return msg("the lab's activation list (chapter 09's run) has no sequence parallelism: "
-                   "drop --seq-parallel");
+    if (s->split && s->chunks > 1)
+        return msg("ZB-H1 (the split backward) runs one chunk per pipeline rank: drop --chunks %d",
+                   s->chunks);
+    if (s->max_w < 0) return msg("max W stores %d: must be 0 (no cap) or more", s->max_w);
     if (s->acts == CALC_ACTS_LAB && s->recompute != CALC_RECOMPUTE_NONE &&
-        (s->tp > 1 || s->dtype != CALC_FP32))
-        return msg("the lab's runs recompute in fp32 at TP 1 only (chapter 09 at --tp 1): drop "
-                   "--recompute, or use TP 1 and fp32");
+        (s->tp > 1 || s->dtype != CALC_FP32 || s->split))
+        return msg("the lab's runs recompute in fp32 at TP 1 without a split backward only (chapter "
+                   "09 at --tp 1): drop --recompute, or use TP 1, fp32 and another schedule");
     if (m->arch == CALC_ARCH_RAW) {
         if (s->tp > 1 || s->pp > 1 || s->chunks > 1)
             return msg("--tp %d --pp %d --chunks %d: splitting a model across TP/PP ranks needs "
@@ -562,7 +563,11 @@ double calc_layer_activation_bytes(const CalcModel *m, const CalcSetup *cs) {
         // before proj, the two residuals, fcproj's output (6 N*h, replicated over TP); q, k, v,
         // the heads' output, fc and GELU's 4h (12 N*h / t, split by heads and columns); ln1's
         // and ln2's mean and rstd (4 N); the pre-softmax scores and the softmax, (b, a/t, s, s).
+        // Sequence parallel (tp.c's SP block): ln1's and ln2's outputs are kept gathered (2 N*h),
+        // the residuals and the LayerNorms' statistics on the rank's N/t rows, and the partial
+        // sums of proj and fcproj are not kept (they live in the model's scratch).
         double N = b * s;
+        if (cs->sp) return w * (2 * N * h + 2 * N * h / t + 4 * N / t + 12 * N * h / t + 2 * b * (a / t) * s * s);
         return w * (6 * N * h + 4 * N + 12 * N * h / t + 2 * b * (a / t) * s * s);
     }
     // EXERCISE 00.2 Activation memory -> 00_memory_budget/README.md#exercise-002-activation-memory
@@ -603,14 +608,51 @@ static double chunk_set_bytes(const CalcModel *m, const CalcSetup *s, int stage,
         // target logit and loss (6 N), the logits and their softmax over the rank's
         // vocabulary rows (2 N V/t)
         // (kept in fp32 also in a bf16 run: only the blocks' saved sets are stored in bf16)
-        const double Vl = (double)((m->V + s->tp - 1) / s->tp);
-        acts += 4 * 2 * N * h;
-        if (vs == S - 1) acts += 4 * (2 * N * h + 6 * N + 2 * N * Vl);
+        // SP: the stream (input and gradient) on the rank's N/t rows; the head adds lnf's
+        // output on those rows (N*h/t) and keeps lnf's statistics for them only
+        const double Vl = (double)((m->V + s->tp - 1) / s->tp), r = s->sp ? N / t : N;
+        acts += 4 * 2 * r * h;
+        if (vs == S - 1) acts += 4 * (2 * N * h + (s->sp ? r * h : 0) + 2 * r + 4 * N + 2 * N * Vl);
     } else if (vs == S - 1) {
         double norm = 2 * w * N * h;                // final norm input and output
         double logits = 4.0 * N * m->V;             // fp32 logits for the loss
         acts += (s->sp ? norm / t : norm) + logits / t;
     }
+    return acts;
+}
+
+// ZB-H1 on a TP stage of the lab (tp.c's split backward): one micro-batch's set (chunk_set_bytes)
+// stays whole from its F to its W, with what W reads from B (fp32, per layer and N = b*s
+// positions, r of them on this rank's stream: N, or N/t under SP): the gradients of the
+// block's output, ln2's and ln1's output (whole) and residual2 (4 r*h), of fch (4N*h/t) and qkv
+// (3N*h/t), and under SP the two all-gathered gradients of the row-parallel layers (2 N*h).
+// At t = 1 the stage runs gpt2's own split sets (chapter 08's W stores: calc_pipe_peak_bytes).
+static double split_activation_bytes(const CalcModel *m, const CalcSetup *s, int stage, int *inflight_out) {
+    const int M = calc_micro_batches(s), T = s->seq_len > 0 ? s->seq_len : m->T;
+    Schedule sc;
+    if (s->max_w > 0) sched_zb_h1_capped(&sc, s->pp, M, s->max_w);
+    else sched_zb_h1(&sc, s->pp, M);
+    double acts = 0, cur = 0;
+    int sets = 0;
+    *inflight_out = 0;
+    if (s->tp == 1) {
+        const GPT2Config cfg = {.V = m->V, .T = m->T, .L = m->L, .C = m->C, .NH = m->NH};
+        acts = calc_pipe_peak_bytes(&cfg, &sc, stage, s->micro_batch, T,
+                                    s->dtype == CALC_BF16 ? GPT2_BF16 : GPT2_FP32);
+    }
+    const double N = (double)s->micro_batch * T, h = m->C, t = s->tp, r = s->sp ? N / t : N;
+    const double wsave = 4.0 * calc_stage_layers(m->L, s->pp, stage) *
+                         (4 * r * h + 7 * N * h / t + (s->sp ? 2 * N * h : 0));
+    const double set = chunk_set_bytes(m, s, stage, 0) + wsave;
+    for (int i = 0; i < sc.nops[stage]; i++) {
+        const PipeOpKind k = sc.ops[stage][i].kind;
+        if (k == PIPE_B) continue;
+        sets += k == PIPE_F ? 1 : -1;
+        cur += k == PIPE_F ? set : -set;
+        if (s->tp > 1 && cur > acts) acts = cur;
+        if (sets > *inflight_out) *inflight_out = sets;
+    }
+    sched_free(&sc);
     return acts;
 }
 
@@ -624,7 +666,9 @@ static double stage_activation_bytes(const CalcModel *m, const CalcSetup *s, int
     if (m->arch == CALC_ARCH_RAW) { *inflight_out = 0; return 0; }
     const int v = s->chunks > 1 ? s->chunks : 1;
     double acts = 0;
-    if (v == 1) {
+    if (s->split && s->acts == CALC_ACTS_LAB) {
+        acts = split_activation_bytes(m, s, stage, inflight_out);
+    } else if (v == 1) {
         int inflight = s->pp - stage;
         if (s->micro_batches > 0 && s->micro_batches < inflight) inflight = s->micro_batches;
         *inflight_out = inflight;
@@ -682,6 +726,10 @@ static void act_formula(char *buf, size_t n, const CalcModel *m, const CalcSetup
                  "input (each chunk's scratch layer comes on top)"
                  : s->recompute == CALC_RECOMPUTE_SELECTIVE ? "; selective: no scores kept (each "
                  "chunk's scratch layer comes on top)" : "");
+    } else if (s->acts == CALC_ACTS_LAB && s->sp) {
+        snprintf(buf, n, "the lab's SP TP stage (chapter 09), %g-byte values, N = b*s: "
+                 "N*h*(2 + 14/t) + 4N/t + 2*b*(a/t)*s^2 per layer; per chunk 2*N*h/t; the head "
+                 "N*h*(2 + 1/t) + 2N/t + 4N + 2*N*V/t", w);
     } else if (s->acts == CALC_ACTS_LAB) {
         snprintf(buf, n, "the lab's TP stage (chapter 09), %g-byte values, N = b*s: N*h*(6 + 12/t)"
                  " + 4N + 2*b*(a/t)*s^2 per layer; per chunk its input and gradient 2*N*h; the "

@@ -135,6 +135,9 @@ typedef struct CalcSetup {
                         // calc_chunk_units) instead of ZeRO-3's (the chunk's flat buffer cut)
     int keep_gathered;  // with zero 3 and grads_whole: a unit gathered once per step (FSDP's
                         // --reshard-after-forward 0), not around each forward and backward
+    int split;          // 1: ZB-H1 (chapter 08's split backward; the lab's activation list, one
+                        // chunk): a set lives from its F to its W, with what W reads from B
+    int max_w;          // split: at most this many W's pending per stage (0: ZB-H1's own table)
 } CalcSetup;
 
 // Rank numbering of a DP x TP x PP grid; rank r sits on node r / gpus_per_node.

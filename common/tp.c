@@ -239,22 +239,30 @@ static GPT2LayerActs layer_of(const GPT2 *m, const GPT2Acts *a, int l, const TpS
     return x;
 }
 
-// Block l's run: its piece's weights (and gradients: with_grads) as fp32, its tensors.
-static void block_begin(TpBlockRun *b, GPT2Piece *p, GPT2 *m, GPT2Acts *a, int l, const void *w,
-                        void *g, int with_grads) {
+// Block l's run: its piece's weights (unless a split backward's W, which reads none: with_w 0)
+// and gradients (with_grads) as fp32, its tensors.
+static void block_begin_w(TpBlockRun *b, GPT2Piece *p, GPT2 *m, GPT2Acts *a, int l, const void *w,
+                          void *g, int with_w, int with_grads) {
     memset(b, 0, sizeof *b);
     b->k = m->k, b->B = a->B, b->T = a->T, b->N = a->B * a->T;
     b->d = tp_block_dims(m->cfg.C, m->cfg.NH, m->tp);
-    gpt2_piece_block(p, m, l, w, g, 1, with_grads);
+    gpt2_piece_block(p, m, l, w, g, with_w, with_grads);
     float *wv[2] = {0}, *gv[2] = {0};
-    gpt2_piece_weights(m, p, wv);
-    b->w = gpt2_block_weights(&b->d, wv[0]);
+    if (with_w) {
+        gpt2_piece_weights(m, p, wv);
+        b->w = gpt2_block_weights(&b->d, wv[0]);
+    }
     if (with_grads) {
         gpt2_piece_grads(m, p, gv);
         b->dw = gpt2_block_weights(&b->d, gv[0]);
     }
     b->s = scratch_of(m);
     b->x = layer_of(m, a, l, &b->s);
+}
+
+static void block_begin(TpBlockRun *b, GPT2Piece *p, GPT2 *m, GPT2Acts *a, int l, const void *w,
+                        void *g, int with_grads) {
+    block_begin_w(b, p, m, a, l, w, g, 1, with_grads);
 }
 
 void tp_block_run(TpBlockRun *b, GPT2 *m, GPT2Acts *a, int l) {
@@ -421,6 +429,138 @@ void tp_block_backward(GPT2 *m, GPT2Acts *a, TpComm *c, int l, const void *block
     gpt2_piece_grads_done(m, &p);
 }
 
+// ---- the split backward (zero bubble's B and W) ----------------------------------------------------
+
+// What a block's W reads from its B, per block of a split set (tp_acts_alloc_split): the
+// gradient of the block's output (the stream's, overwritten in place by B), d fch (N,Hl), the
+// whole d ln2 and d ln1 (f's all-reduce done: W sends nothing), d residual2, d qkv (N,3Cl);
+// under SP d ln2, d ln1, d residual2 and the output's gradient are this rank's rows (Nr,C), and
+// the two all-gathered gradients that reach the row-parallel weights (N,C) are kept as well.
+typedef struct TpWSave {
+    float *dout, *dfch, *dln2, *dres2, *dqkv, *dln1;
+    float *gmlp, *gattn;  // SP: g's backward all-gathers, the fcprojw and attprojw operands
+} TpWSave;
+
+static size_t wsave_elems(const Sizes *z, int sp) {
+    return 4 * z->Nr * z->C + z->N * (z->Hl + 3 * z->Cl) + (sp ? 2 * z->N * z->C : 0);
+}
+
+static TpWSave wsave_of(const GPT2 *m, const GPT2Acts *a, int l) {
+    const Sizes z = sizes_of(&m->cfg, shape_of(m));
+    LAB_CHECK(a->wsave, "tp: the split backward needs tp_acts_alloc_split");
+    float *at = a->wsave + (size_t)(l - a->l0) * a->wsave_per_block;
+    TpWSave w = {0};
+    w.dout = take(&at, z.Nr * z.C), w.dfch = take(&at, z.N * z.Hl);
+    w.dln2 = take(&at, z.Nr * z.C), w.dres2 = take(&at, z.Nr * z.C);
+    w.dqkv = take(&at, 3 * z.N * z.Cl), w.dln1 = take(&at, z.Nr * z.C);
+    if (m->sp) w.gmlp = take(&at, z.N * z.C), w.gattn = take(&at, z.N * z.C);
+    return w;
+}
+
+void tp_acts_alloc_split(GPT2Acts *a, const GPT2 *m) {
+    if (own_path(m)) {
+        gpt2_acts_alloc_split(a, m);
+        return;
+    }
+    LAB_CHECK(a->acts && a->slice, "tp_acts_alloc_split before tp_acts_alloc");
+    if (a->wsave) return;
+    const Sizes z = sizes_of(&m->cfg, shape_of(m));
+    a->wsave_per_block = wsave_elems(&z, m->sp);
+    a->wsave = mem_alloc((size_t)(m->l1 - m->l0) * a->wsave_per_block * sizeof(float), MEM_ACTS, m->dev);
+}
+
+size_t tp_wsave_bytes(const GPT2Config *cfg, TpShape s) {
+    const Sizes z = sizes_of(cfg, s);
+    return 4 * (size_t)(s.l1 - s.l0) * wsave_elems(&z, s.sp);
+}
+
+void tp_acts_keep_for_w(GPT2Acts *a, const GPT2 *m) {
+    if (own_path(m)) gpt2_acts_keep_for_w(a, m);  // (a slice's set stays whole until its W)
+}
+
+// B of block l: tp_block_backward's input-gradient half, op for op, every f and g collective
+// where the input gradient needs it; the intermediate gradients W reads land in the set's wsave
+// (the kernels' weight-gradient arguments NULL: B writes no weight gradient).
+void tp_block_backward_input(GPT2 *m, GPT2Acts *a, TpComm *c, int l, const void *block_w) {
+    if (own_path(m)) {
+        gpt2_block_backward_input(m, a, l, block_w);
+        return;
+    }
+    TpBlockRun b;
+    GPT2Piece p;
+    block_begin(&b, &p, m, a, l, block_w, NULL, 0);
+    gpt2_layer_widen(m, a, l);
+    const float *in = gpt2_piece_input(m, a, l);
+    float *dx = a->da.encoded;  // d out, then d in (in place)
+    const Kernels *k = b.k;
+    const GPT2BlockWeights w = b.w;
+    const GPT2LayerActs x = b.x;
+    const TpScratch s = b.s;
+    const TpWSave v = wsave_of(m, a, l);
+    const int B = b.B, T = b.T, N = b.N, Nr = a->rows, C = b.d.C, Cl = b.d.ATT, NHl = b.d.NH,
+              Hl = b.d.FC;
+    mem_copy(v.dout, dx, (size_t)Nr * C * sizeof(float));  // W's fcproj reads it
+    // MLP half: g's backward (SP: an all-gather of d out), the heads' d ln2 (partial), f's
+    const float *gm = dx;
+    if (m->sp) tp_seq_all_gather(c, dx, v.gmlp, B, T, C, TP_SITE_MLP_G_BWD), gm = v.gmlp;
+    k->matmul_backward(s.dfch_gelu, NULL, NULL, gm, x.fch_gelu, w.fcprojw, N, Hl, C);
+    k->gelu_backward(v.dfch, x.fch, s.dfch_gelu, (size_t)N * Hl);
+    if (!m->sp) {
+        k->matmul_backward(v.dln2, NULL, NULL, v.dfch, x.ln2, w.fcw, N, C, Hl);
+        tp_all_reduce(c, v.dln2, (size_t)N * C, TP_SUM, TP_SITE_MLP_F);
+    } else {
+        k->matmul_backward(s.dln, NULL, NULL, v.dfch, x.ln2, w.fcw, N, C, Hl);
+        tp_seq_reduce_scatter(c, s.dln, v.dln2, B, T, C, TP_SITE_MLP_F);
+    }
+    k->layernorm_backward(v.dres2, NULL, NULL, v.dln2, dx, x.residual2, w.ln2w, x.ln2_mean,
+                          x.ln2_rstd, Nr, C);
+    // attention half
+    const float *ga = v.dres2;
+    if (m->sp) tp_seq_all_gather(c, v.dres2, v.gattn, B, T, C, TP_SITE_ATTN_G_BWD), ga = v.gattn;
+    k->matmul_backward(s.datty, NULL, NULL, ga, x.atty, w.attprojw, N, Cl, C);
+    k->attention_backward(v.dqkv, s.dpreatt, s.datt, s.datty, x.qkv, x.att, B, T, Cl, NHl);
+    if (!m->sp) {
+        k->matmul_backward(v.dln1, NULL, NULL, v.dqkv, x.ln1, w.qkvw, N, C, 3 * Cl);
+        tp_all_reduce(c, v.dln1, (size_t)N * C, TP_SUM, TP_SITE_ATTN_F);
+    } else {
+        k->matmul_backward(s.dln, NULL, NULL, v.dqkv, x.ln1, w.qkvw, N, C, 3 * Cl);
+        tp_seq_reduce_scatter(c, s.dln, v.dln1, B, T, C, TP_SITE_ATTN_F);
+    }
+    k->layernorm_backward(dx, NULL, NULL, v.dln1, v.dres2, in, w.ln1w, x.ln1_mean, x.ln1_rstd, Nr, C);
+}
+
+// W of block l: the twelve weight gradients from what B kept, the same kernel calls on the same
+// operands as tp_block_backward's (so B then W gives its bits); no communication, and no
+// weights read (a weight gradient needs the activations and the output's gradient only).
+void tp_block_backward_weights(GPT2 *m, GPT2Acts *a, int l, void *dblock_w) {
+    if (own_path(m)) {
+        gpt2_block_backward_weights(m, a, l, dblock_w);
+        return;
+    }
+    TpBlockRun b;
+    GPT2Piece p;
+    block_begin_w(&b, &p, m, a, l, NULL, dblock_w, 0, 1);
+    gpt2_layer_widen(m, a, l);
+    const float *in = gpt2_piece_input(m, a, l);
+    const Kernels *k = b.k;
+    const GPT2BlockWeights dw = b.dw;
+    const GPT2LayerActs x = b.x;
+    const TpWSave v = wsave_of(m, a, l);
+    const int N = b.N, Nr = a->rows, C = b.d.C, Cl = b.d.ATT, Hl = b.d.FC;
+    const float *gm = m->sp ? v.gmlp : v.dout, *ga = m->sp ? v.gattn : v.dres2;
+    k->matmul_backward(NULL, NULL, dw.fcprojb, v.dout, NULL, NULL, Nr, 0, C);
+    k->matmul_backward(NULL, dw.fcprojw, NULL, gm, x.fch_gelu, NULL, N, Hl, C);
+    k->matmul_backward(NULL, dw.fcw, dw.fcb, v.dfch, x.ln2, NULL, N, C, Hl);
+    k->layernorm_backward(NULL, dw.ln2w, dw.ln2b, v.dln2, NULL, x.residual2, NULL, x.ln2_mean,
+                          x.ln2_rstd, Nr, C);
+    k->matmul_backward(NULL, NULL, dw.attprojb, v.dres2, NULL, NULL, Nr, 0, C);
+    k->matmul_backward(NULL, dw.attprojw, NULL, ga, x.atty, NULL, N, Cl, C);
+    k->matmul_backward(NULL, dw.qkvw, dw.qkvb, v.dqkv, x.ln1, NULL, N, C, 3 * Cl);
+    k->layernorm_backward(NULL, dw.ln1w, dw.ln1b, v.dln1, NULL, in, NULL, x.ln1_mean, x.ln1_rstd,
+                          Nr, C);
+    gpt2_piece_grads_done(m, &p);
+}
+
 float tp_head_forward(GPT2 *m, GPT2Acts *a, TpComm *c) { return tp_head_forward_w(m, a, c, NULL, NULL); }
 
 float tp_head_forward_w(GPT2 *m, GPT2Acts *a, TpComm *c, const void *wte, const void *head_w) {
@@ -521,6 +661,16 @@ void tp_backward(GPT2 *m, GPT2Acts *a, TpComm *c, float dloss) {
     if (m->has_head) tp_head_backward(m, a, c, dloss);
     for (int l = m->l1 - 1; l >= m->l0; l--) tp_block_backward(m, a, c, l, NULL, NULL);
     if (m->has_embed) tp_embed_backward(m, a, c);
+}
+
+void tp_backward_input(GPT2 *m, GPT2Acts *a, TpComm *c, float dloss) {
+    if (m->has_head) tp_head_backward(m, a, c, dloss);
+    for (int l = m->l1 - 1; l >= m->l0; l--) tp_block_backward_input(m, a, c, l, NULL);
+    if (m->has_embed) tp_embed_backward(m, a, c);
+}
+
+void tp_backward_weights(GPT2 *m, GPT2Acts *a) {
+    for (int l = m->l1 - 1; l >= m->l0; l--) tp_block_backward_weights(m, a, l, NULL);
 }
 
 // ---- the clipping norm -----------------------------------------------------------------------------

@@ -165,6 +165,25 @@ void tp_embed_forward_w(GPT2 *m, GPT2Acts *a, TpComm *c, const void *embed_w);
 float tp_head_forward_w(GPT2 *m, GPT2Acts *a, TpComm *c, const void *wte, const void *head_w);
 void tp_head_backward_w(GPT2 *m, GPT2Acts *a, TpComm *c, float dloss, const void *wte,
                         const void *head_w);
+// The split backward (zero bubble's B and W, chapter 08's ZB-H1 on a TP stage). A split set
+// (tp_acts_alloc_split after tp_acts_alloc) keeps per block what W reads from B (wsave, MEM_ACTS:
+// tp_wsave_bytes). B (tp_backward_input, tp_block_backward_input): the gradient of the input
+// through every op, with all of f's and g's collectives (the input gradient needs them); the
+// head and the embedding whole, as 08's B does. W (tp_backward_weights,
+// tp_block_backward_weights), any time later: the blocks' weight gradients from the kept
+// gradients and the set's activations, local (no communication). B then W gives the bits of
+// tp_backward. tp_acts_keep_for_w after B: t = 1 without SP gpt2_acts_keep_for_w (the set
+// shrinks to what W reads, as in 08); a slice's set stays whole until W frees it. With t = 1
+// without SP every one of these is gpt2.c's own.
+void tp_acts_alloc_split(GPT2Acts *a, const GPT2 *m);
+void tp_acts_keep_for_w(GPT2Acts *a, const GPT2 *m);
+size_t tp_wsave_bytes(const GPT2Config *cfg, TpShape s);  // a slice's wsave (not t = 1 without SP)
+// (block_w, dblock_w: a caller's unit, or NULL for the model's own, as tp_block_backward's;
+// W reads no weights.)
+void tp_block_backward_input(GPT2 *m, GPT2Acts *a, TpComm *c, int l, const void *block_w);
+void tp_block_backward_weights(GPT2 *m, GPT2Acts *a, int l, void *dblock_w);
+void tp_backward_input(GPT2 *m, GPT2Acts *a, TpComm *c, float dloss);
+void tp_backward_weights(GPT2 *m, GPT2Acts *a);
 
 // ---- the clipping norm -----------------------------------------------------------------------------
 

@@ -392,7 +392,63 @@ static void run_mutants(DistGroup *g) {
     expect_caught("padded vocab rows leaking into the softmax", run_mutant(g, V, Vp, NULL, 0, 0), tp);
 }
 
-static const char *const kinds[] = {"equiv", "count", "stages", "mutants"};
+// The split backward (tp.h, ZB-H1's B and W): on the whole slice, fp32 and bf16, without and
+// with SP, B (tp_backward_input, the set kept: tp_acts_keep_for_w) then W (tp_backward_weights)
+// gives tp_backward's bits: every gradient, the loss; B makes exactly tp_backward's collectives
+// (the same calls and floats per site) and W none.
+static void run_split(DistGroup *g) {
+    const GPT2Config cfg = {.V = 64, .T = T_, .L = 2, .C = 32, .NH = 4};
+    const int N = B_ * T_, tp = g->size, r = g->rank;
+    int in[B_ * T_], tg[B_ * T_];
+    for (int i = 0; i < N; i++) in[i] = (i * 7 + 3) % cfg.V, tg[i] = (i * 5 + 1) % cfg.V;
+    for (int d = 0; d < 2; d++)
+        for (int sp = 0; sp < 2; sp++) {
+            if (sp && (tp == 1 || T_ % tp != 0)) continue;
+            const GPT2Dtype dt = d ? GPT2_BF16 : GPT2_FP32;
+            GPT2 m[2];
+            GPT2Acts a[2];
+            TpComm c[2] = {tp_comm_group(g), tp_comm_group(g)};
+            float loss[2];
+            for (int k = 0; k < 2; k++) {  // 0: tp_backward, 1: B then W
+                tp_build(&m[k], cfg, DEV_CPU, dt, (TpShape){0, cfg.L, tp, r, sp, B_, T_}, 42);
+                tp_acts_alloc(&a[k], &m[k]);
+                if (k == 1) tp_acts_alloc_split(&a[k], &m[k]);
+                gpt2_acts_set_batch(&m[k], &a[k], in, tg);
+                gpt2_zero_grad(&m[k]);
+                loss[k] = tp_forward(&m[k], &a[k], &c[k]);
+                if (k == 0) {
+                    tp_backward(&m[k], &a[k], &c[k], 1.0f / N);
+                    continue;
+                }
+                tp_backward_input(&m[k], &a[k], &c[k], 1.0f / N);
+                tp_acts_keep_for_w(&a[k], &m[k]);
+                const TpComm after_b = c[k];
+                tp_backward_weights(&m[k], &a[k]);
+                mpi_check(memcmp(after_b.calls, c[k].calls, sizeof after_b.calls) == 0,
+                          "tp=%d sp=%d: W communicated", tp, sp);
+            }
+            const char *dn = d ? "bf16" : "fp32";
+            mpi_check(memcmp(c[0].calls, c[1].calls, sizeof c[0].calls) == 0 &&
+                          memcmp(c[0].floats, c[1].floats, sizeof c[0].floats) == 0,
+                      "tp=%d %s sp=%d: B's collectives are not tp_backward's", tp, dn, sp);
+            mpi_check(memcmp(&loss[0], &loss[1], sizeof(float)) == 0, "tp=%d %s sp=%d: the losses differ",
+                      tp, dn, sp);
+            float *x = lab_xmalloc(tp_block_count(cfg.C, 1) * sizeof(float));
+            float *y = lab_xmalloc(tp_block_count(cfg.C, 1) * sizeof(float));
+            for (int i = 0; i < m[0].nplist; i++) {  // every tensor, by name in both
+                grad_of(&m[0], i, x);
+                grad_of(&m[1], i, y);
+                mpi_check(memcmp(x, y, m[0].plist[i].size * sizeof(float)) == 0, "tp=%d %s sp=%d: the "
+                          "gradient of %s differs between tp_backward and B then W", tp, dn, sp,
+                          m[0].plist[i].name);
+            }
+            free(x), free(y);
+            for (int k = 0; k < 2; k++) gpt2_acts_free(&a[k]), gpt2_free(&m[k]);
+        }
+    if (r == 0) printf("mpi_tp: split tp=%d: B then W == the backward, fp32 and bf16, with and without SP\n", tp);
+}
+
+static const char *const kinds[] = {"equiv", "count", "stages", "mutants", "split"};
 
 static void run(int kind, DistGroup *g) {
     if (!splits(g)) return;  // 3 ranks do not split 4 heads
@@ -400,8 +456,9 @@ static void run(int kind, DistGroup *g) {
     if (kind == 1) run_count(g);
     if (kind == 2) run_stages(g);
     if (kind == 3) run_mutants(g);
+    if (kind == 4) run_split(g);
 }
 
 int main(int argc, char **argv) {
-    return mpi_test_main(argc, argv, "mpi_tp", "usage: mpi_tp equiv|count|stages|mutants...", kinds, 4, run);
+    return mpi_test_main(argc, argv, "mpi_tp", "usage: mpi_tp equiv|count|stages|mutants|split...", kinds, 5, run);
 }

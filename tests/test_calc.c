@@ -12,6 +12,7 @@
 #include "gpt2.h"
 #include "harness.h"
 #include "harness_expect.h"
+#include "schedule.h"
 
 #define GB 1e9
 #define GIB (1024.0 * 1024.0 * 1024.0)
@@ -875,8 +876,10 @@ Test(calc, bad_layout_setups_refused) {
     s = calc_setup_lab(1, 1, 2, 2, 3, 6, 16, 0, CALC_FP32);   // interleaved: m must be a multiple of pp
     assert_msg(calc_setup_check(&m, &s), "must be a multiple of --pp 2 (valid: 2, 4, ...)");
     s = calc_setup_lab(2, 2, 1, 1, 2, 8, 16, 0, CALC_FP32);
-    s.sp = 1;                                      // the lab's stage has no SP
-    assert_msg(calc_setup_check(&m, &s), "drop --seq-parallel");
+    s.recompute = CALC_RECOMPUTE_FULL;             // the lab's stage does not recompute
+    assert_msg(calc_setup_check(&m, &s), "drop --recompute");
+    s.recompute = CALC_RECOMPUTE_NONE, s.sp = 1;   // SP: 09's TP stages run it
+    cr_assert_null(calc_setup_check(&m, &s), "the lab's SP stage passes");
     s = calc_setup_lab(2, 2, 1, 1, 2, 8, 16, 0, CALC_FP32);
     s.chunks = -1;
     assert_msg(calc_setup_check(&m, &s), "--chunks -1");
@@ -1036,4 +1039,34 @@ Test(calc_shard, zero_and_fsdp_traffic) {
     calc_fsdp_wire_bytes(834304, 256, 4, 2, 0, 1, 2, &ag, &rs);
     cr_assert_eq(ag, 2 * 834304.0 * 3 / 4 * 2);
     cr_assert_eq(rs, 834304.0 * 3 / 4 * 2);
+}
+
+// ZB-H1 on the lab's stages (CalcSetup.split): one chunk per rank only, a non-negative cap; at
+// t = 1 the peak is chapter 08's W-store walk of the same table (calc_pipe_peak_bytes), and on a
+// TP stage the cap never raises the peak.
+Test(calc, zb_on_the_labs_stages) {
+    const CalcModel m = calc_model_from_gpt2(&(GPT2Config){.V = 256, .T = 16, .L = 4, .C = 32, .NH = 4});
+    CalcSetup s = calc_setup_lab(1, 2, 2, 2, 4, 8, 16, 0, CALC_FP32);
+    s.split = 1;
+    assert_msg(calc_setup_check(&m, &s), "runs one chunk per pipeline rank: drop --chunks 2");
+    s.chunks = 1, s.max_w = -1;
+    assert_msg(calc_setup_check(&m, &s), "max W stores -1");
+    s.max_w = 0;
+    cr_assert_null(calc_setup_check(&m, &s));
+    for (int stage = 0; stage < 2; stage++) {
+        const double own = calc_rank_memory(&m, &s, stage, 0).acts;
+        s.max_w = 1;
+        const double capped = calc_rank_memory(&m, &s, stage, 0).acts;
+        s.max_w = 0;
+        cr_assert(capped <= own && own > 0, "stage %d: capped %g, ZB-H1 %g", stage, capped, own);
+    }
+    CalcSetup one = calc_setup_lab(1, 1, 2, 1, 4, 8, 16, 0, CALC_BF16);
+    one.split = 1;
+    Schedule sc;
+    sched_zb_h1(&sc, 2, 4);
+    const GPT2Config cfg = {.V = 256, .T = 16, .L = 4, .C = 32, .NH = 4};
+    for (int stage = 0; stage < 2; stage++)
+        cr_assert_eq(calc_rank_memory(&m, &one, stage, 0).acts,
+                     calc_pipe_peak_bytes(&cfg, &sc, stage, 2, 16, GPT2_BF16), "t = 1 stage %d", stage);
+    sched_free(&sc);
 }

@@ -43,6 +43,18 @@ Test(tp, two_stages_compute_what_the_whole_slice_computes_on_tp_4_2_1, .timeout 
     mpi_tp_passes(2, "stages");
 }
 
+// The split backward (ZB-H1's B and W on a TP slice, tp.h): B then W gives tp_backward's bits,
+// fp32 and bf16, with and without SP, B making the same collectives and W none (mpi_tp split).
+// Seen failing: "tp=4 fp32 sp=0: the gradient of h.0.fcprojw differs between tp_backward and
+// B then W" (B copies the output's gradient for W after overwriting it); the same for sp=1 with
+// W's fcproj gradient from the rank's rows only.
+// Mutant: mutants/tp-zb-dout-after-b.patch
+// Mutant: mutants/tp-zb-sp-w-local-dout.patch
+Test(tp, the_split_backward_is_the_backward_bit_for_bit_on_tp_4_2_1, .timeout = 300) {
+    mpi_tp_passes(4, "split");
+    mpi_tp_passes(2, "split");
+}
+
 // The vocabulary split, by hand: V = 250 on 4 ranks pads to 252, 63 rows each; rank 3 holds
 // rows [189, 252), of which 250 - 189 = 61 are real. On 2 ranks 125 each, no padding.
 Test(tp, vocab_is_padded_to_a_multiple_of_tp) {

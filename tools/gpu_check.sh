@@ -23,8 +23,8 @@
 #      bf16 bounds, the same two causes: another summation order, a weight one bf16 step away)
 #   6. 07_tensor_parallel --tp 2 on 2 ranks, without and with --sequence-parallel
 #   7. 08_pipeline on 2 stages, --schedule 1f1b and zb (4 micro-batches; bf16 messages in bf16)
-#   8. 09_3d: 1 x 2 x 2 on 4 ranks (1F1B) and 2 x 2 x 2 on 8 ranks (interleaved, 2 chunks,
-#      --zero 1)
+#   8. 09_3d: 1 x 2 x 2 on 4 ranks (1F1B; ZB-H1 with sequence parallelism) and 2 x 2 x 2 on 8
+#      ranks (interleaved, 2 chunks, --zero 1)
 #   9. speed: tokens/s and MFU of GPT-2 124M (T=1024) training in bf16 (tools/bench_gpu)
 # Exit status: 0 when every step passed.
 #
@@ -175,6 +175,7 @@ fi
 if want 8; then
 step "8/9 09_3d, MPI backend: 1 x 2 x 2 on 4 ranks and 2 x 2 x 2 on 8, sharing the GPU"
 model_parallel 3d_122 4 ./09_3d/run --tp 2 --pp 2
+model_parallel 3d_122_zb_sp 4 ./09_3d/run --tp 2 --pp 2 --schedule zb --sequence-parallel --micro-batches 4
 model_parallel 3d_222 8 ./09_3d/run --tp 2 --pp 2 --schedule interleaved --chunks 2 --zero 1
 fi
 
