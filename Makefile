@@ -23,8 +23,10 @@ CC := gcc
 endif
 NP ?= 4
 
-# Debian packages the lab needs; `make deps` installs them when it can.
-DEB_PKGS := build-essential openmpi-bin libopenmpi-dev libopenblas-dev libcriterion-dev pkg-config
+# Debian packages the lab needs; `make deps` installs them when it can. fortunes-min and
+# fortunes: the text the lab's corpus is built from (--data text, common/text.h).
+DEB_PKGS := build-essential openmpi-bin libopenmpi-dev libopenblas-dev libcriterion-dev pkg-config \
+            fortunes-min fortunes
 
 CHAPTERS := $(sort $(patsubst %/main.c,%,$(wildcard [0-9][0-9]_*/main.c)))
 

@@ -20,6 +20,7 @@
 #include <unistd.h>
 
 #include "check.h"
+#include "text.h"
 #include "ckpt.h"
 #include "watchdog.h"
 #include "health.h"
@@ -44,7 +45,7 @@ typedef struct Flag {
 
 // The rows, sized from the inputs: NSHARED shared rows + the chapter's (add() checks the room,
 // so a chapter with many flags gets a clear internal error instead of an overflow).
-#define NSHARED 64
+#define NSHARED 72
 typedef struct Table {
     Flag *rows;
     int n, cap;
@@ -88,6 +89,8 @@ LabArgs lab_args_defaults(void) {
     a.inject_spike_step = -1;
     a.oom_rank = -1;
     a.oom_step = -1;
+    a.temperature = 1.0f;
+    a.sample_seed = 1;
     return a;
 }
 
@@ -115,9 +118,13 @@ int lab_args_end_step(const LabArgs *a) {
     return a->stop_at >= 0 && a->stop_at < a->steps ? a->stop_at : a->steps;
 }
 
+int lab_args_corpus(const LabArgs *a) { return a->data && strcmp(a->data, "text") == 0; }
+
 void lab_args_data(const LabArgs *a, DataSource *d) {
-    if (a->data) data_init_file(d, a->data, a->T, (uint64_t)a->data_seed);
+    if (lab_args_corpus(a)) text_corpus_init(d, a->T, (uint64_t)a->data_seed);  // split 90/10
+    else if (a->data) data_init_file(d, a->data, a->T, (uint64_t)a->data_seed);
     else data_init_synthetic(d, a->V, (uint64_t)a->data_seed);
+    if (a->data && a->val_every > 0) data_split_validation(d, a->T);  // a file: its last 10 %
     if (a->inject_spike_step >= 0) data_corrupt_step(d, (uint64_t)a->inject_spike_step);
 }
 
@@ -163,7 +170,7 @@ static Table build_table(LabArgs *a, const FlagSpec *extra, int nextra, unsigned
     add(&t, row("training", "--warmup", "N", FLAG_INT, &a->warmup, 0, MAX_INT_FLAG, NULL, "linear learning-rate warmup steps"));
     add(&t, row("training", "--seed", "N", FLAG_INT, &a->seed, 0, 2147483647.0, NULL, "model initialization seed"));
     add(&t, row("training", "--data-seed", "N", FLAG_INT, &a->data_seed, 0, 2147483647.0, NULL, "data seed (which sequences each step sees)"));
-    add(&t, row("training", "--data", "FILE", FLAG_STRING, &a->data, 0, 0, NULL, "byte-level text file (default: the synthetic Markov source)"));
+    add(&t, row("training", "--data", "FILE", FLAG_STRING, &a->data, 0, 0, NULL, "byte-level text file, or text: the lab's corpus (Debian's fortunes; default: the synthetic Markov source)"));
     out[t.n - 1].file = FILE_IN;
     add(&t, row("hardware", "--device", "D", FLAG_CHOICE, &a->device, 0, 0, "cpu|cuda", "where the math runs"));
     add(&t, row("hardware", "--backend", "B", FLAG_CHOICE, &a->backend, 0, 0, "mpi|nccl", "communication backend (nccl needs --device cuda)"));
@@ -209,6 +216,13 @@ static Table build_table(LabArgs *a, const FlagSpec *extra, int nextra, unsigned
     add(&t, row("reliability", "--rollback-skip", "N", FLAG_INT, &a->rollback_skip, 1, MAX_INT_FLAG, NULL, "--on-spike rollback: skip the updates of N steps from the spike's (its data)"));
     add(&t, row("reliability", "--inject-spike-step", "N", FLAG_INT, &a->inject_spike_step, -1, MAX_INT_FLAG, NULL, "fault: corrupt step N's batch (every token id off by V/2; counted from 1; -1 = off)"));
     add(&t, row("reliability", "--inject-oom-step", "R:N", FLAG_STRING, &a->inject_oom, 0, 0, NULL, "fault: an allocation fails on rank R at step N (N alone: rank 0; counted from 1)"));
+    // text (common/text.h): validation and sampling on rank 0, from the whole model gathered
+    add(&t, row("output", "--val-every", "N", FLAG_INT, &a->val_every, 0, MAX_INT_FLAG, NULL, "loss on held-out data every N steps and at the end (a --data file keeps its last 10 % for it; 0 = off)"));
+    add(&t, row("output", "--sample", "N", FLAG_INT, &a->sample, 0, 1048576, NULL, "generate N bytes at the end (needs --vocab 256; 0 = off)"));
+    add(&t, row("output", "--temperature", "X", FLAG_FLOAT, &a->temperature, 1e-3, 100, NULL, "--sample: logits / X before the softmax (below 1: surer)"));
+    add(&t, row("output", "--top-k", "K", FLAG_INT, &a->top_k, 0, 256, NULL, "--sample: draw from the K most likely bytes only (0 = all)"));
+    add(&t, row("output", "--sample-seed", "N", FLAG_INT, &a->sample_seed, 0, 2147483647.0, NULL, "--sample: the seed of the draws"));
+    add(&t, row("output", "--generate", NULL, FLAG_BOOL, &a->generate, 0, 1, NULL, "sample --sample N bytes (default 200) from --resume or --load-weights without training (chapter 00)"));
     for (int i = 0; i < nextra; i++) {
         const FlagSpec *e = &extra[i];
         LAB_CHECK(e->name && strncmp(e->name, "--", 2) == 0, "chapter flag %d: name '%s' must start with --",
@@ -543,7 +557,8 @@ static void set_value(const Flag *f, const char *value) {
     }
     case FLAG_STRING: {
         if (!*value) flag_fail("%s needs a non-empty value", name);
-        if (f->file == FILE_IN) check_input_file(name, value);
+        if (f->file == FILE_IN && !(strcmp(name, "--data") == 0 && strcmp(value, "text") == 0))
+            check_input_file(name, value);  // (--data text: the corpus, not a file)
         if (f->file == FILE_OUT) check_output_path(name, value);
         *(const char **)f->s.ptr = value;
         break;
@@ -664,7 +679,7 @@ static RunIdentity run_identity(const LabArgs *a) {
     if (a->data) {
         snprintf(id.data, sizeof id.data, "%s", a->data);
         char why[256];
-        if ((a->resume || a->save) &&
+        if ((a->resume || a->save) && !lab_args_corpus(a) &&
             ckpt_file_crc(a->data, &id.data_size, &id.data_crc, why, sizeof why) != 0)
             flag_fail("--data %s: %s", a->data, why);
     }
@@ -847,6 +862,35 @@ static void check_production(LabArgs *a) {
                   "--on-spike rollback (got --on-spike %s)", a->on_spike);
 }
 
+// --val-every, --sample and its knobs, --generate (common/text.h).
+static void check_text(LabArgs *a) {
+    if (a->sample > 0 && a->V != 256)
+        flag_fail("--sample %d generates bytes, so it needs --vocab 256 (got --vocab %d)",
+                  a->sample, a->V);
+    if (a->sample == 0 && !a->generate &&
+        (a->temperature != 1.0f || a->top_k != 0 || a->sample_seed != 1))
+        flag_fail("--temperature, --top-k and --sample-seed shape a sample: add --sample N (or "
+                  "--generate)");
+    if (!a->generate) return;
+    if (a->sample == 0) a->sample = 200;
+    if (a->V != 256)
+        flag_fail("--generate samples bytes, so it needs --vocab 256 (got --vocab %d)", a->V);
+    const char *path = a->resume ? a->resume : a->load_weights;
+    if (!path)
+        flag_fail("--generate samples from saved weights: give --resume STATE (a --save file) or "
+                  "--load-weights FILE (a --save-weights file)");
+    GPT2Config have, want = lab_args_config(a);
+    char why[512];
+    int rc = a->resume ? ckpt_state_config(path, &have, why, sizeof why)
+                       : ckpt_weights_peek(path, &have, why, sizeof why);
+    if (rc != 0) flag_fail("--generate: %s %s: %s", a->resume ? "--resume" : "--load-weights", path, why);
+    if (memcmp(&have, &want, sizeof have) != 0)
+        flag_fail("--generate: %s holds another model (--vocab %d --seq %d --layers %d --channels "
+                  "%d --heads %d) than these flags describe (--vocab %d --seq %d --layers %d "
+                  "--channels %d --heads %d): give the file's model flags", path, have.V, have.T,
+                  have.L, have.C, have.NH, want.V, want.T, want.L, want.C, want.NH);
+}
+
 // Checks that involve more than one flag.
 static void check_combinations(LabArgs *a, const RunIdentity *now) {
     if (a->C % a->NH != 0) {
@@ -879,7 +923,8 @@ static void check_combinations(LabArgs *a, const RunIdentity *now) {
     if (a->kill_rank >= world)
         flag_fail("--kill-rank %d: this job has %d ranks; valid: 0 .. %d", a->kill_rank, world,
                   world - 1);
-    if (a->data) check_data_length(a->data, a->T);
+    if (a->data && !lab_args_corpus(a)) check_data_length(a->data, a->T);
+    check_text(a);
     // Fault flags that name a step this run never reaches would silently do nothing.
     const int end = lab_args_end_step(a);
     char ends[96];
@@ -893,7 +938,7 @@ static void check_combinations(LabArgs *a, const RunIdentity *now) {
         flag_fail("--inject-nan-step %d: this run has %d steps (%s), so no NaN would be injected; "
                   "valid: 1 .. %d", a->inject_nan_step + 1, end, ends, end);
     check_allow_list(a);
-    if (a->resume) check_resume(a, end, now);
+    if (a->resume && !a->generate) check_resume(a, end, now);
     if (a->load_weights) {  // a damaged file refused now, once, not by each rank at its load
         GPT2Config have;
         char why[512];

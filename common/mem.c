@@ -193,6 +193,20 @@ void mem_reset_peaks(void) {
     total_peak = total_cur;
 }
 
+MemPeaks mem_peaks_save(void) {
+    MemPeaks p;
+    memcpy(p.peak, peak, sizeof peak);
+    p.total = total_peak;
+    p.process = process_peak;
+    return p;
+}
+
+void mem_peaks_restore(const MemPeaks *p) {
+    memcpy(peak, p->peak, sizeof peak);
+    total_peak = p->total;
+    process_peak = p->process;
+}
+
 char *mem_format(char *buf, size_t n, double bytes) {
     static const char *units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
     int u = 0;

@@ -97,6 +97,7 @@ typedef struct Session {
     DistCounters save_cost;  // what the checkpoints (and a rollback's load) moved: leave it out
                              // of per-step figures
     float *host_params;    // (n) final weights as fp32 on rank 0 (session_finish), else NULL
+    float *val_weights;    // (n) --val-every: the whole model gathered for validation (rank 0)
     // --- health (rank 0 computes it; health.h) ---
     FILE *log;             // --log, on rank 0
     int health;            // rank 0 prints progress lines or writes --log
