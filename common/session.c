@@ -168,7 +168,9 @@ static double validate(Session *s) {
     s->state.weights_to_host(s->state.ctx, s->rank == 0 ? s->val_weights : NULL);
     count_aside(s, &before);
     if (s->rank != 0) return NAN;
-    return text_val_loss(&s->cfg, s->val_weights, &s->data, s->args->batch, s->T);
+    s->val_done++;
+    s->val_last = text_val_loss(&s->cfg, s->val_weights, &s->data, s->args->batch, s->T);
+    return s->val_last;
 }
 
 // a z-score in 5 columns ("-" not yet; clamped so the columns stay aligned)
@@ -306,6 +308,7 @@ void session_dump_open(const Session *s, RunResults *out) {
     results_init(out, s->end, s->n);
     memcpy(out->losses, s->losses, (size_t)s->end * sizeof(float));
     memcpy(out->params, s->host_params, s->n * sizeof(float));
+    if (s->val_done) results_set(out, "val_loss", s->val_last);  // --val-every: the last one
 }
 
 void session_dump_close(const Session *s, RunResults *out) {

@@ -98,6 +98,8 @@ typedef struct Session {
                              // of per-step figures
     float *host_params;    // (n) final weights as fp32 on rank 0 (session_finish), else NULL
     float *val_weights;    // (n) --val-every: the whole model gathered for validation (rank 0)
+    int val_done;          // --val-every: validations so far; val_last the latest loss (rank 0;
+    double val_last;       // the --dump's "val_loss")
     // --- health (rank 0 computes it; health.h) ---
     FILE *log;             // --log, on rank 0
     int health;            // rank 0 prints progress lines or writes --log
