@@ -11,6 +11,9 @@
 #   make mutants        every deliberate bug in mutants/*.patch is caught by the test that names it
 #   make gpu-check      on a machine with a GPU: the CUDA path against the CPU path (tools/gpu_check.sh)
 #   make compare ARGS="--np 4 05_zero --zero 2"   a run against chapter 00's, as distances
+#   make learn          see it learn: a small GPT on English text on one core, samples as it
+#                       goes, the loss curve as learn.png (tools/learn.sh)
+#   make same-text      the same text from every layout (tools/same_text.sh)
 #
 # Options: CC=clang (default gcc; MPI flags come from mpicc -showme), CUDA=0|1 (default: 1 when nvcc is found),
 #          SAN=1 (AddressSanitizer + UndefinedBehaviorSanitizer build), NP=4 (ranks for tour).
@@ -205,6 +208,12 @@ mutants: tests
 compare: $(addsuffix /run,$(CHAPTERS))
 	@bash tools/compare.sh $(ARGS)
 
+learn: 00_memory_budget/run
+	@bash tools/learn.sh
+
+same-text: $(addsuffix /run,$(CHAPTERS))
+	@bash tools/same_text.sh
+
 gpu-check:
 	@BUILD=$(if $(filter build,$(BUILD)),build-cuda,$(BUILD)) bash tools/gpu_check.sh
 
@@ -217,4 +226,4 @@ clean:
 help:
 	@sed -n '/^# The lab/,/^$$/p' Makefile | sed 's/^# \{0,1\}//'
 
-.PHONY: all test tests grade tour bench gpu-check student clean help deps mutants matrix compare
+.PHONY: all test tests grade tour bench gpu-check student clean help deps mutants matrix compare learn same-text

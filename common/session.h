@@ -7,7 +7,8 @@
 //     (--kill-rank/--kill-step, --inject-nan-step, --inject-spike-step, --inject-oom-step,
 //     --stop-at), the NaN and loss-spike policies (--on-nan, --on-spike: session_guard.c), the
 //     checkpoint cadence (every --save-every, the final --save, --save-weights), the --dump and
-//     the per-rank table;
+//     the per-rank table; --val-every and --sample (common/text.h: on world rank 0, from the
+//     whole model state.weights_to_host gathers);
 //   the state (the chapter's): what a checkpoint holds and where the final weights come from,
 //     given to the loop as a SessionState (save, weights_to_host, load). A single replica (00,
 //     02, 03) takes session_init, which adds the model, gradients, activations, the optimizer

@@ -187,7 +187,7 @@ void text_print_sample(const TextSampling *sp, const uint8_t *out, double second
            sp->n, sp->temperature, sp->top_k, (unsigned long long)sp->seed, where,
            seconds > 0 ? sp->n / seconds : 0.0);
     printf("----- sample -----\n");
-    fwrite(out, 1, (size_t)sp->n, stdout);
+    for (int i = 0; i < sp->n; i++) putchar(text_shown(out[i]));
     printf("\n----- end of sample -----\n");
     fflush(stdout);
 }

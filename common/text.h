@@ -49,6 +49,11 @@ typedef struct TextSampling {
 // Returns the seconds it took.
 double text_sample(const GPT2Config *cfg, const float *llmc, const TextSampling *sp, uint8_t *out);
 // The sample as the runs print it: a header (bytes, temperature, top-k, seed, where it ran,
-// tokens/s) and the text between two rules.
+// tokens/s) and the text between two rules, each byte as text_shown gives it.
+// A byte as a sample shows it: itself, but a control byte other than newline and tab (an
+// untrained model draws them) as '?', so the text stays one printable string.
+static inline uint8_t text_shown(uint8_t b) {
+    return (b < 0x20 && b != '\n' && b != '\t') || b == 0x7f ? (uint8_t)'?' : b;
+}
 void text_print_sample(const TextSampling *sp, const uint8_t *out, double seconds,
                        const char *where);
