@@ -86,11 +86,6 @@ void data_init_file(DataSource *d, const char *path, int T, uint64_t seed) {
         lab_fail_collective("cannot read the data file %s: got %zu of %zu bytes (%s)", path, got,
                             size, ferror(f) ? strerror(errno) : "file shrank while reading");
     fclose(f);
-    const uint8_t *nul = memchr(d->bytes, 0, size);
-    if (nul)
-        lab_fail_collective("the data file %s looks binary (a NUL byte at offset %zu): --data "
-                            "takes a text file, read as bytes (or --data text, the lab's corpus)",
-                            path, (size_t)(nul - d->bytes));
     d->V = 256;  // byte-level
     d->seed = seed;
     d->is_file = 1;

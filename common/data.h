@@ -11,7 +11,8 @@
 //              the chain reaches a mean loss of (ln V + (T-1) * 1.2130) / T (the first token
 //              of each sequence has no context: uniform, ln V).
 //   text file  bytes of a file (V must be 256); sequence b of step s starts at an offset drawn
-//              from (seed, s, b). A file with a NUL byte is refused (binary, not text).
+//              from (seed, s, b). (The --data flag refuses a file with a NUL byte: binary, not
+//              text; lab_args_data.)
 //   text       `--data text`: the lab's corpus, built from a Debian package (common/text.h).
 //
 // Validation (--val-every): a byte source keeps its last 10 % apart (data_split_validation:

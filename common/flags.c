@@ -124,6 +124,11 @@ void lab_args_data(const LabArgs *a, DataSource *d) {
     if (lab_args_corpus(a)) text_corpus_init(d, a->T, (uint64_t)a->data_seed);  // split 90/10
     else if (a->data) data_init_file(d, a->data, a->T, (uint64_t)a->data_seed);
     else data_init_synthetic(d, a->V, (uint64_t)a->data_seed);
+    const uint8_t *nul = a->data ? memchr(d->bytes, 0, d->nbytes) : NULL;
+    if (nul)  // (every rank read the same file: one message)
+        lab_fail_collective("the data file %s looks binary (a NUL byte at offset %zu): --data "
+                            "takes a text file, read as bytes (or --data text, the lab's corpus)",
+                            a->data, (size_t)(nul - d->bytes));
     if (a->data && a->val_every > 0) data_split_validation(d, a->T);  // a file: its last 10 %
     if (a->inject_spike_step >= 0) data_corrupt_step(d, (uint64_t)a->inject_spike_step);
 }
