@@ -71,7 +71,7 @@ awk '{ s = ""; v = "NaN"
        if (match($0, /"step":[0-9]+/)) s = substr($0, RSTART + 7, RLENGTH - 7)
        if (match($0, /"loss":[-0-9.e]+/)) l = substr($0, RSTART + 7, RLENGTH - 7)
        if (match($0, /"val_loss":[-0-9.e]+/)) v = substr($0, RSTART + 11, RLENGTH - 11)
-       print s, l, v }' "$out/learn.jsonl" >"$out/learn.dat"
+       print s, l, v }' "$out/learn.jsonl" | sort -n -s -u -k1,1 >"$out/learn.dat"
 gnuplot <<GP
 set terminal pngcairo size 900,500 font "sans,10"
 set output "$out/learn.png"
@@ -80,6 +80,7 @@ set xlabel "step"
 set ylabel "loss (nats per byte)"
 set grid
 set yrange [0:6]
+set key at graph 0.98, 0.8 right
 plot "$out/learn.dat" using 1:2 with lines lw 1 lc rgb "#1f77b4" title "training (the step's batch)", \
      "$out/learn.dat" using 1:3 with linespoints pt 7 lw 2 lc rgb "#d62728" title "validation (held-out 10 %)", \
      log(256) with lines dt 2 lc rgb "#777777" title "ln 256: a uniform guess"
