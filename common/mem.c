@@ -201,10 +201,10 @@ MemPeaks mem_peaks_save(void) {
     return p;
 }
 
-void mem_peaks_restore(const MemPeaks *p) {
-    memcpy(peak, p->peak, sizeof peak);
-    total_peak = p->total;
-    process_peak = p->process;
+void mem_peaks_restore(const MemPeaks *p) {  // (never below what is live now)
+    for (int c = 0; c < MEM_NCATS; c++) peak[c] = p->peak[c] > cur[c] ? p->peak[c] : cur[c];
+    total_peak = p->total > total_cur ? p->total : total_cur;
+    process_peak = p->process > total_cur ? p->process : total_cur;
 }
 
 char *mem_format(char *buf, size_t n, double bytes) {

@@ -165,7 +165,9 @@ static double validate(Session *s) {
               "gather its weights");
     if (s->rank == 0 && !s->val_weights) s->val_weights = lab_xmalloc(s->n * sizeof(float));
     DistCounters before = *dist_counters();
+    MemPeaks peaks = mem_peaks_save();  // the gather's buffers are not the run's memory either
     s->state.weights_to_host(s->state.ctx, s->rank == 0 ? s->val_weights : NULL);
+    mem_peaks_restore(&peaks);
     count_aside(s, &before);
     if (s->rank != 0) return NAN;
     s->val_done++;
