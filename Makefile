@@ -13,6 +13,9 @@
 #   make compare ARGS="--np 4 05_zero --zero 2"   a run against chapter 00's, as distances
 #   make questions      run every command of docs/QUESTIONS.md and check the page shows what they print
 #   make drill          chapter 09 under a chaos schedule, restarted from its checkpoints (tools/drill.sh)
+#   make learn          see it learn: a small GPT on English text on one core, samples as it
+#                       goes, the loss curve as learn.png (tools/learn.sh)
+#   make same-text      the same text from every layout (tools/same_text.sh)
 #
 # Options: CC=clang (default gcc; MPI flags come from mpicc -showme), CUDA=0|1 (default: 1 when nvcc is found),
 #          SAN=1 (AddressSanitizer + UndefinedBehaviorSanitizer build), NP=4 (ranks for tour).
@@ -25,8 +28,10 @@ CC := gcc
 endif
 NP ?= 4
 
-# Debian packages the lab needs; `make deps` installs them when it can.
-DEB_PKGS := build-essential openmpi-bin libopenmpi-dev libopenblas-dev libcriterion-dev pkg-config
+# Debian packages the lab needs; `make deps` installs them when it can. fortunes-min and
+# fortunes: the text the lab's corpus is built from (--data text, common/text.h).
+DEB_PKGS := build-essential openmpi-bin libopenmpi-dev libopenblas-dev libcriterion-dev pkg-config \
+            fortunes-min fortunes
 
 CHAPTERS := $(sort $(patsubst %/main.c,%,$(wildcard [0-9][0-9]_*/main.c)))
 
@@ -216,6 +221,12 @@ compare: $(addsuffix /run,$(CHAPTERS))
 questions: $(addsuffix /run,$(CHAPTERS))
 	@bash tools/questions.sh
 
+learn: 00_memory_budget/run
+	@bash tools/learn.sh
+
+same-text: $(addsuffix /run,$(CHAPTERS))
+	@bash tools/same_text.sh
+
 gpu-check:
 	@BUILD=$(if $(filter build,$(BUILD)),build-cuda,$(BUILD)) bash tools/gpu_check.sh
 
@@ -228,4 +239,4 @@ clean:
 help:
 	@sed -n '/^# The lab/,/^$$/p' Makefile | sed 's/^# \{0,1\}//'
 
-.PHONY: all test tests grade tour bench gpu-check student clean help deps mutants matrix compare questions drill
+.PHONY: all test tests grade tour bench gpu-check student clean help deps mutants matrix compare questions drill learn same-text

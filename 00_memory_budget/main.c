@@ -19,6 +19,7 @@
 
 #include "calc.h"
 #include "check.h"
+#include "ckpt.h"
 #include "data.h"
 #include "dist.h"
 #include "flags.h"
@@ -28,6 +29,7 @@
 #include "optim.h"
 #include "results.h"
 #include "session.h"
+#include "text.h"
 #include "trace.h"
 #include "train.h"
 
@@ -57,6 +59,11 @@ static const char *USAGE =
     "                                                keep only each block's input, rerun its\n"
     "                                                forward in backward: the same bits, less\n"
     "                                                activation memory, more compute\n"
+    "  ./00_memory_budget/run --train --data text --val-every 100 --sample 300 --save s.ckpt\n"
+    "                                                train on English (the lab's corpus), watch\n"
+    "                                                the held-out loss, read what it writes\n"
+    "  ./00_memory_budget/run --generate --resume s.ckpt --sample 500 --temperature 0.8\n"
+    "                                                write text from a saved state (any layout's)\n"
     "\n"
     "The training run is single-device by definition: run it without mpirun or with -np 1.\n"
     "The calculator takes the model flags, --batch and --dtype; the training flags (--steps,\n"
@@ -69,6 +76,7 @@ typedef struct TrainFlags {
 
 static MemPrediction predict_memory(const void *ctx, const LabArgs *args, int batch, int rank);
 static void train(const LabArgs *args);
+static void generate(const LabArgs *args);
 
 // The two halves take different flags; one of the other half would do nothing, so it is
 // refused: the calculator reads the model flags, --batch and --dtype only (it trains nothing,
@@ -113,6 +121,17 @@ int main(int argc, char **argv) {
     memcpy(extra + ntrain, calc_flags, (size_t)ncalc * sizeof(FlagSpec));
     lab_parse_args_for(LAB_FLAGS_SINGLE | LAB_FLAGS_RECOMPUTE, argc, argv, &args, extra, nextra, "00_memory_budget/run", USAGE);
     free(extra);
+    if (args.generate) {  // sampling from saved weights: neither the calculator nor training
+        if (tf.train)
+            lab_fail_collective("--generate samples from saved weights without training: drop "
+                                "--train (or --generate)");
+        if (dist_size() != 1)
+            lab_fail_collective("--generate runs on one device: launch it with -np 1 (or without "
+                                "mpirun), not with %d ranks", dist_size());
+        generate(&args);
+        dist_finalize();
+        return 0;
+    }
     refuse_flags_of_the_other_half(argc, argv, tf.train, calc_flags, ncalc);
 
     if (tf.train) {
@@ -292,4 +311,33 @@ static void train(const LabArgs *args) {
         session_dump_close(&s, &out);
     }
     session_free(&s);
+}
+
+// --generate: the whole model from a training state (--resume, written by any layout: a state is
+// always the whole model) or a weight file (--load-weights), then --sample N bytes from it.
+static void generate(const LabArgs *a) {
+    GPT2Config cfg = lab_args_config(a);
+    const size_t n = gpt2_param_count(&cfg);
+    float *llmc = lab_xmalloc(n * sizeof(float));
+    char from[1100];
+    if (a->resume) {
+        float *mem = mem_alloc(n * sizeof(float), MEM_OTHER, DEV_CPU);
+        float *m = mem_alloc(n * sizeof(float), MEM_OTHER, DEV_CPU);
+        float *v = mem_alloc(n * sizeof(float), MEM_OTHER, DEV_CPU);
+        int step = ckpt_resume_training(a->resume, &cfg, mem, m, v, n);
+        gpt2_to_llmc(&cfg, mem, llmc);
+        mem_free(mem), mem_free(m), mem_free(v);
+        snprintf(from, sizeof from, "the training state %s (step %d)", a->resume, step);
+    } else {
+        ckpt_load_weights(a->load_weights, &cfg, llmc);
+        snprintf(from, sizeof from, "the weights %s", a->load_weights);
+    }
+    printf("generate: GPT-2 V=%d T=%d L=%d C=%d NH=%d, %zu parameters, from %s\n", cfg.V, cfg.T,
+           cfg.L, cfg.C, cfg.NH, n, from);
+    TextSampling sp = {a->sample, a->temperature, a->top_k, (uint64_t)a->sample_seed};
+    uint8_t *text = lab_xmalloc((size_t)a->sample);
+    double seconds = text_sample(&cfg, llmc, &sp, text);
+    text_print_sample(&sp, text, seconds, "on one device");
+    free(text);
+    free(llmc);
 }

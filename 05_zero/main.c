@@ -415,18 +415,25 @@ static void state_save(void *ctx, const char *path, int step) {
                        zz->opt_v, s->world);
 }
 
-// The final weights (rank 0, fp32): stage 3 gathers the whole parameters back once, into the
-// model's own buffer (after every figure is taken; tagged MEM_OTHER).
+// The weights (rank 0, fp32): stage 3 gathers the whole parameters into a buffer the model reads
+// them from for the copy, then frees it (tagged MEM_OTHER; at the end after every figure is
+// taken; --val-every calls it mid-run, and the sharded step never reads the model's buffer).
 static void state_weights(void *ctx, float *full) {
     Zero *zz = ctx;
     Session *s = zz->s;
-    if (zz->stage == 3) {
-        void *all = mem_alloc(s->n * zz->e, MEM_OTHER, s->dev);
-        dist_all_gather_n(zz->param_shard, all, s->n, s->dt, s->world);
-        if (s->bf16) zz->m->params_bf16 = all;
-        else zz->m->params = all;
+    if (zz->stage != 3) {
+        if (s->rank == 0) train_params_to_host(zz->m, full);
+        return;
     }
+    void *all = mem_alloc(s->n * zz->e, MEM_OTHER, s->dev);
+    dist_all_gather_n(zz->param_shard, all, s->n, s->dt, s->world);
+    void *was = s->bf16 ? (void *)zz->m->params_bf16 : (void *)zz->m->params;
+    if (s->bf16) zz->m->params_bf16 = all;
+    else zz->m->params = all;
     if (s->rank == 0) train_params_to_host(zz->m, full);
+    if (s->bf16) zz->m->params_bf16 = was;
+    else zz->m->params = was;
+    mem_free(all);
 }
 
 static void free_state(Zero *zz) {

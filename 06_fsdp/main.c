@@ -245,8 +245,9 @@ static void state_save(void *ctx, const char *path, int step) {
                        (uint64_t)s->args->data_seed, r->master, 0, r->opt_m, r->opt_v, r->shard);
 }
 
-// The final weights (rank 0, fp32): the whole parameters gathered back once, into the model's
-// own buffer (after every figure is taken; tagged MEM_OTHER).
+// The weights (rank 0, fp32): the whole parameters gathered into a buffer the model reads them
+// from for the copy, then freed (tagged MEM_OTHER; at the end after every figure is taken;
+// --val-every calls it mid-run, and the units' step never reads the model's buffer).
 static void state_weights(void *ctx, float *full) {
     FsdpRun *r = ctx;
     Session *s = r->s;
@@ -256,9 +257,13 @@ static void state_weights(void *ctx, float *full) {
         dist_all_gather_n((char *)r->param_shard + p->local * s->e,
                           (char *)all + p->unit_offset * s->e, p->unit_size, s->dt, r->shard);
     }
+    void *was = s->bf16 ? (void *)r->m->params_bf16 : (void *)r->m->params;
     if (s->bf16) r->m->params_bf16 = all;
     else r->m->params = all;
     if (s->rank == 0) train_params_to_host(r->m, full);
+    if (s->bf16) r->m->params_bf16 = was;
+    else r->m->params = was;
+    mem_free(all);
 }
 
 static void free_run(FsdpRun *r) {

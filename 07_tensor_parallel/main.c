@@ -146,12 +146,13 @@ static void save_state(void *ctx, const char *path, int step) {
 }
 
 // state.weights_to_host: the weights the forward reads, whole, in llm.c's order, into full on
-// world rank 0 (TP group 0's slices gathered).
+// world rank 0 (TP group 0's slices gathered over the checkpoints' copy of the TP group, so that
+// a mid-run call, --val-every's, stays out of the TP group's per-step bytes as a save does).
 static void weights_to_host(void *ctx, float *full) {
     const Tp7 *t = ctx;
     if (t->dpg->rank != 0) return;
-    float *mem = t->tpg->rank == 0 ? lab_xcalloc(gpt2_param_count(&t->m.cfg), sizeof(float)) : NULL;
-    gather_whole(&t->m, NULL, t->tpg, mem);
+    float *mem = t->ckg->rank == 0 ? lab_xcalloc(gpt2_param_count(&t->m.cfg), sizeof(float)) : NULL;
+    gather_whole(&t->m, NULL, t->ckg, mem);
     if (full) gpt2_to_llmc(&t->m.cfg, mem, full);
     free(mem);
 }

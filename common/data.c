@@ -33,7 +33,7 @@ static uint64_t hash4(uint64_t domain, uint64_t a, uint64_t b, uint64_t c) {
 // Uniform double in [0, 1) from the top 53 bits.
 static double unit_double(uint64_t h) { return (double)(h >> 11) * (1.0 / 9007199254740992.0); }
 
-enum { DOMAIN_SUCC = 1, DOMAIN_TOKEN = 2, DOMAIN_FIRST = 3, DOMAIN_OFFSET = 4 };
+enum { DOMAIN_SUCC = 1, DOMAIN_TOKEN = 2, DOMAIN_FIRST = 3, DOMAIN_OFFSET = 4, DOMAIN_VAL = 5 };
 
 void data_init_synthetic(DataSource *d, int V, uint64_t seed) {
     if (V < 8) lab_fail("the synthetic data source needs --vocab >= 8, got %d", V);
@@ -137,7 +137,8 @@ static int markov_next(const DataSource *d, int prev, double u) {
 static void make_row(const DataSource *d, uint64_t step, int b, int T, int *seq) {
     if (d->is_file) {
         LAB_CHECK(d->nbytes >= (size_t)T + 1, "data file %s is shorter than --seq %d + 1", d->path, T);
-        uint64_t nstarts = (uint64_t)(d->nbytes - (size_t)T);  // offsets 0 .. nbytes-T-1
+        size_t n = d->train_bytes ? d->train_bytes : d->nbytes;  // (validation: the rest)
+        uint64_t nstarts = (uint64_t)(n - (size_t)T);  // offsets 0 .. n-T-1
         size_t off = (size_t)(hash4(DOMAIN_OFFSET, d->seed, step, (uint64_t)b) % nstarts);
         for (int t = 0; t <= T; t++) seq[t] = d->bytes[off + (size_t)t];
         return;
@@ -169,6 +170,37 @@ void data_batch(const DataSource *d, uint64_t step, int B, int T, int row0, int 
         for (int t = 0; corrupt && t <= T; t++) seq[t] = (seq[t] + d->V / 2) % d->V;
         memcpy(inputs + (size_t)r * (size_t)T, seq, (size_t)T * sizeof(int));
         memcpy(targets + (size_t)r * (size_t)T, seq + 1, (size_t)T * sizeof(int));
+    }
+    free(seq);
+}
+
+void data_split_validation(DataSource *d, int T) {
+    if (!d->is_file || d->train_bytes) return;  // synthetic: nothing to hold out; split already
+    size_t val = d->nbytes / 10, train = d->nbytes - val;
+    if (val < (size_t)T + 1 || train < (size_t)T + 1)
+        lab_fail_collective("%s has %zu bytes: too few to keep its last 10 %% (%zu bytes) for "
+                            "validation with sequences of --seq %d (each part needs %d bytes); "
+                            "use a longer file, a smaller --seq, or no --val-every", d->path,
+                            d->nbytes, val, T, T + 1);
+    d->train_bytes = train;
+}
+
+void data_val_batch(const DataSource *d, int i, int B, int T, int *inputs, int *targets) {
+    LAB_CHECK(i >= 0 && B >= 1 && T >= 1, "validation batch %d of %d x %d", i, B, T);
+    int *seq = lab_xmalloc(((size_t)T + 1) * sizeof(int));
+    for (int b = 0; b < B; b++) {
+        if (d->is_file) {
+            LAB_CHECK(d->train_bytes, "data_val_batch: %s has no held-out part "
+                      "(data_split_validation)", d->path);
+            uint64_t nstarts = (uint64_t)(d->nbytes - d->train_bytes - (size_t)T);
+            size_t off = d->train_bytes +
+                         (size_t)(hash4(DOMAIN_VAL, (uint64_t)i, (uint64_t)b, 0) % nstarts);
+            for (int t = 0; t <= T; t++) seq[t] = d->bytes[off + (size_t)t];
+        } else {
+            make_row(d, (1ull << 63) + (uint64_t)i, b, T, seq);  // a step no run reaches
+        }
+        memcpy(inputs + (size_t)b * (size_t)T, seq, (size_t)T * sizeof(int));
+        memcpy(targets + (size_t)b * (size_t)T, seq + 1, (size_t)T * sizeof(int));
     }
     free(seq);
 }

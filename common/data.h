@@ -11,7 +11,15 @@
 //              the chain reaches a mean loss of (ln V + (T-1) * 1.2130) / T (the first token
 //              of each sequence has no context: uniform, ln V).
 //   text file  bytes of a file (V must be 256); sequence b of step s starts at an offset drawn
-//              from (seed, s, b).
+//              from (seed, s, b). (The --data flag refuses a file with a NUL byte: binary, not
+//              text; lab_args_data.)
+//   text       `--data text`: the lab's corpus, built from a Debian package (common/text.h).
+//
+// Validation (--val-every): a byte source keeps its last 10 % apart (data_split_validation:
+// the corpus always, a --data file when --val-every asks for it); training draws from the
+// first 90 % only. data_val_batch gives the fixed held-out batches, the same in every layout
+// (a pure function of their index: no seed, no rank, no step). The synthetic source has no
+// end to hold out: its validation rows are rows of steps no run reaches.
 #pragma once
 #include <stddef.h>
 #include <stdint.h>
@@ -23,6 +31,8 @@ typedef struct DataSource {
     const char *path;        // for a file source
     uint8_t *bytes;          // file contents (host)
     size_t nbytes;
+    size_t train_bytes;      // file: training reads bytes [0, train_bytes), validation the rest
+                             // (data_split_validation); 0: training reads all, no validation
     int succ_count;          // synthetic: successors per token (4)
     int *succ;               // synthetic: (V, succ_count) successor table
     float succ_prob[8];      // synthetic: probability of each successor slot
@@ -53,6 +63,13 @@ void data_batch(const DataSource *d, uint64_t step, int B, int T, int row0, int 
 // DistributedSampler slice: rank r of n gets rows [*row0, *row0 + *nrows) of a batch of B.
 // Fails with a clear message unless B % n == 0 (every rank must process the same count).
 void data_slice(int B, int rank, int n, int *row0, int *nrows);
+
+// Keep the last 10 % of a byte source for validation (training reads the first 90 %). Fails
+// with a clear message when either part is shorter than a sequence of T + 1 bytes.
+void data_split_validation(DataSource *d, int T);
+// Validation batch i (0, 1, ...): B rows of T inputs and targets from the held-out bytes (or,
+// synthetic, from steps no run reaches). The same whatever the seed, the layout or the step.
+void data_val_batch(const DataSource *d, int i, int B, int T, int *inputs, int *targets);
 
 // Fault injection (--inject-spike-step): corrupt the batch of `step` (see data_batch).
 void data_corrupt_step(DataSource *d, uint64_t step);

@@ -20,6 +20,7 @@
 #include <unistd.h>
 
 #include "check.h"
+#include "text.h"
 #include "ckpt.h"
 #include "dist.h"
 #include "watchdog.h"
@@ -45,7 +46,7 @@ typedef struct Flag {
 
 // The rows, sized from the inputs: NSHARED shared rows + the chapter's (add() checks the room,
 // so a chapter with many flags gets a clear internal error instead of an overflow).
-#define NSHARED 64
+#define NSHARED 72
 typedef struct Table {
     Flag *rows;
     int n, cap;
@@ -90,6 +91,8 @@ LabArgs lab_args_defaults(void) {
     a.oom_rank = -1;
     a.oom_step = -1;
     a.recompute = "none";
+    a.temperature = 1.0f;
+    a.sample_seed = 1;
     return a;
 }
 
@@ -129,9 +132,18 @@ int lab_args_end_step(const LabArgs *a) {
     return a->stop_at >= 0 && a->stop_at < a->steps ? a->stop_at : a->steps;
 }
 
+int lab_args_corpus(const LabArgs *a) { return a->data && strcmp(a->data, "text") == 0; }
+
 void lab_args_data(const LabArgs *a, DataSource *d) {
-    if (a->data) data_init_file(d, a->data, a->T, (uint64_t)a->data_seed);
+    if (lab_args_corpus(a)) text_corpus_init(d, a->T, (uint64_t)a->data_seed);  // split 90/10
+    else if (a->data) data_init_file(d, a->data, a->T, (uint64_t)a->data_seed);
     else data_init_synthetic(d, a->V, (uint64_t)a->data_seed);
+    const uint8_t *nul = a->data ? memchr(d->bytes, 0, d->nbytes) : NULL;
+    if (nul)  // (every rank read the same file: one message)
+        lab_fail_collective("the data file %s looks binary (a NUL byte at offset %zu): --data "
+                            "takes a text file, read as bytes (or --data text, the lab's corpus)",
+                            a->data, (size_t)(nul - d->bytes));
+    if (a->data && a->val_every > 0) data_split_validation(d, a->T);  // a file: its last 10 %
     if (a->inject_spike_step >= 0) data_corrupt_step(d, (uint64_t)a->inject_spike_step);
 }
 
@@ -177,7 +189,7 @@ static Table build_table(LabArgs *a, const FlagSpec *extra, int nextra, unsigned
     add(&t, row("training", "--warmup", "N", FLAG_INT, &a->warmup, 0, MAX_INT_FLAG, NULL, "linear learning-rate warmup steps"));
     add(&t, row("training", "--seed", "N", FLAG_INT, &a->seed, 0, 2147483647.0, NULL, "model initialization seed"));
     add(&t, row("training", "--data-seed", "N", FLAG_INT, &a->data_seed, 0, 2147483647.0, NULL, "data seed (which sequences each step sees)"));
-    add(&t, row("training", "--data", "FILE", FLAG_STRING, &a->data, 0, 0, NULL, "byte-level text file (default: the synthetic Markov source)"));
+    add(&t, row("training", "--data", "FILE", FLAG_STRING, &a->data, 0, 0, NULL, "byte-level text file, or text: the lab's corpus (Debian's fortunes; default: the synthetic Markov source)"));
     out[t.n - 1].file = FILE_IN;
     add(&t, row("hardware", "--device", "D", FLAG_CHOICE, &a->device, 0, 0, "cpu|cuda", "where the math runs"));
     add(&t, row("hardware", "--backend", "B", FLAG_CHOICE, &a->backend, 0, 0, "mpi|nccl", "communication backend (nccl needs --device cuda)"));
@@ -234,6 +246,13 @@ static Table build_table(LabArgs *a, const FlagSpec *extra, int nextra, unsigned
     // the virtual cluster (dist_link.c, docs/CLUSTER.md): nodes of G ranks and their links
     add(&t, row("reliability", "--links", "SPEC", FLAG_STRING, &a->links, 0, 0, NULL, "virtual nodes and links: G:BW,LAT:BW,LAT (G ranks per node; GB/s and us inside a node, then between nodes) or PRESET:G[:cpu] (h100, a100; cpu: scaled to this machine's compute); every message is held for its alpha-beta time"));
     out[t.n - 1].mask = LAB_FLAGS_COMM | LAB_FLAGS_KILL;  // every multi-rank program
+    // text (common/text.h): validation and sampling on rank 0, from the whole model gathered
+    add(&t, row("output", "--val-every", "N", FLAG_INT, &a->val_every, 0, MAX_INT_FLAG, NULL, "loss on held-out data every N steps and at the end (a --data file keeps its last 10 % for it; 0 = off)"));
+    add(&t, row("output", "--sample", "N", FLAG_INT, &a->sample, 0, 1048576, NULL, "generate N bytes at the end (needs --vocab 256; 0 = off)"));
+    add(&t, row("output", "--temperature", "X", FLAG_FLOAT, &a->temperature, 1e-3, 100, NULL, "--sample: logits / X before the softmax (below 1: surer)"));
+    add(&t, row("output", "--top-k", "K", FLAG_INT, &a->top_k, 0, 256, NULL, "--sample: draw from the K most likely bytes only (0 = all)"));
+    add(&t, row("output", "--sample-seed", "N", FLAG_INT, &a->sample_seed, 0, 2147483647.0, NULL, "--sample: the seed of the draws"));
+    add(&t, row("output", "--generate", NULL, FLAG_BOOL, &a->generate, 0, 1, NULL, "sample --sample N bytes (default 200) from --resume or --load-weights without training (chapter 00)"));
     for (int i = 0; i < nextra; i++) {
         const FlagSpec *e = &extra[i];
         LAB_CHECK(e->name && strncmp(e->name, "--", 2) == 0, "chapter flag %d: name '%s' must start with --",
@@ -574,7 +593,8 @@ static void set_value(const Flag *f, const char *value) {
     }
     case FLAG_STRING: {
         if (!*value) flag_fail("%s needs a non-empty value", name);
-        if (f->file == FILE_IN) check_input_file(name, value);
+        if (f->file == FILE_IN && !(strcmp(name, "--data") == 0 && strcmp(value, "text") == 0))
+            check_input_file(name, value);  // (--data text: the corpus, not a file)
         if (f->file == FILE_OUT) check_output_path(name, value);
         *(const char **)f->s.ptr = value;
         break;
@@ -699,7 +719,7 @@ static RunIdentity run_identity(const LabArgs *a) {
     if (a->data) {
         snprintf(id.data, sizeof id.data, "%s", a->data);
         char why[256];
-        if ((a->resume || a->save) &&
+        if ((a->resume || a->save) && !lab_args_corpus(a) &&
             ckpt_file_crc(a->data, &id.data_size, &id.data_crc, why, sizeof why) != 0)
             flag_fail("--data %s: %s", a->data, why);
     }
@@ -897,6 +917,35 @@ static void check_ckpt_policy(const LabArgs *a) {
                   "another path", a->save);
 }
 
+// --val-every, --sample and its knobs, --generate (common/text.h).
+static void check_text(LabArgs *a) {
+    if (a->sample > 0 && a->V != 256)
+        flag_fail("--sample %d generates bytes, so it needs --vocab 256 (got --vocab %d)",
+                  a->sample, a->V);
+    if (a->sample == 0 && !a->generate &&
+        (a->temperature != 1.0f || a->top_k != 0 || a->sample_seed != 1))
+        flag_fail("--temperature, --top-k and --sample-seed shape a sample: add --sample N (or "
+                  "--generate)");
+    if (!a->generate) return;
+    if (a->sample == 0) a->sample = 200;
+    if (a->V != 256)
+        flag_fail("--generate samples bytes, so it needs --vocab 256 (got --vocab %d)", a->V);
+    const char *path = a->resume ? a->resume : a->load_weights;
+    if (!path)
+        flag_fail("--generate samples from saved weights: give --resume STATE (a --save file) or "
+                  "--load-weights FILE (a --save-weights file)");
+    GPT2Config have, want = lab_args_config(a);
+    char why[512];
+    int rc = a->resume ? ckpt_state_config(path, &have, why, sizeof why)
+                       : ckpt_weights_peek(path, &have, why, sizeof why);
+    if (rc != 0) flag_fail("--generate: %s %s: %s", a->resume ? "--resume" : "--load-weights", path, why);
+    if (memcmp(&have, &want, sizeof have) != 0)
+        flag_fail("--generate: %s holds another model (--vocab %d --seq %d --layers %d --channels "
+                  "%d --heads %d) than these flags describe (--vocab %d --seq %d --layers %d "
+                  "--channels %d --heads %d): give the file's model flags", path, have.V, have.T,
+                  have.L, have.C, have.NH, want.V, want.T, want.L, want.C, want.NH);
+}
+
 // Checks that involve more than one flag.
 static void check_combinations(LabArgs *a, const RunIdentity *now) {
     if (a->C % a->NH != 0) {
@@ -930,7 +979,8 @@ static void check_combinations(LabArgs *a, const RunIdentity *now) {
     if (a->kill_rank >= world)
         flag_fail("--kill-rank %d: this job has %d ranks; valid: 0 .. %d", a->kill_rank, world,
                   world - 1);
-    if (a->data) check_data_length(a->data, a->T);
+    if (a->data && !lab_args_corpus(a)) check_data_length(a->data, a->T);
+    check_text(a);
     // Fault flags that name a step this run never reaches would silently do nothing.
     const int end = lab_args_end_step(a);
     char ends[96];
@@ -944,7 +994,7 @@ static void check_combinations(LabArgs *a, const RunIdentity *now) {
         flag_fail("--inject-nan-step %d: this run has %d steps (%s), so no NaN would be injected; "
                   "valid: 1 .. %d", a->inject_nan_step + 1, end, ends, end);
     check_allow_list(a);
-    if (a->resume) check_resume(a, end, now);
+    if (a->resume && !a->generate) check_resume(a, end, now);
     if (a->load_weights) {  // a damaged file refused now, once, not by each rank at its load
         GPT2Config have;
         char why[512];

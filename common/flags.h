@@ -33,7 +33,8 @@ typedef struct LabArgs {
     int warmup;
     int seed;             // model init seed
     int data_seed;        // data seed
-    const char *data;     // NULL: synthetic source; else a byte-level text file
+    const char *data;     // NULL: synthetic source; "text": the lab's corpus (common/text.h);
+                          // else a byte-level text file
     // hardware
     const char *device;   // "cpu" | "cuda"
     const char *backend;  // "mpi" | "nccl"
@@ -84,6 +85,13 @@ typedef struct LabArgs {
     const char *recompute;   // "none" | "selective" | "full"
     // virtual cluster (dist.h, "Virtual nodes and links"; docs/CLUSTER.md)
     const char *links;       // "G:BW,LAT:BW,LAT" or "PRESET:G[:cpu]"; NULL: off
+    // text (common/text.h): validation and sampling, on world rank 0 from the whole model
+    int val_every;           // the loss on the held-out batches every N steps and at the end (0: off)
+    int sample;              // generate N bytes at the end of the run (0: off)
+    float temperature;       // sampling: logits / temperature
+    int top_k;               // sampling: only the k most likely bytes (0: all)
+    int sample_seed;         // sampling: the seed of the draws
+    int generate;            // sample from --resume / --load-weights without training (chapter 00)
 } LabArgs;
 
 LabArgs lab_args_defaults(void);
@@ -92,6 +100,9 @@ GPT2Config lab_args_config(const LabArgs *a);          // --vocab --seq --layers
 Device lab_args_device(const LabArgs *a);              // --device
 AdamW lab_args_adamw(const LabArgs *a);                // --lr --weight-decay --grad-clip --warmup --steps
 void lab_args_data(const LabArgs *a, DataSource *d);   // --data FILE, or the synthetic source
+                                                       // (--data text: the corpus, common/text.h;
+                                                       // --val-every: a file's last 10 % held out)
+int lab_args_corpus(const LabArgs *a);                 // --data text (the corpus, not a file)?
                                                        // (--inject-spike-step corrupts a batch)
 int lab_args_end_step(const LabArgs *a);               // --steps, or --stop-at when earlier
 // --recompute as gpt2.h's mode; refuses (on every rank) a mode the run cannot do: --dtype bf16.

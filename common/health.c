@@ -158,6 +158,10 @@ void health_log_line(FILE *f, const HealthRecord *r) {
     else fputs(",\"skipped\":null", f);
     fprintf(f, ",\"nan_skips\":%d,\"spike_skips\":%d,\"rollback_skips\":%d,\"rollbacks\":%d",
             r->nan_skips, r->spike_skips, r->rollback_skips, r->rollbacks);
+    if (r->has_val) {
+        fputs(",\"val_loss\":", f);
+        num(f, r->val_loss);
+    }
     fputs(",\"time_s\":{", f);
     for (int i = 0; i < r->nphases; i++) {
         fprintf(f, "%s\"%s\":", i ? "," : "", r->phase_name[i]);

@@ -58,6 +58,8 @@ typedef struct HealthRecord {
     const char *skipped;   // NULL: the step updated; else why not: "nan", "spike", "rollback"
     int nan_skips, spike_skips, rollback_skips, rollbacks;  // the run's so far (rollback_skips:
                                                              // the steps a rollback skipped)
+    int has_val;           // --val-every: this step's validation loss (common/text.h) is val_loss
+    double val_loss;
     int nphases;
     const char *phase_name[HEALTH_MAX_PHASES];  // "step" first
     double phase_s[HEALTH_MAX_PHASES];
@@ -67,5 +69,6 @@ typedef struct HealthRecord {
 } HealthRecord;
 
 // One JSON object on one line, then flushed (NaN/Inf written as null; "skipped" is null or
-// the reason, "nan_skips", "spike_skips", "rollback_skips", "rollbacks" the run's counts so far).
+// the reason, "nan_skips", "spike_skips", "rollback_skips", "rollbacks" the run's counts so far;
+// "val_loss" only on a step that measured it: --val-every).
 void health_log_line(FILE *f, const HealthRecord *r);

@@ -193,6 +193,20 @@ void mem_reset_peaks(void) {
     total_peak = total_cur;
 }
 
+MemPeaks mem_peaks_save(void) {
+    MemPeaks p;
+    memcpy(p.peak, peak, sizeof peak);
+    p.total = total_peak;
+    p.process = process_peak;
+    return p;
+}
+
+void mem_peaks_restore(const MemPeaks *p) {  // (never below what is live now)
+    for (int c = 0; c < MEM_NCATS; c++) peak[c] = p->peak[c] > cur[c] ? p->peak[c] : cur[c];
+    total_peak = p->total > total_cur ? p->total : total_cur;
+    process_peak = p->process > total_cur ? p->process : total_cur;
+}
+
 char *mem_format(char *buf, size_t n, double bytes) {
     static const char *units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
     int u = 0;

@@ -46,6 +46,12 @@ size_t mem_total_peak(void);            // peak of the total (not the sum of per
 size_t mem_process_peak(void);          // peak of the total since the process started (the
                                         // memory it needed; mem_reset_peaks leaves it)
 void mem_reset_peaks(void);             // peaks := current
+// The peaks as they are now, and back: an aside that must not count in the run's figures (the
+// loop's validation and sampling model, common/text.h) saves them before and restores them
+// once it has freed what it allocated (a peak is never restored below what is live then).
+typedef struct MemPeaks { size_t peak[MEM_NCATS], total, process; } MemPeaks;
+MemPeaks mem_peaks_save(void);
+void mem_peaks_restore(const MemPeaks *p);
 // This rank's peak as predicted before it allocated (mem_predict.h records it; 0: none).
 void mem_set_predicted_peak(double bytes);
 double mem_predicted_peak(void);

@@ -11,6 +11,7 @@
 #include "check.h"
 #include "ckpt.h"
 #include "mem.h"
+#include "text.h"
 #include "trace.h"
 #include "train.h"
 #include "watchdog.h"
@@ -26,6 +27,10 @@ void session_open(Session *s, const LabArgs *args, int rows) {
     s->bf16 = strcmp(args->dtype, "bf16") == 0;
     // NCCL (GPU buffers; flags.c checks --device cuda) picks this rank's GPU: before allocating
     if (strcmp(args->backend, "nccl") == 0) dist_set_backend(DIST_BACKEND_NCCL);
+    if (args->generate)  // (flags.c checked the file: chapter 00 reads it)
+        lab_fail_collective("--generate samples from saved weights on one device: run it with "
+                            "chapter 00 (./00_memory_budget/run --generate --resume FILE); a state "
+                            "saved by any layout is the whole model");
     s->world = dist_world();
     s->rank = s->world->rank;
     s->N = s->world->size;
@@ -135,8 +140,8 @@ void session_poison(void *buf, int bf16) {
     else mem_copy(buf, &nan, sizeof nan);
 }
 
-// what a checkpoint's work moved since `before`, counted apart (s->save_cost)
-static void count_save(Session *s, const DistCounters *before) {
+// what the world moved since `before` into s->save_cost: not a step's
+static void count_aside(Session *s, const DistCounters *before) {
     const DistCounters *after = dist_counters();
     for (int k = 0; k < OP_NKINDS; k++) {
         s->save_cost.calls[k] += after->calls[k] - before->calls[k];
@@ -155,7 +160,7 @@ static void save_state(Session *s, int step) {
     ckpt_settle();
     s->state.save(s->state.ctx, s->args->save, step);
     if (!ckpt_policy().async) ckpt_settle();
-    count_save(s, &before);
+    count_aside(s, &before);
     s->last_save_t = lab_now();
     s->save_stall_s += s->last_save_t - t0;
     s->saves++;
@@ -171,7 +176,7 @@ static int save_due(Session *s, int step) {
         int late = s->rank == 0 && lab_now() - s->last_save_t >= 60.0 * a->save_every_min;
         DistCounters before = *dist_counters();
         if (s->N > 1) dist_broadcast(&late, 1, DIST_I32, 0, s->world);
-        count_save(s, &before);
+        count_aside(s, &before);
         due = due || late;
     }
     return due;
@@ -199,6 +204,24 @@ static void print_save_cost(const Session *s) {
         printf("checkpoints: %d saves, training blocked %.1f ms per save: the whole save (%s)\n",
                s->saves, stall, how);
     fflush(stdout);
+}
+
+// --val-every (common/text.h): the whole model gathered to world rank 0 by the chapter's
+// weights_to_host (collective: every rank calls it), then the held-out batches' loss there.
+// What the gather moves is counted apart, like a checkpoint's.
+static double validate(Session *s) {
+    LAB_CHECK(s->state.weights_to_host, "--val-every: the chapter gave the session no way to "
+              "gather its weights");
+    if (s->rank == 0 && !s->val_weights) s->val_weights = lab_xmalloc(s->n * sizeof(float));
+    DistCounters before = *dist_counters();
+    MemPeaks peaks = mem_peaks_save();  // the gather's buffers are not the run's memory either
+    s->state.weights_to_host(s->state.ctx, s->rank == 0 ? s->val_weights : NULL);
+    mem_peaks_restore(&peaks);
+    count_aside(s, &before);
+    if (s->rank != 0) return NAN;
+    s->val_done++;
+    s->val_last = text_val_loss(&s->cfg, s->val_weights, &s->data, s->args->batch, s->T);
+    return s->val_last;
 }
 
 // a z-score in 5 columns ("-" not yet; clamped so the columns stay aligned)
@@ -260,10 +283,11 @@ void session_step_end(Session *s, int step, float loss) {
     s->losses[step] = loss;
     double now = lab_now();
     int last = step == s->end - 1;
-    if (s->health) {
-        health_step(s, step, loss, now);
-        if (s->log) health_log_line(s->log, &s->rec);
-    }
+    if (s->health) health_step(s, step, loss, now);
+    const int val_due = a->val_every > 0 && ((step + 1) % a->val_every == 0 || last);
+    s->rec.has_val = val_due;
+    if (val_due) s->rec.val_loss = validate(s);  // (rank 0's; after the step's byte figures)
+    if (s->health && s->log) health_log_line(s->log, &s->rec);
     if (!a->quiet && s->rank == 0 && a->log_every > 0 && (step % a->log_every == 0 || last)) {
         double per_step = (now - s->t_start) / (step - s->start + 1);
         char line[200];
@@ -271,7 +295,12 @@ void session_step_end(Session *s, int step, float loss) {
         printf("%s\n", line);
         fflush(stdout);
     }
-    s->t_last = now;
+    if (val_due && !a->quiet && s->rank == 0) {
+        printf("val   %5d/%d  loss %.4f  (%d held-out batches of %d x %d)\n", step + 1, a->steps,
+               s->rec.val_loss, TEXT_VAL_BATCHES, a->batch, s->T);
+        fflush(stdout);
+    }
+    s->t_last = val_due ? lab_now() : now;  // (the next step's time leaves the validation out)
     if (guard_step_end(s, step, loss)) return;  // the windows; rolled back: no checkpoint now
     // the periodic checkpoint (the final one: session_finish)
     if (a->save && (a->save_every > 0 || a->save_every_min > 0) && !last && save_due(s, step))
@@ -309,7 +338,7 @@ void session_finish(Session *s) {
     if (a->save) {  // the last save complete (with --async-save: its write joined)
         DistCounters before = *dist_counters();
         ckpt_settle();
-        count_save(s, &before);
+        count_aside(s, &before);
         print_save_cost(s);
     }
     print_learned(s);
@@ -318,6 +347,15 @@ void session_finish(Session *s) {
         s->state.weights_to_host(s->state.ctx, s->host_params);
         if (s->rank == 0 && a->save_weights)
             ckpt_save_weights(a->save_weights, &s->cfg, s->host_params);
+        if (s->rank == 0 && a->sample > 0) {  // --sample: on rank 0, from the whole model
+            TextSampling sp = {a->sample, a->temperature, a->top_k, (uint64_t)a->sample_seed};
+            uint8_t *text = lab_xmalloc((size_t)a->sample);
+            double seconds = text_sample(&s->cfg, s->host_params, &sp, text);
+            if (!a->quiet)
+                text_print_sample(&sp, text, seconds, s->N > 1 ? "on rank 0 from the whole model "
+                                  "(gathered by the chapter's whole <-> slice path)" : "on rank 0");
+            free(text);
+        }
     }
     trace_finish();
 }
@@ -327,6 +365,7 @@ void session_dump_open(const Session *s, RunResults *out) {
     results_init(out, s->end, s->n);
     memcpy(out->losses, s->losses, (size_t)s->end * sizeof(float));
     memcpy(out->params, s->host_params, s->n * sizeof(float));
+    if (s->val_done) results_set(out, "val_loss", s->val_last);  // --val-every: the last one
 }
 
 void session_dump_close(const Session *s, RunResults *out) {
@@ -391,6 +430,7 @@ void session_print_throughput(const Session *s, int all_ranks) {
 void session_free(Session *s) {
     if (s->log) fclose(s->log);
     free(s->host_params);
+    free(s->val_weights);
     free(s->losses);
     free(s->plist);
     data_free(&s->data);

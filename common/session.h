@@ -9,7 +9,8 @@
 //     checkpoint cadence (every --save-every steps or --save-every-min minutes, the final --save,
 //     --save-weights; how each is written, ckpt.h's policy: --async-save, --save-sharded,
 //     --keep-last; ckpt_settle before each save, a rollback's load and at the end), the --dump
-//     and the per-rank table;
+//     and the per-rank table; --val-every and --sample (common/text.h: on world rank 0, from the
+//     whole model state.weights_to_host gathers);
 //   the state (the chapter's): what a checkpoint holds and where the final weights come from,
 //     given to the loop as a SessionState (save, weights_to_host, load). A single replica (00,
 //     02, 03) takes session_init, which adds the model, gradients, activations, the optimizer
@@ -103,6 +104,9 @@ typedef struct Session {
     int saves;             // checkpoints written (state.save), and the time training was blocked
     double save_stall_s;   // in them (with --async-save the write itself goes on in the background)
     double last_save_t;    // wall clock of the last checkpoint (--save-every-min), or the start
+    float *val_weights;    // (n) --val-every: the whole model gathered for validation (rank 0)
+    int val_done;          // --val-every: validations so far; val_last the latest loss (rank 0;
+    double val_last;       // the --dump's "val_loss")
     // --- health (rank 0 computes it; health.h) ---
     FILE *log;             // --log, on rank 0
     int health;            // rank 0 prints progress lines or writes --log

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # deps.sh <debian packages...>: make sure the lab's build tools are installed.
 #
-# Checks for an MPI compiler (and its mpi.h) and launcher, Criterion, CBLAS from OpenBLAS and pkg-config.
+# Checks for an MPI compiler (and its mpi.h) and launcher, Criterion, CBLAS from OpenBLAS, pkg-config
+# and the fortune files the text corpus is built from (--data text: fortunes-min, fortunes).
 # Quiet when all are present. Otherwise installs the given packages with apt-get (as root, or
 # through passwordless sudo), or says what to run and fails.
 set -uo pipefail
@@ -27,6 +28,9 @@ if command -v pkg-config >/dev/null 2>&1 && pkg-config --exists openblas 2>/dev/
 fi
 [ -f /usr/include/x86_64-linux-gnu/openblas-pthread/cblas.h ] && cblas_found=1
 [ $cblas_found = 1 ] || missing+=("cblas.h (OpenBLAS)")
+# the corpus (common/text.c): one file of each package
+[ -f /usr/share/games/fortunes/literature ] || missing+=("fortunes-min")
+[ -f /usr/share/games/fortunes/zippy ] || missing+=("fortunes")
 
 [ ${#missing[@]} -eq 0 ] && exit 0
 

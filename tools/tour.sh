@@ -22,5 +22,16 @@ for ch in "$@"; do
     echo "!! $ch failed"; failed=1
   fi
 done
+# The course in one picture: the same small GPT trained on English under 00 and five layouts,
+# and the text each writes with the same seed (09_3d/README.md, "The same text from every layout")
+all=1
+for ch in 00_memory_budget 05_zero 06_fsdp 07_tensor_parallel 08_pipeline 09_3d; do
+  [ -x "$ch/run" ] || all=0
+done
+if [ $all = 1 ]; then
+  bold "── the same text from every layout ──────────────────────────────────"
+  echo "\$ STEPS=150 bash tools/same_text.sh"
+  STEPS=150 bash "$(dirname "$0")/same_text.sh" || { echo "!! same_text failed"; failed=1; }
+fi
 bold "Tour done. Next: read a chapter's README.md, then 'make grade'."
 exit $failed
