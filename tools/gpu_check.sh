@@ -173,10 +173,12 @@ done
 fi
 
 if want 8; then
-step "8/9 09_3d, MPI backend: 1 x 2 x 2 on 4 ranks and 2 x 2 x 2 on 8, sharing the GPU"
+step "8/9 09_3d, MPI backend: 1 x 2 x 2 and 2 x 2 x 1 (ZeRO-3) on 4 ranks, 2 x 2 x 2 (interleaved ZeRO-1; FSDP + SP) on 8, sharing the GPU"
 model_parallel 3d_122 4 ./09_3d/run --tp 2 --pp 2
 model_parallel 3d_122_zb_sp 4 ./09_3d/run --tp 2 --pp 2 --schedule zb --sequence-parallel --micro-batches 4
 model_parallel 3d_222 8 ./09_3d/run --tp 2 --pp 2 --schedule interleaved --chunks 2 --zero 1
+model_parallel 3d_221_z3 4 ./09_3d/run --tp 2 --zero 3
+model_parallel 3d_222_fsdp_sp 8 ./09_3d/run --tp 2 --pp 2 --fsdp --sequence-parallel
 fi
 
 if want 9; then
