@@ -52,11 +52,7 @@ static void shard_alloc(DpLayer *d, int c, uint64_t seed) {
     b->grads = train_grads(m);
     b->grads_full = 1;
     if (bf16) {  // my pieces of the fp32 master: the initial weights, unrounded
-        b->master = mem_alloc(z->shard_n * sizeof(float), MEM_MASTER, m->dev);
-        float *init = lab_xcalloc(m->num_params, sizeof(float));
-        gpt2_init_local(m, seed, init);
-        zero_take_pieces(z, init, b->master, 0);
-        free(init);
+        b->master = zero_master_pieces(z, m, seed);
     } else {  // the weights' pieces themselves
         b->master = b->params;
     }

@@ -28,6 +28,16 @@ void r3d_print_setup(const GPT2Config *cfg, const Schedule *s, int B, int dp, in
     printf("\n");
 }
 
+// Chapter 00's calculator's setup of the layout this run is (calc_setup_lab, and the DP
+// layer's and TP's choices): what every formula column of 09 is computed from.
+static CalcSetup view_setup(const Session *s, const R3dView *v) {
+    CalcSetup cs = calc_setup_lab(v->dp, v->tp, v->pp, v->v, v->m, s->args->batch, s->T, v->zero,
+                                  s->bf16 ? CALC_BF16 : CALC_FP32);
+    cs.fsdp = v->fsdp, cs.keep_gathered = v->keep_gathered;
+    cs.sp = v->sp;
+    return cs;
+}
+
 void r3d_figures(const Session *s, const R3dView *v, double mine[R3D_NFIELDS]) {
     const Grid *g = v->g;
     const int run = session_steps_run(s);
@@ -39,10 +49,7 @@ void r3d_figures(const Session *s, const R3dView *v, double mine[R3D_NFIELDS]) {
     // the norm's parts); PP an activation forward and a gradient back per micro-batch and
     // boundary, the tied wte's gradient, the norm, the loss
     const CalcModel cm = calc_model_from_gpt2(&s->cfg);
-    CalcSetup cs = calc_setup_lab(v->dp, v->tp, v->pp, v->v, v->m, s->args->batch, s->T, v->zero,
-                                  s->bf16 ? CALC_BF16 : CALC_FP32);
-    cs.fsdp = v->fsdp, cs.keep_gathered = v->keep_gathered;
-    cs.sp = v->sp;
+    const CalcSetup cs = view_setup(s, v);
     const CalcComm k = calc_rank_comm(&cm, &cs, g->c.p, g->c.d);
     mine[R3D_TP_SENT] = (double)dist_group_bytes_sent(g->tpg) / nsteps;
     mine[R3D_DP_SENT] = (double)dist_group_bytes_sent(g->dpg) / nsteps;
@@ -114,10 +121,8 @@ void r3d_print_links(const Session *s, const R3dView *v, int pp_first, double st
     const int run = session_steps_run(s);
     const double nsteps = run > 0 ? run : 1;
     const CalcModel cm = calc_model_from_gpt2(&s->cfg);
-    CalcSetup cs = calc_setup_lab(v->dp, v->tp, v->pp, v->v, v->m, s->args->batch, s->T, v->zero,
-                                  s->bf16 ? CALC_BF16 : CALC_FP32);
+    CalcSetup cs = view_setup(s, v);
     cs.grid_order = pp_first ? CALC_ORDER_PP_FIRST : CALC_ORDER_TP_FIRST;
-    cs.fsdp = v->fsdp, cs.keep_gathered = v->keep_gathered;
     const CalcComm k = calc_rank_comm(&cm, &cs, g->c.p, g->c.d);
     const CalcTraffic *t[3] = {&k.tp, &k.dp, &k.pp};
     DistGroup *grp[3] = {g->tpg, g->dpg, g->ppg};

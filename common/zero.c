@@ -190,11 +190,7 @@ void zero_shard_alloc(ZeroShard *b, const ZeroLayout *z, GPT2 *m, uint64_t seed)
     b->grads = bf16 ? (void *)m->grads_bf16 : (void *)m->grads;
     b->params_full = b->grads_full = 1;
     if (bf16) {  // my pieces of the fp32 master: the initial weights, unrounded
-        b->master = mem_alloc(z->shard_n * sizeof(float), MEM_MASTER, m->dev);
-        float *init = lab_xcalloc(m->num_params, sizeof(float));
-        gpt2_init_local(m, seed, init);
-        zero_take_pieces(z, init, b->master, 0);
-        free(init);
+        b->master = zero_master_pieces(z, m, seed);
     } else {  // the weights themselves
         b->master = m->params;
         b->master_full = 1;
@@ -398,6 +394,15 @@ void zero_gather_full(const ZeroLayout *z, const float *shard, float *full, Dist
         float *dst = full ? full + p->unit_offset : NULL;
         dist_gather_n(shard + p->local, dst, p->unit_size, DIST_F32, 0, g);
     }
+}
+
+float *zero_master_pieces(const ZeroLayout *z, const GPT2 *m, uint64_t seed) {
+    float *master = mem_alloc(z->shard_n * sizeof(float), MEM_MASTER, m->dev);
+    float *init = lab_xcalloc(m->num_params, sizeof(float));
+    gpt2_init_local(m, seed, init);
+    zero_take_pieces(z, init, master, 0);
+    free(init);
+    return master;
 }
 
 void zero_take_pieces(const ZeroLayout *z, const float *full, float *dst, int dst_full) {

@@ -175,6 +175,9 @@ void zero_gather_full(const ZeroLayout *z, const float *shard, float *full, Dist
 // scatter: every rank holds the same full array (after a broadcast) and copies its pieces
 // (dst_full: into a whole-model buffer, each piece at its global offset; else my shard buffer).
 void zero_take_pieces(const ZeroLayout *z, const float *full, float *dst, int dst_full);
+// A bf16 model's fp32 master for my pieces (MEM_MASTER, on the model's device): the initial
+// weights of `seed` (gpt2_init_local), unrounded, cut to my pieces of z.
+float *zero_master_pieces(const ZeroLayout *z, const GPT2 *m, uint64_t seed);
 
 // The sharded training state (master pieces, Adam m and v pieces: z->shard_n fp32 each, host or
 // device) <-> the lab's one checkpoint format (the whole model, common/ckpt.h), so that any
