@@ -257,20 +257,21 @@ Test(checkpoints, changed_data_and_bad_shards_refused, .timeout = 90) {
 }
 
 // --save-every-min: rank 0's clock decides, every rank follows. 09 on (2, 2) with a period of
-// 6 ms, sharded and async: each save is collective (every rank writes its shard, then the
+// 60 us (shorter than any step of 4 ranks, so the clock calls for a save after every step
+// whatever the machine's load; 6 ms was not always: a quiet machine ran 6 steps in less), sharded and async: each save is collective (every rank writes its shard, then the
 // manifest), so a rank that decided alone would leave the others in another collective (the
 // watchdog ends that within 10 s). The newest checkpoint holds step 6 in 4 shards, and 3 are kept.
 // Mutant: mutants/ckpt-save-min-per-rank.patch
 Test(checkpoints, save_every_min_is_one_decision, .timeout = 90) {
     char *dir = tmp_path("min"), cmd[1024], *out = NULL, mf[300];
     snprintf(cmd, sizeof cmd, "./09_3d/run --tp 2 --pp 2 " CFG " --steps 6 --save-every-min "
-             "0.0001 --save-sharded --async-save --keep-last 3 --save %s --collective-timeout 10 "
+             "0.000001 --save-sharded --async-save --keep-last 3 --save %s --collective-timeout 10 "
              "--log-every 0", dir);
     run_ok(4, cmd, &out);
     int saves = 0;
     const char *line = strstr(out, "checkpoints: ");
     cr_assert(line && sscanf(line, "checkpoints: %d saves", &saves) == 1 && saves >= 2,
-              "fewer than 2 saves in 6 steps of a 6 ms period:\n%s", out);
+              "fewer than 2 saves in 6 steps of a 60 us period:\n%s", out);
     free(out);
     cr_assert_eq(count_steps(dir), saves < 3 ? saves : 3, "kept %d of %d saves", count_steps(dir), saves);
     snprintf(mf, sizeof mf, "%s/manifest", dir);
