@@ -800,8 +800,8 @@ static void remove_tree(const char *path) {
         while (d && (e = readdir(d))) {
             if (!strcmp(e->d_name, ".") || !strcmp(e->d_name, "..")) continue;
             char sub[4200];
-            snprintf(sub, sizeof sub, "%s/%s", path, e->d_name);
-            remove(sub);
+            int n = snprintf(sub, sizeof sub, "%s/%s", path, e->d_name);
+            if (n > 0 && (size_t)n < sizeof sub) remove(sub);  // (a path too long was never ours)
         }
         if (d) closedir(d);
         rmdir(path);
