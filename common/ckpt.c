@@ -861,7 +861,7 @@ void ckpt_rotate(const char *path, int step) {
         list[nk++].step = (int)st_no;
     }
     closedir(d);
-    qsort(list, (size_t)nk, sizeof(Kept), newer_first);
+    if (nk > 1) qsort(list, (size_t)nk, sizeof(Kept), newer_first);  // (none yet: list is NULL)
     for (int i = keep - 1; i < nk; i++)
         if (i >= 0) remove_tree(list[i].name);
     free(list);
