@@ -435,15 +435,16 @@ static void load_state_fn(void *arg) {
     ckpt_load_state(g_load_path, g_load_cfg, g_load_state);
 }
 
-static unsigned char *slurp(const char *path, size_t *n) {
+unsigned char *harness_slurp(const char *path, size_t *n) {
     *n = 0;
     FILE *f = fopen(path, "rb");
     if (!f) return NULL;
     fseek(f, 0, SEEK_END);
     long size = ftell(f);
     rewind(f);
-    unsigned char *b = lab_xmalloc((size_t)(size > 0 ? size : 1));
+    unsigned char *b = lab_xmalloc((size_t)(size > 0 ? size : 0) + 1);
     *n = fread(b, 1, (size_t)(size > 0 ? size : 0), f);
+    b[*n] = 0;  // (a text file reads as a C string)
     fclose(f);
     return b;
 }
@@ -465,7 +466,7 @@ int harness_save_signal_is_safe(const char *prog, int np, const char *flags, con
     }
     free(out);
     size_t n0;
-    unsigned char *before = slurp(ck, &n0);
+    unsigned char *before = harness_slurp(ck, &n0);
     // 2. a run whose first save stalls, its tmp written, until the signal comes
     snprintf(cmd, sizeof cmd, "%s %s --steps 4 --save %s --save-every 1", prog, flags, ck);
     char *mp = mpirun_cmd(np, "LAB_SAVE_STALL_S=60", cmd);
@@ -473,7 +474,7 @@ int harness_save_signal_is_safe(const char *prog, int np, const char *flags, con
     int rc = run_watch(mp, 120, "LAB_SAVE_STALL_S: stalling", sig, &out, &t_sig, &t_end);
     free(mp);
     size_t n1;
-    unsigned char *after = slurp(ck, &n1);
+    unsigned char *after = harness_slurp(ck, &n1);
     if (t_sig < 0) {
         fprintf(stderr, "save-signal: the run never stalled in a save (LAB_SAVE_STALL_S):\n%s\n", out);
         ok = 0;

@@ -114,6 +114,9 @@ int harness_contains(const char *haystack, const char *needle);
 // A text file's lines (at most max, each malloc'd, newline kept); returns how many, -1 if the
 // file cannot be opened.
 int harness_read_lines(const char *path, char **lines, int max);
+// A file's bytes (malloc'd, *n of them, followed by a 0 so a text file is a C string), or NULL
+// if it cannot be opened.
+unsigned char *harness_slurp(const char *path, size_t *n);
 
 // A refused run (bad input): `cmd` on np ranks must end within 60 s with a failure whose output
 // says every one of words[0 .. nwords), and words[0] only once (one message for the job, not one

@@ -27,21 +27,9 @@ static char *tmp_path(const char *tag) {
     return p;
 }
 
-static unsigned char *slurp(const char *path, size_t *n) {
-    FILE *f = fopen(path, "rb");
-    if (!f) return NULL;
-    fseek(f, 0, SEEK_END);
-    long len = ftell(f);
-    rewind(f);
-    unsigned char *b = malloc((size_t)len + 1);
-    *n = fread(b, 1, (size_t)len, f);
-    fclose(f);
-    return b;
-}
-
 static int same_file(const char *a, const char *b) {
     size_t na = 0, nb = 0;
-    unsigned char *x = slurp(a, &na), *y = slurp(b, &nb);
+    unsigned char *x = harness_slurp(a, &na), *y = harness_slurp(b, &nb);
     int same = x && y && na == nb && na > 0 && memcmp(x, y, na) == 0;
     if (!same) fprintf(stderr, "%s (%zu bytes) and %s (%zu bytes) differ\n", a, na, b, nb);
     free(x), free(y);
@@ -130,7 +118,7 @@ Test(checkpoints, sharded_resumes_in_another_layout_exactly, .timeout = 150) {
     char mf[300];
     snprintf(mf, sizeof mf, "%s/manifest", dir);
     size_t n = 0;
-    char *text = (char *)slurp(mf, &n);
+    char *text = (char *)harness_slurp(mf, &n);
     cr_assert(text && strstr(text, "shards 4\n") && strstr(text, "layout 4 ranks:") &&
               strstr(text, "--tp 2 --pp 2") && strstr(text, "data synthetic"),
               "the manifest does not say 4 shards, the layout and the data:\n%s", text ? text : "");
@@ -170,7 +158,7 @@ Test(checkpoints, sharded_resumes_in_another_layout_exactly, .timeout = 150) {
              "--save %s --quiet", file);
     run_ok(4, cmd, NULL);
     snprintf(mf, sizeof mf, "%s/manifest", dir);
-    text = (char *)slurp(mf, &n);
+    text = (char *)harness_slurp(mf, &n);
     cr_assert(text && strstr(text, "shards 4\n"), "--zero 1 on 4 ranks: not 4 shards:\n%s", text ? text : "");
     free(text);
     snprintf(cmd, sizeof cmd, CFG " --steps 6 --resume %s", dir);
@@ -276,7 +264,7 @@ Test(checkpoints, save_every_min_is_one_decision, .timeout = 90) {
     cr_assert_eq(count_steps(dir), saves < 3 ? saves : 3, "kept %d of %d saves", count_steps(dir), saves);
     snprintf(mf, sizeof mf, "%s/manifest", dir);
     size_t n = 0;
-    char *text = (char *)slurp(mf, &n);
+    char *text = (char *)harness_slurp(mf, &n);
     cr_assert(text && strstr(text, "step 6\n") && strstr(text, "shards 4\n"),
               "the newest checkpoint is not step 6 in 4 shards:\n%s", text ? text : "(none)");
     free(text);
