@@ -650,7 +650,7 @@ int main(int argc, char **argv) {
         lab_fail_collective("the same error on every rank (world %d)", W);
     }
     if (argc >= 2 && strcmp(argv[1], "--exercise-todo") == 0) {
-        lab_exercise_todo("04.1", "Scatter-reduce phase", "04_ring_allreduce/README.md#exercise-041");
+        lab_exercise_todo("04.1", "Scatter-reduce phase", "04_ring_allreduce/README.md#exercise-041-scatter-reduce-phase");
     }
     if (argc >= 3 && strcmp(argv[1], "--trace") == 0) {
         // Two spans per rank, one of them with a name that JSON must escape.

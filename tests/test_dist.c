@@ -81,7 +81,7 @@ Test(dist, exercise_stub_says_what_to_do, .timeout = 90) {
     int rc = run_mode(2, "--exercise-todo", &out);
     cr_expect(rc != 0 && rc != 124, "exit %d\n%s", rc, out);
     cr_expect_eq(count_of(out, "exercise 04.1 (Scatter-reduce phase) is not implemented yet"), 1, "%s", out);
-    cr_expect(harness_contains(out, "04_ring_allreduce/README.md#exercise-041"), "%s", out);
+    cr_expect(harness_contains(out, "04_ring_allreduce/README.md#exercise-041-scatter-reduce-phase"), "%s", out);
     cr_expect(harness_contains(out, "EXERCISE 04.1"), "%s", out);
     free(out);
 }
