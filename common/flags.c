@@ -337,7 +337,12 @@ static void describe_valid(const Flag *f, char *buf, size_t n) {
 static void describe_default(const Flag *f, char *buf, size_t n) {
     if (!f->s.ptr) { snprintf(buf, n, "-"); return; }
     switch (f->s.kind) {
-    case FLAG_INT: snprintf(buf, n, "%d", *(const int *)f->s.ptr); break;
+    case FLAG_INT: {   // below its range: "not given" (the help line says what that means)
+        const int v = *(const int *)f->s.ptr;
+        if (v < f->s.min) snprintf(buf, n, "-");
+        else snprintf(buf, n, "%d", v);
+        break;
+    }
     case FLAG_FLOAT: snprintf(buf, n, "%g", (double)*(const float *)f->s.ptr); break;
     case FLAG_BOOL: snprintf(buf, n, "%s", *(const int *)f->s.ptr ? "on" : "off"); break;
     case FLAG_STRING:
