@@ -1,12 +1,13 @@
-// test_notes_layouts.c: the notes' layouts re-derived (tools/notes_layouts.sh): for 7B DP 8, 70B
-// DP 64 x TP 8, 405B DP 256 x TP 8 x PP 8 and "70B on 8 H100s", the full-size line is chapter 00's
-// planner's own output (the test asks the planner again with the command the script names and
-// finds the row there, verbatim), and the scaled run of the same shape on the virtual cluster
-// measures what 00 predicts for it: every rank's params, master, Adam m and activation peak equal
-// the calculator's row of its stage to the byte, and each dimension's held link time equals the
-// calculator's model within 5 % (the modelled clock: exact, not a benchmark), with 09's planner
-// column equal to 00's --layout for the same scaled run. Two tests of two layouts each (the script
-// runs four 8-rank jobs; one of them does 512 micro-batches), each well under 20 s.
+// test_notes_layouts.c: the notes' layouts re-derived (tools/notes_layouts.sh, which runs
+// ./00_memory_budget/run and ./09_3d/run): for 7B DP 8, 70B DP 64 x TP 8, 405B DP 256 x TP 8 x
+// PP 8 and "70B on 8 H100s", the full-size line is chapter 00's planner's own output (the test
+// asks the planner again with the command the script names and finds the row there, verbatim),
+// and the scaled run of the same shape on the virtual cluster measures what 00 predicts for it:
+// every rank's params, master, Adam m and activation peak equal the calculator's row of its stage
+// to the byte, and each dimension's held link time equals the calculator's model within 5 % (the
+// modelled clock: exact, not a benchmark), with 09's planner column equal to 00's --layout for
+// the same scaled run. Two tests of two layouts each (the script runs four 8-rank jobs; one of
+// them does 512 micro-batches).
 #include <criterion/criterion.h>
 #include <math.h>
 #include <stdio.h>
