@@ -130,17 +130,19 @@ static char *run_script(const char *layouts) {
 }
 
 // Mutant: mutants/notes-layouts-mb-as-m.patch
+// Mutant: mutants/notes-layouts-calc-pp-sp-whole.patch
 Test(notes_layouts, dp8_7b_and_405b_match_the_planner, .timeout = 120) {
     char *out = run_script("7b 405b");
-    check_section(out, "7B: DP 8 ", 8, 1, 1);
-    check_section(out, "405B: DP 256 x TP 8 x PP 8 ", 256, 8, 8);
+    check_section(out, "7B: DP 8", 8, 1, 1);
+    check_section(out, "405B: DP 256 x TP 8 x PP 8", 256, 8, 8);
     free(out);
 }
 
 // Mutant: mutants/notes-layouts-mb-as-m.patch
+// Mutant: mutants/notes-layouts-calc-pp-sp-whole.patch
 Test(notes_layouts, the_70b_layouts_match_the_planner, .timeout = 120) {
     char *out = run_script("70b 70b-on-8");
-    check_section(out, "70B: DP 64 x TP 8 ", 64, 8, 1);
+    check_section(out, "70B: DP 64 x TP 8", 64, 8, 1);
     check_section(out, "70B on 8 H100s", 0, 0, 0);
     free(out);
 }

@@ -288,7 +288,8 @@ for name in $ROWS; do
 done
 
 echo
-echo "Summary: the planner at full size; the scaled run's memory against 00's calculator, its held link time against the model"
+echo "Summary: the planner at full size; the scaled run (its layout, nodes of G ranks, its recomputation): its memory against"
+echo "00's calculator, its held link time against the model"
 printf "  %-9s %-13s %5s %4s %4s %-9s %7s %7s %7s %7s %7s   %-9s %2s %-9s %s\n" layout "DP x TP x PP" GPUs \
     ZeRO m recompute "GB/GPU" "TP s" "PP s" "DP s" "step s" scaled G rc "memory, links"
 printf "%s\n" "${summary[@]}"
