@@ -17,6 +17,8 @@
 #   bash tools/notes_layouts.sh                  (needs ./00_memory_budget/run and ./09_3d/run:
 #                                                 make notes-layouts builds them and runs this)
 #   NOTES_LAYOUTS="7b 405b" bash tools/notes_layouts.sh   only these (7b 70b 405b 70b-on-8)
+#   STEPS=3 bash tools/notes_layouts.sh          steps of each scaled run (default 1; the figures
+#                                                 are per step)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PLANNER=./00_memory_budget/run
@@ -97,11 +99,13 @@ links_of() {  # links_of DP TP PP G
 # The scaled run's nodes: the largest G (8, 4, 2, 1) under which every dimension that both the
 # full-size and the scaled layout have crosses nodes exactly when it does at full size.
 scaled_nodes() {  # scaled_nodes "FULL LINKS" DP' TP' PP'
-    local full=($1) g
+    local full mine g ok i
+    read -r -a full <<< "$1"
     for g in 8 4 2 1; do
         local world=$(($2 * $3 * $4))
         [ "$world" -le "$g" ] || [ $((world % g)) -eq 0 ] || continue
-        local mine=($(links_of "$2" "$3" "$4" "$g")) ok=1 i
+        read -r -a mine <<< "$(links_of "$2" "$3" "$4" "$g")"
+        ok=1
         for i in 0 1 2; do
             [ "${mine[$i]}" = none ] || [ "${full[$i]}" = none ] || [ "${mine[$i]}" = "${full[$i]}" ] || ok=0
         done
@@ -220,6 +224,7 @@ done
 
 for name in $ROWS; do
     read -r model dp tp pp gpus < "$out/$name.full"
+    # shellcheck source=/dev/null
     source "$out/$name.cfg"
     read -r _ _ _ _ _ _ zero mb m rc memgb ofgpu _ _ _ tcomp ttp tpp tdp tstep mfu <<< "$row"
     sp=$([ "$tp" -gt 1 ] && echo on || echo off)
