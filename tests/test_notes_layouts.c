@@ -6,8 +6,8 @@
 // every rank's params, master, Adam m and activation peak equal the calculator's row of its stage
 // to the byte, and each dimension's held link time equals the calculator's model within 5 % (the
 // modelled clock: exact, not a benchmark), with 09's planner column equal to 00's --layout for
-// the same scaled run. Two tests of two layouts each (the script runs four 8-rank jobs; one of
-// them does 512 micro-batches).
+// the same scaled run. Three tests (the script runs an 8-rank job per layout; the last one does
+// 512 micro-batches).
 #include <criterion/criterion.h>
 #include <math.h>
 #include <stdio.h>
@@ -130,19 +130,25 @@ static char *run_script(const char *layouts) {
 }
 
 // Mutant: mutants/notes-layouts-mb-as-m.patch
-// Mutant: mutants/notes-layouts-calc-pp-sp-whole.patch
-Test(notes_layouts, dp8_7b_and_405b_match_the_planner, .timeout = 120) {
-    char *out = run_script("7b 405b");
+Test(notes_layouts, the_7b_and_70b_rows_match_the_planner, .timeout = 120) {
+    char *out = run_script("7b 70b");
     check_section(out, "7B: DP 8", 8, 1, 1);
+    check_section(out, "70B: DP 64 x TP 8", 64, 8, 1);
+    free(out);
+}
+
+// Mutant: mutants/notes-layouts-mb-as-m.patch
+// Mutant: mutants/notes-layouts-calc-pp-sp-whole.patch
+Test(notes_layouts, the_405b_row_matches_the_planner, .timeout = 120) {
+    char *out = run_script("405b");
     check_section(out, "405B: DP 256 x TP 8 x PP 8", 256, 8, 8);
     free(out);
 }
 
 // Mutant: mutants/notes-layouts-mb-as-m.patch
 // Mutant: mutants/notes-layouts-calc-pp-sp-whole.patch
-Test(notes_layouts, the_70b_layouts_match_the_planner, .timeout = 120) {
-    char *out = run_script("70b 70b-on-8");
-    check_section(out, "70B: DP 64 x TP 8", 64, 8, 1);
+Test(notes_layouts, the_70b_on_8_h100s_matches_the_planner, .timeout = 120) {
+    char *out = run_script("70b-on-8");
     check_section(out, "70B on 8 H100s", 0, 0, 0);
     free(out);
 }
