@@ -16,6 +16,8 @@
 #   make learn          see it learn: a small GPT on English text on one core, samples as it
 #                       goes, the loss curve as learn.png (tools/learn.sh)
 #   make same-text      the same text from every layout (tools/same_text.sh)
+#   make notes-layouts  the notes' layouts (7B DP 8, 70B DP 64 x TP 8, 405B DP 256 x TP 8 x PP 8, 70B on
+#                       8 H100s): the planner at full size, a scaled run of each (tools/notes_layouts.sh)
 #
 # Options: CC=clang (default gcc; MPI flags come from mpicc -showme), CUDA=0|1 (default: 1 when nvcc is found),
 #          SAN=1 (AddressSanitizer + UndefinedBehaviorSanitizer build), NP=4 (ranks for tour).
@@ -227,6 +229,9 @@ learn: 00_memory_budget/run
 same-text: $(addsuffix /run,$(CHAPTERS))
 	@bash tools/same_text.sh
 
+notes-layouts: 00_memory_budget/run 09_3d/run
+	@bash tools/notes_layouts.sh
+
 gpu-check:
 	@BUILD=$(if $(filter build,$(BUILD)),build-cuda,$(BUILD)) bash tools/gpu_check.sh
 
@@ -239,4 +244,4 @@ clean:
 help:
 	@sed -n '/^# The lab/,/^$$/p' Makefile | sed 's/^# \{0,1\}//'
 
-.PHONY: all test tests grade tour bench gpu-check student clean help deps mutants matrix compare questions drill learn same-text
+.PHONY: all test tests grade tour bench gpu-check student clean help deps mutants matrix compare questions drill learn same-text notes-layouts
