@@ -386,15 +386,12 @@ static void sp_block_forward(TpBlockRun *b, TpComm *c, const float *in) {
     k->tp_bias_residual_forward(x.residual3, x.residual2, x.residual3, w.fcprojb, Nl, C);
 }
 
-void tp_block_forward(GPT2 *m, GPT2Acts *a, TpComm *c, int l, const void *block_w) {
-    if (own_path(m)) {
-        gpt2_block_forward_w(m, a, l, block_w);
-        return;
-    }
+// Block l's forward from `in`, the stream entering it (tp_block_forward's, and full
+// recomputation's second run from the same kept input).
+static void block_forward(GPT2 *m, GPT2Acts *a, TpComm *c, int l, const void *block_w, const float *in) {
     TpBlockRun b;
     GPT2Piece p;
     block_begin(&b, &p, m, a, l, block_w, NULL, 0);
-    const float *in = gpt2_piece_input(m, a, l);  // the stream entering block l
     const Kernels *k = b.k;
     const GPT2BlockWeights w = b.w;
     const GPT2LayerActs x = b.x;
@@ -415,6 +412,14 @@ void tp_block_forward(GPT2 *m, GPT2Acts *a, TpComm *c, int l, const void *block_
         // END EXERCISE 07.1
     }
     gpt2_layer_store(m, a, l);  // bf16: the block's set stored rounded
+}
+
+void tp_block_forward(GPT2 *m, GPT2Acts *a, TpComm *c, int l, const void *block_w) {
+    if (own_path(m)) {
+        gpt2_block_forward_w(m, a, l, block_w);
+        return;
+    }
+    block_forward(m, a, c, l, block_w, gpt2_piece_input(m, a, l));  // (the stream entering block l)
 }
 
 // dout (Nl,C) -> dinp (Nl,C) (may alias dout); the replicated tensors' gradients PARTIAL.
@@ -446,8 +451,8 @@ static void sp_block_backward(TpBlockRun *b, TpComm *c, const float *in, const f
 // attention core of this rank's heads from the kept qkv (atty rewritten with its own bits).
 static void recompute_block(GPT2 *m, GPT2Acts *a, TpComm *c, int l, const void *block_w) {
     const double t0 = lab_now();
-    if (m->recompute == GPT2_RECOMPUTE_FULL) {
-        tp_block_forward(m, a, c, l, block_w);
+    if (m->recompute == GPT2_RECOMPUTE_FULL) {  // from its kept input: block l-1's kept output
+        block_forward(m, a, c, l, block_w, gpt2_piece_input(m, a, l));
     } else {
         TpBlockRun b;
         GPT2Piece p;
