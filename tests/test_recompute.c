@@ -186,6 +186,7 @@ Test(recompute, grid09_tp1) {
 // TP group sends still holds to the byte.
 // Mutant: mutants/recompute-tp-skips-collective.patch
 // Mutant: mutants/recompute-tp-stale-input.patch
+// Mutant: mutants/recompute-tp-calc-sp-input-whole.patch
 Test(recompute, tp07) {
     GPT2Config cfg = gpt2_config_tiny();
     const CalcModel cm = calc_model_from_gpt2(&cfg);
@@ -286,6 +287,7 @@ Test(recompute, grid09_tp2) { check_grid09_tp(1, 2, 2, 0); }
 // (dp,tp,pp) = (2,2,1) with --sequence-parallel: SP's all-gathers and reduce-scatters rerun.
 // Mutant: mutants/recompute-tp-skips-collective.patch
 // Mutant: mutants/recompute-tp-stale-input.patch
+// Mutant: mutants/recompute-tp-calc-sp-input-whole.patch
 Test(recompute, grid09_tp2_sp) { check_grid09_tp(2, 2, 1, 1); }
 
 // What the runs do not offer is refused with one message naming what is.
