@@ -270,7 +270,8 @@ int calc_fits(const CalcBreakdown *b, double mem_bytes);
 // reduce-scatter or all-gather of pieces every piece but one, a send its bytes, a broadcast's
 // root its bytes once.
 //   TP  per micro-batch and layer 4 all-reduces of b*s*h values (Megatron's g twice in forward,
-//       f twice in backward; 6 with full recomputation, whose second forward repeats the g's);
+//       f twice in backward; 6 with full recomputation, whose second forward repeats the g's,
+//       under SP f's all-gathers and g's reduce-scatters: the same bytes);
 //       the vocab-parallel embedding's sum (stage 0) and the head's f (last stage), b*s*h each;
 //       the cross-entropy's max, sum of exp and target logit, b*s fp32 each; once per step the
 //       clip norm (one double) and, with SP, the replicated parameters' gradients. SP replaces
