@@ -71,6 +71,11 @@ static const char *USAGE =
     "                                                          fp32 master; fp32 compute and wire\n"
     "  mpirun -np 2 ./07_tensor_parallel/run --tp 2 --device cuda --backend nccl\n"
     "                                                          on GPUs (one per rank), NCCL\n"
+    "  mpirun -np 2 ./07_tensor_parallel/run --tp 2 --recompute full\n"
+    "                                                          activation recomputation: each block\n"
+    "                                                          keeps its input; backward reruns its\n"
+    "                                                          forward, f and g included (6 instead\n"
+    "                                                          of 4 tensors per block on the wire)\n"
     "  mpirun -np 4 ./07_tensor_parallel/run --tp 4 --save s.ckpt --stop-at 4\n"
     "  ./00_memory_budget/run --train --resume s.ckpt           the checkpoint holds the full model,\n"
     "                                                          not the slices: chapter 00 (or any\n"
@@ -83,6 +88,7 @@ static const char *USAGE =
 typedef struct TpFlags {
     int tp;               // ranks per TP group (0: all ranks)
     int sp;               // --sequence-parallel
+    GPT2Recompute recompute;  // --recompute (a shared flag): the slice's sets keep less (tp.h)
 } TpFlags;
 
 // This rank's part of the run: its TP slice of the model (a GPT2), one batch's activations, the
@@ -194,7 +200,8 @@ static MemPrediction predict_memory(const void *ctx, const LabArgs *args, int ba
     const TpFlags *f = ctx;
     const int tp = f->tp ? f->tp : dist_size(), dp = dist_size() / tp;
     GPT2Config cfg = lab_args_config(args);
-    return mem_predict_tp(&cfg, tp, rank % tp, f->sp, batch / dp, strcmp(args->dtype, "bf16") == 0);
+    return mem_predict_tp_recompute(&cfg, tp, rank % tp, f->sp, batch / dp,
+                                    strcmp(args->dtype, "bf16") == 0, f->recompute);
 }
 
 // The layout (refusing what cannot run), the groups, this rank's slice, its state loaded or
@@ -217,6 +224,10 @@ static int setup(Tp7 *t, Session *s, const LabArgs *args, const TpFlags *f, int 
                             "divisor of the %d heads and of the %d ranks), or leave "
                             "--sequence-parallel out", cfg.NH, world);
     if (f->sp) tp_check_sequence_parallel(cfg.T, tp);
+    if (f->recompute != GPT2_RECOMPUTE_NONE && (tp > 1 || f->sp) && strcmp(args->dtype, "fp32") != 0)
+        lab_fail_collective("--recompute %s with --dtype %s at --tp %d: a TP slice recomputes in "
+                            "fp32 only; valid: --dtype fp32, or --recompute none",
+                            gpt2_recompute_name(f->recompute), args->dtype, tp);
     const int dp = world / tp;
     if (args->batch % dp != 0)
         lab_fail_collective("--batch %d does not split over %d data-parallel groups; use a "
@@ -232,7 +243,8 @@ static int setup(Tp7 *t, Session *s, const LabArgs *args, const TpFlags *f, int 
     // This rank's share of the model, initialized slice by slice from --seed, on --device in
     // --dtype (bf16: the fp32 master beside bf16 weights and gradients): every block (l0 = 0,
     // l1 = L), one batch's activations, the optimizer's state of the whole slice.
-    const TpShape shape = {.l0 = 0, .l1 = cfg.L, .tp = tp, .r = t->tpg->rank, .sp = f->sp, .B = Bl, .T = cfg.T};
+    const TpShape shape = {.l0 = 0, .l1 = cfg.L, .tp = tp, .r = t->tpg->rank, .sp = f->sp, .B = Bl, .T = cfg.T,
+                           .recompute = f->recompute};
     tp_build(&t->m, cfg, s->dev, s->bf16 ? GPT2_BF16 : GPT2_FP32, shape, (uint64_t)args->seed);
     tp_acts_alloc(&t->a, &t->m);
     zero_layout_init_buffer(&t->z, t->m.num_params, 1, 0);  // one part: the whole slice
@@ -337,9 +349,10 @@ int main(int argc, char **argv) {
          "reduce-scatter, f an all-gather (--seq must be a multiple of --tp)"},
     };
     lab_parse_args_for(LAB_FLAGS_MODEL | LAB_FLAGS_TRAINING | LAB_FLAGS_HARDWARE | LAB_FLAGS_OUTPUT |
-                           LAB_FLAGS_RELIABILITY | LAB_FLAGS_KILL, argc, argv, &args,
+                           LAB_FLAGS_RELIABILITY | LAB_FLAGS_KILL | LAB_FLAGS_RECOMPUTE, argc, argv, &args,
                        extra, (int)(sizeof extra / sizeof extra[0]), "07_tensor_parallel/run",
                        USAGE);
+    f.recompute = lab_args_recompute(&args);
     train(&args, &f);
     dist_finalize();
     return 0;

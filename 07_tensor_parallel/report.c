@@ -73,15 +73,18 @@ void tp7_measure(Tp7Figures *f, const GPT2 *m, const TpComm *comm, DistGroup *tp
     // head's f: AG forward, RS backward), plus the replicated tensors' partial gradients.
     // kind: 2 = all-reduce (2(t-1)/t of its bytes on the wire), 1 = reduce-scatter or all-gather
     // ((t-1)/t), made as B calls of one sequence each (rounded per call).
-    const int sp = m->sp;
-    const double nsp = sp ? NC : 0, Lsp = sp ? L : 0;
+    // Full recomputation runs every block's forward twice, its collectives included: g (and
+    // under SP f's all-gather) twice per block, 6 instead of 4 of a block's tensors per step.
+    const int sp = m->sp, full = m->recompute == GPT2_RECOMPUTE_FULL;
+    const double nsp = sp ? NC : 0, Lsp = sp ? L : 0, Lg = L * (1 + full), Lspf = Lsp * (1 + full);
+    f->recompute = m->recompute;
     const double want[TP_NSITES][3] = {
-        [TP_SITE_EMBED] = {1, NC, sp ? 1 : 2}, [TP_SITE_ATTN_G] = {L, L * NC, sp ? 1 : 2},
-        [TP_SITE_MLP_G] = {L, L * NC, sp ? 1 : 2}, [TP_SITE_ATTN_F] = {L, L * NC, sp ? 1 : 2},
+        [TP_SITE_EMBED] = {1, NC, sp ? 1 : 2}, [TP_SITE_ATTN_G] = {Lg, Lg * NC, sp ? 1 : 2},
+        [TP_SITE_MLP_G] = {Lg, Lg * NC, sp ? 1 : 2}, [TP_SITE_ATTN_F] = {L, L * NC, sp ? 1 : 2},
         [TP_SITE_MLP_F] = {L, L * NC, sp ? 1 : 2},
         [TP_SITE_CE_MAX] = {1, N, 2}, [TP_SITE_CE_SUMEXP] = {1, N, 2}, [TP_SITE_CE_TARGET] = {1, N, 2},
         [TP_SITE_HEAD_F] = {1, NC, sp ? 1 : 2}, [TP_SITE_OTHER] = {0, 0, 2},
-        [TP_SITE_ATTN_F_FWD] = {Lsp, Lsp * NC, 1}, [TP_SITE_MLP_F_FWD] = {Lsp, Lsp * NC, 1},
+        [TP_SITE_ATTN_F_FWD] = {Lspf, Lspf * NC, 1}, [TP_SITE_MLP_F_FWD] = {Lspf, Lspf * NC, 1},
         [TP_SITE_ATTN_G_BWD] = {Lsp, Lsp * NC, 1}, [TP_SITE_MLP_G_BWD] = {Lsp, Lsp * NC, 1},
         [TP_SITE_HEAD_F_FWD] = {sp, nsp, 1}, [TP_SITE_EMBED_BWD] = {sp, nsp, 1},
         [TP_SITE_SP_GRADS] = {sp, sp ? (6.0 * L + 2) * c->C : 0, 2}};
@@ -103,7 +106,7 @@ void tp7_measure(Tp7Figures *f, const GPT2 *m, const TpComm *comm, DistGroup *tp
         f->tp_sent += (double)g->sent[k] / s, f->tp_recv += (double)g->recv[k] / s;
     const uint64_t S = (uint64_t)NC * sizeof(float);
     // one block: 4 all-reduces of N·C, or (SP) 4 reduce-scatters + 4 all-gathers of N·C: the same
-    f->want_layer_sent = 4.0 * (double)(2 * t1 * S / ut);
+    f->want_layer_sent = (4.0 + 2.0 * full) * (double)(2 * t1 * S / ut);
     double per_block = (f->calls[TP_SITE_ATTN_G] + f->calls[TP_SITE_MLP_G] + f->calls[TP_SITE_ATTN_F] +
                         f->calls[TP_SITE_MLP_F]) / (L ? L : 1);
     f->layer_sent = sp ? (per_block + (f->calls[TP_SITE_ATTN_F_FWD] + f->calls[TP_SITE_MLP_F_FWD] +
@@ -155,11 +158,21 @@ void tp7_measure(Tp7Figures *f, const GPT2 *m, const TpComm *comm, DistGroup *tp
         head = 2 * NC + 3 * N + 2 * N * Vl + 3 * N;
         embed = 2 * NC;
     }
-    f->block_acts = eb * block;
+    // Recomputation (fp32, tp.h): a block keeps all but preatt and att (selective) or only its
+    // output (full: N·C, SP N·C/t); the slice holds one layer of what they drop, which each
+    // block's backward recomputes into.
+    const double kept = m->recompute == GPT2_RECOMPUTE_FULL        ? (sp ? NC / tp : NC)
+                        : m->recompute == GPT2_RECOMPUTE_SELECTIVE ? block - 2 * att
+                                                                   : block;
+    f->rc_layer = 4.0 * (block - kept);
+    f->block_acts = eb * kept;
     const double work = f->bf16 ? 4.0 * (block + (sp ? NC / tp : NC)) : 0.0;
-    f->want_acts = eb * L * block + work + 4.0 * (scratch + head + embed);
+    f->want_acts = eb * L * kept + f->rc_layer + work + 4.0 * (scratch + head + embed);
     // one rank without SP: chapter 00's sets (gpt2.h; its one block saves the same tensors)
-    if (own) f->want_acts = calc_activation_bytes_lab(c, B, m->tp_T, m->dtype);
+    if (own) {
+        f->want_acts = calc_activation_bytes_recompute(c, B, m->tp_T, m->dtype, m->recompute);
+        f->rc_layer = calc_recompute_scratch_bytes(c, B, m->tp_T, m->recompute);
+    }
     f->acts = (double)mem_peak(MEM_ACTS);
     // Megatron (Korthikanti et al. 2022, fp16 activations, 1-byte dropout masks), bytes per
     // layer: s·b·h·(10 + 24/t + 5·a·s/(h·t)) without SP, s·b·h·(34/t + 5·a·s/(h·t)) with it.
@@ -175,6 +188,15 @@ void tp7_measure(Tp7Figures *f, const GPT2 *m, const TpComm *comm, DistGroup *tp
                                 : sbh * (24.0 + 48.0 / tp + 8.0 * as_ht) + 16.0 * sb;
     f->adjusted_block_acts *= eb / 4.0;  // bf16 stores 2 bytes per element, as Megatron's fp16
                                          // (the printed coefficients halve with it)
+    // Recomputation (fp32): selective drops the as/(ht) term of both, full keeps the input only
+    // (Megatron: 2sbh in fp16; here 4sbh; SP: / t)
+    if (m->recompute == GPT2_RECOMPUTE_SELECTIVE) {
+        f->megatron_block_acts -= sbh * 5.0 * as_ht;
+        f->adjusted_block_acts -= sbh * 8.0 * as_ht;
+    } else if (m->recompute == GPT2_RECOMPUTE_FULL) {
+        f->megatron_block_acts = 2.0 * sbh / (sp ? tp : 1);
+        f->adjusted_block_acts = 4.0 * sbh / (sp ? tp : 1);
+    }
     f->peak = (double)mem_total_peak();
     f->tokens_per_s = elapsed > 0 ? (double)global_batch * T * steps / elapsed : 0;
 }
@@ -206,9 +228,12 @@ void tp7_print_report(const Tp7Figures *f, const GPT2 *m, DistGroup *tpg, int wo
         printf("  sequence parallel: g = reduce-scatter forward / all-gather backward, f = all-gather"
                " forward /\n  reduce-scatter backward (each B calls, one per sequence); \"sp grads\": "
                "the LayerNorms' and biases' partial gradients\n");
-    printf("  per block: %s of N·C floats = 4 x 2(t-1)/t x %s = %s "
+    const int full = f->recompute == GPT2_RECOMPUTE_FULL;
+    printf("  per block: %s%s of N·C floats = %d x 2(t-1)/t x %s = %s "
            "on the wire per rank (measured %s)\n",
-           f->sp ? "4 reduce-scatters + 4 all-gathers, each (t-1)/t," : "2 forward (g) + 2 backward (f)",
+           f->sp ? (full ? "6 reduce-scatters + 6 all-gathers, each (t-1)/t," : "4 reduce-scatters + 4 all-gathers, each (t-1)/t,")
+                 : "2 forward (g) + 2 backward (f)",
+           full && !f->sp ? " + 2 again (full recomputation reruns the forward's g)" : "", full ? 6 : 4,
            mem_format(a, sizeof a, 4.0 * m->tp_B * m->tp_T * m->cfg.C),
            mem_format(b, sizeof b, f->want_layer_sent), mem_format(d, sizeof d, f->layer_sent));
     printf("  whole step, TP group: sent %s per rank, formula %s (the above, each 2(t-1)/t of "
@@ -227,15 +252,24 @@ void tp7_print_report(const Tp7Figures *f, const GPT2 *m, DistGroup *tpg, int wo
     if (f->bf16)
         printf("  fp32 master   %10s  formula %10s (4 bytes per weight: the bf16 ones are 2)\n",
                mem_format(a, sizeof a, f->master), mem_format(b, sizeof b, f->want_master));
-    printf("  activations   %10s  formula %10s = %d blocks x %s + %sbackward scratch + head + "
+    char rc[64] = "";
+    if (f->recompute)
+        snprintf(rc, sizeof rc, "recompute layer %s + ", mem_format(e, sizeof e, f->rc_layer));
+    printf("  activations   %10s  formula %10s = %d blocks x %s + %s%sbackward scratch + head + "
            "embedding\n", mem_format(a, sizeof a, f->acts), mem_format(b, sizeof b, f->want_acts), L,
-           mem_format(d, sizeof d, f->block_acts), f->bf16 ? "one fp32 block working set + input + " : "");
-    printf("  one block saves %s here (%s, no dropout); Megatron's %s for this shape: %s "
+           mem_format(d, sizeof d, f->block_acts), rc, f->bf16 ? "one fp32 block working set + input + " : "");
+    const int sel = f->recompute == GPT2_RECOMPUTE_SELECTIVE;
+    printf("  one block saves %s here (%s, no dropout%s); Megatron's %s for this shape: %s "
            "(fp16),\n  adjusted for what this model stores (README): %s = %s\n",
            mem_format(a, sizeof a, f->block_acts), f->bf16 ? "bf16" : "fp32",
-           f->sp ? "sbh(34/t + 5as/(ht))" : "sbh(10 + 24/t + 5as/(ht))",
+           full ? ", full recomputation" : sel ? ", selective recomputation" : "",
+           full ? (f->sp ? "2sbh/t" : "2sbh")
+           : f->sp ? (sel ? "sbh(34/t)" : "sbh(34/t + 5as/(ht))")
+                   : (sel ? "sbh(10 + 24/t)" : "sbh(10 + 24/t + 5as/(ht))"),
            mem_format(b, sizeof b, f->megatron_block_acts),
-           f->bf16 ? (f->sp ? "sbh(4 + 28/t + 4as/(ht)) + 8sb/t" : "sbh(12 + 24/t + 4as/(ht)) + 8sb")
+           full ? (f->sp ? "4sbh/t" : "4sbh")
+           : sel ? (f->sp ? "sbh(8 + 56/t) + 16sb/t" : "sbh(24 + 48/t) + 16sb")
+           : f->bf16 ? (f->sp ? "sbh(4 + 28/t + 4as/(ht)) + 8sb/t" : "sbh(12 + 24/t + 4as/(ht)) + 8sb")
                    : (f->sp ? "sbh(8 + 56/t + 8as/(ht)) + 16sb/t" : "sbh(24 + 48/t + 8as/(ht)) + 16sb"),
            mem_format(d, sizeof d, f->adjusted_block_acts));
     (void)tpg;
@@ -267,6 +301,7 @@ static void tp7_results(const Tp7Figures *f, RunResults *out) {
     results_set(out, "block_acts", f->block_acts);
     results_set(out, "adjusted_block_acts", f->adjusted_block_acts);
     results_set(out, "sequence_parallel", f->sp);
+    if (f->recompute) results_set(out, "recompute_layer", f->rc_layer);  // (none: absent, as before)
 }
 
 void tp7_write_dump(const Session *s, const Tp7Figures *f, int dp, double replicated_max_diff) {

@@ -11,6 +11,7 @@
 // One run's measured figures (per step) and the formulas they are checked against.
 typedef struct Tp7Figures {
     int tp, steps, sp;                                    // sp: sequence parallel
+    GPT2Recompute recompute;                              // --recompute (tp.h's tp_build)
     double calls[TP_NSITES], floats[TP_NSITES];           // per step, from the TpComm counters
     double want_calls[TP_NSITES], want_floats[TP_NSITES]; // the formula
     double tp_sent, tp_recv, want_tp_sent;  // bytes per step in the TP group (dist's counters)
@@ -21,6 +22,7 @@ typedef struct Tp7Figures {
     double master, want_master;             // of the fp32 master (bf16 only; 0 in fp32)
     double sharded, replicated;             // of which sliced / replicated (bytes)
     double acts, want_acts;                 // peak activation bytes (MEM_ACTS) on this rank
+    double rc_layer;                        // of which the recompute layer (0: none)
     double block_acts, megatron_block_acts; // one block's saved activations, and Megatron's
                                             // sbh(10 + 24/t + 5as/(ht)) for the same shape
     double adjusted_block_acts;             // the same formula adjusted to this model (report.c)

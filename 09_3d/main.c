@@ -80,6 +80,11 @@ static const char *USAGE =
     "  mpirun -np 8 ./09_3d/run --tp 2 --pp 2 --sequence-parallel\n"
     "                                                     SP in every TP stage (chapter 07): norms and\n"
     "                                                     residuals on T/tp positions; PP sends them\n"
+    "  mpirun -np 4 ./09_3d/run --tp 2 --pp 2 --recompute full\n"
+    "                                                     activation recomputation (fp32): a stage keeps\n"
+    "                                                     each block's input; backward reruns the block's\n"
+    "                                                     forward, its TP collectives too (selective:\n"
+    "                                                     the attention scores only, no communication)\n"
     "  mpirun -np 8 ./09_3d/run --tp 8 --pp 1 --heads 8   TP alone (chapter 07)\n"
     "  mpirun -np 1 ./09_3d/run                           one rank: chapter 00's training\n"
     "  mpirun -np 8 ./09_3d/run --tp 2 --pp 2 --dtype bf16\n"
@@ -108,7 +113,7 @@ typedef struct Flags3d {
     const char *schedule;
     int m, v;              // micro-batches per step (per replica), chunks per rank
     DplOpts dpo;           // over DP (dp.h): --zero 0 DDP's average, 1, 2, 3; --fsdp
-    GPT2Recompute recompute;  // --recompute (a shared flag): at --tp 1 only (gpt2's own sets)
+    GPT2Recompute recompute;  // --recompute (a shared flag): gpt2's sets at --tp 1, tp.c's slices above (fp32)
     const char *order;     // "tp-first" (Megatron's grid) | "pp-first" (question 5's other layout)
     int sp;                // --sequence-parallel: chapter 07's SP inside every TP stage
     int max_w;             // --schedule zb: at most this many W stores pending per stage (0: no cap)
@@ -383,10 +388,14 @@ static void setup(Run3d *r, Session *s, const LabArgs *args, const Flags3d *f) {
                             "and FSDP gather and free; it is offered here over DP with --zero 0, 1 "
                             "or 2 (at --tp 1)", gpt2_recompute_name(f->recompute),
                             f->dpo.fsdp ? "--fsdp" : "--zero 3");
-    if (f->recompute != GPT2_RECOMPUTE_NONE && tp > 1)
-        lab_fail_collective("--recompute %s with --tp %d: a TP slice's pieces (common/tp.c) do not "
-                            "recompute; recomputation is offered here at --tp 1 (and by 00 --train "
-                            "and 08_pipeline)", gpt2_recompute_name(f->recompute), tp);
+    if (f->recompute != GPT2_RECOMPUTE_NONE && r->sched.split)
+        lab_fail_collective("--recompute %s with --schedule zb: a zero-bubble W runs after its B "
+                            "and would read what B recomputed, long gone; recomputation is offered "
+                            "with --schedule gpipe, 1f1b and interleaved", gpt2_recompute_name(f->recompute));
+    if (f->recompute != GPT2_RECOMPUTE_NONE && tp > 1 && strcmp(args->dtype, "fp32") != 0)
+        lab_fail_collective("--recompute %s with --dtype %s at --tp %d: a TP slice recomputes in "
+                            "fp32 only; valid: --dtype fp32, --tp 1, or --recompute none",
+                            gpt2_recompute_name(f->recompute), args->dtype, tp);
     // every rank's peak predicted before anything big is allocated (mem_predict.h): one refusal
     const DplOpts *o = &f->dpo;
     const R3dLayout lay = {dp, tp, pp, v, m, &r->sched, o->fsdp ? 3 : o->zero, o->fsdp,
@@ -414,9 +423,8 @@ static void setup(Run3d *r, Session *s, const LabArgs *args, const Flags3d *f) {
     for (int c = 0; c < v; c++) {
         ch[c].vs = c * pp + p;
         const TpShape shape = {.l0 = ch[c].vs * per, .l1 = (ch[c].vs + 1) * per, .tp = tp,
-                               .r = r->grid.c.t, .sp = f->sp, .B = Bm, .T = T};
-        tp_build(&ch[c].m, cfg, s->dev, dtype, shape, (uint64_t)args->seed);
-        gpt2_set_recompute(&ch[c].m, f->recompute, Bm, T);  // (t = 1: gpt2's sets; none: nothing)
+                               .r = r->grid.c.t, .sp = f->sp, .B = Bm, .T = T, .recompute = f->recompute};
+        tp_build(&ch[c].m, cfg, s->dev, dtype, shape, (uint64_t)args->seed);  // (recompute: tp.h)
         ch[c].acts = lab_xcalloc((size_t)m, sizeof(GPT2Acts *));
     }
     r->models = lab_xcalloc((size_t)v, sizeof(GPT2 *));
@@ -497,7 +505,8 @@ static void train(const LabArgs *args, const Flags3d *f) {
     double mine[R3D_NFIELDS];
     const DpLayer *d = &r.dpl;
     const R3dView view = {grid, r.dp, f->tp, pp, v, m, d->sharded ? 3 : d->zero, d->fsdp,
-                          d->sharded && !d->reshard, ch[0].m.l0, ch[v - 1].m.l1, r.x.acts_peak, f->sp};
+                          d->sharded && !d->reshard, ch[0].m.l0, ch[v - 1].m.l1, r.x.acts_peak, f->sp,
+                          f->recompute};
     r3d_figures(&s, &view, mine);
     const int run = session_steps_run(&s);
     r3d_print_links(&s, &view, strcmp(f->order, "pp-first") == 0,

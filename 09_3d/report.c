@@ -35,6 +35,7 @@ static CalcSetup view_setup(const Session *s, const R3dView *v) {
                                   s->bf16 ? CALC_BF16 : CALC_FP32);
     cs.fsdp = v->fsdp, cs.keep_gathered = v->keep_gathered;
     cs.sp = v->sp;
+    cs.recompute = (CalcRecompute)v->recompute;  // (full: the TP group's g's twice per block)
     return cs;
 }
 
@@ -183,7 +184,8 @@ MemPrediction r3d_predict_memory(const void *ctx, const LabArgs *args, int batch
     int64_t *u = calloc((size_t)per + 3, sizeof(int64_t));
     for (int c = 0; c < L->v; c++) {
         const int vs = c * L->pp + p;
-        const TpShape sh = {.l0 = vs * per, .l1 = (vs + 1) * per, .tp = L->tp, .r = t, .sp = L->sp, .B = Bm, .T = cfg.T};
+        const TpShape sh = {.l0 = vs * per, .l1 = (vs + 1) * per, .tp = L->tp, .r = t, .sp = L->sp, .B = Bm,
+                            .T = cfg.T, .recompute = L->recompute};  // (shared: + its recompute layer)
         if (L->tp > 1) {
             set[c] = (double)tp_acts_bytes(&cfg, sh, dt) + (L->s->split ? (double)tp_wsave_bytes(&cfg, sh) : 0);
             shared += (double)tp_shared_bytes(&cfg, sh, dt);

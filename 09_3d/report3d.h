@@ -30,6 +30,7 @@ typedef struct R3dView {
     int l0, l1;
     size_t acts_peak;
     int sp;                // --sequence-parallel
+    GPT2Recompute recompute;  // --recompute: smaller sets; full reruns the TP collectives
 } R3dView;
 
 // What a rank's memory is predicted from (before anything is allocated): the layout, the
@@ -38,7 +39,7 @@ typedef struct R3dLayout {
     int dp, tp, pp, v, m;
     const Schedule *s;
     int zero, fsdp, prefetch, keep_gathered;  // zero 3 with fsdp: FSDP (as R3dView)
-    GPT2Recompute recompute;                  // --recompute (tp 1 only): smaller sets, a scratch layer a chunk
+    GPT2Recompute recompute;                  // --recompute (fp32): smaller sets, a scratch layer a chunk
     int sp;                                   // --sequence-parallel: a TP stage's sets on T/tp rows
 } R3dLayout;
 // World rank `rank`'s peak bytes (mem_predict.h) for a global batch of `batch`: its model state

@@ -431,9 +431,9 @@ const char *calc_setup_check(const CalcModel *m, const CalcSetup *s) {
                    s->chunks);
     if (s->max_w < 0) return msg("max W stores %d: must be 0 (no cap) or more", s->max_w);
     if (s->acts == CALC_ACTS_LAB && s->recompute != CALC_RECOMPUTE_NONE &&
-        (s->tp > 1 || s->dtype != CALC_FP32 || s->split))
-        return msg("the lab's runs recompute in fp32 at TP 1 without a split backward only (chapter "
-                   "09 at --tp 1): drop --recompute, or use TP 1, fp32 and another schedule");
+        (s->dtype != CALC_FP32 || s->split))
+        return msg("the lab's runs recompute in fp32 without a split backward only (chapters 07, 08 "
+                   "and 09): drop --recompute, or use fp32 and another schedule");
     if (m->arch == CALC_ARCH_RAW) {
         if (s->tp > 1 || s->pp > 1 || s->chunks > 1)
             return msg("--tp %d --pp %d --chunks %d: splitting a model across TP/PP ranks needs "
@@ -566,9 +566,15 @@ double calc_layer_activation_bytes(const CalcModel *m, const CalcSetup *cs) {
         // Sequence parallel (tp.c's SP block): ln1's and ln2's outputs are kept gathered (2 N*h),
         // the residuals and the LayerNorms' statistics on the rank's N/t rows, and the partial
         // sums of proj and fcproj are not kept (they live in the model's scratch).
-        double N = b * s;
-        if (cs->sp) return w * (2 * N * h + 2 * N * h / t + 4 * N / t + 12 * N * h / t + 2 * b * (a / t) * s * s);
-        return w * (6 * N * h + 4 * N + 12 * N * h / t + 2 * b * (a / t) * s * s);
+        // Recomputing (t > 1 or SP: tp.c's sets; t = 1 is gpt2's, chunk_set_bytes), a block
+        // keeps all but the scores and softmax (selective) or its output only, N*h (SP: N*h/t)
+        // (full); the one layer of what they drop is the slice's (calc_tp_recompute_scratch_bytes).
+        double N = b * s, att = 2 * b * (a / t) * s * s;
+        const int rc = t > 1 || cs->sp ? cs->recompute : CALC_RECOMPUTE_NONE;
+        if (rc == CALC_RECOMPUTE_FULL) return w * (cs->sp ? N * h / t : N * h);
+        if (rc == CALC_RECOMPUTE_SELECTIVE) att = 0;
+        if (cs->sp) return w * (2 * N * h + 2 * N * h / t + 4 * N / t + 12 * N * h / t + att);
+        return w * (6 * N * h + 4 * N + 12 * N * h / t + att);
     }
     // EXERCISE 00.2 Activation memory -> 00_memory_budget/README.md#exercise-002-activation-memory
     if (cs->recompute == CALC_RECOMPUTE_FULL) {
@@ -689,7 +695,9 @@ static double stage_activation_bytes(const CalcModel *m, const CalcSetup *s, int
         }
         sched_free(&sc);
     }
-    if (s->recompute != CALC_RECOMPUTE_NONE) {
+    // (the lab's stages hold their one recompute layer from their build, outside the walk:
+    // calc_recompute_scratch_bytes, calc_tp_recompute_scratch_bytes)
+    if (s->recompute != CALC_RECOMPUTE_NONE && s->acts != CALC_ACTS_LAB) {
         CalcSetup none = *s;
         none.recompute = CALC_RECOMPUTE_NONE;
         double full = calc_layer_activation_bytes(m, &none);
@@ -726,14 +734,25 @@ static void act_formula(char *buf, size_t n, const CalcModel *m, const CalcSetup
                  "input (each chunk's scratch layer comes on top)"
                  : s->recompute == CALC_RECOMPUTE_SELECTIVE ? "; selective: no scores kept (each "
                  "chunk's scratch layer comes on top)" : "");
+    } else if (s->acts == CALC_ACTS_LAB && s->recompute == CALC_RECOMPUTE_FULL) {
+        snprintf(buf, n, "the lab's %sTP stage (chapter 09), full recomputation, %g-byte values, "
+                 "N = b*s: N*h%s per layer (its output); per chunk 2*N*h%s; the head as without "
+                 "it (the stage's one recompute layer comes on top)", s->sp ? "SP " : "", w,
+                 s->sp ? "/t" : "", s->sp ? "/t" : "");
     } else if (s->acts == CALC_ACTS_LAB && s->sp) {
         snprintf(buf, n, "the lab's SP TP stage (chapter 09), %g-byte values, N = b*s: "
-                 "N*h*(2 + 14/t) + 4N/t + 2*b*(a/t)*s^2 per layer; per chunk 2*N*h/t; the head "
-                 "N*h*(2 + 1/t) + 2N/t + 4N + 2*N*V/t", w);
+                 "N*h*(2 + 14/t) + 4N/t%s per layer; per chunk 2*N*h/t; the head "
+                 "N*h*(2 + 1/t) + 2N/t + 4N + 2*N*V/t%s", w,
+                 s->recompute == CALC_RECOMPUTE_SELECTIVE ? "" : " + 2*b*(a/t)*s^2",
+                 s->recompute == CALC_RECOMPUTE_SELECTIVE ? "; selective: no scores kept (the "
+                 "stage's one recompute layer comes on top)" : "");
     } else if (s->acts == CALC_ACTS_LAB) {
         snprintf(buf, n, "the lab's TP stage (chapter 09), %g-byte values, N = b*s: N*h*(6 + 12/t)"
-                 " + 4N + 2*b*(a/t)*s^2 per layer; per chunk its input and gradient 2*N*h; the "
-                 "head 2*N*h + 6N + 2*N*V/t", w);
+                 " + 4N%s per layer; per chunk its input and gradient 2*N*h; the "
+                 "head 2*N*h + 6N + 2*N*V/t%s", w,
+                 s->recompute == CALC_RECOMPUTE_SELECTIVE ? "" : " + 2*b*(a/t)*s^2",
+                 s->recompute == CALC_RECOMPUTE_SELECTIVE ? "; selective: no scores kept (the "
+                 "stage's one recompute layer comes on top)" : "");
     } else if (s->recompute == CALC_RECOMPUTE_FULL) {
         snprintf(buf, n, "%s, full recomputation: %g*s*b*h per layer%s (its input), plus one "
                  "layer's activations while it is recomputed", src, w, s->sp && tp ? " / t" : "");
@@ -823,6 +842,14 @@ static double lab_kept_elems(const GPT2Config *cfg, int B, int T, GPT2Recompute 
     const double scores = 2.0 * B * cfg->NH * (double)T * T;  // preatt and att
     if (r == GPT2_RECOMPUTE_FULL) return (double)B * T * cfg->C;  // its output (the next input)
     return lab_layer_elems(cfg, B, T) - (r == GPT2_RECOMPUTE_SELECTIVE ? scores : 0);
+}
+
+double calc_tp_recompute_scratch_bytes(const CalcModel *m, const CalcSetup *s) {
+    LAB_CHECK(s->acts == CALC_ACTS_LAB && (s->tp > 1 || s->sp), "calc_tp_recompute_scratch_bytes: "
+              "the lab's TP stage (t > 1 or SP)");
+    CalcSetup none = *s;
+    none.recompute = CALC_RECOMPUTE_NONE;
+    return calc_layer_activation_bytes(m, &none) - calc_layer_activation_bytes(m, s);
 }
 
 double calc_recompute_scratch_bytes(const GPT2Config *cfg, int B, int T, GPT2Recompute r) {

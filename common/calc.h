@@ -101,12 +101,13 @@ typedef enum { CALC_RECOMPUTE_NONE, CALC_RECOMPUTE_SELECTIVE, CALC_RECOMPUTE_FUL
 //   CALC_ACTS_PAPER  Korthikanti et al. 2022's GPT-3 block (dropout masks, bf16/fp16 values; SP
 //                    and recomputation cut it): what Megatron stores, used for the large models.
 //   CALC_ACTS_LAB    what chapter 09's TP stage (common/tp.c) stores per micro-batch, no
-//                    dropout, the (B, NH/t, T, T) attention matrices twice, no SP, no
-//                    recomputation at t > 1 (at t = 1 gpt2's own sets, chapter 08's:
-//                    calc_pipe_set_bytes_recompute, fp32 recomputation too; each chunk's one
-//                    layer of recompute scratch, allocated before the first step, is not in the
-//                    walk: calc_recompute_scratch_bytes): exact for the lab's runs (the 8-rank
-//                    test checks it).
+//                    dropout, the (B, NH/t, T, T) attention matrices twice, SP or not, fp32
+//                    recomputation (tp.h's tp_build: selective drops the matrices, full keeps
+//                    each block's output only; at t = 1 gpt2's own sets, chapter 08's:
+//                    calc_pipe_set_bytes_recompute). Each chunk's one layer of recompute
+//                    scratch, allocated before the first step, is not in the walk
+//                    (calc_recompute_scratch_bytes, calc_tp_recompute_scratch_bytes): exact for
+//                    the lab's runs (the 8-rank test and tests/test_recompute.c check it).
 typedef enum { CALC_ACTS_PAPER, CALC_ACTS_LAB } CalcActModel;
 
 typedef struct CalcSetup {
@@ -253,6 +254,11 @@ double calc_activation_bytes_lab(const GPT2Config *cfg, int B, int T, GPT2Dtype 
 double calc_activation_bytes_recompute(const GPT2Config *cfg, int B, int T, GPT2Dtype dtype,
                                        GPT2Recompute r);
 double calc_recompute_scratch_bytes(const GPT2Config *cfg, int B, int T, GPT2Recompute r);
+// The lab's TP stage (CALC_ACTS_LAB, t > 1 or SP) recomputing s->recompute: the one layer of what
+// its blocks do not keep, which each chunk's slice holds once (tp.h's tp_recompute_bytes): a
+// block's set without recomputation less the set it keeps (selective 2*b*(a/t)*s^2 values,
+// full all but its output).
+double calc_tp_recompute_scratch_bytes(const CalcModel *m, const CalcSetup *s);
 
 // 1 when total fits in mem_bytes.
 int calc_fits(const CalcBreakdown *b, double mem_bytes);
@@ -264,7 +270,8 @@ int calc_fits(const CalcBreakdown *b, double mem_bytes);
 // reduce-scatter or all-gather of pieces every piece but one, a send its bytes, a broadcast's
 // root its bytes once.
 //   TP  per micro-batch and layer 4 all-reduces of b*s*h values (Megatron's g twice in forward,
-//       f twice in backward; 6 with full recomputation, whose second forward repeats the g's);
+//       f twice in backward; 6 with full recomputation, whose second forward repeats the g's,
+//       under SP f's all-gathers and g's reduce-scatters: the same bytes);
 //       the vocab-parallel embedding's sum (stage 0) and the head's f (last stage), b*s*h each;
 //       the cross-entropy's max, sum of exp and target logit, b*s fp32 each; once per step the
 //       clip norm (one double) and, with SP, the replicated parameters' gradients. SP replaces

@@ -686,8 +686,8 @@ LAB_NORETURN static void fail_not_taken(const Flag *f, const char *program) {
                   "watchdog; run with --help to list its flags", f->s.name, prog);
     if (f->mask == LAB_FLAGS_RECOMPUTE)
         flag_fail("%s: %s does not recompute activations; it is offered by 00_memory_budget "
-                  "--train, 08_pipeline and 09_3d at --tp 1 (fp32); run with --help to list its "
-                  "flags", f->s.name, prog);
+                  "--train, 07_tensor_parallel, 08_pipeline and 09_3d (fp32); run with --help to "
+                  "list its flags", f->s.name, prog);
     flag_fail("%s: %s takes no %s flags (it would have no effect here); run with --help to list "
               "its flags", f->s.name, prog, f->group);
 }

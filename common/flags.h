@@ -128,7 +128,7 @@ enum {
     LAB_FLAGS_ALL = (1 << 7) - 1,    // every shared flag (a multi-rank training chapter)
     LAB_FLAGS_SINGLE = LAB_FLAGS_ALL & ~LAB_FLAGS_KILL & ~LAB_FLAGS_COMM,  // one device (00)
     LAB_FLAGS_RECOMPUTE = 1 << 7,    // --recompute: only the programs whose runs recompute
-                                     // (00 --train, 08, 09 at --tp 1), not in LAB_FLAGS_ALL
+                                     // (00 --train, 07, 08, 09), not in LAB_FLAGS_ALL
 };
 
 // Parse argv into *a (pre-filled with defaults) and the chapter's extra flags; every shared

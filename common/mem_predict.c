@@ -76,14 +76,20 @@ MemPrediction mem_predict_pipeline_recompute(const GPT2Config *cfg, const Schedu
 }
 
 MemPrediction mem_predict_tp(const GPT2Config *cfg, int tp, int r, int sp, int rows, int bf16) {
+    return mem_predict_tp_recompute(cfg, tp, r, sp, rows, bf16, GPT2_RECOMPUTE_NONE);
+}
+
+MemPrediction mem_predict_tp_recompute(const GPT2Config *cfg, int tp, int r, int sp, int rows, int bf16,
+                                       GPT2Recompute rc) {
     // t = 1 without SP: gpt2's own sets (tp.h), a single replica's memory
-    if (tp == 1 && !sp) return mem_predict_replica(cfg, rows, bf16, 1);
+    if (tp == 1 && !sp) return mem_predict_replica_recompute(cfg, rows, bf16, 1, rc);
     const double w = bf16 ? 2.0 : 4.0;
     CalcModel cm = calc_model_from_gpt2(cfg);
     MemPrediction p;
     p.state = (double)calc_stage_params(&cm, tp, 1, 0) * (w + w + (bf16 ? 4.0 : 0.0) + 4.0 + 4.0);
     // the slice's set and what its pieces share (tp.c's, from the shape: nothing allocated)
-    const TpShape s = {.l0 = 0, .l1 = cfg->L, .tp = tp, .r = r, .sp = sp, .B = rows, .T = cfg->T};
+    const TpShape s = {.l0 = 0, .l1 = cfg->L, .tp = tp, .r = r, .sp = sp, .B = rows, .T = cfg->T,
+                       .recompute = rc};
     const GPT2Dtype dt = bf16 ? GPT2_BF16 : GPT2_FP32;
     p.acts = (double)tp_acts_bytes(cfg, s, dt) + (double)tp_shared_bytes(cfg, s, dt);
     p.buffers = mem_predict_scratch(cfg, rows, bf16, bf16 ? mem_predict_largest_piece(cfg) : 0) -

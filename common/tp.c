@@ -90,19 +90,44 @@ static size_t layer_elems(const Sizes *z, int sp) {
     return 2 * z->N * z->C + 4 * z->Nr + 4 * z->N * z->Cl + 2 * z->att + 2 * z->Nr * z->C +
            2 * z->N * z->Hl + (sp ? 0 : 2 * z->N * z->C);
 }
-static void carve_layer(ActTensors *x, float *base, const Sizes *z, int sp) {
-    float *at = base;
+// What a block's set keeps of it under recomputation r (tp.h, tp_build): selective all but
+// preatt and att, full its output only (Nr,C); the rest is the one recompute layer.
+static size_t kept_elems(const Sizes *z, int sp, GPT2Recompute r) {
+    if (r == GPT2_RECOMPUTE_FULL) return z->Nr * z->C;
+    return layer_elems(z, sp) - (r == GPT2_RECOMPUTE_SELECTIVE ? 2 * z->att : 0);
+}
+static size_t rc_elems(const Sizes *z, int sp, GPT2Recompute r) {
+    return r == GPT2_RECOMPUTE_NONE ? 0 : layer_elems(z, sp) - kept_elems(z, sp, r);
+}
+// Carves n floats off *rc when the tensor is recomputed (dropped), else off *kept.
+static float *take_rc(float **kept, float **rc, int dropped, size_t n) { return take(dropped ? rc : kept, n); }
+// Block views in ActTensors' order: the kept tensors off kept, the recomputed ones off rc (the
+// model's one recompute layer; r none: rc unused).
+static void carve_views(GPT2LayerActs *x, float *kept, float *rc, const Sizes *z, int sp, GPT2Recompute r) {
+    float *at = kept, *q = rc;
     const size_t N = z->N, Nr = z->Nr, C = z->C;
-    x->ln1 = take(&at, N * C), x->ln1_mean = take(&at, Nr), x->ln1_rstd = take(&at, Nr);
-    x->qkv = take(&at, 3 * N * z->Cl), x->atty = take(&at, N * z->Cl);
-    x->preatt = take(&at, z->att), x->att = take(&at, z->att);
-    x->attproj = sp ? NULL : take(&at, N * C);
-    x->residual2 = take(&at, Nr * C);
-    x->ln2 = take(&at, N * C), x->ln2_mean = take(&at, Nr), x->ln2_rstd = take(&at, Nr);
-    x->fch = take(&at, N * z->Hl), x->fch_gelu = take(&at, N * z->Hl);
-    x->fcproj = sp ? NULL : take(&at, N * C);
+    const int f = r == GPT2_RECOMPUTE_FULL, sc = f || r == GPT2_RECOMPUTE_SELECTIVE;
+    x->ln1 = take_rc(&at, &q, f, N * C), x->ln1_mean = take_rc(&at, &q, f, Nr);
+    x->ln1_rstd = take_rc(&at, &q, f, Nr);
+    x->qkv = take_rc(&at, &q, f, 3 * N * z->Cl), x->atty = take_rc(&at, &q, f, N * z->Cl);
+    x->preatt = take_rc(&at, &q, sc, z->att), x->att = take_rc(&at, &q, sc, z->att);
+    x->attproj = sp ? NULL : take_rc(&at, &q, f, N * C);
+    x->residual2 = take_rc(&at, &q, f, Nr * C);
+    x->ln2 = take_rc(&at, &q, f, N * C), x->ln2_mean = take_rc(&at, &q, f, Nr);
+    x->ln2_rstd = take_rc(&at, &q, f, Nr);
+    x->fch = take_rc(&at, &q, f, N * z->Hl), x->fch_gelu = take_rc(&at, &q, f, N * z->Hl);
+    x->fcproj = sp ? NULL : take_rc(&at, &q, f, N * C);
     x->residual3 = take(&at, Nr * C);
-    LAB_CHECK(at == base + layer_elems(z, sp), "tp: a block's set does not add up");
+    LAB_CHECK(at == kept + kept_elems(z, sp, r) && q == rc + rc_elems(z, sp, r),
+              "tp: a block's set does not add up");
+}
+static void carve_layer(ActTensors *x, float *base, float *rc, const Sizes *z, int sp, GPT2Recompute r) {
+    GPT2LayerActs v;
+    carve_views(&v, base, rc, z, sp, r);
+    x->ln1 = v.ln1, x->ln1_mean = v.ln1_mean, x->ln1_rstd = v.ln1_rstd, x->qkv = v.qkv, x->atty = v.atty;
+    x->preatt = v.preatt, x->att = v.att, x->attproj = v.attproj, x->residual2 = v.residual2;
+    x->ln2 = v.ln2, x->ln2_mean = v.ln2_mean, x->ln2_rstd = v.ln2_rstd, x->fch = v.fch;
+    x->fch_gelu = v.fch_gelu, x->fcproj = v.fcproj, x->residual3 = v.residual3;
 }
 
 // The gradients inside one block: d ln (N,C), d residual2 (Nr,C), d qkv, d atty, d preatt,
@@ -137,7 +162,7 @@ static size_t head_elems(const Sizes *z, int sp) {
 
 size_t tp_acts_bytes(const GPT2Config *cfg, TpShape s, GPT2Dtype dtype) {
     const Sizes z = sizes_of(cfg, s);
-    const size_t blocks = (size_t)(s.l1 - s.l0) * tp_block_act_elems(cfg, s);
+    const size_t blocks = (size_t)(s.l1 - s.l0) * kept_elems(&z, s.sp, s.recompute);
     // the stream's input and its gradient (Nr,C), the head where the set has it: fp32
     const size_t rest = 2 * z.Nr * z.C + (s.l1 == cfg->L ? head_elems(&z, s.sp) : 0);
     return (dtype == GPT2_BF16 ? 2 : 4) * blocks + 4 * rest;
@@ -147,11 +172,16 @@ size_t tp_shared_bytes(const GPT2Config *cfg, TpShape s, GPT2Dtype dtype) {
     const Sizes z = sizes_of(cfg, s);
     size_t floats = scratch_elems(&z, s.sp);
     if (dtype == GPT2_BF16) floats += tp_block_act_elems(cfg, s) + z.Nr * z.C;  // tp_layer, tp_block_in
-    return 4 * floats;
+    return 4 * floats + tp_recompute_bytes(cfg, s);
+}
+
+size_t tp_recompute_bytes(const GPT2Config *cfg, TpShape s) {
+    const Sizes z = sizes_of(cfg, s);
+    return 4 * rc_elems(&z, s.sp, s.recompute);
 }
 
 static TpShape shape_of(const GPT2 *m) {
-    TpShape s = {m->l0, m->l1, m->tp, m->tp_rank, m->sp, m->tp_B, m->tp_T};
+    TpShape s = {m->l0, m->l1, m->tp, m->tp_rank, m->sp, m->tp_B, m->tp_T, m->recompute};
     return s;
 }
 
@@ -161,9 +191,19 @@ void tp_build(GPT2 *m, GPT2Config cfg, Device dev, GPT2Dtype dtype, TpShape s, u
     gpt2_alloc_grads(m);
     gpt2_init_params(m, seed);
     m->sp = s.sp, m->tp_B = s.B, m->tp_T = s.T;
-    if (own_path(m)) return;  // gpt2's sets carry their own
+    if (own_path(m)) {  // gpt2's sets carry their own
+        if (s.recompute != GPT2_RECOMPUTE_NONE) gpt2_set_recompute(m, s.recompute, s.B, s.T);
+        return;
+    }
+    LAB_CHECK(s.recompute == GPT2_RECOMPUTE_NONE || dtype == GPT2_FP32,
+              "tp_build: a TP slice recomputes in fp32 only (recompute %s, bf16)",
+              gpt2_recompute_name(s.recompute));
     const Sizes z = sizes_of(&cfg, s);
     m->tp_scratch = mem_alloc(scratch_elems(&z, s.sp) * sizeof(float), MEM_ACTS, dev);
+    if (s.recompute != GPT2_RECOMPUTE_NONE) {  // the one layer the sets' backwards recompute into
+        m->recompute = s.recompute, m->rc_B = s.B, m->rc_T = s.T;
+        m->rc_scratch = mem_alloc(rc_elems(&z, s.sp, s.recompute) * sizeof(float), MEM_ACTS, dev);
+    }
     if (dtype == GPT2_BF16) {
         m->tp_layer = mem_alloc(tp_block_act_elems(&cfg, s) * sizeof(float), MEM_ACTS, dev);
         m->tp_block_in = mem_alloc(z.Nr * z.C * sizeof(float), MEM_ACTS, dev);
@@ -186,10 +226,11 @@ void tp_acts_alloc(GPT2Acts *a, const GPT2 *m) {
     const TpShape s = shape_of(m);
     const Sizes z = sizes_of(&m->cfg, s);
     const int nb = m->l1 - m->l0, bf16 = m->dtype == GPT2_BF16;
-    const size_t E = tp_block_act_elems(&m->cfg, s), stream = z.Nr * z.C;
+    const size_t E = kept_elems(&z, s.sp, s.recompute), stream = z.Nr * z.C;  // (recompute: fp32)
     memset(a, 0, sizeof *a);
     a->B = s.B, a->T = s.T, a->l0 = m->l0, a->l1 = m->l1, a->dtype = m->dtype;
     a->slice = 1, a->rows = (int)z.Nr;
+    a->recompute = m->recompute, a->rc = m->rc_scratch;
     // fp32 activations: the stream's input, the blocks' sets (fp32: block-major, layer_stride
     // apart; bf16: in acts_bf16, computing in the model's tp_layer), the head's
     const size_t head = m->has_head ? head_elems(&z, s.sp) : 0;
@@ -198,11 +239,11 @@ void tp_acts_alloc(GPT2Acts *a, const GPT2 *m) {
     float *at = a->acts;
     a->a.encoded = take(&at, stream);
     if (bf16) {
-        carve_layer(&a->a, m->tp_layer, &z, s.sp);
+        carve_layer(&a->a, m->tp_layer, NULL, &z, s.sp, GPT2_RECOMPUTE_NONE);
         a->acts_bf16 = mem_alloc((size_t)nb * E * sizeof(uint16_t), MEM_ACTS, m->dev);
         a->block_in = m->tp_block_in;
     } else {
-        carve_layer(&a->a, at, &z, s.sp);
+        carve_layer(&a->a, at, m->rc_scratch, &z, s.sp, s.recompute);
         at += (size_t)nb * E;
         a->layer_stride = E;
     }
@@ -235,6 +276,12 @@ void tp_acts_alloc(GPT2Acts *a, const GPT2 *m) {
 // the scratch.
 static GPT2LayerActs layer_of(const GPT2 *m, const GPT2Acts *a, int l, const TpScratch *s) {
     GPT2LayerActs x = gpt2_layer_acts(m, a, l);
+    if (m->recompute) {  // block l's kept tensors (block-major, after the stream's input) and the
+                         // recompute layer's views, the same for every block
+        const Sizes z = sizes_of(&m->cfg, shape_of(m));
+        carve_views(&x, a->acts + z.Nr * z.C + (size_t)(l - a->l0) * a->layer_stride, m->rc_scratch,
+                    &z, m->sp, m->recompute);
+    }
     if (m->sp) x.attproj = x.fcproj = s->partial;
     return x;
 }
@@ -339,15 +386,12 @@ static void sp_block_forward(TpBlockRun *b, TpComm *c, const float *in) {
     k->tp_bias_residual_forward(x.residual3, x.residual2, x.residual3, w.fcprojb, Nl, C);
 }
 
-void tp_block_forward(GPT2 *m, GPT2Acts *a, TpComm *c, int l, const void *block_w) {
-    if (own_path(m)) {
-        gpt2_block_forward_w(m, a, l, block_w);
-        return;
-    }
+// Block l's forward from `in`, the stream entering it (tp_block_forward's, and full
+// recomputation's second run from the same kept input).
+static void block_forward(GPT2 *m, GPT2Acts *a, TpComm *c, int l, const void *block_w, const float *in) {
     TpBlockRun b;
     GPT2Piece p;
     block_begin(&b, &p, m, a, l, block_w, NULL, 0);
-    const float *in = gpt2_piece_input(m, a, l);  // the stream entering block l
     const Kernels *k = b.k;
     const GPT2BlockWeights w = b.w;
     const GPT2LayerActs x = b.x;
@@ -368,6 +412,14 @@ void tp_block_forward(GPT2 *m, GPT2Acts *a, TpComm *c, int l, const void *block_
         // END EXERCISE 07.1
     }
     gpt2_layer_store(m, a, l);  // bf16: the block's set stored rounded
+}
+
+void tp_block_forward(GPT2 *m, GPT2Acts *a, TpComm *c, int l, const void *block_w) {
+    if (own_path(m)) {
+        gpt2_block_forward_w(m, a, l, block_w);
+        return;
+    }
+    block_forward(m, a, c, l, block_w, gpt2_piece_input(m, a, l));  // (the stream entering block l)
 }
 
 // dout (Nl,C) -> dinp (Nl,C) (may alias dout); the replicated tensors' gradients PARTIAL.
@@ -393,11 +445,29 @@ static void sp_block_backward(TpBlockRun *b, TpComm *c, const float *in, const f
                           x.ln1_rstd, Nl, C);
 }
 
+// Recomputation (tp_build): what block l's set did not keep, again, into the slice's recompute
+// layer, before its backward reads it. Full: the block's forward from its kept input, its f and
+// g collectives included (the output, kept, rewritten with its own bits); selective: the
+// attention core of this rank's heads from the kept qkv (atty rewritten with its own bits).
+static void recompute_block(GPT2 *m, GPT2Acts *a, TpComm *c, int l, const void *block_w) {
+    const double t0 = lab_now();
+    if (m->recompute == GPT2_RECOMPUTE_FULL) {  // from its kept input: block l-1's kept output
+        block_forward(m, a, c, l, block_w, gpt2_piece_input(m, a, l));
+    } else {
+        TpBlockRun b;
+        GPT2Piece p;
+        block_begin_w(&b, &p, m, a, l, NULL, NULL, 0, 0);
+        m->k->attention_forward(b.x.atty, b.x.preatt, b.x.att, b.x.qkv, b.B, b.T, b.d.ATT, b.d.NH);
+    }
+    m->rc_seconds += lab_now() - t0;
+}
+
 void tp_block_backward(GPT2 *m, GPT2Acts *a, TpComm *c, int l, const void *block_w, void *dblock_w) {
     if (own_path(m)) {
         gpt2_block_backward_w(m, a, l, block_w, dblock_w);
         return;
     }
+    if (m->recompute) recompute_block(m, a, c, l, block_w);
     TpBlockRun b;
     GPT2Piece p;
     block_begin(&b, &p, m, a, l, block_w, dblock_w, 1);
@@ -463,6 +533,8 @@ void tp_acts_alloc_split(GPT2Acts *a, const GPT2 *m) {
         return;
     }
     LAB_CHECK(a->acts && a->slice, "tp_acts_alloc_split before tp_acts_alloc");
+    LAB_CHECK(!m->recompute, "tp_acts_alloc_split: a split backward's W reads what its B would "
+              "recompute, later: recomputation (%s) is for the whole backward", gpt2_recompute_name(m->recompute));
     if (a->wsave) return;
     const Sizes z = sizes_of(&m->cfg, shape_of(m));
     a->wsave_per_block = wsave_elems(&z, m->sp);

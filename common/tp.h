@@ -102,6 +102,7 @@ typedef struct TpShape {
     int tp, r;
     int sp;
     int B, T;
+    GPT2Recompute recompute;  // activation recomputation (fp32; 0: none), below
 } TpShape;
 
 // The slice (gpt2_build_tp), its gradients, its weights initialized from seed (each element the
@@ -109,6 +110,18 @@ typedef struct TpShape {
 // (t > 1 or sp; MEM_ACTS): one block's backward scratch, and in bf16 the fp32 layer a block
 // computes in and the widened input of the running piece. sp: T % tp == 0 (fails naming a
 // valid --seq).
+//
+// Recomputation (s.recompute, Korthikanti et al. 2022; t = 1 without SP: gpt2_set_recompute's
+// own): a set keeps of each block all but the attention scores and softmax, preatt and att of
+// this rank's heads (selective), or only the block's output, the next block's input (full);
+// what it drops lives in ONE layer of scratch the slice owns (GPT2.rc_scratch, MEM_ACTS, shared
+// by every set: tp_shared_bytes counts it). tp_block_backward first recomputes into it:
+// selective the attention core from the kept qkv (no communication), full the block's whole
+// forward, tp_block_forward again, from its kept input, with its f and g collectives (SP: the
+// all-gathers and reduce-scatters) run again, so a full step moves 6 instead of 4 of a block's
+// (B·T, C) tensors per rank (calc_rank_comm). The same kernels on the same inputs, and a
+// collective gives the same sum of the same buffers: the forward's bits. fp32 only, and not
+// with the split backward (a W runs after its B, long after the scratch was reused).
 void tp_build(GPT2 *m, GPT2Config cfg, Device dev, GPT2Dtype dtype, TpShape s, uint64_t seed);
 // One micro-batch's activation set (the shape's B, T): t = 1 without SP gpt2_acts_alloc's; else
 // the slice's (gpt2.h's GPT2Acts.slice): every block's saved tensors (block-major; bf16 stored
@@ -119,8 +132,11 @@ void tp_acts_alloc(GPT2Acts *a, const GPT2 *m);
 // Bytes of MEM_ACTS one set of a slice allocates, and that its model shares (tp_build), from
 // the shape alone (mem_predict.h predicts with them before anything is allocated). Not for
 // t = 1 without SP (gpt2's sets: calc_activation_bytes_lab, calc_pipe_set_bytes).
+// (s.recompute: a set's blocks keep less; the shared bytes add the recompute scratch layer.)
 size_t tp_acts_bytes(const GPT2Config *cfg, TpShape s, GPT2Dtype dtype);
 size_t tp_shared_bytes(const GPT2Config *cfg, TpShape s, GPT2Dtype dtype);
+// The recompute scratch layer alone (0 for none), in bytes.
+size_t tp_recompute_bytes(const GPT2Config *cfg, TpShape s);
 
 // ---- the pieces ------------------------------------------------------------------------------------
 //

@@ -247,7 +247,7 @@ static void run_ckpt(DistGroup *g) {
     full(&m, 250);
     gpt2_init_params(&m, SEED);  // (full() gave its biases values: start from the plain init)
     const size_t n = gpt2_param_count(&m.cfg);
-    tp_build(&t, m.cfg, DEV_CPU, GPT2_FP32, (TpShape){0, m.cfg.L, g->size, g->rank, 0, B_, T_}, SEED);
+    tp_build(&t, m.cfg, DEV_CPU, GPT2_FP32, (TpShape){0, m.cfg.L, g->size, g->rank, 0, B_, T_, GPT2_RECOMPUTE_NONE}, SEED);
     float *flat = lab_xcalloc(t.num_params, sizeof(float));
     gpt2_shard(&t, m.params, flat);
     mpi_check(memcmp(flat, t.params, t.num_params * sizeof(float)) == 0, "tp=%d rank %d: the slices taken "

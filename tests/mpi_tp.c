@@ -300,7 +300,7 @@ static void run_stages(DistGroup *g) {
         TpComm c = tp_comm_group(g);
         GPT2 whole, st[2];
         GPT2Acts wa, sa[2];
-        tp_build(&whole, cfg, DEV_CPU, dt, (TpShape){0, cfg.L, tp, r, 0, B_, T_}, 42);
+        tp_build(&whole, cfg, DEV_CPU, dt, (TpShape){0, cfg.L, tp, r, 0, B_, T_, GPT2_RECOMPUTE_NONE}, 42);
         tp_acts_alloc(&wa, &whole);
         gpt2_acts_set_batch(&whole, &wa, in, tg);
         gpt2_zero_grad(&whole);
@@ -308,7 +308,7 @@ static void run_stages(DistGroup *g) {
         tp_backward(&whole, &wa, &c, 1.0f / N);
         const int cut[3] = {0, 1, cfg.L};
         for (int k = 0; k < 2; k++) {
-            tp_build(&st[k], cfg, DEV_CPU, dt, (TpShape){cut[k], cut[k + 1], tp, r, 0, B_, T_}, 42);
+            tp_build(&st[k], cfg, DEV_CPU, dt, (TpShape){cut[k], cut[k + 1], tp, r, 0, B_, T_, GPT2_RECOMPUTE_NONE}, 42);
             tp_acts_alloc(&sa[k], &st[k]);
             gpt2_acts_set_batch(&st[k], &sa[k], in, k == 1 ? tg : NULL);
             gpt2_zero_grad(&st[k]);
@@ -357,7 +357,7 @@ static float run_mutant(DistGroup *g, int V, int as_if_V, const TpSite *skip, in
     slice_build(&s, &f, g, as_if_V);
     if (wrong_heads) {  // q, k, v rows of the next rank's heads, with this rank's projection columns
         GPT2 other;
-        const TpShape sh = {0, s.m.cfg.L, g->size, (g->rank + 1) % g->size, 0, B_, T_};
+        const TpShape sh = {0, s.m.cfg.L, g->size, (g->rank + 1) % g->size, 0, B_, T_, GPT2_RECOMPUTE_NONE};
         tp_build(&other, s.m.cfg, DEV_CPU, GPT2_FP32, sh, SEED);
         const GPT2BlockDims d = tp_block_dims(s.m.cfg.C, s.m.cfg.NH, g->size);
         for (int l = 0; l < s.m.cfg.L; l++) {
@@ -410,7 +410,7 @@ static void run_split(DistGroup *g) {
             TpComm c[2] = {tp_comm_group(g), tp_comm_group(g)};
             float loss[2];
             for (int k = 0; k < 2; k++) {  // 0: tp_backward, 1: B then W
-                tp_build(&m[k], cfg, DEV_CPU, dt, (TpShape){0, cfg.L, tp, r, sp, B_, T_}, 42);
+                tp_build(&m[k], cfg, DEV_CPU, dt, (TpShape){0, cfg.L, tp, r, sp, B_, T_, GPT2_RECOMPUTE_NONE}, 42);
                 tp_acts_alloc(&a[k], &m[k]);
                 if (k == 1) tp_acts_alloc_split(&a[k], &m[k]);
                 gpt2_acts_set_batch(&m[k], &a[k], in, tg);

@@ -17,6 +17,7 @@
 #include "harness.h"
 #include "results.h"
 #include "schedule.h"
+#include "tp.h"
 
 #define RUN00 "./00_memory_budget/run --train --quiet"
 #define FLAGS00 "--steps 3 --batch 8"
@@ -173,15 +174,132 @@ Test(recompute, grid09_tp1) {
     for (int i = 0; i < 3; i++) results_free(&r[i]);
 }
 
+// Chapter 07 at --tp 2, without and with --sequence-parallel (tp.c's slices: tp.h's tp_build).
+// Every mode trains the bits of none. The activation peak (MEM_ACTS: the slice's one set, the
+// TP backward scratch, and the recompute layer) is to the byte the calculator's set for the
+// layout (calc_rank_memory of the lab's TP stage, one micro-batch: selective drops the heads'
+// scores and softmax, full keeps each block's output), plus its recompute layer
+// (calc_tp_recompute_scratch_bytes), plus the backward scratch tp.c shares (tp_shared_bytes
+// without recomputation); 07's own printed formula says the same, and the up-front prediction
+// moves by what the peak moves. Full recomputation reruns each block's g (under SP also f's
+// all-gather): 6 instead of 4 of a block's tensors per step, and 07's formula for the bytes the
+// TP group sends still holds to the byte.
+// Mutant: mutants/recompute-tp-skips-collective.patch
+// Mutant: mutants/recompute-tp-stale-input.patch
+// Mutant: mutants/recompute-tp-calc-sp-input-whole.patch
+Test(recompute, tp07) {
+    GPT2Config cfg = gpt2_config_tiny();
+    const CalcModel cm = calc_model_from_gpt2(&cfg);
+    const int B = 4;
+    for (int sp = 0; sp < 2; sp++) {
+        RunResults r[3];
+        double want[3];
+        for (int i = 0; i < 3; i++) {
+            char flags[256];
+            snprintf(flags, sizeof flags, "--tp 2 --steps 2 --batch %d --recompute %s%s", B, MODES[i],
+                     sp ? " --sequence-parallel" : "");
+            harness_assert_run_dump("./07_tensor_parallel/run --quiet", 2, flags, &r[i]);
+            CalcSetup cs = calc_setup_lab(1, 2, 1, 1, 1, B, cfg.T, 0, CALC_FP32);
+            cs.sp = sp, cs.recompute = (CalcRecompute)RC[i];
+            const TpShape none = {.l0 = 0, .l1 = cfg.L, .tp = 2, .r = 0, .sp = sp, .B = B, .T = cfg.T};
+            want[i] = calc_rank_memory(&cm, &cs, 0, 0).acts +
+                      (RC[i] ? calc_tp_recompute_scratch_bytes(&cm, &cs) : 0.0) +
+                      (double)tp_shared_bytes(&cfg, none, GPT2_FP32);
+            const double got = results_get(&r[i], "mem_acts", -1);
+            cr_log_info("07 --tp 2%s --recompute %-9s activations %.0f B, calculator %.0f B",
+                        sp ? " --sequence-parallel" : "", MODES[i], got, want[i]);
+            cr_assert_eq(got, want[i], "07 --tp 2%s --recompute %s: activation peak %.0f B, the "
+                         "calculator says %.0f B (off by %+.0f)", sp ? " SP" : "", MODES[i], got,
+                         want[i], got - want[i]);
+            cr_assert_eq(got, results_get(&r[i], "want_mem_acts", -2), "07 --recompute %s: its "
+                         "printed formula %.0f B", MODES[i], results_get(&r[i], "want_mem_acts", -2));
+            const double sent = results_get(&r[i], "tp_sent_per_step", -1);
+            const double wsent = results_get(&r[i], "want_tp_sent_per_step", -2);
+            cr_assert_eq(sent, wsent, "07 --tp 2%s --recompute %s: the TP group sent %.0f B per "
+                         "step, formula %.0f B", sp ? " SP" : "", MODES[i], sent, wsent);
+        }
+        for (int i = 1; i < 3; i++) {
+            char what[64];
+            snprintf(what, sizeof what, "07 --tp 2%s --recompute %s", sp ? " SP" : "", MODES[i]);
+            assert_same_bits(what, &r[i], &r[0]);
+            const double dpeak = results_get(&r[i], "mem_peak", -1) - results_get(&r[0], "mem_peak", -1);
+            const double dpred = results_get(&r[i], "mem_predicted", -1) -
+                                 results_get(&r[0], "mem_predicted", -1);
+            cr_assert_eq(dpred, dpeak, "%s: the prediction moved %+.0f B, the peak %+.0f B", what,
+                         dpred, dpeak);
+        }
+        // full: 2 more of a block's (B*T, C) tensors per block and step, 2(t-1)/t of each on the wire
+        const double NC4 = 4.0 * B * cfg.T * cfg.C;
+        cr_assert_eq(results_get(&r[2], "tp_sent_per_step", 0) - results_get(&r[0], "tp_sent_per_step", 0),
+                     cfg.L * 2 * NC4 * 2 * (2 - 1) / 2);
+        for (int i = 0; i < 3; i++) results_free(&r[i]);
+    }
+}
+
+// Chapter 09 at --tp 2, every mode: the same bits as none; each rank's activation peak (the
+// sets its table keeps at once) is the calculator's calc_rank_memory with the mode, and the
+// bytes each rank sends in its TP group per step are calc_rank_comm's with the mode (full: the
+// forward's collectives once more per block), to the byte.
+static void check_grid09_tp(int dp, int tp, int pp, int sp) {
+    GPT2Config cfg = gpt2_config_tiny();
+    const CalcModel cm = calc_model_from_gpt2(&cfg);
+    const int world = dp * tp * pp;
+    RunResults r[3];
+    for (int i = 0; i < 3; i++) {
+        char flags[256];
+        snprintf(flags, sizeof flags, "--dp %d --tp %d --pp %d --steps 2 --batch 4 "
+                 "--micro-batches 2 --recompute %s%s", dp, tp, pp, MODES[i],
+                 sp ? " --sequence-parallel" : "");
+        harness_assert_run_dump("./09_3d/run --quiet", world, flags, &r[i]);
+        CalcSetup cs = calc_setup_lab(dp, tp, pp, 1, 2, 4, cfg.T, 0, CALC_FP32);
+        cs.sp = sp, cs.recompute = (CalcRecompute)RC[i];
+        for (int rk = 0; rk < world; rk++) {
+            const int d = (rk / tp) % dp, p = rk / (tp * dp);
+            char key[32];
+            snprintf(key, sizeof key, "acts_peak_r%d", rk);
+            double got = results_get(&r[i], key, -1), want = calc_rank_memory(&cm, &cs, p, d).acts;
+            cr_log_info("09 (%d,%d,%d)%s --recompute %-9s rank %d: acts peak %.0f B, formula %.0f B",
+                        dp, tp, pp, sp ? " SP" : "", MODES[i], rk, got, want);
+            cr_assert_eq(got, want, "09 (%d,%d,%d)%s --recompute %s rank %d: activation peak "
+                         "%.0f B, the calculator says %.0f B (off by %+.0f)", dp, tp, pp,
+                         sp ? " SP" : "", MODES[i], rk, got, want, got - want);
+            snprintf(key, sizeof key, "tp_sent_r%d", rk);
+            got = results_get(&r[i], key, -1), want = calc_rank_comm(&cm, &cs, p, d).tp.step_bytes;
+            cr_assert_eq(got, want, "09 (%d,%d,%d)%s --recompute %s rank %d: sent %.0f B per step "
+                         "in its TP group, the calculator says %.0f B", dp, tp, pp, sp ? " SP" : "",
+                         MODES[i], rk, got, want);
+        }
+    }
+    for (int i = 1; i < 3; i++) {
+        char what[64];
+        snprintf(what, sizeof what, "09 (%d,%d,%d)%s --recompute %s", dp, tp, pp, sp ? " SP" : "",
+                 MODES[i]);
+        assert_same_bits(what, &r[i], &r[0]);
+    }
+    for (int i = 0; i < 3; i++) results_free(&r[i]);
+}
+
+// (dp,tp,pp) = (1,2,2), 1F1B with m = 2: TP stages of a pipeline.
+// Mutant: mutants/recompute-tp-skips-collective.patch
+// Mutant: mutants/recompute-tp-stale-input.patch
+Test(recompute, grid09_tp2) { check_grid09_tp(1, 2, 2, 0); }
+
+// (dp,tp,pp) = (2,2,1) with --sequence-parallel: SP's all-gathers and reduce-scatters rerun.
+// Mutant: mutants/recompute-tp-skips-collective.patch
+// Mutant: mutants/recompute-tp-stale-input.patch
+// Mutant: mutants/recompute-tp-calc-sp-input-whole.patch
+Test(recompute, grid09_tp2_sp) { check_grid09_tp(2, 2, 1, 1); }
+
 // What the runs do not offer is refused with one message naming what is.
 Test(recompute, refusals) {
     harness_assert_refused(1, RUN00 " --steps 1 --dtype bf16 --recompute full",
                            "--recompute full with --dtype bf16", "valid: --dtype fp32");
     harness_assert_refused(2, "./03_ddp/run --quiet --steps 1 --recompute full", "--recompute",
-                           "offered by 00_memory_budget --train, 08_pipeline and 09_3d");
+                           "offered by 00_memory_budget --train, 07_tensor_parallel, 08_pipeline and 09_3d");
     harness_assert_refused(2, "./08_pipeline/run --quiet --steps 1 --batch 8 --schedule zb "
                            "--recompute selective", "--recompute selective with --schedule zb",
                            "offered with --schedule gpipe, 1f1b and interleaved");
-    harness_assert_refused(2, "./09_3d/run --quiet --steps 1 --batch 8 --tp 2 --recompute full",
-                           "--recompute full with --tp 2", "offered here at --tp 1");
+    harness_assert_refused(2, "./09_3d/run --quiet --steps 1 --batch 8 --pp 2 --schedule zb "
+                           "--recompute full", "--recompute full with --schedule zb",
+                           "offered with --schedule gpipe, 1f1b and interleaved");
 }

@@ -203,7 +203,7 @@ Test(tp, a_slice_allocates_what_its_formulas_say) {
         for (int sp = 0; sp < 2; sp++)
             for (int c = 0; c < 3; c++) {
                 const GPT2Dtype dt = d ? GPT2_BF16 : GPT2_FP32;
-                const TpShape s = {cuts[c][0], cuts[c][1], 2, 1, sp, 2, cfg.T};
+                const TpShape s = {cuts[c][0], cuts[c][1], 2, 1, sp, 2, cfg.T, GPT2_RECOMPUTE_NONE};
                 GPT2 m;
                 GPT2Acts a;
                 size_t before = mem_current(MEM_ACTS);
@@ -237,7 +237,7 @@ Test(tp, the_pieces_of_the_optimizer_step_are_the_whole_step) {
         ZeroLayout z[3];
         ZeroShard b[3];
         for (int s = 0; s < 3; s++) {
-            tp_build(&m[s], cfg, DEV_CPU, dt, (TpShape){0, cfg.L, 2, 1, 0, 2, cfg.T}, 5);
+            tp_build(&m[s], cfg, DEV_CPU, dt, (TpShape){0, cfg.L, 2, 1, 0, 2, cfg.T, GPT2_RECOMPUTE_NONE}, 5);
             for (size_t i = 0; i < m[s].num_params; i++) {  // a gradient with no structure
                 float g = (float)((i * 2654435761u) % 1000) / 1000.0f - 0.5f;
                 if (d) m[s].grads_bf16[i] = bf16_from_f32(g);
