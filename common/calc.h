@@ -138,6 +138,18 @@ typedef struct CalcSetup {
     int split;          // 1: ZB-H1 (chapter 08's split backward; the lab's activation list, one
                         // chunk): a set lives from its F to its W, with what W reads from B
     int max_w;          // split: at most this many W's pending per stage (0: ZB-H1's own table)
+    // How a whole-model DP chapter cuts its gradient traffic (0 everywhere else: the planner's
+    // and chapter 09's counts):
+    int dp_buckets;     // ZeRO 0 and 2: the gradients go as this many collectives (03's buckets,
+                        // or its tensors when they are all-reduced in place; 05's --bucket-kb),
+                        // one ring's hops each (0 or 1: one)
+    int unit_shards;    // with zero 3, one stage: chapters 05 and 06's unit by unit (fsdp: 06's
+                        // pieces of every unit): each unit reduce-scattered after every
+                        // micro-batch, and all-gathered around its uses: the embedding twice (its
+                        // forward, the head's; kept for the head's backward), a block twice, the
+                        // head once; keep_gathered: every unit once per micro-batch; 2: the
+                        // reduce-scatters once per step (06's --no-sync)
+    int loss_in_norm;   // the step's loss travels in the norm's all-reduce (06: two doubles)
 } CalcSetup;
 
 // Rank numbering of a DP x TP x PP grid; rank r sits on node r / gpus_per_node.

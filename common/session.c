@@ -92,6 +92,7 @@ void session_step_begin(Session *s, int step) {
             session_print_cores_note(s, "the tok/s and MFU of the progress lines");
         if (s->rank == 0 && !s->args->quiet) dist_links_print(stdout);  // --links: the cluster
         if (dist_links_enabled()) dist_link_totals(&s->link_held0, &s->link_hidden0);
+        session_links_note(s, 0);  // (each watched group's, --links)
         s->t_start = s->t_last = lab_now();  // the loop's clock starts
     }
     s->gnorm_sq = NAN;
@@ -283,6 +284,7 @@ void session_step_end(Session *s, int step, float loss) {
     s->losses[step] = loss;
     double now = lab_now();
     int last = step == s->end - 1;
+    if (last) session_links_note(s, 1);  // the loop's link time, before validation
     if (s->health) health_step(s, step, loss, now);
     const int val_due = a->val_every > 0 && ((step + 1) % a->val_every == 0 || last);
     s->rec.has_val = val_due;
