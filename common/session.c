@@ -418,9 +418,8 @@ void session_print_throughput(const Session *s, int all_ranks) {
     if (all_ranks) printf(" (all ranks), %.1f ms per step", 1e3 * elapsed / nrun);
     printf("\n");
     if (dist_links_enabled()) {   // --links: rank 0's link time (docs/CLUSTER.md)
-        double held, hidden;
-        dist_link_totals(&held, &hidden);
-        held -= s->link_held0, hidden -= s->link_hidden0;
+        // (over the loop: to its last step's end, not what the report's collectives add)
+        const double held = s->link_total_loop[0], hidden = s->link_total_loop[1];
         printf("virtual links: rank 0 was held %.3f ms per step for its messages' link time, %.3f "
                "ms exposed on its path and %.3f ms hidden behind compute (the communication "
                "thread)\n", 1e3 * held / nrun, 1e3 * (held - hidden) / nrun, 1e3 * hidden / nrun);

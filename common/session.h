@@ -100,6 +100,7 @@ typedef struct Session {
     DistGroup *link_group[3];  // --links: the chapter's TP, DP, PP groups (session_watch_links)
     double link_mark[3][2];    // their held and hidden seconds at the loop's first step
     double link_loop[3][2];    // and over the loop (to its last step's end)
+    double link_total_loop[2]; // this process's held and hidden seconds over the loop
     SessionState state;    // the chapter's (session_init: the single replica's)
     DistCounters save_cost;  // what the checkpoints (and a rollback's load) moved: leave it out
                              // of per-step figures

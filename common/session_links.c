@@ -22,6 +22,10 @@ void session_links_note(Session *s, int end) {
         if (!end) s->link_mark[i][0] = held, s->link_mark[i][1] = hidden;
         else s->link_loop[i][0] = held - s->link_mark[i][0], s->link_loop[i][1] = hidden - s->link_mark[i][1];
     }
+    if (end) {  // every group's: the summary line (session_print_throughput)
+        dist_link_totals(&s->link_total_loop[0], &s->link_total_loop[1]);
+        s->link_total_loop[0] -= s->link_held0, s->link_total_loop[1] -= s->link_hidden0;
+    }
 }
 
 void session_print_links(const Session *s, const CalcSetup *cs, int stage, int replica,
