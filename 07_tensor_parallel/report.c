@@ -312,6 +312,6 @@ void tp7_print_links(const Session *s, int tp, int sp) {
     const int dp = s->N / tp, run = session_steps_run(s);
     CalcSetup cs = calc_setup_lab(dp, tp, 1, 1, 1, s->args->batch, s->T, 0,
                                   s->bf16 ? CALC_BF16 : CALC_FP32);
-    cs.sp = sp;
+    cs.sp = sp, cs.sp_seq_calls = 1;  // (tp.c: one call per sequence)
     session_print_links(s, &cs, 0, s->rank / tp, run > 0 ? session_elapsed(s) / run : 0);
 }

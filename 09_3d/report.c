@@ -119,6 +119,7 @@ void r3d_print_links(const Session *s, const R3dView *v, int pp_first, double st
     // it, where the ranks sit, and this rank's place in the grid
     CalcSetup cs = view_setup(s, v);
     cs.grid_order = pp_first ? CALC_ORDER_PP_FIRST : CALC_ORDER_TP_FIRST;
+    cs.sp_seq_calls = 1;  // (tp.c: SP's collectives one call per sequence)
     session_print_links(s, &cs, v->g->c.p, v->g->c.d, step_s);
 }
 

@@ -150,6 +150,9 @@ typedef struct CalcSetup {
                         // head once; keep_gathered: every unit once per micro-batch; 2: the
                         // reduce-scatters once per step (06's --no-sync)
     int loss_in_norm;   // the step's loss travels in the norm's all-reduce (06: two doubles)
+    int sp_seq_calls;   // with sp: each reduce-scatter and all-gather of the activations is one
+                        // call per sequence (common/tp.c: the lab's 07 and 09), micro_batch x
+                        // the hops of one
 } CalcSetup;
 
 // Rank numbering of a DP x TP x PP grid; rank r sits on node r / gpus_per_node.

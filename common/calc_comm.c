@@ -135,8 +135,11 @@ CalcComm calc_rank_comm(const CalcModel *m, const CalcSetup *s, int stage, int r
         const int layers = calc_stage_layers(m->L, S, vs);
         // TP, per micro-batch: 4 all-reduces per layer (6 with full recomputation), the
         // embedding's sum, the head's f, the cross-entropy's three (b, s) fp32 vectors
+        // (sp_seq_calls: the lab's SP runs each as a reduce-scatter and an all-gather per sequence)
         const int calls = layers * (4 + 2 * full) + first + last;
-        for (int i = 0; i < calls; i++) all_reduce(&k.tp, 1, tact, tp);
+        const double seq = s->sp && s->sp_seq_calls ? s->micro_batch : 1;
+        for (int i = 0; i < calls && tp > 1; i++)
+            add(&k.tp, 1, calc_ring_all_reduce_bytes(tact, tp), seq * 2.0 * (tp - 1));
         for (int i = 0; last && i < 3; i++) all_reduce(&k.tp, 1, 4 * N, tp);
         // DP: the chunk's flat buffer of n elements, cut into dp pieces (calc_piece)
         const int64_t n = calc_stage_params(m, tp, S, vs);

@@ -103,7 +103,7 @@ static double planner_ms(int dp, int tp, int pp, int m, int sp, int dim) {
     const GPT2Config cfg = {256, 16, 2, 32, 4};
     const CalcModel cm = calc_model_from_gpt2(&cfg);
     CalcSetup cs = calc_setup_lab(dp, tp, pp, 1, m, 8, 16, 0, CALC_FP32);
-    cs.sp = sp;
+    cs.sp = sp, cs.sp_seq_calls = sp;  // (tp.c: SP's collectives one call per sequence)
     double most = 0;
     for (int p = 0; p < pp; p++) {
         const CalcComm k = calc_rank_comm(&cm, &cs, p, 0);
@@ -142,16 +142,18 @@ static void check_rows(const char *what, int np, const char *cmd, const char *ro
 }
 
 // Every training chapter prints the table with --links, and its held time per group is the
-// calculator's for that chapter's layout: 03's buckets, 05's stages (1 and 3: unit by unit),
-// 06's units, 07's TP, 08's pipeline.
+// calculator's for that chapter's layout: 03's all-reduces (one per tensor, in place), 05's
+// stages (1, and 3 unit by unit), 06's units, 07's TP with SP (one call per sequence) and DP,
+// 08's pipeline.
 // Mutant: mutants/links-table-wrong-group.patch
+// Mutant: mutants/links-calc-one-bucket.patch
 Test(links, every_chapters_table_is_the_calculators, .timeout = 120) {
     check_rows("03_ddp", 2, "./03_ddp/run --bucket-mb 0.02 --first-bucket-mb 0.01", "DP", -1, -1);
     check_rows("05_zero --zero 1", 2, "./05_zero/run --zero 1", "DP", -1, -1);
     check_rows("05_zero --zero 3", 2, "./05_zero/run --zero 3", "DP", -1, -1);
     check_rows("06_fsdp", 2, "./06_fsdp/run", "DP", -1, -1);
-    check_rows("07_tensor_parallel", 4, "./07_tensor_parallel/run --tp 2", "TPDP",
-               planner_ms(2, 2, 1, 1, 0, CALC_DIM_TP), -1);
+    check_rows("07_tensor_parallel", 4, "./07_tensor_parallel/run --tp 2 --sequence-parallel",
+               "TPDP", planner_ms(2, 2, 1, 1, 1, CALC_DIM_TP), -1);
     check_rows("08_pipeline", 2, "./08_pipeline/run --micro-batches 4", "PP", -1,
                planner_ms(1, 1, 2, 4, 0, CALC_DIM_PP));
 }
