@@ -138,8 +138,8 @@ typedef struct CalcSetup {
     int split;          // 1: ZB-H1 (chapter 08's split backward; the lab's activation list, one
                         // chunk): a set lives from its F to its W, with what W reads from B
     int max_w;          // split: at most this many W's pending per stage (0: ZB-H1's own table)
-    // How a whole-model DP chapter cuts its gradient traffic (0 everywhere else: the planner's
-    // and chapter 09's counts):
+    // How the lab's chapters cut their traffic into calls, for the link table's model of their
+    // runs (session_print_links; 0: one call per collective, as the planner counts):
     int dp_buckets;     // ZeRO 0 and 2: the gradients go as this many collectives (03's buckets,
                         // or its tensors when they are all-reduced in place; 05's --bucket-kb),
                         // one ring's hops each (0 or 1: one)
