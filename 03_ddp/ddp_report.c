@@ -6,6 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "calc.h"
 #include "check.h"
 #include "mem.h"
 #include "results.h"
@@ -168,6 +169,19 @@ static void write_dump(const Session *s, const Ddp *ddp, const DdpFigures *c, co
     session_dump_close(s, &out);
 }
 
+// --links: DP's link time per step against chapter 00's calculator and the planner
+// (session_print_links): 03's layout is DP over every rank, --grad-accum micro-batches (only the
+// last communicates), the gradients in the buckets' all-reduces: one per bucket packed, one per
+// tensor in place (the default), one in all with --no-overlap.
+static void print_links(const Session *s, const DdpFlags *f, const Ddp *ddp) {
+    if (!dist_links_enabled()) return;
+    const int run = session_steps_run(s);
+    CalcSetup cs = calc_setup_lab(s->N, 1, 1, 1, f->grad_accum, s->args->batch, s->T, 0,
+                                  s->bf16 ? CALC_BF16 : CALC_FP32);
+    cs.dp_buckets = f->no_overlap ? 1 : ddp->views ? ddp->nparams : ddp->nbuckets;
+    session_print_links(s, &cs, 0, s->rank, run > 0 ? session_elapsed(s) / run : 0);
+}
+
 void ddp_report(Session *s, const DdpFlags *f, Ddp *ddp, DdpFigures *fig, int row0, int Bm) {
     const int N = s->N, nrun = session_steps_run(s), overlap = !f->no_overlap;
     // What communication and compute cost alone: a few more steps (overlap.c).
@@ -194,6 +208,7 @@ void ddp_report(Session *s, const DdpFlags *f, Ddp *ddp, DdpFigures *fig, int ro
         if (!s->args->quiet && nrun > 0) print_tables(s, f, fig, all, mine);
         if (s->args->dump) write_dump(s, ddp, fig, mine, overlap, overlap_pct);
     }
+    print_links(s, f, ddp);  // --links only (collective)
     free(all);
     free(fig->t_train);
     fig->t_train = NULL;

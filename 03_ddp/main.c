@@ -217,6 +217,7 @@ static void setup(Session *s, Ddp *ddp, DdpFigures *fig, const LabArgs *args, co
     fig->bcast_sent = (double)dist_bytes_sent(), fig->bcast_recv = (double)dist_bytes_recv();
     memset(ddp, 0, sizeof *ddp);
     if (!f->no_overlap) make_buckets(ddp, s, f);  // (none with --no-overlap)
+    session_watch_links(s, NULL, s->world, NULL);   // --links: DP's link time (ddp_report.c)
     if (!args->quiet && rank == 0) ddp_print_header(s, f, ddp, Bl, *Bm);
 }
 

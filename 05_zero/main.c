@@ -509,6 +509,7 @@ static void setup(Zero *zz, Session *s, const LabArgs *args, const ZeroFlags *f,
                  args);
     mem_reset_peaks();  // the session built a whole model first; what a stage holds from here on
     dist_counters_reset();
+    session_watch_links(s, NULL, s->world, NULL);  // --links: DP's link time (report.c)
 }
 
 // Every rank's figures to rank 0 (less the checkpoints' collectives), the session's end (the
@@ -522,6 +523,7 @@ static void finish(Zero *zz) {
     double *all = session_gather_report(s, mine, Z5_NFIELDS);
     session_finish(s);
     if (s->rank == 0) zero5_report(&v, all, s->args);
+    zero5_print_links(&v);  // --links only (collective)
     free(all);
     free_state(zz);
     session_free(s);

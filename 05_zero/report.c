@@ -222,3 +222,18 @@ void zero5_report(const Zero5View *v, const double *all, const LabArgs *args) {
     }
     free(units);
 }
+
+void zero5_print_links(const Zero5View *v) {
+    const Session *s = v->s;
+    if (!dist_links_enabled()) return;
+    // 05's layout as chapter 00's calculator sees it: ZeRO stage over every rank, one
+    // micro-batch; stage 2's gradients in its buckets' reduce-scatters, stage 3's unit by unit
+    // on the flat buffer's pieces (CalcSetup.unit_shards)
+    const int run = session_steps_run(s);
+    CalcSetup cs = calc_setup_lab(s->N, 1, 1, 1, 1, s->args->batch, s->T, v->stage,
+                                  s->bf16 ? CALC_BF16 : CALC_FP32);
+    cs.grads_whole = 0;
+    cs.dp_buckets = v->stage == 2 ? v->nbuckets : 0;
+    cs.unit_shards = v->stage == 3;
+    session_print_links(s, &cs, 0, s->rank, run > 0 ? session_elapsed(s) / run : 0);
+}

@@ -32,3 +32,6 @@ void zero5_banner(const Zero5View *v, const LabArgs *args);
 void zero5_figures(const Zero5View *v, double *mine, const DistCounters *save_cost);
 // Rank 0, with every rank's figures (all: N x Z5_NFIELDS): the tables, and --dump.
 void zero5_report(const Zero5View *v, const double *all, const LabArgs *args);
+// --links: DP's link time per step against chapter 00's calculator and the planner
+// (session_print_links). Collective over the world.
+void zero5_print_links(const Zero5View *v);

@@ -54,3 +54,6 @@ void fsdp6_banner(const FsdpRun *r, const LabArgs *args);
 void fsdp6_figures(const FsdpRun *r, double *mine, const DistCounters *save_cost, int nrun);
 // Rank 0, with every rank's figures (all: N x F_NFIELDS): the tables, and --dump.
 void fsdp6_report(const FsdpRun *r, const double *all, const LabArgs *args);
+// --links: DP's link time per step against chapter 00's calculator and the planner
+// (session_print_links; not with --shard-group). Collective over the world.
+void fsdp6_print_links(const FsdpRun *r);

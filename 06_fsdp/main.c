@@ -346,6 +346,7 @@ static void setup(FsdpRun *r, Session *s, const LabArgs *args, const FsdpFlags *
     fsdp6_banner(r, args);
     mem_reset_peaks();
     dist_counters_reset();
+    session_watch_links(s, NULL, r->shard, NULL);  // --links: DP's link time (report.c)
 }
 
 // One micro-batch of a step: forward and backward over the plan, each phase's peaks kept (and
@@ -384,6 +385,7 @@ static void finish(FsdpRun *r) {
     double *all = session_gather_report(s, mine, F_NFIELDS);
     session_finish(s);
     if (s->rank == 0) fsdp6_report(r, all, s->args);
+    fsdp6_print_links(r);  // --links only (collective)
     free(all);
     free_run(r);
     session_free(s);

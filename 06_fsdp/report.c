@@ -284,3 +284,24 @@ void fsdp6_report(const FsdpRun *r, const double *all, const LabArgs *args) {
     }
 }
 
+
+void fsdp6_print_links(const FsdpRun *r) {
+    const Session *s = r->s;
+    if (!dist_links_enabled()) return;
+    if (r->R > 1) {  // (HSDP: two DP groups, which the calculator does not describe)
+        if (s->rank == 0 && !s->args->quiet)
+            printf("\nlink time per step: not tabulated with --shard-group (HSDP's shard and "
+                   "replicate groups are not chapter 00's layouts)\n");
+        return;
+    }
+    // 06's layout as chapter 00's calculator sees it: FSDP's pieces of every unit over every
+    // rank, --grad-accum micro-batches, each unit gathered around its uses (twice, or once with
+    // --reshard-after-forward 0) and reduce-scattered after every micro-batch (--no-sync: the
+    // last); the loss rides in the norm's all-reduce
+    const int run = session_steps_run(s);
+    CalcSetup cs = calc_setup_lab(s->N, 1, 1, 1, r->K, s->args->batch, s->T, 3,
+                                  s->bf16 ? CALC_BF16 : CALC_FP32);
+    cs.grads_whole = 0, cs.fsdp = 1, cs.unit_shards = r->f->no_sync ? 2 : 1, cs.loss_in_norm = 1;
+    cs.keep_gathered = !r->f->reshard;
+    session_print_links(s, &cs, 0, s->rank, run > 0 ? session_elapsed(s) / run : 0);
+}

@@ -256,6 +256,7 @@ static int setup(Tp7 *t, Session *s, const LabArgs *args, const TpFlags *f, int 
     dist_counters_reset();
     dist_group_counters_reset(t->tpg);
     dist_group_counters_reset(t->dpg);
+    session_watch_links(s, t->tpg, t->dpg, NULL);  // --links: the loop's table (report.c)
     return Bl;
 }
 
@@ -329,6 +330,7 @@ static void train(const LabArgs *args, const TpFlags *f) {
     //    checkpoint and weights move anything), memory per rank; the --dump (report.c).
     Tp7Figures fig;
     tp7_measure(&fig, m, &comm, t.tpg, session_steps_run(&s), session_elapsed(&s), args->batch);
+    tp7_print_links(&s, f->tp ? f->tp : s.N, f->sp);  // --links only
     double replicated_diff = args->dump ? tp7_replicated_max_diff(m, t.opt.master, t.tpg) : 0.0;
     session_finish(&s);  // the final checkpoint, the final weights on rank 0, --save-weights
     if (!args->quiet) tp7_print_report(&fig, m, t.tpg, s.N);

@@ -428,6 +428,7 @@ static void train(const LabArgs *args, const PipeFlags *f) {
     session_start_at(&s, load_or_init(&pp, args));
     PipeClock clk;
     pipe8_clock_init(&clk, &sc, s.world, s.start, s.end);
+    session_watch_links(&s, NULL, NULL, s.world);  // --links: the pipeline's link time (report.c)
     for (int step = s.start; step < s.end; step = session_next_step(&s, step)) {
         session_step_begin(&s, step);
         for (int c = 0; c < v; c++) gpt2_zero_grad(&ch[c].model);

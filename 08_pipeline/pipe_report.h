@@ -28,7 +28,8 @@ void pipe8_print_setup(const Schedule *s, const GPT2Config *cfg, int B, int Bm, 
 // monotonic clock, on one machine); the last step's timeline for its picture; the bytes sent.
 typedef struct PipeClock {
     const Schedule *s;
-    DistGroup *g;
+    DistGroup *g;                 // the clock's group: the world, or with --links a copy of it
+    int own_g;                    // (so that the clock's barrier stays out of PP's link time)
     int rank, start, end;
     int n;                        // steps kept
     double *op[3], *span;         // [n]; op[PIPE_F], op[PIPE_B], op[PIPE_W]

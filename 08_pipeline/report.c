@@ -82,6 +82,9 @@ void pipe8_print_setup(const Schedule *s, const GPT2Config *cfg, int B, int Bm, 
 
 void pipe8_clock_init(PipeClock *c, const Schedule *s, DistGroup *g, int start, int end) {
     *c = (PipeClock){.s = s, .g = g, .rank = g->rank, .start = start, .end = end};
+    // --links: the clock's barrier and span on a copy of the group, so that dist holds them
+    // apart from the pipeline's messages (the link table counts the training's traffic)
+    if (dist_links_enabled()) c->g = dist_split(g, 0, g->rank, "clock"), c->own_g = 1;
     for (int k = 0; k < 3; k++) c->op[k] = lab_xcalloc((size_t)end + 1, sizeof(double));
     c->span = lab_xcalloc((size_t)end + 1, sizeof(double));
     dist_counters_reset();
@@ -128,6 +131,7 @@ double pipe8_clock_step_time(PipeClock *c, int step) {
 void pipe8_clock_free(PipeClock *c) {
     for (int k = 0; k < 3; k++) free(c->op[k]);
     free(c->span), free(c->pic_start), free(c->pic_end);
+    if (c->own_g) dist_group_free(c->g);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -292,6 +296,19 @@ static void write_dump(const PipeRun *run, const double *all, const TimeReport *
     results_free(&out);
 }
 
+// --links: the pipeline's link time per step against chapter 00's calculator and the planner
+// (session_print_links): 08's layout is PP p x v chunks, m micro-batches of Bm, one replica.
+static void print_links(const PipeRun *run, const PipeClock *c) {
+    if (!dist_links_enabled()) return;
+    const Schedule *s = run->s;
+    const Session *ses = run->ses;
+    CalcSetup cs = calc_setup_lab(1, 1, s->p, s->v, s->m, run->B, run->T, 0,
+                                  run->dtype == GPT2_BF16 ? CALC_BF16 : CALC_FP32);
+    cs.split = s->split;
+    const int steps = session_steps_run(ses);
+    session_print_links(ses, &cs, c->rank, 0, steps > 0 ? session_elapsed(ses) / steps : 0);
+}
+
 void pipe8_report(const PipeRun *run, const PipeClock *c) {
     const Schedule *s = run->s;
     const PipeExec *x = run->x;
@@ -328,6 +345,7 @@ void pipe8_report(const PipeRun *run, const PipeClock *c) {
     }
     if (rank == 0) tl_all = lab_xcalloc((size_t)p * 2 * maxops, sizeof(double));
     dist_gather(tl, tl_all, (size_t)2 * maxops, DIST_F64, 0, g);
+    print_links(run, c);  // --links only (collective)
 
     if (rank == 0) {
         const double theory = sched_theory_bubble(s, &UNIT_TIMES);

@@ -454,6 +454,7 @@ static void setup(Run3d *r, Session *s, const LabArgs *args, const Flags3d *f) {
     dist_link_held_reset(r->grid.tpg);
     dist_link_held_reset(r->grid.dpg);
     dist_link_held_reset(r->grid.ppg);
+    session_watch_links(s, r->grid.tpg, r->grid.dpg, r->grid.ppg);  // --links: the loop's table
 }
 
 static void free_state(Run3d *r) {

@@ -116,50 +116,12 @@ void r3d_write_dump(const Session *s, const double *all) {
 }
 
 void r3d_print_links(const Session *s, const R3dView *v, int pp_first, double step_s) {
-    const DistLinks *l = dist_links();
-    if (!l) return;
-    const Grid *g = v->g;
-    const int run = session_steps_run(s);
-    const double nsteps = run > 0 ? run : 1;
-    const CalcModel cm = calc_model_from_gpt2(&s->cfg);
+    // the table is the loop's (session_print_links): this layout as chapter 00's calculator sees
+    // it, where the ranks sit, and this rank's place in the grid
     CalcSetup cs = view_setup(s, v);
     cs.grid_order = pp_first ? CALC_ORDER_PP_FIRST : CALC_ORDER_TP_FIRST;
-    const CalcComm k = calc_rank_comm(&cm, &cs, g->c.p, g->c.d);
-    const CalcTraffic *t[3] = {&k.tp, &k.dp, &k.pp};
-    DistGroup *grp[3] = {g->tpg, g->dpg, g->ppg};
-    static const int dims[3] = {CALC_DIM_TP, CALC_DIM_DP, CALC_DIM_PP};
-    // the planner's pace (00_memory_budget/planner.c): TP and PP once per 1F1B slot, m + (pp-1)/v
-    // slots per step; DP once per step
-    const double slots = v->m + (double)(v->pp - 1) / v->v;
-    double mine[13], most[13];
-    int across[3];
-    for (int i = 0; i < 3; i++) {
-        across[i] = calc_group_nodes(&cs, dims[i], l->ranks_per_node) > 1;
-        const DistLink *link = across[i] ? &l->inter : &l->intra;
-        mine[i] = dist_link_held_seconds(grp[i]) / nsteps;
-        mine[10 + i] = dist_link_hidden_seconds(grp[i]) / nsteps;
-        mine[3 + i] = t[i]->step_bytes / link->bw + t[i]->step_hops * link->lat;
-        mine[6 + i] = dims[i] == CALC_DIM_DP ? mine[3 + i]
-                    : calc_traffic_slot_seconds(t[i], slots, v->m, link->bw, link->lat);
-    }
-    mine[9] = step_s;
-    dist_all_reduce(mine, most, 13, DIST_F64, DIST_MAX, dist_world());
-    if (s->rank != 0 || s->args->quiet) return;
-    static const char *names[3] = {"TP", "DP", "PP"};
-    const int deg[3] = {v->tp, v->dp, v->pp};
-    printf("\nlink time per step on the virtual cluster (the busiest rank of each dimension)\n");
-    printf("  held: what dist held this rank's ops for (hidden: the part the communication thread "
-           "waited behind compute; the rest is exposed);\n  model: chapter 00's bytes and hops of "
-           "the rank on the same link (the two agree);\n  planner: the planner's step estimate, "
-           "which pays TP and PP once per 1F1B slot (%.3g slots: the bubble waits at the same "
-           "pace)\n", slots);
-    for (int i = 0; i < 3; i++)
-        printf("  %-3s %2d rank%s %-14s held %9.3f ms (hidden %7.3f)   model %9.3f ms   planner "
-               "%9.3f ms\n", names[i], deg[i], deg[i] == 1 ? " " : "s",
-               deg[i] == 1 ? "-" : across[i] ? "between nodes" : "inside a node", 1e3 * most[i],
-               1e3 * most[10 + i], 1e3 * most[3 + i], 1e3 * most[6 + i]);
-    printf("  step %.3f ms measured (wall clock, all ranks); the planner's communication %.3f ms "
-           "per step\n", 1e3 * most[9], 1e3 * (most[6] + most[7] + most[8]));
+    cs.sp_seq_calls = 1;  // (tp.c: SP's collectives one call per sequence)
+    session_print_links(s, &cs, v->g->c.p, v->g->c.d, step_s);
 }
 
 MemPrediction r3d_predict_memory(const void *ctx, const LabArgs *args, int batch, int rank) {

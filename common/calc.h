@@ -139,6 +139,21 @@ typedef struct CalcSetup {
     int split;          // 1: ZB-H1 (chapter 08's split backward; the lab's activation list, one
                         // chunk): a set lives from its F to its W, with what W reads from B
     int max_w;          // split: at most this many W's pending per stage (0: ZB-H1's own table)
+    // How the lab's chapters cut their traffic into calls, for the link table's model of their
+    // runs (session_print_links; 0: one call per collective, as the planner counts):
+    int dp_buckets;     // ZeRO 0 and 2: the gradients go as this many collectives (03's buckets,
+                        // or its tensors when they are all-reduced in place; 05's --bucket-kb),
+                        // one ring's hops each (0 or 1: one)
+    int unit_shards;    // with zero 3, one stage: chapters 05 and 06's unit by unit (fsdp: 06's
+                        // pieces of every unit): each unit reduce-scattered after every
+                        // micro-batch, and all-gathered around its uses: the embedding twice (its
+                        // forward, the head's; kept for the head's backward), a block twice, the
+                        // head once; keep_gathered: every unit once per micro-batch; 2: the
+                        // reduce-scatters once per step (06's --no-sync)
+    int loss_in_norm;   // the step's loss travels in the norm's all-reduce (06: two doubles)
+    int sp_seq_calls;   // with sp: each reduce-scatter and all-gather of the activations is one
+                        // call per sequence (common/tp.c: the lab's 07 and 09), micro_batch x
+                        // the hops of one
 } CalcSetup;
 
 // Rank numbering of a DP x TP x PP grid; rank r sits on node r / gpus_per_node.

@@ -93,6 +93,23 @@ static void sharded_units(CalcTraffic *t, const CalcModel *m, const CalcSetup *s
     free(u);
 }
 
+// Chapters 05 and 06's ZeRO-3 and FSDP on the whole model (calc.h, CalcSetup.unit_shards).
+static void whole_model_units(CalcTraffic *t, const CalcModel *m, const CalcSetup *s, int replica,
+                              double w) {
+    const int dp = s->dp;
+    int64_t *u = calloc((size_t)m->L + 3, sizeof(int64_t));
+    const int nu = calc_chunk_units(m, 1, 1, 0, u);
+    for (int i = 0; i < nu; i++) {
+        const double mine = (double)calc_unit_piece(u, nu, i, s->fsdp, dp, replica);
+        const double next = (double)calc_unit_piece(u, nu, i, s->fsdp, dp, (replica + 1) % dp);
+        const double rs = ((double)u[i] - mine) * w, ag = ((double)u[i] - next) * w;
+        const int gathers = s->keep_gathered ? 1 : i == nu - 1 ? 1 : 2;
+        add(t, s->unit_shards != 2, rs, dp - 1);  // (2: once per step, 06's --no-sync)
+        add(t, 1, gathers * ag, gathers * (dp - 1.0));
+    }
+    free(u);
+}
+
 CalcComm calc_rank_comm(const CalcModel *m, const CalcSetup *s, int stage, int replica) {
     const char *err = calc_setup_check(m, s);
     LAB_CHECK(err == NULL, "calc_rank_comm: %s", err);
@@ -118,8 +135,11 @@ CalcComm calc_rank_comm(const CalcModel *m, const CalcSetup *s, int stage, int r
         const int layers = calc_stage_layers(m->L, S, vs);
         // TP, per micro-batch: 4 all-reduces per layer (6 with full recomputation), the
         // embedding's sum, the head's f, the cross-entropy's three (b, s) fp32 vectors
+        // (sp_seq_calls: the lab's SP runs each as a reduce-scatter and an all-gather per sequence)
         const int calls = layers * (4 + 2 * full) + first + last;
-        for (int i = 0; i < calls; i++) all_reduce(&k.tp, 1, tact, tp);
+        const double seq = s->sp && s->sp_seq_calls ? s->micro_batch : 1;
+        for (int i = 0; i < calls && tp > 1; i++)
+            add(&k.tp, 1, calc_ring_all_reduce_bytes(tact, tp), seq * 2.0 * (tp - 1));
         for (int i = 0; last && i < 3; i++) all_reduce(&k.tp, 1, 4 * N, tp);
         // DP: the chunk's flat buffer of n elements, cut into dp pieces (calc_piece)
         const int64_t n = calc_stage_params(m, tp, S, vs);
@@ -134,12 +154,15 @@ CalcComm calc_rank_comm(const CalcModel *m, const CalcSetup *s, int stage, int r
         const double mine_tied = (double)calc_range_piece(n, dp, replica, t0, t0 + tied);
         const double rs_tied = ((double)tied - mine_tied) * w, rs_rest = rs - rs_tied;
         if (dp > 1) {
-            if (s->zero == 0) all_reduce(&k.dp, 0, (double)n * w, dp);
+            const double nb = s->dp_buckets > 1 ? s->dp_buckets : 1;  // (03's, 05's buckets)
+            if (s->zero == 0)
+                add(&k.dp, 0, calc_ring_all_reduce_bytes((double)n * w, dp), nb * 2.0 * (dp - 1));
             if (s->zero == 1) add(&k.dp, 0, rs + ag, 2.0 * (dp - 1));
             if (s->zero == 2)
-                add(&k.dp, 1, rs_rest, dp - 1), add(&k.dp, 0, rs_tied + ag, ((tied > 0) + 1.0) * (dp - 1));
-            if (s->zero == 3 && !s->grads_whole) add(&k.dp, 1, rs + 2 * ag, 3.0 * (dp - 1));
-            if (s->zero == 3 && s->grads_whole) sharded_units(&k.dp, m, s, vs, replica, w);
+                add(&k.dp, 1, rs_rest, nb * (dp - 1)), add(&k.dp, 0, rs_tied + ag, ((tied > 0) + 1.0) * (dp - 1));
+            if (s->zero == 3 && s->unit_shards) whole_model_units(&k.dp, m, s, replica, w);
+            else if (s->zero == 3 && !s->grads_whole) add(&k.dp, 1, rs + 2 * ag, 3.0 * (dp - 1));
+            else if (s->zero == 3) sharded_units(&k.dp, m, s, vs, replica, w);
         }
         // PP, per micro-batch: the activation to the next virtual stage, the gradient back
         if (pp > 1) {
@@ -154,7 +177,7 @@ CalcComm calc_rank_comm(const CalcModel *m, const CalcSetup *s, int stage, int r
     // sequence shard: their gradients are summed over TP (Megatron's LayerNorm all-reduce)
     if (s->sp) all_reduce(&k.tp, 0, repl_elems * (s->tp_fp32 ? 4 : w), tp);
     // DP once per step: the loss (a float); with ZeRO the norm of the pieces, two doubles
-    all_reduce(&k.dp, 0, 4, dp);
+    if (!s->loss_in_norm) all_reduce(&k.dp, 0, 4, dp);
     if (s->zero > 0) all_reduce(&k.dp, 0, 16, dp);
     if (pp > 1) {
         all_reduce(&k.pp, 0, 8, pp);  // the clip norm over the stages (a double)

@@ -92,6 +92,7 @@ void session_step_begin(Session *s, int step) {
             session_print_cores_note(s, "the tok/s and MFU of the progress lines");
         if (s->rank == 0 && !s->args->quiet) dist_links_print(stdout);  // --links: the cluster
         if (dist_links_enabled()) dist_link_totals(&s->link_held0, &s->link_hidden0);
+        session_links_note(s, 0);  // (each watched group's, --links)
         s->t_start = s->t_last = lab_now();  // the loop's clock starts
     }
     s->gnorm_sq = NAN;
@@ -283,6 +284,7 @@ void session_step_end(Session *s, int step, float loss) {
     s->losses[step] = loss;
     double now = lab_now();
     int last = step == s->end - 1;
+    if (last) session_links_note(s, 1);  // the loop's link time, before validation
     if (s->health) health_step(s, step, loss, now);
     const int val_due = a->val_every > 0 && ((step + 1) % a->val_every == 0 || last);
     s->rec.has_val = val_due;
@@ -416,9 +418,8 @@ void session_print_throughput(const Session *s, int all_ranks) {
     if (all_ranks) printf(" (all ranks), %.1f ms per step", 1e3 * elapsed / nrun);
     printf("\n");
     if (dist_links_enabled()) {   // --links: rank 0's link time (docs/CLUSTER.md)
-        double held, hidden;
-        dist_link_totals(&held, &hidden);
-        held -= s->link_held0, hidden -= s->link_hidden0;
+        // (over the loop: to its last step's end, not what the report's collectives add)
+        const double held = s->link_total_loop[0], hidden = s->link_total_loop[1];
         printf("virtual links: rank 0 was held %.3f ms per step for its messages' link time, %.3f "
                "ms exposed on its path and %.3f ms hidden behind compute (the communication "
                "thread)\n", 1e3 * held / nrun, 1e3 * (held - hidden) / nrun, 1e3 * hidden / nrun);

@@ -97,6 +97,10 @@ typedef struct Session {
     float *losses;         // (--steps) the loss of every step; NaN where not run here
     double t_start, t_last;  // wall clock at the loop's start / at the last step's end
     double link_held0, link_hidden0;  // --links: this process's held link time when the loop began
+    DistGroup *link_group[3];  // --links: the chapter's TP, DP, PP groups (session_watch_links)
+    double link_mark[3][2];    // their held and hidden seconds at the loop's first step
+    double link_loop[3][2];    // and over the loop (to its last step's end)
+    double link_total_loop[2]; // this process's held and hidden seconds over the loop
     SessionState state;    // the chapter's (session_init: the single replica's)
     DistCounters save_cost;  // what the checkpoints (and a rollback's load) moved: leave it out
                              // of per-step figures
@@ -198,6 +202,8 @@ void guard_norm(Session *s, double norm_sq);  // session_grad_norm_sq: a NaN/Inf
 int guard_step_end(Session *s, int step, float loss);  // the windows; 1: rolled back
 void guard_saved(Session *s, int step);       // --save now holds the state at step
 void guard_report(const Session *s);          // the run's skips, at the end (rank 0)
+void session_links_note(Session *s, int end); // the watched groups' link time: 0 at the loop's
+                                              // start, 1 at its last step's end
 
 // The progress line, the same in every chapter, without the newline:
 //   "step     i/N  loss L z Z  gnorm G z Z  lr LR  tok/s  MFU M%  ETA E s"
@@ -235,6 +241,26 @@ void session_print_rank_table(const char *title, const SessionColumn *cols, int 
 // all_ranks: the data-parallel chapters' form, "(all ranks), Y ms per step" added. Then the
 // note when the ranks share cores (session_print_cores_note).
 void session_print_throughput(const Session *s, int all_ranks);
+
+// ---- --links: where the link time goes (session_links.c; docs/CLUSTER.md) ----
+
+// The chapter's group along each dimension (NULL: none; 03, 05, 06 give only DP, 07 TP and DP,
+// 08 PP, 09 all three). The loop notes each group's held and hidden link time
+// (dist_link_held_seconds, dist_link_hidden_seconds) at its first step's start and at its last
+// step's end, so that neither the setup's nor the report's collectives count. Any time before
+// the first step; nothing happens without --links.
+void session_watch_links(Session *s, DistGroup *tp, DistGroup *dp, DistGroup *pp);
+// The table "link time per step on the virtual cluster", one row per watched dimension: its
+// degree, inside a node or between nodes (calc_group_nodes of cs), held and hidden (the busiest
+// rank's, a MAX all-reduce over the world; held - hidden is exposed), model (calc_rank_comm(cs,
+// stage, replica)'s bytes and hops of this rank on that link: chapter 00's figure for the same
+// traffic) and planner (the planner's estimate: TP and PP once per 1F1B slot, DP once per step,
+// calc_traffic_slot_seconds); then the measured step, step_s. cs: the chapter's layout as chapter
+// 00's calculator sees it. Collective over the world; prints on rank 0 unless --quiet; nothing
+// without --links.
+struct CalcSetup;
+void session_print_links(const Session *s, const struct CalcSetup *cs, int stage, int replica,
+                         double step_s);
 
 // When this job's ranks share the machine's cores (health_cores_shared): the note that says
 // so, naming the timing figures it makes meaningless (`figures`), on rank 0, not --quiet;
