@@ -185,7 +185,7 @@ Test(recompute, grid09_tp1) {
 // (bf16 selective: ln1 and the qkv matmul too, gpt2_recompute_flops_dtype).
 // Mutant: mutants/recompute-bf16-unrounded.patch
 // Mutant: mutants/recompute-bf16-selective-stale-qkv.patch
-// Mutant: mutants/recompute-bf16-calc-fp32-layer.patch
+// Mutant: mutants/recompute-bf16-calc-stores-whole-layer.patch
 Test(recompute, train00_bf16) {
     GPT2Config cfg = gpt2_config_tiny();
     const double step = gpt2_flops_per_step(&cfg, 8, cfg.T);
@@ -222,7 +222,8 @@ Test(recompute, train00_bf16) {
 // Chapter 08 --dtype bf16 on 2 ranks (1F1B, m = 4): every mode trains the bits of none, and each
 // stage's activation peak is the calculator's walk of its table with bf16 sets, to the byte.
 // Mutant: mutants/recompute-bf16-unrounded.patch
-// Mutant: mutants/recompute-bf16-calc-fp32-layer.patch
+// Mutant: mutants/recompute-bf16-selective-stale-qkv.patch
+// Mutant: mutants/recompute-bf16-pipe-set-keeps-all.patch
 Test(recompute, pipeline08_bf16) {
     GPT2Config cfg = gpt2_config_tiny();
     const int B = 8, m = 4, Bm = B / m;
@@ -273,6 +274,8 @@ static void assert_09_acts(const char *what, const RunResults *r, int dp, int pp
 // Chapter 09 --dtype bf16 at --tp 1 (2 stages, 1F1B, m = 2): every mode the bits of none, each
 // rank's activation peak the calculator's.
 // Mutant: mutants/recompute-bf16-unrounded.patch
+// Mutant: mutants/recompute-bf16-selective-stale-qkv.patch
+// Mutant: mutants/recompute-bf16-pipe-set-keeps-all.patch
 Test(recompute, grid09_bf16_tp1) {
     RunResults r[3];
     for (int i = 0; i < 3; i++) {
