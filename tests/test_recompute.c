@@ -300,6 +300,7 @@ Test(recompute, grid09_bf16_tp1) {
 // recomputation trains the bits of none, each rank's activation peak the calculator's.
 // Mutant: mutants/recompute-stale-input.patch
 // Mutant: mutants/recompute-bf16-unrounded.patch
+// Mutant: mutants/recompute-zero3-own-weights.patch
 Test(recompute, grid09_sharded) {
     static const struct { const char *flags, *dtype; int fsdp; CalcDtype dt; } runs[] = {
         {"--zero 3", "bf16", 0, CALC_BF16}, {"--fsdp", "fp32", 1, CALC_FP32},
