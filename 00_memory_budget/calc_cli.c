@@ -289,19 +289,20 @@ int calc_cli_run(const CalcCliArgs *a, const LabArgs *lab) {
         const double lab =
             calc_activation_bytes_lab(&cfg, s.micro_batch, T, bf16 ? GPT2_BF16 : GPT2_FP32);
         char bin[32];
-        if (s.recompute == CALC_RECOMPUTE_NONE || bf16) {
+        if (s.recompute == CALC_RECOMPUTE_NONE) {
             printf("  this lab's runtime keeps every activation llm.c keeps (%s), and the gradients of "
                    "one block's: %.3f MB = %s for B=%d T=%d (README: the real run)\n",
                    bf16 ? "bf16, one layer in fp32" : "fp32", lab / 1e6,
                    mem_format(bin, sizeof bin, lab), s.micro_batch, T);
         } else {  // (GPT2Recompute numbers its modes as CalcRecompute does)
             char without[32];
-            const double rc = calc_activation_bytes_recompute(&cfg, s.micro_batch, T, GPT2_FP32,
+            const double rc = calc_activation_bytes_recompute(&cfg, s.micro_batch, T,
+                                                              bf16 ? GPT2_BF16 : GPT2_FP32,
                                                               (GPT2Recompute)s.recompute);
-            printf("  this lab's runtime with --recompute %s (--train) keeps %s, one layer of the "
+            printf("  this lab's runtime with --recompute %s (--train%s) keeps %s, one layer of the "
                    "rest to recompute into, and the gradients of one block's: %.3f MB = %s for "
                    "B=%d T=%d (without: %s; README: recomputation)\n",
-                   calc_recompute_name(s.recompute),
+                   calc_recompute_name(s.recompute), bf16 ? ", bf16" : "",
                    s.recompute == CALC_RECOMPUTE_FULL ? "each block's input" : "all but the attention scores and softmax",
                    rc / 1e6, mem_format(bin, sizeof bin, rc), s.micro_batch, T,
                    mem_format(without, sizeof without, lab));

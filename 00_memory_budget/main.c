@@ -191,13 +191,12 @@ static void print_measured_vs_predicted(const GPT2Config *cfg, int B, int T, int
         printf("  activations: --recompute %s: each block keeps %s;\n"
                "  one layer of the rest is the scratch its backward recomputes into; with the outer\n"
                "  tensors and the gradients of one block's = %s (without recomputation: %s);\n"
-               "  the Korthikanti et al. formula for the same shapes and recomputation (fp32, 2 bytes\n"
-               "  -> 4) gives %s.\n",
+               "  the Korthikanti et al. formula for the same shapes and recomputation (%s) gives %s.\n",
                gpt2_recompute_name(rc),
                rc == GPT2_RECOMPUTE_FULL ? "only its input" : "all but the attention scores and softmax",
                mem_format(a, sizeof a, acts_lab),
-               mem_format(b, sizeof b, calc_activation_bytes_lab(cfg, B, T, GPT2_FP32)),
-               mem_format(c, sizeof c, pred.acts));
+               mem_format(b, sizeof b, calc_activation_bytes_lab(cfg, B, T, bf16 ? GPT2_BF16 : GPT2_FP32)),
+               bf16 ? "bf16, 2 bytes" : "fp32, 2 bytes -> 4", mem_format(c, sizeof c, pred.acts));
     if (bf16)
         printf("  (--dtype bf16: the blocks' saved activations are stored in bf16; one layer of\n"
                "  them, the embedding's and head's activations and all gradients stay fp32)\n");
@@ -206,17 +205,20 @@ static void print_measured_vs_predicted(const GPT2Config *cfg, int B, int T, int
 // What recomputation cost: the model FLOPs the backwards ran again (counted as they ran) against
 // the step's (gpt2_flops_per_step), and the time they took against the step's compute time.
 // The formula: full recomputation reruns each block's forward, about a third of the step's 6N
-// FLOPs per token (the notes' 4/3); selective only QK^T and att*V, 4*C*T per token and block.
+// FLOPs per token (the notes' 4/3); selective only QK^T and att*V, 4*C*T per token and block
+// (bf16: ln1 and the qkv matmul too, gpt2_recompute_flops_dtype).
 static void print_recompute_cost(const Session *s, int B, int T, double step_seconds) {
     const GPT2 *m = &s->model;
     const int steps = session_steps_run(s);
     const double step = gpt2_flops_per_step(&s->cfg, B, T);
     const double counted = m->rc_flops / steps;
-    const double formula = s->cfg.L * gpt2_recompute_flops(&s->cfg, m->recompute, B, T);
+    const double formula = s->cfg.L * gpt2_recompute_flops_dtype(&s->cfg, m->recompute, m->dtype, B, T);
     printf("\nRecomputation (--recompute %s), per step:\n", gpt2_recompute_name(m->recompute));
     printf("  FLOPs run again   %.4g counted = %.4g by the formula (L x %s) -> %.4f x the step's %.4g"
            " model FLOPs%s\n", counted, formula,
-           m->recompute == GPT2_RECOMPUTE_FULL ? "(2*(12C^2+13C) + 4CT) BT" : "4CT BT",
+           m->recompute == GPT2_RECOMPUTE_FULL ? "(2*(12C^2+13C) + 4CT) BT"
+           : m->dtype == GPT2_BF16             ? "(2*(3C^2+5C) + 4CT) BT: bf16 reruns ln1 and qkv too"
+                                               : "4CT BT",
            1.0 + counted / step, step, m->recompute == GPT2_RECOMPUTE_FULL ? " (the notes: about 4/3)" : "");
     printf("  time              %.2f ms of %.2f ms forward+backward recomputing -> measured ratio "
            "%.3f (step / step without it)\n", 1e3 * m->rc_seconds / steps, 1e3 * step_seconds / steps,

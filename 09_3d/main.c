@@ -383,15 +383,10 @@ static void setup(Run3d *r, Session *s, const LabArgs *args, const Flags3d *f) {
     if (sched_check(&r->sched, err, sizeof err) != 0)
         lab_fail_collective("schedule %s: %s", r->sched.name, err);
     dpl_check(&f->dpo, r->sched.split);
-    if (f->recompute != GPT2_RECOMPUTE_NONE && (f->dpo.zero == 3 || f->dpo.fsdp))
-        lab_fail_collective("--recompute %s with %s: recomputation is not wired to the units ZeRO-3 "
-                            "and FSDP gather and free; it is offered here over DP with --zero 0, 1 "
-                            "or 2 (at --tp 1)", gpt2_recompute_name(f->recompute),
-                            f->dpo.fsdp ? "--fsdp" : "--zero 3");
     if (f->recompute != GPT2_RECOMPUTE_NONE && r->sched.split)
-        lab_fail_collective("--recompute %s with --schedule zb: a zero-bubble W runs after its B "
-                            "and would read what B recomputed, long gone; recomputation is offered "
-                            "with --schedule gpipe, 1f1b and interleaved", gpt2_recompute_name(f->recompute));
+        lab_fail_collective("--recompute %s with --schedule zb: a zero-bubble W runs after its B and "
+                            "would read what B recomputed, long gone; recomputation is offered with "
+                            "--schedule gpipe, 1f1b and interleaved", gpt2_recompute_name(f->recompute));
     if (f->recompute != GPT2_RECOMPUTE_NONE && tp > 1 && strcmp(args->dtype, "fp32") != 0)
         lab_fail_collective("--recompute %s with --dtype %s at --tp %d: a TP slice recomputes in "
                             "fp32 only; valid: --dtype fp32, --tp 1, or --recompute none",

@@ -194,6 +194,9 @@ MemPrediction r3d_predict_memory(const void *ctx, const LabArgs *args, int batch
     if (L->zero != 3) return step;  // (the setup allocates what the step holds, less)
     // the setup: every chunk built whole (weights, gradients) before ZeRO-3 / FSDP cut it, its
     // pieces, master and Adam's state allocated next to it
-    MemPrediction setup = {whole * 2.0 * w + b.params + b.master + b.m + b.v, shared, 0};
+    // (and, at tp 1, each chunk's recompute scratch: gpt2_set_recompute comes before the cut)
+    const double rc_scratch =
+        L->tp == 1 ? L->v * calc_recompute_scratch_bytes(&cfg, Bm, cfg.T, L->recompute) : 0;
+    MemPrediction setup = {whole * 2.0 * w + b.params + b.master + b.m + b.v, shared + rc_scratch, 0};
     return mem_prediction_total(setup) > mem_prediction_total(step) ? setup : step;
 }

@@ -431,9 +431,10 @@ const char *calc_setup_check(const CalcModel *m, const CalcSetup *s) {
                    s->chunks);
     if (s->max_w < 0) return msg("max W stores %d: must be 0 (no cap) or more", s->max_w);
     if (s->acts == CALC_ACTS_LAB && s->recompute != CALC_RECOMPUTE_NONE &&
-        (s->dtype != CALC_FP32 || s->split))
-        return msg("the lab's runs recompute in fp32 without a split backward only (chapters 07, 08 "
-                   "and 09): drop --recompute, or use fp32 and another schedule");
+        (s->split || (s->tp > 1 && s->dtype != CALC_FP32)))
+        return msg("the lab's runs recompute without a split backward, and at TP > 1 in fp32 only "
+                   "(chapters 07, 08 and 09): drop --recompute, or use another schedule (and fp32 "
+                   "or TP 1)");
     if (m->arch == CALC_ARCH_RAW) {
         if (s->tp > 1 || s->pp > 1 || s->chunks > 1)
             return msg("--tp %d --pp %d --chunks %d: splitting a model across TP/PP ranks needs "
@@ -865,7 +866,6 @@ double calc_activation_bytes_recompute(const GPT2Config *cfg, int B, int T, GPT2
                                        GPT2Recompute r) {
     double L = cfg->L, C = cfg->C, NH = cfg->NH, V = cfg->V;
     double BT = (double)B * T;
-    double layer = lab_layer_elems(cfg, B, T);  // the ActTensors of one block
     // The embedding's and the head's: encoded, lnf (1 each); lnf mean, rstd, losses; logits, probs.
     double outer = BT * C * 2 + BT * 3 + 2 * BT * V;
     // Their gradients (gpt2_dact_sizes): one layer of scratch, shared by all blocks, plus the
@@ -875,14 +875,18 @@ double calc_activation_bytes_recompute(const GPT2Config *cfg, int B, int T, GPT2
                                                // qkv (3), fch, fch_gelu (4 each) = 15
                    + 2 * B * NH * (double)T * T  // one layer of preatt and att
                    + BT * V;                   // logits
+    // what a block keeps of its ActTensors (without recomputation: all of them)
+    const double kept = lab_kept_elems(cfg, B, T, r);
+    // recomputing, each block keeps part of its layer, and the model one layer of what they do
+    // not keep, in fp32 (bf16: rounded through the gradients' scratch, no more bytes)
+    const double scratch = calc_recompute_scratch_bytes(cfg, B, T, r);
     if (dtype == GPT2_BF16)
-        // the L stored layers in bf16; in fp32 one layer (where a block computes), the
-        // embedding's and head's, the widened input of a block (B,T,C), and the gradients
-        return 2 * L * layer + 4 * (layer + outer + BT * C + dacts);
-    // fp32: 4 bytes each; recomputing, each block keeps part of its layer, and the model one
-    // layer of what they do not keep
-    return 4 * (L * lab_kept_elems(cfg, B, T, r) + outer + dacts) +
-           calc_recompute_scratch_bytes(cfg, B, T, r);
+        // the L stored layers (what they keep) in bf16; in fp32 one layer of them (where a block
+        // computes), the embedding's and head's, the widened input of a block (B,T,C), and the
+        // gradients
+        return 2 * L * kept + 4 * (kept + outer + BT * C + dacts) + scratch;
+    // fp32: 4 bytes each
+    return 4 * (L * kept + outer + dacts) + scratch;
 }
 
 int calc_fits(const CalcBreakdown *b, double mem_bytes) { return b->total <= mem_bytes; }

@@ -101,9 +101,9 @@ typedef enum { CALC_RECOMPUTE_NONE, CALC_RECOMPUTE_SELECTIVE, CALC_RECOMPUTE_FUL
 //   CALC_ACTS_PAPER  Korthikanti et al. 2022's GPT-3 block (dropout masks, bf16/fp16 values; SP
 //                    and recomputation cut it): what Megatron stores, used for the large models.
 //   CALC_ACTS_LAB    what chapter 09's TP stage (common/tp.c) stores per micro-batch, no
-//                    dropout, the (B, NH/t, T, T) attention matrices twice, SP or not, fp32
-//                    recomputation (tp.h's tp_build: selective drops the matrices, full keeps
-//                    each block's output only; at t = 1 gpt2's own sets, chapter 08's:
+//                    dropout, the (B, NH/t, T, T) attention matrices twice, SP or not,
+//                    recomputation (tp.h's tp_build, fp32: selective drops the matrices, full keeps
+//                    each block's output only; at t = 1 gpt2's own sets, chapter 08's, fp32 or bf16:
 //                    calc_pipe_set_bytes_recompute). Each chunk's one layer of recompute
 //                    scratch, allocated before the first step, is not in the walk
 //                    (calc_recompute_scratch_bytes, calc_tp_recompute_scratch_bytes): exact for
@@ -261,11 +261,13 @@ double calc_layer_activation_bytes(const CalcModel *m, const CalcSetup *s);
 //   GPT2_BF16: 2 * L*A + 4 * (A + O + B*T*C + D)   (the L layers stored in bf16; one layer, the
 //              outside tensors, a block's widened input and the gradients in fp32)
 double calc_activation_bytes_lab(const GPT2Config *cfg, int B, int T, GPT2Dtype dtype);
-// The same for an fp32 run that recomputes r (gpt2.h's GPT2Recompute; none: the above). Each
+// The same for a run that recomputes r (gpt2.h's GPT2Recompute; none: the above). Each
 // block keeps of its A: selective A - 2*B*NH*T*T (the scores and softmax go), full B*T*C (its
 // output, the next block's input); and the model ONE layer of what they drop, the scratch its
-// backward recomputes into (calc_recompute_scratch_bytes: 4 * (A - kept)):
-//   4 * (L*kept + O + D) + 4 * (A - kept)
+// backward recomputes into, fp32 in both dtypes (calc_recompute_scratch_bytes: 4 * (A - kept);
+// bf16 rounds it through the gradients' scratch D, no more bytes):
+//   GPT2_FP32: 4 * (L*kept + O + D) + 4 * (A - kept)
+//   GPT2_BF16: 2 * L*kept + 4 * (kept + O + B*T*C + D) + 4 * (A - kept)
 double calc_activation_bytes_recompute(const GPT2Config *cfg, int B, int T, GPT2Dtype dtype,
                                        GPT2Recompute r);
 double calc_recompute_scratch_bytes(const GPT2Config *cfg, int B, int T, GPT2Recompute r);
@@ -531,8 +533,9 @@ struct Schedule;
 // saved gradients when split.
 double calc_pipe_set_bytes(const GPT2Config *cfg, int nb, int has_head, int Bm, int T,
                            GPT2Dtype dtype, int split);
-// The same when the chunk recomputes r (fp32): each of its nb blocks keeps
-// calc_recompute_scratch_bytes less (that one layer lives once per chunk model, from its build).
+// The same when the chunk recomputes r: each of its nb blocks keeps calc_recompute_scratch_bytes
+// less (fp32: 4 bytes a value; bf16: 2 in each stored layer, and 4 in its one fp32 layer); that
+// one layer lives once per chunk model, from its build.
 double calc_pipe_set_bytes_recompute(const GPT2Config *cfg, int nb, int has_head, int Bm, int T,
                                      GPT2Dtype dtype, int split, GPT2Recompute r);
 // ZB-H1: what a deferred W keeps from B to W (gpt2_acts_keep_for_w): per block and position

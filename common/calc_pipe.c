@@ -13,12 +13,13 @@ double calc_pipe_set_bytes(const GPT2Config *cfg, int nb, int has_head, int Bm, 
 
 double calc_pipe_set_bytes_recompute(const GPT2Config *cfg, int nb, int has_head, int Bm, int T,
                                      GPT2Dtype dtype, int split, GPT2Recompute r) {
-    // recomputing (fp32), each block keeps all but what the chunk's one layer of scratch holds
-    const double dropped = (double)nb * calc_recompute_scratch_bytes(cfg, Bm, T, r);
-    size_t a[GPT2_NUM_ACTS], d[GPT2_NUM_ACTS];
+    // recomputing, each block keeps all but what the chunk's one layer of scratch holds (fp32:
+    // taken off the stacked layers; bf16: its stored layers and its fp32 layer are what it keeps)
     const int bf16 = dtype == GPT2_BF16;
+    const double dropped = bf16 ? 0 : (double)nb * calc_recompute_scratch_bytes(cfg, Bm, T, r);
+    size_t a[GPT2_NUM_ACTS], d[GPT2_NUM_ACTS];
     const double BTC = (double)Bm * T * cfg->C;
-    gpt2_act_sizes_range(cfg, bf16 ? 1 : nb, has_head, Bm, T, a);
+    gpt2_act_sizes_recompute(cfg, bf16 ? 1 : nb, has_head, Bm, T, bf16 ? r : GPT2_RECOMPUTE_NONE, a);
     gpt2_dact_sizes_range(cfg, nb, has_head, Bm, T, d);
     double floats = 0, layer = 0;
     for (int i = 0; i < GPT2_NUM_ACTS; i++) floats += (double)a[i] + (double)d[i];

@@ -120,12 +120,7 @@ GPT2Recompute lab_args_recompute(const LabArgs *a) {
     GPT2Recompute r = strcmp(a->recompute, "full") == 0        ? GPT2_RECOMPUTE_FULL
                       : strcmp(a->recompute, "selective") == 0 ? GPT2_RECOMPUTE_SELECTIVE
                                                                : GPT2_RECOMPUTE_NONE;
-    if (r != GPT2_RECOMPUTE_NONE && strcmp(a->dtype, "fp32") != 0)
-        lab_fail_collective("--recompute %s with --dtype %s: recomputation is offered for fp32 runs "
-                            "(a bf16 block keeps its rounded values, which a second forward does "
-                            "not reproduce); valid: --dtype fp32, or --recompute none", a->recompute,
-                            a->dtype);
-    return r;
+    return r;  // (the parser took none|selective|full only; fp32 and bf16 both recompute)
 }
 
 int lab_args_end_step(const LabArgs *a) {

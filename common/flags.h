@@ -105,7 +105,7 @@ void lab_args_data(const LabArgs *a, DataSource *d);   // --data FILE, or the sy
 int lab_args_corpus(const LabArgs *a);                 // --data text (the corpus, not a file)?
                                                        // (--inject-spike-step corrupts a batch)
 int lab_args_end_step(const LabArgs *a);               // --steps, or --stop-at when earlier
-// --recompute as gpt2.h's mode; refuses (on every rank) a mode the run cannot do: --dtype bf16.
+// --recompute as gpt2.h's mode (none, selective, full; fp32 or bf16).
 GPT2Recompute lab_args_recompute(const LabArgs *a);
 
 // The groups of shared flags a program takes. A shared flag of a group it does not take is

@@ -303,9 +303,16 @@ size_t gpt2_recompute_scratch(const GPT2Config *cfg, GPT2Recompute r, int B, int
 }
 
 double gpt2_recompute_flops(const GPT2Config *cfg, GPT2Recompute r, int B, int T) {
+    return gpt2_recompute_flops_dtype(cfg, r, GPT2_FP32, B, T);
+}
+
+double gpt2_recompute_flops_dtype(const GPT2Config *cfg, GPT2Recompute r, GPT2Dtype dtype, int B,
+                                  int T) {
     const double C = cfg->C, BT = (double)B * T, attn = 4.0 * C * T;  // QK^T and att*V
     if (r == GPT2_RECOMPUTE_FULL) return BT * (2.0 * (12.0 * C * C + 13.0 * C) + attn);
-    return r == GPT2_RECOMPUTE_SELECTIVE ? BT * attn : 0.0;
+    if (r != GPT2_RECOMPUTE_SELECTIVE) return 0.0;
+    // bf16: ln1 (2C weights) and the qkv matmul (3C^2 + 3C) again too, 2 FLOPs per weight
+    return BT * (attn + (dtype == GPT2_BF16 ? 2.0 * (3.0 * C * C + 5.0 * C) : 0.0));
 }
 
 const char *gpt2_recompute_name(GPT2Recompute r) {
@@ -791,9 +798,9 @@ size_t gpt2_acts_w_floats(const GPT2 *m, int B, int T) {
 }
 
 void gpt2_set_recompute(GPT2 *m, GPT2Recompute r, int B, int T) {
-    LAB_CHECK(r == GPT2_RECOMPUTE_NONE || (m->dtype == GPT2_FP32 && m->tp == 1 && !m->sp),
-              "gpt2_set_recompute: recomputation runs on fp32 models of whole blocks (dtype %d, "
-              "t = %d, sp %d)", (int)m->dtype, m->tp, m->sp);
+    LAB_CHECK(r == GPT2_RECOMPUTE_NONE || (m->tp == 1 && !m->sp),
+              "gpt2_set_recompute: recomputation runs on models of whole blocks (t = %d, sp %d)",
+              m->tp, m->sp);
     mem_free(m->rc_scratch);
     m->rc_scratch = NULL;
     m->recompute = r;
@@ -994,15 +1001,20 @@ GPT2LayerActs gpt2_layer_acts(const GPT2 *m, const GPT2Acts *a, int l) {
     return layer_acts(a, &dm, m->dtype == GPT2_BF16 ? 0 : l - a->l0);
 }
 
+// bf16: where the fp32 layer starts, its first tensor: ln1 (under full recomputation the layer
+// is the block's output alone)
+static float *layer_start(const GPT2Acts *a) { return a->a.ln1 ? a->a.ln1 : a->a.residual3; }
+
 void gpt2_layer_widen(const GPT2 *m, GPT2Acts *a, int l) {
     if (m->dtype != GPT2_BF16) return;
     size_t n = a->layer_act_size - (a->w_only ? stream_elems(m, a) : 0);
-    m->k->bf16_to_f32(a->a.ln1, a->acts_bf16 + (size_t)(l - a->l0) * a->layer_act_size, n);
+    m->k->bf16_to_f32(layer_start(a), a->acts_bf16 + (size_t)(l - a->l0) * a->layer_act_size, n);
 }
 
 void gpt2_layer_store(const GPT2 *m, GPT2Acts *a, int l) {
-    if (m->dtype != GPT2_BF16) return;  // (the layer's first tensor, ln1, is where it starts)
-    m->k->f32_to_bf16(a->acts_bf16 + (size_t)(l - a->l0) * a->layer_act_size, a->a.ln1, a->layer_act_size);
+    if (m->dtype != GPT2_BF16) return;
+    m->k->f32_to_bf16(a->acts_bf16 + (size_t)(l - a->l0) * a->layer_act_size, layer_start(a),
+                      a->layer_act_size);
 }
 
 float gpt2_acts_mean_loss(GPT2Acts *a) {
@@ -1318,6 +1330,54 @@ static void block_backward_rows(const Kernels *k, const GPT2BlockWeights *wp,
 #undef WT
 }
 
+// What the forward of a recomputing set did not keep, again, into the model's scratch, chunk by
+// chunk as the forward ran. Full: the block's forward from its kept input. Selective: the scores
+// and softmax from qkv (atty rewritten with its own bits); bf16 keeps qkv rounded, and the
+// forward's softmax read the unrounded one, so bf16 first recomputes ln1 and qkv from the
+// block's input (into the fp32 layer, which gpt2_layer_widen then overwrites with the kept,
+// rounded, values).
+static void recompute_block(GPT2 *m, GPT2Acts *a, const GPT2LayerActs *la, const GPT2BlockWeights *w,
+                            const float *residual, int pass, const char *fn) {
+    LAB_CHECK(pass == BACK_BOTH, "%s: a recomputing set runs the whole backward", fn);
+    const int B = a->B, T = a->T, step = chunk_seqs(m, a);
+    const GPT2BlockDims dm = block_dims(m);
+    const Kernels *k = m->k;
+    double t0 = lab_now();
+    for (int b0 = 0; b0 < B; b0 += step) {
+        int Bc = B - b0 < step ? B - b0 : step;
+        size_t r = (size_t)b0 * T;
+        GPT2LayerActs ac = layer_rows(*la, r, &dm, T);
+        const float *in = residual + r * dm.C;
+        if (a->recompute == GPT2_RECOMPUTE_FULL) {  // the block's forward, from its kept input
+            block_forward_rows(k, w, &ac, in, Bc, T, &dm);
+            continue;
+        }
+        if (m->dtype == GPT2_BF16) {
+            k->layernorm_forward(ac.ln1, ac.ln1_mean, ac.ln1_rstd, in, w->ln1w, w->ln1b, Bc * T, dm.C);
+            k->matmul_forward(ac.qkv, ac.ln1, w->qkvw, w->qkvb, Bc * T, dm.C, 3 * dm.ATT);
+        }
+        k->attention_forward(ac.atty, ac.preatt, ac.att, ac.qkv, Bc, T, dm.ATT, dm.NH);
+    }
+    m->rc_flops += gpt2_recompute_flops_dtype(&m->cfg, a->recompute, m->dtype, B, T);
+    m->rc_seconds += lab_now() - t0;
+}
+
+// bf16: the forward stored every tensor rounded, and the backward of a set that keeps them reads
+// them widened; the recomputed ones (the model's scratch, fp32) are rounded the same way, through
+// the set's gradient scratch of one block (da.ln1 .. da.fch_gelu, free until this backward writes
+// it), so the backward reads the very values it reads without recomputation.
+static void round_recomputed(const GPT2 *m, GPT2Acts *a) {
+    if (m->dtype != GPT2_BF16) return;
+    const size_t n = gpt2_recompute_scratch(&m->cfg, a->recompute, a->B, a->T);
+    const size_t cap = 2 * (size_t)(a->da.residual3 - a->da.ln1);  // bf16 values it holds
+    uint16_t *tmp = (uint16_t *)a->da.ln1;
+    for (size_t i = 0; i < n; i += cap) {
+        const size_t c = n - i < cap ? n - i : cap;
+        m->k->f32_to_bf16(tmp, a->rc + i, c);
+        m->k->bf16_to_f32(a->rc + i, tmp, c);
+    }
+}
+
 // One backward pass over block l's rows, chunk by chunk (the same chunks as the forward: the
 // weight gradients get their chunks' contributions in the same order in every pass).
 static void block_backward(GPT2 *m, GPT2Acts *a, int l, const void *block_w, void *dblock_w,
@@ -1344,25 +1404,12 @@ static void block_backward(GPT2 *m, GPT2Acts *a, int l, const void *block_w, voi
     }
     GPT2LayerActs la = gpt2_layer_acts(m, a, l);
     GPT2LayerActs d = layer_dacts(a, &dm, l - a->l0, split);
-    gpt2_layer_widen(m, a, l);  // bf16: the stored layer into the fp32 scratch
     const float *residual = gpt2_piece_input(m, a, l);
     float *dresidual = stream_grad(a, BTC, l - a->l0);
     int step = chunk_seqs(m, a);
-    if (a->recompute) {  // what the forward did not keep, again, into the model's scratch
-        LAB_CHECK(pass == BACK_BOTH, "%s: a recomputing set runs the whole backward", fn);
-        double t0 = lab_now();
-        for (int b0 = 0; b0 < B; b0 += step) {
-            int Bc = B - b0 < step ? B - b0 : step;
-            size_t r = (size_t)b0 * T;
-            GPT2LayerActs ac = layer_rows(la, r, &dm, T);
-            if (a->recompute == GPT2_RECOMPUTE_FULL)  // the block's forward, from its kept input
-                block_forward_rows(m->k, &w, &ac, residual + r * dm.C, Bc, T, &dm);
-            else  // the scores and softmax, from the kept qkv (atty rewritten with its own bits)
-                m->k->attention_forward(ac.atty, ac.preatt, ac.att, ac.qkv, Bc, T, dm.ATT, dm.NH);
-        }
-        m->rc_flops += gpt2_recompute_flops(&m->cfg, a->recompute, B, T);
-        m->rc_seconds += lab_now() - t0;
-    }
+    if (a->recompute) recompute_block(m, a, &la, &w, residual, pass, fn);
+    gpt2_layer_widen(m, a, l);  // bf16: the stored layer into the fp32 scratch
+    if (a->recompute) round_recomputed(m, a);  // bf16: as the forward's store rounded them
     for (int b0 = 0; b0 < B; b0 += step) {
         int Bc = B - b0 < step ? B - b0 : step;
         size_t r = (size_t)b0 * T;

@@ -96,7 +96,11 @@ typedef enum { GPT2_FP32 = 0, GPT2_BF16 = 1 } GPT2Dtype;
 // input is the set's encoded), and its backward first runs its forward again from its input.
 // The recomputed tensors of every set of a model live in ONE layer of scratch the model owns
 // (rc_scratch): a backward recomputes into it and reads it at once. The same kernels on the same
-// inputs in the same chunks: the recomputed values are the forward's, bit for bit.
+// inputs in the same chunks: the recomputed values are the forward's, bit for bit. bf16: a block
+// computes in fp32 from its input as stored (rounded), and stores its tensors rounded; its
+// recomputation starts from that same input, and rounds what it recomputed as the store did, so
+// the backward reads the values it reads without recomputation. bf16 keeps qkv rounded, and the
+// forward's softmax read it unrounded: selective then recomputes ln1 and qkv first.
 typedef enum { GPT2_RECOMPUTE_NONE = 0, GPT2_RECOMPUTE_SELECTIVE = 1, GPT2_RECOMPUTE_FULL = 2 } GPT2Recompute;
 
 // One micro-batch's activations over the blocks [l0, l1) of the model it was made for: the
@@ -297,7 +301,8 @@ void gpt2_alloc_grads(GPT2 *m);
 void gpt2_alloc_acts(GPT2 *m, int B, int T);   // (re)allocates m->act
 // Activation recomputation for the sets of (B, T) allocated after this call (see
 // GPT2Recompute): allocates the model's one layer of recomputed tensors (gpt2_recompute_scratch
-// floats). fp32 models of whole blocks only (tp = 1, no SP); the split backward refuses it.
+// floats). Models of whole blocks only (tp = 1, no SP), fp32 or bf16; the split backward
+// refuses it.
 void gpt2_set_recompute(GPT2 *m, GPT2Recompute r, int B, int T);
 const char *gpt2_recompute_name(GPT2Recompute r);   // "none", "selective", "full"
 // Floats of that scratch: selective 2*B*NH*T*T; full one layer but the block's output.
@@ -305,6 +310,10 @@ size_t gpt2_recompute_scratch(const GPT2Config *cfg, GPT2Recompute r, int B, int
 // Model FLOPs one block's recomputation runs (gpt2_flops_per_step's convention): full, the
 // block's forward 2*(12C^2 + 13C) + 4*C*T per token; selective, QK^T and att*V, 4*C*T per token.
 double gpt2_recompute_flops(const GPT2Config *cfg, GPT2Recompute r, int B, int T);
+// The same for a model of dtype: bf16's selective reruns ln1 and the qkv matmul too,
+// 2*(3C^2 + 5C) per token more.
+double gpt2_recompute_flops_dtype(const GPT2Config *cfg, GPT2Recompute r, GPT2Dtype dtype, int B,
+                                  int T);
 void gpt2_free(GPT2 *m);
 
 // Activation sets. gpt2_acts_alloc: one (B, T) micro-batch over m's blocks [l0, l1), in m's

@@ -33,7 +33,7 @@ double mem_prediction_total(MemPrediction p);
 // in the model's type, bf16's fp32 master and Adam's m and v when it has the optimizer), the
 // activations for (rows, T) and the batch and scratch buffers of mem_predict_scratch.
 MemPrediction mem_predict_replica(const GPT2Config *cfg, int rows, int bf16, int has_optimizer);
-// The same for a run that recomputes r (fp32; calc_activation_bytes_recompute).
+// The same for a run that recomputes r (fp32 or bf16; calc_activation_bytes_recompute).
 MemPrediction mem_predict_replica_recompute(const GPT2Config *cfg, int rows, int bf16,
                                             int has_optimizer, GPT2Recompute r);
 
@@ -58,7 +58,7 @@ double mem_predict_largest_piece(const GPT2Config *cfg);
 struct Schedule;
 MemPrediction mem_predict_pipeline(const GPT2Config *cfg, const struct Schedule *s, int rank,
                                    int Bm, int bf16);
-// The same when the chunks recompute r (fp32): smaller sets, and one layer of scratch per chunk.
+// The same when the chunks recompute r (fp32 or bf16): smaller sets, and one layer of scratch per chunk.
 MemPrediction mem_predict_pipeline_recompute(const GPT2Config *cfg, const struct Schedule *s,
                                              int rank, int Bm, int bf16, GPT2Recompute r);
 

@@ -5,7 +5,8 @@
 // bit for bit. What it changes is memory and compute: the measured activation peak equals the
 // calculator's formula for the mode to the byte (calc_activation_bytes_recompute; chapter 08's
 // pipeline: calc_pipe_peak_bytes_recompute), the up-front prediction (mem_predicted) stays the
-// measured peak, and the FLOPs run again are counted as they run and equal the formula.
+// measured peak, and the FLOPs run again are counted as they run and equal the formula. In fp32
+// and bf16, and in chapter 09 also with ZeRO-3 and FSDP's sharded weights.
 #include <criterion/criterion.h>
 #include <math.h>
 #include <stdio.h>
@@ -289,11 +290,161 @@ Test(recompute, grid09_tp2) { check_grid09_tp(1, 2, 2, 0); }
 // Mutant: mutants/recompute-tp-stale-input.patch
 // Mutant: mutants/recompute-tp-calc-sp-input-whole.patch
 Test(recompute, grid09_tp2_sp) { check_grid09_tp(2, 2, 1, 1); }
+// bf16. A block computes in fp32 from its input as stored (rounded) and stores its tensors
+// rounded; recomputing from that same input reproduces the forward's fp32 values, rounded as the
+// store rounded them they are the values the backward reads without recomputation (selective
+// first reruns ln1 and qkv: the forward's softmax read qkv before it was rounded). So bf16 runs
+// that recompute train the bits of bf16 without, and their activation peak is the calculator's
+// bf16 formula for the mode, to the byte.
+
+// Chapter 00 --train --dtype bf16, once per mode: the bits of none, the activation peak the
+// calculator's, the up-front prediction the measured peak, the FLOPs run again the formula's
+// (bf16 selective: ln1 and the qkv matmul too, gpt2_recompute_flops_dtype).
+// Mutant: mutants/recompute-bf16-unrounded.patch
+// Mutant: mutants/recompute-bf16-selective-stale-qkv.patch
+// Mutant: mutants/recompute-bf16-calc-stores-whole-layer.patch
+Test(recompute, train00_bf16) {
+    GPT2Config cfg = gpt2_config_tiny();
+    const double step = gpt2_flops_per_step(&cfg, 8, cfg.T);
+    RunResults r[3];
+    char *out[3];
+    for (int i = 0; i < 3; i++) {
+        char flags[256];
+        snprintf(flags, sizeof flags, FLAGS00 " --dtype bf16 --recompute %s --log-every 0", MODES[i]);
+        int rc = harness_run_dump("./00_memory_budget/run --train", 1, flags, &r[i], &out[i], 120);
+        cr_assert_eq(rc, 0, "bf16 --recompute %s failed:\n%s", MODES[i], out[i]);
+    }
+    assert_same_bits("bf16 --recompute selective", &r[1], &r[0]);
+    assert_same_bits("bf16 --recompute full", &r[2], &r[0]);
+    for (int i = 0; i < 3; i++) {
+        const double want = calc_activation_bytes_recompute(&cfg, 8, cfg.T, GPT2_BF16, RC[i]);
+        const double got = results_get(&r[i], "mem_acts", -1);
+        cr_log_info("bf16 --recompute %-9s activations measured %.0f B, formula %.0f B", MODES[i],
+                    got, want);
+        cr_assert_eq(got, want, "bf16 --recompute %s: measured activation peak %.0f B, the "
+                     "calculator says %.0f B (off by %+.0f)", MODES[i], got, want, got - want);
+        cr_assert_eq(results_get(&r[i], "mem_predicted", -1), results_get(&r[i], "mem_peak", -2),
+                     "bf16 --recompute %s: predicted peak %.0f B, measured %.0f B", MODES[i],
+                     results_get(&r[i], "mem_predicted", -1), results_get(&r[i], "mem_peak", -2));
+        if (i == 0) continue;
+        const double extra = cfg.L * gpt2_recompute_flops_dtype(&cfg, RC[i], GPT2_BF16, 8, cfg.T) / step;
+        char want_line[64];
+        snprintf(want_line, sizeof want_line, "-> %.4f x the step's", 1.0 + extra);
+        cr_assert(harness_contains(out[i], want_line), "bf16 --recompute %s does not print '%s':\n%s",
+                  MODES[i], want_line, out[i]);
+    }
+    for (int i = 0; i < 3; i++) results_free(&r[i]), free(out[i]);
+}
+
+// Chapter 08 --dtype bf16 on 2 ranks (1F1B, m = 4): every mode trains the bits of none, and each
+// stage's activation peak is the calculator's walk of its table with bf16 sets, to the byte.
+// Mutant: mutants/recompute-bf16-unrounded.patch
+// Mutant: mutants/recompute-bf16-selective-stale-qkv.patch
+// Mutant: mutants/recompute-bf16-pipe-set-keeps-all.patch
+Test(recompute, pipeline08_bf16) {
+    GPT2Config cfg = gpt2_config_tiny();
+    const int B = 8, m = 4, Bm = B / m;
+    Schedule sc;
+    sched_make(&sc, "1f1b", 2, 1, m);
+    RunResults r[3];
+    for (int i = 0; i < 3; i++) {
+        char flags[256];
+        snprintf(flags, sizeof flags, "--steps 2 --batch %d --micro-batches %d --schedule 1f1b "
+                 "--dtype bf16 --recompute %s", B, m, MODES[i]);
+        harness_assert_run_dump("./08_pipeline/run --quiet", 2, flags, &r[i]);
+        for (int rank = 0; rank < 2; rank++) {
+            char key[64];
+            snprintf(key, sizeof key, "peak_act_bytes_r%d", rank);
+            const double got = results_get(&r[i], key, -1);
+            const double want = calc_pipe_peak_bytes_recompute(&cfg, &sc, rank, Bm, cfg.T, GPT2_BF16, RC[i]);
+            cr_log_info("08 bf16 --recompute %-9s stage %d: acts peak %.0f B, formula %.0f B",
+                        MODES[i], rank, got, want);
+            cr_assert_eq(got, want, "08 bf16 --recompute %s stage %d: activation peak %.0f B, the "
+                         "calculator says %.0f B (off by %+.0f)", MODES[i], rank, got, want, got - want);
+        }
+    }
+    assert_same_bits("08 bf16 --recompute selective", &r[1], &r[0]);
+    assert_same_bits("08 bf16 --recompute full", &r[2], &r[0]);
+    for (int i = 0; i < 3; i++) results_free(&r[i]);
+    sched_free(&sc);
+}
+
+// 09's activation peaks of one run against calc_rank_memory for its layout, rank by rank
+// (rank = t + tp*(d + dp*p), tp 1: d + dp*p); the up-front prediction covers the measured peak.
+static void assert_09_acts(const char *what, const RunResults *r, int dp, int pp, int m, int zero,
+                           int fsdp, CalcDtype dt, GPT2Recompute rc) {
+    GPT2Config cfg = gpt2_config_tiny();
+    const CalcModel cm = calc_model_from_gpt2(&cfg);
+    CalcSetup cs = calc_setup_lab(dp, 1, pp, 1, m, 8, cfg.T, zero, dt);
+    cs.fsdp = fsdp;
+    cs.recompute = (CalcRecompute)rc;
+    for (int rk = 0; rk < dp * pp; rk++) {
+        char key[32];
+        snprintf(key, sizeof key, "acts_peak_r%d", rk);
+        const double got = results_get(r, key, -1);
+        const double want = calc_rank_memory(&cm, &cs, rk / dp, rk % dp).acts;
+        cr_assert_eq(got, want, "%s rank %d: activation peak %.0f B, the calculator says %.0f B "
+                     "(off by %+.0f)", what, rk, got, want, got - want);
+    }
+    const double pred = results_get(r, "mem_predicted", -1), peak = results_get(r, "mem_peak", -2);
+    cr_assert(pred >= peak, "%s: the up-front prediction %.0f B is below the measured peak %.0f B",
+              what, pred, peak);
+}
+
+// Chapter 09 --dtype bf16 at --tp 1 (2 stages, 1F1B, m = 2): every mode the bits of none, each
+// rank's activation peak the calculator's.
+// Mutant: mutants/recompute-bf16-unrounded.patch
+// Mutant: mutants/recompute-bf16-selective-stale-qkv.patch
+// Mutant: mutants/recompute-bf16-pipe-set-keeps-all.patch
+Test(recompute, grid09_bf16_tp1) {
+    RunResults r[3];
+    for (int i = 0; i < 3; i++) {
+        char flags[256], what[64];
+        snprintf(flags, sizeof flags, "--tp 1 --pp 2 --steps 2 --batch 8 --micro-batches 2 "
+                 "--dtype bf16 --recompute %s", MODES[i]);
+        harness_assert_run_dump("./09_3d/run --quiet", 2, flags, &r[i]);
+        snprintf(what, sizeof what, "09 bf16 --recompute %s", MODES[i]);
+        assert_09_acts(what, &r[i], 1, 2, 2, 0, 0, CALC_BF16, RC[i]);
+    }
+    assert_same_bits("09 bf16 --recompute selective", &r[1], &r[0]);
+    assert_same_bits("09 bf16 --recompute full", &r[2], &r[0]);
+    for (int i = 0; i < 3; i++) results_free(&r[i]);
+}
+
+// Chapter 09 (dp, tp, pp) = (2, 1, 2) with sharded weights: ZeRO-3 (bf16) and FSDP (fp32) gather a
+// block's unit before its backward, and the backward's recomputation reads that unit: full
+// recomputation trains the bits of none, each rank's activation peak the calculator's.
+// Mutant: mutants/recompute-stale-input.patch
+// Mutant: mutants/recompute-bf16-unrounded.patch
+// Mutant: mutants/recompute-zero3-own-weights.patch
+Test(recompute, grid09_sharded) {
+    static const struct { const char *flags, *dtype; int fsdp; CalcDtype dt; } runs[] = {
+        {"--zero 3", "bf16", 0, CALC_BF16}, {"--fsdp", "fp32", 1, CALC_FP32},
+    };
+    for (size_t k = 0; k < sizeof runs / sizeof runs[0]; k++) {
+        RunResults r[2];
+        for (int i = 0; i < 2; i++) {
+            const GPT2Recompute rc = i ? GPT2_RECOMPUTE_FULL : GPT2_RECOMPUTE_NONE;
+            char flags[256], what[96];
+            snprintf(flags, sizeof flags, "--tp 1 --pp 2 --steps 2 --batch 8 --micro-batches 2 %s "
+                     "--dtype %s --recompute %s", runs[k].flags, runs[k].dtype, gpt2_recompute_name(rc));
+            harness_assert_run_dump("./09_3d/run --quiet", 4, flags, &r[i]);
+            snprintf(what, sizeof what, "09 (2,1,2) %s %s --recompute %s", runs[k].flags,
+                     runs[k].dtype, gpt2_recompute_name(rc));
+            assert_09_acts(what, &r[i], 2, 2, 2, 3, runs[k].fsdp, runs[k].dt, rc);
+        }
+        char what[96];
+        snprintf(what, sizeof what, "09 (2,1,2) %s %s --recompute full", runs[k].flags, runs[k].dtype);
+        assert_same_bits(what, &r[1], &r[0]);
+        results_free(&r[0]), results_free(&r[1]);
+    }
+}
 
 // What the runs do not offer is refused with one message naming what is.
 Test(recompute, refusals) {
-    harness_assert_refused(1, RUN00 " --steps 1 --dtype bf16 --recompute full",
-                           "--recompute full with --dtype bf16", "valid: --dtype fp32");
+    harness_assert_refused(2, "./09_3d/run --quiet --steps 1 --batch 8 --tp 1 --pp 2 --schedule zb "
+                           "--recompute full", "--recompute full with --schedule zb",
+                           "offered with --schedule gpipe, 1f1b and interleaved");
     harness_assert_refused(2, "./03_ddp/run --quiet --steps 1 --recompute full", "--recompute",
                            "offered by 00_memory_budget --train, 07_tensor_parallel, 08_pipeline and 09_3d");
     harness_assert_refused(2, "./08_pipeline/run --quiet --steps 1 --batch 8 --schedule zb "
