@@ -330,7 +330,7 @@ static void train(const LabArgs *args, const TpFlags *f) {
     //    checkpoint and weights move anything), memory per rank; the --dump (report.c).
     Tp7Figures fig;
     tp7_measure(&fig, m, &comm, t.tpg, session_steps_run(&s), session_elapsed(&s), args->batch);
-    tp7_print_links(&s, f->tp ? f->tp : s.N, f->sp);  // --links only
+    tp7_print_links(&s, f->tp ? f->tp : s.N, f->sp, f->recompute);  // --links only
     double replicated_diff = args->dump ? tp7_replicated_max_diff(m, t.opt.master, t.tpg) : 0.0;
     session_finish(&s);  // the final checkpoint, the final weights on rank 0, --save-weights
     if (!args->quiet) tp7_print_report(&fig, m, t.tpg, s.N);

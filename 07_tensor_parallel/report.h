@@ -37,7 +37,7 @@ void tp7_measure(Tp7Figures *f, const GPT2 *m, const TpComm *comm, DistGroup *tp
 // --links: the link time of the TP and DP groups per step against chapter 00's calculator and
 // the planner (session_print_links; this layout: DP x TP, sequence parallel or not). Collective
 // over the world.
-void tp7_print_links(const Session *s, int tp, int sp);
+void tp7_print_links(const Session *s, int tp, int sp, GPT2Recompute recompute);
 // Collective over the world (a per-rank table gathered to rank 0).
 void tp7_print_report(const Tp7Figures *f, const GPT2 *m, DistGroup *tpg, int world);
 // Largest |w - w on group rank 0| over the replicated tensors (LayerNorms, wpe, the row-parallel

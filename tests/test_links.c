@@ -144,9 +144,10 @@ static void check_rows(const char *what, int np, const char *cmd, const char *ro
 // Every training chapter prints the table with --links, and its held time per group is the
 // calculator's for that chapter's layout: 03's all-reduces (one per tensor, in place), 05's
 // stages (1, and 3 unit by unit), 06's units, 07's TP with SP (one call per sequence) and DP,
-// 08's pipeline.
+// 07 recomputing (full: its f and g twice per block), 08's pipeline.
 // Mutant: mutants/links-table-wrong-group.patch
 // Mutant: mutants/links-calc-one-bucket.patch
+// Mutant: mutants/links-07-recompute-unmodelled.patch
 Test(links, every_chapters_table_is_the_calculators, .timeout = 120) {
     check_rows("03_ddp", 2, "./03_ddp/run --bucket-mb 0.02 --first-bucket-mb 0.01", "DP", -1, -1);
     check_rows("05_zero --zero 1", 2, "./05_zero/run --zero 1", "DP", -1, -1);
@@ -154,6 +155,9 @@ Test(links, every_chapters_table_is_the_calculators, .timeout = 120) {
     check_rows("06_fsdp", 2, "./06_fsdp/run", "DP", -1, -1);
     check_rows("07_tensor_parallel", 4, "./07_tensor_parallel/run --tp 2 --sequence-parallel",
                "TPDP", planner_ms(2, 2, 1, 1, 1, CALC_DIM_TP), -1);
+    // full recomputation reruns each block's f and g: the model counts them once more
+    check_rows("07_tensor_parallel --recompute full", 2,
+               "./07_tensor_parallel/run --tp 2 --recompute full", "TP", -1, -1);
     check_rows("08_pipeline", 2, "./08_pipeline/run --micro-batches 4", "PP", -1,
                planner_ms(1, 1, 2, 4, 0, CALC_DIM_PP));
 }
