@@ -64,6 +64,11 @@ awk -v a="$a" -v b="$b" -v pa="$pa" -v pb="$pb" 'BEGIN {
     printf "  measured: %.1f ms per step with TP across the nodes, %.1f ms with TP inside: x%.2f, "\
 "+%.1f ms (the compute is the same)\n", b, a, b / a, b - a
     printf "  planner:  +%.1f ms of communication per step (%.1f against %.1f ms)\n", pb - pa, pb, pa
+    # the compute is the same in both orders, so the planner predicts the step with TP across as
+    # the measured step with TP inside plus its extra communication
+    r = (a + pb - pa) / a
+    printf "  ratio:    the planner predicts x%.2f ((%.1f + %.1f) / %.1f), measured x%.2f: %+.1f %%\n",
+        r, a, pb - pa, a, b / a, 100 * (b / a) / r - 100
     printf "\nAnswer: TP all-reduces activations several times in every layer of every micro-batch "\
 "while PP sends one activation per stage boundary, so TP has far more bytes and hops to pay on "\
 "whatever link its group crosses: across the slow link between nodes they cost %.0f ms more per "\
