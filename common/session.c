@@ -344,7 +344,10 @@ void session_finish(Session *s) {
         print_save_cost(s);
     }
     print_learned(s);
-    if (s->state.weights_to_host) {
+    // The whole final weights only when something reads them: gathering them is a collective
+    // over every rank (in 09 a sum of the whole model over the world), wasted on a plain run.
+    const int weights_wanted = a->dump || a->save_weights || a->sample > 0;
+    if (s->state.weights_to_host && weights_wanted) {
         if (s->rank == 0) s->host_params = lab_xmalloc(s->n * sizeof(float));
         s->state.weights_to_host(s->state.ctx, s->host_params);
         if (s->rank == 0 && a->save_weights)

@@ -104,7 +104,8 @@ typedef struct Session {
     SessionState state;    // the chapter's (session_init: the single replica's)
     DistCounters save_cost;  // what the checkpoints (and a rollback's load) moved: leave it out
                              // of per-step figures
-    float *host_params;    // (n) final weights as fp32 on rank 0 (session_finish), else NULL
+    float *host_params;    // (n) final weights as fp32 on rank 0 (session_finish, when --dump,
+                           // --save-weights or --sample reads them), else NULL
     int saves;             // checkpoints written (state.save), and the time training was blocked
     double save_stall_s;   // in them (with --async-save the write itself goes on in the background)
     double last_save_t;    // wall clock of the last checkpoint (--save-every-min), or the start
@@ -214,8 +215,8 @@ int session_progress_line(char *buf, size_t len, int steps, const HealthRecord *
 // with --async-save, --save-sharded, --keep-last or --save-every-min, the "checkpoints:" line:
 // the time training was blocked per save against the whole save), the "learned:" line (rank 0,
 // not --quiet: the last loss between ln V and the data's floor, and how far along it is), the
-// final weights as fp32 on rank 0 (s->host_params; state.weights_to_host), --save-weights, the
-// --trace file. All collective: read the run's byte counters before (or subtract s->save_cost).
+// final weights as fp32 on rank 0 (s->host_params; state.weights_to_host) when --dump,
+// --save-weights or --sample reads them (a plain run skips that collective), the --trace file. All collective: read the run's byte counters before (or subtract s->save_cost).
 void session_finish(Session *s);
 double session_elapsed(const Session *s);  // seconds of the loop
 int session_steps_run(const Session *s);   // end - start (0 when resuming at the end)

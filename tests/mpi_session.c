@@ -6,7 +6,8 @@
 // weights_to_host gathers every rank's piece onto rank 0. Checked, with --save-every 3 on 7
 // steps and again with --stop-at 5: state.save runs on every rank at steps 3, 6 and the end
 // (3 and the end: 5), what it moved is in s.save_cost and not in the loop's counters, the
-// final weights reach rank 0 only (NULL elsewhere) in llm.c's order, the losses are recorded,
+// final weights reach rank 0 only (NULL elsewhere) in llm.c's order when --dump reads them,
+// and are not gathered at all when nothing reads them, the losses are recorded,
 // session_nan_due fires on one rank at one step, the progress line reads as every chapter's.
 // Prints "mpi_session: OK" on success.
 #include <math.h>
@@ -61,11 +62,12 @@ static void shard_weights(void *ctx, float *full) {
     free(mine);
 }
 
-static void run(int stop_at) {
+static void run(int stop_at, int dump) {
     LabArgs a = lab_args_defaults();
     a.V = 64, a.T = 16, a.L = 2, a.C = 32, a.NH = 2;
     a.steps = 7, a.batch = 4, a.quiet = 1, a.save = "/nonexistent/shard.ckpt", a.save_every = 3;
     a.stop_at = stop_at, a.inject_nan_step = 4;
+    a.dump = dump ? "/nonexistent/unused.json" : NULL;  // (the chapter writes it, not the session)
     Session s;
     session_open(&s, &a, 0);
     const int N = s.N, rank = s.rank;
@@ -98,8 +100,10 @@ static void run(int stop_at) {
     uint64_t periodic = s.save_cost.sent[OP_ALL_REDUCE] * (uint64_t)(nwant - 1) / (uint64_t)nwant;
     mpi_check(loop_sent == periodic, "the loop sent %llu B, its saves %llu",
               (unsigned long long)loop_sent, (unsigned long long)periodic);
-    mpi_check(sh.weights_calls == 1, "weights_to_host called %d times", sh.weights_calls);
-    if (rank == 0) {
+    // Mutant: mutants/session-weights-always.patch
+    mpi_check(sh.weights_calls == (dump ? 1 : 0), "weights_to_host called %d times%s",
+              sh.weights_calls, dump ? "" : " (nothing reads the final weights)");
+    if (rank == 0 && dump) {
         mpi_check(s.host_params != NULL, "no final weights on rank 0");
         size_t bad = 0;
         for (size_t i = 0; s.host_params && i < s.n; i++) bad += s.host_params[i] != (float)i;
@@ -117,8 +121,9 @@ static void run(int stop_at) {
 int main(int argc, char **argv) {
     dist_init(&argc, &argv);
     const int rank = dist_rank();
-    run(-1);
-    run(5);
+    run(-1, 1);
+    run(5, 1);
+    run(-1, 0);
     char line[200];
     HealthRecord hr = {.step = 1, .loss = 2.5, .grad_norm = 1.25, .lr = 1e-3, .tokens_per_s = 1000.4,
                        .mfu = 0.123, .z_loss = NAN, .z_grad_norm = -150.0};
