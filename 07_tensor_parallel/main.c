@@ -224,10 +224,6 @@ static int setup(Tp7 *t, Session *s, const LabArgs *args, const TpFlags *f, int 
                             "divisor of the %d heads and of the %d ranks), or leave "
                             "--sequence-parallel out", cfg.NH, world);
     if (f->sp) tp_check_sequence_parallel(cfg.T, tp);
-    if (f->recompute != GPT2_RECOMPUTE_NONE && (tp > 1 || f->sp) && strcmp(args->dtype, "fp32") != 0)
-        lab_fail_collective("--recompute %s with --dtype %s at --tp %d: a TP slice recomputes in "
-                            "fp32 only; valid: --dtype fp32, or --recompute none",
-                            gpt2_recompute_name(f->recompute), args->dtype, tp);
     const int dp = world / tp;
     if (args->batch % dp != 0)
         lab_fail_collective("--batch %d does not split over %d data-parallel groups; use a "

@@ -75,8 +75,11 @@ void tp7_measure(Tp7Figures *f, const GPT2 *m, const TpComm *comm, DistGroup *tp
     // ((t-1)/t), made as B calls of one sequence each (rounded per call).
     // Full recomputation runs every block's forward twice, its collectives included: g (and
     // under SP f's all-gather) twice per block, 6 instead of 4 of a block's tensors per step.
+    // bf16 selective under SP reruns ln1's all-gather (f) as well, for qkv (tp.h).
     const int sp = m->sp, full = m->recompute == GPT2_RECOMPUTE_FULL;
+    const int sel_ag = sp && m->dtype == GPT2_BF16 && m->recompute == GPT2_RECOMPUTE_SELECTIVE;
     const double nsp = sp ? NC : 0, Lsp = sp ? L : 0, Lg = L * (1 + full), Lspf = Lsp * (1 + full);
+    const double Lattf = Lsp * (1 + full + sel_ag);
     f->recompute = m->recompute;
     const double want[TP_NSITES][3] = {
         [TP_SITE_EMBED] = {1, NC, sp ? 1 : 2}, [TP_SITE_ATTN_G] = {Lg, Lg * NC, sp ? 1 : 2},
@@ -84,7 +87,7 @@ void tp7_measure(Tp7Figures *f, const GPT2 *m, const TpComm *comm, DistGroup *tp
         [TP_SITE_MLP_F] = {L, L * NC, sp ? 1 : 2},
         [TP_SITE_CE_MAX] = {1, N, 2}, [TP_SITE_CE_SUMEXP] = {1, N, 2}, [TP_SITE_CE_TARGET] = {1, N, 2},
         [TP_SITE_HEAD_F] = {1, NC, sp ? 1 : 2}, [TP_SITE_OTHER] = {0, 0, 2},
-        [TP_SITE_ATTN_F_FWD] = {Lspf, Lspf * NC, 1}, [TP_SITE_MLP_F_FWD] = {Lspf, Lspf * NC, 1},
+        [TP_SITE_ATTN_F_FWD] = {Lattf, Lattf * NC, 1}, [TP_SITE_MLP_F_FWD] = {Lspf, Lspf * NC, 1},
         [TP_SITE_ATTN_G_BWD] = {Lsp, Lsp * NC, 1}, [TP_SITE_MLP_G_BWD] = {Lsp, Lsp * NC, 1},
         [TP_SITE_HEAD_F_FWD] = {sp, nsp, 1}, [TP_SITE_EMBED_BWD] = {sp, nsp, 1},
         [TP_SITE_SP_GRADS] = {sp, sp ? (6.0 * L + 2) * c->C : 0, 2}};
@@ -106,7 +109,7 @@ void tp7_measure(Tp7Figures *f, const GPT2 *m, const TpComm *comm, DistGroup *tp
         f->tp_sent += (double)g->sent[k] / s, f->tp_recv += (double)g->recv[k] / s;
     const uint64_t S = (uint64_t)NC * sizeof(float);
     // one block: 4 all-reduces of N·C, or (SP) 4 reduce-scatters + 4 all-gathers of N·C: the same
-    f->want_layer_sent = (4.0 + 2.0 * full) * (double)(2 * t1 * S / ut);
+    f->want_layer_sent = (4.0 + 2.0 * full) * (double)(2 * t1 * S / ut) + sel_ag * (double)(t1 * S / ut);
     double per_block = (f->calls[TP_SITE_ATTN_G] + f->calls[TP_SITE_MLP_G] + f->calls[TP_SITE_ATTN_F] +
                         f->calls[TP_SITE_MLP_F]) / (L ? L : 1);
     f->layer_sent = sp ? (per_block + (f->calls[TP_SITE_ATTN_F_FWD] + f->calls[TP_SITE_MLP_F_FWD] +
@@ -158,15 +161,16 @@ void tp7_measure(Tp7Figures *f, const GPT2 *m, const TpComm *comm, DistGroup *tp
         head = 2 * NC + 3 * N + 2 * N * Vl + 3 * N;
         embed = 2 * NC;
     }
-    // Recomputation (fp32, tp.h): a block keeps all but preatt and att (selective) or only its
-    // output (full: N·C, SP N·C/t); the slice holds one layer of what they drop, which each
-    // block's backward recomputes into.
+    // Recomputation (tp.h): a block keeps all but preatt and att (selective) or only its
+    // output (full: N·C, SP N·C/t); the slice holds one fp32 layer of what they drop, which each
+    // block's backward recomputes into (bf16: beside the kept tensors' fp32 working layer, the
+    // two one block's set, as without recomputation).
     const double kept = m->recompute == GPT2_RECOMPUTE_FULL        ? (sp ? NC / tp : NC)
                         : m->recompute == GPT2_RECOMPUTE_SELECTIVE ? block - 2 * att
                                                                    : block;
     f->rc_layer = 4.0 * (block - kept);
     f->block_acts = eb * kept;
-    const double work = f->bf16 ? 4.0 * (block + (sp ? NC / tp : NC)) : 0.0;
+    const double work = f->bf16 ? 4.0 * (kept + (sp ? NC / tp : NC)) : 0.0;
     f->want_acts = eb * L * kept + f->rc_layer + work + 4.0 * (scratch + head + embed);
     // one rank without SP: chapter 00's sets (gpt2.h; its one block saves the same tensors)
     if (own) {
@@ -229,11 +233,13 @@ void tp7_print_report(const Tp7Figures *f, const GPT2 *m, DistGroup *tpg, int wo
                " forward /\n  reduce-scatter backward (each B calls, one per sequence); \"sp grads\": "
                "the LayerNorms' and biases' partial gradients\n");
     const int full = f->recompute == GPT2_RECOMPUTE_FULL;
-    printf("  per block: %s%s of N·C floats = %d x 2(t-1)/t x %s = %s "
+    const int sel_ag = f->sp && f->bf16 && f->recompute == GPT2_RECOMPUTE_SELECTIVE;
+    printf("  per block: %s%s of N·C floats = %g x 2(t-1)/t x %s = %s "
            "on the wire per rank (measured %s)\n",
            f->sp ? (full ? "6 reduce-scatters + 6 all-gathers, each (t-1)/t," : "4 reduce-scatters + 4 all-gathers, each (t-1)/t,")
                  : "2 forward (g) + 2 backward (f)",
-           full && !f->sp ? " + 2 again (full recomputation reruns the forward's g)" : "", full ? 6 : 4,
+           full && !f->sp ? " + 2 again (full recomputation reruns the forward's g)"
+           : sel_ag ? " + ln1's all-gather again (bf16 selective)" : "", (full ? 6 : 4) + 0.5 * sel_ag,
            mem_format(a, sizeof a, 4.0 * m->tp_B * m->tp_T * m->cfg.C),
            mem_format(b, sizeof b, f->want_layer_sent), mem_format(d, sizeof d, f->layer_sent));
     printf("  whole step, TP group: sent %s per rank, formula %s (the above, each 2(t-1)/t of "

@@ -81,7 +81,7 @@ static const char *USAGE =
     "                                                     SP in every TP stage (chapter 07): norms and\n"
     "                                                     residuals on T/tp positions; PP sends them\n"
     "  mpirun -np 4 ./09_3d/run --tp 2 --pp 2 --recompute full\n"
-    "                                                     activation recomputation (fp32): a stage keeps\n"
+    "                                                     activation recomputation (also bf16): a stage keeps\n"
     "                                                     each block's input; backward reruns the block's\n"
     "                                                     forward, its TP collectives too (selective:\n"
     "                                                     the attention scores only, no communication)\n"
@@ -113,7 +113,7 @@ typedef struct Flags3d {
     const char *schedule;
     int m, v;              // micro-batches per step (per replica), chunks per rank
     DplOpts dpo;           // over DP (dp.h): --zero 0 DDP's average, 1, 2, 3; --fsdp
-    GPT2Recompute recompute;  // --recompute (a shared flag): gpt2's sets at --tp 1, tp.c's slices above (fp32)
+    GPT2Recompute recompute;  // --recompute (a shared flag): gpt2's sets at --tp 1, tp.c's slices above
     const char *order;     // "tp-first" (Megatron's grid) | "pp-first" (question 5's other layout)
     int sp;                // --sequence-parallel: chapter 07's SP inside every TP stage
     int max_w;             // --schedule zb: at most this many W stores pending per stage (0: no cap)
@@ -387,10 +387,6 @@ static void setup(Run3d *r, Session *s, const LabArgs *args, const Flags3d *f) {
         lab_fail_collective("--recompute %s with --schedule zb: a zero-bubble W runs after its B and "
                             "would read what B recomputed, long gone; recomputation is offered with "
                             "--schedule gpipe, 1f1b and interleaved", gpt2_recompute_name(f->recompute));
-    if (f->recompute != GPT2_RECOMPUTE_NONE && tp > 1 && strcmp(args->dtype, "fp32") != 0)
-        lab_fail_collective("--recompute %s with --dtype %s at --tp %d: a TP slice recomputes in "
-                            "fp32 only; valid: --dtype fp32, --tp 1, or --recompute none",
-                            gpt2_recompute_name(f->recompute), args->dtype, tp);
     // every rank's peak predicted before anything big is allocated (mem_predict.h): one refusal
     const DplOpts *o = &f->dpo;
     const R3dLayout lay = {dp, tp, pp, v, m, &r->sched, o->fsdp ? 3 : o->zero, o->fsdp,

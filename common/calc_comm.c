@@ -129,6 +129,7 @@ CalcComm calc_rank_comm(const CalcModel *m, const CalcSetup *s, int stage, int r
     const double tact = s->tp_fp32 ? N * m->C * 4 : act;  // the same as TP reduces it
     const double Vl = (double)((m->V + tp - 1) / tp);  // vocabulary rows per TP rank
     const int full = s->recompute == CALC_RECOMPUTE_FULL;
+    const int sel_ag = s->sp && s->dtype == CALC_BF16 && s->recompute == CALC_RECOMPUTE_SELECTIVE;
     double repl_elems = 0;  // TP-replicated parameters of this rank (their grads, under SP)
     for (int c = 0; c < v; c++) {
         const int vs = c * pp + stage, first = vs == 0, last = vs == S - 1;
@@ -140,6 +141,9 @@ CalcComm calc_rank_comm(const CalcModel *m, const CalcSetup *s, int stage, int r
         const double seq = s->sp && s->sp_seq_calls ? s->micro_batch : 1;
         for (int i = 0; i < calls && tp > 1; i++)
             add(&k.tp, 1, calc_ring_all_reduce_bytes(tact, tp), seq * 2.0 * (tp - 1));
+        // bf16 selective under SP: each block's ln1 all-gathered once more (f), for qkv again
+        for (int i = 0; i < layers * sel_ag && tp > 1; i++)
+            add(&k.tp, 1, calc_ring_all_reduce_bytes(tact, tp) / 2, seq * (tp - 1));
         for (int i = 0; last && i < 3; i++) all_reduce(&k.tp, 1, 4 * N, tp);
         // DP: the chunk's flat buffer of n elements, cut into dp pieces (calc_piece)
         const int64_t n = calc_stage_params(m, tp, S, vs);

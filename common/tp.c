@@ -148,11 +148,6 @@ static void carve_scratch(TpScratch *s, float *base, const Sizes *z, int sp) {
     LAB_CHECK(at == base + scratch_elems(z, sp), "tp: the scratch does not add up");
 }
 
-static size_t tp_block_act_elems(const GPT2Config *cfg, TpShape s) {
-    const Sizes z = sizes_of(cfg, s);
-    return layer_elems(&z, s.sp);
-}
-
 // The head's fp32 tensors of a set (the last stage): lnf (N,C), SP its local rows (Nr,C), lnf's
 // mean and rstd (Nr), the logits (N,Vl), the losses and the loss's 3 statistics (N); in the
 // gradients: d lnf (N,C), d logits (N,Vl).
@@ -171,7 +166,9 @@ size_t tp_acts_bytes(const GPT2Config *cfg, TpShape s, GPT2Dtype dtype) {
 size_t tp_shared_bytes(const GPT2Config *cfg, TpShape s, GPT2Dtype dtype) {
     const Sizes z = sizes_of(cfg, s);
     size_t floats = scratch_elems(&z, s.sp);
-    if (dtype == GPT2_BF16) floats += tp_block_act_elems(cfg, s) + z.Nr * z.C;  // tp_layer, tp_block_in
+    // bf16: tp_layer (the kept tensors' fp32 layer: with the recompute layer, one block's
+    // whole set), tp_block_in
+    if (dtype == GPT2_BF16) floats += kept_elems(&z, s.sp, s.recompute) + z.Nr * z.C;
     return 4 * floats + tp_recompute_bytes(cfg, s);
 }
 
@@ -195,17 +192,14 @@ void tp_build(GPT2 *m, GPT2Config cfg, Device dev, GPT2Dtype dtype, TpShape s, u
         if (s.recompute != GPT2_RECOMPUTE_NONE) gpt2_set_recompute(m, s.recompute, s.B, s.T);
         return;
     }
-    LAB_CHECK(s.recompute == GPT2_RECOMPUTE_NONE || dtype == GPT2_FP32,
-              "tp_build: a TP slice recomputes in fp32 only (recompute %s, bf16)",
-              gpt2_recompute_name(s.recompute));
     const Sizes z = sizes_of(&cfg, s);
     m->tp_scratch = mem_alloc(scratch_elems(&z, s.sp) * sizeof(float), MEM_ACTS, dev);
     if (s.recompute != GPT2_RECOMPUTE_NONE) {  // the one layer the sets' backwards recompute into
         m->recompute = s.recompute, m->rc_B = s.B, m->rc_T = s.T;
         m->rc_scratch = mem_alloc(rc_elems(&z, s.sp, s.recompute) * sizeof(float), MEM_ACTS, dev);
     }
-    if (dtype == GPT2_BF16) {
-        m->tp_layer = mem_alloc(tp_block_act_elems(&cfg, s) * sizeof(float), MEM_ACTS, dev);
+    if (dtype == GPT2_BF16) {  // (recomputing: the kept tensors' part; the rest is rc_scratch)
+        m->tp_layer = mem_alloc(kept_elems(&z, s.sp, s.recompute) * sizeof(float), MEM_ACTS, dev);
         m->tp_block_in = mem_alloc(z.Nr * z.C * sizeof(float), MEM_ACTS, dev);
     }
 }
@@ -238,8 +232,9 @@ void tp_acts_alloc(GPT2Acts *a, const GPT2 *m) {
     a->acts = mem_alloc(nacts * sizeof(float), MEM_ACTS, m->dev);
     float *at = a->acts;
     a->a.encoded = take(&at, stream);
-    if (bf16) {
-        carve_layer(&a->a, m->tp_layer, NULL, &z, s.sp, GPT2_RECOMPUTE_NONE);
+    if (bf16) {  // the kept tensors contiguous in tp_layer (what the store rounds), the rest rc
+        carve_layer(&a->a, m->tp_layer, m->rc_scratch, &z, s.sp, s.recompute);
+        if (s.recompute == GPT2_RECOMPUTE_FULL) a->a.ln1 = NULL;  // (the layer starts at the output)
         a->acts_bf16 = mem_alloc((size_t)nb * E * sizeof(uint16_t), MEM_ACTS, m->dev);
         a->block_in = m->tp_block_in;
     } else {
@@ -279,8 +274,9 @@ static GPT2LayerActs layer_of(const GPT2 *m, const GPT2Acts *a, int l, const TpS
     if (m->recompute) {  // block l's kept tensors (block-major, after the stream's input) and the
                          // recompute layer's views, the same for every block
         const Sizes z = sizes_of(&m->cfg, shape_of(m));
-        carve_views(&x, a->acts + z.Nr * z.C + (size_t)(l - a->l0) * a->layer_stride, m->rc_scratch,
-                    &z, m->sp, m->recompute);
+        float *kept = m->dtype == GPT2_BF16 ? m->tp_layer
+                                            : a->acts + z.Nr * z.C + (size_t)(l - a->l0) * a->layer_stride;
+        carve_views(&x, kept, m->rc_scratch, &z, m->sp, m->recompute);
     }
     if (m->sp) x.attproj = x.fcproj = s->partial;
     return x;
@@ -445,20 +441,52 @@ static void sp_block_backward(TpBlockRun *b, TpComm *c, const float *in, const f
                           x.ln1_rstd, Nl, C);
 }
 
+// bf16: the forward stored every tensor of a block rounded, and the backward without
+// recomputation reads them widened; the recomputed ones (fp32, the recompute layer) are rounded
+// the same way, through the slice's backward scratch (free until the backward writes it).
+static void round_recomputed(GPT2 *m) {
+    if (m->dtype != GPT2_BF16) return;
+    const Sizes z = sizes_of(&m->cfg, shape_of(m));
+    const size_t n = rc_elems(&z, m->sp, m->recompute), cap = 2 * scratch_elems(&z, m->sp);
+    uint16_t *tmp = (uint16_t *)m->tp_scratch;
+    for (size_t i = 0; i < n; i += cap) {
+        const size_t k = n - i < cap ? n - i : cap;
+        m->k->f32_to_bf16(tmp, m->rc_scratch + i, k);
+        m->k->bf16_to_f32(m->rc_scratch + i, tmp, k);
+    }
+}
+
 // Recomputation (tp_build): what block l's set did not keep, again, into the slice's recompute
 // layer, before its backward reads it. Full: the block's forward from its kept input, its f and
 // g collectives included (the output, kept, rewritten with its own bits); selective: the
 // attention core of this rank's heads from the kept qkv (atty rewritten with its own bits).
+// bf16 computes in fp32 from the stored (rounded) input, so the same run reproduces the
+// forward's fp32 values; selective first reruns ln1 and qkv (the forward's softmax read qkv
+// before the store rounded it; under SP with f's all-gather of ln1 once more).
 static void recompute_block(GPT2 *m, GPT2Acts *a, TpComm *c, int l, const void *block_w) {
     const double t0 = lab_now();
     if (m->recompute == GPT2_RECOMPUTE_FULL) {  // from its kept input: block l-1's kept output
         block_forward(m, a, c, l, block_w, gpt2_piece_input(m, a, l));
     } else {
+        const int bf16 = m->dtype == GPT2_BF16;
         TpBlockRun b;
         GPT2Piece p;
-        block_begin_w(&b, &p, m, a, l, NULL, NULL, 0, 0);
+        block_begin_w(&b, &p, m, a, l, bf16 ? block_w : NULL, NULL, bf16, 0);
+        if (bf16) {  // ln1 and qkv as the forward computed them (f: the identity, SP all-gather)
+            const float *in = gpt2_piece_input(m, a, l);
+            const int N = b.N, C = b.d.C;
+            if (m->sp) {
+                m->k->layernorm_forward(b.s.partial, b.x.ln1_mean, b.x.ln1_rstd, in, b.w.ln1w, b.w.ln1b,
+                                        N / c->tp, C);
+                tp_seq_all_gather(c, b.s.partial, b.x.ln1, b.B, b.T, C, TP_SITE_ATTN_F_FWD);
+            } else {
+                m->k->layernorm_forward(b.x.ln1, b.x.ln1_mean, b.x.ln1_rstd, in, b.w.ln1w, b.w.ln1b, N, C);
+            }
+            m->k->matmul_forward(b.x.qkv, b.x.ln1, b.w.qkvw, b.w.qkvb, N, C, 3 * b.d.ATT);
+        }
         m->k->attention_forward(b.x.atty, b.x.preatt, b.x.att, b.x.qkv, b.B, b.T, b.d.ATT, b.d.NH);
     }
+    round_recomputed(m);  // bf16: as the forward's store rounded them
     m->rc_seconds += lab_now() - t0;
 }
 

@@ -102,7 +102,7 @@ typedef struct TpShape {
     int tp, r;
     int sp;
     int B, T;
-    GPT2Recompute recompute;  // activation recomputation (fp32; 0: none), below
+    GPT2Recompute recompute;  // activation recomputation (0: none), below
 } TpShape;
 
 // The slice (gpt2_build_tp), its gradients, its weights initialized from seed (each element the
@@ -120,8 +120,13 @@ typedef struct TpShape {
 // forward, tp_block_forward again, from its kept input, with its f and g collectives (SP: the
 // all-gathers and reduce-scatters) run again, so a full step moves 6 instead of 4 of a block's
 // (B·T, C) tensors per rank (calc_rank_comm). The same kernels on the same inputs, and a
-// collective gives the same sum of the same buffers: the forward's bits. fp32 only, and not
-// with the split backward (a W runs after its B, long after the scratch was reused).
+// collective gives the same sum of the same buffers: the forward's bits. bf16: a block
+// computes in fp32 from its stored (rounded) input, so recomputing from it gives the forward's
+// fp32 values, which are rounded as the store rounds a kept tensor; selective first reruns ln1
+// and qkv (the forward's softmax read qkv unrounded; under SP with f's all-gather of ln1 once
+// more). The kept tensors' fp32 layer and the recompute layer make one block's set: the same
+// shared bytes as without. Not with the split backward (a W runs after its B, long after the
+// scratch was reused).
 void tp_build(GPT2 *m, GPT2Config cfg, Device dev, GPT2Dtype dtype, TpShape s, uint64_t seed);
 // One micro-batch's activation set (the shape's B, T): t = 1 without SP gpt2_acts_alloc's; else
 // the slice's (gpt2.h's GPT2Acts.slice): every block's saved tensors (block-major; bf16 stored

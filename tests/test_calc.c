@@ -876,9 +876,11 @@ Test(calc, bad_layout_setups_refused) {
     s = calc_setup_lab(1, 1, 2, 2, 3, 6, 16, 0, CALC_FP32);   // interleaved: m must be a multiple of pp
     assert_msg(calc_setup_check(&m, &s), "must be a multiple of --pp 2 (valid: 2, 4, ...)");
     s = calc_setup_lab(2, 2, 1, 1, 2, 8, 16, 0, CALC_BF16);
-    s.recompute = CALC_RECOMPUTE_FULL;             // the lab's stages recompute in fp32 only
+    s.recompute = CALC_RECOMPUTE_FULL;             // a TP stage recomputes (tp.h's tp_build)
+    cr_assert_null(calc_setup_check(&m, &s), "the lab's recomputing bf16 TP stage passes");
+    s.split = 1;                                   // but not with the split backward
     assert_msg(calc_setup_check(&m, &s), "drop --recompute");
-    s.dtype = CALC_FP32;                           // a TP stage recomputes (tp.h's tp_build)
+    s.split = 0, s.dtype = CALC_FP32;
     cr_assert_null(calc_setup_check(&m, &s), "the lab's recomputing TP stage passes");
     s.recompute = CALC_RECOMPUTE_NONE, s.sp = 1;   // SP: 09's TP stages run it
     cr_assert_null(calc_setup_check(&m, &s), "the lab's SP stage passes");

@@ -185,10 +185,8 @@ Test(recompute, grid09_tp1) {
 // moves by what the peak moves. Full recomputation reruns each block's g (under SP also f's
 // all-gather): 6 instead of 4 of a block's tensors per step, and 07's formula for the bytes the
 // TP group sends still holds to the byte.
-// Mutant: mutants/recompute-tp-skips-collective.patch
-// Mutant: mutants/recompute-tp-stale-input.patch
-// Mutant: mutants/recompute-tp-calc-sp-input-whole.patch
-Test(recompute, tp07) {
+static void check_tp07(CalcDtype dt) {
+    const int bf16 = dt == CALC_BF16;
     GPT2Config cfg = gpt2_config_tiny();
     const CalcModel cm = calc_model_from_gpt2(&cfg);
     const int B = 4;
@@ -197,18 +195,18 @@ Test(recompute, tp07) {
         double want[3];
         for (int i = 0; i < 3; i++) {
             char flags[256];
-            snprintf(flags, sizeof flags, "--tp 2 --steps 2 --batch %d --recompute %s%s", B, MODES[i],
-                     sp ? " --sequence-parallel" : "");
+            snprintf(flags, sizeof flags, "--tp 2 --steps 2 --batch %d --dtype %s --recompute %s%s", B,
+                     bf16 ? "bf16" : "fp32", MODES[i], sp ? " --sequence-parallel" : "");
             harness_assert_run_dump("./07_tensor_parallel/run --quiet", 2, flags, &r[i]);
-            CalcSetup cs = calc_setup_lab(1, 2, 1, 1, 1, B, cfg.T, 0, CALC_FP32);
+            CalcSetup cs = calc_setup_lab(1, 2, 1, 1, 1, B, cfg.T, 0, dt);
             cs.sp = sp, cs.recompute = (CalcRecompute)RC[i];
             const TpShape none = {.l0 = 0, .l1 = cfg.L, .tp = 2, .r = 0, .sp = sp, .B = B, .T = cfg.T};
             want[i] = calc_rank_memory(&cm, &cs, 0, 0).acts +
                       (RC[i] ? calc_tp_recompute_scratch_bytes(&cm, &cs) : 0.0) +
-                      (double)tp_shared_bytes(&cfg, none, GPT2_FP32);
+                      (double)tp_shared_bytes(&cfg, none, bf16 ? GPT2_BF16 : GPT2_FP32);
             const double got = results_get(&r[i], "mem_acts", -1);
-            cr_log_info("07 --tp 2%s --recompute %-9s activations %.0f B, calculator %.0f B",
-                        sp ? " --sequence-parallel" : "", MODES[i], got, want[i]);
+            cr_log_info("07 --tp 2%s %s --recompute %-9s activations %.0f B, calculator %.0f B",
+                        sp ? " --sequence-parallel" : "", bf16 ? "bf16" : "fp32", MODES[i], got, want[i]);
             cr_assert_eq(got, want[i], "07 --tp 2%s --recompute %s: activation peak %.0f B, the "
                          "calculator says %.0f B (off by %+.0f)", sp ? " SP" : "", MODES[i], got,
                          want[i], got - want[i]);
@@ -221,7 +219,8 @@ Test(recompute, tp07) {
         }
         for (int i = 1; i < 3; i++) {
             char what[64];
-            snprintf(what, sizeof what, "07 --tp 2%s --recompute %s", sp ? " SP" : "", MODES[i]);
+            snprintf(what, sizeof what, "07 --tp 2%s %s --recompute %s", sp ? " SP" : "",
+                     bf16 ? "bf16" : "fp32", MODES[i]);
             assert_same_bits(what, &r[i], &r[0]);
             const double dpeak = results_get(&r[i], "mem_peak", -1) - results_get(&r[0], "mem_peak", -1);
             const double dpred = results_get(&r[i], "mem_predicted", -1) -
@@ -229,19 +228,35 @@ Test(recompute, tp07) {
             cr_assert_eq(dpred, dpeak, "%s: the prediction moved %+.0f B, the peak %+.0f B", what,
                          dpred, dpeak);
         }
-        // full: 2 more of a block's (B*T, C) tensors per block and step, 2(t-1)/t of each on the wire
+        // full: 2 more of a block's (B*T, C) tensors per block and step, 2(t-1)/t of each on the
+        // wire (fp32 in bf16 too); bf16 selective under SP: ln1's all-gather, (t-1)/t of one
         const double NC4 = 4.0 * B * cfg.T * cfg.C;
         cr_assert_eq(results_get(&r[2], "tp_sent_per_step", 0) - results_get(&r[0], "tp_sent_per_step", 0),
                      cfg.L * 2 * NC4 * 2 * (2 - 1) / 2);
+        cr_assert_eq(results_get(&r[1], "tp_sent_per_step", 0) - results_get(&r[0], "tp_sent_per_step", 0),
+                     bf16 && sp ? cfg.L * NC4 * (2 - 1) / 2 : 0.0);
         for (int i = 0; i < 3; i++) results_free(&r[i]);
     }
 }
+
+// Mutant: mutants/recompute-tp-skips-collective.patch
+// Mutant: mutants/recompute-tp-stale-input.patch
+// Mutant: mutants/recompute-tp-calc-sp-input-whole.patch
+Test(recompute, tp07) { check_tp07(CALC_FP32); }
+
+// bf16 (tp.h): the kept tensors and what was recomputed rounded as the forward's store rounds
+// them, selective first rerunning ln1 and qkv (under SP with ln1's all-gather once more): the
+// bits of bf16 without recomputation, the calculator's bf16 set and 07's formula to the byte.
+// Mutant: mutants/recompute-tp-bf16-unrounded.patch
+// Mutant: mutants/recompute-tp-bf16-selective-stale-qkv.patch
+Test(recompute, tp07_bf16) { check_tp07(CALC_BF16); }
 
 // Chapter 09 at --tp 2, every mode: the same bits as none; each rank's activation peak (the
 // sets its table keeps at once) is the calculator's calc_rank_memory with the mode, and the
 // bytes each rank sends in its TP group per step are calc_rank_comm's with the mode (full: the
 // forward's collectives once more per block), to the byte.
-static void check_grid09_tp(int dp, int tp, int pp, int sp) {
+static void check_grid09_tp(int dp, int tp, int pp, int sp, CalcDtype dt) {
+    const char *dtype = dt == CALC_BF16 ? "bf16" : "fp32";
     GPT2Config cfg = gpt2_config_tiny();
     const CalcModel cm = calc_model_from_gpt2(&cfg);
     const int world = dp * tp * pp;
@@ -249,10 +264,10 @@ static void check_grid09_tp(int dp, int tp, int pp, int sp) {
     for (int i = 0; i < 3; i++) {
         char flags[256];
         snprintf(flags, sizeof flags, "--dp %d --tp %d --pp %d --steps 2 --batch 4 "
-                 "--micro-batches 2 --recompute %s%s", dp, tp, pp, MODES[i],
+                 "--micro-batches 2 --dtype %s --recompute %s%s", dp, tp, pp, dtype, MODES[i],
                  sp ? " --sequence-parallel" : "");
         harness_assert_run_dump("./09_3d/run --quiet", world, flags, &r[i]);
-        CalcSetup cs = calc_setup_lab(dp, tp, pp, 1, 2, 4, cfg.T, 0, CALC_FP32);
+        CalcSetup cs = calc_setup_lab(dp, tp, pp, 1, 2, 4, cfg.T, 0, dt);
         cs.sp = sp, cs.recompute = (CalcRecompute)RC[i];
         for (int rk = 0; rk < world; rk++) {
             const int d = (rk / tp) % dp, p = rk / (tp * dp);
@@ -273,8 +288,8 @@ static void check_grid09_tp(int dp, int tp, int pp, int sp) {
     }
     for (int i = 1; i < 3; i++) {
         char what[64];
-        snprintf(what, sizeof what, "09 (%d,%d,%d)%s --recompute %s", dp, tp, pp, sp ? " SP" : "",
-                 MODES[i]);
+        snprintf(what, sizeof what, "09 (%d,%d,%d)%s %s --recompute %s", dp, tp, pp, sp ? " SP" : "",
+                 dtype, MODES[i]);
         assert_same_bits(what, &r[i], &r[0]);
     }
     for (int i = 0; i < 3; i++) results_free(&r[i]);
@@ -283,13 +298,22 @@ static void check_grid09_tp(int dp, int tp, int pp, int sp) {
 // (dp,tp,pp) = (1,2,2), 1F1B with m = 2: TP stages of a pipeline.
 // Mutant: mutants/recompute-tp-skips-collective.patch
 // Mutant: mutants/recompute-tp-stale-input.patch
-Test(recompute, grid09_tp2) { check_grid09_tp(1, 2, 2, 0); }
+Test(recompute, grid09_tp2) { check_grid09_tp(1, 2, 2, 0, CALC_FP32); }
 
 // (dp,tp,pp) = (2,2,1) with --sequence-parallel: SP's all-gathers and reduce-scatters rerun.
 // Mutant: mutants/recompute-tp-skips-collective.patch
 // Mutant: mutants/recompute-tp-stale-input.patch
 // Mutant: mutants/recompute-tp-calc-sp-input-whole.patch
-Test(recompute, grid09_tp2_sp) { check_grid09_tp(2, 2, 1, 1); }
+Test(recompute, grid09_tp2_sp) { check_grid09_tp(2, 2, 1, 1, CALC_FP32); }
+
+// The same two layouts in bf16: the bits of bf16 without recomputation, the calculator's bf16
+// activation peak and TP bytes per rank (bf16 selective under SP: ln1's all-gather once more).
+// Mutant: mutants/recompute-tp-bf16-unrounded.patch
+// Mutant: mutants/recompute-tp-bf16-selective-stale-qkv.patch
+Test(recompute, grid09_tp2_bf16) { check_grid09_tp(1, 2, 2, 0, CALC_BF16); }
+// Mutant: mutants/recompute-tp-bf16-unrounded.patch
+// Mutant: mutants/recompute-tp-bf16-selective-stale-qkv.patch
+Test(recompute, grid09_tp2_sp_bf16) { check_grid09_tp(2, 2, 1, 1, CALC_BF16); }
 // bf16. A block computes in fp32 from its input as stored (rounded) and stores its tensors
 // rounded; recomputing from that same input reproduces the forward's fp32 values, rounded as the
 // store rounded them they are the values the backward reads without recomputation (selective
