@@ -129,7 +129,9 @@ CalcComm calc_rank_comm(const CalcModel *m, const CalcSetup *s, int stage, int r
     const double tact = s->tp_fp32 ? N * m->C * 4 : act;  // the same as TP reduces it
     const double Vl = (double)((m->V + tp - 1) / tp);  // vocabulary rows per TP rank
     const int full = s->recompute == CALC_RECOMPUTE_FULL;
-    const int sel_ag = s->sp && s->dtype == CALC_BF16 && s->recompute == CALC_RECOMPUTE_SELECTIVE;
+    // (the lab's bf16 selective under SP only: Megatron's selective keeps q, k, v and sends nothing)
+    const int sel_ag = s->acts == CALC_ACTS_LAB && s->sp && s->dtype == CALC_BF16 &&
+                       s->recompute == CALC_RECOMPUTE_SELECTIVE;
     double repl_elems = 0;  // TP-replicated parameters of this rank (their grads, under SP)
     for (int c = 0; c < v; c++) {
         const int vs = c * pp + stage, first = vs == 0, last = vs == S - 1;

@@ -51,13 +51,12 @@ out=$(mktemp -d)
 trap 'rm -rf "$out"' EXIT
 
 # ---- the one place where the scaled runs' recomputation is decided ------------------------------
-# 09 recomputes (--recompute selective|full) at --tp 1 and in fp32 only; its TP slices keep every
-# activation. Where the planner's setup recomputes and 09 can, the run recomputes (in fp32); else
-# it runs bf16 without recomputation and says so. When TP slices recompute, change this function.
+# 09 recomputes (--recompute selective|full) at any --tp, in fp32 and bf16: each scaled run
+# recomputes as the planner's full-size setup does, in bf16 as the notes train.
 # Prints "RECOMPUTE DTYPE" for a run of TP degree $1 whose full-size setup recomputes $2.
 scaled_recompute() {
-    local tp=$1 rc=$2
-    if [ "$rc" != none ] && [ "$tp" -eq 1 ]; then echo "$rc fp32"; else echo "none bf16"; fi
+    local rc=$2
+    echo "$rc bf16"
 }
 
 # ---- the scaling rule ----------------------------------------------------------------------------
@@ -249,12 +248,7 @@ for name in $ROWS; do
 
     read -r s_tp s_pp s_dp <<< "$(links_of "$sdp" "$stp" "$spp" "$G")"
     echo "scaled: DP $dp -> $sdp, TP $tp -> $stp, PP $pp -> $spp ($world ranks), nodes of 8 -> $G (TP $s_tp, PP $s_pp, DP $s_dp);"
-    if [ "$src" = "$rc" ]; then
-        echo "  ZeRO-$zero, $m micro-batches of $mb, SP $sp, recompute $src ($sdt: 09 recomputes in fp32)"
-    else
-        echo "  ZeRO-$zero, $m micro-batches of $mb, SP $sp, $sdt, recompute none: the planner's figures above assume"
-        echo "  recompute $rc, which 09's TP slices do not do yet (the run keeps every activation)"
-    fi
+    echo "  ZeRO-$zero, $m micro-batches of $mb, SP $sp, $sdt, recompute $src"
     echo "  run:       mpirun -np $world $RUN $run_flags"
     echo "  predicted: $pred_cmd"
     mpirun --oversubscribe --allow-run-as-root -np "$world" $RUN $run_flags --log-every 0 \
