@@ -42,6 +42,49 @@ static void assert_same_bits(const char *what, const RunResults *a, const RunRes
                  bad ? a->params[first] : 0.0, bad ? b->params[first] : 0.0);
 }
 
+// 00 --train in dtype dt, once per mode: the bits of none; each mode's activation peak the
+// calculator's formula, to the byte, the up-front prediction the measured peak, and the FLOPs the
+// backward ran again (gpt2_recompute_flops_dtype, counted as they ran) printed. acts: the peaks.
+static void check_train00(GPT2Dtype dt, double acts[3], double extra[3]) {
+    GPT2Config cfg = gpt2_config_tiny();
+    const double step = gpt2_flops_per_step(&cfg, 8, cfg.T);
+    const char *dname = dt == GPT2_BF16 ? "bf16" : "fp32";
+    RunResults r[3];
+    char *out[3];
+    for (int i = 0; i < 3; i++) {
+        char flags[256];
+        snprintf(flags, sizeof flags, FLAGS00 " --dtype %s --recompute %s --log-every 0", dname,
+                 MODES[i]);
+        int rc = harness_run_dump("./00_memory_budget/run --train", 1, flags, &r[i], &out[i], 120);
+        cr_assert_eq(rc, 0, "%s --recompute %s failed:\n%s", dname, MODES[i], out[i]);
+    }
+    for (int i = 1; i < 3; i++) {
+        char what[64];
+        snprintf(what, sizeof what, "%s --recompute %s", dname, MODES[i]);
+        assert_same_bits(what, &r[i], &r[0]);
+    }
+    for (int i = 0; i < 3; i++) {
+        const double want = calc_activation_bytes_recompute(&cfg, 8, cfg.T, dt, RC[i]);
+        acts[i] = results_get(&r[i], "mem_acts", -1);
+        cr_log_info("%s --recompute %-9s activations measured %.0f B, formula %.0f B", dname,
+                    MODES[i], acts[i], want);
+        cr_assert_eq(acts[i], want, "%s --recompute %s: measured activation peak %.0f B, the "
+                     "calculator says %.0f B (off by %+.0f)", dname, MODES[i], acts[i], want,
+                     acts[i] - want);
+        cr_assert_eq(results_get(&r[i], "mem_predicted", -1), results_get(&r[i], "mem_peak", -2),
+                     "%s --recompute %s: predicted peak %.0f B, measured %.0f B", dname, MODES[i],
+                     results_get(&r[i], "mem_predicted", -1), results_get(&r[i], "mem_peak", -2));
+        extra[i] = cfg.L * gpt2_recompute_flops_dtype(&cfg, RC[i], dt, 8, cfg.T) / step;
+        if (i == 0) continue;
+        char want_line[64];
+        snprintf(want_line, sizeof want_line, "-> %.4f x the step's", 1.0 + extra[i]);
+        cr_log_info("%s --recompute %s: %.4f x the step's FLOPs", dname, MODES[i], 1.0 + extra[i]);
+        cr_assert(harness_contains(out[i], want_line), "%s --recompute %s does not print '%s':\n%s",
+                  dname, MODES[i], want_line, out[i]);
+    }
+    for (int i = 0; i < 3; i++) results_free(&r[i]), free(out[i]);
+}
+
 // Chapter 00 --train, once per mode: selective and full train the bits of none; the measured
 // activation peak is the calculator's formula for the mode, to the byte, and so is the up-front
 // prediction the refusal uses; recomputing saves what the formula says; the FLOPs the backward
@@ -52,45 +95,15 @@ static void assert_same_bits(const char *what, const RunResults *a, const RunRes
 // Mutant: mutants/recompute-calc-keeps-one-tensor-more.patch
 Test(recompute, train00) {
     GPT2Config cfg = gpt2_config_tiny();
-    const double step = gpt2_flops_per_step(&cfg, 8, cfg.T);
-    RunResults r[3];
-    char *out[3];
-    for (int i = 0; i < 3; i++) {
-        char flags[256];
-        snprintf(flags, sizeof flags, FLAGS00 " --recompute %s --log-every 0", MODES[i]);
-        int rc = harness_run_dump("./00_memory_budget/run --train", 1, flags, &r[i], &out[i], 120);
-        cr_assert_eq(rc, 0, "--recompute %s failed:\n%s", MODES[i], out[i]);
-    }
-    assert_same_bits("--recompute selective", &r[1], &r[0]);
-    assert_same_bits("--recompute full", &r[2], &r[0]);
-    double acts[3];
-    for (int i = 0; i < 3; i++) {
-        const double want = calc_activation_bytes_recompute(&cfg, 8, cfg.T, GPT2_FP32, RC[i]);
-        acts[i] = results_get(&r[i], "mem_acts", -1);
-        cr_log_info("--recompute %-9s activations measured %.0f B, formula %.0f B", MODES[i],
-                    acts[i], want);
-        cr_assert_eq(acts[i], want, "--recompute %s: measured activation peak %.0f B, the "
-                     "calculator says %.0f B (off by %+.0f)", MODES[i], acts[i], want, acts[i] - want);
-        cr_assert_eq(results_get(&r[i], "mem_predicted", -1), results_get(&r[i], "mem_peak", -2),
-                     "--recompute %s: predicted peak %.0f B, measured %.0f B", MODES[i],
-                     results_get(&r[i], "mem_predicted", -1), results_get(&r[i], "mem_peak", -2));
-        if (i == 0) continue;
-        const double extra = cfg.L * gpt2_recompute_flops(&cfg, RC[i], 8, cfg.T) / step;
-        char want_line[64];
-        snprintf(want_line, sizeof want_line, "-> %.4f x the step's", 1.0 + extra);
-        cr_log_info("--recompute %s: %.4f x the step's FLOPs", MODES[i], 1.0 + extra);
-        cr_assert(harness_contains(out[i], want_line), "--recompute %s does not print '%s':\n%s",
-                  MODES[i], want_line, out[i]);
-        if (RC[i] == GPT2_RECOMPUTE_FULL)
-            cr_assert(fabs(1.0 + extra - 4.0 / 3.0) < 0.03, "full: %.4f x the step, not about 4/3",
-                      1.0 + extra);
-    }
+    double acts[3], extra[3];
+    check_train00(GPT2_FP32, acts, extra);
+    cr_assert(fabs(1.0 + extra[2] - 4.0 / 3.0) < 0.03, "full: %.4f x the step, not about 4/3",
+              1.0 + extra[2]);
     // full keeps one (B,T,C) per block instead of A; selective drops the B*NH*T*T scores
     const double BT = 8.0 * cfg.T, att = 2.0 * 8 * cfg.NH * (double)cfg.T * cfg.T;
     const double A = BT * cfg.C * 18 + BT * 4 + att;
     cr_assert_eq(acts[0] - acts[1], 4.0 * (cfg.L - 1) * att);
     cr_assert_eq(acts[0] - acts[2], 4.0 * (cfg.L - 1) * (A - BT * cfg.C));
-    for (int i = 0; i < 3; i++) results_free(&r[i]), free(out[i]);
 }
 
 // Chapter 08 on 2 ranks (1F1B, m = 4, every mode; interleaved, v = 2, none and full, each of
@@ -328,36 +341,8 @@ Test(recompute, grid09_tp2_sp_bf16) { check_grid09_tp(2, 2, 1, 1, CALC_BF16); }
 // Mutant: mutants/recompute-bf16-selective-stale-qkv.patch
 // Mutant: mutants/recompute-bf16-calc-stores-whole-layer.patch
 Test(recompute, train00_bf16) {
-    GPT2Config cfg = gpt2_config_tiny();
-    const double step = gpt2_flops_per_step(&cfg, 8, cfg.T);
-    RunResults r[3];
-    char *out[3];
-    for (int i = 0; i < 3; i++) {
-        char flags[256];
-        snprintf(flags, sizeof flags, FLAGS00 " --dtype bf16 --recompute %s --log-every 0", MODES[i]);
-        int rc = harness_run_dump("./00_memory_budget/run --train", 1, flags, &r[i], &out[i], 120);
-        cr_assert_eq(rc, 0, "bf16 --recompute %s failed:\n%s", MODES[i], out[i]);
-    }
-    assert_same_bits("bf16 --recompute selective", &r[1], &r[0]);
-    assert_same_bits("bf16 --recompute full", &r[2], &r[0]);
-    for (int i = 0; i < 3; i++) {
-        const double want = calc_activation_bytes_recompute(&cfg, 8, cfg.T, GPT2_BF16, RC[i]);
-        const double got = results_get(&r[i], "mem_acts", -1);
-        cr_log_info("bf16 --recompute %-9s activations measured %.0f B, formula %.0f B", MODES[i],
-                    got, want);
-        cr_assert_eq(got, want, "bf16 --recompute %s: measured activation peak %.0f B, the "
-                     "calculator says %.0f B (off by %+.0f)", MODES[i], got, want, got - want);
-        cr_assert_eq(results_get(&r[i], "mem_predicted", -1), results_get(&r[i], "mem_peak", -2),
-                     "bf16 --recompute %s: predicted peak %.0f B, measured %.0f B", MODES[i],
-                     results_get(&r[i], "mem_predicted", -1), results_get(&r[i], "mem_peak", -2));
-        if (i == 0) continue;
-        const double extra = cfg.L * gpt2_recompute_flops_dtype(&cfg, RC[i], GPT2_BF16, 8, cfg.T) / step;
-        char want_line[64];
-        snprintf(want_line, sizeof want_line, "-> %.4f x the step's", 1.0 + extra);
-        cr_assert(harness_contains(out[i], want_line), "bf16 --recompute %s does not print '%s':\n%s",
-                  MODES[i], want_line, out[i]);
-    }
-    for (int i = 0; i < 3; i++) results_free(&r[i]), free(out[i]);
+    double acts[3], extra[3];
+    check_train00(GPT2_BF16, acts, extra);
 }
 
 // Chapter 08 --dtype bf16 on 2 ranks (1F1B, m = 4): every mode trains the bits of none, and each
