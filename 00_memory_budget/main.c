@@ -213,13 +213,7 @@ static void print_recompute_cost(const Session *s, int B, int T, double step_sec
     const double step = gpt2_flops_per_step(&s->cfg, B, T);
     const double counted = m->rc_flops / steps;
     const double formula = s->cfg.L * gpt2_recompute_flops_dtype(&s->cfg, m->recompute, m->dtype, B, T);
-    printf("\nRecomputation (--recompute %s), per step:\n", gpt2_recompute_name(m->recompute));
-    printf("  FLOPs run again   %.4g counted = %.4g by the formula (L x %s) -> %.4f x the step's %.4g"
-           " model FLOPs%s\n", counted, formula,
-           m->recompute == GPT2_RECOMPUTE_FULL ? "(2*(12C^2+13C) + 4CT) BT"
-           : m->dtype == GPT2_BF16             ? "(2*(3C^2+5C) + 4CT) BT: bf16 reruns ln1 and qkv too"
-                                               : "4CT BT",
-           1.0 + counted / step, step, m->recompute == GPT2_RECOMPUTE_FULL ? " (the notes: about 4/3)" : "");
+    gpt2_print_recompute_flops(counted, formula, "L", 1, step, m->recompute, m->dtype);
     printf("  time              %.2f ms of %.2f ms forward+backward recomputing -> measured ratio "
            "%.3f (step / step without it)\n", 1e3 * m->rc_seconds / steps, 1e3 * step_seconds / steps,
            step_seconds / (step_seconds - m->rc_seconds));

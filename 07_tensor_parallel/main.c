@@ -330,6 +330,10 @@ static void train(const LabArgs *args, const TpFlags *f) {
     double replicated_diff = args->dump ? tp7_replicated_max_diff(m, t.opt.master, t.tpg) : 0.0;
     session_finish(&s);  // the final checkpoint, the final weights on rank 0, --save-weights
     if (!args->quiet) tp7_print_report(&fig, m, t.tpg, s.N);
+    if (!args->quiet && s.rank == 0 && m->recompute && session_steps_run(&s) > 0) {
+        const GPT2 *ms[1] = {m};  // this slice's blocks: counted against the formula
+        gpt2_print_recompute_cost(ms, 1, session_steps_run(&s), Bl, s.T);
+    }
     if (args->dump && s.rank == 0) tp7_write_dump(&s, &fig, t.dp, replicated_diff);
     free_state(&t);
     session_free(&s);

@@ -460,6 +460,11 @@ static void train(const LabArgs *args, const PipeFlags *f) {
     PipeRun run = {.s = &sc, .x = &x, .ses = &s, .dtype = dtype, .recompute = f->recompute, .B = B, .Bm = Bm, .T = T,
                    .l0 = ch[0].model.l0, .l1 = ch[v - 1].model.l1, .cols = f->picture_cols};
     pipe8_report(&run, &clk);
+    if (!args->quiet && rank == 0 && f->recompute && session_steps_run(&s) > 0) {
+        const GPT2 *ms[64];  // stage 0's chunks (--chunks <= 64): counted against the formula
+        for (int c = 0; c < v; c++) ms[c] = &ch[c].model;
+        gpt2_print_recompute_cost(ms, v, session_steps_run(&s), B, T);
+    }
 
     pipe8_clock_free(&clk);
     pipe_exec_free(&x);

@@ -506,6 +506,12 @@ static void train(const LabArgs *args, const Flags3d *f) {
     double *all = session_gather_report(&s, mine, R3D_NFIELDS);
     session_finish(&s);  // the final checkpoint, the final weights on rank 0, --save-weights
     if (s.rank == 0 && !args->quiet) r3d_print_table(all, s.N, v, s.bf16);
+    if (s.rank == 0 && !args->quiet && f->recompute && run > 0) {  // rank 0's chunks: counted
+        const GPT2 **ms = lab_xcalloc((size_t)v, sizeof *ms);       // against the formula
+        for (int c = 0; c < v; c++) ms[c] = &ch[c].m;
+        gpt2_print_recompute_cost(ms, v, run, r.work.Bm * m, s.T);
+        free(ms);
+    }
     if (s.rank == 0 && args->dump) r3d_write_dump(&s, all);
     free(all);
     free_state(&r);

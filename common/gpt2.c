@@ -315,6 +315,39 @@ double gpt2_recompute_flops_dtype(const GPT2Config *cfg, GPT2Recompute r, GPT2Dt
     return BT * (attn + (dtype == GPT2_BF16 ? 2.0 * (3.0 * C * C + 5.0 * C) : 0.0));
 }
 
+double gpt2_block_flops_per_step(const GPT2Config *cfg, int B, int T) {
+    const double C = cfg->C;
+    return (double)B * T * (6.0 * (12.0 * C * C + 13.0 * C) + 12.0 * C * T);
+}
+
+void gpt2_print_recompute_flops(double counted, double formula, const char *blocks, int tp, double step,
+                                GPT2Recompute r, GPT2Dtype dtype) {
+    char per[16] = "";
+    if (tp > 1) snprintf(per, sizeof per, " / %d", tp);
+    printf("\nRecomputation (--recompute %s), per step:\n", gpt2_recompute_name(r));
+    const int bf16_sel = r == GPT2_RECOMPUTE_SELECTIVE && dtype == GPT2_BF16;
+    printf("  FLOPs run again   %.4g counted = %.4g by the formula (%s x %s%s%s) -> %.4f x the step's %.4g"
+           " model FLOPs%s\n", counted, formula, blocks,
+           r == GPT2_RECOMPUTE_FULL ? "(2*(12C^2+13C) + 4CT) BT"
+           : bf16_sel               ? "(2*(3C^2+5C) + 4CT) BT"
+                                    : "4CT BT",
+           per, bf16_sel ? ": bf16 reruns ln1 and qkv too" : "", 1.0 + counted / step, step,
+           r == GPT2_RECOMPUTE_FULL ? " (the notes: about 4/3)" : "");
+}
+
+void gpt2_print_recompute_cost(const GPT2 *const *models, int n, int steps, int B, int T) {
+    const GPT2 *m = models[0];
+    double counted = 0.0;
+    int blocks = 0;
+    for (int i = 0; i < n; i++) counted += models[i]->rc_flops, blocks += models[i]->l1 - models[i]->l0;
+    const int tp = m->tp > 1 ? m->tp : 1;
+    const double formula = blocks * gpt2_recompute_flops_dtype(&m->cfg, m->recompute, m->dtype, B, T) / tp;
+    const double step = blocks * gpt2_block_flops_per_step(&m->cfg, B, T) / tp;
+    char what[32];
+    snprintf(what, sizeof what, "%d blocks", blocks);
+    gpt2_print_recompute_flops(counted / steps, formula, what, tp, step, m->recompute, m->dtype);
+}
+
 const char *gpt2_recompute_name(GPT2Recompute r) {
     return r == GPT2_RECOMPUTE_FULL ? "full" : r == GPT2_RECOMPUTE_SELECTIVE ? "selective" : "none";
 }

@@ -314,6 +314,17 @@ double gpt2_recompute_flops(const GPT2Config *cfg, GPT2Recompute r, int B, int T
 // 2*(3C^2 + 5C) per token more.
 double gpt2_recompute_flops_dtype(const GPT2Config *cfg, GPT2Recompute r, GPT2Dtype dtype, int B,
                                   int T);
+// Model FLOPs of one block's training step (gpt2_flops_per_step's share of a block):
+// 6*(12C^2 + 13C) + 12*C*T per token, three times full recomputation's.
+double gpt2_block_flops_per_step(const GPT2Config *cfg, int B, int T);
+// What recomputation cost, per step, printed: the model FLOPs the backwards ran again as counted
+// (GPT2.rc_flops) against the formula's (blocks x the per-block formula, / tp for a TP slice)
+// and against step, the model FLOPs of the step's work on the same blocks ("-> x the step's").
+void gpt2_print_recompute_flops(double counted, double formula, const char *blocks, int tp, double step,
+                                GPT2Recompute r, GPT2Dtype dtype);
+// The same for this rank's models (a pipeline stage's chunks, or one): their counters summed over
+// steps steps of B rows (all micro-batches) of T; formula and step of their blocks, / their tp.
+void gpt2_print_recompute_cost(const GPT2 *const *models, int n, int steps, int B, int T);
 void gpt2_free(GPT2 *m);
 
 // Activation sets. gpt2_acts_alloc: one (B, T) micro-batch over m's blocks [l0, l1), in m's

@@ -172,6 +172,10 @@ size_t tp_shared_bytes(const GPT2Config *cfg, TpShape s, GPT2Dtype dtype) {
     return 4 * floats + tp_recompute_bytes(cfg, s);
 }
 
+double tp_recompute_flops(const GPT2Config *cfg, GPT2Recompute r, GPT2Dtype dtype, int B, int T, int tp) {
+    return gpt2_recompute_flops_dtype(cfg, r, dtype, B, T) / tp;  // each term: 1/t of the columns or heads
+}
+
 size_t tp_recompute_bytes(const GPT2Config *cfg, TpShape s) {
     const Sizes z = sizes_of(cfg, s);
     return 4 * rc_elems(&z, s.sp, s.recompute);
@@ -487,6 +491,7 @@ static void recompute_block(GPT2 *m, GPT2Acts *a, TpComm *c, int l, const void *
         m->k->attention_forward(b.x.atty, b.x.preatt, b.x.att, b.x.qkv, b.B, b.T, b.d.ATT, b.d.NH);
     }
     round_recomputed(m);  // bf16: as the forward's store rounded them
+    m->rc_flops += tp_recompute_flops(&m->cfg, m->recompute, m->dtype, m->tp_B, m->tp_T, m->tp);
     m->rc_seconds += lab_now() - t0;
 }
 

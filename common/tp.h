@@ -142,6 +142,11 @@ size_t tp_acts_bytes(const GPT2Config *cfg, TpShape s, GPT2Dtype dtype);
 size_t tp_shared_bytes(const GPT2Config *cfg, TpShape s, GPT2Dtype dtype);
 // The recompute scratch layer alone (0 for none), in bytes.
 size_t tp_recompute_bytes(const GPT2Config *cfg, TpShape s);
+// Model FLOPs one block's recomputation runs on a slice of tp (counted in GPT2.rc_flops as it
+// runs): gpt2_recompute_flops_dtype's / tp, this rank's share. Each term of that formula is 1/tp
+// on a slice: the matmuls' columns or rows (a slice holds 1/tp of every weight matrix), the
+// attention core's NH/tp heads, and the rows' LayerNorms and biases counted as their share too.
+double tp_recompute_flops(const GPT2Config *cfg, GPT2Recompute r, GPT2Dtype dtype, int B, int T, int tp);
 
 // ---- the pieces ------------------------------------------------------------------------------------
 //
