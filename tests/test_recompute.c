@@ -45,6 +45,16 @@ static void assert_same_bits(const char *what, const RunResults *a, const RunRes
 // 00 --train in dtype dt, once per mode: the bits of none; each mode's activation peak the
 // calculator's formula, to the byte, the up-front prediction the measured peak, and the FLOPs the
 // backward ran again (gpt2_recompute_flops_dtype, counted as they ran) printed. acts: the peaks.
+// The printed FLOPs line of a run that recomputes (gpt2_print_recompute_flops): the counted
+// figure and the formula's, both as the test computes the formula (want, per step), to the 4
+// digits printed.
+static void assert_flops_line(const char *what, const char *out, double want) {
+    char line[96];
+    snprintf(line, sizeof line, "FLOPs run again   %.4g counted = %.4g by the formula", want, want);
+    cr_assert(harness_contains(out, line), "%s: does not print '%s' (counted = the formula):\n%s",
+              what, line, out);
+}
+
 static void check_train00(GPT2Dtype dt, double acts[3], double extra[3]) {
     GPT2Config cfg = gpt2_config_tiny();
     const double step = gpt2_flops_per_step(&cfg, 8, cfg.T);
@@ -197,7 +207,8 @@ Test(recompute, grid09_tp1) {
 // without recomputation); 07's own printed formula says the same, and the up-front prediction
 // moves by what the peak moves. Full recomputation reruns each block's g (under SP also f's
 // all-gather): 6 instead of 4 of a block's tensors per step, and 07's formula for the bytes the
-// TP group sends still holds to the byte.
+// TP group sends still holds to the byte. The FLOPs rank 0's slice ran again, counted as they
+// ran and printed, are the formula's share of them: L x gpt2_recompute_flops_dtype / t.
 static void check_tp07(CalcDtype dt) {
     const int bf16 = dt == CALC_BF16;
     GPT2Config cfg = gpt2_config_tiny();
@@ -210,7 +221,12 @@ static void check_tp07(CalcDtype dt) {
             char flags[256];
             snprintf(flags, sizeof flags, "--tp 2 --steps 2 --batch %d --dtype %s --recompute %s%s", B,
                      bf16 ? "bf16" : "fp32", MODES[i], sp ? " --sequence-parallel" : "");
-            harness_assert_run_dump("./07_tensor_parallel/run --quiet", 2, flags, &r[i]);
+            char *out;  // (not --quiet: the recomputation's FLOPs line, rank 0's slice)
+            int rc = harness_run_dump("./07_tensor_parallel/run", 2, flags, &r[i], &out, 120);
+            cr_assert_eq(rc, 0, "07 %s failed:\n%s", flags, out);
+            if (RC[i]) assert_flops_line(flags, out, cfg.L * gpt2_recompute_flops_dtype(&cfg, RC[i],
+                                         bf16 ? GPT2_BF16 : GPT2_FP32, B, cfg.T) / 2);
+            free(out);
             CalcSetup cs = calc_setup_lab(1, 2, 1, 1, 1, B, cfg.T, 0, dt);
             cs.sp = sp, cs.recompute = (CalcRecompute)RC[i];
             const TpShape none = {.l0 = 0, .l1 = cfg.L, .tp = 2, .r = 0, .sp = sp, .B = B, .T = cfg.T};
@@ -255,6 +271,7 @@ static void check_tp07(CalcDtype dt) {
 // Mutant: mutants/recompute-tp-skips-collective.patch
 // Mutant: mutants/recompute-tp-stale-input.patch
 // Mutant: mutants/recompute-tp-calc-sp-input-whole.patch
+// Mutant: mutants/recompute-tp-flops-whole-block.patch
 Test(recompute, tp07) { check_tp07(CALC_FP32); }
 
 // bf16 (tp.h): the kept tensors and what was recomputed rounded as the forward's store rounds
@@ -267,7 +284,8 @@ Test(recompute, tp07_bf16) { check_tp07(CALC_BF16); }
 // Chapter 09 at --tp 2, every mode: the same bits as none; each rank's activation peak (the
 // sets its table keeps at once) is the calculator's calc_rank_memory with the mode, and the
 // bytes each rank sends in its TP group per step are calc_rank_comm's with the mode (full: the
-// forward's collectives once more per block), to the byte.
+// forward's collectives once more per block), to the byte; the FLOPs rank 0's stage ran again,
+// as printed, are its L/pp blocks' formula on its 4/dp rows a step, / t.
 static void check_grid09_tp(int dp, int tp, int pp, int sp, CalcDtype dt) {
     const char *dtype = dt == CALC_BF16 ? "bf16" : "fp32";
     GPT2Config cfg = gpt2_config_tiny();
@@ -279,7 +297,12 @@ static void check_grid09_tp(int dp, int tp, int pp, int sp, CalcDtype dt) {
         snprintf(flags, sizeof flags, "--dp %d --tp %d --pp %d --steps 2 --batch 4 "
                  "--micro-batches 2 --dtype %s --recompute %s%s", dp, tp, pp, dtype, MODES[i],
                  sp ? " --sequence-parallel" : "");
-        harness_assert_run_dump("./09_3d/run --quiet", world, flags, &r[i]);
+        char *out;  // (not --quiet: rank 0's stage, L/pp blocks of its slice, 4/dp rows a step)
+        int rc = harness_run_dump("./09_3d/run", world, flags, &r[i], &out, 120);
+        cr_assert_eq(rc, 0, "09 %s failed:\n%s", flags, out);
+        if (RC[i]) assert_flops_line(flags, out, cfg.L / pp * gpt2_recompute_flops_dtype(&cfg, RC[i],
+                                     dt == CALC_BF16 ? GPT2_BF16 : GPT2_FP32, 4 / dp, cfg.T) / tp);
+        free(out);
         CalcSetup cs = calc_setup_lab(dp, tp, pp, 1, 2, 4, cfg.T, 0, dt);
         cs.sp = sp, cs.recompute = (CalcRecompute)RC[i];
         for (int rk = 0; rk < world; rk++) {
@@ -311,6 +334,7 @@ static void check_grid09_tp(int dp, int tp, int pp, int sp, CalcDtype dt) {
 // (dp,tp,pp) = (1,2,2), 1F1B with m = 2: TP stages of a pipeline.
 // Mutant: mutants/recompute-tp-skips-collective.patch
 // Mutant: mutants/recompute-tp-stale-input.patch
+// Mutant: mutants/recompute-tp-flops-whole-block.patch
 Test(recompute, grid09_tp2) { check_grid09_tp(1, 2, 2, 0, CALC_FP32); }
 
 // (dp,tp,pp) = (2,2,1) with --sequence-parallel: SP's all-gathers and reduce-scatters rerun.
