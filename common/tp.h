@@ -143,9 +143,9 @@ size_t tp_shared_bytes(const GPT2Config *cfg, TpShape s, GPT2Dtype dtype);
 // The recompute scratch layer alone (0 for none), in bytes.
 size_t tp_recompute_bytes(const GPT2Config *cfg, TpShape s);
 // Model FLOPs one block's recomputation runs on a slice of tp (counted in GPT2.rc_flops as it
-// runs): gpt2_recompute_flops_dtype's / tp, this rank's share. Each term of that formula is 1/tp
-// on a slice: the matmuls' columns or rows (a slice holds 1/tp of every weight matrix), the
-// attention core's NH/tp heads, and the rows' LayerNorms and biases counted as their share too.
+// runs): gpt2_recompute_flops_dtype's / tp, this rank's share of the model FLOPs: a slice's
+// matmuls are 1/tp of the block's (1/tp of every weight matrix), its attention core NH/tp heads;
+// the LayerNorms and biases a slice may run whole are counted by their share too (model FLOPs).
 double tp_recompute_flops(const GPT2Config *cfg, GPT2Recompute r, GPT2Dtype dtype, int B, int T, int tp);
 
 // ---- the pieces ------------------------------------------------------------------------------------
