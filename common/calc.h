@@ -102,7 +102,7 @@ typedef enum { CALC_RECOMPUTE_NONE, CALC_RECOMPUTE_SELECTIVE, CALC_RECOMPUTE_FUL
 //                    and recomputation cut it): what Megatron stores, used for the large models.
 //   CALC_ACTS_LAB    what chapter 09's TP stage (common/tp.c) stores per micro-batch, no
 //                    dropout, the (B, NH/t, T, T) attention matrices twice, SP or not,
-//                    recomputation (tp.h's tp_build, fp32: selective drops the matrices, full keeps
+//                    recomputation (tp.h's tp_build, fp32 or bf16: selective drops the matrices, full keeps
 //                    each block's output only; at t = 1 gpt2's own sets, chapter 08's, fp32 or bf16:
 //                    calc_pipe_set_bytes_recompute). Each chunk's one layer of recompute
 //                    scratch, allocated before the first step, is not in the walk

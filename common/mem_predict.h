@@ -67,7 +67,7 @@ MemPrediction mem_predict_pipeline_recompute(const GPT2Config *cfg, const struct
 // tp_acts_bytes and tp_shared_bytes, asked of the slice's shape), the session's batch and the
 // kernels' scratch. t = 1 without SP runs gpt2's own pieces: mem_predict_replica.
 MemPrediction mem_predict_tp(const GPT2Config *cfg, int tp, int r, int sp, int rows, int bf16);
-// The same when the slice recomputes rc (fp32; tp.h's tp_build): smaller sets, one scratch layer.
+// The same when the slice recomputes rc (fp32 or bf16; tp.h's tp_build): smaller sets, one scratch layer.
 MemPrediction mem_predict_tp_recompute(const GPT2Config *cfg, int tp, int r, int sp, int rows, int bf16,
                                        GPT2Recompute rc);
 
