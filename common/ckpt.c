@@ -361,18 +361,25 @@ void ckpt_load_weights(const char *path, const GPT2Config *expect, float *params
 //      136  uint32 data_crc
 //      140  uint64 data_size
 //      148  char data[256]                 (the --data path, NUL-padded)
-//    H = 92 (version 1) or 404 (version 2)
+//   version 3 only, the loop's guard record (CkptGuard, ckpt.h):
+//      404  int32 nan_skips, spike_skips, window_skips, rollbacks, cap
+//      424  int32 nloss, loss_head, ngnorm, gnorm_head, lr_low_until, nwin
+//      448  int32 win_lo[16], win_hi[16]
+//      576  double loss[256], gnorm[256]   (oldest first; unused slots 0)
+//    H = 92 (version 1), 404 (version 2) or 4672 (version 3)
 //        H  float params[n], m[n], v[n]
 //   H+12n  uint32 CRC32 of bytes [0, H+12n)
 // All little-endian (the byte order of every machine this lab targets).
 
 #define STATE_MAGIC "LABSTATE"
-#define STATE_VERSION 2
+#define STATE_VERSION 3
 #define STATE_V1_HEADER 92
-#define STATE_HEADER_BYTES 404   // the largest header (version 2)
+#define STATE_V2_HEADER 404
+#define STATE_GUARD_BYTES (4 * (11 + 2 * CKPT_GUARD_ROLLBACKS) + 16 * CKPT_GUARD_WINDOW)
+#define STATE_HEADER_BYTES (STATE_V2_HEADER + STATE_GUARD_BYTES)  // the largest (version 3)
 
 static int state_header_bytes(int32_t version) {
-    return version == 1 ? STATE_V1_HEADER : STATE_HEADER_BYTES;
+    return version == 1 ? STATE_V1_HEADER : version == 3 ? STATE_HEADER_BYTES : STATE_V2_HEADER;
 }
 
 typedef struct Packer { uint8_t *p; size_t off; } Packer;
@@ -421,7 +428,7 @@ static void put_identity(uint8_t *p, const RunIdentity *id) {
     put(&k, &id->data_crc, 4);
     put(&k, &id->data_size, 8);
     put(&k, data, sizeof data);
-    LAB_CHECK(k.off == STATE_HEADER_BYTES - STATE_V1_HEADER, "identity is %zu bytes", k.off);
+    LAB_CHECK(k.off == STATE_V2_HEADER - STATE_V1_HEADER, "identity is %zu bytes", k.off);
 }
 
 static void get_identity(uint8_t *p, RunIdentity *id) {
@@ -438,6 +445,68 @@ static void get_identity(uint8_t *p, RunIdentity *id) {
     id->data[sizeof id->data - 1] = '\0';
     id->steps = ints[0], id->warmup = ints[1], id->batch = ints[2], id->has_data = ints[3];
     id->lr = hyper[0], id->weight_decay = hyper[1], id->grad_clip = hyper[2];
+}
+
+// ---- the guard record (format 3) ----
+
+static CkptGuard g_guard, g_loaded;  // the one the next save writes; the last one loaded
+static int g_guard_set, g_loaded_set;
+
+void ckpt_set_guard(const CkptGuard *g) {
+    if (g) g_guard = *g;
+    g_guard_set = g != NULL;
+}
+
+int ckpt_guard(CkptGuard *g) {
+    if (g_guard_set) *g = g_guard;
+    return g_guard_set;
+}
+
+void ckpt_note_loaded_guard(const CkptGuard *g) {
+    if (g) g_loaded = *g;
+    g_loaded_set = g != NULL;
+}
+
+int ckpt_loaded_guard(CkptGuard *g) {
+    if (g_loaded_set) *g = g_loaded;
+    return g_loaded_set;
+}
+
+int ckpt_guard_why(const CkptGuard *g, char *err, size_t errlen) {
+    int bad = g->cap < 1 || g->cap > CKPT_GUARD_WINDOW || g->nloss < 0 || g->nloss > g->cap ||
+              g->ngnorm < 0 || g->ngnorm > g->cap || g->loss_head < 0 || g->loss_head >= g->cap ||
+              g->gnorm_head < 0 || g->gnorm_head >= g->cap || g->nwin < 0 ||
+              g->nwin > CKPT_GUARD_ROLLBACKS || g->nan_skips < 0 || g->spike_skips < 0 ||
+              g->window_skips < 0 || g->rollbacks < 0;
+    if (bad)
+        snprintf(err, errlen, "its guard record is damaged (window of %d with %d and %d values, "
+                 "%d rollbacks): not written by this lab", g->cap, g->nloss, g->ngnorm, g->nwin);
+    return bad ? -1 : 0;
+}
+
+static void put_guard(uint8_t *p, const CkptGuard *g) {
+    Packer k = {p, 0};
+    int32_t ints[11] = {g->nan_skips, g->spike_skips, g->window_skips, g->rollbacks, g->cap,
+                        g->nloss, g->loss_head, g->ngnorm, g->gnorm_head, g->lr_low_until, g->nwin};
+    put(&k, ints, sizeof ints);
+    put(&k, g->win_lo, sizeof g->win_lo);
+    put(&k, g->win_hi, sizeof g->win_hi);
+    put(&k, g->loss, sizeof g->loss);
+    put(&k, g->gnorm, sizeof g->gnorm);
+    LAB_CHECK(k.off == STATE_GUARD_BYTES, "guard record is %zu bytes", k.off);
+}
+
+static void get_guard(uint8_t *p, CkptGuard *g) {
+    Packer k = {p, 0};
+    int32_t ints[11];
+    get(&k, ints, sizeof ints);
+    get(&k, g->win_lo, sizeof g->win_lo);
+    get(&k, g->win_hi, sizeof g->win_hi);
+    get(&k, g->loss, sizeof g->loss);
+    get(&k, g->gnorm, sizeof g->gnorm);
+    g->nan_skips = ints[0], g->spike_skips = ints[1], g->window_skips = ints[2];
+    g->rollbacks = ints[3], g->cap = ints[4], g->nloss = ints[5], g->loss_head = ints[6];
+    g->ngnorm = ints[7], g->gnorm_head = ints[8], g->lr_low_until = ints[9], g->nwin = ints[10];
 }
 
 static void describe_data(char *buf, size_t n, const RunIdentity *id) {
@@ -480,10 +549,12 @@ int ckpt_identity_diff(const RunIdentity *was, const RunIdentity *now, char line
 }
 
 
-void ckpt_save_state(const char *path, const TrainState *s) {
+// guard: the record to write (format 3), or NULL
+static void save_state(const char *path, const TrainState *s, const CkptGuard *guard) {
     uint8_t hdr[STATE_HEADER_BYTES];
     Packer k = {hdr, 0};
-    int32_t version = g_identity_set ? STATE_VERSION : 1;  // no identity known: the old format
+    // no identity known: the old format; no guard record: format 2, as before there was one
+    int32_t version = !g_identity_set ? 1 : guard ? 3 : 2;
     int32_t cfg[5] = {s->cfg.V, s->cfg.T, s->cfg.L, s->cfg.NH, s->cfg.C};
     int32_t total = s->total_steps == 0 && g_identity_set ? g_identity.steps : s->total_steps;
     int32_t step = s->step, sched[2] = {s->warmup_steps, total};
@@ -499,7 +570,8 @@ void ckpt_save_state(const char *path, const TrainState *s) {
     put(&k, sched, sizeof(sched));
     put(&k, &n, 8);
     LAB_CHECK(k.off == STATE_V1_HEADER, "state header is %zu bytes", k.off);
-    if (version == 2) put_identity(hdr + STATE_V1_HEADER, &g_identity);
+    if (version >= 2) put_identity(hdr + STATE_V1_HEADER, &g_identity);
+    if (version == 3) put_guard(hdr + STATE_V2_HEADER, guard);
     AtomicFile af;
     atomic_open(&af, path);
     atomic_write(&af, hdr, (size_t)state_header_bytes(version));
@@ -509,6 +581,10 @@ void ckpt_save_state(const char *path, const TrainState *s) {
     uint32_t crc = af.crc;
     atomic_write(&af, &crc, 4);
     atomic_commit(&af);
+}
+
+void ckpt_save_state(const char *path, const TrainState *s) {
+    save_state(path, s, g_guard_set ? &g_guard : NULL);
 }
 
 // The steps a state file may say: step in [0, STATE_MAX_STEPS] (the most --steps accepts), and
@@ -569,8 +645,8 @@ static int state_verify(const char *path, uint8_t hdr[STATE_HEADER_BYTES], size_
     if (crc != stored)
         SFAIL("corrupted: CRC32 mismatch (stored %08x, computed %08x); the file was damaged after "
               "it was written", stored, crc);
-    if (version != 1 && version != STATE_VERSION)
-        SFAIL("unsupported version %d (this lab reads versions 1 and %d)", version, STATE_VERSION);
+    if (version < 1 || version > STATE_VERSION)
+        SFAIL("unsupported version %d (this lab reads versions 1 to %d)", version, STATE_VERSION);
 #undef SFAIL
     fclose(f);
     *hbytes = hb;
@@ -662,6 +738,15 @@ void ckpt_load_state(const char *path, const GPT2Config *expect, TrainState *s) 
     s->warmup_steps = sched[0];
     s->total_steps = sched[1];
     s->n = (size_t)n;
+    if (hb == STATE_HEADER_BYTES) {  // format 3: the guard record (session_guard.c takes it)
+        CkptGuard g;
+        get_guard(hdr + STATE_V2_HEADER, &g);
+        if (ckpt_guard_why(&g, why, sizeof why) != 0)
+            lab_fail_collective("cannot load %s: %s", path, why);
+        ckpt_note_loaded_guard(&g);
+    } else {
+        ckpt_note_loaded_guard(NULL);
+    }
     FILE *f = fopen(path, "rb");
     if (!f || fseek(f, (long)hb, SEEK_SET) != 0)
         lab_fail_collective("cannot read %s: %s", path, strerror(errno));
@@ -870,7 +955,9 @@ void ckpt_rotate(const char *path, int step) {
 // One background write at a time.
 typedef struct AsyncJob {
     char path[4200];
-    TrainState st;           // owned arrays (state), or:
+    TrainState st;           // owned arrays (state), with the guard record as it was, or:
+    CkptGuard guard;
+    int has_guard;
     void *buf;               // owned bytes (a shard)
     size_t nbytes;
     void (*after)(void *);   // (shards) called in the thread after the write
@@ -892,7 +979,7 @@ static void run_job(AsyncJob *j) {
     } else {
         char final[4200];
         ckpt_step_path(final, sizeof final, j->path, j->st.step);
-        ckpt_save_state(final, &j->st);
+        save_state(final, &j->st, j->has_guard ? &j->guard : NULL);
         ckpt_rotate(j->path, j->st.step);
         free(j->st.params), free(j->st.m), free(j->st.v);
     }
@@ -937,6 +1024,7 @@ void ckpt_write_state_owned(const char *path, TrainState *st) {
     memset(&g_job, 0, sizeof g_job);
     snprintf(g_job.path, sizeof g_job.path, "%s", path);
     g_job.st = *st;
+    g_job.has_guard = ckpt_guard(&g_job.guard);  // (the record now: an --async-save writes later)
     start_job();
 }
 

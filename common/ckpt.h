@@ -7,8 +7,9 @@
 // written by llm.c (no markers) load without the checks.
 //
 // Training state (our format, little-endian): magic "LABSTATE", version, the config, step,
-// seeds, AdamW hyperparameters, (version 2) the run's identity, params, Adam m, v, and a CRC32
-// of everything before it. Version 1 files (no identity) still load.
+// seeds, AdamW hyperparameters, (version 2) the run's identity, (version 3) the loop's guard
+// record, params, Adam m, v, and a CRC32 of everything before it. Versions 1 (no identity) and
+// 2 (no guard record) still load; a run writes version 3 only when its guard decides updates.
 // Every file is written to "<path>.tmp", fsync'ed, then renamed over <path>: a crash never
 // leaves a torn file, and the previous checkpoint survives until the new one is complete. A
 // write error (ENOSPC, or EFBIG past `ulimit -f`: SIGXFSZ is ignored so that it is an error, not
@@ -74,8 +75,34 @@ int ckpt_state_identity(const char *path, RunIdentity *id, char *err, size_t err
 int ckpt_identity_diff(const RunIdentity *was, const RunIdentity *now, char lines[][160],
                        const char *names[], int max);
 
+// The loop's guard record (session_guard.c): what its spike detector and skip policies have
+// seen, so that a --resume goes on deciding as the uninterrupted run would. World rank 0's
+// windows of recent losses and grad norms (the values in order, oldest first, and where the
+// ring's next value goes), the run's counts, and the steps a rollback skips. Only a run whose
+// updates depend on it (--on-spike skip|rollback|stop, --on-nan skip) hands it over; its
+// states are then written in format 3, every other run's in format 2 as before.
+#define CKPT_GUARD_WINDOW 256     // = HEALTH_WINDOW_MAX (health.h)
+#define CKPT_GUARD_ROLLBACKS 16   // = SESSION_MAX_ROLLBACKS (session.h)
+typedef struct CkptGuard {
+    int32_t nan_skips, spike_skips, window_skips, rollbacks;  // the run's counts so far
+    int32_t cap;                  // the windows' size when saved (--spike-window)
+    int32_t nloss, loss_head, ngnorm, gnorm_head;  // values held; the ring's next slot
+    int32_t lr_low_until;         // a rollback's replay at a lower lr ends there (-1: none)
+    int32_t nwin;                 // rollbacks so far: their skipped steps [win_lo, win_hi)
+    int32_t win_lo[CKPT_GUARD_ROLLBACKS], win_hi[CKPT_GUARD_ROLLBACKS];
+    double loss[CKPT_GUARD_WINDOW], gnorm[CKPT_GUARD_WINDOW];  // oldest first
+} CkptGuard;
+// The record the next save writes (the loop calls it before each save; process-global, like the
+// identity). NULL: none (states saved in format 2). A save takes its copy when it is called
+// (--async-save writes that copy later).
+void ckpt_set_guard(const CkptGuard *g);
+// The record of the last state this process loaded (a file or a sharded manifest): 1 and *g,
+// or 0 when it held none (format 1 or 2).
+int ckpt_loaded_guard(CkptGuard *g);
+
 // Writes the state in format 2 with the process's identity when ckpt_set_identity was called
-// (the header's total_steps, left 0, then taken from it), else in format 1.
+// (the header's total_steps, left 0, then taken from it), format 3 when a guard record was also
+// set (ckpt_set_guard), else in format 1.
 void ckpt_save_state(const char *path, const TrainState *s);
 // The step and the run length (total_steps) a training-state file holds, read only after the
 // whole file passed the load's checks (exact size, CRC, version), so that a damaged header is
@@ -164,7 +191,8 @@ int ckpt_is_sharded(const char *path);
 // Adam's m and v, and a CRC32 of all of it. The manifest: the step, the config, each shard's
 // file, elements, bytes and CRC32, the layout (the command line that wrote it, on how many
 // ranks), the run's identity (hyperparameters, data seed, the data file's size and CRC32), the
-// code (the program's size and CRC32), and its own CRC32. A resume reads every shard into the
+// code (the program's size and CRC32), the guard record when the run has one ("guard" lines,
+// the windows' values as exact hex floats), and its own CRC32. A resume reads every shard into the
 // whole state (every element exactly once, else refused), then takes this layout's part the
 // way a file is taken: any layout resumes any other, exactly.
 typedef struct CkptShard {
@@ -197,6 +225,8 @@ typedef struct CkptManifest {
     uint64_t n;
     RunIdentity id;
     char layout[1100];
+    int has_guard;         // the manifest's "guard" lines (the run's guard record) were there
+    CkptGuard guard;
 } CkptManifest;
 int ckpt_shard_verify(const char *dir, CkptManifest *mf, char *err, size_t errlen);
 // The whole state (memory order, host arrays of n) from the shards; the config must be
@@ -208,3 +238,7 @@ int ckpt_shard_load(const char *dir, const GPT2Config *expect, float *p, float *
 void ckpt_write_bytes_owned(const char *path, void *buf, size_t n, void (*after)(void *), void *arg);
 void ckpt_note_write(double t0, double t1);
 int ckpt_identity(RunIdentity *id);  // the process's (ckpt_set_identity): 1, or 0 if none
+int ckpt_guard(CkptGuard *g);        // the process's (ckpt_set_guard): 1, or 0 if none
+void ckpt_note_loaded_guard(const CkptGuard *g);  // what ckpt_loaded_guard says (NULL: none)
+// A record's fields in range (window sizes, heads, counts): 0; -1 with the reason in err.
+int ckpt_guard_why(const CkptGuard *g, char *err, size_t errlen);

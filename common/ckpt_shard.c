@@ -102,6 +102,8 @@ typedef struct Pending {
     uint64_t seed, data_seed, n;
     uint64_t elements, bytes;
     uint32_t crc;
+    int has_guard;            // the loop's guard record when the save was called (rank 0's goes
+    CkptGuard guard;          // into the manifest)
 } Pending;
 static Pending g_pending;
 
@@ -126,6 +128,7 @@ void ckpt_shard_write(const char *path, const GPT2Config *cfg, int step, uint64_
     g_pending = (Pending){.has_save = 1, .step = step, .cfg = *cfg, .seed = seed,
                           .data_seed = data_seed, .n = sh->n};
     snprintf(g_pending.path, sizeof g_pending.path, "%s", path);
+    g_pending.has_guard = ckpt_guard(&g_pending.guard);
     if (sh->k > 0) {
         // the host snapshot: header, ranges, p, m, v, CRC32 (taken now: the manifest needs it)
         size_t nb = SHARD_HEADER + sh->nr * 16 + sh->k * 12 + 4;
@@ -181,7 +184,7 @@ static void write_manifest(const Pending *pd, const ShardRow *rows, int nranks) 
         id.seed = pd->seed;
         id.data_seed = pd->data_seed;
     }
-    size_t cap = 8192 + (size_t)nranks * 128, k = 0;
+    size_t cap = 8192 + (size_t)nranks * 128 + (pd->has_guard ? 32768 : 0), k = 0;
     char *t = lab_xmalloc(cap);
 #define OUT(...) k += (size_t)snprintf(t + k, cap - k, __VA_ARGS__)
     OUT("%s\n", MANIFEST_HEAD);
@@ -200,6 +203,23 @@ static void write_manifest(const Pending *pd, const ShardRow *rows, int nranks) 
     else
         OUT("data synthetic\n");
     OUT("code %s\n", code_version());
+    if (pd->has_guard) {  // the loop's guard record (ckpt.h, CkptGuard): values as exact hex floats
+        const CkptGuard *g = &pd->guard;
+        OUT("guard counts nan_skips %d spike_skips %d window_skips %d rollbacks %d window %d "
+            "lr_low_until %d\n", g->nan_skips, g->spike_skips, g->window_skips, g->rollbacks,
+            g->cap, g->lr_low_until);
+        OUT("guard rollback-skips %d", g->nwin);
+        for (int i = 0; i < g->nwin; i++) OUT(" %d %d", g->win_lo[i], g->win_hi[i]);
+        OUT("\n");
+        const char *name[2] = {"loss", "grad-norm"};
+        const double *x[2] = {g->loss, g->gnorm};
+        const int n[2] = {g->nloss, g->ngnorm}, head[2] = {g->loss_head, g->gnorm_head};
+        for (int w = 0; w < 2; w++) {
+            OUT("guard %s-window %d head %d", name[w], n[w], head[w]);
+            for (int i = 0; i < n[w]; i++) OUT(" %a", x[w][i]);
+            OUT("\n");
+        }
+    }
     int nsh = 0;
     for (int r = 0; r < nranks; r++) nsh += rows[r].has != 0;
     OUT("shards %d\n", nsh);
@@ -265,6 +285,42 @@ static int read_whole(const char *path, char **buf, size_t *n) {
     return 0;
 }
 
+// One "guard ..." line of a manifest (its text after "guard ") into g: 0, or -1 when it does
+// not parse.
+static int parse_guard(const char *t, CkptGuard *g) {
+    int off = 0;
+    if (sscanf(t, "counts nan_skips %d spike_skips %d window_skips %d rollbacks %d window %d "
+               "lr_low_until %d", &g->nan_skips, &g->spike_skips, &g->window_skips,
+               &g->rollbacks, &g->cap, &g->lr_low_until) == 6)
+        return 0;
+    if (sscanf(t, "rollback-skips %d%n", &g->nwin, &off) == 1) {
+        if (g->nwin < 0 || g->nwin > CKPT_GUARD_ROLLBACKS) return -1;
+        const char *c = t + off;
+        for (int i = 0; i < g->nwin; i++) {
+            int a, b, k = 0;
+            if (sscanf(c, " %d %d%n", &a, &b, &k) != 2) return -1;
+            g->win_lo[i] = a, g->win_hi[i] = b;
+            c += k;
+        }
+        return 0;
+    }
+    int n = 0, head = 0, w = -1;
+    if (sscanf(t, "loss-window %d head %d%n", &n, &head, &off) == 2) w = 0;
+    else if (sscanf(t, "grad-norm-window %d head %d%n", &n, &head, &off) == 2) w = 1;
+    if (w < 0 || n < 0 || n > CKPT_GUARD_WINDOW) return -1;
+    double *x = w == 0 ? g->loss : g->gnorm;
+    const char *c = t + off;
+    for (int i = 0; i < n; i++) {
+        char *end;
+        x[i] = strtod(c, &end);
+        if (end == c) return -1;
+        c = end;
+    }
+    if (w == 0) g->nloss = n, g->loss_head = head;
+    else g->ngnorm = n, g->gnorm_head = head;
+    return 0;
+}
+
 typedef struct Span { uint64_t at, count; int shard; } Span;
 static int by_start(const void *a, const void *b) {
     const Span *x = a, *y = b;
@@ -325,6 +381,12 @@ static int verify(const char *dir, CkptManifest *mf, ShardEntry **out, char *err
             snprintf(id->data, sizeof id->data, "%s", line + off);
             continue;
         }
+        if (strncmp(line, "guard ", 6) == 0) {
+            if (parse_guard(line + 6, &mf->guard) != 0)
+                VFAIL("%s is damaged: its guard line \"%.60s\" does not parse", path, line);
+            mf->has_guard |= strncmp(line + 6, "counts", 6) == 0;
+            continue;
+        }
         if (sscanf(line, "shards %d", &nsh) == 1) {
             if (nsh < 1 || nsh > 1 << 20) VFAIL("%s is damaged: %d shards", path, nsh);
             sh = lab_xcalloc((size_t)nsh, sizeof(ShardEntry));
@@ -342,6 +404,7 @@ static int verify(const char *dir, CkptManifest *mf, ShardEntry **out, char *err
         VFAIL("%s is damaged: it lacks the config, the size or its shards (%d of %d listed)", path,
               got, nsh);
     mf->nshards = nsh;
+    if (mf->has_guard && ckpt_guard_why(&mf->guard, err, errlen) != 0) goto fail;
     if (mf->n != gpt2_param_count(&mf->cfg))
         VFAIL("%s is damaged: %llu elements for a config of %zu", path,
               (unsigned long long)mf->n, gpt2_param_count(&mf->cfg));
@@ -446,6 +509,7 @@ int ckpt_shard_load(const char *dir, const GPT2Config *expect, float *p, float *
         free(b);
     }
     free(sh);
+    ckpt_note_loaded_guard(mf.has_guard ? &mf.guard : NULL);  // (session_guard.c takes it)
     if (lab_log_rank == 0) {
         printf("restored step %d from %s (%d shard%s, written on %d rank%s) in %.0f ms\n",
                mf.step, dir, mf.nshards, mf.nshards == 1 ? "" : "s", mf.nranks,

@@ -64,6 +64,7 @@ void session_start_at(Session *s, int start) {
     if (s->health) s->peak = health_peak_flops(s->dev, s->bf16);
     if (s->args->resume && !s->args->quiet && s->rank == 0)
         printf("resumed from %s at step %d\n", s->args->resume, start);
+    guard_resume(s);  // the spike detector's windows and the counts, as the state saved them
     guard_start(s);  // --on-spike rollback: the state to go back to, written now
 }
 
@@ -159,6 +160,7 @@ static void save_state(Session *s, int step) {
     const double t0 = lab_now();
     DistCounters before = *dist_counters();
     ckpt_settle();
+    guard_to_ckpt(s);  // (the guard's record goes into the state: a resume decides the same)
     s->state.save(s->state.ctx, s->args->save, step);
     if (!ckpt_policy().async) ckpt_settle();
     count_aside(s, &before);

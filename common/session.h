@@ -202,6 +202,8 @@ void guard_step_begin(Session *s, int step);  // --inject-oom-step; the lr after
 void guard_norm(Session *s, double norm_sq);  // session_grad_norm_sq: a NaN/Inf skip (--on-nan)
 int guard_step_end(Session *s, int step, float loss);  // the windows; 1: rolled back
 void guard_saved(Session *s, int step);       // --save now holds the state at step
+void guard_to_ckpt(const Session *s);         // before a save: the record it writes (ckpt.h)
+void guard_resume(Session *s);                // session_start_at: a --resume's record taken back
 void guard_report(const Session *s);          // the run's skips, at the end (rank 0)
 void session_links_note(Session *s, int end); // the watched groups' link time: 0 at the loop's
                                               // start, 1 at its last step's end

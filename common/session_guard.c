@@ -21,6 +21,13 @@
 //   OOM       --inject-oom-step R:S: an allocation fails on rank R at the top of step S
 //             (mem_fail_next_alloc), through mem.c's out-of-memory message; the job ends, and
 //             the last checkpoint is as it was.
+//   resume    a run whose updates depend on the guard (--on-spike skip|rollback|stop, --on-nan
+//             skip) hands ckpt.c its record before each save (guard_to_ckpt: the windows, the
+//             counts, a rollback's skipped steps; format 3, ckpt.h), and a --resume takes it
+//             back (guard_resume): the resumed run sees a spike as soon after the restart as
+//             the uninterrupted run does, with the same z-scores, and makes the same decisions.
+//             A rollback's load does not take it: the windows go back to those kept in memory
+//             at that checkpoint (the same values), the counts go on.
 #include <math.h>
 #include <stdio.h>
 #include <string.h>
@@ -41,6 +48,85 @@ static OnSpike on_spike(const LabArgs *a) {
 
 static int says(const Session *s) { return s->rank == 0 && !s->args->quiet; }
 
+// Does this run's trajectory depend on the guard's state (its checkpoints then carry it)?
+static int guarded(const Session *s) { return on_spike(s->args) != ON_SPIKE_WARN || s->opt.skip_nan; }
+
+_Static_assert(CKPT_GUARD_WINDOW == HEALTH_WINDOW_MAX, "ckpt.h's window size is health.h's");
+_Static_assert(CKPT_GUARD_ROLLBACKS == SESSION_MAX_ROLLBACKS, "ckpt.h's rollbacks are session.h's");
+
+// A window's values, oldest first, and the slot its next value goes to.
+static void window_out(const HealthWindow *w, double *x, int32_t *n, int32_t *head) {
+    for (int i = 0; i < w->n; i++) x[i] = w->x[(w->head - w->n + i + w->cap) % w->cap];
+    *n = w->n;
+    *head = w->head;
+}
+
+// Back into w (its size: this run's --spike-window). The same size: the same ring, slot for slot
+// (its sums then add in the same order: the same z-scores, bit for bit). Another: the newest
+// min(n, size) values, in order.
+static void window_in(HealthWindow *w, const double *x, int n, int head, int cap) {
+    if (cap == w->cap) {
+        for (int i = 0; i < n; i++) w->x[(head - n + i + cap) % cap] = x[i];
+        w->n = n;
+        w->head = head;
+        return;
+    }
+    for (int i = 0; i < n; i++) health_window_push(w, x[i]);
+}
+
+void guard_to_ckpt(const Session *s) {
+    if (!guarded(s)) return;  // (format 2, as every other run's)
+    CkptGuard g;
+    memset(&g, 0, sizeof g);
+    g.nan_skips = s->nan_skips, g.spike_skips = s->spike_skips;
+    g.window_skips = s->window_skips, g.rollbacks = s->rollbacks;
+    g.cap = s->win_loss.cap;
+    window_out(&s->win_loss, g.loss, &g.nloss, &g.loss_head);
+    window_out(&s->win_gnorm, g.gnorm, &g.ngnorm, &g.gnorm_head);
+    g.lr_low_until = s->lr_low_until;
+    g.nwin = s->nwin;
+    for (int i = 0; i < s->nwin; i++) g.win_lo[i] = s->win_lo[i], g.win_hi[i] = s->win_hi[i];
+    ckpt_set_guard(&g);
+}
+
+void guard_resume(Session *s) {
+    // (a run that only warns goes on as before: its updates never depend on the record)
+    if (!s->args->resume || !guarded(s)) return;
+    // rank 0 read the state (some chapters read it there alone): its record goes to every rank
+    // (the counts and a rollback's skipped steps are every rank's)
+    struct { int32_t has; CkptGuard g; } r;
+    memset(&r, 0, sizeof r);
+    r.has = ckpt_loaded_guard(&r.g);
+    if (s->N > 1) {
+        DistCounters before = *dist_counters();  // (restore traffic, as the load's: not a step's)
+        dist_broadcast(&r, sizeof r, DIST_U8, 0, s->world);
+        const DistCounters *after = dist_counters();
+        for (int k = 0; k < OP_NKINDS; k++) {
+            s->save_cost.calls[k] += after->calls[k] - before.calls[k];
+            s->save_cost.sent[k] += after->sent[k] - before.sent[k];
+            s->save_cost.recv[k] += after->recv[k] - before.recv[k];
+        }
+    }
+    if (!r.has) {
+        if (says(s))
+            printf("note: %s holds no spike-detector window (a state of format 1 or 2): the "
+                   "resumed run's starts empty, and sees spikes again after %d steps\n",
+                   s->args->resume, HEALTH_Z_MIN);
+        return;
+    }
+    const CkptGuard *g = &r.g;
+    window_in(&s->win_loss, g->loss, g->nloss, g->loss_head, g->cap);
+    window_in(&s->win_gnorm, g->gnorm, g->ngnorm, g->gnorm_head, g->cap);
+    s->nan_skips = g->nan_skips, s->spike_skips = g->spike_skips;
+    s->window_skips = g->window_skips, s->rollbacks = g->rollbacks;
+    s->nwin = g->nwin;
+    for (int i = 0; i < g->nwin; i++) s->win_lo[i] = g->win_lo[i], s->win_hi[i] = g->win_hi[i];
+    if (g->lr_low_until > s->start && s->args->rollback_lr_scale != 1.0f) {  // mid-replay
+        s->lr_low_until = g->lr_low_until;
+        s->opt.lr = s->lr * s->args->rollback_lr_scale;
+    }
+}
+
 void guard_open(Session *s) {
     s->skipped = SKIP_NONE;
     s->ckpt_step = -1;
@@ -54,6 +140,7 @@ void guard_start(Session *s) {
     // chapters reset their byte counters after this: not counted in save_cost)
     if (on_spike(s->args) != ON_SPIKE_ROLLBACK) return;
     LAB_CHECK(s->state.save, "--on-spike rollback: the chapter gave the loop no way to save its state");
+    guard_to_ckpt(s);
     s->state.save(s->state.ctx, s->args->save, s->start);
     ckpt_settle();  // (--save-sharded: its manifest; --async-save: the write done)
     guard_saved(s, s->start);

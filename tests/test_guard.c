@@ -191,6 +191,66 @@ Test(guard, rollback_is_a_resume_a_replay_and_a_skip, .timeout = 300) {
     for (int i = 0; i < 4; i++) unlink(tmp(rm[i]));
 }
 
+// ---- a resume decides as the uninterrupted run --------------------------------------------------
+
+// The state after 12 steps (--stop-at 12), resumed: step 15's spike comes 3 steps after the
+// restart, fewer than the HEALTH_Z_MIN (5) values a z-score needs, so a resumed run whose
+// window started empty would not see it, and would update. The guard's record in the state
+// (format 3: the windows, the counts) brings the window back: the resumed run skips step 15 and
+// ends bit for bit where the uninterrupted run does; its count goes on (1 spike skip).
+static void resume_case(const char *prog, int np, const char *extra, const char *tag) {
+    char f[768], ck[64], lg[64], what[128];
+    snprintf(ck, sizeof ck, "res_%s.ckpt", tag);
+    snprintf(lg, sizeof lg, "res_%s.jsonl", tag);
+    const char *ckp = tmp(ck), *lgp = tmp(lg);
+    RunResults whole, first, rest;
+    snprintf(f, sizeof f, SPIKE " --on-spike skip --save %s.whole%s", ckp, extra);
+    run(prog, np, f, &whole);
+    // (the first 12 steps: no spike yet to inject)
+    snprintf(f, sizeof f, MODEL " --steps 18 --spike-window 5 --on-spike skip --stop-at 12 "
+             "--save %s%s", ckp, extra);
+    run(prog, np, f, &first);
+    snprintf(f, sizeof f, SPIKE " --on-spike skip --resume %s --log %s --save %s.rest%s", ckp, lgp,
+             ckp, extra);
+    run(prog, np, f, &rest);
+    snprintf(what, sizeof what, "%s: resumed at 12 vs uninterrupted", tag);
+    assert_identical(what, &whole, &rest, 12);
+    char *l[32];
+    int n = harness_read_lines(lgp, l, 32);
+    cr_assert(n == 6, "%s: %d lines, not 6", lgp, n);
+    cr_assert(strstr(l[2], "\"skipped\":\"spike\""), "%s: step 15 was not skipped:\n%s", tag, l[2]);
+    cr_assert_eq(json_int(l[n - 1], "spike_skips"), 1, "%s: %s", tag, l[n - 1]);
+    for (int i = 0; i < n; i++) free(l[i]);
+    results_free(&whole), results_free(&first), results_free(&rest);
+    char rm[300];
+    snprintf(rm, sizeof rm, "rm -rf %s %s %s.*", ckp, lgp, ckp);
+    cr_assert_eq(system(rm), 0);
+}
+
+// On 00 (one file) and on 09, (tp, pp) = (2, 2), with --save-sharded (the record in rank 0's
+// manifest; every rank takes it from rank 0).
+// Mutant: mutants/guard-resume-forgets-window.patch
+Test(guard, a_resume_decides_as_the_uninterrupted_run, .timeout = 300) {
+    resume_case(ORACLE, 1, "", "00");
+    resume_case("./09_3d/run --quiet --tp 2 --pp 2", 4, " --save-sharded", "09sharded");
+}
+
+// A state without the record (format 2: a run that only warned saved it) resumed by a guarded
+// run: one note, and the window starts empty.
+Test(guard, a_state_without_the_record_is_noted, .timeout = 120) {
+    char f[512], *out = NULL, *ck = tmp("v2.ckpt");
+    RunResults first;
+    snprintf(f, sizeof f, MODEL " --steps 18 --stop-at 12 --save %s", ck);
+    run(ORACLE, 1, f, &first);
+    results_free(&first);
+    snprintf(f, sizeof f, ORACLE_SAYS " " SPIKE " --on-spike skip --resume %s", ck);
+    int rc = harness_mpirun(1, f, &out, 60);
+    cr_assert(rc == 0 && harness_contains(out, "holds no spike-detector window"),
+              "no note (exit %d):\n%s", rc, out);
+    free(out);
+    unlink(ck);
+}
+
 // ---- no false alarm -----------------------------------------------------------------------------
 
 // 200 clean steps of a small, noisy run (batch 8 x 16, lr 3e-3: its losses' z-scores reach
