@@ -153,7 +153,8 @@ typedef struct Session {
 // is empty: the chapter sets it before the first step.
 void session_open(Session *s, const LabArgs *args, int rows);
 // The first step, the same on every rank, once the chapter has resumed, loaded or initialized
-// its state; rank 0 says where it resumed.
+// its state; rank 0 says where it resumed, and a guarded run takes the state's guard record back
+// (guard_resume: collective, every rank calls it).
 void session_start_at(Session *s, int start);
 
 // Top of a step: the fault hooks (--kill-rank R --kill-step S: rank R exits abruptly;
