@@ -658,6 +658,64 @@ Test(ckpt, a_state_records_the_runs_identity) {
     free_state(&s);
 }
 
+// A guard record set (ckpt_set_guard: a run whose updates depend on its guard) makes the state
+// format 3, 4268 bytes more than format 2, and a load gives it back field for field, values in
+// order (ckpt_loaded_guard); a state without one (format 2) loads and says it has none. A
+// value of the window flipped is a CRC mismatch.
+Test(ckpt, a_guarded_runs_state_records_the_guard) {
+    size_t n = gpt2_param_count(&CFG);
+    TrainState s = make_state(n);
+    RunIdentity id = test_identity();
+    CkptGuard g, got;
+    memset(&g, 0, sizeof g);
+    g.nan_skips = 1, g.spike_skips = 2, g.window_skips = 3, g.rollbacks = 1, g.cap = 20;
+    g.nloss = 20, g.loss_head = 7, g.ngnorm = 19, g.gnorm_head = 19, g.lr_low_until = 31;
+    g.nwin = 1, g.win_lo[0] = 30, g.win_hi[0] = 32;
+    for (int i = 0; i < 20; i++) g.loss[i] = 4.0 - 0.01 * i, g.gnorm[i] = 1.0 / (i + 1);
+    char *path = in_dir("guard.bin"), *v2 = in_dir("guard_v2.bin");
+    ckpt_set_identity(&id);
+    ckpt_set_guard(&g);
+    ckpt_save_state(path, &s);
+    ckpt_set_guard(NULL);
+    ckpt_save_state(v2, &s);
+    ckpt_set_identity(NULL);
+    size_t size;
+    unsigned char *raw = read_all(path, &size);
+    cr_assert_eq(size, 4672 + 12 * n + 4, "a format-3 state has %zu bytes", size);
+    int32_t version;
+    memcpy(&version, raw + 8, 4);
+    cr_assert_eq(version, 3);
+    TrainState r = {.params = malloc(n * 4), .m = malloc(n * 4), .v = malloc(n * 4)};
+    ckpt_load_state(path, &CFG, &r);
+    cr_assert(memcmp(r.params, s.params, n * 4) == 0 && memcmp(r.v, s.v, n * 4) == 0);
+    memset(&got, 0, sizeof got);
+    cr_assert_eq(ckpt_loaded_guard(&got), 1, "the format-3 state's record was not loaded");
+    cr_assert(got.nan_skips == 1 && got.spike_skips == 2 && got.window_skips == 3 &&
+              got.rollbacks == 1 && got.cap == 20 && got.nloss == 20 && got.loss_head == 7 &&
+              got.ngnorm == 19 && got.gnorm_head == 19 && got.lr_low_until == 31 &&
+              got.nwin == 1 && got.win_lo[0] == 30 && got.win_hi[0] == 32,
+              "the record's fields read back differ from the ones saved");
+    cr_assert(memcmp(got.loss, g.loss, sizeof g.loss) == 0 &&
+              memcmp(got.gnorm, g.gnorm, sizeof g.gnorm) == 0, "the windows read back differ");
+    ckpt_load_state(v2, &CFG, &r);
+    cr_assert_eq(ckpt_loaded_guard(&got), 0, "a format-2 state said it had a record");
+    free(raw);
+    raw = read_all(v2, &size);
+    cr_assert_eq(size, 404 + 12 * n + 4);
+    free(raw);
+    raw = read_all(path, &size);
+    raw[404 + 172 + 8 * 3] ^= 1;  // a loss of the window
+    char *bad = in_dir("guard_bad.bin");
+    write_all(bad, raw, size);
+    char why[512];
+    int step, total;
+    cr_assert_eq(ckpt_state_peek(bad, &step, &total, why, sizeof why), -1, "a damaged record was read");
+    cr_assert(strstr(why, "CRC32 mismatch"), "%s", why);
+    free(raw);
+    free_state(&r);
+    free_state(&s);
+}
+
 // Every field a resume may change is named with its old and new value, and only those.
 Test(ckpt, identity_diff_names_each_changed_field) {
     RunIdentity a = test_identity(), b = a;
