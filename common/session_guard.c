@@ -97,16 +97,8 @@ void guard_resume(Session *s) {
     struct { int32_t has; CkptGuard g; } r;
     memset(&r, 0, sizeof r);
     r.has = ckpt_loaded_guard(&r.g);
-    if (s->N > 1) {
-        DistCounters before = *dist_counters();  // (restore traffic, as the load's: not a step's)
-        dist_broadcast(&r, sizeof r, DIST_U8, 0, s->world);
-        const DistCounters *after = dist_counters();
-        for (int k = 0; k < OP_NKINDS; k++) {
-            s->save_cost.calls[k] += after->calls[k] - before.calls[k];
-            s->save_cost.sent[k] += after->sent[k] - before.sent[k];
-            s->save_cost.recv[k] += after->recv[k] - before.recv[k];
-        }
-    }
+    // (before the loop: the chapters reset their byte counters after session_start_at)
+    if (s->N > 1) dist_broadcast(&r, sizeof r, DIST_U8, 0, s->world);
     if (!r.has) {
         if (says(s))
             printf("note: %s holds no spike-detector window (a state of format 1 or 2): the "
