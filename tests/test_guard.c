@@ -235,6 +235,42 @@ Test(guard, a_resume_decides_as_the_uninterrupted_run, .timeout = 300) {
     resume_case("./09_3d/run --quiet --tp 2 --pp 2", 4, " --save-sharded", "09sharded");
 }
 
+// The number after "key": in line (a JSON number, or null: NaN).
+static double json_double(const char *line, const char *key) {
+    char k[64];
+    snprintf(k, sizeof k, "\"%s\":", key);
+    const char *p = strstr(line, k);
+    if (!p || strncmp(p + strlen(k), "null", 4) == 0) return NAN;
+    return strtod(p + strlen(k), NULL);
+}
+
+// A state saved with a window of 8 (the losses of steps 5 .. 12) resumed with --spike-window 6:
+// the window keeps the newest 6 (steps 7 .. 12), so step 13's logged z-score is its loss against
+// their mean and standard deviation (to rounding: the ring adds them in another order).
+// Mutant: mutants/guard-resume-forgets-window.patch
+Test(guard, a_resume_with_another_window_keeps_the_newest_values, .timeout = 120) {
+    char f[512], *ck = tmp("win.ckpt"), *lg = tmp("win.jsonl");
+    RunResults first, rest;
+    snprintf(f, sizeof f, MODEL " --steps 18 --spike-window 8 --on-spike skip --stop-at 12 --save %s", ck);
+    run(ORACLE, 1, f, &first);
+    snprintf(f, sizeof f, MODEL " --steps 18 --spike-window 6 --on-spike skip --resume %s --log %s",
+             ck, lg);
+    run(ORACLE, 1, f, &rest);
+    double mean = 0, var = 0;
+    for (int i = 6; i < 12; i++) mean += first.losses[i] / 6.0;
+    for (int i = 6; i < 12; i++) var += (first.losses[i] - mean) * (first.losses[i] - mean) / 6.0;
+    const double want = (rest.losses[12] - mean) / sqrt(var);
+    char *l[8];
+    int n = harness_read_lines(lg, l, 8);
+    cr_assert(n == 6, "%s: %d lines, not 6", lg, n);
+    const double z = json_double(l[0], "z_loss");
+    cr_assert(fabs(z - want) <= 1e-9 * fabs(want), "step 13's z-score is %.12g, not %.12g (the "
+              "newest 6 of the saved 8 losses)", z, want);
+    for (int i = 0; i < n; i++) free(l[i]);
+    results_free(&first), results_free(&rest);
+    unlink(ck), unlink(lg);
+}
+
 // A state without the record (format 2: a run that only warned saved it) resumed by a guarded
 // run: one note, and the window starts empty.
 Test(guard, a_state_without_the_record_is_noted, .timeout = 120) {
