@@ -515,8 +515,8 @@ ParameterizedTest(const Chapter *c, user_errors, memory_prediction_holds, .timeo
 // A chapter started without mpirun (a singleton, the way `./00_memory_budget/run` is run) says
 // its error in one line and nothing else: the process ends itself instead of through MPI_Abort,
 // whose six-line Open MPI banner buried the lab's line (seen failing before common/dist_mpi.c's
-// singleton end: 8 lines on every chapter). Each chapter meets a bad value of a flag after MPI is
-// up, at one rank (some then refuse the rank count instead: also one line).
+// singleton end: 9 lines on every chapter). Each chapter meets a bad flag value after MPI is up.
+// Mutant: mutants/singleton-abort-banner.patch
 ParameterizedTestParameters(user_errors, a_singleton_says_its_error_alone) {
     return cr_make_param_array(Chapter, (void *)CHAPTERS, sizeof CHAPTERS / sizeof CHAPTERS[0]);
 }
