@@ -2,7 +2,8 @@
 //
 // Two kinds of failure:
 //   lab_fail(...)      a user error (bad flag, bad file, NaN in training): prints
-//                      "error: <message>" once and ends the job (MPI_Abort when MPI is up).
+//                      "error: <message>" once and ends the job (MPI_Abort when MPI is up,
+//                      a plain end for a process started without mpirun).
 //   LAB_CHECK(c, ...)  an internal invariant; adds file:line so a developer can find it.
 // Errors that every rank detects identically (e.g. a bad flag, parsed on every rank) use
 // lab_fail_collective(): only rank 0 prints, so the student sees the message once.
@@ -43,7 +44,8 @@ void *lab_xcalloc(size_t n, size_t size);
 // Rank used to prefix messages; set by dist_init (0 before).
 extern int lab_log_rank;
 extern int lab_log_world;
-// Hook called by lab_fail before exiting (dist sets it to MPI_Abort). NULL -> exit(1).
+// Hook called by lab_fail before exiting (dist_mpi.c sets it: MPI_Abort, or _exit for a process
+// started without mpirun). NULL -> exit(1).
 extern void (*lab_abort_hook)(int code);
 
 // Monotonic wall clock in seconds.

@@ -16,6 +16,7 @@
 #include <limits.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "check.h"
 #include "dist_backend.h"
@@ -36,7 +37,17 @@ static void mpi_error_handler(MPI_Comm *comm, int *code, ...) {
     lab_fail("MPI call failed: %s", msg);
 }
 
-static void abort_job(int code) { MPI_Abort(MPI_COMM_WORLD, code); }
+// A process started without mpirun (a singleton: `./00_memory_budget/run`) has no other
+// process to stop, and MPI_Abort would print Open MPI's six-line banner under the lab's
+// one-line error: it just ends, with the code, and (as MPI_Abort) without exit handlers.
+// Under mpirun (which sets OMPI_COMM_WORLD_SIZE), even at -np 1, MPI_Abort is the shorter end:
+// a plain exit there adds mpirun's two banners about a non-zero exit.
+static int singleton;
+
+static void abort_job(int code) {
+    if (singleton) _exit(code);
+    MPI_Abort(MPI_COMM_WORLD, code);
+}
 
 void dist_mpi_init(int *argc, char ***argv, DistGroup *world) {
     int inited = 0;
@@ -53,6 +64,7 @@ void dist_mpi_init(int *argc, char ***argv, DistGroup *world) {
     world->comm = MPI_COMM_WORLD;
     MPI_Comm_rank(MPI_COMM_WORLD, &world->rank);
     MPI_Comm_size(MPI_COMM_WORLD, &world->size);
+    singleton = world->size == 1 && !getenv("OMPI_COMM_WORLD_SIZE");
     world->world_ranks = lab_xmalloc((size_t)world->size * sizeof(int));
     for (int p = 0; p < world->size; p++) world->world_ranks[p] = p;
     MPI_Type_contiguous(2, MPI_BYTE, &bf16_type);

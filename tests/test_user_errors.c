@@ -511,3 +511,26 @@ ParameterizedTest(const Chapter *c, user_errors, memory_prediction_holds, .timeo
         free(out);
     }
 }
+
+// A chapter started without mpirun (a singleton, the way `./00_memory_budget/run` is run) says
+// its error in one line and nothing else: the process ends itself instead of through MPI_Abort,
+// whose six-line Open MPI banner buried the lab's line (seen failing before common/dist_mpi.c's
+// singleton end: 9 lines on every chapter). Each chapter meets a bad flag value after MPI is up.
+// Mutant: mutants/singleton-abort-banner.patch
+ParameterizedTestParameters(user_errors, a_singleton_says_its_error_alone) {
+    return cr_make_param_array(Chapter, (void *)CHAPTERS, sizeof CHAPTERS / sizeof CHAPTERS[0]);
+}
+
+ParameterizedTest(const Chapter *c, user_errors, a_singleton_says_its_error_alone, .timeout = 60) {
+    char cmd[512];
+    snprintf(cmd, sizeof cmd, "env -u OMPI_COMM_WORLD_SIZE %s %s --lr -1", c->run, MODEL);
+    char *out = NULL;
+    int rc = harness_run(cmd, &out, 30);
+    int lines = 0;
+    for (const char *p = out; p && *p; p++) lines += *p == '\n';
+    cr_assert(rc != 0 && rc != 124, "chapter %s: %s: rc %d:\n%s", c->tag, cmd, rc, out);
+    cr_assert(lines == 1 && strncmp(out, "error: ", 7) == 0,
+              "chapter %s: %s printed %d lines, not the one \"error:\" line:\n%s", c->tag, cmd,
+              lines, out);
+    free(out);
+}
