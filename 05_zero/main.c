@@ -385,7 +385,9 @@ static void params_from_master(Zero *zz) {
 // --resume (rank 0 reads the whole state and every rank takes its pieces: any stage and world
 // size resumes any other's checkpoint), --load-weights, or fresh: each rank initializes only its
 // own pieces (gpt2_init_slice: a piece is exactly that slice of the full initialization).
-static int load_or_init(Zero *zz, const LabArgs *args) {
+// Also state.load: a rollback (--on-spike) is a --resume of the last checkpoint.
+static int load_or_init(void *ctx, const LabArgs *args) {
+    Zero *zz = ctx;
     Session *s = zz->s;
     int start = 0;
     if (args->resume || args->load_weights) {
@@ -398,13 +400,6 @@ static int load_or_init(Zero *zz, const LabArgs *args) {
     return start;
 }
 
-// state.load (a rollback, --on-spike): the --resume code above, reading path.
-static int state_load(void *ctx, const char *path) {
-    Zero *zz = ctx;
-    LabArgs a = session_resume_args(zz->s, path);
-    return load_or_init(zz, &a);
-}
-
 // The sharded state as the session's loop sees it (SessionState). Its checkpoint: rank 0 writes
 // the WHOLE state, gathered from the pieces, in the lab's usual format (any layout resumes it).
 static void state_save(void *ctx, const char *path, int step) {
@@ -415,9 +410,9 @@ static void state_save(void *ctx, const char *path, int step) {
                        zz->opt_v, s->world);
 }
 
-// The weights (rank 0, fp32): stage 3 gathers the whole parameters into a buffer the model reads
-// them from for the copy, then frees it (tagged MEM_OTHER; at the end after every figure is
-// taken; --val-every calls it mid-run, and the sharded step never reads the model's buffer).
+// The weights (rank 0, fp32): stage 3 gathers the whole parameters into a buffer copied from
+// (train_params_to_host_from), then frees it (tagged MEM_OTHER; at the end after every figure is
+// taken; --val-every calls it mid-run).
 static void state_weights(void *ctx, float *full) {
     Zero *zz = ctx;
     Session *s = zz->s;
@@ -427,12 +422,7 @@ static void state_weights(void *ctx, float *full) {
     }
     void *all = mem_alloc(s->n * zz->e, MEM_OTHER, s->dev);
     dist_all_gather_n(zz->param_shard, all, s->n, s->dt, s->world);
-    void *was = s->bf16 ? (void *)zz->m->params_bf16 : (void *)zz->m->params;
-    if (s->bf16) zz->m->params_bf16 = all;
-    else zz->m->params = all;
-    if (s->rank == 0) train_params_to_host(zz->m, full);
-    if (s->bf16) zz->m->params_bf16 = was;
-    else zz->m->params = was;
+    if (s->rank == 0) train_params_to_host_from(zz->m, all, full);
     mem_free(all);
 }
 
@@ -502,7 +492,7 @@ static void setup(Zero *zz, Session *s, const LabArgs *args, const ZeroFlags *f,
     zz->s = s;
     zz->m = &s->model;
     alloc_state(zz, f);
-    s->state = (SessionState){zz, state_save, state_weights, state_load};
+    s->state = (SessionState){zz, state_save, state_weights, load_or_init};
     session_start_at(s, load_or_init(zz, args));
     if (f->stage >= 2 && N > 1) dist_comm_thread_start(s->world);
     zero5_banner(&(Zero5View){s, &zz->z, zz->stage, zz->in_flight, zz->nbuckets, zz->bucket},

@@ -217,7 +217,10 @@ static void params_from_master(FsdpRun *r) {
     if (r->s->bf16) r->m->k->f32_to_bf16(r->param_shard, r->master, r->z.shard_n);
 }
 
-static int load_or_init(FsdpRun *r, const LabArgs *args) {
+// --resume, --load-weights (every rank takes its pieces of the whole state) or fresh; also
+// state.load: a rollback (--on-spike) is a --resume of the last checkpoint.
+static int load_or_init(void *ctx, const LabArgs *args) {
+    FsdpRun *r = ctx;
     Session *s = r->s;
     int start = 0;
     if (args->resume || args->load_weights)
@@ -226,13 +229,6 @@ static int load_or_init(FsdpRun *r, const LabArgs *args) {
     else zero_init_pieces(&r->z, &s->cfg, (uint64_t)args->seed, r->master, 0);
     params_from_master(r);
     return start;
-}
-
-// state.load (a rollback, --on-spike): the --resume code above, reading path.
-static int state_load(void *ctx, const char *path) {
-    FsdpRun *r = ctx;
-    LabArgs a = session_resume_args(r->s, path);
-    return load_or_init(r, &a);
 }
 
 // The sharded state as the session's loop sees it (SessionState). Its checkpoint: the first
@@ -245,9 +241,9 @@ static void state_save(void *ctx, const char *path, int step) {
                        (uint64_t)s->args->data_seed, r->master, 0, r->opt_m, r->opt_v, r->shard);
 }
 
-// The weights (rank 0, fp32): the whole parameters gathered into a buffer the model reads them
-// from for the copy, then freed (tagged MEM_OTHER; at the end after every figure is taken;
-// --val-every calls it mid-run, and the units' step never reads the model's buffer).
+// The weights (rank 0, fp32): the whole parameters gathered into a buffer copied from
+// (train_params_to_host_from), then freed (tagged MEM_OTHER; at the end after every figure is
+// taken; --val-every calls it mid-run).
 static void state_weights(void *ctx, float *full) {
     FsdpRun *r = ctx;
     Session *s = r->s;
@@ -257,12 +253,7 @@ static void state_weights(void *ctx, float *full) {
         dist_all_gather_n((char *)r->param_shard + p->local * s->e,
                           (char *)all + p->unit_offset * s->e, p->unit_size, s->dt, r->shard);
     }
-    void *was = s->bf16 ? (void *)r->m->params_bf16 : (void *)r->m->params;
-    if (s->bf16) r->m->params_bf16 = all;
-    else r->m->params = all;
-    if (s->rank == 0) train_params_to_host(r->m, full);
-    if (s->bf16) r->m->params_bf16 = was;
-    else r->m->params = was;
+    if (s->rank == 0) train_params_to_host_from(r->m, all, full);
     mem_free(all);
 }
 
@@ -337,7 +328,7 @@ static void setup(FsdpRun *r, Session *s, const LabArgs *args, const FsdpFlags *
     r->Bm = Bl / K;
     session_init(s, args, r->Bm, 0);  // its model, without an optimizer: the pieces have theirs
     shard_model(r, s, f);
-    s->state = (SessionState){r, state_save, state_weights, state_load};
+    s->state = (SessionState){r, state_save, state_weights, load_or_init};
     session_start_at(s, load_or_init(r, args));
     if (N > 1) {  // the communication thread serves the shard and the replicate groups
         dist_comm_thread_start(r->shard);

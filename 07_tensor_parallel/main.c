@@ -48,6 +48,7 @@
 #include "tp.h"
 #include "trace.h"
 #include "train.h"
+#include "whole.h"
 #include "zero.h"
 
 static const char *USAGE =
@@ -102,95 +103,38 @@ typedef struct Tp7 {
     DistGroup *tpg, *dpg;  // TP = consecutive ranks (inside a node), DP = the same place in each
     DistGroup *ckg;        // a copy of tpg for the checkpoints: their traffic stays out of the
                            // step's counters
+    WholeView whole;       // what this rank's state is of the whole model (save, load, gather)
     int dp;
     const Session *s;
 } Tp7;
 
-// The whole model's `buf` (a buffer of m's layout: the master, Adam's m or v; NULL: the weights
-// the forward reads) in memory order on g's rank 0 (full: zeroed, gpt2_param_count floats;
-// NULL elsewhere): every rank writes its slices (the replicated tensors from rank 0) into a
-// zeroed buffer (gpt2_unshard), the group sums them (x + 0 == x: exact). Collective over g.
-static void gather_whole(const GPT2 *m, const float *buf, DistGroup *g, float *full) {
-    const size_t n = gpt2_param_count(&m->cfg);
-    float *mine = lab_xcalloc(n, sizeof(float)), *w = NULL;
-    if (!buf) {
-        w = lab_xmalloc(m->num_params * sizeof(float));
-        gpt2_weights_to_host(m, w);
-    }
-    gpt2_unshard(m, buf ? buf : w, mine, g->rank == 0);
-    dist_reduce(mine, full, n, DIST_F32, DIST_SUM, 0, g);
-    free(mine), free(w);
+// The state as the whole model (common/whole.h: one gather, save and load for every layout):
+// this rank holds one slice, TP slice r of every block; TP group 0 (DP rank 0) gathers it over
+// ckg (a copy of the TP group: the checkpoints' traffic, --val-every's included, stays out of the
+// step's counters), TP rank 0 adding the replicated tensors; world rank 0 reads a --resume and
+// broadcasts it, every rank takes its slices (gpt2_shard: the exact inverse of the gather).
+static const GPT2 *tp7_slice(void *ctx, int c) {
+    (void)c;
+    return &((Tp7 *)ctx)->m;
 }
 
-// state.save: the FULL training state (bf16: its fp32 master; and Adam's m, v), gathered from
-// the slices of TP group 0 over ckg, written by world rank 0 in the lab's format: any --tp, and
-// chapter 00, resumes it. (--save-weights writes the weights the forward reads: state.weights.)
-static void save_state(void *ctx, const char *path, int step) {
-    const Tp7 *t = ctx;
-    const LabArgs *args = t->s->args;
-    if (t->dpg->rank != 0) return;  // TP group 0 holds what is saved
-    const size_t n = gpt2_param_count(&t->m.cfg);
-    if (ckpt_policy().sharded) {  // --save-sharded: each rank writes its slice (ckpt.h)
-        CkptShard sh;
-        ckpt_shard_begin(&sh, n);
-        ckpt_shard_add_slice(&sh, &t->m, t->opt.master, t->opt.opt_m, t->opt.opt_v, NULL,
-                             t->tpg->rank == 0);
-        ckpt_shard_write(path, &t->m.cfg, step, (uint64_t)args->seed, (uint64_t)args->data_seed,
-                         &sh);
-        return;
-    }
-    float *buf[3] = {NULL, NULL, NULL};
-    const float *flat[3] = {t->opt.master, t->opt.opt_m, t->opt.opt_v};
-    for (int i = 0; i < 3; i++) {
-        if (t->ckg->rank == 0) buf[i] = lab_xcalloc(n, sizeof(float));
-        gather_whole(&t->m, flat[i], t->ckg, buf[i]);
-    }
-    if (t->ckg->rank == 0)
-        ckpt_save_training(path, &t->m.cfg, step, (uint64_t)args->seed, (uint64_t)args->data_seed,
-                           buf[0], buf[1], buf[2], n);
-    for (int i = 0; i < 3; i++) free(buf[i]);
-}
-
-// state.weights_to_host: the weights the forward reads, whole, in llm.c's order, into full on
-// world rank 0 (TP group 0's slices gathered over the checkpoints' copy of the TP group, so that
-// a mid-run call, --val-every's, stays out of the TP group's per-step bytes as a save does).
-static void weights_to_host(void *ctx, float *full) {
-    const Tp7 *t = ctx;
-    if (t->dpg->rank != 0) return;
-    float *mem = t->ckg->rank == 0 ? lab_xcalloc(gpt2_param_count(&t->m.cfg), sizeof(float)) : NULL;
-    gather_whole(&t->m, NULL, t->ckg, mem);
-    if (full) gpt2_to_llmc(&t->m.cfg, mem, full);
-    free(mem);
-}
-
-// --resume / --load-weights: world rank 0 reads the full model, every rank takes its slices
-// (gpt2_shard: the exact inverse of the gather). Returns the step to continue from.
-static int load_state(Tp7 *t, const LabArgs *args) {
-    if (!args->resume && !args->load_weights) return 0;
-    GPT2 *m = &t->m;
-    const size_t n = gpt2_param_count(&m->cfg);
-    float *buf[3] = {lab_xcalloc(n, sizeof(float)), lab_xcalloc(n, sizeof(float)), lab_xcalloc(n, sizeof(float))};
-    float *flat[3] = {t->opt.master, t->opt.opt_m, t->opt.opt_v};
-    int start = 0;
-    if (dist_rank() == 0) {
-        if (args->resume) start = ckpt_resume_training(args->resume, &m->cfg, buf[0], buf[1], buf[2], n);
-        else ckpt_load_weights_into(args->load_weights, &m->cfg, buf[0], n);
-    }
-    dist_broadcast(&start, 1, DIST_I32, 0, dist_world());
-    for (int i = 0; i < (args->resume ? 3 : 1); i++) {
-        dist_broadcast(buf[i], n, DIST_F32, 0, dist_world());
-        gpt2_shard(m, buf[i], flat[i]);
-    }
-    zero_shard_master_to_params(&t->z, &t->opt);  // bf16: the weights the forward reads
-    for (int i = 0; i < 3; i++) free(buf[i]);
-    return start;
-}
-
-// state.load (a rollback, --on-spike): load_state above, as a --resume of path.
-static int load_ckpt(void *ctx, const char *path) {
+// The weights the forward reads (bf16: widened), or the optimizer's master, Adam m or v.
+static const float *tp7_part(void *ctx, int c, WholeBuf which, float *scratch) {
     Tp7 *t = ctx;
-    LabArgs a = session_resume_args(t->s, path);
-    return load_state(t, &a);
+    (void)c;
+    if (which == WHOLE_WEIGHTS) {
+        gpt2_weights_to_host(&t->m, scratch);
+        return scratch;
+    }
+    return which == WHOLE_MASTER ? t->opt.master : which == WHOLE_ADAM_M ? t->opt.opt_m : t->opt.opt_v;
+}
+
+static void tp7_take(void *ctx, int c, const float *p, const float *m, const float *v) {
+    Tp7 *t = ctx;
+    (void)c;
+    gpt2_shard(&t->m, p, t->opt.master);
+    if (m) gpt2_shard(&t->m, m, t->opt.opt_m), gpt2_shard(&t->m, v, t->opt.opt_v);
+    zero_shard_master_to_params(&t->z, &t->opt);  // bf16: the weights the forward reads
 }
 
 // The layout (refusing what cannot run), the groups, this rank's slice, its state loaded or
@@ -246,8 +190,14 @@ static int setup(Tp7 *t, Session *s, const LabArgs *args, const TpFlags *f, int 
     zero_layout_init_buffer(&t->z, t->m.num_params, 1, 0);  // one part: the whole slice
     zero_shard_alloc(&t->opt, &t->z, &t->m, (uint64_t)args->seed);
     t->ckg = dist_split(s->world, rank / tp, rank % tp, "tp-ckpt");
-    s->state = (SessionState){t, save_state, weights_to_host, load_ckpt};
-    session_start_at(s, load_state(t, args));
+    // What this rank holds of the whole model: one TP slice; TP group 0 sums its slices (over
+    // the checkpoints' copy of the group), TP rank 0 with the replicated tensors.
+    t->whole = (WholeView){.ctx = t, .nslices = 1, .slice = tp7_slice, .part = tp7_part,
+                           .take = tp7_take, .group = t->dpg->rank == 0 ? t->ckg : NULL,
+                           .with_replicated = t->tpg->rank == 0, .readers = dist_world(),
+                           .args = args};
+    s->state = (SessionState){&t->whole, whole_save, whole_weights_to_host, whole_load};
+    session_start_at(s, whole_load(&t->whole, args));
     if (!args->quiet && rank == 0) tp7_print_layout(&t->m, world, dp);
     dist_counters_reset();
     dist_group_counters_reset(t->tpg);

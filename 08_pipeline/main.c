@@ -39,6 +39,7 @@
 #include "schedule.h"
 #include "session.h"
 #include "train.h"
+#include "whole.h"
 
 static const char *USAGE =
     "08_pipeline: pipeline parallelism. Each rank holds a stage of consecutive blocks; the batch\n"
@@ -209,127 +210,50 @@ static void adamw_all(const AdamW *h, Chunk *ch, int v, int step, float scale) {
 
 // ---------------------------------------------------------------------------------------------
 // the chapter's state, as the loop sees it (SessionState): the whole model for the checkpoints
-// and the final weights, through the lab's one whole <-> slice pair (gpt2_unshard / gpt2_shard,
-// as 07 and 09)
+// and the final weights (common/whole.h, the lab's one whole <-> slice path, as 07 and 09):
+// this rank's slices are its v chunks (the head's copy of wte left out of the whole and filled
+// from wte); the world sums them onto rank 0, which reads a --resume and broadcasts it.
 
-// This rank's v chunks, and the session (the world, the config, the flags).
-typedef struct Pipe {
-    Chunk *ch;
-    int v;
-    const Session *s;
-} Pipe;
-
-enum { WHOLE_PARAMS, WHOLE_MASTER, WHOLE_ADAM_M, WHOLE_ADAM_V };
-
-static float *chunk_buffer(Chunk *k, int which) {
-    return which == WHOLE_MASTER ? k->master : which == WHOLE_ADAM_M ? k->opt_m : k->opt_v;
+static const GPT2 *pipe_slice(void *ctx, int c) {
+    return &((Chunk *)ctx)[c].model;
 }
 
-// The whole model's `which` (the weights the forward reads, widened in bf16; or the fp32
-// master, Adam's m or v) in memory order into full on rank 0 (NULL elsewhere): every rank
-// writes its chunks' units into a zeroed buffer (gpt2_unshard: the head's copy of wte left
-// out), the world sums them (x + 0 == x: exact). Collective.
-static void gather_whole(Chunk *ch, int v, int which, float *full, size_t n, DistGroup *g) {
-    float *mine = lab_xcalloc(n, sizeof(float));
-    for (int c = 0; c < v; c++) {
-        GPT2 *md = &ch[c].model;
-        float *h = lab_xmalloc(md->num_params * sizeof(float));
-        if (which != WHOLE_PARAMS) {
-            mem_copy(h, chunk_buffer(&ch[c], which), md->num_params * sizeof(float));
-        } else if (md->l0 == 0 && md->l1 == md->cfg.L) {  // the full model's come in llm.c's order
-            float *llmc = lab_xmalloc(md->num_params * sizeof(float));
-            train_params_to_host(md, llmc);
-            gpt2_from_llmc(&md->cfg, llmc, h);
-            free(llmc);
-        } else {
-            train_params_to_host(md, h);  // a stage's: in its own memory order
-        }
-        gpt2_unshard(md, h, mine, 1);
-        free(h);
-    }
-    dist_reduce(mine, full, n, DIST_F32, DIST_SUM, 0, g);
-    free(mine);
-}
-
-// state.save: the training state after `step` steps, the whole model gathered to rank 0, in
-// the lab's format (the file 00 writes: 00 resumes it, and 08 resumes 00's, on any p and v).
-static void pipe_save(void *ctx, const char *path, int step) {
-    Pipe *pp = ctx;
-    const Session *s = pp->s;
-    if (ckpt_policy().sharded) {  // --save-sharded: each stage writes its chunks (ckpt.h)
-        CkptShard sh;
-        ckpt_shard_begin(&sh, s->n);
-        for (int c = 0; c < pp->v; c++)
-            ckpt_shard_add_slice(&sh, &pp->ch[c].model, chunk_buffer(&pp->ch[c], WHOLE_MASTER),
-                                 chunk_buffer(&pp->ch[c], WHOLE_ADAM_M),
-                                 chunk_buffer(&pp->ch[c], WHOLE_ADAM_V), NULL, 1);
-        ckpt_shard_write(path, &s->cfg, step, (uint64_t)s->args->seed,
-                         (uint64_t)s->args->data_seed, &sh);
-        return;
-    }
-    float *full[3] = {NULL, NULL, NULL};
-    for (int i = 0; i < 3; i++) {
-        if (s->rank == 0) full[i] = lab_xmalloc(s->n * sizeof(float));
-        gather_whole(pp->ch, pp->v, WHOLE_MASTER + i, full[i], s->n, s->world);
-    }
-    if (s->rank == 0)
-        ckpt_save_training(path, &s->cfg, step, (uint64_t)s->args->seed,
-                           (uint64_t)s->args->data_seed, full[0], full[1], full[2], s->n);
-    for (int i = 0; i < 3; i++) free(full[i]);
-}
-
-// state.weights_to_host: the weights the forward reads, whole, in llm.c's order, into full on
-// rank 0 (NULL on the other ranks, which still give their part).
-static void pipe_weights(void *ctx, float *full) {
-    Pipe *pp = ctx;
-    const Session *s = pp->s;
-    float *mem = full ? lab_xmalloc(s->n * sizeof(float)) : NULL;
-    gather_whole(pp->ch, pp->v, WHOLE_PARAMS, mem, s->n, s->world);
-    if (full) gpt2_to_llmc(&s->cfg, mem, full);
-    free(mem);
-}
-
-// The starting weights: --resume (weights, Adam state, step) or --load-weights, read by rank 0
-// alone (a bad file: one message) and broadcast, every chunk taking its units (gpt2_shard, the
-// head's copy of wte from wte); or fresh from the seed (every stage its slice of the full
-// model's init, the copy of wte too). Returns the first step.
-static int load_or_init(Pipe *pp, const LabArgs *args) {
-    const Session *s = pp->s;
-    Chunk *ch = pp->ch;
-    const int v = pp->v;
-    const size_t n = s->n;
-    int start = 0;
-    if (args->resume || args->load_weights) {
-        float *full[3] = {lab_xmalloc(n * sizeof(float)), lab_xmalloc(n * sizeof(float)),
-                          lab_xmalloc(n * sizeof(float))};
-        if (s->rank == 0) {
-            if (args->resume) start = ckpt_resume_training(args->resume, &s->cfg, full[0], full[1], full[2], n);
-            else ckpt_load_weights_into(args->load_weights, &s->cfg, full[0], n);
-        }
-        dist_broadcast(&start, 1, DIST_I32, 0, s->world);
-        for (int i = 0; i < (args->resume ? 3 : 1); i++) {
-            dist_broadcast(full[i], n, DIST_F32, 0, s->world);
-            for (int c = 0; c < v; c++) {
-                GPT2 *md = &ch[c].model;
-                float *h = lab_xmalloc(md->num_params * sizeof(float));
-                gpt2_shard(md, full[i], h);
-                mem_copy(chunk_buffer(&ch[c], WHOLE_MASTER + i), h, md->num_params * sizeof(float));
-                free(h);
-            }
-        }
-        for (int i = 0; i < 3; i++) free(full[i]);
+// The weights the forward reads (widened in bf16), or the fp32 master, Adam's m or v.
+static const float *pipe_part(void *ctx, int c, WholeBuf which, float *scratch) {
+    Chunk *k = &((Chunk *)ctx)[c];
+    GPT2 *md = &k->model;
+    if (which != WHOLE_WEIGHTS)
+        return which == WHOLE_MASTER ? k->master : which == WHOLE_ADAM_M ? k->opt_m : k->opt_v;
+    if (md->l0 == 0 && md->l1 == md->cfg.L) {  // the full model's come in llm.c's order
+        float *llmc = lab_xmalloc(md->num_params * sizeof(float));
+        train_params_to_host(md, llmc);
+        gpt2_from_llmc(&md->cfg, llmc, scratch);
+        free(llmc);
     } else {
-        for (int c = 0; c < v; c++) train_master_init(&ch[c].model, ch[c].master, (uint64_t)args->seed);
+        train_params_to_host(md, scratch);  // a stage's: in its own memory order
     }
-    for (int c = 0; c < v; c++) train_master_to_model(&ch[c].model, ch[c].master);
-    return start;
+    return scratch;
 }
 
-// state.load (a rollback, --on-spike): the --resume code above, reading path.
-static int pipe_load(void *ctx, const char *path) {
-    Pipe *pp = ctx;
-    LabArgs a = session_resume_args(pp->s, path);
-    return load_or_init(pp, &a);
+// A chunk's units of the whole state (gpt2_shard, the head's copy of wte from wte).
+static void pipe_take(void *ctx, int c, const float *p, const float *m, const float *v) {
+    Chunk *k = &((Chunk *)ctx)[c];
+    gpt2_shard(&k->model, p, k->master);
+    if (m) gpt2_shard(&k->model, m, k->opt_m), gpt2_shard(&k->model, v, k->opt_v);
+    train_master_to_model(&k->model, k->master);
+}
+
+// The starting weights: --resume (weights, Adam state, step) or --load-weights (whole_load: a
+// bad file is one message); or fresh from the seed (every stage its slice of the full model's
+// init, the copy of wte too). Returns the first step.
+static int load_or_init(WholeView *w, const LabArgs *args) {
+    if (args->resume || args->load_weights) return whole_load(w, args);
+    Chunk *ch = w->ctx;
+    for (int c = 0; c < w->nslices; c++) {
+        train_master_init(&ch[c].model, ch[c].master, (uint64_t)args->seed);
+        train_master_to_model(&ch[c].model, ch[c].master);
+    }
+    return 0;
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -413,7 +337,11 @@ static void train(const LabArgs *args, const PipeFlags *f) {
     const int rank = s.rank;
     const GPT2Dtype dtype = s.bf16 ? GPT2_BF16 : GPT2_FP32;
     Chunk *ch = chunks_build(&cfg, rank, p, v, m, s.dev, dtype, f->recompute, Bm);
-    Pipe pp = {.ch = ch, .v = v, .s = &s};
+    // What this rank holds of the whole model: its v chunks, every unit of each (no TP); the
+    // world sums them.
+    WholeView whole = {.ctx = ch, .nslices = v, .slice = pipe_slice, .part = pipe_part,
+                       .take = pipe_take, .group = s.world, .with_replicated = 1,
+                       .readers = s.world, .args = args};
     Stage work = {.ch = ch, .data = &s.data, .B = B, .Bm = Bm, .T = T, .m = m,
                   .inputs = s.inputs, .targets = s.targets,
                   .dloss = 1.0f / ((float)Bm * (float)T * (float)m), .split = sc.split};
@@ -424,8 +352,8 @@ static void train(const LabArgs *args, const PipeFlags *f) {
                    s.world, rank, (size_t)Bm * T * cfg.C, dtype == GPT2_BF16, ch[0].model.k, s.dev);
     if (!args->quiet && rank == 0)
         pipe8_print_setup(&sc, &cfg, B, Bm, args->dtype, ch[0].model.k->name, f->picture_cols);
-    s.state = (SessionState){&pp, pipe_save, pipe_weights, pipe_load};
-    session_start_at(&s, load_or_init(&pp, args));
+    s.state = (SessionState){&whole, whole_save, whole_weights_to_host, whole_load};
+    session_start_at(&s, load_or_init(&whole, args));
     PipeClock clk;
     pipe8_clock_init(&clk, &sc, s.world, s.start, s.end);
     session_watch_links(&s, NULL, NULL, s.world);  // --links: the pipeline's link time (report.c)

@@ -54,6 +54,7 @@
 #include "tp.h"
 #include "trace.h"
 #include "train.h"
+#include "whole.h"
 
 static const char *USAGE =
     "09_3d: DP x TP x PP. The ranks form a grid, TP fastest (inside a node), then DP, then PP;\n"
@@ -224,43 +225,13 @@ static void sync_tied_wte(Chunk *ch, int v, int p, int pp, DistGroup *ppg) {
 // ---------------------------------------------------------------------------------------------
 // layouts are views of one model: the state gathered whole, and a whole state sliced
 
-enum { WHOLE_WEIGHTS, WHOLE_MASTER, WHOLE_ADAM_M, WHOLE_ADAM_V };
-
-// The whole model's WHOLE_WEIGHTS (what the forward reads: fp32 params, bf16 params_bf16
-// widened: the --dump), WHOLE_MASTER (the fp32 weights AdamW updates: fp32 params, bf16 the
-// master: the DP layer's ZeroShard), Adam m or v, memory order, summed onto world rank 0's `full` (NULL elsewhere):
-// replica 0's ranks write their slices (the replicated tensors from TP rank 0) into zeroed
-// buffers (x + 0 == x: exact). --zero 1, 2: m and v (and bf16's master) exist for this
-// replica's piece only: they are first all-gathered over DP into the stage's layout (dp.h's
-// dpl_whole_state). Collective.
-static void gather_full(Chunk *ch, int v, const Grid *g, DpLayer *dp, int which, float *full) {
-    const size_t n = gpt2_param_count(&ch[0].m.cfg);
-    float *mine = lab_xcalloc(n, sizeof(float));
-    for (int c = 0; c < v; c++) {
-        const GPT2 *m = &ch[c].m;
-        if (which == WHOLE_WEIGHTS) {
-            if (g->c.d != 0 && !dp->sharded) continue;  // (sharded: every replica's pieces)
-            float *w = lab_xmalloc(m->num_params * sizeof(float));
-            dpl_weights_to_host(dp, c, w);
-            if (g->c.d == 0) gpt2_unshard(m, w, mine, g->c.t == 0);
-            free(w);
-            continue;
-        }
-        float *whole;
-        const float *buf = dpl_whole_state(dp, c, (DplState)(which - WHOLE_MASTER), &whole);
-        if (g->c.d == 0) gpt2_unshard(m, buf, mine, g->c.t == 0);
-        mem_free(whole);
-    }
-    dist_reduce(mine, full, n, DIST_F32, DIST_SUM, 0, dist_world());
-    free(mine);
-}
-
 // This rank's part of the run (the SessionState's context): its chunks, its grid coordinates
 // and groups, the pipeline's table and executor over them.
 typedef struct Run3d {
     Chunk *ch;
     GPT2 **models;         // (v) the chunks' slices, as the DP layer reads them
     DpLayer dpl;           // over DP: the optimizer state, the average or ZeRO (dp.h)
+    WholeView whole;       // what this rank's state is of the whole model (save, load, gather)
     int v, dp;
     Grid grid;
     Schedule sched;
@@ -270,83 +241,42 @@ typedef struct Run3d {
     const Session *s;
 } Run3d;
 
-// state.save: the training state in the lab's format (common/ckpt.h: what 00, 03 and 05 write),
-// the same file whatever the layout; bf16 saves the fp32 master (as 00 and 03 do), so a state
-// resumes across layouts and precisions. Collective.
-static void save_state(void *ctx, const char *path, int step) {
+// The state as the whole model (common/whole.h: one gather, save and load for every layout), the
+// same file whatever the layout (bf16 saves the fp32 master, as 00 and 03 do), so a state
+// resumes across layouts and precisions: this rank's slices are its chunks; replica 0's ranks
+// add theirs (the replicated tensors from TP rank 0), the world sums them onto rank 0. --zero
+// 1, 2: m and v (and bf16's master) exist for this replica's piece only: they are first
+// all-gathered over DP into the stage's layout (dp.h's dpl_whole_state), and --save-sharded
+// writes each rank's pieces. Every rank reads a --resume whole and keeps its slices (--zero 1,
+// 2: its piece; dp.h's dpl_take_state, bf16 then rounding the weights the forward reads).
+static const GPT2 *r3d_slice(void *ctx, int c) {
+    return ((Run3d *)ctx)->models[c];
+}
+
+// The weights the forward reads (the --dump), or the fp32 weights AdamW updates (fp32 params,
+// bf16 the master: the DP layer's), Adam m or v. Collective over DP.
+static const float *r3d_part(void *ctx, int c, WholeBuf which, float *scratch) {
     Run3d *r = ctx;
-    const LabArgs *a = r->s->args;
-    const GPT2Config cfg = r->ch[0].m.cfg;
-    const size_t n = gpt2_param_count(&cfg);
-    if (ckpt_policy().sharded) {  // --save-sharded: each rank writes what it holds (ckpt.h):
-        CkptShard sh;             // its slices (--zero 0: replica 0's), or its ZeRO pieces of them
-        ckpt_shard_begin(&sh, n);
-        for (int c = 0; c < r->v; c++) {
-            const GPT2 *m = &r->ch[c].m;
-            const int wr = r->grid.c.t == 0;  // the replicated tensors: TP rank 0's
-            if (!r->dpl.zero) {
-                float *none[3];  // (no ZeRO: the chunk's own buffers, nothing gathered)
-                const float *buf[3];
-                for (int i = 0; i < 3; i++) buf[i] = dpl_whole_state(&r->dpl, c, (DplState)i, &none[i]);
-                if (r->grid.c.d == 0) ckpt_shard_add_slice(&sh, m, buf[0], buf[1], buf[2], NULL, wr);
-                continue;
-            }
-            const size_t k = m->num_params;
-            float *p = lab_xcalloc(k, sizeof(float)), *mm = lab_xcalloc(k, sizeof(float)),
-                  *vv = lab_xcalloc(k, sizeof(float)), *held = lab_xcalloc(k, sizeof(float));
-            dpl_my_pieces(&r->dpl, c, p, mm, vv, held);
-            ckpt_shard_add_slice(&sh, m, p, mm, vv, held, wr);
-            free(p), free(mm), free(vv), free(held);
-        }
-        ckpt_shard_write(path, &cfg, step, (uint64_t)a->seed, (uint64_t)a->data_seed, &sh);
-        return;
+    const int mine = r->grid.c.d == 0;  // replica 0's ranks add theirs
+    if (which == WHOLE_WEIGHTS) {
+        if (!mine && !r->dpl.sharded) return NULL;  // (sharded: every replica's pieces)
+        dpl_weights_to_host(&r->dpl, c, scratch);
+        return mine ? scratch : NULL;
     }
-    float *full[3] = {NULL, NULL, NULL};
-    for (int i = 0; i < 3; i++) {
-        if (r->grid.rank == 0) full[i] = lab_xcalloc(n, sizeof(float));
-        gather_full(r->ch, r->v, &r->grid, &r->dpl, WHOLE_MASTER + i, full[i]);
-    }
-    if (r->grid.rank == 0)
-        ckpt_save_training(path, &cfg, step, (uint64_t)a->seed, (uint64_t)a->data_seed, full[0],
-                           full[1], full[2], n);
-    for (int i = 0; i < 3; i++) free(full[i]);
+    float *whole;
+    const float *buf = dpl_whole_state(&r->dpl, c, (DplState)(which - WHOLE_MASTER), &whole);
+    if (!whole) return mine ? buf : NULL;  // (no ZeRO: the chunk's own buffer)
+    if (mine) mem_copy(scratch, buf, r->models[c]->num_params * sizeof(float));
+    mem_free(whole);
+    return mine ? scratch : NULL;
 }
 
-// state.weights_to_host: the weights the forward reads, whole, in llm.c's order, into full on
-// world rank 0: replica 0's ranks write their slices (the replicated tensors from TP rank 0)
-// into zeroed buffers, summed. Collective.
-static void weights_to_host(void *ctx, float *full) {
-    Run3d *r = ctx;
-    const GPT2Config cfg = r->ch[0].m.cfg;
-    float *sum = full ? lab_xcalloc(gpt2_param_count(&cfg), sizeof(float)) : NULL;
-    gather_full(r->ch, r->v, &r->grid, &r->dpl, WHOLE_WEIGHTS, sum);
-    if (full) gpt2_to_llmc(&cfg, sum, full);
-    free(sum);
+static void r3d_take(void *ctx, int c, const float *p, const float *m, const float *v) {
+    dpl_take_state(&((Run3d *)ctx)->dpl, c, p, m, v);
 }
 
-// --resume (the state of any layout, or of chapter 00) / --load-weights: every rank reads the
-// whole file and keeps its slices (--zero 1, 2: of m, v and bf16's master, its piece): into the
-// master, then bf16 rounds it into the weights the forward reads (dp.h's dpl_take_state).
-// Returns the step to start at (0: fresh). Collective over DP.
-static int load_state(const LabArgs *a, Chunk *ch, DpLayer *dp) {
-    if (!a->resume && !a->load_weights) return 0;
-    const GPT2Config cfg = ch[0].m.cfg;
-    const size_t n = gpt2_param_count(&cfg);
-    float *fp = lab_xcalloc(n, sizeof(float)), *fm = lab_xcalloc(n, sizeof(float)),
-          *fv = lab_xcalloc(n, sizeof(float));
-    int start = 0;
-    if (a->resume) start = ckpt_resume_training(a->resume, &cfg, fp, fm, fv, n);
-    else ckpt_load_weights_into(a->load_weights, &cfg, fp, n);
-    for (int c = 0; c < dp->v; c++) dpl_take_state(dp, c, fp, a->resume ? fm : NULL, a->resume ? fv : NULL);
-    free(fp), free(fm), free(fv);
-    return start;
-}
-
-// state.load (a rollback, --on-spike): load_state above, as a --resume of path.
-static int load_ckpt(void *ctx, const char *path) {
-    Run3d *r = ctx;
-    LabArgs a = session_resume_args(r->s, path);
-    return load_state(&a, r->ch, &r->dpl);
+static void r3d_pieces(void *ctx, int c, float *p, float *m, float *v, float *held) {
+    dpl_my_pieces(&((Run3d *)ctx)->dpl, c, p, m, v, held);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -421,8 +351,14 @@ static void setup(Run3d *r, Session *s, const LabArgs *args, const Flags3d *f) {
     r->models = lab_xcalloc((size_t)v, sizeof(GPT2 *));
     for (int c = 0; c < v; c++) r->models[c] = &ch[c].m;
     dpl_init(&r->dpl, &f->dpo, r->models, v, &r->grid, (uint64_t)args->seed);
-    s->state = (SessionState){r, save_state, weights_to_host, load_ckpt};
-    session_start_at(s, load_state(args, ch, &r->dpl));
+    // What this rank holds of the whole model: its v chunks of TP slice t (--zero 1, 2: its DP
+    // pieces of their state); replica 0's slices sum to the whole, TP rank 0's replicated tensors.
+    r->whole = (WholeView){.ctx = r, .nslices = v, .slice = r3d_slice, .part = r3d_part,
+                           .take = r3d_take, .pieces = r->dpl.zero ? r3d_pieces : NULL,
+                           .group = dist_world(), .with_replicated = r->grid.c.t == 0,
+                           .readers = NULL, .args = args};
+    s->state = (SessionState){&r->whole, whole_save, whole_weights_to_host, whole_load};
+    session_start_at(s, whole_load(&r->whole, args));
     mem_reset_peaks();  // the figures: from here on
     r->comm = tp_comm_group(r->grid.tpg);
     r->work = (Stage){.ch = ch, .dp = &r->dpl, .comm = &r->comm, .data = &s->data, .B = B, .Bm = Bm, .T = T,

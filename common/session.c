@@ -510,11 +510,10 @@ int session_load_or_init(Session *s, uint64_t seed) {
     return s->start;
 }
 
-int session_replica_load(void *ctx, const char *path) {
+int session_replica_load(void *ctx, const LabArgs *args) {
     Session *s = ctx;
     if (!s->master) return 0;  // 02's workers: the master's weights come every step
-    LabArgs a = session_resume_args(s, path);
-    return replica_load_or_init(s, &a, 0);
+    return replica_load_or_init(s, args, 0);
 }
 
 void session_inject_nan(Session *s, int step, int who) {

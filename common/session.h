@@ -69,11 +69,12 @@ typedef struct SessionState {
     // The final weights the forward reads, fp32, in llm.c's order (cfg's n parameters), into
     // full on world rank 0. Called on every rank (collective); full is NULL elsewhere.
     void (*weights_to_host)(void *ctx, float *full);
-    // Read the training state in path (what save wrote) back into this rank's part, mid-run: a
-    // rollback (--on-spike rollback). The chapter's --resume code (session_resume_args gives it
-    // the arguments of a --resume of path). Called on every rank (collective); returns the
-    // state's step, on world rank 0 at least. NULL: the chapter cannot roll back.
-    int (*load)(void *ctx, const char *path);
+    // Read the training state a --resume of args names (what save wrote) back into this rank's
+    // part: the chapter's --resume code. The loop calls it mid-run for a rollback (--on-spike
+    // rollback) with the run's arguments as a --resume of the last checkpoint. Called on every
+    // rank (collective); returns the state's step, on world rank 0 at least. NULL: the chapter
+    // cannot roll back.
+    int (*load)(void *ctx, const LabArgs *args);
 } SessionState;
 
 // Why a step's update was skipped (Session.skipped; --log's "skipped").
@@ -192,9 +193,6 @@ void session_step_end(Session *s, int step, float loss);
 int session_may_update(Session *s, int step, float loss);
 // The step the loop runs after `step`: step + 1, or after a rollback the checkpoint's.
 int session_next_step(Session *s, int step);
-// The run's arguments as a --resume of path (no --load-weights): a chapter's --resume code
-// reads a rollback's checkpoint with them (state.load).
-LabArgs session_resume_args(const Session *s, const char *path);
 
 // (the loop's side of the guard: session.c calls these at its own points)
 void guard_open(Session *s);                  // session_open: nothing skipped, no checkpoint yet
@@ -290,8 +288,8 @@ void session_init(Session *s, const LabArgs *args, int rows, int has_optimizer);
 // step), --load-weights, or fresh from `seed`. Returns the first step (also s->start; say it
 // with session_start_at).
 int session_load_or_init(Session *s, uint64_t seed);
-// state.load of the replica (session_init sets it): the holder of the optimizer reads path
-// (weights, Adam m and v) as --resume does; returns the state's step there, 0 elsewhere.
-int session_replica_load(void *ctx, const char *path);
+// state.load of the replica (session_init sets it): the holder of the optimizer reads args'
+// --resume (weights, Adam m and v); returns the state's step there, 0 elsewhere.
+int session_replica_load(void *ctx, const LabArgs *args);
 // --inject-nan-step into the replica's gradient, if this rank is `who`.
 void session_inject_nan(Session *s, int step, int who);

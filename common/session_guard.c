@@ -214,6 +214,15 @@ int session_may_update(Session *s, int step, float loss) {
     return 0;
 }
 
+// The run's arguments as a --resume of path (no --load-weights): state.load reads a rollback's
+// checkpoint with them.
+static LabArgs resume_args(const Session *s, const char *path) {
+    LabArgs a = *s->args;
+    a.resume = path;
+    a.load_weights = NULL;
+    return a;
+}
+
 // Every rank reads the last checkpoint back; the loop goes on from its step (session_next_step).
 static void rollback(Session *s, int step) {
     const LabArgs *a = s->args;
@@ -229,7 +238,8 @@ static void rollback(Session *s, int step) {
     double t0 = lab_now();
     DistCounters before = *dist_counters();  // what the load moves is checkpoint traffic
     ckpt_settle();  // the last checkpoint complete on every rank (--async-save, --save-sharded)
-    int got = s->state.load(s->state.ctx, a->save);
+    const LabArgs ra = resume_args(s, a->save);
+    int got = s->state.load(s->state.ctx, &ra);
     const DistCounters *after = dist_counters();
     for (int k = 0; k < OP_NKINDS; k++) {
         s->save_cost.calls[k] += after->calls[k] - before.calls[k];
@@ -285,13 +295,6 @@ int session_next_step(Session *s, int step) {
     int next = s->next;
     s->next = -1;
     return next;
-}
-
-LabArgs session_resume_args(const Session *s, const char *path) {
-    LabArgs a = *s->args;
-    a.resume = path;
-    a.load_weights = NULL;
-    return a;
 }
 
 void guard_report(const Session *s) {

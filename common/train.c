@@ -76,6 +76,10 @@ void train_params_to_host(const GPT2 *m, float *host) {
     to_host_f32(m, host, m->params, m->params_bf16);
 }
 
+void train_params_to_host_from(const GPT2 *m, const void *params, float *host) {
+    to_host_f32(m, host, params, params);
+}
+
 void train_grads_to_host(const GPT2 *m, float *host) {
     to_host_f32(m, host, m->grads, m->grads_bf16);
 }

@@ -41,6 +41,9 @@ double train_adamw_step(const AdamW *h, GPT2 *m, int step, float *master, float 
 // The full model's come in llm.c's order (the order of weights files and --dump files, the
 // same for every memory layout); a stage's (gpt2_build_stage) in its own memory order.
 void train_params_to_host(const GPT2 *m, float *host);
+// The same from `params`, a buffer of m's weights in m's dtype and layout that m does not own
+// (05's and 06's whole parameters, gathered from the shards for the copy).
+void train_params_to_host_from(const GPT2 *m, const void *params, float *host);
 // The model's gradients as fp32 on the host (n floats); bf16 widened; ordered as above.
 void train_grads_to_host(const GPT2 *m, float *host);
 
