@@ -20,57 +20,46 @@
 //   ring      all-reduce(S, n) = 2(n-1) hops, 2(n-1)/n * S bytes; reduce-scatter and
 //             all-gather half of that.
 #include <math.h>
-#include <stdarg.h>
 #include <stdlib.h>
 #include <string.h>
 #include "calc.h"
 #include "check.h"
 
-static char plan_msg[512];
-
-LAB_PRINTF(1, 2) static const char *plan_error(const char *fmt, ...) {
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(plan_msg, sizeof plan_msg, fmt, ap);
-    va_end(ap);
-    return plan_msg;
-}
-
 const char *calc_plan_check(const CalcModel *m, const CalcPlanSpec *p) {
     const char *err = calc_model_check(m);
     if (err) return err;
     if (m->arch == CALC_ARCH_RAW)
-        return plan_error("--plan needs the model's dimensions to split it (use --model or "
-                          "--dims, not --params)");
-    if (p->gpus < 1) return plan_error("--gpus %d: must be a positive number of GPUs", p->gpus);
+        return calc_msg("--plan needs the model's dimensions to split it (use --model or "
+                        "--dims, not --params)");
+    if (p->gpus < 1) return calc_msg("--gpus %d: must be a positive number of GPUs", p->gpus);
     if (p->gpus_per_node < 1)
-        return plan_error("--gpus-per-node %d: must be at least 1", p->gpus_per_node);
+        return calc_msg("--gpus-per-node %d: must be at least 1", p->gpus_per_node);
     if (p->gpus > p->gpus_per_node && p->gpus % p->gpus_per_node != 0)
-        return plan_error("--gpus %d is not a whole number of nodes of --gpus-per-node %d "
-                          "(valid: %d, %d, %d, ...)", p->gpus, p->gpus_per_node,
-                          p->gpus_per_node, 2 * p->gpus_per_node, 3 * p->gpus_per_node);
+        return calc_msg("--gpus %d is not a whole number of nodes of --gpus-per-node %d "
+                        "(valid: %d, %d, %d, ...)", p->gpus, p->gpus_per_node,
+                        p->gpus_per_node, 2 * p->gpus_per_node, 3 * p->gpus_per_node);
     if (p->global_batch < 1)
-        return plan_error("--global-batch %d: must be at least 1 sequence per step",
-                          p->global_batch);
+        return calc_msg("--global-batch %d: must be at least 1 sequence per step",
+                        p->global_batch);
     if (p->seq_len < 0)
-        return plan_error("--seq-len %d: must be positive (0 = the model's T)", p->seq_len);
+        return calc_msg("--seq-len %d: must be positive (0 = the model's T)", p->seq_len);
     if (p->seq_len > m->T && m->arch == CALC_ARCH_GPT2)
-        return plan_error("--seq-len %d exceeds the context length T=%d of %s", p->seq_len,
-                          m->T, m->name);
+        return calc_msg("--seq-len %d exceeds the context length T=%d of %s", p->seq_len,
+                        m->T, m->name);
     if (p->dtype != CALC_FP32 && p->dtype != CALC_BF16)
-        return plan_error("--dtype: unknown precision (valid: fp32, bf16)");
+        return calc_msg("--dtype: unknown precision (valid: fp32, bf16)");
     if (p->optim != CALC_ADAM && p->optim != CALC_SGD)
-        return plan_error("--optimizer: unknown optimizer (valid: adam, sgd)");
+        return calc_msg("--optimizer: unknown optimizer (valid: adam, sgd)");
     if (!(p->mem_bytes > 0))
-        return plan_error("--gpu-mem %g: the GPU's memory must be positive (GB)", p->mem_bytes / 1e9);
+        return calc_msg("--gpu-mem %g: the GPU's memory must be positive (GB)", p->mem_bytes / 1e9);
     if (!(p->peak_flops > 0))
-        return plan_error("--peak-tflops %g: must be positive", p->peak_flops / 1e12);
+        return calc_msg("--peak-tflops %g: must be positive", p->peak_flops / 1e12);
     if (!(p->mfu >= CALC_MFU_MIN && p->mfu <= 1))
-        return plan_error("--mfu %g: model FLOPs utilization must be in [%g, 1] (e.g. --mfu 0.45)",
-                          p->mfu, CALC_MFU_MIN);
-    if (!(p->bw_intra > 0)) return plan_error("--bw-intra %g GB/s: must be positive", p->bw_intra / 1e9);
-    if (!(p->bw_inter > 0)) return plan_error("--bw-inter %g GB/s: must be positive", p->bw_inter / 1e9);
-    if (!(p->latency >= 0)) return plan_error("--latency-us %g: must be >= 0", p->latency * 1e6);
+        return calc_msg("--mfu %g: model FLOPs utilization must be in [%g, 1] (e.g. --mfu 0.45)",
+                        p->mfu, CALC_MFU_MIN);
+    if (!(p->bw_intra > 0)) return calc_msg("--bw-intra %g GB/s: must be positive", p->bw_intra / 1e9);
+    if (!(p->bw_inter > 0)) return calc_msg("--bw-inter %g GB/s: must be positive", p->bw_inter / 1e9);
+    if (!(p->latency >= 0)) return calc_msg("--latency-us %g: must be >= 0", p->latency * 1e6);
     return NULL;
 }
 

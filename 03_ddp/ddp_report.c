@@ -174,12 +174,10 @@ static void write_dump(const Session *s, const Ddp *ddp, const DdpFigures *c, co
 // last communicates), the gradients in the buckets' all-reduces: one per bucket packed, one per
 // tensor in place (the default), one in all with --no-overlap.
 static void print_links(const Session *s, const DdpFlags *f, const Ddp *ddp) {
-    if (!dist_links_enabled()) return;
-    const int run = session_steps_run(s);
     CalcSetup cs = calc_setup_lab(s->N, 1, 1, 1, f->grad_accum, s->args->batch, s->T, 0,
                                   s->bf16 ? CALC_BF16 : CALC_FP32);
     cs.dp_buckets = f->no_overlap ? 1 : ddp->views ? ddp->nparams : ddp->nbuckets;
-    session_print_links(s, &cs, 0, s->rank, run > 0 ? session_elapsed(s) / run : 0);
+    session_print_links(s, &cs, 0, s->rank);
 }
 
 void ddp_report(Session *s, const DdpFlags *f, Ddp *ddp, DdpFigures *fig, int row0, int Bm) {

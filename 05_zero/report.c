@@ -38,20 +38,15 @@ void zero5_banner(const Zero5View *v, const LabArgs *args) {
 void zero5_figures(const Zero5View *v, double *mine, const DistCounters *save_cost) {
     const Session *s = v->s;
     const int nrun = session_steps_run(s);
-    const DistCounters *c = dist_counters();
-    double d = nrun > 0 ? nrun : 1;
-#define PER_STEP(kind, dir) (((double)c->dir[kind] - (double)save_cost->dir[kind]) / d)
-    mine[Z5_RS_SENT] = PER_STEP(OP_REDUCE_SCATTER, sent);
-    mine[Z5_RS_RECV] = PER_STEP(OP_REDUCE_SCATTER, recv);
-    mine[Z5_AG_SENT] = PER_STEP(OP_ALL_GATHER, sent);
-    mine[Z5_AG_RECV] = PER_STEP(OP_ALL_GATHER, recv);
-    mine[Z5_AR_SENT] = PER_STEP(OP_ALL_REDUCE, sent);
-    mine[Z5_AR_RECV] = PER_STEP(OP_ALL_REDUCE, recv);
-    for (int k = 0; k < OP_NKINDS; k++) {
-        mine[Z5_SENT] += ((double)c->sent[k] - (double)save_cost->sent[k]) / d;
-        mine[Z5_RECV] += ((double)c->recv[k] - (double)save_cost->recv[k]) / d;
-    }
-#undef PER_STEP
+    const DistPerStep p = dist_counters_per_step(save_cost, nrun > 0 ? nrun : 1);
+    mine[Z5_RS_SENT] = p.sent[OP_REDUCE_SCATTER];
+    mine[Z5_RS_RECV] = p.recv[OP_REDUCE_SCATTER];
+    mine[Z5_AG_SENT] = p.sent[OP_ALL_GATHER];
+    mine[Z5_AG_RECV] = p.recv[OP_ALL_GATHER];
+    mine[Z5_AR_SENT] = p.sent[OP_ALL_REDUCE];
+    mine[Z5_AR_RECV] = p.recv[OP_ALL_REDUCE];
+    mine[Z5_SENT] = p.sent_all;
+    mine[Z5_RECV] = p.recv_all;
     mine[Z5_STEP] = nrun ? session_elapsed(s) / nrun : 0;
     static const MemCategory cats[] = {MEM_PARAMS, MEM_GRADS, MEM_MASTER, MEM_OPT_M, MEM_OPT_V,
                                        MEM_ACTS, MEM_COMM};
@@ -225,15 +220,13 @@ void zero5_report(const Zero5View *v, const double *all, const LabArgs *args) {
 
 void zero5_print_links(const Zero5View *v) {
     const Session *s = v->s;
-    if (!dist_links_enabled()) return;
     // 05's layout as chapter 00's calculator sees it: ZeRO stage over every rank, one
     // micro-batch; stage 2's gradients in its buckets' reduce-scatters, stage 3's unit by unit
     // on the flat buffer's pieces (CalcSetup.unit_shards)
-    const int run = session_steps_run(s);
     CalcSetup cs = calc_setup_lab(s->N, 1, 1, 1, 1, s->args->batch, s->T, v->stage,
                                   s->bf16 ? CALC_BF16 : CALC_FP32);
     cs.grads_whole = 0;
     cs.dp_buckets = v->stage == 2 ? v->nbuckets : 0;
     cs.unit_shards = v->stage == 3;
-    session_print_links(s, &cs, 0, s->rank, run > 0 ? session_elapsed(s) / run : 0);
+    session_print_links(s, &cs, 0, s->rank);
 }

@@ -111,21 +111,17 @@ void fsdp6_figures(const FsdpRun *r, double *mine, const DistCounters *cost, int
     mine[F_XSTATE + 1] = x.master;
     mine[F_XSTATE + 2] = x.m;
     mine[F_XSTATE + 3] = x.v;
-    const double d = nrun > 0 ? nrun : 1;
+    const DistPerStep p = dist_counters_per_step(cost, nrun > 0 ? nrun : 1);
     static const DistOpKind kinds[3] = {OP_ALL_GATHER, OP_REDUCE_SCATTER, OP_ALL_REDUCE};
-    const DistCounters *c = dist_counters();
     for (int i = 0; i < 3; i++) {
-        DistOpKind k = kinds[i];
-        mine[F_CALLS + i] = ((double)c->calls[k] - (double)cost->calls[k]) / d;
-        mine[F_BYTES + 2 * i] = ((double)c->sent[k] - (double)cost->sent[k]) / d;
-        mine[F_BYTES + 2 * i + 1] = ((double)c->recv[k] - (double)cost->recv[k]) / d;
+        mine[F_CALLS + i] = p.calls[kinds[i]];
+        mine[F_BYTES + 2 * i] = p.sent[kinds[i]];
+        mine[F_BYTES + 2 * i + 1] = p.recv[kinds[i]];
     }
     mine[F_XCALLS + 0] = calc_fsdp_all_gathers(s->cfg.L, r->f->reshard, r->K);
     mine[F_XCALLS + 1] = calc_fsdp_reduce_scatters(s->cfg.L, r->K, r->f->no_sync);
-    for (int k = 0; k < OP_NKINDS; k++) {
-        mine[F_SENT] += ((double)c->sent[k] - (double)cost->sent[k]) / d;
-        mine[F_RECV] += ((double)c->recv[k] - (double)cost->recv[k]) / d;
-    }
+    mine[F_SENT] = p.sent_all;
+    mine[F_RECV] = p.recv_all;
     mine[F_STEP] = nrun ? session_elapsed(s) / nrun : 0;
 }
 
@@ -298,10 +294,9 @@ void fsdp6_print_links(const FsdpRun *r) {
     // rank, --grad-accum micro-batches, each unit gathered around its uses (twice, or once with
     // --reshard-after-forward 0) and reduce-scattered after every micro-batch (--no-sync: the
     // last); the loss rides in the norm's all-reduce
-    const int run = session_steps_run(s);
     CalcSetup cs = calc_setup_lab(s->N, 1, 1, 1, r->K, s->args->batch, s->T, 3,
                                   s->bf16 ? CALC_BF16 : CALC_FP32);
     cs.grads_whole = 0, cs.fsdp = 1, cs.unit_shards = r->f->no_sync ? 2 : 1, cs.loss_in_norm = 1;
     cs.keep_gathered = !r->f->reshard;
-    session_print_links(s, &cs, 0, s->rank, run > 0 ? session_elapsed(s) / run : 0);
+    session_print_links(s, &cs, 0, s->rank);
 }

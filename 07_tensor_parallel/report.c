@@ -347,13 +347,12 @@ double tp7_replicated_max_diff(const GPT2 *m, const float *master, DistGroup *g)
 }
 
 void tp7_print_links(const Session *s, int tp, int sp, GPT2Recompute recompute) {
-    if (!dist_links_enabled()) return;
     // 07's layout as chapter 00's calculator sees it: DP x TP (TP = consecutive ranks), one stage,
     // one micro-batch, no ZeRO; TP reduces fp32 (calc_setup_lab), with or without SP
-    const int dp = s->N / tp, run = session_steps_run(s);
+    const int dp = s->N / tp;
     CalcSetup cs = calc_setup_lab(dp, tp, 1, 1, 1, s->args->batch, s->T, 0,
                                   s->bf16 ? CALC_BF16 : CALC_FP32);
     cs.sp = sp, cs.sp_seq_calls = 1;  // (tp.c: one call per sequence)
     cs.recompute = (CalcRecompute)recompute;  // (full: each block's f and g once more)
-    session_print_links(s, &cs, 0, s->rank / tp, run > 0 ? session_elapsed(s) / run : 0);
+    session_print_links(s, &cs, 0, s->rank / tp);
 }

@@ -299,14 +299,12 @@ static void write_dump(const PipeRun *run, const double *all, const TimeReport *
 // --links: the pipeline's link time per step against chapter 00's calculator and the planner
 // (session_print_links): 08's layout is PP p x v chunks, m micro-batches of Bm, one replica.
 static void print_links(const PipeRun *run, const PipeClock *c) {
-    if (!dist_links_enabled()) return;
     const Schedule *s = run->s;
     const Session *ses = run->ses;
     CalcSetup cs = calc_setup_lab(1, 1, s->p, s->v, s->m, run->B, run->T, 0,
                                   run->dtype == GPT2_BF16 ? CALC_BF16 : CALC_FP32);
     cs.split = s->split;
-    const int steps = session_steps_run(ses);
-    session_print_links(ses, &cs, c->rank, 0, steps > 0 ? session_elapsed(ses) / steps : 0);
+    session_print_links(ses, &cs, c->rank, 0);
 }
 
 void pipe8_report(const PipeRun *run, const PipeClock *c) {

@@ -437,8 +437,7 @@ static void train(const LabArgs *args, const Flags3d *f) {
                           f->recompute};
     r3d_figures(&s, &view, mine);
     const int run = session_steps_run(&s);
-    r3d_print_links(&s, &view, strcmp(f->order, "pp-first") == 0,
-                    run > 0 ? session_elapsed(&s) / run : 0);   // --links only
+    r3d_print_links(&s, &view, strcmp(f->order, "pp-first") == 0);  // --links only
     double *all = session_gather_report(&s, mine, R3D_NFIELDS);
     session_finish(&s);  // the final checkpoint, the final weights on rank 0, --save-weights
     if (s.rank == 0 && !args->quiet) r3d_print_table(all, s.N, v, s.bf16);

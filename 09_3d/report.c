@@ -115,13 +115,13 @@ void r3d_write_dump(const Session *s, const double *all) {
     results_free(&out);
 }
 
-void r3d_print_links(const Session *s, const R3dView *v, int pp_first, double step_s) {
+void r3d_print_links(const Session *s, const R3dView *v, int pp_first) {
     // the table is the loop's (session_print_links): this layout as chapter 00's calculator sees
     // it, where the ranks sit, and this rank's place in the grid
     CalcSetup cs = view_setup(s, v);
     cs.grid_order = pp_first ? CALC_ORDER_PP_FIRST : CALC_ORDER_TP_FIRST;
     cs.sp_seq_calls = 1;  // (tp.c: SP's collectives one call per sequence)
-    session_print_links(s, &cs, v->g->c.p, v->g->c.d, step_s);
+    session_print_links(s, &cs, v->g->c.p, v->g->c.d);
 }
 
 MemPrediction r3d_predict_memory(const void *ctx, const LabArgs *args, int batch, int rank) {

@@ -62,5 +62,5 @@ void r3d_write_dump(const Session *s, const double *all);
 // dimension's link time per step, the seconds dist held this rank's ops on its TP, DP and PP
 // group, against the planner's model for the same layout and links (chapter 00's bytes and hops
 // of this rank, calc_rank_comm, over the link calc_group_nodes says the group crosses); the
-// busiest rank of each, and the measured time per step (step_s). Rank 0 prints.
-void r3d_print_links(const Session *s, const R3dView *v, int pp_first, double step_s);
+// busiest rank of each, and the measured time per step. Rank 0 prints.
+void r3d_print_links(const Session *s, const R3dView *v, int pp_first);

@@ -19,14 +19,14 @@ int calc_micro_batches(const CalcSetup *s) { return s->micro_batches > 0 ? s->mi
 #define GIB (1024.0 * 1024.0 * 1024.0)
 
 // Messages returned by the *_check functions live here until the next call.
-static char calc_msg[1024];
+static char msg_buf[1024];
 
-LAB_PRINTF(1, 2) static const char *msg(const char *fmt, ...) {
+const char *calc_msg(const char *fmt, ...) {
     va_list ap;
     va_start(ap, fmt);
-    vsnprintf(calc_msg, sizeof calc_msg, fmt, ap);
+    vsnprintf(msg_buf, sizeof msg_buf, fmt, ap);
     va_end(ap);
-    return calc_msg;
+    return msg_buf;
 }
 
 // ------------------------------------------------------------------------------------------
@@ -184,35 +184,35 @@ const char *calc_model_preset_error(const char *name) {
         snprintf(list + used, sizeof list - used, "%s%s (%s)", i ? ", " : "", preset_dims[i].name,
                  preset_dims[i].alias);
     }
-    return msg("unknown --model '%s': valid presets are %s (or 'lab' for the shared model "
-               "flags, --dims for explicit dimensions, --params for a raw count)",
-               name ? name : "(null)", list);
+    return calc_msg("unknown --model '%s': valid presets are %s (or 'lab' for the shared model "
+                    "flags, --dims for explicit dimensions, --params for a raw count)",
+                    name ? name : "(null)", list);
 }
 
 const char *calc_model_check(const CalcModel *m) {
     if (m->arch == CALC_ARCH_RAW) {
-        if (m->nparams < 1) return msg("--params %lld: the parameter count must be positive",
-                                       (long long)m->nparams);
+        if (m->nparams < 1) return calc_msg("--params %lld: the parameter count must be positive",
+                                            (long long)m->nparams);
         return NULL;
     }
     if (m->arch != CALC_ARCH_GPT2 && m->arch != CALC_ARCH_LLAMA)
-        return msg("model '%s': unknown architecture %d (valid: gpt2, llama)", m->name, m->arch);
+        return calc_msg("model '%s': unknown architecture %d (valid: gpt2, llama)", m->name, m->arch);
     struct { const char *key; int val, max; } f[] = {
         {"V", m->V, 1 << 24}, {"T", m->T, 1 << 24}, {"L", m->L, 1 << 16}, {"C", m->C, 1 << 20},
         {"NH", m->NH, m->C}, {"KV", m->KV, m->NH}, {"FFN", m->FFN, 1 << 22},
     };
     for (size_t i = 0; i < sizeof f / sizeof f[0]; i++)
         if (f[i].val < 1 || f[i].val > f[i].max)
-            return msg("model '%s': %s=%d is out of range (valid: 1..%d)", m->name, f[i].key,
-                       f[i].val, f[i].max < 1 ? 1 : f[i].max);
+            return calc_msg("model '%s': %s=%d is out of range (valid: 1..%d)", m->name, f[i].key,
+                            f[i].val, f[i].max < 1 ? 1 : f[i].max);
     if (m->C % m->NH != 0)
-        return msg("model '%s': C=%d is not divisible by NH=%d (the head size C/NH must be a "
-                   "whole number)", m->name, m->C, m->NH);
+        return calc_msg("model '%s': C=%d is not divisible by NH=%d (the head size C/NH must be a "
+                        "whole number)", m->name, m->C, m->NH);
     if (m->NH % m->KV != 0)
-        return msg("model '%s': NH=%d is not divisible by KV=%d (each key/value head serves a "
-                   "whole group of query heads)", m->name, m->NH, m->KV);
+        return calc_msg("model '%s': NH=%d is not divisible by KV=%d (each key/value head serves a "
+                        "whole group of query heads)", m->name, m->NH, m->KV);
     if ((m->gated != 0 && m->gated != 1) || (m->tied != 0 && m->tied != 1))
-        return msg("model '%s': gated and tied must be 0 or 1", m->name);
+        return calc_msg("model '%s': gated and tied must be 0 or 1", m->name);
     return NULL;
 }
 
@@ -220,12 +220,12 @@ const char *calc_model_check(const CalcModel *m) {
 // Parsing helpers for the command line (and tests)
 
 const char *calc_parse_count(const char *s, const char *flag, double *out) {
-    if (!s || !*s) return msg("%s: expected a number such as 7B, 124M, 15T or 7e9", flag);
+    if (!s || !*s) return calc_msg("%s: expected a number such as 7B, 124M, 15T or 7e9", flag);
     char *end;
     double x = strtod(s, &end);
     if (end == s)
-        return msg("%s '%s': expected a positive number with an optional suffix K, M, B, T "
-                   "(e.g. 7B, 124M, 15T, 7e9)", flag, s);
+        return calc_msg("%s '%s': expected a positive number with an optional suffix K, M, B, T "
+                        "(e.g. 7B, 124M, 15T, 7e9)", flag, s);
     double unit = 1;
     switch (toupper((unsigned char)*end)) {
     case 'K': unit = 1e3; end++; break;
@@ -235,11 +235,11 @@ const char *calc_parse_count(const char *s, const char *flag, double *out) {
     default: break;
     }
     if (*end != '\0')
-        return msg("%s '%s': unexpected '%s' after the number (valid suffixes: K, M, B, T)",
-                   flag, s, end);
+        return calc_msg("%s '%s': unexpected '%s' after the number (valid suffixes: K, M, B, T)",
+                        flag, s, end);
     x *= unit;
     if (!isfinite(x) || x <= 0 || x > 1e18)
-        return msg("%s '%s': must be a positive count up to 1e18", flag, s);
+        return calc_msg("%s '%s': must be a positive count up to 1e18", flag, s);
     *out = x;
     return NULL;
 }
@@ -257,18 +257,18 @@ const char *calc_parse_dims(const char *s, CalcModel *out) {
     int V = 256, T = 64, L = 4, C = 128, NH = 4, KV = 0, FFN = 0, tied = -1, gated = -1;
     CalcArch arch = CALC_ARCH_GPT2;
     char buf[512];
-    if (!s || strlen(s) >= sizeof buf) return msg("--dims: missing or too long");
+    if (!s || strlen(s) >= sizeof buf) return calc_msg("--dims: missing or too long");
     strcpy(buf, s);
     for (char *save = NULL, *tok = strtok_r(buf, ",", &save); tok;
          tok = strtok_r(NULL, ",", &save)) {
         char *eq = strchr(tok, '=');
-        if (!eq) return msg("--dims '%s': '%s' is not key=value (e.g. L=12,C=768,NH=12)", s, tok);
+        if (!eq) return calc_msg("--dims '%s': '%s' is not key=value (e.g. L=12,C=768,NH=12)", s, tok);
         *eq = '\0';
         const char *key = tok, *val = eq + 1;
         if (strcasecmp(key, "arch") == 0) {
             if (strcasecmp(val, "gpt2") == 0) arch = CALC_ARCH_GPT2;
             else if (strcasecmp(val, "llama") == 0) arch = CALC_ARCH_LLAMA;
-            else return msg("--dims: arch=%s is unknown (valid: gpt2, llama)", val);
+            else return calc_msg("--dims: arch=%s is unknown (valid: gpt2, llama)", val);
             continue;
         }
         int *dst = strcasecmp(key, "V") == 0     ? &V
@@ -282,10 +282,10 @@ const char *calc_parse_dims(const char *s, CalcModel *out) {
                  : strcasecmp(key, "gated") == 0 ? &gated
                                                  : NULL;
         if (!dst)
-            return msg("--dims: unknown key '%s' (valid: V, T, L, C, NH, KV, FFN, arch, tied, "
-                       "gated)", key);
+            return calc_msg("--dims: unknown key '%s' (valid: V, T, L, C, NH, KV, FFN, arch, tied, "
+                            "gated)", key);
         if (parse_int_strict(val, dst) != 0 || *dst < 0)
-            return msg("--dims: %s=%s is not a non-negative integer", key, val);
+            return calc_msg("--dims: %s=%s is not a non-negative integer", key, val);
     }
     CalcModel m = calc_model_dims("custom", arch, V, T, L, C, NH, KV, FFN);
     if (tied >= 0) m.tied = tied;
@@ -320,8 +320,8 @@ const CalcGpu *calc_gpu_preset(const char *name) {
 }
 
 const char *calc_gpu_preset_error(const char *name) {
-    return msg("unknown --gpu '%s': valid presets are a100-40, a100-80, h100, h200 (or give "
-               "a capacity with --gpu-mem GB)", name ? name : "(null)");
+    return calc_msg("unknown --gpu '%s': valid presets are a100-40, a100-80, h100, h200 (or give "
+                    "a capacity with --gpu-mem GB)", name ? name : "(null)");
 }
 
 // ------------------------------------------------------------------------------------------
@@ -353,8 +353,6 @@ CalcSetup calc_setup_lab(int dp, int tp, int pp, int v, int m, int batch, int T,
     s.grads_whole = 1;
     return s;
 }
-
-const char *calc_dtype_name(CalcDtype d) { return d == CALC_BF16 ? "bf16" : "fp32"; }
 
 const char *calc_recompute_name(CalcRecompute r) {
     return r == CALC_RECOMPUTE_FULL ? "full" : r == CALC_RECOMPUTE_SELECTIVE ? "selective" : "none";
@@ -408,62 +406,62 @@ const char *calc_setup_check(const CalcModel *m, const CalcSetup *s) {
     const char *err = calc_model_check(m);
     if (err) return err;
     if (s->dtype != CALC_FP32 && s->dtype != CALC_BF16)
-        return msg("--dtype: unknown precision %d (valid: fp32, bf16)", s->dtype);
+        return calc_msg("--dtype: unknown precision %d (valid: fp32, bf16)", s->dtype);
     if (s->optim != CALC_ADAM && s->optim != CALC_SGD)
-        return msg("--optimizer: unknown optimizer %d (valid: adam, sgd)", s->optim);
+        return calc_msg("--optimizer: unknown optimizer %d (valid: adam, sgd)", s->optim);
     if (s->recompute < CALC_RECOMPUTE_NONE || s->recompute > CALC_RECOMPUTE_FULL)
-        return msg("--recompute: unknown mode %d (valid: none, selective, full)", s->recompute);
+        return calc_msg("--recompute: unknown mode %d (valid: none, selective, full)", s->recompute);
     if (s->zero < 0 || s->zero > 3)
-        return msg("--zero %d: the ZeRO stage must be 0, 1, 2 or 3", s->zero);
-    if (s->dp < 1) return msg("--dp %d: must be a positive integer (1 = no data parallelism)", s->dp);
-    if (s->tp < 1) return msg("--tp %d: must be a positive integer (1 = no tensor parallelism)", s->tp);
-    if (s->pp < 1) return msg("--pp %d: must be a positive integer (1 = no pipeline)", s->pp);
-    if (s->micro_batch < 1) return msg("--micro-batch %d: must be at least 1", s->micro_batch);
+        return calc_msg("--zero %d: the ZeRO stage must be 0, 1, 2 or 3", s->zero);
+    if (s->dp < 1) return calc_msg("--dp %d: must be a positive integer (1 = no data parallelism)", s->dp);
+    if (s->tp < 1) return calc_msg("--tp %d: must be a positive integer (1 = no tensor parallelism)", s->tp);
+    if (s->pp < 1) return calc_msg("--pp %d: must be a positive integer (1 = no pipeline)", s->pp);
+    if (s->micro_batch < 1) return calc_msg("--micro-batch %d: must be at least 1", s->micro_batch);
     if (s->micro_batches < 0)
-        return msg("micro_batches %d: must be 0 (a full pipeline) or positive", s->micro_batches);
-    if (s->seq_len < 0) return msg("--seq-len %d: must be positive (0 = the model's T)", s->seq_len);
-    if (s->sp != 0 && s->sp != 1) return msg("--seq-parallel: must be 0 or 1");
-    if (s->chunks < 0) return msg("--chunks %d: must be 0 or more (chunks per pipeline rank; 0 and 1: one)", s->chunks);
+        return calc_msg("micro_batches %d: must be 0 (a full pipeline) or positive", s->micro_batches);
+    if (s->seq_len < 0) return calc_msg("--seq-len %d: must be positive (0 = the model's T)", s->seq_len);
+    if (s->sp != 0 && s->sp != 1) return calc_msg("--seq-parallel: must be 0 or 1");
+    if (s->chunks < 0) return calc_msg("--chunks %d: must be 0 or more (chunks per pipeline rank; 0 and 1: one)", s->chunks);
     if (s->acts != CALC_ACTS_PAPER && s->acts != CALC_ACTS_LAB)
-        return msg("activation model %d: unknown (valid: paper, lab)", s->acts);
+        return calc_msg("activation model %d: unknown (valid: paper, lab)", s->acts);
     if (s->split && s->chunks > 1)
-        return msg("ZB-H1 (the split backward) runs one chunk per pipeline rank: drop --chunks %d",
-                   s->chunks);
-    if (s->max_w < 0) return msg("max W stores %d: must be 0 (no cap) or more", s->max_w);
+        return calc_msg("ZB-H1 (the split backward) runs one chunk per pipeline rank: drop --chunks %d",
+                        s->chunks);
+    if (s->max_w < 0) return calc_msg("max W stores %d: must be 0 (no cap) or more", s->max_w);
     if (s->acts == CALC_ACTS_LAB && s->recompute != CALC_RECOMPUTE_NONE && s->split)
-        return msg("the lab's runs recompute without a split backward (chapters 07, 08 and 09): "
-                   "drop --recompute, or use another schedule");
+        return calc_msg("the lab's runs recompute without a split backward (chapters 07, 08 and 09): "
+                        "drop --recompute, or use another schedule");
     if (m->arch == CALC_ARCH_RAW) {
         if (s->tp > 1 || s->pp > 1 || s->chunks > 1)
-            return msg("--tp %d --pp %d --chunks %d: splitting a model across TP/PP ranks needs "
-                       "its dimensions (use --model or --dims, not --params)", s->tp, s->pp,
-                       s->chunks > 1 ? s->chunks : 1);
+            return calc_msg("--tp %d --pp %d --chunks %d: splitting a model across TP/PP ranks needs "
+                            "its dimensions (use --model or --dims, not --params)", s->tp, s->pp,
+                            s->chunks > 1 ? s->chunks : 1);
         return NULL;
     }
     char valid[256];
     if (m->NH % s->tp != 0 || m->KV % s->tp != 0 || m->FFN % s->tp != 0) {
         list_valid(valid, sizeof valid, m->NH, tp_ok, m);
-        return msg("--tp %d does not divide the model (%s: NH=%d heads, KV=%d key/value heads, "
-                   "FFN=%d; each TP rank takes whole heads and an equal MLP slice): valid --tp: %s",
-                   s->tp, m->name, m->NH, m->KV, m->FFN, valid);
+        return calc_msg("--tp %d does not divide the model (%s: NH=%d heads, KV=%d key/value heads, "
+                        "FFN=%d; each TP rank takes whole heads and an equal MLP slice): valid --tp: %s",
+                        s->tp, m->name, m->NH, m->KV, m->FFN, valid);
     }
     const int v = s->chunks > 1 ? s->chunks : 1;
     if (v > 1 && (s->pp > SCHED_MAX_STAGES || calc_micro_batches(s) % s->pp != 0))
-        return msg("--chunks %d: interleaved 1F1B runs the micro-batches in groups of pp: "
-                   "--micro-batches %d must be a multiple of --pp %d (valid: %d, %d, ...), pp at "
-                   "most %d", v, calc_micro_batches(s), s->pp, s->pp, 2 * s->pp, SCHED_MAX_STAGES);
+        return calc_msg("--chunks %d: interleaved 1F1B runs the micro-batches in groups of pp: "
+                        "--micro-batches %d must be a multiple of --pp %d (valid: %d, %d, ...), pp at "
+                        "most %d", v, calc_micro_batches(s), s->pp, s->pp, 2 * s->pp, SCHED_MAX_STAGES);
     if (v > 1 && calc_stage_layers(m->L, s->pp * v, 0) < 0)
-        return msg("--pp %d x --chunks %d = %d virtual stages do not split the %d layers of %s "
-                   "(L %% (pp v) must be 0)", s->pp, v, s->pp * v, m->L, m->name);
+        return calc_msg("--pp %d x --chunks %d = %d virtual stages do not split the %d layers of %s "
+                        "(L %% (pp v) must be 0)", s->pp, v, s->pp * v, m->L, m->name);
     if (calc_stage_layers(m->L, s->pp, 0) < 0) {
         list_valid(valid, sizeof valid, m->L, pp_ok, m);
-        return msg("--pp %d does not split the %d layers of %s into stages (L %% pp must be 0, "
-                   "or (L+2) %% pp for Llama 3's split with one layer fewer on the first and "
-                   "last stage): valid --pp: %s", s->pp, m->L, m->name, valid);
+        return calc_msg("--pp %d does not split the %d layers of %s into stages (L %% pp must be 0, "
+                        "or (L+2) %% pp for Llama 3's split with one layer fewer on the first and "
+                        "last stage): valid --pp: %s", s->pp, m->L, m->name, valid);
     }
     if (s->seq_len > m->T && m->arch == CALC_ARCH_GPT2)
-        return msg("--seq-len %d exceeds the context length T=%d of %s (its position table wpe "
-                   "has T rows)", s->seq_len, m->T, m->name);
+        return calc_msg("--seq-len %d exceeds the context length T=%d of %s (its position table wpe "
+                        "has T rows)", s->seq_len, m->T, m->name);
     return NULL;
 }
 
@@ -896,16 +894,16 @@ int calc_fits(const CalcBreakdown *b, double mem_bytes) { return b->total <= mem
 // Cost
 
 const char *calc_cost_check(const CalcCostSpec *c) {
-    if (!(c->nparams > 0)) return msg("--params: the parameter count must be positive");
-    if (!(c->tokens > 0)) return msg("--tokens: the number of training tokens must be positive "
-                                     "(e.g. --tokens 15T)");
+    if (!(c->nparams > 0)) return calc_msg("--params: the parameter count must be positive");
+    if (!(c->tokens > 0)) return calc_msg("--tokens: the number of training tokens must be positive "
+                                          "(e.g. --tokens 15T)");
     if (!(c->peak_flops > 0))
-        return msg("--peak-tflops: the GPU's peak must be positive (or pick a --gpu preset)");
+        return calc_msg("--peak-tflops: the GPU's peak must be positive (or pick a --gpu preset)");
     if (!(c->mfu >= CALC_MFU_MIN && c->mfu <= 1))
-        return msg("--mfu %g: model FLOPs utilization must be in [%g, 1] (40-55%% is excellent, "
-                   "e.g. --mfu 0.45)", c->mfu, CALC_MFU_MIN);
-    if (c->gpus < 1) return msg("--gpus %d: must be a positive number of GPUs", c->gpus);
-    if (!(c->price >= 0)) return msg("--price %g: dollars per GPU-hour must be >= 0", c->price);
+        return calc_msg("--mfu %g: model FLOPs utilization must be in [%g, 1] (40-55%% is excellent, "
+                        "e.g. --mfu 0.45)", c->mfu, CALC_MFU_MIN);
+    if (c->gpus < 1) return calc_msg("--gpus %d: must be a positive number of GPUs", c->gpus);
+    if (!(c->price >= 0)) return calc_msg("--price %g: dollars per GPU-hour must be >= 0", c->price);
     return NULL;
 }
 

@@ -16,6 +16,7 @@
 #pragma once
 #include <stdint.h>
 #include <stdio.h>
+#include "check.h"
 #include "flags.h"
 #include "gpt2.h"
 
@@ -64,6 +65,8 @@ CalcModel calc_model_raw(int64_t nparams);
 int64_t calc_param_count(const CalcModel *m);
 // NULL when the model is consistent, else what is wrong (static buffer).
 const char *calc_model_check(const CalcModel *m);
+// The message every *_check returns: formatted into one static buffer, valid until the next.
+LAB_PRINTF(1, 2) const char *calc_msg(const char *fmt, ...);
 
 // Parse a count with an optional suffix K, M, B (or G), T: "7e9", "7B", "124M", "15T".
 // Returns NULL and sets *out, or an error message naming `flag` (static buffer).
@@ -182,7 +185,6 @@ CalcSetup calc_setup_default(void);
 // carry bf16, TP fp32).
 CalcSetup calc_setup_lab(int dp, int tp, int pp, int v, int m, int batch, int T, int zero,
                          CalcDtype dtype);
-const char *calc_dtype_name(CalcDtype d);          // "fp32", "bf16"
 const char *calc_recompute_name(CalcRecompute r);  // "none", "selective", "full"
 int calc_parse_dtype(const char *s, CalcDtype *out);          // 0 ok, -1 unknown
 int calc_parse_optim(const char *s, CalcOptim *out);

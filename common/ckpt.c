@@ -653,56 +653,57 @@ static int state_verify(const char *path, uint8_t hdr[STATE_HEADER_BYTES], size_
     return 0;
 }
 
-int ckpt_state_peek(const char *path, int *step, int *total_steps, char *err, size_t errlen) {
-    if (ckpt_is_sharded(path)) {
-        CkptManifest mf;
-        if (ckpt_shard_verify(path, &mf, err, errlen) != 0) return -1;
-        if (state_steps_why(mf.step, mf.id.steps, err, errlen) != 0) return -1;
-        *step = mf.step;
-        *total_steps = mf.id.steps;
-        return 0;
-    }
-    uint8_t hdr[STATE_HEADER_BYTES];
-    size_t hb;
-    if (state_verify(path, hdr, &hb, err, errlen) != 0) return -1;
-    int32_t st, sched[2];
-    memcpy(&st, hdr + 32, 4);
-    memcpy(sched, hdr + 76, 8);
-    if (state_steps_why(st, sched[1], err, errlen) != 0) return -1;
-    *step = st;
-    *total_steps = sched[1];
-    return 0;
-}
+// What a state says of itself, sharded (its manifest) or one file (its header, the file checked
+// whole first: state_verify).
+typedef struct StateHead {
+    int step, total_steps;  // total: the run's --steps (0: unknown)
+    GPT2Config cfg;
+    RunIdentity id;         // (not in a format-1 file)
+} StateHead;
 
-int ckpt_state_config(const char *path, GPT2Config *cfg, char *err, size_t errlen) {
+// 1 with the identity, 0 without it (format 1), -1 with the reason in err.
+static int state_head(const char *path, StateHead *h, char *err, size_t errlen) {
     if (ckpt_is_sharded(path)) {
         CkptManifest mf;
         if (ckpt_shard_verify(path, &mf, err, errlen) != 0) return -1;
-        *cfg = mf.cfg;
-        return 0;
-    }
-    uint8_t hdr[STATE_HEADER_BYTES];
-    size_t hb;
-    if (state_verify(path, hdr, &hb, err, errlen) != 0) return -1;
-    int32_t c[5];
-    memcpy(c, hdr + 12, sizeof c);  // after the magic (8) and the version (4): V, T, L, NH, C
-    *cfg = (GPT2Config){.V = c[0], .T = c[1], .L = c[2], .NH = c[3], .C = c[4]};
-    return 0;
-}
-
-int ckpt_state_identity(const char *path, RunIdentity *id, char *err, size_t errlen) {
-    if (ckpt_is_sharded(path)) {
-        CkptManifest mf;
-        if (ckpt_shard_verify(path, &mf, err, errlen) != 0) return -1;
-        *id = mf.id;
+        *h = (StateHead){.step = mf.step, .total_steps = mf.id.steps, .cfg = mf.cfg, .id = mf.id};
         return 1;
     }
     uint8_t hdr[STATE_HEADER_BYTES];
     size_t hb;
     if (state_verify(path, hdr, &hb, err, errlen) != 0) return -1;
+    int32_t c[5], st, sched[2];
+    memcpy(c, hdr + 12, sizeof c);  // after the magic (8) and the version (4): V, T, L, NH, C
+    memcpy(&st, hdr + 32, 4);
+    memcpy(sched, hdr + 76, 8);
+    *h = (StateHead){.step = st, .total_steps = sched[1],
+                     .cfg = {.V = c[0], .T = c[1], .L = c[2], .NH = c[3], .C = c[4]}};
     if (hb == STATE_V1_HEADER) return 0;
-    get_identity(hdr + STATE_V1_HEADER, id);
+    get_identity(hdr + STATE_V1_HEADER, &h->id);
     return 1;
+}
+
+int ckpt_state_peek(const char *path, int *step, int *total_steps, char *err, size_t errlen) {
+    StateHead h;
+    if (state_head(path, &h, err, errlen) < 0) return -1;
+    if (state_steps_why(h.step, h.total_steps, err, errlen) != 0) return -1;
+    *step = h.step;
+    *total_steps = h.total_steps;
+    return 0;
+}
+
+int ckpt_state_config(const char *path, GPT2Config *cfg, char *err, size_t errlen) {
+    StateHead h;
+    if (state_head(path, &h, err, errlen) < 0) return -1;
+    *cfg = h.cfg;
+    return 0;
+}
+
+int ckpt_state_identity(const char *path, RunIdentity *id, char *err, size_t errlen) {
+    StateHead h;
+    const int got = state_head(path, &h, err, errlen);
+    if (got == 1) *id = h.id;
+    return got;
 }
 
 void ckpt_load_state(const char *path, const GPT2Config *expect, TrainState *s) {
@@ -859,8 +860,6 @@ CkptStats ckpt_stats(void) { return g_stats; }
 void ckpt_note_write(double t0, double t1) {
     g_stats.writes++;
     g_stats.write_s += t1 - t0;
-    g_stats.last_t0 = t0;
-    g_stats.last_t1 = t1;
 }
 
 const char *ckpt_step_path(char *buf, size_t len, const char *path, int step) {

@@ -160,7 +160,6 @@ const char *ckpt_command(void);
 typedef struct CkptStats {
     int writes;           // files written (or shards)
     double write_s;       // seconds inside the writes (background ones included)
-    double last_t0, last_t1;  // the last write's start and end (lab_now())
 } CkptStats;
 CkptStats ckpt_stats(void);
 // Waits for this process's background write, if any (its span goes into the --trace

@@ -14,8 +14,7 @@
 
 #include "check.h"
 
-// splitmix64's finalizer: a bijection of 64-bit words that mixes every input bit.
-static uint64_t mix64(uint64_t x) {
+uint64_t data_mix64(uint64_t x) {
     x += 0x9E3779B97F4A7C15ull;
     x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
     x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
@@ -24,10 +23,10 @@ static uint64_t mix64(uint64_t x) {
 
 // A hash of four counters. `domain` keeps the successor table and the token draws apart.
 static uint64_t hash4(uint64_t domain, uint64_t a, uint64_t b, uint64_t c) {
-    uint64_t h = mix64(domain);
-    h = mix64(h ^ a);
-    h = mix64(h ^ b);
-    return mix64(h ^ c);
+    uint64_t h = data_mix64(domain);
+    h = data_mix64(h ^ a);
+    h = data_mix64(h ^ b);
+    return data_mix64(h ^ c);
 }
 
 // Uniform double in [0, 1) from the top 53 bits.
@@ -148,7 +147,7 @@ static void make_row(const DataSource *d, uint64_t step, int b, int T, int *seq)
     if (T >= 1) seq[1] = (int)(hash4(DOMAIN_FIRST, d->seed, step, ((uint64_t)b << 1) | 1) % V);
     uint64_t rowkey = hash4(DOMAIN_TOKEN, d->seed, step, (uint64_t)b);
     for (int t = 1; t < T; t++) {
-        double u = unit_double(mix64(rowkey ^ (uint64_t)t));
+        double u = unit_double(data_mix64(rowkey ^ (uint64_t)t));
         seq[t + 1] = markov_next(d, seq[t], u);
     }
 }

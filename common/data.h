@@ -71,5 +71,9 @@ void data_split_validation(DataSource *d, int T);
 // synthetic, from steps no run reaches). The same whatever the seed, the layout or the step.
 void data_val_batch(const DataSource *d, int i, int B, int T, int *inputs, int *targets);
 
+// splitmix64's finalizer (0x9E3779B97F4A7C15 added first): a bijection of 64-bit words that
+// mixes every input bit. The draws of the data and of text sampling (common/text.c) hash with it.
+uint64_t data_mix64(uint64_t x);
+
 // Fault injection (--inject-spike-step): corrupt the batch of `step` (see data_batch).
 void data_corrupt_step(DataSource *d, uint64_t step);

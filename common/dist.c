@@ -143,8 +143,6 @@ void dist_set_backend(DistBackend b) {
     backend = b;
 }
 
-DistBackend dist_backend(void) { return backend; }
-
 size_t dist_dtype_size(DistDtype dt) {
     switch (dt) {
     case DIST_F32: return 4;
@@ -226,7 +224,26 @@ static uint64_t sum(const uint64_t *x) {
 uint64_t dist_bytes_sent(void) { return sum(counters.sent); }
 uint64_t dist_bytes_recv(void) { return sum(counters.recv); }
 uint64_t dist_group_bytes_sent(const DistGroup *g) { return sum(g->counters.sent); }
-uint64_t dist_group_bytes_recv(const DistGroup *g) { return sum(g->counters.recv); }
+
+void dist_counters_add_since(DistCounters *into, const DistCounters *before) {
+    for (int k = 0; k < OP_NKINDS; k++) {
+        into->calls[k] += counters.calls[k] - before->calls[k];
+        into->sent[k] += counters.sent[k] - before->sent[k];
+        into->recv[k] += counters.recv[k] - before->recv[k];
+    }
+}
+
+DistPerStep dist_counters_per_step(const DistCounters *minus, double steps) {
+    DistPerStep p = {0};
+    for (int k = 0; k < OP_NKINDS; k++) {
+        p.calls[k] = ((double)counters.calls[k] - (double)minus->calls[k]) / steps;
+        p.sent[k] = ((double)counters.sent[k] - (double)minus->sent[k]) / steps;
+        p.recv[k] = ((double)counters.recv[k] - (double)minus->recv[k]) / steps;
+        p.sent_all += p.sent[k];
+        p.recv_all += p.recv[k];
+    }
+    return p;
+}
 
 // ---------------------------------------------------------------------------------------------
 // one path for every op

@@ -108,7 +108,6 @@ void dist_group_free(DistGroup *g);
 // Choosing NCCL is collective over the world and selects this rank's GPU (local rank on its
 // node): call it before allocating device memory.
 void dist_set_backend(DistBackend b);
-DistBackend dist_backend(void);
 
 size_t dist_dtype_size(DistDtype dt);
 const char *dist_op_kind_name(DistOpKind k);
@@ -211,11 +210,20 @@ const DistCounters *dist_counters(void);
 void dist_counters_reset(void);
 uint64_t dist_bytes_sent(void);      // total over op kinds
 uint64_t dist_bytes_recv(void);
+// What the counters grew by since `before` (a copy taken then), added to *into: the traffic of
+// something that is not a training step (a checkpoint, say), kept apart.
+void dist_counters_add_since(DistCounters *into, const DistCounters *before);
+// Per step: (the counters now - `minus`, the traffic kept apart) / steps, each op kind's and
+// the sum over op kinds.
+typedef struct DistPerStep {
+    double calls[OP_NKINDS], sent[OP_NKINDS], recv[OP_NKINDS];
+    double sent_all, recv_all;
+} DistPerStep;
+DistPerStep dist_counters_per_step(const DistCounters *minus, double steps);
 // The same for the ops issued on g only (each op counts in its group and in the process total).
 const DistCounters *dist_group_counters(const DistGroup *g);
 void dist_group_counters_reset(DistGroup *g);
 uint64_t dist_group_bytes_sent(const DistGroup *g);
-uint64_t dist_group_bytes_recv(const DistGroup *g);
 
 // ---- Virtual nodes and links (dist_link.c; docs/CLUSTER.md) --------------------------------
 // A cluster this machine does not have: world rank r sits on virtual node r / ranks_per_node,

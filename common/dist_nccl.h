@@ -13,7 +13,7 @@
 //      (common/watchdog.h) times it, so a hung NCCL op is named, not waited on forever.
 // NCCL does AVG (ncclAvg) and MAX itself, so nothing is left to do at dist_wait.
 // NCCL has no v-collectives: an uneven reduce-scatter runs on a copy padded to the longest
-// shard (shard_max_count), an uneven all-gather and gather are grouped send/recv.
+// shard (shard 0's), an uneven all-gather and gather are grouped send/recv.
 //
 // In a build without CUDA (or in the CPU emulator of tests/cuda_emu) the ops are stubs that
 // fail: dist_set_backend refuses NCCL there, so they are never reached.

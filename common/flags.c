@@ -643,10 +643,6 @@ void lab_print_flags_for(unsigned groups, FILE *out, const LabArgs *a, const Fla
     free(t.rows);
 }
 
-void lab_print_flags(FILE *out, const LabArgs *a, const FlagSpec *extra, int nextra) {
-    lab_print_flags_for(LAB_FLAGS_ALL, out, a, extra, nextra);
-}
-
 LAB_NORETURN static void print_help_and_exit(unsigned groups, const LabArgs *a,
                                              const FlagSpec *extra, int nextra,
                                              const char *program, const char *usage) {

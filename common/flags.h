@@ -162,7 +162,6 @@ int lab_flag_given(int argc, char **argv, const char *name);
 // `keep` (NULL-terminated; NULL: none kept), or NULL.
 const char *lab_shared_flag_given(int argc, char **argv, unsigned groups, const char *const *keep);
 
-// Print the flags as a table (used by --help): every shared group, or those in `groups`.
-void lab_print_flags(FILE *out, const LabArgs *a, const FlagSpec *extra, int nextra);
+// Print the flags of the shared groups in `groups` (LAB_FLAGS_*) as a table (used by --help).
 void lab_print_flags_for(unsigned groups, FILE *out, const LabArgs *a, const FlagSpec *extra,
                          int nextra);

@@ -302,10 +302,6 @@ size_t gpt2_recompute_scratch(const GPT2Config *cfg, GPT2Recompute r, int B, int
     return n;
 }
 
-double gpt2_recompute_flops(const GPT2Config *cfg, GPT2Recompute r, int B, int T) {
-    return gpt2_recompute_flops_dtype(cfg, r, GPT2_FP32, B, T);
-}
-
 double gpt2_recompute_flops_dtype(const GPT2Config *cfg, GPT2Recompute r, GPT2Dtype dtype, int B,
                                   int T) {
     const double C = cfg->C, BT = (double)B * T, attn = 4.0 * C * T;  // QK^T and att*V
@@ -1395,20 +1391,22 @@ static void recompute_block(GPT2 *m, GPT2Acts *a, const GPT2LayerActs *la, const
     m->rc_seconds += lab_now() - t0;
 }
 
+void gpt2_round_through_bf16(const GPT2 *m, float *x, size_t n, uint16_t *tmp, size_t cap) {
+    for (size_t i = 0; i < n; i += cap) {
+        const size_t c = n - i < cap ? n - i : cap;
+        m->k->f32_to_bf16(tmp, x + i, c);
+        m->k->bf16_to_f32(x + i, tmp, c);
+    }
+}
+
 // bf16: the forward stored every tensor rounded, and the backward of a set that keeps them reads
 // them widened; the recomputed ones (the model's scratch, fp32) are rounded the same way, through
 // the set's gradient scratch of one block (da.ln1 .. da.fch_gelu, free until this backward writes
 // it), so the backward reads the very values it reads without recomputation.
 static void round_recomputed(const GPT2 *m, GPT2Acts *a) {
     if (m->dtype != GPT2_BF16) return;
-    const size_t n = gpt2_recompute_scratch(&m->cfg, a->recompute, a->B, a->T);
-    const size_t cap = 2 * (size_t)(a->da.residual3 - a->da.ln1);  // bf16 values it holds
-    uint16_t *tmp = (uint16_t *)a->da.ln1;
-    for (size_t i = 0; i < n; i += cap) {
-        const size_t c = n - i < cap ? n - i : cap;
-        m->k->f32_to_bf16(tmp, a->rc + i, c);
-        m->k->bf16_to_f32(a->rc + i, tmp, c);
-    }
+    gpt2_round_through_bf16(m, a->rc, gpt2_recompute_scratch(&m->cfg, a->recompute, a->B, a->T),
+                            (uint16_t *)a->da.ln1, 2 * (size_t)(a->da.residual3 - a->da.ln1));
 }
 
 // One backward pass over block l's rows, chunk by chunk (the same chunks as the forward: the

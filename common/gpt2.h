@@ -189,7 +189,7 @@ typedef struct GPT2 {
     float *tp_scratch, *tp_layer, *tp_block_in;
     // Recomputation (gpt2_set_recompute): the mode every set allocated after it takes, the one
     // layer of recomputed tensors those sets share (MEM_ACTS, for sets of (rc_B, rc_T)), and what
-    // the backwards recomputed so far: model FLOPs (gpt2_recompute_flops' count) and seconds.
+    // the backwards recomputed so far: model FLOPs (gpt2_recompute_flops_dtype's count) and seconds.
     GPT2Recompute recompute;
     float *rc_scratch;
     int rc_B, rc_T;
@@ -307,11 +307,12 @@ void gpt2_set_recompute(GPT2 *m, GPT2Recompute r, int B, int T);
 const char *gpt2_recompute_name(GPT2Recompute r);   // "none", "selective", "full"
 // Floats of that scratch: selective 2*B*NH*T*T; full one layer but the block's output.
 size_t gpt2_recompute_scratch(const GPT2Config *cfg, GPT2Recompute r, int B, int T);
+// x[0..n) rounded to bf16 and back in place, as a bf16 store rounds them (the recomputed
+// tensors a bf16 backward reads), through tmp, room for cap bf16 values.
+void gpt2_round_through_bf16(const GPT2 *m, float *x, size_t n, uint16_t *tmp, size_t cap);
 // Model FLOPs one block's recomputation runs (gpt2_flops_per_step's convention): full, the
-// block's forward 2*(12C^2 + 13C) + 4*C*T per token; selective, QK^T and att*V, 4*C*T per token.
-double gpt2_recompute_flops(const GPT2Config *cfg, GPT2Recompute r, int B, int T);
-// The same for a model of dtype: bf16's selective reruns ln1 and the qkv matmul too,
-// 2*(3C^2 + 5C) per token more.
+// block's forward 2*(12C^2 + 13C) + 4*C*T per token; selective, QK^T and att*V, 4*C*T per token,
+// and in bf16 ln1 and the qkv matmul too, 2*(3C^2 + 5C) per token more.
 double gpt2_recompute_flops_dtype(const GPT2Config *cfg, GPT2Recompute r, GPT2Dtype dtype, int B,
                                   int T);
 // Model FLOPs of one block's training step (gpt2_flops_per_step's share of a block):

@@ -167,11 +167,8 @@ void health_log_line(FILE *f, const HealthRecord *r) {
         fprintf(f, "%s\"%s\":", i ? "," : "", r->phase_name[i]);
         num(f, r->phase_s[i]);
     }
-    fputs("},\"sent_bytes\":{", f);
-    for (int i = 0; i < r->ngroups; i++) {
-        fprintf(f, "%s\"%s\":", i ? "," : "", r->group_name[i]);
-        num(f, r->group_sent[i]);
-    }
+    fputs("},\"sent_bytes\":{\"all\":", f);
+    num(f, r->sent);
     fputs("}}\n", f);
     fflush(f);
 }

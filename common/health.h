@@ -48,7 +48,6 @@ const char *health_cores_note(char *buf, size_t n, int threads, const char *figu
 
 // One step's record, the --log line.
 #define HEALTH_MAX_PHASES 8
-#define HEALTH_MAX_GROUPS 4
 typedef struct HealthRecord {
     int step;              // 1-based, as the progress line
     double loss, grad_norm;  // grad_norm: before clipping; NaN when the chapter gave none
@@ -63,9 +62,7 @@ typedef struct HealthRecord {
     int nphases;
     const char *phase_name[HEALTH_MAX_PHASES];  // "step" first
     double phase_s[HEALTH_MAX_PHASES];
-    int ngroups;
-    const char *group_name[HEALTH_MAX_GROUPS];  // "all" first: every group of this rank
-    double group_sent[HEALTH_MAX_GROUPS];       // bytes this rank sent in the step
+    double sent;           // bytes this rank sent in the step (every group): "sent_bytes"'s "all"
 } HealthRecord;
 
 // One JSON object on one line, then flushed (NaN/Inf written as null; "skipped" is null or

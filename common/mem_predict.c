@@ -46,11 +46,6 @@ MemPrediction mem_predict_replica_recompute(const GPT2Config *cfg, int rows, int
     return p;
 }
 
-MemPrediction mem_predict_pipeline(const GPT2Config *cfg, const Schedule *s, int rank, int Bm,
-                                   int bf16) {
-    return mem_predict_pipeline_recompute(cfg, s, rank, Bm, bf16, GPT2_RECOMPUTE_NONE);
-}
-
 MemPrediction mem_predict_pipeline_recompute(const GPT2Config *cfg, const Schedule *s, int rank,
                                              int Bm, int bf16, GPT2Recompute r) {
     const int S = s->p * s->v;
@@ -73,10 +68,6 @@ MemPrediction mem_predict_pipeline_recompute(const GPT2Config *cfg, const Schedu
                 (sets - 1.0) * 3.0 * BT * 4.0  // the other sets' inputs, targets, losses
                 + 2.0 * sets * msg * 4.0 + (bf16 ? (2.0 * sets + 1.0) * msg * 2.0 : 0.0);
     return p;
-}
-
-MemPrediction mem_predict_tp(const GPT2Config *cfg, int tp, int r, int sp, int rows, int bf16) {
-    return mem_predict_tp_recompute(cfg, tp, r, sp, rows, bf16, GPT2_RECOMPUTE_NONE);
 }
 
 MemPrediction mem_predict_tp_recompute(const GPT2Config *cfg, int tp, int r, int sp, int rows, int bf16,

@@ -55,19 +55,18 @@ double mem_predict_largest_piece(const GPT2Config *cfg);
 // (zb) the W tensors one B allocates before it frees its set. Buffers: the scratch of
 // mem_predict_scratch, each live set's inputs, targets and losses, and the executor's send
 // buffers (pipe_exec_init: 2 v m messages of Bm x T x C floats, bf16 their wire copies too).
+// The chunks recompute r (fp32 or bf16; GPT2_RECOMPUTE_NONE: nothing): smaller sets, and one
+// layer of scratch per chunk.
 struct Schedule;
-MemPrediction mem_predict_pipeline(const GPT2Config *cfg, const struct Schedule *s, int rank,
-                                   int Bm, int bf16);
-// The same when the chunks recompute r (fp32 or bf16): smaller sets, and one layer of scratch per chunk.
 MemPrediction mem_predict_pipeline_recompute(const GPT2Config *cfg, const struct Schedule *s,
                                              int rank, int Bm, int bf16, GPT2Recompute r);
 
 // A tensor-parallel slice r of tp of the whole model (chapter 07) for a batch of `rows`: the
 // slice's parameters (calc_stage_params) with grads, master, m and v; the activations (tp.h's
 // tp_acts_bytes and tp_shared_bytes, asked of the slice's shape), the session's batch and the
-// kernels' scratch. t = 1 without SP runs gpt2's own pieces: mem_predict_replica.
-MemPrediction mem_predict_tp(const GPT2Config *cfg, int tp, int r, int sp, int rows, int bf16);
-// The same when the slice recomputes rc (fp32 or bf16; tp.h's tp_build): smaller sets, one scratch layer.
+// kernels' scratch. t = 1 without SP runs gpt2's own pieces: mem_predict_replica. The slice
+// recomputes rc (fp32 or bf16; tp.h's tp_build; GPT2_RECOMPUTE_NONE: nothing): smaller sets, one
+// scratch layer.
 MemPrediction mem_predict_tp_recompute(const GPT2Config *cfg, int tp, int r, int sp, int rows, int bf16,
                                        GPT2Recompute rc);
 

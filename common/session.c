@@ -99,9 +99,7 @@ void session_step_begin(Session *s, int step) {
     s->gnorm_sq = NAN;
     if (!s->health) return;
     s->rec.nphases = 1;  // "step", at the end
-    s->rec.ngroups = 0;
-    s->group_sent0[0] = dist_bytes_sent();
-    for (int g = 1; g < s->ngroups; g++) s->group_sent0[g] = dist_group_bytes_sent(s->group[g]);
+    s->sent0 = dist_bytes_sent();
 }
 
 void session_grad_norm_sq(Session *s, double norm_sq) {
@@ -123,14 +121,6 @@ void session_phase(Session *s, const char *name, double seconds) {
     r->phase_s[r->nphases++] = seconds;
 }
 
-void session_watch_group(Session *s, const char *name, const DistGroup *g) {
-    if (s->ngroups == 0) s->ngroups = 1;  // [0]: "all"
-    LAB_CHECK(s->ngroups < HEALTH_MAX_GROUPS, "session_watch_group: more than %d groups",
-              HEALTH_MAX_GROUPS - 1);
-    s->rec.group_name[s->ngroups] = name;
-    s->group[s->ngroups++] = g;
-}
-
 int session_nan_due(const Session *s, int step, int who) {
     return step == s->args->inject_nan_step && s->rank == who;
 }
@@ -144,12 +134,7 @@ void session_poison(void *buf, int bf16) {
 
 // what the world moved since `before` into s->save_cost: not a step's
 static void count_aside(Session *s, const DistCounters *before) {
-    const DistCounters *after = dist_counters();
-    for (int k = 0; k < OP_NKINDS; k++) {
-        s->save_cost.calls[k] += after->calls[k] - before->calls[k];
-        s->save_cost.sent[k] += after->sent[k] - before->sent[k];
-        s->save_cost.recv[k] += after->recv[k] - before->recv[k];
-    }
+    dist_counters_add_since(&s->save_cost, before);
 }
 
 // state.save on every rank; what it moves is counted apart (s->save_cost). The previous save is
@@ -271,14 +256,8 @@ static void health_step(Session *s, int step, float loss, double now) {
     r->rollbacks = s->rollbacks;
     r->phase_name[0] = "step";
     r->phase_s[0] = dt;
-    r->ngroups = s->ngroups ? s->ngroups : 1;
-    r->group_name[0] = "all";
-    uint64_t sent = dist_bytes_sent();  // a counter reset inside the step: count from 0
-    r->group_sent[0] = (double)(sent >= s->group_sent0[0] ? sent - s->group_sent0[0] : sent);
-    for (int g = 1; g < s->ngroups; g++) {
-        sent = dist_group_bytes_sent(s->group[g]);
-        r->group_sent[g] = (double)(sent >= s->group_sent0[g] ? sent - s->group_sent0[g] : sent);
-    }
+    const uint64_t sent = dist_bytes_sent();  // a counter reset inside the step: count from 0
+    r->sent = (double)(sent >= s->sent0 ? sent - s->sent0 : sent);
 }
 
 void session_step_end(Session *s, int step, float loss) {

@@ -42,7 +42,7 @@
 //
 // The progress line is the health line (health.h): loss, the grad norm before clipping, each
 // with its z-score over the last HEALTH_WINDOW steps, lr, tokens/s, MFU; --log writes the same
-// and more (phases, bytes sent per group: session_watch_group) as one JSON line per step.
+// and more (phases, the bytes this rank sent) as one JSON line per step.
 //
 // World rank 0 is the writer: it prints the progress line, writes --log, owns s.host_params and
 // the --dump file; state.save runs on EVERY rank (a sharded state gathers collectively) and the chapter
@@ -120,10 +120,8 @@ typedef struct Session {
     double flops;          // model FLOPs of one step of the global batch
     HealthWindow win_loss, win_gnorm;
     double gnorm_sq;       // this step's (session_grad_norm_sq); NaN until given
-    HealthRecord rec;      // this step's phases and groups so far
-    int ngroups;
-    const DistGroup *group[HEALTH_MAX_GROUPS];
-    uint64_t group_sent0[HEALTH_MAX_GROUPS];  // each group's bytes sent at the step's start
+    HealthRecord rec;      // this step's phases so far
+    uint64_t sent0;        // bytes this rank had sent at the step's start
     // --- the guard (session_guard.c): NaN/Inf and loss-spike policies, rollbacks ---
     SessionSkip skipped;   // this step's update was skipped, and why (SKIP_NONE: it ran)
     int nan_skips, spike_skips, window_skips, rollbacks;  // over the run (window: after a rollback)
@@ -169,8 +167,6 @@ void session_grad_norm_sq(Session *s, double norm_sq);
 // `seconds` of this step spent in phase `name` (a string literal), for --log's time_s;
 // repeated names add up. "step" (the whole step) is always there.
 void session_phase(Session *s, const char *name, double seconds);
-// --log's sent_bytes also gives group g's bytes (name: a string literal); "all" is every group.
-void session_watch_group(Session *s, const char *name, const DistGroup *g);
 // --inject-nan-step: is this the step, and is this rank `who` (a rank of the world)?
 int session_nan_due(const Session *s, int step, int who);
 // A NaN into the first element of buf (fp32, or bf16 where bf16; host or device memory).
@@ -257,12 +253,11 @@ void session_watch_links(Session *s, DistGroup *tp, DistGroup *dp, DistGroup *pp
 // rank's, a MAX all-reduce over the world; held - hidden is exposed), model (calc_rank_comm(cs,
 // stage, replica)'s bytes and hops of this rank on that link: chapter 00's figure for the same
 // traffic) and planner (the planner's estimate: TP and PP once per 1F1B slot, DP once per step,
-// calc_traffic_slot_seconds); then the measured step, step_s. cs: the chapter's layout as chapter
-// 00's calculator sees it. Collective over the world; prints on rank 0 unless --quiet; nothing
-// without --links.
+// calc_traffic_slot_seconds); then the measured step (session_elapsed over the steps run). cs:
+// the chapter's layout as chapter 00's calculator sees it. Collective over the world; prints on
+// rank 0 unless --quiet; nothing (and no collective) without --links.
 struct CalcSetup;
-void session_print_links(const Session *s, const struct CalcSetup *cs, int stage, int replica,
-                         double step_s);
+void session_print_links(const Session *s, const struct CalcSetup *cs, int stage, int replica);
 
 // When this job's ranks share the machine's cores (health_cores_shared): the note that says
 // so, naming the timing figures it makes meaningless (`figures`), on rank 0, not --quiet;

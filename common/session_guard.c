@@ -240,12 +240,7 @@ static void rollback(Session *s, int step) {
     ckpt_settle();  // the last checkpoint complete on every rank (--async-save, --save-sharded)
     const LabArgs ra = resume_args(s, a->save);
     int got = s->state.load(s->state.ctx, &ra);
-    const DistCounters *after = dist_counters();
-    for (int k = 0; k < OP_NKINDS; k++) {
-        s->save_cost.calls[k] += after->calls[k] - before.calls[k];
-        s->save_cost.sent[k] += after->sent[k] - before.sent[k];
-        s->save_cost.recv[k] += after->recv[k] - before.recv[k];
-    }
+    dist_counters_add_since(&s->save_cost, &before);
     LAB_CHECK(s->rank != 0 || got == to, "rollback: %s holds the state of step %d, not of the last "
               "checkpoint's step %d", a->save, got, to);
     s->win_lo[s->nwin] = step;  // the spike's data, and --rollback-skip - 1 batches after it

@@ -28,8 +28,7 @@ void session_links_note(Session *s, int end) {
     }
 }
 
-void session_print_links(const Session *s, const CalcSetup *cs, int stage, int replica,
-                         double step_s) {
+void session_print_links(const Session *s, const CalcSetup *cs, int stage, int replica) {
     const DistLinks *l = dist_links();
     if (!l) return;
     const int run = session_steps_run(s);
@@ -54,7 +53,7 @@ void session_print_links(const Session *s, const CalcSetup *cs, int stage, int r
         mine[6 + i] = dims[i] == CALC_DIM_DP ? mine[3 + i]
                     : calc_traffic_slot_seconds(t[i], slots, m, link->bw, link->lat);
     }
-    mine[9] = step_s;
+    mine[9] = run > 0 ? session_elapsed(s) / run : 0;  // the step
     dist_all_reduce(mine, most, 13, DIST_F64, DIST_MAX, dist_world());
     if (s->rank != 0 || s->args->quiet) return;
     static const char *names[3] = {"TP", "DP", "PP"};

@@ -22,5 +22,3 @@ size_t shard_count(size_t n, int parts, int i) {
     shard_range(n, parts, i, &b, &c);
     return c;
 }
-
-size_t shard_max_count(size_t n, int parts) { return shard_count(n, parts, 0); }

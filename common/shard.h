@@ -15,5 +15,3 @@
 void shard_range(size_t n, int parts, int i, size_t *begin, size_t *count);
 size_t shard_begin(size_t n, int parts, int i);
 size_t shard_count(size_t n, int parts, int i);
-// The longest shard: ceil(n / parts) (shard 0's count).
-size_t shard_max_count(size_t n, int parts);

@@ -110,14 +110,6 @@ double text_val_loss(const GPT2Config *cfg, const float *llmc, const DataSource 
     return sum / TEXT_VAL_BATCHES;
 }
 
-// splitmix64's finalizer (a bijection that mixes every bit): draw i of seed s is mix(mix(s) ^ i)
-static uint64_t mix64(uint64_t x) {
-    x += 0x9E3779B97F4A7C15ull;
-    x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
-    x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
-    return x ^ (x >> 31);
-}
-
 static int descending(const void *a, const void *b) {
     float x = *(const float *)a, y = *(const float *)b;
     return (x < y) - (x > y);
@@ -165,7 +157,8 @@ double text_sample(const GPT2Config *cfg, const float *llmc, const TextSampling 
         // causal: position len-1 sees only the len bytes before it; the rest of ctx is padding
         gpt2_forward(&m, ctx, NULL);
         const float *logits = m.act.a.logits + (size_t)(len - 1) * V;
-        double u = (double)(mix64(mix64(sp->seed) ^ (uint64_t)i) >> 11) * (1.0 / 9007199254740992.0);
+        // draw i of seed s: mix(mix(s) ^ i)
+        double u = (double)(data_mix64(data_mix64(sp->seed) ^ (uint64_t)i) >> 11) * (1.0 / 9007199254740992.0);
         int b = draw(logits, V, sp, u);
         out[i] = (uint8_t)b;
         if (len == T) {  // the window slides: keep the last T - 1 bytes

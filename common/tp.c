@@ -9,6 +9,7 @@
 #include "check.h"
 #include "mem.h"
 #include "optim.h"
+#include "train.h"
 
 // ---- communication ------------------------------------------------------------------------------
 
@@ -451,13 +452,8 @@ static void sp_block_backward(TpBlockRun *b, TpComm *c, const float *in, const f
 static void round_recomputed(GPT2 *m) {
     if (m->dtype != GPT2_BF16) return;
     const Sizes z = sizes_of(&m->cfg, shape_of(m));
-    const size_t n = rc_elems(&z, m->sp, m->recompute), cap = 2 * scratch_elems(&z, m->sp);
-    uint16_t *tmp = (uint16_t *)m->tp_scratch;
-    for (size_t i = 0; i < n; i += cap) {
-        const size_t k = n - i < cap ? n - i : cap;
-        m->k->f32_to_bf16(tmp, m->rc_scratch + i, k);
-        m->k->bf16_to_f32(m->rc_scratch + i, tmp, k);
-    }
+    gpt2_round_through_bf16(m, m->rc_scratch, rc_elems(&z, m->sp, m->recompute),
+                            (uint16_t *)m->tp_scratch, 2 * scratch_elems(&z, m->sp));
 }
 
 // Recomputation (tp_build): what block l's set did not keep, again, into the slice's recompute
@@ -780,19 +776,13 @@ void tp_backward_weights(GPT2 *m, GPT2Acts *a) {
 
 // ---- the clipping norm -----------------------------------------------------------------------------
 
-// Σ g² of n gradients of the model's dtype (bf16: widened a chunk at a time into work_grads).
-static double sum_squares(const GPT2 *m, const void *g, size_t n) {
-    if (m->dtype == GPT2_BF16) return bf16_sum_squares(m->k, g, n, m->work_grads, m->work_size);
-    return m->k->sum_squares(g, n);
-}
-
 void tp_norm_parts(const GPT2 *m, size_t lo, size_t hi, const void *g, double sq[2]) {
     const size_t e = m->dtype == GPT2_BF16 ? sizeof(uint16_t) : sizeof(float);
     sq[0] = sq[1] = 0.0;
     if (own_path(m)) {  // the tied copy, where there is one, is the buffer's last unit
         const size_t end = m->has_head && !m->has_embed ? m->wte_offset : m->num_params;
         const size_t to = hi < end ? hi : end;
-        if (lo < to) sq[0] = sum_squares(m, g, to - lo);
+        if (lo < to) sq[0] = train_grad_sum_squares(m, g, to - lo);
         return;
     }
     for (int i = 0; i < m->nplist; i++) {
@@ -800,7 +790,8 @@ void tp_norm_parts(const GPT2 *m, size_t lo, size_t hi, const void *g, double sq
         const size_t b = p->offset, en = b + p->size;
         const size_t from = b > lo ? b : lo, to = en < hi ? en : hi;  // the tensor's part in range
         if (p->tied_copy || from >= to) continue;
-        sq[p->sliced ? 0 : 1] += sum_squares(m, (const char *)g + (from - lo) * e, to - from);
+        sq[p->sliced ? 0 : 1] += train_grad_sum_squares(m, (const char *)g + (from - lo) * e,
+                                                         to - from);
     }
     // Each TP rank counts the replicated tensors from its own copy, so a NaN/Inf in one rank's
     // copy (a fault on that rank) would be seen by that rank alone: put it into the sliced

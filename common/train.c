@@ -42,13 +42,17 @@ AdamWRange train_adamw_whole(GPT2 *m, float *master, float *opt_m, float *opt_v)
     return r;
 }
 
+double train_grad_sum_squares(const GPT2 *m, const void *g, size_t n) {
+    if (m->dtype == GPT2_BF16) return bf16_sum_squares(m->k, g, n, m->work_grads, m->work_size);
+    return m->k->sum_squares(g, n);
+}
+
 double train_adamw_step(const AdamW *h, GPT2 *m, int step, float *master, float *opt_m,
                         float *opt_v, const GPT2Param *plist, int nplist) {
     const Kernels *k = m->k;
     const size_t n = m->num_params;
-    double norm_sq = m->dtype == GPT2_FP32
-                         ? k->sum_squares(m->grads, n)
-                         : bf16_sum_squares(k, m->grads_bf16, n, m->work_grads, m->work_size);
+    double norm_sq = train_grad_sum_squares(
+        m, m->dtype == GPT2_FP32 ? (const void *)m->grads : (const void *)m->grads_bf16, n);
     AdamWRange r = train_adamw_whole(m, master, opt_m, opt_v);
     adamw_update(h, k, step, &r, plist, nplist, adamw_clip_scale(h, norm_sq, step));
     return norm_sq;

@@ -28,6 +28,8 @@ void train_master_init(GPT2 *m, float *master, uint64_t seed);
 // The AdamW range of the whole model m (adamw_update, optim.h): its gradients, the caller's
 // fp32 master (fp32: the weights themselves) and Adam m, v; bf16 rounds into params_bf16.
 AdamWRange train_adamw_whole(GPT2 *m, float *master, float *opt_m, float *opt_v);
+// Σ g² of n gradients of the model's dtype (bf16: widened a chunk at a time into work_grads).
+double train_grad_sum_squares(const GPT2 *m, const void *g, size_t n);
 // One optimizer step on the model's whole gradient (every rank of DDP, the master of 02, the
 // single device of 00): clip the global norm (fails the run naming the step on NaN/Inf), then
 // AdamW on the master, then the model's weights from the master. bf16 widens the gradients a

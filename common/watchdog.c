@@ -39,7 +39,6 @@ typedef struct WdOp {
     int32_t kind;          // DistOpKind, or WD_SENDRECV
     int32_t state;         // WD_QUEUED (on the communication thread) .. WD_DONE
     int32_t peer, peer2;   // world ranks: send/recv's peer; sendrecv: to (peer), from (peer2)
-    int32_t nonblocking;
     uint64_t seq, seq2;    // #k (sendrecv: the send's, the receive's)
     uint64_t bytes;        // the op's buffer (count x element size)
     double t_start, t_end; // lab_now() when it began and ended (0: not yet)
@@ -86,8 +85,6 @@ static pthread_cond_t wd_cv = PTHREAD_COND_INITIALIZER;
 static const DistGroup *groups[WD_MAX_GROUPS];
 static pthread_mutex_t groups_mu = PTHREAD_MUTEX_INITIALIZER;
 
-double watchdog_timeout(void) { return watchdog_on ? timeout_s : 0.0; }
-
 // ---------------------------------------------------------------------------------------------
 // recording (the callers' threads)
 
@@ -132,7 +129,6 @@ uint64_t watchdog_op_begin(const DistGroup *g, int kind, int peer, uint64_t seq,
     e->state = nonblocking ? WD_STARTED : WD_RUNNING;
     e->peer = peer >= 0 ? g->world_ranks[peer] : -1;
     e->peer2 = peer2 >= 0 ? g->world_ranks[peer2] : -1;
-    e->nonblocking = nonblocking;
     e->seq = seq;
     e->seq2 = seq2;
     e->bytes = bytes;

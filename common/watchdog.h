@@ -47,7 +47,6 @@
 void watchdog_start(double timeout_s);
 // Stops the thread and unmaps the segment (dist_finalize).
 void watchdog_stop(void);
-double watchdog_timeout(void);  // S, 0 when off
 
 // The step this rank is in (counted from 0; the diagnosis prints it from 1, as the progress
 // lines do). The loop calls it at the top of every step.

@@ -106,13 +106,6 @@ void zero_layout_free(ZeroLayout *z) {
     memset(z, 0, sizeof *z);
 }
 
-size_t zero_shard_elems(const ZeroLayout *z, int q) {
-    if (z->flat) return shard_count(z->n, z->N, q);
-    size_t s = 0;
-    for (int u = 0; u < z->nunits; u++) s += shard_count(z->p[u].unit_size, z->N, q);
-    return s;
-}
-
 void zero_unit_counts(const ZeroLayout *z, int u, size_t *counts) {
     for (int q = 0; q < z->N; q++)
         counts[q] = z->counts ? z->counts[(size_t)u * z->N + q] : piece_count(z, u, q);

@@ -65,8 +65,6 @@ size_t zero_range_counts(const ZeroLayout *z, size_t lo, size_t hi, size_t *coun
 // (09's ZeRO-2: a micro-batch's gradient outside the tied span, then the tied span).
 void zero_range_reduce_scatter(const ZeroLayout *z, size_t lo, size_t hi, void *buf, DistDtype dt,
                                DistOp op, DistGroup *g);
-// Elements part q owns (any q in [0, N)): the formula side of the memory tables.
-size_t zero_shard_elems(const ZeroLayout *z, int q);
 
 // One rank's buffers for the sharded step, over ANY flat buffer the layout cuts (a whole GPT-2,
 // a pipeline stage's chunk, a TP slice): the step needs no model, only these and the parameter

@@ -444,6 +444,7 @@ Test(zero05, nan_fails_cleanly_and_keeps_the_checkpoint, .timeout = 120) {
 // sent per step of rank 0 and of the last rank are the dump's (a counter reset at the wrong
 // time shows only here), and as many as without the checkpoints.
 // Mutant: mutants/session-progress-every-rank.patch
+// Mutant: mutants/counters-per-step-keeps-save-cost.patch
 Test(zero05, printed_progress_and_table_match_the_run, .timeout = 150) {
     char *ck = tmp_path("print.ckpt"), *ck2 = tmp_path("print2.ckpt"), cmd[512], *out = NULL;
     snprintf(cmd, sizeof cmd, ZERO " --zero 3 " SMALL_CFG " --batch 24 --steps 7 --stop-at 3 "
