@@ -315,7 +315,8 @@ static void chunks_free(Chunk *ch, int v) {
 }
 
 // The memory rank `rank` will need (mem_predict.h): its chunks, the sets its table keeps, the
-// executor's buffers (mem_predict_pipeline_recompute). ctx: the table, whose micro-batches are batch / m.
+// executor's buffers (mem_predict_pipeline_recompute). ctx: the table, whose micro-batches are
+// batch / m.
 static MemPrediction predict_memory(const void *ctx, const LabArgs *args, int batch, int rank) {
     const Schedule *sc = ctx;
     GPT2Config cfg = lab_args_config(args);
