@@ -354,7 +354,7 @@ void ckpt_load_weights(const char *path, const GPT2Config *expect, float *params
 //       52  float lr, beta1, beta2, eps, weight_decay, grad_clip
 //       76  int32 warmup_steps, total_steps
 //       84  uint64 n                       (elements of each array)
-//   version 2 only, the run's identity (RunIdentity, ckpt.h):
+//   versions 2 and 3, the run's identity (RunIdentity, ckpt.h):
 //       92  int32 steps, warmup, batch, has_data
 //      108  uint64 seed, data_seed
 //      124  float lr, weight_decay, grad_clip
